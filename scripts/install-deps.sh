@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of kvcache from Debian 12's archive.
+# Idempotent: packages already present are skipped, so the README commands can run it
+# every time. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git clang-format
+  # service and storage (gRPC, Protobuf, RocksDB, io_uring, hashing)
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  librocksdb-dev liburing-dev libxxhash-dev libabsl-dev
+  # config parsing, metrics, tests, CPU engine math
+  nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
+  # benchmark peers
+  fio
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
