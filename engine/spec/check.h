@@ -35,7 +35,7 @@ struct Voidify {
 
 }  // namespace kvc::internal
 
-#define KVC_CHECK(condition)                  \
-  (condition) ? (void)0                       \
-              : ::kvc::internal::Voidify() &  \
+#define KVC_CHECK(condition)                 \
+  (condition) ? (void)0                      \
+              : ::kvc::internal::Voidify() & \
                     ::kvc::internal::CheckFailure(#condition, __FILE__, __LINE__).stream()

@@ -8,10 +8,14 @@ namespace kvc {
 
 absl::string_view SectionKindName(SectionKind kind) {
   switch (kind) {
-    case SectionKind::kMainCodes: return "main_codes";
-    case SectionKind::kMainScales: return "main_scales";
-    case SectionKind::kIndexCodes: return "index_codes";
-    case SectionKind::kIndexScales: return "index_scales";
+    case SectionKind::kMainCodes:
+      return "main_codes";
+    case SectionKind::kMainScales:
+      return "main_scales";
+    case SectionKind::kIndexCodes:
+      return "index_codes";
+    case SectionKind::kIndexScales:
+      return "index_scales";
   }
   return "?";
 }
@@ -38,8 +42,7 @@ const ChunkSection& ChunkLayout::Section(int64_t layer, SectionKind kind) const 
 }
 
 absl::StatusOr<ChunkLayout> BuildChunkLayout(const ModelConfig& config,
-                                             const LayerSchedule& schedule,
-                                             int64_t chunk_tokens) {
+                                             const LayerSchedule& schedule, int64_t chunk_tokens) {
   if (chunk_tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_tokens must be positive, got ", chunk_tokens));
@@ -52,17 +55,16 @@ absl::StatusOr<ChunkLayout> BuildChunkLayout(const ModelConfig& config,
     const int64_t ratio = schedule.layers[layer].compress_ratio;
     // Whole compressed positions per chunk, and for the candidate source whole candidate
     // blocks, so a chunk boundary never splits either.
-    const int64_t multiple = schedule.layers[layer].is_candidate_source
-                                 ? ratio * config.candidate_block_size
-                                 : ratio;
+    const int64_t multiple =
+        schedule.layers[layer].is_candidate_source ? ratio * config.candidate_block_size : ratio;
     if (chunk_tokens % multiple != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk_tokens ", chunk_tokens, " is not a multiple of ", multiple, " (Full layer ",
-          layer, ": compress ratio ", ratio,
-          schedule.layers[layer].is_candidate_source
-              ? absl::StrCat(" × candidate_block_size ", config.candidate_block_size)
-              : std::string(),
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk_tokens ", chunk_tokens, " is not a multiple of ", multiple,
+                       " (Full layer ", layer, ": compress ratio ", ratio,
+                       schedule.layers[layer].is_candidate_source
+                           ? absl::StrCat(" × candidate_block_size ", config.candidate_block_size)
+                           : std::string(),
+                       ")"));
     }
     const int64_t positions = chunk_tokens / ratio;
     const struct {

@@ -10,8 +10,8 @@
 #pragma once
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "engine/spec/kv_codec.h"

@@ -14,8 +14,7 @@ namespace {
 
 constexpr float kE2M1Max = 6.0f;
 constexpr float kE4M3Max = 448.0f;
-constexpr std::array<float, 8> kE2M1Magnitudes = {0.0f, 0.5f, 1.0f, 1.5f,
-                                                  2.0f, 3.0f, 4.0f, 6.0f};
+constexpr std::array<float, 8> kE2M1Magnitudes = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 constexpr KvFormatSpec kSpecs[] = {
     {"main", 16, 4},
@@ -50,7 +49,8 @@ uint8_t MaxFiniteE8M0Scale(float max_value) {
 // Scale code of one block.
 uint8_t BlockScaleCode(KvFormat f, float amax) {
   switch (f) {
-    case KvFormat::kMainKv: return EncodeE4M3(std::fmax(amax, kMainAmaxFloor) / kE2M1Max);
+    case KvFormat::kMainKv:
+      return EncodeE4M3(std::fmax(amax, kMainAmaxFloor) / kE2M1Max);
     case KvFormat::kIndexK: {
       static const uint8_t kMax = MaxFiniteE8M0Scale(kE2M1Max);
       return std::min(E8M0CeilPow2(std::fmax(amax, kIndexAmaxFloor) / kE2M1Max), kMax);
@@ -95,14 +95,22 @@ uint8_t EncodeE2M1(float x) {
   const float a = std::fabs(x);
   // Midpoints between neighbours; at an exact tie the even code wins (<= vs <).
   uint8_t m;
-  if (a <= 0.25f) m = 0;
-  else if (a < 0.75f) m = 1;
-  else if (a <= 1.25f) m = 2;
-  else if (a < 1.75f) m = 3;
-  else if (a <= 2.5f) m = 4;
-  else if (a < 3.5f) m = 5;
-  else if (a <= 5.0f) m = 6;
-  else m = 7;  // saturates: everything above 5 (inf included) is 6
+  if (a <= 0.25f)
+    m = 0;
+  else if (a < 0.75f)
+    m = 1;
+  else if (a <= 1.25f)
+    m = 2;
+  else if (a < 1.75f)
+    m = 3;
+  else if (a <= 2.5f)
+    m = 4;
+  else if (a < 3.5f)
+    m = 5;
+  else if (a <= 5.0f)
+    m = 6;
+  else
+    m = 7;  // saturates: everything above 5 (inf included) is 6
   return sign | m;
 }
 
@@ -224,8 +232,8 @@ void Dequantize(KvFormat f, std::span<const uint8_t> codes, std::span<const uint
   const int64_t block = SpecOf(f).scale_block;
   const bool fp4 = SpecOf(f).value_bits == 4;
   for (int64_t i = 0; i < n; ++i) {
-    const uint8_t code = fp4 ? static_cast<uint8_t>((codes[i / 2] >> (4 * (i % 2))) & 0xF)
-                             : codes[i];
+    const uint8_t code =
+        fp4 ? static_cast<uint8_t>((codes[i / 2] >> (4 * (i % 2))) & 0xF) : codes[i];
     out[i] = ElementValue(f, code) * ScaleValue(f, scales[i / block]);
   }
 }

@@ -27,11 +27,11 @@
 namespace kvc {
 
 // ---- Scalar element formats ----
-uint8_t EncodeE2M1(float x);      // 4-bit code: RNE, saturating at ±6, NaN → 0
-float DecodeE2M1(uint8_t code);   // low 4 bits used; code 8 is -0.0
-uint8_t EncodeE4M3(float x);      // OCP e4m3fn: RNE, saturating at ±448, NaN → 0x7F
-float DecodeE4M3(uint8_t code);   // 0x7F / 0xFF decode to NaN
-float DecodeE8M0(uint8_t code);   // 2^(code-127); 255 decodes to NaN
+uint8_t EncodeE2M1(float x);     // 4-bit code: RNE, saturating at ±6, NaN → 0
+float DecodeE2M1(uint8_t code);  // low 4 bits used; code 8 is -0.0
+uint8_t EncodeE4M3(float x);     // OCP e4m3fn: RNE, saturating at ±448, NaN → 0x7F
+float DecodeE4M3(uint8_t code);  // 0x7F / 0xFF decode to NaN
+float DecodeE8M0(uint8_t code);  // 2^(code-127); 255 decodes to NaN
 // E8M0 code of 2^ceil(log2(y)) for y > 0 (saturates at 2^127, code 254).
 uint8_t E8M0CeilPow2(float y);
 
@@ -40,8 +40,8 @@ enum class KvFormat { kMainKv, kIndexK, kSwaKv };
 
 struct KvFormatSpec {
   absl::string_view name;  // "main", "index", "swa"
-  int64_t scale_block;    // channels per scale
-  int64_t value_bits;     // 4 (E2M1) or 8 (E4M3)
+  int64_t scale_block;     // channels per scale
+  int64_t value_bits;      // 4 (E2M1) or 8 (E4M3)
 };
 const KvFormatSpec& SpecOf(KvFormat format);
 // Parses "main", "index" or "swa".

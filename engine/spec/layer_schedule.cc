@@ -47,9 +47,9 @@ absl::Status CheckShapes(const ModelConfig& c) {
                                 ") and index_head_dim (", c.index_head_dim, ")"));
   }
   if ((c.num_attention_heads * c.head_dim) % c.o_groups != 0) {
-    return Invalid(absl::StrCat("num_attention_heads × head_dim = ",
-                                c.num_attention_heads * c.head_dim,
-                                " is not divisible by o_groups ", c.o_groups));
+    return Invalid(
+        absl::StrCat("num_attention_heads × head_dim = ", c.num_attention_heads * c.head_dim,
+                     " is not divisible by o_groups ", c.o_groups));
   }
   if (c.num_experts_per_tok > c.n_routed_experts) {
     return Invalid(absl::StrCat("num_experts_per_tok ", c.num_experts_per_tok,
@@ -61,7 +61,8 @@ absl::Status CheckShapes(const ModelConfig& c) {
   }
   // The candidate pool must leave at least index_topk real positions, or -inf picks would
   // leak through the top-k (the newest block may be partial, hence the block_size - 1).
-  const int64_t pool = c.candidate_topk_blocks * c.candidate_block_size - (c.candidate_block_size - 1);
+  const int64_t pool =
+      c.candidate_topk_blocks * c.candidate_block_size - (c.candidate_block_size - 1);
   if (pool < c.index_topk) {
     return Invalid(absl::StrCat("candidate_topk_blocks ", c.candidate_topk_blocks,
                                 " × candidate_block_size ", c.candidate_block_size,
@@ -84,19 +85,26 @@ int64_t NearestEarlier(const std::vector<LayerPlan>& layers, int64_t layer, Pred
 
 absl::string_view LayerRoleName(LayerRole role) {
   switch (role) {
-    case LayerRole::kEncoder: return "encoder";
-    case LayerRole::kDecoder: return "decoder";
-    case LayerRole::kDraft: return "draft";
+    case LayerRole::kEncoder:
+      return "encoder";
+    case LayerRole::kDecoder:
+      return "decoder";
+    case LayerRole::kDraft:
+      return "draft";
   }
   return "?";
 }
 
 absl::string_view AttentionModeName(AttentionMode mode) {
   switch (mode) {
-    case AttentionMode::kSwaOnly: return "swa";
-    case AttentionMode::kFull: return "full";
-    case AttentionMode::kReindex: return "reindex";
-    case AttentionMode::kReuse: return "reuse";
+    case AttentionMode::kSwaOnly:
+      return "swa";
+    case AttentionMode::kFull:
+      return "full";
+    case AttentionMode::kReindex:
+      return "reindex";
+    case AttentionMode::kReuse:
+      return "reuse";
   }
   return "?";
 }
@@ -167,7 +175,8 @@ absl::StatusOr<LayerSchedule> BuildLayerSchedule(const ModelConfig& c) {
     l.has_engram = Contains(c.engram_layer_ids, i);
     l.is_dspark_target = Contains(c.dspark_target_layer_ids, i);
     if (l.role == LayerRole::kDraft && l.compress_ratio != 0) {
-      return Invalid(absl::StrCat("compress_ratios[", i, "] is ", l.compress_ratio, " but layer ", i,
+      return Invalid(absl::StrCat("compress_ratios[", i, "] is ", l.compress_ratio, " but layer ",
+                                  i,
                                   " is a draft layer (DSpark layers keep only a sliding window)"));
     }
     if (l.compress_ratio == 0) continue;  // SWA only
@@ -178,11 +187,12 @@ absl::StatusOr<LayerSchedule> BuildLayerSchedule(const ModelConfig& c) {
       l.mode = AttentionMode::kFull;
       l.kv_layer = l.index_k_layer = l.topk_layer = i;
     } else {
-      l.mode = Contains(c.index_source_layer_ids, i) ? AttentionMode::kReindex : AttentionMode::kReuse;
+      l.mode =
+          Contains(c.index_source_layer_ids, i) ? AttentionMode::kReindex : AttentionMode::kReuse;
       l.kv_layer = NearestEarlier(s.layers, i, is_full);
       if (l.kv_layer < 0) {
-        return Invalid(absl::StrCat("layer ", i, " (", AttentionModeName(l.mode), ", compress_ratios[",
-                                    i, "] = ", l.compress_ratio,
+        return Invalid(absl::StrCat("layer ", i, " (", AttentionModeName(l.mode),
+                                    ", compress_ratios[", i, "] = ", l.compress_ratio,
                                     ") has no earlier Full layer in kv_source_layer_ids to take "
                                     "its KV from"));
       }
@@ -197,9 +207,9 @@ absl::StatusOr<LayerSchedule> BuildLayerSchedule(const ModelConfig& c) {
     // compress by the same ratio.
     for (int64_t src : {l.kv_layer, l.topk_layer}) {
       if (c.compress_ratios[src] != l.compress_ratio) {
-        return Invalid(absl::StrCat("layer ", i, " has compress_ratios[", i, "] = ", l.compress_ratio,
-                                    " but its source layer ", src, " has compress_ratios[", src,
-                                    "] = ", c.compress_ratios[src]));
+        return Invalid(absl::StrCat("layer ", i, " has compress_ratios[", i,
+                                    "] = ", l.compress_ratio, " but its source layer ", src,
+                                    " has compress_ratios[", src, "] = ", c.compress_ratios[src]));
       }
     }
     l.is_candidate_source = i == c.candidate_source_layer_id;
@@ -211,8 +221,8 @@ absl::StatusOr<LayerSchedule> BuildLayerSchedule(const ModelConfig& c) {
       l.candidate_pool_layer = c.candidate_source_layer_id;
       if (c.compress_ratios[c.candidate_source_layer_id] != l.compress_ratio) {
         return Invalid(absl::StrCat("layer ", i, " scores inside the candidate pool of layer ",
-                                    c.candidate_source_layer_id, " but their compress ratios differ (",
-                                    l.compress_ratio, " vs ",
+                                    c.candidate_source_layer_id,
+                                    " but their compress ratios differ (", l.compress_ratio, " vs ",
                                     c.compress_ratios[c.candidate_source_layer_id], ")"));
       }
     }

@@ -16,8 +16,8 @@
 #pragma once
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "engine/spec/model_config.h"

@@ -165,7 +165,8 @@ int64_t ModelConfig::activation_dtype_bytes() const {
   return 2;  // bfloat16, float16 (the only others the parser accepts)
 }
 
-absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text, absl::string_view source) {
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
+                                             absl::string_view source) {
   Json root = Json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
@@ -178,8 +179,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text, absl::
   absl::Status status;
   FieldReader top(root, "", &status);
   // Hugging Face's newer name is "dtype", older exports use "torch_dtype".
-  top.Enum(root.contains("torch_dtype") && !root.contains("dtype") ? "torch_dtype" : "dtype", &c.dtype,
-           {"bfloat16", "float16", "float32"});
+  top.Enum(root.contains("torch_dtype") && !root.contains("dtype") ? "torch_dtype" : "dtype",
+           &c.dtype, {"bfloat16", "float16", "float32"});
   top.Int("bos_token_id", &c.bos_token_id, Bound::kNonNegative);
   top.Int("eos_token_id", &c.eos_token_id, Bound::kNonNegative);
   top.Int("pad_token_id", &c.pad_token_id, Bound::kNonNegative);

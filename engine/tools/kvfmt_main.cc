@@ -59,9 +59,9 @@ absl::StatusOr<int64_t> RowDim(KvFormat format, const std::string& config_path, 
   }
   const int64_t block = SpecOf(format).scale_block;
   if (dim <= 0 || dim % block != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("row length ", dim, " is not a positive multiple of ",
-                                                   block, " (the ", SpecOf(format).name,
-                                                   " format's scale block)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("row length ", dim, " is not a positive multiple of ", block, " (the ",
+                     SpecOf(format).name, " format's scale block)"));
   }
   return dim;
 }
@@ -97,10 +97,9 @@ absl::Status Dequantize(KvFormat format, int64_t dim, const std::string& in_path
   if (!raw.ok()) return raw.status();
   const int64_t row_bytes = PackedBytes(format, dim);
   if (raw->size() % row_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", in_path, "\" is ", raw->size(),
-                                                   " bytes, not a whole number of packed ",
-                                                   SpecOf(format).name, " rows of ", dim,
-                                                   " values (", row_bytes, " B each)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", in_path, "\" is ", raw->size(), " bytes, not a whole number of packed ",
+                     SpecOf(format).name, " rows of ", dim, " values (", row_bytes, " B each)"));
   }
   const int64_t rows = static_cast<int64_t>(raw->size()) / row_bytes;
   const int64_t n = rows * dim;

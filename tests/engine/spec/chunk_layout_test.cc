@@ -30,7 +30,8 @@ double PaperFormula(const Json& t) {
   const double head = t["head_dim"].get<double>(), index = t["index_head_dim"].get<double>();
   const double entry = head / 2 + head / 16 + index / 2 + index / 32;
   double total = 0;
-  for (int64_t layer : t["kv_source_layer_ids"]) total += entry / t["compress_ratios"][layer].get<double>();
+  for (int64_t layer : t["kv_source_layer_ids"])
+    total += entry / t["compress_ratios"][layer].get<double>();
   return total;
 }
 
@@ -109,8 +110,9 @@ TEST(ChunkLayoutTest, ChunkTokensMustAlignWithRatiosAndCandidateBlocks) {
   for (int64_t bad : {0, -256}) {
     absl::StatusOr<ChunkLayout> l = BuildChunkLayout(c, s, bad);
     ASSERT_FALSE(l.ok());
-    EXPECT_NE(l.status().message().find("chunk_tokens must be positive, got " + std::to_string(bad)),
-              std::string::npos)
+    EXPECT_NE(
+        l.status().message().find("chunk_tokens must be positive, got " + std::to_string(bad)),
+        std::string::npos)
         << l.status();
   }
   absl::StatusOr<ChunkLayout> odd = BuildChunkLayout(c, s, 255);

@@ -68,14 +68,17 @@ std::vector<float> RefFakeQuant(KvFormat f, const std::vector<float>& x) {
   if (f == KvFormat::kMainKv) {
     s = RefE4M3Value(RefEncodeE4M3(std::fmax(amax, 6.0f / 512.0f) / 6.0f));
   } else if (f == KvFormat::kIndexK) {
-    s = std::ldexp(1.0f, RefCeilPow2Code(std::fmax(amax, 6.0f * std::ldexp(1.0f, -126)) / 6.0f) - 127);
+    s = std::ldexp(1.0f,
+                   RefCeilPow2Code(std::fmax(amax, 6.0f * std::ldexp(1.0f, -126)) / 6.0f) - 127);
   } else {
     s = std::ldexp(1.0f, RefCeilPow2Code(std::fmax(amax, 1e-4f) / 448.0f) - 127);
   }
   std::vector<float> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const float q = x[i] / s;
-    y[i] = (f == KvFormat::kSwaKv ? RefE4M3Value(RefEncodeE4M3(q)) : RefE2M1Value(RefEncodeE2M1(q))) * s;
+    y[i] =
+        (f == KvFormat::kSwaKv ? RefE4M3Value(RefEncodeE4M3(q)) : RefE2M1Value(RefEncodeE2M1(q))) *
+        s;
   }
   return y;
 }
@@ -134,8 +137,8 @@ TEST(KvCodecTest, EveryE2M1CodeRoundTrips) {
 TEST(KvCodecTest, E2M1TiesRoundToEven) {
   const struct {
     float in, out;
-  } ties[] = {{0.25f, 0}, {0.75f, 1}, {1.25f, 1}, {1.75f, 2}, {2.5f, 2}, {3.5f, 4}, {5.0f, 4},
-              {-0.75f, -1}, {-5.0f, -4}, {7.0f, 6}, {1e30f, 6}, {-kInf, -6}};
+  } ties[] = {{0.25f, 0}, {0.75f, 1},   {1.25f, 1},  {1.75f, 2}, {2.5f, 2},  {3.5f, 4},
+              {5.0f, 4},  {-0.75f, -1}, {-5.0f, -4}, {7.0f, 6},  {1e30f, 6}, {-kInf, -6}};
   for (const auto& t : ties) EXPECT_EQ(DecodeE2M1(EncodeE2M1(t.in)), t.out) << t.in;
   EXPECT_EQ(EncodeE2M1(-0.1f), 8);  // rounds to -0: the sign survives
   EXPECT_EQ(EncodeE2M1(kNaN), 0);
@@ -248,7 +251,7 @@ TEST(KvCodecTest, RoundTripErrorIsBounded) {
       // below amax / 6; the values past 6·s then clamp to it.
       const float max_code = fp4 ? 6.0f : 448.0f;
       const float bound = std::fabs(x[i]) > max_code * s ? std::fabs(x[i]) - max_code * s + 1e-30f
-                                                          : (fp4 ? 1.0f : 16.0f) * s;
+                                                         : (fp4 ? 1.0f : 16.0f) * s;
       ASSERT_LE(std::fabs(x[i] - y[i]), bound) << SpecOf(f).name << " x=" << x[i] << " y=" << y[i];
       err2 += double(x[i] - y[i]) * (x[i] - y[i]);
       sig2 += double(x[i]) * x[i];
@@ -278,7 +281,7 @@ TEST(KvCodecTest, ScaleEdgeCases) {
   Packed main = QuantizeAll(KvFormat::kMainKv, zeros);
   EXPECT_EQ(main.scales[0], 0x01);  // e4m3(2^-9), the smallest subnormal
   Packed index = QuantizeAll(KvFormat::kIndexK, zeros);
-  EXPECT_EQ(index.scales[0], 1);    // 2^-126
+  EXPECT_EQ(index.scales[0], 1);  // 2^-126
   Packed swa = QuantizeAll(KvFormat::kSwaKv, zeros);
   EXPECT_EQ(swa.scales[0], RefCeilPow2Code(1e-4f / 448.0f));
   for (KvFormat f : kAllFormats) {
@@ -315,8 +318,8 @@ TEST(KvCodecTest, NonFiniteInputHasDefinedResult) {
     x[2] = -kInf;
     const Packed p = QuantizeAll(f, x);
     const std::vector<float> y = DequantizeAll(f, p, block);
-    EXPECT_EQ(y[0], 0.0f) << SpecOf(f).name;  // NaN → +0
-    EXPECT_TRUE(std::isfinite(y[1]) && y[1] > 0) << SpecOf(f).name;   // +inf → largest
+    EXPECT_EQ(y[0], 0.0f) << SpecOf(f).name;                         // NaN → +0
+    EXPECT_TRUE(std::isfinite(y[1]) && y[1] > 0) << SpecOf(f).name;  // +inf → largest
     EXPECT_TRUE(std::isfinite(y[2]) && y[2] == -y[1]) << SpecOf(f).name;
     for (float v : y) EXPECT_TRUE(std::isfinite(v)) << SpecOf(f).name;
     // Values near FLT_MAX saturate to finite values too: the largest value of the format

@@ -50,11 +50,20 @@ TEST(LayerScheduleTest, ReferenceScheduleMatchesTheArchitecture) {
   EXPECT_EQ(s.decoder_layers, 20);
   EXPECT_EQ(s.draft_layers, 3);
   // Encoder = SWA×2 + [Full + Reuse×5]×3; decoder = [Full + Reuse×3] + [Reindex + Reuse×3]×4.
-  EXPECT_EQ(Modes(s, 0, 20), "ss" "FRRRRR" "FRRRRR" "FRRRRR");
-  EXPECT_EQ(Modes(s, 20, 40), "FRRR" "IRRR" "IRRR" "IRRR" "IRRR");
+  EXPECT_EQ(Modes(s, 0, 20),
+            "ss"
+            "FRRRRR"
+            "FRRRRR"
+            "FRRRRR");
+  EXPECT_EQ(Modes(s, 20, 40),
+            "FRRR"
+            "IRRR"
+            "IRRR"
+            "IRRR"
+            "IRRR");
   EXPECT_EQ(Modes(s, 40, 43), "sss");
   for (const LayerPlan& l : s.layers) {
-    EXPECT_EQ(l.role, l.index < 20 ? LayerRole::kEncoder
+    EXPECT_EQ(l.role, l.index < 20   ? LayerRole::kEncoder
                       : l.index < 40 ? LayerRole::kDecoder
                                      : LayerRole::kDraft)
         << l.index;
@@ -151,8 +160,8 @@ TEST(LayerScheduleTest, SourceWithDifferentRatioIsRejected) {
   j["text_config"]["kv_source_layer_ids"] = {2, 8, 14};  // decoder would reuse encoder KV
   j["text_config"]["index_source_layer_ids"] = {2, 8, 14};
   j["text_config"]["candidate_source_layer_id"] = 14;
-  ExpectRejected(j, {"layer 20 has compress_ratios[20] = 1", "source layer 14",
-                     "compress_ratios[14] = 2"});
+  ExpectRejected(
+      j, {"layer 20 has compress_ratios[20] = 1", "source layer 14", "compress_ratios[14] = 2"});
 }
 
 TEST(LayerScheduleTest, KvSourceMustRunItsIndexer) {

@@ -17,7 +17,8 @@ using ::kvc::testing::RunProgram;
 using ::kvc::testing::TempDir;
 
 const std::string kKvfmt = std::string(KVC_BIN_DIR) + "/kvfmt";
-const std::string kConfig = std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json";
+const std::string kConfig =
+    std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json";
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -27,7 +28,8 @@ std::string Slurp(const std::string& path) {
 }
 
 void Write(const std::string& path, const void* data, size_t n) {
-  std::ofstream(path, std::ios::binary).write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  std::ofstream(path, std::ios::binary)
+      .write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
 }
 
 TEST(KvfmtTest, QuantizeThenDequantizeEqualsLibraryQat) {
@@ -42,8 +44,8 @@ TEST(KvfmtTest, QuantizeThenDequantizeEqualsLibraryQat) {
     std::vector<float> x(rows * dim);
     for (float& v : x) v = normal(rng);
     Write(dir.File("in.f32"), x.data(), x.size() * 4);
-    auto q = RunProgram(kKvfmt, {"quantize", "--format", format, "--in", dir.File("in.f32"), "--out",
-                                 dir.File("packed"), "--config", kConfig});
+    auto q = RunProgram(kKvfmt, {"quantize", "--format", format, "--in", dir.File("in.f32"),
+                                 "--out", dir.File("packed"), "--config", kConfig});
     ASSERT_EQ(q.exit_code, 0) << q.err;
     EXPECT_EQ(static_cast<int64_t>(Slurp(dir.File("packed")).size()), rows * PackedBytes(f, dim));
     auto d = RunProgram(kKvfmt, {"dequantize", "--format", format, "--in", dir.File("packed"),
@@ -64,20 +66,26 @@ TEST(KvfmtTest, BadInputGivesOneLineErrorAndNonZeroExit) {
     std::vector<std::string> args;
     std::string expect;
   } cases[] = {
-      {{"quantize", "--format", "nvfp4", "--in", dir.File("in.f32"), "--out", dir.File("o"), "--dim", "32"},
+      {{"quantize", "--format", "nvfp4", "--in", dir.File("in.f32"), "--out", dir.File("o"),
+        "--dim", "32"},
        "unknown KV format \"nvfp4\""},
-      {{"quantize", "--format", "main", "--in", dir.File("in.f32"), "--out", dir.File("o"), "--config", kConfig},
+      {{"quantize", "--format", "main", "--in", dir.File("in.f32"), "--out", dir.File("o"),
+        "--config", kConfig},
        "400 bytes, not a whole number of 512-value float32 rows"},
       {{"quantize", "--format", "main", "--in", dir.File("in.f32"), "--out", dir.File("o")},
        "give --config FILE or --dim N"},
-      {{"quantize", "--format", "main", "--in", dir.File("in.f32"), "--out", dir.File("o"), "--dim", "24"},
+      {{"quantize", "--format", "main", "--in", dir.File("in.f32"), "--out", dir.File("o"), "--dim",
+        "24"},
        "row length 24 is not a positive multiple of 16"},
-      {{"dequantize", "--format", "index", "--in", dir.File("in.f32"), "--out", dir.File("o"), "--dim", "128"},
+      {{"dequantize", "--format", "index", "--in", dir.File("in.f32"), "--out", dir.File("o"),
+        "--dim", "128"},
        "not a whole number of packed index rows of 128 values (68 B each)"},
-      {{"quantize", "--format", "main", "--in", dir.File("missing"), "--out", dir.File("o"), "--dim", "16"},
+      {{"quantize", "--format", "main", "--in", dir.File("missing"), "--out", dir.File("o"),
+        "--dim", "16"},
        "cannot open"},
       {{"quantize", "--format", "main"}, "kvfmt: error:"},
-      {{"layout", "--config", kConfig, "--chunk-tokens", "100"}, "chunk_tokens 100 is not a multiple of 8"},
+      {{"layout", "--config", kConfig, "--chunk-tokens", "100"},
+       "chunk_tokens 100 is not a multiple of 8"},
   };
   for (const Case& c : cases) {
     auto r = RunProgram(kKvfmt, c.args);

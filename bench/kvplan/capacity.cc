@@ -1,0 +1,200 @@
+#include "bench/kvplan/capacity.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvc {
+namespace {
+
+std::string StoresInWords(const LayerPlan& l, const ChunkLayout& layout) {
+  switch (l.mode) {
+    case AttentionMode::kSwaOnly:
+      return "nothing: sliding window only (rebuilt by replay)";
+    case AttentionMode::kFull:
+      return absl::StrFormat("main KV %d B + index K %d B per %d token%s", layout.entry.main,
+                             layout.entry.index, l.compress_ratio, l.compress_ratio > 1 ? "s" : "");
+    case AttentionMode::kReindex:
+      return absl::StrFormat("nothing: own indexer over L%d's index K", l.index_k_layer);
+    case AttentionMode::kReuse:
+      return absl::StrFormat("nothing: reuses L%d's KV and L%d's top-k", l.kv_layer, l.topk_layer);
+  }
+  return "";
+}
+
+std::string Bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024 && u < 5) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f B", b) : absl::StrFormat("%.2f %s", b, units[u]);
+}
+
+}  // namespace
+
+absl::StatusOr<CapacityPlan> PlanCapacity(const ModelConfig& config, const Workload& w) {
+  CapacityPlan p;
+  p.config = config;
+  p.workload = w;
+  absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(config);
+  if (!schedule.ok()) return schedule.status();
+  p.schedule = *std::move(schedule);
+  absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(config, p.schedule, w.chunk_tokens);
+  if (!layout.ok()) return layout.status();
+  p.layout = *std::move(layout);
+  if (w.context_tokens < w.chunk_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context of ", w.context_tokens, " tokens is shorter than one chunk (",
+                     w.chunk_tokens, " tokens): nothing would be cached"));
+  }
+
+  for (const LayerPlan& l : p.schedule.layers) {
+    p.layers.push_back({l.index, std::string(LayerRoleName(l.role)),
+                        std::string(AttentionModeName(l.mode)), l.compress_ratio,
+                        p.layout.LayerBytesPerToken(l.index), StoresInWords(l, p.layout)});
+  }
+  p.cached_chunks_per_session = w.context_tokens / w.chunk_tokens;
+  p.uncached_tail_tokens = w.context_tokens % w.chunk_tokens;
+  p.session_bytes = static_cast<double>(p.cached_chunks_per_session * p.layout.chunk_bytes);
+  for (auto [tier, capacity] : {std::pair{"hbm", w.hbm_bytes}, std::pair{"ram", w.ram_bytes},
+                                std::pair{"ssd", w.ssd_bytes}}) {
+    p.tiers.push_back(
+        {tier, capacity, static_cast<int64_t>(std::floor(capacity / p.session_bytes))});
+  }
+  p.ssd_write_bytes_per_day = w.sessions_per_day * p.session_bytes;
+  p.ssd_drive_writes_per_day = w.ssd_bytes > 0 ? p.ssd_write_bytes_per_day / w.ssd_bytes : 0;
+  p.bounded_replay_tokens = config.sliding_window;
+  p.exact_replay_tokens = p.schedule.encoder_layers * config.sliding_window;
+
+  // What the alternatives would keep for the same session.
+  const double ctx = static_cast<double>(w.context_tokens);
+  const double ours = p.layout.bytes_per_token();
+  const double swa_row = static_cast<double>(PackedBytes(KvFormat::kSwaKv, config.head_dim));
+  const double windowed_layers = static_cast<double>(config.total_layers());
+  const double mha =
+      2.0 * static_cast<double>(config.num_attention_heads * config.head_dim *
+                                config.activation_dtype_bytes() * config.num_hidden_layers);
+  const double swa_per_token = swa_row * windowed_layers;
+  const double snapshot_per_token = swa_per_token * static_cast<double>(config.sliding_window) /
+                                    static_cast<double>(w.chunk_tokens);
+  auto alt = [&](std::string name, std::string description, double per_token) {
+    p.alternatives.push_back({std::move(name), std::move(description), per_token, per_token * ctx});
+  };
+  alt("kvcache", "FP4 global KV of the Full layers; SWA rebuilt by bounded replay", ours);
+  alt("with-swa-per-token",
+      absl::StrFormat("plus every layer's FP8 window KV for every token (%d layers × %.0f B)",
+                      config.total_layers(), swa_row),
+      ours + swa_per_token);
+  alt("with-swa-snapshot-per-chunk",
+      absl::StrFormat("plus a %d-token window snapshot of every layer at each chunk boundary",
+                      config.sliding_window),
+      ours + snapshot_per_token);
+  alt("naive-mha",
+      absl::StrFormat("per-layer K and V for all %d heads in %s, %d layers",
+                      config.num_attention_heads, config.dtype, config.num_hidden_layers),
+      mha);
+  return p;
+}
+
+nlohmann::json PlanToJson(const CapacityPlan& p) {
+  nlohmann::json j;
+  j["model_type"] = p.config.model_type;
+  j["global_kv_bytes_per_token"] = p.layout.bytes_per_token();
+  j["chunk_tokens"] = p.layout.chunk_tokens;
+  j["chunk_bytes"] = p.layout.chunk_bytes;
+  j["kv_layout_version"] = kKvLayoutVersion;
+  j["entry_bytes"] = {{"main", p.layout.entry.main}, {"index", p.layout.entry.index}};
+  j["layers"] = nlohmann::json::array();
+  for (const LayerStorage& l : p.layers) {
+    const LayerPlan& plan = p.schedule.layers[l.index];
+    j["layers"].push_back({{"index", l.index},
+                           {"role", l.role},
+                           {"ratio", l.ratio},
+                           {"mode", l.mode},
+                           {"stored_bytes_per_token", l.stored_bytes_per_token},
+                           {"kv_layer", plan.kv_layer},
+                           {"index_k_layer", plan.index_k_layer},
+                           {"topk_layer", plan.topk_layer},
+                           {"candidate_source", plan.is_candidate_source},
+                           {"candidate_pool_layer", plan.candidate_pool_layer},
+                           {"engram", plan.has_engram},
+                           {"dspark_target", plan.is_dspark_target},
+                           {"stores", l.stores}});
+  }
+  j["session"] = {{"context_tokens", p.workload.context_tokens},
+                  {"cached_chunks", p.cached_chunks_per_session},
+                  {"uncached_tail_tokens", p.uncached_tail_tokens},
+                  {"bytes", p.session_bytes},
+                  {"bounded_replay_tokens", p.bounded_replay_tokens},
+                  {"exact_replay_tokens", p.exact_replay_tokens}};
+  j["sessions_fit"] = nlohmann::json::object();
+  j["tier_capacity_bytes"] = nlohmann::json::object();
+  for (const TierFit& t : p.tiers) {
+    j["sessions_fit"][t.tier] = t.sessions;
+    j["tier_capacity_bytes"][t.tier] = t.capacity_bytes;
+  }
+  j["ssd"] = {{"sessions_per_day", p.workload.sessions_per_day},
+              {"write_bytes_per_day", p.ssd_write_bytes_per_day},
+              {"drive_writes_per_day", p.ssd_drive_writes_per_day}};
+  j["alternatives"] = nlohmann::json::array();
+  for (const Alternative& a : p.alternatives) {
+    nlohmann::json fits = nlohmann::json::object();
+    for (const TierFit& t : p.tiers)
+      fits[t.tier] = static_cast<int64_t>(std::floor(t.capacity_bytes / a.session_bytes));
+    j["alternatives"].push_back({{"name", a.name},
+                                 {"description", a.description},
+                                 {"bytes_per_token", a.bytes_per_token},
+                                 {"session_bytes", a.session_bytes},
+                                 {"times_kvcache", a.bytes_per_token / p.layout.bytes_per_token()},
+                                 {"sessions_fit", fits}});
+  }
+  return j;
+}
+
+std::string PlanToText(const CapacityPlan& p) {
+  std::string out;
+  const Workload& w = p.workload;
+  absl::StrAppendFormat(&out, "Global KV: %.2f B/token = %d B per %d-token chunk (layout v%d)\n",
+                        p.layout.bytes_per_token(), p.layout.chunk_bytes, p.layout.chunk_tokens,
+                        kKvLayoutVersion);
+  absl::StrAppendFormat(
+      &out,
+      "  per compressed position: main KV %d B (E2M1 + E4M3/16), index K %d B (E2M1 + E8M0/32)\n\n",
+      p.layout.entry.main, p.layout.entry.index);
+  absl::StrAppendFormat(&out, "%5s  %-7s  %5s  %-7s  %9s  %s\n", "layer", "role", "ratio", "mode",
+                        "B/token", "stores");
+  for (const LayerStorage& l : p.layers) {
+    absl::StrAppendFormat(&out, "%5d  %-7s  %5d  %-7s  %9.2f  %s\n", l.index, l.role, l.ratio,
+                          l.mode, l.stored_bytes_per_token, l.stores);
+  }
+  absl::StrAppendFormat(
+      &out, "\nSession of %d tokens: %d chunks cached (%d tail tokens recomputed), %s\n",
+      w.context_tokens, p.cached_chunks_per_session, p.uncached_tail_tokens,
+      Bytes(p.session_bytes));
+  absl::StrAppendFormat(
+      &out, "Resume replays %d tokens (bounded) or %d (exact: %d encoder layers × window)\n\n",
+      p.bounded_replay_tokens, p.exact_replay_tokens, p.schedule.encoder_layers);
+  absl::StrAppendFormat(&out, "%-5s  %12s  %16s\n", "tier", "capacity", "sessions fit");
+  for (const TierFit& t : p.tiers) {
+    absl::StrAppendFormat(&out, "%-5s  %12s  %16d\n", t.tier, Bytes(t.capacity_bytes), t.sessions);
+  }
+  absl::StrAppendFormat(
+      &out, "\nSSD writes at %.0f new sessions/day: %s/day (%.3f drive writes/day)\n\n",
+      w.sessions_per_day, Bytes(p.ssd_write_bytes_per_day), p.ssd_drive_writes_per_day);
+  absl::StrAppendFormat(&out, "%-28s  %12s  %12s  %9s  %10s  %s\n", "keeping the session as",
+                        "B/token", "per session", "× ours", "fit on SSD", "what");
+  for (const Alternative& a : p.alternatives) {
+    absl::StrAppendFormat(&out, "%-28s  %12.1f  %12s  %9.1f  %10d  %s\n", a.name, a.bytes_per_token,
+                          Bytes(a.session_bytes), a.bytes_per_token / p.layout.bytes_per_token(),
+                          static_cast<int64_t>(std::floor(w.ssd_bytes / a.session_bytes)),
+                          a.description);
+  }
+  return out;
+}
+
+}  // namespace kvc

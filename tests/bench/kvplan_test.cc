@@ -1,0 +1,151 @@
+// kvplan, as a library and as the program a capacity planner runs.
+#include <cmath>
+#include <string>
+
+#include "bench/kvplan/capacity.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/engine/spec/config_fixtures.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc {
+namespace {
+
+using ::kvc::testing::kMiniConfig;
+using ::kvc::testing::kReferenceConfig;
+using ::kvc::testing::LoadJson;
+using ::kvc::testing::ParseOrDie;
+using ::kvc::testing::RunProgram;
+using Json = nlohmann::json;
+
+const std::string kKvplan = std::string(KVC_BIN_DIR) + "/kvplan";
+
+Json RunJson(const std::vector<std::string>& args) {
+  auto r = RunProgram(kKvplan, args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  Json j = Json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(j.is_discarded()) << r.out.substr(0, 300);
+  return j;
+}
+
+TEST(KvplanTest, ReferenceJsonReports890AndTheSchedule) {
+  const Json j = RunJson({"--config", kReferenceConfig(), "--json"});
+  EXPECT_EQ(j["global_kv_bytes_per_token"].get<double>(), 890.0);
+  EXPECT_EQ(j["chunk_bytes"].get<int64_t>(), 227840);
+  EXPECT_EQ(j["chunk_tokens"].get<int64_t>(), 256);
+  const Json& layers = j["layers"];
+  ASSERT_EQ(layers.size(), 43u);
+  double sum = 0;
+  std::string modes;
+  for (const Json& l : layers) {
+    sum += l["stored_bytes_per_token"].get<double>();
+    modes += l["mode"].get<std::string>()[0];
+  }
+  EXPECT_DOUBLE_EQ(sum, 890.0);
+  // s = swa, f = full, r = reuse or reindex (first letters).
+  EXPECT_EQ(modes,
+            "ss"
+            "frrrrr"
+            "frrrrr"
+            "frrrrr"
+            "frrr"
+            "rrrr"
+            "rrrr"
+            "rrrr"
+            "rrrr"
+            "sss");
+  EXPECT_EQ(layers[24]["mode"], "reindex");
+  EXPECT_EQ(layers[24]["role"], "decoder");
+  EXPECT_EQ(layers[20]["ratio"], 1);
+  EXPECT_EQ(layers[2]["stored_bytes_per_token"].get<double>(), 178.0);
+  EXPECT_EQ(layers[41]["role"], "draft");
+  for (const char* tier : {"hbm", "ram", "ssd"})
+    EXPECT_TRUE(j["sessions_fit"].contains(tier)) << tier;
+}
+
+TEST(KvplanTest, SessionsFitFollowFromCapacityAndContext) {
+  const Json j = RunJson({"--config", kReferenceConfig(), "--json", "--context-tokens", "100000",
+                          "--hbm", "10", "--ram", "100", "--ssd", "2", "--sessions", "5000"});
+  const int64_t chunks = 100000 / 256;
+  const double session = static_cast<double>(chunks) * j["chunk_bytes"].get<double>();
+  EXPECT_EQ(j["session"]["cached_chunks"], chunks);
+  EXPECT_EQ(j["session"]["uncached_tail_tokens"], 100000 % 256);
+  EXPECT_EQ(j["sessions_fit"]["hbm"], static_cast<int64_t>(10 * std::pow(2, 30) / session));
+  EXPECT_EQ(j["sessions_fit"]["ram"], static_cast<int64_t>(100 * std::pow(2, 30) / session));
+  EXPECT_EQ(j["sessions_fit"]["ssd"], static_cast<int64_t>(2 * std::pow(2, 40) / session));
+  EXPECT_DOUBLE_EQ(j["ssd"]["write_bytes_per_day"].get<double>(), 5000 * session);
+  // Alternatives: the SWA-per-token store is ours plus a 528-byte FP8 row per layer.
+  const Json& alts = j["alternatives"];
+  ASSERT_GE(alts.size(), 4u);
+  EXPECT_EQ(alts[0]["name"], "kvcache");
+  EXPECT_DOUBLE_EQ(alts[1]["bytes_per_token"].get<double>(), 890.0 + 43 * 528);
+  EXPECT_DOUBLE_EQ(alts[3]["bytes_per_token"].get<double>(), 2.0 * 64 * 512 * 2 * 40);
+}
+
+TEST(KvplanTest, AnyConfigGivesComputedNumbers) {
+  const Json j = RunJson({"--config", kMiniConfig(), "--json", "--context-tokens", "4096"});
+  const Json t = LoadJson(kMiniConfig())["text_config"];
+  const double head = t["head_dim"], index = t["index_head_dim"];
+  double want = 0;
+  for (int64_t layer : t["kv_source_layer_ids"]) {
+    want +=
+        (head / 2 + head / 16 + index / 2 + index / 32) / t["compress_ratios"][layer].get<double>();
+  }
+  EXPECT_DOUBLE_EQ(j["global_kv_bytes_per_token"].get<double>(), want);
+  EXPECT_EQ(j["layers"].size(), t["compress_ratios"].size());
+  EXPECT_EQ(j["chunk_bytes"].get<double>(), want * 256);
+}
+
+TEST(KvplanTest, TextOutputNamesEveryTier) {
+  auto r = RunProgram(kKvplan, {"--config", kReferenceConfig()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("890.00 B/token"), std::string::npos);
+  for (const char* s : {"hbm", "ram", "ssd", "naive-mha", "with-swa-per-token", "reindex"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  }
+}
+
+TEST(KvplanTest, BadFlagsAndConfigsGiveOneLineErrors) {
+  testing::TempDir dir;
+  Json bad = LoadJson(kReferenceConfig());
+  bad["text_config"]["kv_source_layer_ids"] = {1, 8, 14, 20};
+  std::ofstream(dir.File("bad.json")) << bad.dump();
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  } cases[] = {
+      {{"--json"}, "--config is required"},
+      {{"--config", kReferenceConfig(), "--context-tokens", "-5"}, "--context-tokens"},
+      {{"--config", kReferenceConfig(), "--context-tokens", "100"}, "shorter than one chunk"},
+      {{"--config", kReferenceConfig(), "--hbm", "lots"}, "--hbm"},
+      {{"--config", kReferenceConfig(), "--frobnicate"}, "frobnicate"},
+      {{"--config", kReferenceConfig(), "--chunk-tokens", "100"}, "chunk_tokens 100"},
+      {{"--config", dir.File("missing.json")}, "cannot open model config"},
+      {{"--config", dir.File("bad.json")}, "kv_source_layer_ids contains layer 1"},
+  };
+  for (const Case& c : cases) {
+    auto r = RunProgram(kKvplan, c.args);
+    EXPECT_NE(r.exit_code, 0) << c.expect;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << "stderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST(CapacityTest, PlanMatchesLayoutForEveryChunkSize) {
+  const ModelConfig c = ParseOrDie(LoadJson(kReferenceConfig()));
+  for (int64_t chunk : {64, 128, 256, 512, 1024}) {
+    Workload w;
+    w.context_tokens = 1 << 20;
+    w.chunk_tokens = chunk;
+    w.ssd_bytes = 1e12;
+    absl::StatusOr<CapacityPlan> p = PlanCapacity(c, w);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->layout.chunk_bytes, 890 * chunk);
+    EXPECT_DOUBLE_EQ(p->session_bytes, 890.0 * (1 << 20));
+    EXPECT_EQ(p->exact_replay_tokens, p->schedule.encoder_layers * c.sliding_window);
+  }
+}
+
+}  // namespace
+}  // namespace kvc
