@@ -1,0 +1,161 @@
+#include "storage/chunk_index.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvc::storage {
+namespace {
+
+constexpr uint8_t kRecordVersion = 1;
+constexpr size_t kRecordBytes = 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 16 + 8 * 4;
+
+std::string ChunkRowKey(const ChunkKey& k) {
+  std::string s(17, 'c');
+  std::memcpy(s.data() + 1, k.bytes.data(), 16);
+  return s;
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, const char* what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("rocksdb ", what, ": ", s.ToString()));
+}
+
+class Writer {
+ public:
+  template <typename T>
+  void Add(T v) {
+    const size_t at = out.size();
+    out.resize(at + sizeof v);
+    std::memcpy(out.data() + at, &v, sizeof v);
+  }
+  std::string out;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  template <typename T>
+  T Take() {
+    T v{};
+    std::memcpy(&v, s_.data() + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+
+ private:
+  const std::string& s_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+std::string EncodeIndexRecord(const IndexRecord& r) {
+  Writer w;
+  w.Add<uint8_t>(kRecordVersion);
+  w.Add(r.namespace_id);
+  w.Add(r.payload_bytes);
+  w.Add(r.slab);
+  w.Add(r.slot);
+  w.Add(r.checksum);
+  w.Add(r.sequence);
+  w.Add<uint8_t>(r.parent.has_value());
+  w.Add(r.parent.value_or(ChunkKey{}).bytes);
+  w.Add(r.created_s);
+  w.Add(r.last_access_s);
+  w.Add(r.pin_until_s);
+  w.Add(r.expires_s);
+  return w.out;
+}
+
+absl::StatusOr<IndexRecord> DecodeIndexRecord(const std::string& bytes) {
+  if (bytes.size() != kRecordBytes || static_cast<uint8_t>(bytes[0]) != kRecordVersion) {
+    return absl::DataLossError(absl::StrCat("index record of ", bytes.size(), " bytes, version ",
+                                            bytes.empty() ? -1 : static_cast<uint8_t>(bytes[0]),
+                                            "; expected ", kRecordBytes, " bytes, version ",
+                                            kRecordVersion));
+  }
+  Reader r(bytes);
+  IndexRecord rec;
+  r.Take<uint8_t>();
+  rec.namespace_id = r.Take<uint32_t>();
+  rec.payload_bytes = r.Take<uint32_t>();
+  rec.slab = r.Take<uint32_t>();
+  rec.slot = r.Take<uint32_t>();
+  rec.checksum = r.Take<uint64_t>();
+  rec.sequence = r.Take<uint64_t>();
+  const bool has_parent = r.Take<uint8_t>() != 0;
+  const auto parent = r.Take<std::array<uint8_t, 16>>();
+  if (has_parent) rec.parent = ChunkKey{parent};
+  rec.created_s = r.Take<int64_t>();
+  rec.last_access_s = r.Take<int64_t>();
+  rec.pin_until_s = r.Take<int64_t>();
+  rec.expires_s = r.Take<int64_t>();
+  return rec;
+}
+
+absl::StatusOr<std::unique_ptr<ChunkIndex>> ChunkIndex::Open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.max_background_jobs = 2;
+  options.keep_log_file_num = 4;
+  options.max_log_file_size = 8 << 20;
+  rocksdb::DB* db = nullptr;
+  if (absl::Status s = FromRocks(rocksdb::DB::Open(options, dir, &db), "open"); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (index at ", dir, ")"));
+  }
+  return std::unique_ptr<ChunkIndex>(new ChunkIndex(db));
+}
+
+ChunkIndex::ChunkIndex(rocksdb::DB* db) : db_(db) {}
+
+ChunkIndex::~ChunkIndex() {
+  if (db_) (void)db_->Close();
+}
+
+absl::StatusOr<std::optional<std::string>> ChunkIndex::GetMeta(const std::string& name) {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "m" + name, &value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  if (absl::Status st = FromRocks(s, "get"); !st.ok()) return st;
+  return std::optional<std::string>(std::move(value));
+}
+
+absl::Status ChunkIndex::PutMeta(const std::string& name, const std::string& value) {
+  rocksdb::WriteOptions w;
+  w.sync = true;
+  return FromRocks(db_->Put(w, "m" + name, value), "put");
+}
+
+absl::Status ChunkIndex::ForEach(
+    const std::function<void(const ChunkKey&, const IndexRecord&)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("c"); it->Valid() && it->key().starts_with("c"); it->Next()) {
+    if (it->key().size() != 17) {
+      return absl::DataLossError(absl::StrCat("index key of ", it->key().size(), " bytes"));
+    }
+    ChunkKey key;
+    std::memcpy(key.bytes.data(), it->key().data() + 1, 16);
+    absl::StatusOr<IndexRecord> rec = DecodeIndexRecord(it->value().ToString());
+    if (!rec.ok()) return rec.status();
+    fn(key, *rec);
+  }
+  return FromRocks(it->status(), "scan");
+}
+
+absl::Status ChunkIndex::Commit(const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
+                                const std::vector<ChunkKey>& deletes, bool sync) {
+  if (puts.empty() && deletes.empty()) return absl::OkStatus();
+  rocksdb::WriteBatch batch;
+  for (const auto& [key, rec] : puts) batch.Put(ChunkRowKey(key), EncodeIndexRecord(rec));
+  for (const ChunkKey& key : deletes) batch.Delete(ChunkRowKey(key));
+  rocksdb::WriteOptions w;
+  w.sync = sync;
+  return FromRocks(db_->Write(w, &batch), "write");
+}
+
+}  // namespace kvc::storage

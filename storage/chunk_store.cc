@@ -1,0 +1,886 @@
+#include "storage/chunk_store.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "storage/chunk_index.h"
+#include "storage/eviction.h"
+#include "storage/ram_arena.h"
+#include "storage/slot_format.h"
+#include "storage/ssd_tier.h"
+
+namespace kvc::storage {
+
+const char* TierName(Tier t) {
+  switch (t) {
+    case Tier::kNone: return "none";
+    case Tier::kRam: return "ram";
+    case Tier::kSsd: return "ssd";
+  }
+  return "?";
+}
+
+class ChunkStore::Impl {
+ public:
+  struct RamEntry {
+    NamespaceId ns = 0;
+    uint32_t slot = 0;
+    uint32_t len = 0;
+    std::optional<ChunkKey> parent;
+    int64_t expires_s = 0;
+    bool dirty = false;     // accepted with memory durability, not yet on SSD
+    bool flushing = false;  // being written to SSD right now
+  };
+
+  explicit Impl(StoreOptions o) : opt(std::move(o)) {
+    if (!opt.now_s) {
+      opt.now_s = [] {
+        return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+      };
+    }
+  }
+
+  absl::Status Open();
+  void Close();
+
+  int64_t NowS() const { return opt.now_s(); }
+  int64_t NextAccess() { return ++access_clock; }
+  std::string Where(const ChunkKey& key) const { return absl::StrCat("chunk ", key.Hex()); }
+
+  absl::Status CheckPayload(NamespaceId ns, size_t bytes) const {
+    auto it = namespaces.find(ns);
+    if (it == namespaces.end()) {
+      return absl::NotFoundError(absl::StrCat("namespace ", ns, " is not registered"));
+    }
+    if (bytes != it->second) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", bytes, " bytes, namespace ",
+                                                     ns, " expects ", it->second));
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- RAM tier (all under mu) ----
+  void DropRam(const ChunkKey& key) {
+    auto it = ram.find(key);
+    if (it == ram.end()) return;
+    const uint32_t slot = it->second.slot;
+    ram.erase(it);
+    ram_order.Remove(key);
+    if (ram_refs[slot] == 0) {
+      ram_free.push_back(slot);
+    } else {
+      ram_free_on_release[slot] = true;
+    }
+  }
+
+  // A free RAM slot, evicting as needed. With allow_writeback, dirty victims are written
+  // to SSD first (demotion); without, the call gives up instead of waiting on I/O.
+  absl::StatusOr<uint32_t> AllocRamSlot(std::unique_lock<std::mutex>& lk, bool allow_writeback) {
+    while (ram_free.empty()) {
+      std::optional<ChunkKey> victim = ram_order.PickVictim(NowS());
+      if (!victim) return absl::ResourceExhaustedError("RAM tier is full");
+      RamEntry& e = ram.at(*victim);
+      if (e.dirty && ssd) {
+        if (!allow_writeback) return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
+        if (e.flushing) {
+          flush_done.wait(lk);
+          continue;
+        }
+        FlushLocked(lk, {*victim}, /*sync_index=*/false);
+        auto again = ram.find(*victim);
+        if (again != ram.end() && again->second.dirty && !again->second.flushing) {
+          return absl::InternalError(absl::StrCat("cannot demote ", Where(*victim), " to SSD"));
+        }
+        ++stats.demotions;
+        continue;
+      }
+      DropRam(*victim);
+      ++stats.ram_evictions;
+    }
+    const uint32_t slot = ram_free.back();
+    ram_free.pop_back();
+    return slot;
+  }
+
+  // Copies bytes into a fresh RAM slot and publishes it. The copy runs without the lock:
+  // the reserved slot is in neither the free list nor the map, so nobody else sees it.
+  absl::Status InsertRam(std::unique_lock<std::mutex>& lk, NamespaceId ns, const ChunkKey& key,
+                         const std::optional<ChunkKey>& parent, std::span<const uint8_t> bytes,
+                         bool dirty, int64_t expires_s, bool allow_writeback) {
+    absl::StatusOr<uint32_t> slot = AllocRamSlot(lk, allow_writeback);
+    if (!slot.ok()) return slot.status();
+    lk.unlock();
+    std::memcpy(arena->slot(*slot), bytes.data(), bytes.size());
+    lk.lock();
+    if (ram.contains(key)) {  // another writer won the race
+      ram_free.push_back(*slot);
+      return absl::AlreadyExistsError(Where(key));
+    }
+    ram[key] = RamEntry{ns, *slot, static_cast<uint32_t>(bytes.size()), parent, expires_s, dirty, false};
+    ram_order.Add(key, parent, NextAccess(), 0, expires_s);
+    if (dirty) {
+      dirty_queue.push_back(key);
+      work.notify_one();
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- SSD tier (all under mu) ----
+  void FreeSsdSlot(uint64_t slot) {
+    if (ssd_readers.contains(slot)) {
+      ssd_free_on_release.insert(slot);
+    } else {
+      ssd_free.push_back(slot);
+    }
+  }
+
+  void RemoveSsd(const ChunkKey& key) {
+    auto it = ssd_map.find(key);
+    if (it == ssd_map.end()) return;
+    const uint64_t slot = GlobalSlot(it->second);
+    ssd_map.erase(it);
+    ssd_order.Remove(key);
+    FreeSsdSlot(slot);
+    // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
+  }
+
+  uint64_t GlobalSlot(const IndexRecord& r) const { return uint64_t{r.slab} * slots_per_slab + r.slot; }
+
+  // A free SSD slot. Victims are removed from memory at once and their keys appended to
+  // `evicted`; the caller commits those deletions (synced) before writing the slot, so a
+  // crash can never leave an index entry pointing at another chunk's bytes.
+  absl::StatusOr<uint64_t> AllocSsdSlot(std::vector<ChunkKey>* evicted) {
+    while (ssd_free.empty()) {
+      std::optional<ChunkKey> victim = ssd_order.PickVictim(NowS());
+      if (!victim) return absl::ResourceExhaustedError("SSD tier is full of pinned chunks");
+      RemoveSsd(*victim);
+      evicted->push_back(*victim);
+      ++stats.ssd_evictions;
+      if (!ssd_free.empty()) break;
+    }
+    const uint64_t slot = ssd_free.back();
+    ssd_free.pop_back();
+    return slot;
+  }
+
+  // One chunk on its way to SSD.
+  struct PendingWrite {
+    ChunkKey key;
+    IndexRecord record;
+    std::span<const uint8_t> payload;
+    size_t result_index = 0;
+    absl::Status status;
+  };
+
+  // Writes chunks to SSD and commits their index entries, then publishes them. Called
+  // with the lock held; releases it during I/O and commits. Fills each status.
+  void WriteToSsd(std::unique_lock<std::mutex>& lk, std::vector<PendingWrite>& writes,
+                  bool sync_index) {
+    std::vector<ChunkKey> evicted;
+    std::vector<SlotWrite> slot_writes;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      absl::StatusOr<uint64_t> slot = AllocSsdSlot(&evicted);
+      if (!slot.ok()) {
+        writes[i].status = slot.status();
+        continue;
+      }
+      IndexRecord& r = writes[i].record;
+      r.slab = static_cast<uint32_t>(*slot / slots_per_slab);
+      r.slot = static_cast<uint32_t>(*slot % slots_per_slab);
+      r.sequence = next_sequence++;
+      r.payload_bytes = static_cast<uint32_t>(writes[i].payload.size());
+      r.checksum = 0;  // computed outside the lock
+      slot_writes.push_back({*slot, SlotHeader{r.namespace_id, r.payload_bytes, writes[i].key, 0, r.sequence},
+                             writes[i].payload});
+      which.push_back(i);
+    }
+    lk.unlock();
+    for (size_t k = 0; k < slot_writes.size(); ++k) {
+      const uint64_t sum = PayloadChecksum(slot_writes[k].payload);
+      slot_writes[k].header.payload_checksum = sum;
+      writes[which[k]].record.checksum = sum;
+    }
+    absl::Status evict_status = index->Commit({}, evicted, /*sync=*/true);
+    std::vector<absl::Status> io(slot_writes.size(), evict_status);
+    if (evict_status.ok()) io = ssd->Write(slot_writes);
+    lk.lock();
+    // Publish what reached the disk; readers may find it before the index commit, which
+    // is safe: the bytes are durable and verify.
+    std::vector<std::pair<ChunkKey, IndexRecord>> puts;
+    for (size_t k = 0; k < slot_writes.size(); ++k) {
+      PendingWrite& w = writes[which[k]];
+      if (!io[k].ok()) {
+        w.status = io[k];
+        ++stats.write_errors;
+        FreeSsdSlot(slot_writes[k].slot);
+        continue;
+      }
+      if (ssd_map.contains(w.key)) {  // a concurrent writer stored it first
+        w.status = absl::AlreadyExistsError(Where(w.key));
+        FreeSsdSlot(slot_writes[k].slot);
+        continue;
+      }
+      auto pin = pins.find(w.key);
+      w.record.pin_until_s = pin == pins.end() ? 0 : pin->second;
+      ssd_map[w.key] = w.record;
+      ssd_order.Add(w.key, w.record.parent, NextAccess(), w.record.pin_until_s, w.record.expires_s);
+      puts.emplace_back(w.key, w.record);
+    }
+    lk.unlock();
+    absl::Status commit = index->Commit(puts, {}, sync_index);
+    lk.lock();
+    if (!commit.ok()) {
+      for (auto& [key, rec] : puts) {
+        RemoveSsd(key);
+        for (PendingWrite& w : writes) {
+          if (w.key == key) w.status = commit;
+        }
+      }
+    }
+  }
+
+  // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.
+  void FlushLocked(std::unique_lock<std::mutex>& lk, const std::vector<ChunkKey>& keys,
+                   bool sync_index) {
+    std::vector<PendingWrite> writes;
+    std::vector<uint32_t> leased;
+    for (const ChunkKey& key : keys) {
+      auto it = ram.find(key);
+      if (it == ram.end() || !it->second.dirty || it->second.flushing) continue;
+      RamEntry& e = it->second;
+      e.flushing = true;
+      ++ram_refs[e.slot];
+      leased.push_back(e.slot);
+      IndexRecord r;
+      r.namespace_id = e.ns;
+      r.parent = e.parent;
+      r.created_s = r.last_access_s = NowS();
+      r.expires_s = e.expires_s;
+      writes.push_back({key, r, std::span<const uint8_t>(arena->slot(e.slot), e.len), 0, {}});
+    }
+    if (writes.empty()) return;
+    ++flushes_in_progress;
+    WriteToSsd(lk, writes, sync_index);
+    for (const PendingWrite& w : writes) {
+      auto it = ram.find(w.key);
+      if (it == ram.end()) continue;
+      it->second.flushing = false;
+      // Stored, or already there: either way the SSD holds it now.
+      if (w.status.ok() || absl::IsAlreadyExists(w.status)) it->second.dirty = false;
+      else dirty_queue.push_back(w.key);  // retried by the writer
+    }
+    for (uint32_t slot : leased) ReleaseRamLocked(slot);
+    --flushes_in_progress;
+    flush_done.notify_all();
+  }
+
+  void ReleaseRamLocked(uint32_t slot) {
+    if (--ram_refs[slot] == 0 && ram_free_on_release[slot]) {
+      ram_free_on_release[slot] = false;
+      ram_free.push_back(slot);
+    }
+  }
+
+  void WriterLoop() {
+    std::unique_lock lk(mu);
+    while (true) {
+      work.wait(lk, [&] { return stopping || !dirty_queue.empty(); });
+      if (dirty_queue.empty() && stopping) break;
+      std::vector<ChunkKey> batch;
+      while (!dirty_queue.empty() && batch.size() < opt.queue_depth) {
+        batch.push_back(dirty_queue.front());
+        dirty_queue.pop_front();
+      }
+      const uint64_t errors_before = stats.write_errors;
+      FlushLocked(lk, batch, /*sync_index=*/false);
+      if (stats.write_errors != errors_before && !stopping) {
+        // Back off on a failing disk instead of spinning on it.
+        work.wait_for(lk, std::chrono::milliseconds(50));
+      }
+      if (stopping && stats.write_errors - errors_before > 0) {
+        dirty_queue.clear();  // shutting down on a failing disk: give up on these
+      }
+    }
+  }
+
+  StoreOptions opt;
+  uint64_t slot_bytes = 0;
+  uint64_t slots_per_slab = 0;
+  std::unique_ptr<ChunkIndex> index;
+  std::unique_ptr<SsdTier> ssd;
+  std::unique_ptr<RamArena> arena;
+
+  mutable std::mutex mu;
+  std::condition_variable work;        // the writer has something to do
+  std::condition_variable flush_done;  // a flush finished
+  std::unordered_map<NamespaceId, uint64_t> namespaces;
+  std::unordered_map<ChunkKey, int64_t, ChunkKeyHash> pins;
+  int64_t access_clock = 0;
+
+  std::unordered_map<ChunkKey, RamEntry, ChunkKeyHash> ram;
+  std::vector<uint32_t> ram_free;
+  std::vector<int> ram_refs;
+  std::vector<bool> ram_free_on_release;
+  EvictionOrder ram_order;
+
+  std::unordered_map<ChunkKey, IndexRecord, ChunkKeyHash> ssd_map;
+  std::vector<uint64_t> ssd_free;
+  std::unordered_map<uint64_t, int> ssd_readers;
+  std::unordered_set<uint64_t> ssd_free_on_release;
+  std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty;  // last access to persist
+  EvictionOrder ssd_order;
+  uint64_t next_sequence = 1;
+
+  std::deque<ChunkKey> dirty_queue;
+  int flushes_in_progress = 0;
+  bool stopping = false;
+  std::thread writer;
+  StoreStats stats;
+};
+
+namespace {
+
+std::string EncodeNamespaces(const std::unordered_map<NamespaceId, uint64_t>& ns) {
+  std::vector<std::pair<NamespaceId, uint64_t>> sorted(ns.begin(), ns.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::string out;
+  for (const auto& [id, bytes] : sorted) absl::StrAppend(&out, out.empty() ? "" : ",", id, ":", bytes);
+  return out;
+}
+
+}  // namespace
+
+absl::Status ChunkStore::Impl::Open() {
+  if (opt.data_dir.empty()) return absl::InvalidArgumentError("data folder is empty");
+  if (opt.max_chunk_bytes == 0) return absl::InvalidArgumentError("max chunk size is 0");
+  std::error_code ec;
+  std::filesystem::create_directories(opt.data_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", opt.data_dir, ": ", ec.message()));
+  absl::StatusOr<std::unique_ptr<ChunkIndex>> idx = ChunkIndex::Open(opt.data_dir + "/index");
+  if (!idx.ok()) return idx.status();
+  index = *std::move(idx);
+
+  // The slot size and slab geometry are fixed when the folder is made.
+  slot_bytes = SlotBytesFor(opt.max_chunk_bytes);
+  slots_per_slab = std::max<uint64_t>(1, opt.slab_bytes / slot_bytes);
+  for (auto [name, value] : {std::pair{"slot_bytes", &slot_bytes}, std::pair{"slots_per_slab", &slots_per_slab}}) {
+    absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(name);
+    if (!stored.ok()) return stored.status();
+    if (!stored->has_value()) {
+      if (absl::Status s = index->PutMeta(name, std::to_string(*value)); !s.ok()) return s;
+      continue;
+    }
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(**stored, &v) || v == 0) {
+      return absl::DataLossError(absl::StrCat("corrupt metadata ", name, "=", **stored, " in ", opt.data_dir));
+    }
+    if (std::string(name) == "slot_bytes" && v != slot_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data folder ", opt.data_dir, " was made with ", v, "-byte slots; max chunk size ",
+          opt.max_chunk_bytes, " needs ", slot_bytes));
+    }
+    *value = v;  // slots_per_slab: the folder's geometry wins over the option
+  }
+  absl::StatusOr<std::optional<std::string>> ns = index->GetMeta("namespaces");
+  if (!ns.ok()) return ns.status();
+  if (ns->has_value()) {
+    for (absl::string_view item : absl::StrSplit(**ns, ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
+      NamespaceId id = 0;
+      uint64_t bytes = 0;
+      if (!absl::SimpleAtoi(kv.first, &id) || !absl::SimpleAtoi(kv.second, &bytes)) {
+        return absl::DataLossError(absl::StrCat("corrupt namespace list: ", **ns));
+      }
+      namespaces[id] = bytes;
+    }
+  }
+
+  const uint64_t capacity_slots = opt.ssd_bytes / slot_bytes;
+  if (capacity_slots > 0) {
+    SsdTierOptions so;
+    so.dir = opt.data_dir + "/slabs";
+    so.slot_bytes = slot_bytes;
+    so.capacity_slots = capacity_slots;
+    so.slots_per_slab = slots_per_slab;
+    so.backend = opt.io_backend;
+    so.queue_depth = opt.queue_depth;
+    so.lanes = opt.io_lanes;
+    so.faults = opt.faults;
+    absl::StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::Open(so);
+    if (!tier.ok()) return tier.status();
+    ssd = *std::move(tier);
+  }
+
+  // Load the index. Entries past the configured capacity (it shrank) are dropped;
+  // two entries on one slot (impossible unless the index was edited) keep the newer.
+  std::vector<bool> used(capacity_slots, false);
+  std::unordered_map<uint64_t, ChunkKey> owner;
+  std::vector<ChunkKey> stale;
+  int64_t max_access = 0;
+  absl::Status scan = index->ForEach([&](const ChunkKey& key, const IndexRecord& r) {
+    const uint64_t slot = GlobalSlot(r);
+    auto ns_it = namespaces.find(r.namespace_id);
+    if (slot >= capacity_slots || ns_it == namespaces.end() || ns_it->second != r.payload_bytes) {
+      stale.push_back(key);
+      return;
+    }
+    if (used[slot]) {
+      const ChunkKey other = owner[slot];
+      if (ssd_map[other].sequence > r.sequence) {
+        stale.push_back(key);
+        return;
+      }
+      ssd_map.erase(other);
+      stale.push_back(other);
+    }
+    used[slot] = true;
+    owner[slot] = key;
+    ssd_map[key] = r;
+    next_sequence = std::max(next_sequence, r.sequence + 1);
+    max_access = std::max(max_access, r.last_access_s);
+  });
+  if (!scan.ok()) return scan;
+  if (absl::Status s = index->Commit({}, stale, true); !s.ok()) return s;
+  access_clock = max_access * 1'000'000;
+  for (const auto& [key, r] : ssd_map) {
+    ssd_order.Add(key, r.parent, r.last_access_s * 1'000'000, r.pin_until_s, r.expires_s);
+    if (r.pin_until_s > 0) pins[key] = r.pin_until_s;
+  }
+  for (uint64_t s = capacity_slots; s-- > 0;) {
+    if (!used[s]) ssd_free.push_back(s);  // lowest slot on top: slabs fill in order
+  }
+
+  const uint64_t ram_slot_bytes = (opt.max_chunk_bytes + 4095) / 4096 * 4096;
+  const uint64_t ram_slots = opt.ram_bytes / ram_slot_bytes;
+  if (ram_slots > 0) {
+    absl::StatusOr<std::unique_ptr<RamArena>> a = RamArena::Create(ram_slot_bytes, static_cast<uint32_t>(ram_slots));
+    if (!a.ok()) return a.status();
+    arena = *std::move(a);
+    ram_refs.assign(ram_slots, 0);
+    ram_free_on_release.assign(ram_slots, false);
+    for (uint32_t s = static_cast<uint32_t>(ram_slots); s-- > 0;) ram_free.push_back(s);
+  }
+  if (!ssd && !arena) return absl::InvalidArgumentError("neither a RAM nor an SSD tier has room for one chunk");
+
+  stats.slot_bytes = slot_bytes;
+  stats.ram_capacity_chunks = ram_slots;
+  stats.ssd_capacity_chunks = capacity_slots;
+  if (ssd) {
+    stats.io_backend = ssd->backend_name();
+    stats.io_fallback_reason = ssd->fallback_reason();
+  }
+  writer = std::thread([this] { WriterLoop(); });
+  return absl::OkStatus();
+}
+
+void ChunkStore::Impl::Close() {
+  {
+    std::lock_guard lk(mu);
+    stopping = true;
+  }
+  work.notify_all();
+  if (writer.joinable()) writer.join();
+  // Persist coarse last-access times so LRU order survives the restart.
+  std::vector<std::pair<ChunkKey, IndexRecord>> puts;
+  for (const ChunkKey& key : access_dirty) {
+    auto it = ssd_map.find(key);
+    if (it != ssd_map.end()) puts.emplace_back(key, it->second);
+  }
+  (void)index->Commit(puts, {}, /*sync=*/true);
+}
+
+// ---- ChunkStore ----
+
+RamLease& RamLease::operator=(RamLease&& o) noexcept {
+  if (this != &o) {
+    if (store_ != nullptr) store_->ReleaseRamSlot(slot_);
+    store_ = std::exchange(o.store_, nullptr);
+    slot_ = o.slot_;
+    offset_ = o.offset_;
+    bytes_ = o.bytes_;
+  }
+  return *this;
+}
+
+RamLease::~RamLease() {
+  if (store_ != nullptr) store_->ReleaseRamSlot(slot_);
+}
+
+ChunkStore::ChunkStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ChunkStore::~ChunkStore() { impl_->Close(); }
+
+absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(StoreOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status s = impl->Open(); !s.ok()) {
+    if (impl->writer.joinable()) impl->Close();
+    return s;
+  }
+  return std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
+}
+
+absl::Status ChunkStore::RegisterNamespace(NamespaceId ns, uint64_t chunk_bytes) {
+  Impl& s = *impl_;
+  std::lock_guard lk(s.mu);
+  if (chunk_bytes == 0 || chunk_bytes > s.opt.max_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace ", ns, ": chunk size ", chunk_bytes,
+                                                   " is not in [1, ", s.opt.max_chunk_bytes, "]"));
+  }
+  auto it = s.namespaces.find(ns);
+  if (it != s.namespaces.end()) {
+    if (it->second == chunk_bytes) return absl::OkStatus();
+    return absl::AlreadyExistsError(absl::StrCat("namespace ", ns, " already has chunk size ",
+                                                 it->second, ", not ", chunk_bytes));
+  }
+  auto next = s.namespaces;
+  next[ns] = chunk_bytes;
+  if (absl::Status st = s.index->PutMeta("namespaces", EncodeNamespaces(next)); !st.ok()) return st;
+  s.namespaces = std::move(next);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ChunkStore::ChunkBytes(NamespaceId ns) const {
+  std::lock_guard lk(impl_->mu);
+  auto it = impl_->namespaces.find(ns);
+  if (it == impl_->namespaces.end()) {
+    return absl::NotFoundError(absl::StrCat("namespace ", ns, " is not registered"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<PutResult> ChunkStore::Put(const PutRequest& request, const PutOptions& options) {
+  return PutBatch(std::span(&request, 1), options)[0];
+}
+
+std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutRequest> requests,
+                                                            const PutOptions& options) {
+  Impl& s = *impl_;
+  std::vector<absl::StatusOr<PutResult>> results(requests.size(), PutResult{});
+  std::unique_lock lk(s.mu);
+  const int64_t now = s.NowS();
+  const int64_t expires = options.ttl_s > 0 ? now + options.ttl_s : 0;
+  const bool durable = options.durability == Durability::kDurable || !s.arena;
+  if (durable && !s.ssd) {
+    for (auto& r : results) r = absl::FailedPreconditionError("durable store asked of a store with no SSD tier");
+    return results;
+  }
+  std::vector<Impl::PendingWrite> writes;
+  std::vector<size_t> memory_puts;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const PutRequest& r = requests[i];
+    if (absl::Status st = s.CheckPayload(r.namespace_id, r.payload.size()); !st.ok()) {
+      results[i] = st;
+      continue;
+    }
+    auto on_ssd = s.ssd_map.find(r.key);
+    auto in_ram = s.ram.find(r.key);
+    const bool present = on_ssd != s.ssd_map.end() || (in_ram != s.ram.end() && !durable);
+    if (present) {
+      const NamespaceId owner = on_ssd != s.ssd_map.end() ? on_ssd->second.namespace_id : in_ram->second.ns;
+      if (owner != r.namespace_id) {
+        results[i] = absl::AlreadyExistsError(absl::StrCat(s.Where(r.key), " exists in another namespace"));
+      } else {
+        results[i] = PutResult{true};
+      }
+      continue;
+    }
+    if (durable) {
+      IndexRecord rec;
+      rec.namespace_id = r.namespace_id;
+      rec.parent = r.parent;
+      rec.created_s = rec.last_access_s = now;
+      rec.expires_s = expires;
+      writes.push_back({r.key, rec, r.payload, i, {}});
+    } else {
+      memory_puts.push_back(i);
+    }
+  }
+  if (!writes.empty()) {
+    s.WriteToSsd(lk, writes, /*sync_index=*/true);
+    for (Impl::PendingWrite& w : writes) {
+      if (absl::IsAlreadyExists(w.status)) {
+        results[w.result_index] = PutResult{true};
+      } else if (!w.status.ok()) {
+        results[w.result_index] = w.status;
+      } else if (s.arena) {
+        // Keep a clean copy in RAM too (write-through); skipped if RAM is busy.
+        auto in_ram = s.ram.find(w.key);
+        if (in_ram != s.ram.end()) {
+          in_ram->second.dirty = false;
+        } else {
+          const PutRequest& r = requests[w.result_index];
+          (void)s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload, false, expires, false);
+        }
+      }
+    }
+  }
+  for (size_t i : memory_puts) {
+    const PutRequest& r = requests[i];
+    absl::Status st = s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload,
+                                  /*dirty=*/s.ssd != nullptr, expires, /*allow_writeback=*/true);
+    if (absl::IsAlreadyExists(st)) {
+      results[i] = PutResult{true};
+    } else if (!st.ok()) {
+      results[i] = st;
+    }
+  }
+  return results;
+}
+
+absl::Status ChunkStore::Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out) {
+  std::span<uint8_t> outs[] = {out};
+  return GetBatch(ns, std::span(&key, 1), outs)[0];
+}
+
+std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
+                                               std::span<const std::span<uint8_t>> outs) {
+  Impl& s = *impl_;
+  std::vector<absl::Status> status(keys.size());
+  if (outs.size() != keys.size()) {
+    status.assign(keys.size(), absl::InvalidArgumentError("one output buffer per key"));
+    return status;
+  }
+  std::vector<SlotRead> reads;
+  std::vector<size_t> read_index;
+  std::vector<std::pair<size_t, uint32_t>> ram_hits;  // (key index, leased slot)
+  std::unique_lock lk(s.mu);
+  const int64_t now = s.NowS();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status st = s.CheckPayload(ns, outs[i].size()); !st.ok()) {
+      status[i] = st;
+      continue;
+    }
+    auto r = s.ram.find(keys[i]);
+    if (r != s.ram.end() && r->second.ns == ns) {
+      ++s.ram_refs[r->second.slot];
+      s.ram_order.Touch(keys[i], s.NextAccess());
+      s.ssd_order.Touch(keys[i], s.NextAccess());
+      ram_hits.emplace_back(i, r->second.slot);
+      continue;
+    }
+    auto d = s.ssd_map.find(keys[i]);
+    if (d == s.ssd_map.end() || d->second.namespace_id != ns) {
+      status[i] = absl::NotFoundError(absl::StrCat(s.Where(keys[i]), " is not cached"));
+      ++s.stats.misses;
+      continue;
+    }
+    IndexRecord& rec = d->second;
+    const uint64_t slot = s.GlobalSlot(rec);
+    ++s.ssd_readers[slot];
+    s.ssd_order.Touch(keys[i], s.NextAccess());
+    if (rec.last_access_s / 3600 != now / 3600) {  // coarse: hourly resolution on disk
+      rec.last_access_s = now;
+      s.access_dirty.insert(keys[i]);
+    }
+    reads.push_back({slot, SlotHeader{ns, rec.payload_bytes, keys[i], rec.checksum, rec.sequence}, outs[i]});
+    read_index.push_back(i);
+  }
+  lk.unlock();
+  for (const auto& [i, slot] : ram_hits) {
+    std::memcpy(outs[i].data(), s.arena->slot(slot), outs[i].size());
+  }
+  std::vector<absl::Status> io;
+  if (!reads.empty()) io = s.ssd->Read(reads);
+  lk.lock();
+  for (const auto& [i, slot] : ram_hits) {
+    s.ReleaseRamLocked(slot);
+    ++s.stats.ram_hits;
+  }
+  std::vector<ChunkKey> dropped;
+  for (size_t k = 0; k < reads.size(); ++k) {
+    const size_t i = read_index[k];
+    const uint64_t slot = reads[k].slot;
+    if (--s.ssd_readers[slot] == 0) {
+      s.ssd_readers.erase(slot);
+      if (s.ssd_free_on_release.erase(slot) > 0) s.ssd_free.push_back(slot);
+    }
+    if (io[k].ok()) {
+      ++s.stats.ssd_hits;
+      status[i] = absl::OkStatus();
+      continue;
+    }
+    if (absl::IsDataLoss(io[k])) {
+      // Bad bytes on disk: a miss, counted, and the entry is dropped.
+      ++s.stats.checksum_failures;
+      ++s.stats.misses;
+      auto d = s.ssd_map.find(keys[i]);
+      if (d != s.ssd_map.end() && d->second.sequence == reads[k].expected.sequence) {
+        s.RemoveSsd(keys[i]);
+        dropped.push_back(keys[i]);
+      }
+      status[i] = absl::NotFoundError(absl::StrCat(io[k].message(), "; entry dropped"));
+    } else {
+      ++s.stats.read_errors;
+      status[i] = io[k];
+    }
+  }
+  if (!dropped.empty()) {
+    lk.unlock();
+    (void)s.index->Commit({}, dropped, /*sync=*/true);
+    lk.lock();
+  }
+  // Promote SSD hits into RAM (clean copies; never waits on a write-back).
+  if (s.opt.promote_on_ssd_hit && s.arena) {
+    for (size_t k = 0; k < reads.size(); ++k) {
+      const size_t i = read_index[k];
+      if (!status[i].ok() || s.ram.contains(keys[i])) continue;
+      auto d = s.ssd_map.find(keys[i]);
+      if (d == s.ssd_map.end()) continue;
+      const std::optional<ChunkKey> parent = d->second.parent;
+      const int64_t expires = d->second.expires_s;
+      if (s.InsertRam(lk, ns, keys[i], parent, outs[i], false, expires, false).ok()) ++s.stats.promotions;
+    }
+  }
+  return status;
+}
+
+absl::StatusOr<RamLease> ChunkStore::LeaseRam(NamespaceId ns, const ChunkKey& key) {
+  Impl& s = *impl_;
+  std::lock_guard lk(s.mu);
+  auto r = s.ram.find(key);
+  if (r == s.ram.end() || r->second.ns != ns) {
+    return absl::NotFoundError(absl::StrCat(s.Where(key), " is not in RAM"));
+  }
+  ++s.ram_refs[r->second.slot];
+  s.ram_order.Touch(key, s.NextAccess());
+  ++s.stats.ram_hits;
+  RamLease lease;
+  lease.store_ = this;
+  lease.slot_ = r->second.slot;
+  lease.offset_ = s.arena->slot_offset(r->second.slot);
+  lease.bytes_ = std::span<const uint8_t>(s.arena->slot(r->second.slot), r->second.len);
+  return lease;
+}
+
+void ChunkStore::ReleaseRamSlot(uint32_t slot) {
+  std::lock_guard lk(impl_->mu);
+  impl_->ReleaseRamLocked(slot);
+}
+
+int ChunkStore::ram_arena_fd() const { return impl_->arena ? impl_->arena->fd() : -1; }
+
+Tier ChunkStore::Contains(NamespaceId ns, const ChunkKey& key) const {
+  return Lookup(ns, std::span(&key, 1))[0];
+}
+
+std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> keys) const {
+  const Impl& s = *impl_;
+  std::lock_guard lk(s.mu);
+  std::vector<Tier> tiers(keys.size(), Tier::kNone);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto r = s.ram.find(keys[i]);
+    if (r != s.ram.end() && r->second.ns == ns) {
+      tiers[i] = Tier::kRam;
+      continue;
+    }
+    auto d = s.ssd_map.find(keys[i]);
+    if (d != s.ssd_map.end() && d->second.namespace_id == ns) tiers[i] = Tier::kSsd;
+  }
+  return tiers;
+}
+
+absl::Status ChunkStore::Erase(NamespaceId ns, const ChunkKey& key) {
+  Impl& s = *impl_;
+  std::unique_lock lk(s.mu);
+  s.flush_done.wait(lk, [&] {
+    auto r = s.ram.find(key);
+    return r == s.ram.end() || !r->second.flushing;
+  });
+  bool found = false;
+  auto r = s.ram.find(key);
+  if (r != s.ram.end() && r->second.ns == ns) {
+    s.DropRam(key);
+    found = true;
+  }
+  auto d = s.ssd_map.find(key);
+  if (d != s.ssd_map.end() && d->second.namespace_id == ns) {
+    // Commit the deletion before the slot can be reused.
+    const uint64_t slot = s.GlobalSlot(d->second);
+    s.ssd_map.erase(d);
+    s.ssd_order.Remove(key);
+    lk.unlock();
+    absl::Status st = s.index->Commit({}, {key}, /*sync=*/true);
+    lk.lock();
+    s.FreeSsdSlot(slot);
+    if (!st.ok()) return st;
+    found = true;
+  }
+  if (!found) return absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
+  s.pins.erase(key);
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::Pin(NamespaceId ns, const ChunkKey& key, int64_t pin_until_s) {
+  return PinBatch(ns, std::span(&key, 1), pin_until_s)[0];
+}
+
+std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const ChunkKey> keys,
+                                               int64_t pin_until_s) {
+  Impl& s = *impl_;
+  std::vector<absl::Status> status(keys.size());
+  std::vector<std::pair<ChunkKey, IndexRecord>> puts;
+  std::unique_lock lk(s.mu);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto r = s.ram.find(keys[i]);
+    auto d = s.ssd_map.find(keys[i]);
+    const bool in_ram = r != s.ram.end() && r->second.ns == ns;
+    const bool on_ssd = d != s.ssd_map.end() && d->second.namespace_id == ns;
+    if (!in_ram && !on_ssd) {
+      status[i] = absl::NotFoundError(absl::StrCat(s.Where(keys[i]), " is not cached"));
+      continue;
+    }
+    if (pin_until_s > 0) {
+      s.pins[keys[i]] = pin_until_s;
+    } else {
+      s.pins.erase(keys[i]);
+    }
+    if (on_ssd) {
+      d->second.pin_until_s = pin_until_s;
+      s.ssd_order.SetPin(keys[i], pin_until_s);
+      puts.emplace_back(keys[i], d->second);
+    }
+  }
+  lk.unlock();
+  if (absl::Status st = s.index->Commit(puts, {}, /*sync=*/true); !st.ok()) {
+    for (auto& x : status) {
+      if (x.ok()) x = st;
+    }
+  }
+  return status;
+}
+
+absl::Status ChunkStore::Flush() {
+  Impl& s = *impl_;
+  std::unique_lock lk(s.mu);
+  s.work.notify_all();
+  const uint64_t errors = s.stats.write_errors;
+  while (!s.dirty_queue.empty() || s.flushes_in_progress > 0) {
+    s.flush_done.wait_for(lk, std::chrono::milliseconds(20));
+    if (s.stats.write_errors != errors) return absl::InternalError("writing to SSD failed");
+  }
+  return absl::OkStatus();
+}
+
+StoreStats ChunkStore::Stats() const {
+  std::lock_guard lk(impl_->mu);
+  StoreStats st = impl_->stats;
+  st.ram_chunks = impl_->ram.size();
+  st.ssd_chunks = impl_->ssd_map.size();
+  st.pending_write_behind = impl_->dirty_queue.size();
+  return st;
+}
+
+}  // namespace kvc::storage

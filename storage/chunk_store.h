@@ -1,0 +1,154 @@
+// ChunkStore: the tiered chunk store the cache service is built on.
+//
+// Chunks are fixed-size byte strings keyed by a 16-byte ChunkKey within a namespace
+// whose chunk size is fixed (RegisterNamespace). Two tiers:
+//   T1 host RAM — a shared-memory arena of fixed slots (RamArena), zero-copy leases;
+//   T2 SSD      — preallocated O_DIRECT slab files driven by io_uring (SsdTier), indexed
+//                 in RocksDB (ChunkIndex), surviving restarts and crashes.
+// Put with Durability::kDurable acknowledges after the SSD write, its fdatasync and the
+// synced index commit; kMemory acknowledges once the chunk is in RAM and a background
+// writer copies it to SSD. Data is always durable before its index entry commits, so
+// after any crash every indexed chunk reads back byte-exact; slots without an entry are
+// free. Every SSD read verifies the chunk's checksum; a mismatch is a miss (NotFound),
+// counted, and the entry is dropped — bad bytes are never handed out.
+//
+// Capacity limits are hard. Eviction is prefix-aware (eviction.h): leaves before their
+// ancestors, least recently used first, expired TTLs first, pinned chunks never. RAM
+// pressure demotes dirty chunks to SSD (write-back) and drops clean ones; an SSD hit is
+// promoted to RAM.
+//
+// Thread-safe. Metadata is guarded by one mutex that is never held across I/O or large
+// copies. Errors: InvalidArgument (bad size or namespace), NotFound (miss),
+// ResourceExhausted (full of pinned chunks, or ENOSPC), FailedPrecondition (no tier for
+// the request, or a data folder made with other settings), Internal (I/O), Unavailable
+// (the store is closing).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/chunk_key.h"
+#include "storage/fault_injection.h"
+#include "storage/io_engine.h"
+
+namespace kvc::storage {
+
+enum class Tier : uint8_t { kNone = 0, kRam = 1, kSsd = 2 };
+const char* TierName(Tier t);  // "none", "ram", "ssd"
+
+enum class Durability { kMemory, kDurable };
+
+struct StoreOptions {
+  std::string data_dir;             // created if missing; holds index/ and slabs/
+  uint64_t max_chunk_bytes = 0;     // the largest chunk any namespace may use
+  uint64_t ram_bytes = 0;           // T1 capacity; 0 = no RAM tier
+  uint64_t ssd_bytes = 0;           // T2 capacity; 0 = no SSD tier
+  uint64_t slab_bytes = 1ull << 30; // size of each slab file (rounded down to whole slots)
+  IoBackend io_backend = IoBackend::kAuto;
+  unsigned queue_depth = 32;
+  unsigned io_lanes = 4;
+  bool promote_on_ssd_hit = true;
+  std::shared_ptr<FaultPlan> faults;       // tests only
+  std::function<int64_t()> now_s;          // wall clock in seconds; tests inject one
+};
+
+struct PutRequest {
+  NamespaceId namespace_id = 0;
+  ChunkKey key;
+  std::optional<ChunkKey> parent;  // the previous chunk of the prefix; none for the first
+  std::span<const uint8_t> payload;
+};
+
+struct PutOptions {
+  Durability durability = Durability::kDurable;
+  int64_t ttl_s = 0;  // 0: no TTL; else the chunk is first to go after ttl_s seconds
+};
+
+struct PutResult {
+  bool already_present = false;
+};
+
+// A read-only view of a chunk in the RAM arena; the slot is not reused while it lives.
+class RamLease {
+ public:
+  RamLease() = default;
+  RamLease(RamLease&& o) noexcept { *this = std::move(o); }
+  RamLease& operator=(RamLease&& o) noexcept;
+  ~RamLease();
+  std::span<const uint8_t> bytes() const { return bytes_; }
+  uint64_t arena_offset() const { return offset_; }  // for a process that mapped the arena
+
+ private:
+  friend class ChunkStore;
+  class ChunkStore* store_ = nullptr;
+  uint32_t slot_ = 0;
+  uint64_t offset_ = 0;
+  std::span<const uint8_t> bytes_;
+};
+
+struct StoreStats {
+  const char* io_backend = "";
+  std::string io_fallback_reason;
+  uint64_t ram_chunks = 0, ram_capacity_chunks = 0;
+  uint64_t ssd_chunks = 0, ssd_capacity_chunks = 0;
+  uint64_t slot_bytes = 0;
+  uint64_t ram_hits = 0, ssd_hits = 0, misses = 0;
+  uint64_t checksum_failures = 0, read_errors = 0, write_errors = 0;
+  uint64_t ram_evictions = 0, ssd_evictions = 0, demotions = 0, promotions = 0;
+  uint64_t pending_write_behind = 0;
+};
+
+class ChunkStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(StoreOptions options);
+  // Flushes pending write-behind chunks to SSD and persists access times.
+  ~ChunkStore();
+
+  // Durable and idempotent; a namespace's chunk size never changes.
+  [[nodiscard]] absl::Status RegisterNamespace(NamespaceId ns, uint64_t chunk_bytes);
+  absl::StatusOr<uint64_t> ChunkBytes(NamespaceId ns) const;
+
+  [[nodiscard]] absl::StatusOr<PutResult> Put(const PutRequest& request, const PutOptions& options);
+  std::vector<absl::StatusOr<PutResult>> PutBatch(std::span<const PutRequest> requests,
+                                                  const PutOptions& options);
+  // Copies the chunk into `out` (exactly the namespace's chunk size).
+  [[nodiscard]] absl::Status Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out);
+  // One status per key; SSD reads of the whole batch go out in one submission.
+  std::vector<absl::Status> GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
+                                     std::span<const std::span<uint8_t>> outs);
+  // Zero-copy read of a chunk in RAM; NotFound if it is not in RAM.
+  absl::StatusOr<RamLease> LeaseRam(NamespaceId ns, const ChunkKey& key);
+  int ram_arena_fd() const;
+
+  // The highest tier holding each chunk (kNone if absent or in another namespace).
+  Tier Contains(NamespaceId ns, const ChunkKey& key) const;
+  std::vector<Tier> Lookup(NamespaceId ns, std::span<const ChunkKey> keys) const;
+
+  [[nodiscard]] absl::Status Erase(NamespaceId ns, const ChunkKey& key);
+  // Keeps the chunk (and so its ancestors) from eviction until pin_until_s (wall clock,
+  // seconds); 0 unpins. Durable.
+  [[nodiscard]] absl::Status Pin(NamespaceId ns, const ChunkKey& key, int64_t pin_until_s);
+  std::vector<absl::Status> PinBatch(NamespaceId ns, std::span<const ChunkKey> keys,
+                                     int64_t pin_until_s);
+
+  // Waits until every memory-durability chunk accepted so far is on SSD.
+  [[nodiscard]] absl::Status Flush();
+  StoreStats Stats() const;
+
+  class Impl;
+
+ private:
+  friend class RamLease;
+  explicit ChunkStore(std::unique_ptr<Impl> impl);
+  void ReleaseRamSlot(uint32_t slot);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvc::storage

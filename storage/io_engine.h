@@ -1,0 +1,53 @@
+// IoEngine: the one seam every SSD byte passes through.
+//
+// Implementations: io_uring (batched submission, registered buffers), POSIX pread/pwrite
+// (the fallback where io_uring is unavailable, and the reference), and a fault-injecting
+// wrapper for tests (fault_injection.h). An engine is used by one thread at a time; the
+// SSD tier keeps a small pool of them ("lanes"), each with its own registered buffers.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvc::storage {
+
+struct IoOp {
+  enum class Kind : uint8_t { kRead, kWrite };
+  Kind kind = Kind::kRead;
+  int fd = -1;
+  uint64_t offset = 0;
+  uint8_t* buf = nullptr;
+  uint32_t len = 0;
+  int buf_index = -1;  // index into the engine's registered buffers, -1 if not registered
+  // Set by Execute: len on success, a short count at end of file, or -errno.
+  int64_t result = 0;
+};
+
+class IoEngine {
+ public:
+  virtual ~IoEngine() = default;
+  virtual const char* name() const = 0;
+  // Registers fixed I/O buffers (they must outlive the engine). Optional: ops with
+  // buf_index >= 0 then use them; engines without the notion ignore it.
+  virtual absl::Status RegisterBuffers(std::span<const iovec> buffers) = 0;
+  // Runs every op and waits for all of them; ops may run concurrently and in any order.
+  // Short transfers are resumed with the offset advanced; EINTR and EAGAIN are retried.
+  virtual void Execute(std::span<IoOp> ops) = 0;
+  // Makes what was written to fd durable (fdatasync).
+  [[nodiscard]] virtual absl::Status Sync(int fd) = 0;
+};
+
+enum class IoBackend { kAuto, kUring, kPosix };
+
+std::unique_ptr<IoEngine> MakePosixIoEngine();
+// Unavailable (with the reason) when the kernel or a sandbox refuses io_uring.
+absl::StatusOr<std::unique_ptr<IoEngine>> MakeUringIoEngine(unsigned queue_depth);
+
+}  // namespace kvc::storage

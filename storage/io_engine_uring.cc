@@ -1,0 +1,153 @@
+#include <liburing.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "storage/io_engine.h"
+
+namespace kvc::storage {
+namespace {
+
+class UringIoEngine final : public IoEngine {
+ public:
+  explicit UringIoEngine(unsigned depth) : depth_(depth) {}
+  ~UringIoEngine() override {
+    if (ready_) io_uring_queue_exit(&ring_);
+  }
+
+  absl::Status Init() {
+    const int rc = io_uring_queue_init(depth_, &ring_, 0);
+    if (rc < 0) return absl::UnavailableError(absl::StrCat("io_uring_queue_init: ", strerror(-rc)));
+    ready_ = true;
+    io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
+    if (probe == nullptr) return absl::UnavailableError("io_uring probe failed");
+    const bool ok = io_uring_opcode_supported(probe, IORING_OP_READ) &&
+                    io_uring_opcode_supported(probe, IORING_OP_WRITE) &&
+                    io_uring_opcode_supported(probe, IORING_OP_READ_FIXED) &&
+                    io_uring_opcode_supported(probe, IORING_OP_WRITE_FIXED);
+    io_uring_free_probe(probe);
+    if (!ok) return absl::UnavailableError("io_uring lacks READ/WRITE(_FIXED)");
+    return absl::OkStatus();
+  }
+
+  const char* name() const override { return "io_uring"; }
+
+  absl::Status RegisterBuffers(std::span<const iovec> buffers) override {
+    if (buffers.empty()) return absl::OkStatus();
+    const int rc = io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
+    if (rc < 0) return absl::UnavailableError(absl::StrCat("io_uring_register_buffers: ", strerror(-rc)));
+    return absl::OkStatus();
+  }
+
+  void Execute(std::span<IoOp> ops) override {
+    // Progress per op; ops are (re)queued until complete, at most depth_ in flight.
+    std::vector<uint32_t> done(ops.size(), 0);
+    std::vector<size_t> queue;
+    queue.reserve(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      ops[i].result = 0;
+      if (ops[i].len > 0) queue.push_back(i);
+    }
+    size_t next = 0, in_flight = 0;
+    while (next < queue.size() || in_flight > 0) {
+      unsigned prepared = 0;
+      while (next < queue.size() && in_flight < depth_) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (sqe == nullptr) break;
+        const size_t i = queue[next++];
+        Prepare(sqe, ops[i], done[i]);
+        io_uring_sqe_set_data64(sqe, i);
+        ++in_flight;
+        ++prepared;
+      }
+      int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+        FailAll(ops, queue, next, -rc);  // the ring is unusable: fail what is left
+        DrainInFlight(ops, in_flight);
+        return;
+      }
+      io_uring_cqe* cqe = nullptr;
+      unsigned head = 0, seen = 0;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++seen;
+        --in_flight;
+        const size_t i = io_uring_cqe_get_data64(cqe);
+        IoOp& op = ops[i];
+        const int res = cqe->res;
+        if (res == -EAGAIN || res == -EINTR) {
+          queue.push_back(i);  // requeue as is
+        } else if (res < 0) {
+          op.result = res;
+        } else if (res == 0) {
+          op.result = done[i];  // end of file: short
+        } else {
+          done[i] += static_cast<uint32_t>(res);
+          if (done[i] < op.len) {
+            queue.push_back(i);  // short transfer: resume at the advanced offset
+          } else {
+            op.result = done[i];
+          }
+        }
+      }
+      io_uring_cq_advance(&ring_, seen);
+      (void)prepared;
+    }
+  }
+
+  absl::Status Sync(int fd) override {
+    while (fdatasync(fd) != 0) {
+      if (errno != EINTR) return absl::InternalError(absl::StrCat("fdatasync: ", strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static void Prepare(io_uring_sqe* sqe, const IoOp& op, uint32_t done) {
+    uint8_t* buf = op.buf + done;
+    const unsigned len = op.len - done;
+    const uint64_t off = op.offset + done;
+    if (op.kind == IoOp::Kind::kRead) {
+      if (op.buf_index >= 0) {
+        io_uring_prep_read_fixed(sqe, op.fd, buf, len, off, op.buf_index);
+      } else {
+        io_uring_prep_read(sqe, op.fd, buf, len, off);
+      }
+    } else if (op.buf_index >= 0) {
+      io_uring_prep_write_fixed(sqe, op.fd, buf, len, off, op.buf_index);
+    } else {
+      io_uring_prep_write(sqe, op.fd, buf, len, off);
+    }
+  }
+
+  static void FailAll(std::span<IoOp> ops, const std::vector<size_t>& queue, size_t from, int err) {
+    for (size_t k = from; k < queue.size(); ++k) ops[queue[k]].result = -err;
+  }
+
+  void DrainInFlight(std::span<IoOp> ops, size_t in_flight) {
+    while (in_flight > 0) {
+      io_uring_cqe* cqe = nullptr;
+      if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
+      const size_t i = io_uring_cqe_get_data64(cqe);
+      ops[i].result = cqe->res < 0 ? cqe->res : -EIO;
+      io_uring_cqe_seen(&ring_, cqe);
+      --in_flight;
+    }
+  }
+
+  unsigned depth_;
+  io_uring ring_{};
+  bool ready_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IoEngine>> MakeUringIoEngine(unsigned queue_depth) {
+  auto engine = std::make_unique<UringIoEngine>(queue_depth);
+  if (absl::Status s = engine->Init(); !s.ok()) return s;
+  return std::unique_ptr<IoEngine>(std::move(engine));
+}
+
+}  // namespace kvc::storage

@@ -1,0 +1,256 @@
+#include "storage/ssd_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvc::storage {
+namespace {
+
+uint32_t IoBytes(uint32_t payload_bytes) {
+  return static_cast<uint32_t>((kSlotHeaderBytes + payload_bytes + kSlotAlignment - 1) /
+                               kSlotAlignment * kSlotAlignment);
+}
+
+absl::Status IoError(const char* what, uint64_t slot, int64_t result, uint32_t want) {
+  if (result >= 0) {
+    return absl::InternalError(
+        absl::StrCat("short ", what, " of slot ", slot, ": ", result, " of ", want, " bytes"));
+  }
+  const int err = static_cast<int>(-result);
+  const std::string msg = absl::StrCat(what, " of slot ", slot, ": ", strerror(err));
+  return err == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
+}
+
+}  // namespace
+
+// Returns the lane to the pool when it goes out of scope.
+class SsdTier::LaneLease {
+ public:
+  explicit LaneLease(SsdTier* t) : tier_(t), lane_(t->AcquireLane()) {}
+  ~LaneLease() { tier_->ReleaseLane(lane_); }
+  Lane* operator->() const { return lane_; }
+
+ private:
+  SsdTier* tier_;
+  Lane* lane_;
+};
+
+absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdTierOptions& options) {
+  if (options.slot_bytes == 0 || options.slot_bytes % kSlotAlignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot size ", options.slot_bytes, " is not a positive multiple of 4096"));
+  }
+  if (options.queue_depth == 0 || options.lanes == 0 || options.slots_per_slab == 0) {
+    return absl::InvalidArgumentError("queue depth, lanes and slots per slab must be positive");
+  }
+  std::unique_ptr<SsdTier> tier(new SsdTier(options));
+  if (absl::Status s = tier->Init(); !s.ok()) return s;
+  return tier;
+}
+
+absl::Status SsdTier::Init() {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create SSD folder ", options_.dir, ": ", ec.message()));
+  }
+  const uint64_t slabs = (options_.capacity_slots + options_.slots_per_slab - 1) / options_.slots_per_slab;
+  slab_fds_.assign(slabs, -1);
+
+  for (unsigned i = 0; i < options_.lanes; ++i) {
+    auto lane = std::make_unique<Lane>();
+    if (options_.backend != IoBackend::kPosix) {
+      absl::StatusOr<std::unique_ptr<IoEngine>> uring = MakeUringIoEngine(options_.queue_depth);
+      if (uring.ok()) {
+        lane->engine = *std::move(uring);
+        backend_name_ = "io_uring";
+      } else if (options_.backend == IoBackend::kUring) {
+        return uring.status();
+      } else {
+        fallback_reason_ = std::string(uring.status().message());
+      }
+    }
+    if (!lane->engine) {
+      lane->engine = MakePosixIoEngine();
+      backend_name_ = "posix";
+    }
+    if (options_.faults) {
+      lane->engine = std::make_unique<FaultInjectingIoEngine>(std::move(lane->engine), options_.faults);
+    }
+    const size_t bytes = options_.queue_depth * options_.slot_bytes;
+    lane->staging = static_cast<uint8_t*>(std::aligned_alloc(kSlotAlignment, bytes));
+    if (lane->staging == nullptr) return absl::ResourceExhaustedError("cannot allocate staging buffers");
+    std::vector<iovec> iov(options_.queue_depth);
+    for (unsigned b = 0; b < options_.queue_depth; ++b) {
+      iov[b] = {lane->staging + b * options_.slot_bytes, options_.slot_bytes};
+    }
+    if (absl::Status s = lane->engine->RegisterBuffers(iov); !s.ok()) return s;
+    idle_lanes_.push_back(lane.get());
+    lanes_.push_back(std::move(lane));
+  }
+  return absl::OkStatus();
+}
+
+SsdTier::~SsdTier() {
+  for (auto& lane : lanes_) {
+    lane->engine.reset();
+    std::free(lane->staging);
+  }
+  for (int fd : slab_fds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
+  std::lock_guard lock(slabs_mu_);
+  if (slab >= slab_fds_.size()) {
+    return absl::OutOfRangeError(absl::StrCat("slab ", slab, " beyond capacity"));
+  }
+  if (slab_fds_[slab] >= 0) return slab_fds_[slab];
+  const std::string path = absl::StrFormat("%s/slab-%06d.dat", options_.dir, slab);
+  const bool existed = access(path.c_str(), F_OK) == 0;
+  int flags = O_RDWR | O_CREAT | O_CLOEXEC;
+  int fd = direct_io_ ? open(path.c_str(), flags | O_DIRECT, 0644) : -1;
+  if (fd < 0 && (!direct_io_ || errno == EINVAL)) {
+    direct_io_ = false;  // e.g. tmpfs: no O_DIRECT, the page cache it is
+    fd = open(path.c_str(), flags, 0644);
+  }
+  if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
+  const off_t bytes = static_cast<off_t>(options_.slots_per_slab * options_.slot_bytes);
+  int rc = fallocate(fd, 0, 0, bytes);
+  if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) rc = ftruncate(fd, bytes);
+  if (rc != 0) {
+    const int err = errno;
+    close(fd);
+    const std::string msg = absl::StrCat("preallocate ", path, " to ", bytes, " bytes: ", strerror(err));
+    return err == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
+  }
+  if (!existed) {
+    // The new file's directory entry must be durable before any chunk in it is indexed.
+    fsync(fd);
+    const int dir = open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+      fsync(dir);
+      close(dir);
+    }
+  }
+  slab_fds_[slab] = fd;
+  return fd;
+}
+
+SsdTier::Lane* SsdTier::AcquireLane() {
+  std::unique_lock lock(lanes_mu_);
+  lane_free_.wait(lock, [&] { return !idle_lanes_.empty(); });
+  Lane* lane = idle_lanes_.back();
+  idle_lanes_.pop_back();
+  return lane;
+}
+
+void SsdTier::ReleaseLane(Lane* lane) {
+  {
+    std::lock_guard lock(lanes_mu_);
+    idle_lanes_.push_back(lane);
+  }
+  lane_free_.notify_one();
+}
+
+std::vector<absl::Status> SsdTier::Write(std::span<const SlotWrite> writes) {
+  std::vector<absl::Status> status(writes.size());
+  const uint64_t max_payload = options_.slot_bytes - kSlotHeaderBytes;
+  for (size_t round = 0; round < writes.size(); round += options_.queue_depth) {
+    const size_t n = std::min<size_t>(options_.queue_depth, writes.size() - round);
+    LaneLease lane(this);
+    std::vector<IoOp> ops;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < n; ++i) {
+      const SlotWrite& w = writes[round + i];
+      if (w.payload.size() > max_payload || w.payload.size() != w.header.payload_bytes) {
+        status[round + i] = absl::InvalidArgumentError(absl::StrCat(
+            "payload of ", w.payload.size(), " bytes does not fit a slot of ", options_.slot_bytes));
+        continue;
+      }
+      absl::StatusOr<int> fd = SlabFd(w.slot / options_.slots_per_slab);
+      if (!fd.ok()) {
+        status[round + i] = fd.status();
+        continue;
+      }
+      uint8_t* buf = lane->staging + i * options_.slot_bytes;
+      const uint32_t io = IoBytes(w.header.payload_bytes);
+      EncodeSlotHeader(w.header, buf);
+      std::memcpy(buf + kSlotHeaderBytes, w.payload.data(), w.payload.size());
+      std::memset(buf + kSlotHeaderBytes + w.payload.size(), 0, io - kSlotHeaderBytes - w.payload.size());
+      ops.push_back({IoOp::Kind::kWrite, *fd, (w.slot % options_.slots_per_slab) * options_.slot_bytes,
+                     buf, io, static_cast<int>(i), 0});
+      which.push_back(round + i);
+    }
+    lane->engine->Execute(ops);
+    std::map<int, std::vector<size_t>> written_by_fd;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (ops[k].result != ops[k].len) {
+        status[which[k]] = IoError("write", writes[which[k]].slot, ops[k].result, ops[k].len);
+      } else {
+        written_by_fd[ops[k].fd].push_back(which[k]);
+      }
+    }
+    for (const auto& [fd, items] : written_by_fd) {
+      if (absl::Status s = lane->engine->Sync(fd); !s.ok()) {
+        for (size_t i : items) status[i] = s;
+      }
+    }
+  }
+  return status;
+}
+
+std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
+  std::vector<absl::Status> status(reads.size());
+  const uint64_t max_payload = options_.slot_bytes - kSlotHeaderBytes;
+  for (size_t round = 0; round < reads.size(); round += options_.queue_depth) {
+    const size_t n = std::min<size_t>(options_.queue_depth, reads.size() - round);
+    LaneLease lane(this);
+    std::vector<IoOp> ops;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < n; ++i) {
+      const SlotRead& r = reads[round + i];
+      if (r.expected.payload_bytes > max_payload || r.out.size() != r.expected.payload_bytes) {
+        status[round + i] = absl::InvalidArgumentError(absl::StrCat(
+            "read of ", r.expected.payload_bytes, " bytes into a buffer of ", r.out.size()));
+        continue;
+      }
+      absl::StatusOr<int> fd = SlabFd(r.slot / options_.slots_per_slab);
+      if (!fd.ok()) {
+        status[round + i] = fd.status();
+        continue;
+      }
+      ops.push_back({IoOp::Kind::kRead, *fd, (r.slot % options_.slots_per_slab) * options_.slot_bytes,
+                     lane->staging + i * options_.slot_bytes, IoBytes(r.expected.payload_bytes),
+                     static_cast<int>(i), 0});
+      which.push_back(round + i);
+    }
+    lane->engine->Execute(ops);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      SlotRead& r = reads[which[k]];
+      if (ops[k].result != ops[k].len) {
+        status[which[k]] = IoError("read", r.slot, ops[k].result, ops[k].len);
+        continue;
+      }
+      const std::span<const uint8_t> slot(ops[k].buf, ops[k].len);
+      status[which[k]] = VerifySlot(r.expected, slot);
+      if (status[which[k]].ok()) {
+        std::memcpy(r.out.data(), ops[k].buf + kSlotHeaderBytes, r.out.size());
+      }
+    }
+  }
+  return status;
+}
+
+}  // namespace kvc::storage

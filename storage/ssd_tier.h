@@ -1,0 +1,96 @@
+// SsdTier: the slab files of the SSD tier and the I/O on them.
+//
+// Slabs are preallocated files (slab-000000.dat, ...) of slots_per_slab fixed slots each,
+// opened with O_DIRECT; every slot is 4 KiB-aligned and holds a header (slot_format.h)
+// and one chunk. Slot numbers are global: slab = n / slots_per_slab. I/O goes through a
+// small pool of lanes, each an IoEngine with its own registered, aligned staging
+// buffers, so concurrent callers batch independently. Which slots are free is the
+// store's business, not this class's. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/fault_injection.h"
+#include "storage/io_engine.h"
+#include "storage/slot_format.h"
+
+namespace kvc::storage {
+
+struct SsdTierOptions {
+  std::string dir;  // created if missing
+  uint64_t slot_bytes = 0;
+  uint64_t capacity_slots = 0;
+  uint64_t slots_per_slab = 1024;
+  IoBackend backend = IoBackend::kAuto;
+  unsigned queue_depth = 32;  // ops in flight per lane, and staging buffers per lane
+  unsigned lanes = 4;
+  std::shared_ptr<FaultPlan> faults;  // tests: wrap every lane's engine
+};
+
+struct SlotWrite {
+  uint64_t slot = 0;
+  SlotHeader header;
+  std::span<const uint8_t> payload;
+};
+
+struct SlotRead {
+  uint64_t slot = 0;
+  SlotHeader expected;
+  std::span<uint8_t> out;  // payload destination, header.payload_bytes long
+};
+
+class SsdTier {
+ public:
+  static absl::StatusOr<std::unique_ptr<SsdTier>> Open(const SsdTierOptions& options);
+  ~SsdTier();
+
+  // Writes every slot, then makes them durable (fdatasync per slab touched). One status
+  // per write: Internal/ResourceExhausted on I/O errors, with the errno text.
+  std::vector<absl::Status> Write(std::span<const SlotWrite> writes);
+  // Reads and verifies every slot: DataLoss when the bytes do not verify (nothing is
+  // copied to `out` then), Internal on I/O errors.
+  std::vector<absl::Status> Read(std::span<SlotRead> reads);
+
+  const char* backend_name() const { return backend_name_; }
+  // Why the io_uring backend is not in use, empty if it is.
+  const std::string& fallback_reason() const { return fallback_reason_; }
+  uint64_t capacity_slots() const { return options_.capacity_slots; }
+  uint64_t slot_bytes() const { return options_.slot_bytes; }
+  bool direct_io() const { return direct_io_; }
+
+ private:
+  struct Lane {
+    std::unique_ptr<IoEngine> engine;
+    uint8_t* staging = nullptr;  // queue_depth aligned slots, registered with the engine
+  };
+  class LaneLease;
+
+  explicit SsdTier(const SsdTierOptions& o) : options_(o) {}
+  absl::Status Init();
+  absl::StatusOr<int> SlabFd(uint64_t slab);  // opens or creates (preallocated) the slab
+  Lane* AcquireLane();
+  void ReleaseLane(Lane* lane);
+
+  SsdTierOptions options_;
+  const char* backend_name_ = "posix";
+  std::string fallback_reason_;
+  bool direct_io_ = true;
+
+  std::mutex slabs_mu_;
+  std::vector<int> slab_fds_;  // -1 until opened
+
+  std::mutex lanes_mu_;
+  std::condition_variable lane_free_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::vector<Lane*> idle_lanes_;
+};
+
+}  // namespace kvc::storage
