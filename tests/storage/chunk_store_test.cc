@@ -1,0 +1,382 @@
+// The chunk store on real files, real RocksDB and real io_uring (or the POSIX fallback).
+#include "storage/chunk_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "storage/slot_format.h"
+#include "tests/storage/store_testing.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::storage {
+namespace {
+
+using ::kvc::testing::KeyOf;
+using ::kvc::testing::PayloadOf;
+using ::kvc::testing::TempDir;
+
+constexpr uint64_t kChunk = 20000;  // small chunks keep the tests fast; slot = 20480
+constexpr NamespaceId kNs = 7;
+
+struct Clock {
+  std::atomic<int64_t> now{1'700'000'000};
+  std::function<int64_t()> fn() {
+    return [this] { return now.load(); };
+  }
+};
+
+StoreOptions Options(const std::string& dir, uint64_t ram_chunks, uint64_t ssd_chunks,
+                     IoBackend backend = IoBackend::kAuto) {
+  StoreOptions o;
+  o.data_dir = dir;
+  o.max_chunk_bytes = kChunk;
+  o.ram_bytes = ram_chunks * 20480;
+  o.ssd_bytes = ssd_chunks * SlotBytesFor(kChunk);
+  o.slab_bytes = 16 * SlotBytesFor(kChunk);
+  o.io_backend = backend;
+  o.queue_depth = 8;
+  o.io_lanes = 2;
+  return o;
+}
+
+std::unique_ptr<ChunkStore> OpenOrDie(const StoreOptions& o) {
+  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return nullptr;
+  EXPECT_TRUE((*s)->RegisterNamespace(kNs, kChunk).ok());
+  return *std::move(s);
+}
+
+absl::Status PutChunk(ChunkStore& s, const ChunkKey& key, std::optional<ChunkKey> parent = {},
+                      Durability d = Durability::kDurable, int64_t ttl_s = 0) {
+  const std::vector<uint8_t> p = PayloadOf(key, kChunk);
+  absl::StatusOr<PutResult> r = s.Put({kNs, key, parent, p}, {d, ttl_s});
+  return r.status();
+}
+
+// Get must return exactly the payload derived from the key.
+void ExpectChunk(ChunkStore& s, const ChunkKey& key) {
+  std::vector<uint8_t> out(kChunk);
+  absl::Status st = s.Get(kNs, key, out);
+  ASSERT_TRUE(st.ok()) << key.Hex() << ": " << st;
+  ASSERT_EQ(out, PayloadOf(key, kChunk)) << key.Hex();
+}
+
+bool Has(ChunkStore& s, const ChunkKey& key) { return s.Contains(kNs, key) != Tier::kNone; }
+
+class ChunkStoreTest : public ::testing::TestWithParam<IoBackend> {};
+
+TEST_P(ChunkStoreTest, RoundTripsOnEveryTier) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  struct {
+    uint64_t ram, ssd;
+    Tier expect;
+  } layouts[] = {{8, 0, Tier::kRam}, {0, 32, Tier::kSsd}, {8, 32, Tier::kRam}};
+  int n = 0;
+  for (const auto& l : layouts) {
+    auto store = OpenOrDie(Options(dir.File("t" + std::to_string(n++)), l.ram, l.ssd, GetParam()));
+    ASSERT_NE(store, nullptr);
+    for (uint64_t i = 0; i < 5; ++i) {
+      const ChunkKey k = KeyOf(seed, i);
+      ASSERT_TRUE(PutChunk(*store, k, {}, l.ssd ? Durability::kDurable : Durability::kMemory).ok());
+      EXPECT_EQ(store->Contains(kNs, k), l.expect);
+      ExpectChunk(*store, k);
+    }
+    EXPECT_EQ(store->Contains(kNs, KeyOf(seed, 99)), Tier::kNone);
+    std::vector<uint8_t> out(kChunk);
+    EXPECT_TRUE(absl::IsNotFound(store->Get(kNs, KeyOf(seed, 99), out)));
+  }
+}
+
+TEST_P(ChunkStoreTest, ChunksSurviveReopen) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  const StoreOptions o = Options(dir.path(), 4, 64, GetParam());
+  {
+    auto store = OpenOrDie(o);
+    for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok());
+    // Memory durability: on SSD after the write-behind drains at close.
+    for (uint64_t i = 10; i < 20; ++i) {
+      ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
+    }
+    ASSERT_TRUE(store->Pin(kNs, KeyOf(seed, 3), 2'000'000'000).ok());
+  }
+  auto store = OpenOrDie(o);
+  for (uint64_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(store->Contains(kNs, KeyOf(seed, i)), Tier::kSsd) << i;
+    ExpectChunk(*store, KeyOf(seed, i));
+  }
+  EXPECT_EQ(store->Stats().ssd_chunks, 20u);
+  // The pin survived too: with the SSD full of unpinned chunks, 3 is never the victim.
+  EXPECT_TRUE(store->Pin(kNs, KeyOf(seed, 3), 0).ok());
+}
+
+TEST_P(ChunkStoreTest, ConcurrentWritersAndReadersSeeWholeChunks) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 16, 256, GetParam()));
+  constexpr int kWriters = 3, kReaders = 3, kPerWriter = 40;
+  std::atomic<int> errors{0}, verified{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < kPerWriter; ++i) {
+        const ChunkKey k = KeyOf(seed, w * 1000 + i);
+        const auto d = i % 2 ? Durability::kMemory : Durability::kDurable;
+        if (!PutChunk(*store, k, i ? std::optional(KeyOf(seed, w * 1000 + i - 1)) : std::nullopt, d).ok()) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (int r = 0; r < kReaders; ++r) {
+    threads.emplace_back([&, r] {
+      std::mt19937_64 rng(seed + r);
+      std::vector<uint8_t> out(kChunk);
+      while (!done) {
+        const ChunkKey k = KeyOf(seed, (rng() % kWriters) * 1000 + rng() % kPerWriter);
+        absl::Status st = store->Get(kNs, k, out);
+        if (st.ok()) {
+          if (out != PayloadOf(k, kChunk)) ++errors;
+          ++verified;
+        } else if (!absl::IsNotFound(st)) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (int w = 0; w < kWriters; ++w) threads[w].join();
+  done = true;
+  for (size_t t = kWriters; t < threads.size(); ++t) threads[t].join();
+  EXPECT_EQ(errors.load(), 0);
+  ASSERT_TRUE(store->Flush().ok());
+  for (int w = 0; w < kWriters; ++w) {
+    for (int i = 0; i < kPerWriter; ++i) ExpectChunk(*store, KeyOf(seed, w * 1000 + i));
+  }
+  std::printf("concurrent: %d verified reads during writes\n", verified.load());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ChunkStoreTest,
+                         ::testing::Values(IoBackend::kAuto, IoBackend::kPosix),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param == IoBackend::kPosix ? "Posix" : "Auto");
+                         });
+
+TEST(ChunkStoreBasicsTest, ReportsWhichIoBackendItUses) {
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 0, 8));
+  const StoreStats st = store->Stats();
+  std::printf("io backend: %s%s%s\n", st.io_backend, st.io_fallback_reason.empty() ? "" : ", fallback because: ",
+              st.io_fallback_reason.c_str());
+  EXPECT_TRUE(std::string(st.io_backend) == "io_uring" || !st.io_fallback_reason.empty());
+}
+
+TEST(ChunkStoreBasicsTest, BadInputIsRejectedAndChangesNothing) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 4, 16));
+  const ChunkKey k = KeyOf(seed, 1);
+  std::vector<uint8_t> small(kChunk - 1, 1);
+  absl::StatusOr<PutResult> r = store->Put({kNs, k, {}, small}, {});
+  ASSERT_TRUE(absl::IsInvalidArgument(r.status()));
+  EXPECT_NE(r.status().message().find("chunk payload is 19999 bytes, namespace 7 expects 20000"),
+            std::string::npos)
+      << r.status();
+  r = store->Put({99, k, {}, PayloadOf(k, kChunk)}, {});
+  EXPECT_TRUE(absl::IsNotFound(r.status()));
+  EXPECT_NE(r.status().message().find("namespace 99 is not registered"), std::string::npos);
+  EXPECT_FALSE(Has(*store, k));
+  EXPECT_TRUE(absl::IsAlreadyExists(store->RegisterNamespace(kNs, 4096)));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->RegisterNamespace(8, kChunk + 1)));
+  EXPECT_TRUE(store->RegisterNamespace(kNs, kChunk).ok());  // idempotent
+  std::vector<uint8_t> out(100);
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Get(kNs, k, out)));
+  EXPECT_TRUE(absl::IsNotFound(store->Erase(kNs, k)));
+  EXPECT_TRUE(absl::IsNotFound(store->Pin(kNs, k, 5)));
+  store.reset();
+  // Reopening with another slot size would misread every slot: refused.
+  StoreOptions bigger = Options(dir.path(), 4, 16);
+  bigger.max_chunk_bytes = 100000;
+  absl::StatusOr<std::unique_ptr<ChunkStore>> reopened = ChunkStore::Open(bigger);
+  ASSERT_TRUE(absl::IsFailedPrecondition(reopened.status())) << reopened.status();
+  EXPECT_NE(reopened.status().message().find("20480-byte slots"), std::string::npos);
+}
+
+TEST(ChunkStoreBasicsTest, NamespacesAreIsolated) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 4, 16));
+  ASSERT_TRUE(store->RegisterNamespace(8, kChunk).ok());
+  const ChunkKey k = KeyOf(seed, 1);
+  ASSERT_TRUE(PutChunk(*store, k).ok());
+  EXPECT_EQ(store->Contains(8, k), Tier::kNone);
+  std::vector<uint8_t> out(kChunk);
+  EXPECT_TRUE(absl::IsNotFound(store->Get(8, k, out)));
+  EXPECT_TRUE(absl::IsNotFound(store->Erase(8, k)));
+  EXPECT_TRUE(Has(*store, k));
+}
+
+TEST(ChunkStoreBasicsTest, SsdEvictsLeavesBeforeAncestorsLeastRecentlyUsedFirst) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 0, 4));
+  const ChunkKey a = KeyOf(seed, 1), b = KeyOf(seed, 2), c = KeyOf(seed, 3), d = KeyOf(seed, 4);
+  const ChunkKey e = KeyOf(seed, 5), f = KeyOf(seed, 6);
+  ASSERT_TRUE(PutChunk(*store, a).ok());
+  ASSERT_TRUE(PutChunk(*store, b, a).ok());  // a → b
+  ASSERT_TRUE(PutChunk(*store, c).ok());
+  ASSERT_TRUE(PutChunk(*store, d, c).ok());  // c → d
+  ExpectChunk(*store, a);                    // a is the most recently used, but not a leaf
+  ASSERT_TRUE(PutChunk(*store, e).ok());     // leaves: b, d → b (older) goes
+  EXPECT_FALSE(Has(*store, b));
+  EXPECT_TRUE(Has(*store, a) && Has(*store, c) && Has(*store, d));
+  ASSERT_TRUE(PutChunk(*store, f).ok());  // leaves: a (used at 5), d (4), e (6) → d
+  EXPECT_FALSE(Has(*store, d));
+  EXPECT_TRUE(Has(*store, a) && Has(*store, c) && Has(*store, e) && Has(*store, f));
+  EXPECT_EQ(store->Stats().ssd_evictions, 2u);
+}
+
+TEST(ChunkStoreBasicsTest, ExpiredTtlGoesFirstAndPinsHoldUntilLeaseEnds) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  Clock clock;
+  StoreOptions o = Options(dir.path(), 0, 3);
+  o.now_s = clock.fn();
+  auto store = OpenOrDie(o);
+  const ChunkKey x = KeyOf(seed, 1), y = KeyOf(seed, 2), z = KeyOf(seed, 3), w = KeyOf(seed, 4);
+  ASSERT_TRUE(PutChunk(*store, y).ok());
+  ASSERT_TRUE(PutChunk(*store, x, {}, Durability::kDurable, /*ttl_s=*/10).ok());
+  ASSERT_TRUE(PutChunk(*store, z).ok());
+  clock.now += 20;  // x expired; y is the least recently used
+  ASSERT_TRUE(PutChunk(*store, w).ok());
+  EXPECT_FALSE(Has(*store, x));
+  EXPECT_TRUE(Has(*store, y));
+
+  // Pin everything: a new chunk cannot get in until a lease ends.
+  for (const ChunkKey& k : {y, z, w}) ASSERT_TRUE(store->Pin(kNs, k, clock.now + 100).ok());
+  absl::Status full = PutChunk(*store, x);
+  ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_FALSE(Has(*store, x));
+  for (const ChunkKey& k : {y, z, w}) EXPECT_TRUE(Has(*store, k));
+  clock.now += 101;
+  ASSERT_TRUE(PutChunk(*store, x).ok());
+  EXPECT_FALSE(Has(*store, y));  // lease over: the LRU leaf goes
+}
+
+TEST(ChunkStoreBasicsTest, PinnedLeafProtectsItsAncestors) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  Clock clock;
+  StoreOptions o = Options(dir.path(), 0, 2);
+  o.now_s = clock.fn();
+  auto store = OpenOrDie(o);
+  const ChunkKey p = KeyOf(seed, 1), q = KeyOf(seed, 2);
+  ASSERT_TRUE(PutChunk(*store, p).ok());
+  ASSERT_TRUE(PutChunk(*store, q, p).ok());
+  ASSERT_TRUE(store->Pin(kNs, q, clock.now + 50).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(PutChunk(*store, KeyOf(seed, 3))));
+  EXPECT_TRUE(Has(*store, p) && Has(*store, q));
+}
+
+TEST(ChunkStoreBasicsTest, RamLeaseKeepsSlotFromReuse) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 2, 0));
+  const ChunkKey a = KeyOf(seed, 1);
+  ASSERT_TRUE(PutChunk(*store, a, {}, Durability::kMemory).ok());
+  absl::StatusOr<RamLease> lease = store->LeaseRam(kNs, a);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  // Push a out of RAM twice over; its slot must not be reused while leased.
+  for (uint64_t i = 2; i < 6; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
+  EXPECT_FALSE(Has(*store, a));
+  const std::vector<uint8_t> want = PayloadOf(a, kChunk);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), lease->bytes().begin()));
+  // A co-located process maps the arena's fd and reads the same bytes at the offset.
+  const int fd = store->ram_arena_fd();
+  std::vector<uint8_t> via_fd(kChunk);
+  ASSERT_EQ(pread(fd, via_fd.data(), kChunk, static_cast<off_t>(lease->arena_offset())), static_cast<ssize_t>(kChunk));
+  EXPECT_EQ(via_fd, want);
+  *lease = RamLease();  // released: now the slot can be reused
+  for (uint64_t i = 6; i < 9; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
+  EXPECT_EQ(store->Stats().ram_chunks, 2u);
+}
+
+TEST(ChunkStoreBasicsTest, RamPressureDemotesAndSsdHitsPromote) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 2, 16));
+  for (uint64_t i = 0; i < 6; ++i) {
+    ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
+  }
+  ASSERT_TRUE(store->Flush().ok());
+  for (uint64_t i = 0; i < 6; ++i) EXPECT_TRUE(Has(*store, KeyOf(seed, i))) << i;  // nothing lost
+  EXPECT_EQ(store->Contains(kNs, KeyOf(seed, 0)), Tier::kSsd);
+  EXPECT_EQ(store->Contains(kNs, KeyOf(seed, 5)), Tier::kRam);
+  ExpectChunk(*store, KeyOf(seed, 0));
+  EXPECT_EQ(store->Contains(kNs, KeyOf(seed, 0)), Tier::kRam);  // promoted
+  const StoreStats st = store->Stats();
+  EXPECT_GE(st.promotions, 1u);
+  EXPECT_EQ(st.ssd_chunks, 6u);
+  EXPECT_EQ(st.ram_chunks, 2u);
+}
+
+TEST(ChunkStoreBasicsTest, EraseRemovesFromEveryTierAndSurvivesReopen) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  const StoreOptions o = Options(dir.path(), 4, 16);
+  const ChunkKey k = KeyOf(seed, 1);
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_TRUE(PutChunk(*store, k).ok());
+    ASSERT_TRUE(store->Erase(kNs, k).ok());
+    EXPECT_FALSE(Has(*store, k));
+  }
+  auto store = OpenOrDie(o);
+  EXPECT_FALSE(Has(*store, k));
+  ASSERT_TRUE(PutChunk(*store, k).ok());  // and the slot is usable again
+  ExpectChunk(*store, k);
+}
+
+TEST(ChunkStoreBasicsTest, CorruptBytesOnDiskAreAMissNeverBadBytes) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  const StoreOptions o = Options(dir.path(), 0, 8);
+  const ChunkKey good = KeyOf(seed, 1), bad = KeyOf(seed, 2);
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_TRUE(PutChunk(*store, good).ok());
+    ASSERT_TRUE(PutChunk(*store, bad).ok());
+  }
+  // Flip one payload bit of the second slot in the slab file itself.
+  const std::string slab = dir.path() + "/slabs/slab-000000.dat";
+  const int fd = open(slab.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = 0;
+  const off_t at = static_cast<off_t>(SlotBytesFor(kChunk) + kSlotHeaderBytes + 1234);
+  ASSERT_EQ(pread(fd, &byte, 1, at), 1);
+  byte ^= 0x04;
+  ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
+  close(fd);
+  auto store = OpenOrDie(o);
+  std::vector<uint8_t> out(kChunk, 0xAB);
+  absl::Status st = store->Get(kNs, bad, out);
+  ASSERT_TRUE(absl::IsNotFound(st)) << st;
+  EXPECT_NE(st.message().find("checksum"), std::string::npos) << st;
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0xAB; }));
+  EXPECT_EQ(store->Stats().checksum_failures, 1u);
+  EXPECT_FALSE(Has(*store, bad));  // dropped
+  ExpectChunk(*store, good);
+  ASSERT_TRUE(PutChunk(*store, bad).ok());
+  ExpectChunk(*store, bad);
+}
+
+}  // namespace
+}  // namespace kvc::storage
