@@ -1,0 +1,26 @@
+// Store settings shared by the crash test and the child process it kills.
+#pragma once
+
+#include <string>
+
+#include "storage/chunk_store.h"
+#include "storage/slot_format.h"
+
+namespace kvc::testing {
+
+inline constexpr uint64_t kCrashChunkBytes = 8000;
+inline constexpr storage::NamespaceId kCrashNamespace = 3;
+
+inline storage::StoreOptions CrashStoreOptions(const std::string& dir) {
+  storage::StoreOptions o;
+  o.data_dir = dir;
+  o.max_chunk_bytes = kCrashChunkBytes;
+  o.ram_bytes = 64 * 8192;
+  o.ssd_bytes = 16384 * storage::SlotBytesFor(kCrashChunkBytes);  // never evicts in the test
+  o.slab_bytes = 1024 * storage::SlotBytesFor(kCrashChunkBytes);
+  o.queue_depth = 8;
+  o.io_lanes = 2;
+  return o;
+}
+
+}  // namespace kvc::testing
