@@ -793,34 +793,54 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
 }
 
 absl::Status ChunkStore::Erase(NamespaceId ns, const ChunkKey& key) {
+  return EraseBatch(ns, std::span(&key, 1))[0];
+}
+
+std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const ChunkKey> keys) {
   Impl& s = *impl_;
+  std::vector<absl::Status> status(keys.size());
+  std::vector<ChunkKey> deletes;
+  std::vector<uint64_t> slots;
   std::unique_lock lk(s.mu);
-  s.flush_done.wait(lk, [&] {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const ChunkKey& key = keys[i];
+    s.flush_done.wait(lk, [&] {
+      auto r = s.ram.find(key);
+      return r == s.ram.end() || !r->second.flushing;
+    });
+    bool found = false;
     auto r = s.ram.find(key);
-    return r == s.ram.end() || !r->second.flushing;
-  });
-  bool found = false;
-  auto r = s.ram.find(key);
-  if (r != s.ram.end() && r->second.ns == ns) {
-    s.DropRam(key);
-    found = true;
+    if (r != s.ram.end() && r->second.ns == ns) {
+      s.DropRam(key);
+      found = true;
+    }
+    auto d = s.ssd_map.find(key);
+    if (d != s.ssd_map.end() && d->second.namespace_id == ns) {
+      // The slot is reused only after the deletion is committed (below).
+      slots.push_back(s.GlobalSlot(d->second));
+      s.ssd_map.erase(d);
+      s.ssd_order.Remove(key);
+      deletes.push_back(key);
+      found = true;
+    }
+    if (found) {
+      s.pins.erase(key);
+    } else {
+      status[i] = absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
+    }
   }
-  auto d = s.ssd_map.find(key);
-  if (d != s.ssd_map.end() && d->second.namespace_id == ns) {
-    // Commit the deletion before the slot can be reused.
-    const uint64_t slot = s.GlobalSlot(d->second);
-    s.ssd_map.erase(d);
-    s.ssd_order.Remove(key);
-    lk.unlock();
-    absl::Status st = s.index->Commit({}, {key}, /*sync=*/true);
-    lk.lock();
-    s.FreeSsdSlot(slot);
-    if (!st.ok()) return st;
-    found = true;
+  lk.unlock();
+  absl::Status committed = s.index->Commit({}, deletes, /*sync=*/true);
+  lk.lock();
+  if (!committed.ok()) {
+    // The entries may still be on disk: leave their slots unused until the next open.
+    for (auto& st : status) {
+      if (st.ok()) st = committed;
+    }
+    return status;
   }
-  if (!found) return absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
-  s.pins.erase(key);
-  return absl::OkStatus();
+  for (uint64_t slot : slots) s.FreeSsdSlot(slot);
+  return status;
 }
 
 absl::Status ChunkStore::Pin(NamespaceId ns, const ChunkKey& key, int64_t pin_until_s) {

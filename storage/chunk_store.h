@@ -132,6 +132,7 @@ class ChunkStore {
   std::vector<Tier> Lookup(NamespaceId ns, std::span<const ChunkKey> keys) const;
 
   [[nodiscard]] absl::Status Erase(NamespaceId ns, const ChunkKey& key);
+  std::vector<absl::Status> EraseBatch(NamespaceId ns, std::span<const ChunkKey> keys);
   // Keeps the chunk (and so its ancestors) from eviction until pin_until_s (wall clock,
   // seconds); 0 unpins. Durable.
   [[nodiscard]] absl::Status Pin(NamespaceId ns, const ChunkKey& key, int64_t pin_until_s);

@@ -1,0 +1,70 @@
+// kvbench: the project's benchmarks, each measured against a peer in the same run.
+//
+//   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
+//                   [--dataset-chunks N] [--depths 1,8,32] [--no-fio] [--json]
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "bench/kvbench/storage_bench.h"
+#include "engine/spec/chunk_layout.h"
+
+namespace kvc {
+namespace {
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kvbench: kvcache benchmarks, ours beside a peer in the same run"};
+  app.require_subcommand(1);
+  CLI::App* storage = app.add_subcommand("storage", "T1/T2 store and fetch vs fio, file-per-chunk, RocksDB blobs, memcpy");
+  bench::StorageBenchOptions opt;
+  std::string config = "configs/deepseek-v4.1-flash.config.json";
+  bool json = false, no_fio = false;
+  storage->add_option("--dir", opt.dir, "scratch folder on the disk under test (emptied afterwards)")->required();
+  storage->add_option("--seconds", opt.seconds, "seconds per measured run")->check(CLI::PositiveNumber)->capture_default_str();
+  storage->add_option("--reps", opt.repetitions, "alternated runs per case (median reported)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  storage->add_option("--config", config, "model config giving the chunk size")->capture_default_str();
+  storage->add_option("--chunk-bytes", opt.chunk_bytes, "chunk size in bytes (overrides --config)");
+  storage->add_option("--dataset-chunks", opt.dataset_chunks, "chunks each system reads from")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  storage->add_option("--depths", opt.depths, "queue depths")->delimiter(',')->capture_default_str();
+  storage->add_flag("--no-fio", no_fio, "skip the fio peer");
+  storage->add_flag("--json", json, "print one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "kvbench: error: " << e.what() << " (run kvbench --help)\n";
+    return 2;
+  }
+  opt.run_fio = !no_fio;
+  if (opt.chunk_bytes == 0) {
+    absl::StatusOr<ModelConfig> c = LoadModelConfig(config);
+    absl::StatusOr<LayerSchedule> s = c.ok() ? BuildLayerSchedule(*c) : absl::StatusOr<LayerSchedule>(c.status());
+    absl::StatusOr<ChunkLayout> l = s.ok() ? BuildChunkLayout(*c, *s, kDefaultChunkTokens)
+                                           : absl::StatusOr<ChunkLayout>(s.status());
+    if (!l.ok()) {
+      std::cerr << "kvbench: error: " << l.status().message() << " (give --config FILE or --chunk-bytes N)\n";
+      return 1;
+    }
+    opt.chunk_bytes = static_cast<uint64_t>(l->chunk_bytes);
+  }
+  absl::StatusOr<std::vector<bench::BenchCase>> cases = bench::RunStorageBench(opt);
+  if (!cases.ok()) {
+    std::cerr << "kvbench: error: " << cases.status().message() << "\n";
+    return 1;
+  }
+  if (json) {
+    std::cout << bench::CasesToJson(*cases).dump(2) << "\n";
+  } else {
+    std::cout << "chunk " << opt.chunk_bytes << " B, " << opt.seconds << " s per run, " << opt.repetitions
+              << " alternated runs per case\n"
+              << bench::CasesToText(*cases);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvc
+
+int main(int argc, char** argv) { return kvc::Main(argc, argv); }

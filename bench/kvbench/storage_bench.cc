@@ -1,0 +1,521 @@
+#include "bench/kvbench/storage_bench.h"
+
+#include <fcntl.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "storage/chunk_store.h"
+#include "storage/slot_format.h"
+
+namespace kvc::bench {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using storage::ChunkKey;
+constexpr storage::NamespaceId kNs = 1;
+
+struct Sample {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  std::vector<double> lat_us;  // per call (a batch of `depth` chunks, or one chunk per thread)
+  double p50_us = -1, p99_us = -1;  // set directly by systems that measure themselves (fio)
+  double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  void Percentiles() {
+    if (p50_us >= 0 || lat_us.empty()) return;
+    std::sort(lat_us.begin(), lat_us.end());
+    p50_us = lat_us[lat_us.size() / 2];
+    p99_us = lat_us[std::min(lat_us.size() - 1, lat_us.size() * 99 / 100)];
+  }
+};
+
+ChunkKey KeyFor(uint64_t n) {
+  ChunkKey k;
+  uint64_t x = n * 0x9E3779B97F4A7C15ull + 0x1234567;
+  for (int half = 0; half < 2; ++half) {
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    std::memcpy(k.bytes.data() + 8 * half, &x, 8);
+  }
+  return k;
+}
+
+double Micros(SteadyClock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+
+// Calls op(iteration) until `seconds` pass; each call moves bytes_per_call.
+absl::StatusOr<Sample> Loop(double seconds, uint64_t bytes_per_call,
+                            const std::function<absl::Status(uint64_t)>& op) {
+  Sample s;
+  const auto start = SteadyClock::now();
+  const auto end = start + std::chrono::duration<double>(seconds);
+  for (uint64_t i = 0;; ++i) {
+    const auto t0 = SteadyClock::now();
+    if (t0 >= end) break;
+    if (absl::Status st = op(i); !st.ok()) return st;
+    s.lat_us.push_back(Micros(SteadyClock::now() - t0));
+    s.bytes += bytes_per_call;
+  }
+  s.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  return s;
+}
+
+// `threads` threads each call op(thread, iteration) until `seconds` pass.
+absl::StatusOr<Sample> LoopThreads(double seconds, int threads, uint64_t bytes_per_call,
+                                   const std::function<absl::Status(int, uint64_t)>& op) {
+  std::vector<Sample> per(threads);
+  std::vector<absl::Status> status(threads);
+  std::vector<std::thread> pool;
+  const auto start = SteadyClock::now();
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      absl::StatusOr<Sample> s = Loop(seconds, bytes_per_call, [&](uint64_t i) { return op(t, i); });
+      if (s.ok()) per[t] = *std::move(s);
+      else status[t] = s.status();
+    });
+  }
+  for (auto& th : pool) th.join();
+  Sample total;
+  total.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  for (int t = 0; t < threads; ++t) {
+    if (!status[t].ok()) return status[t];
+    total.bytes += per[t].bytes;
+    total.lat_us.insert(total.lat_us.end(), per[t].lat_us.begin(), per[t].lat_us.end());
+  }
+  return total;
+}
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+class System {
+ public:
+  virtual ~System() = default;
+  virtual std::string name() const = 0;
+  virtual bool Supports(const std::string& op) const = 0;
+  virtual absl::Status Prepare() = 0;
+  virtual absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) = 0;
+};
+
+struct Shared {
+  StorageBenchOptions opt;
+  std::vector<uint8_t> payload;  // what every store writes
+  uint64_t next_key = 1ull << 40;  // fresh keys for store runs
+};
+
+// ---- ours ----
+
+class KvcacheSystem final : public System {
+ public:
+  KvcacheSystem(Shared* sh, bool ssd) : sh_(sh), ssd_(ssd) {}
+  std::string name() const override { return ssd_ ? "kvcache-t2" : "kvcache-t1"; }
+  bool Supports(const std::string&) const override { return true; }
+
+  absl::Status Prepare() override {
+    const uint64_t n = sh_->opt.dataset_chunks;
+    storage::StoreOptions o;
+    o.data_dir = sh_->opt.dir + "/" + name();
+    o.max_chunk_bytes = sh_->opt.chunk_bytes;
+    const uint64_t slot = storage::SlotBytesFor(sh_->opt.chunk_bytes);
+    if (ssd_) {
+      o.ssd_bytes = (n + 16384) * slot;  // room for the store runs, erased after each
+    } else {
+      o.ram_bytes = n * slot;
+    }
+    o.queue_depth = 32;
+    o.io_lanes = 2;
+    o.slab_bytes = 1ull << 30;
+    absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
+    if (!s.ok()) return s.status();
+    fetch_store_ = *std::move(s);
+    if (absl::Status st = fetch_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok()) return st;
+    if (!ssd_) {  // stores into a small, always-full RAM tier: steady-state eviction
+      storage::StoreOptions so = o;
+      so.data_dir = o.data_dir + "-store";
+      so.ram_bytes = 256 * slot;
+      absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s2 = storage::ChunkStore::Open(so);
+      if (!s2.ok()) return s2.status();
+      store_store_ = *std::move(s2);
+      if (absl::Status st = store_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok()) return st;
+    }
+    for (uint64_t i = 0; i < n; i += 32) {
+      std::vector<storage::PutRequest> reqs;
+      for (uint64_t k = i; k < std::min(n, i + 32); ++k) reqs.push_back({kNs, KeyFor(k), {}, sh_->payload});
+      for (auto& r : fetch_store_->PutBatch(reqs, {ssd_ ? storage::Durability::kDurable : storage::Durability::kMemory, 0})) {
+        if (!r.ok()) return r.status();
+      }
+    }
+    outs_.assign(32, std::vector<uint8_t>(sh_->opt.chunk_bytes));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
+    std::mt19937_64 rng(depth);
+    const uint64_t batch_bytes = depth * sh_->opt.chunk_bytes;
+    if (op == "fetch") {
+      std::vector<std::span<uint8_t>> outs;
+      for (int i = 0; i < depth; ++i) outs.emplace_back(outs_[i]);
+      std::vector<ChunkKey> keys(depth);
+      return Loop(seconds, batch_bytes, [&](uint64_t) -> absl::Status {
+        for (auto& k : keys) k = KeyFor(rng() % sh_->opt.dataset_chunks);
+        for (const absl::Status& st : fetch_store_->GetBatch(kNs, keys, outs)) {
+          if (!st.ok()) return st;
+        }
+        return absl::OkStatus();
+      });
+    }
+    storage::ChunkStore& store = ssd_ ? *fetch_store_ : *store_store_;
+    std::vector<ChunkKey> written;
+    absl::StatusOr<Sample> s = Loop(seconds, batch_bytes, [&](uint64_t) -> absl::Status {
+      std::vector<storage::PutRequest> reqs;
+      for (int i = 0; i < depth; ++i) {
+        written.push_back(KeyFor(sh_->next_key++));
+        reqs.push_back({kNs, written.back(), {}, sh_->payload});
+      }
+      const auto d = ssd_ ? storage::Durability::kDurable : storage::Durability::kMemory;
+      for (auto& r : store.PutBatch(reqs, {d, 0})) {
+        if (!r.ok()) return r.status();
+      }
+      return absl::OkStatus();
+    });
+    store.EraseBatch(kNs, written);  // untimed: keep the folder's size steady
+    return s;
+  }
+
+ private:
+  Shared* sh_;
+  bool ssd_;
+  std::unique_ptr<storage::ChunkStore> fetch_store_, store_store_;
+  std::vector<std::vector<uint8_t>> outs_;
+};
+
+// ---- peers ----
+
+class MemcpySystem final : public System {
+ public:
+  explicit MemcpySystem(Shared* sh) : sh_(sh) {}
+  std::string name() const override { return "memcpy"; }
+  bool Supports(const std::string&) const override { return true; }
+  absl::Status Prepare() override {
+    arena_.assign(sh_->opt.dataset_chunks * sh_->opt.chunk_bytes, 0);
+    for (uint64_t i = 0; i < sh_->opt.dataset_chunks; ++i) {
+      std::memcpy(arena_.data() + i * sh_->opt.chunk_bytes, sh_->payload.data(), sh_->opt.chunk_bytes);
+    }
+    outs_.assign(32, std::vector<uint8_t>(sh_->opt.chunk_bytes));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
+    std::mt19937_64 rng(depth);
+    const uint64_t c = sh_->opt.chunk_bytes;
+    return Loop(seconds, depth * c, [&](uint64_t) {
+      for (int i = 0; i < depth; ++i) {
+        uint8_t* slot = arena_.data() + (rng() % sh_->opt.dataset_chunks) * c;
+        if (op == "fetch") {
+          std::memcpy(outs_[i].data(), slot, c);
+        } else {
+          std::memcpy(slot, sh_->payload.data(), c);
+        }
+      }
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  Shared* sh_;
+  std::vector<uint8_t> arena_;
+  std::vector<std::vector<uint8_t>> outs_;
+};
+
+class FioSystem final : public System {
+ public:
+  explicit FioSystem(Shared* sh) : sh_(sh) {}
+  std::string name() const override { return "fio"; }
+  bool Supports(const std::string&) const override { return true; }
+  absl::Status Prepare() override {
+    if (std::system("fio --version >/dev/null 2>&1") != 0) {
+      return absl::FailedPreconditionError("fio is not installed (scripts/install-deps.sh installs it)");
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
+    // Same I/O size as one of our slots, same depth, O_DIRECT io_uring; writes sync once per
+    // `depth` writes, like a durable batch.
+    const uint64_t bs = (storage::kSlotHeaderBytes + sh_->opt.chunk_bytes + 4095) / 4096 * 4096;
+    std::string cmd = absl::StrFormat(
+        "fio --name=kvbench --filename=%s/fio.dat --size=%d --bs=%d --rw=%s --ioengine=io_uring "
+        "--direct=1 --iodepth=%d --runtime=%.3f --time_based --norandommap --randrepeat=0 "
+        "--fixedbufs --registerfiles --output-format=json --eta=never%s 2>&1",
+        sh_->opt.dir, sh_->opt.dataset_chunks * bs, bs, op == "fetch" ? "randread" : "randwrite",
+        depth, seconds, op == "fetch" ? "" : absl::StrCat(" --fdatasync=", depth));
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return Errno("popen fio");
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int rc = pclose(p);
+    const size_t brace = out.find('{');
+    nlohmann::json j = nlohmann::json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
+    if (rc != 0 || j.is_discarded() || !j.contains("jobs")) {
+      return absl::InternalError(absl::StrCat("fio failed (", rc, "): ", out.substr(0, 300)));
+    }
+    const nlohmann::json& r = j["jobs"][0][op == "fetch" ? "read" : "write"];
+    Sample s;
+    s.seconds = r["runtime"].get<double>() / 1000.0;
+    s.bytes = r["io_bytes"].get<uint64_t>();
+    // Scale to payload bytes so every system reports chunk payload moved per second.
+    s.bytes = static_cast<uint64_t>(static_cast<double>(s.bytes) * sh_->opt.chunk_bytes / bs);
+    const nlohmann::json& pct = r["clat_ns"]["percentile"];
+    s.p50_us = pct.value("50.000000", 0.0) / 1000.0;
+    s.p99_us = pct.value("99.000000", 0.0) / 1000.0;
+    return s;
+  }
+
+ private:
+  Shared* sh_;
+};
+
+class FilePerChunkSystem final : public System {
+ public:
+  explicit FilePerChunkSystem(Shared* sh) : sh_(sh), dir_(sh->opt.dir + "/file-per-chunk") {}
+  std::string name() const override { return "file-per-chunk"; }
+  bool Supports(const std::string&) const override { return true; }
+  std::string Path(uint64_t n) const { return absl::StrFormat("%s/%d.bin", dir_, n); }
+
+  absl::Status WriteFile(const std::string& path) {
+    const int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Errno("open " + path);
+    const bool ok = write(fd, sh_->payload.data(), sh_->payload.size()) == static_cast<ssize_t>(sh_->payload.size()) &&
+                    fdatasync(fd) == 0;
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    return ok ? absl::OkStatus() : Errno("write " + path);
+  }
+
+  absl::Status Prepare() override {
+    std::filesystem::create_directories(dir_);
+    for (uint64_t i = 0; i < sh_->opt.dataset_chunks; ++i) {
+      if (absl::Status s = WriteFile(Path(i)); !s.ok()) return s;
+    }
+    outs_.assign(32, std::vector<uint8_t>(sh_->opt.chunk_bytes));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
+    const uint64_t c = sh_->opt.chunk_bytes;
+    if (op == "fetch") {
+      return LoopThreads(seconds, depth, c, [&](int t, uint64_t i) -> absl::Status {
+        const std::string path = Path((i * 7919 + t * 104729) % sh_->opt.dataset_chunks);
+        const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return Errno("open " + path);
+        const ssize_t n = pread(fd, outs_[t].data(), c, 0);
+        // Drop the pages again so the next read of this file goes to the disk too.
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+        return n == static_cast<ssize_t>(c) ? absl::OkStatus() : Errno("read " + path);
+      });
+    }
+    std::atomic<uint64_t> next{sh_->next_key};
+    absl::StatusOr<Sample> s = LoopThreads(seconds, depth, c, [&](int, uint64_t) {
+      return WriteFile(Path(next++));
+    });
+    for (uint64_t n = sh_->next_key; n < next; ++n) unlink(Path(n).c_str());
+    sh_->next_key = next;
+    return s;
+  }
+
+ private:
+  Shared* sh_;
+  std::string dir_;
+  std::vector<std::vector<uint8_t>> outs_;
+};
+
+class RocksBlobSystem final : public System {
+ public:
+  explicit RocksBlobSystem(Shared* sh) : sh_(sh) {}
+  ~RocksBlobSystem() override {
+    if (db_) (void)db_->Close();
+  }
+  std::string name() const override { return "rocksdb-blob"; }
+  bool Supports(const std::string&) const override { return true; }
+  static std::string Key(uint64_t n) {
+    const ChunkKey k = KeyFor(n);
+    return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16);
+  }
+
+  absl::Status Prepare() override {
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    o.enable_blob_files = true;
+    o.min_blob_size = 4096;
+    o.blob_file_size = 256 << 20;
+    o.use_direct_reads = true;  // like our O_DIRECT reads: measure the disk, not the page cache
+    o.use_direct_io_for_flush_and_compaction = true;
+    o.write_buffer_size = 64 << 20;
+    rocksdb::DB* db = nullptr;
+    rocksdb::Status s = rocksdb::DB::Open(o, sh_->opt.dir + "/rocksdb-blob", &db);
+    if (!s.ok()) return absl::InternalError("rocksdb open: " + s.ToString());
+    db_.reset(db);
+    const rocksdb::Slice value(reinterpret_cast<const char*>(sh_->payload.data()), sh_->payload.size());
+    for (uint64_t i = 0; i < sh_->opt.dataset_chunks; ++i) {
+      s = db_->Put(rocksdb::WriteOptions(), Key(i), value);
+      if (!s.ok()) return absl::InternalError("rocksdb put: " + s.ToString());
+    }
+    s = db_->Flush(rocksdb::FlushOptions());
+    return s.ok() ? absl::OkStatus() : absl::InternalError("rocksdb flush: " + s.ToString());
+  }
+
+  absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
+    const uint64_t c = sh_->opt.chunk_bytes;
+    if (op == "fetch") {
+      return LoopThreads(seconds, depth, c, [&](int t, uint64_t i) -> absl::Status {
+        std::string value;
+        rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), Key((i * 7919 + t * 104729) % sh_->opt.dataset_chunks), &value);
+        return s.ok() && value.size() == c ? absl::OkStatus() : absl::InternalError("rocksdb get: " + s.ToString());
+      });
+    }
+    std::atomic<uint64_t> next{sh_->next_key};
+    rocksdb::WriteOptions w;
+    w.sync = true;  // acknowledged = durable, as for our durable store
+    const rocksdb::Slice value(reinterpret_cast<const char*>(sh_->payload.data()), sh_->payload.size());
+    absl::StatusOr<Sample> s = LoopThreads(seconds, depth, c, [&](int, uint64_t) -> absl::Status {
+      rocksdb::Status st = db_->Put(w, Key(next++), value);
+      return st.ok() ? absl::OkStatus() : absl::InternalError("rocksdb put: " + st.ToString());
+    });
+    for (uint64_t n = sh_->next_key; n < next; ++n) (void)db_->Delete(rocksdb::WriteOptions(), Key(n));
+    sh_->next_key = next;
+    return s;
+  }
+
+ private:
+  Shared* sh_;
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions& opt) {
+  std::error_code ec;
+  std::filesystem::create_directories(opt.dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", opt.dir, ": ", ec.message()));
+  Shared sh{opt, std::vector<uint8_t>(opt.chunk_bytes)};
+  std::mt19937_64 rng(opt.chunk_bytes);
+  for (auto& b : sh.payload) b = static_cast<uint8_t>(rng());
+
+  std::vector<std::unique_ptr<System>> systems;
+  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true));
+  if (opt.run_fio) systems.push_back(std::make_unique<FioSystem>(&sh));
+  systems.push_back(std::make_unique<FilePerChunkSystem>(&sh));
+  systems.push_back(std::make_unique<RocksBlobSystem>(&sh));
+  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/false));
+  systems.push_back(std::make_unique<MemcpySystem>(&sh));
+  for (auto& s : systems) {
+    std::fprintf(stderr, "kvbench: preparing %s\n", s->name().c_str());
+    if (absl::Status st = s->Prepare(); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat(s->name(), ": ", st.message()));
+    }
+  }
+
+  std::vector<BenchCase> cases;
+  for (const std::string op : {"fetch", "store"}) {
+    for (int depth : opt.depths) {
+      std::map<std::string, std::vector<Sample>> runs;
+      for (int rep = 0; rep < opt.repetitions; ++rep) {
+        for (auto& s : systems) {  // A B C … A B C …: the disk's drift hits everyone alike
+          std::fprintf(stderr, "kvbench: %s %s depth %d run %d\n", s->name().c_str(), op.c_str(), depth, rep + 1);
+          absl::StatusOr<Sample> sample = s->Run(op, depth, opt.seconds);
+          if (!sample.ok()) {
+            return absl::Status(sample.status().code(),
+                                absl::StrCat(s->name(), " ", op, ": ", sample.status().message()));
+          }
+          sample->Percentiles();
+          runs[s->name()].push_back(*std::move(sample));
+        }
+      }
+      for (auto& s : systems) {
+        std::vector<double> gbps, p50, p99;
+        for (const Sample& x : runs[s->name()]) {
+          gbps.push_back(x.gbps());
+          p50.push_back(x.p50_us);
+          p99.push_back(x.p99_us);
+        }
+        cases.push_back({s->name(), op, depth, Median(gbps), Median(p50), Median(p99)});
+      }
+    }
+  }
+  systems.clear();
+  std::filesystem::remove_all(opt.dir, ec);
+  return cases;
+}
+
+nlohmann::json CasesToJson(const std::vector<BenchCase>& cases) {
+  nlohmann::json j;
+  j["cases"] = nlohmann::json::array();
+  for (const BenchCase& c : cases) {
+    j["cases"].push_back({{"system", c.system}, {"op", c.op}, {"depth", c.depth}, {"gbps", c.gbps},
+                          {"p50_us", c.p50_us}, {"p99_us", c.p99_us}});
+  }
+  return j;
+}
+
+std::string CasesToText(const std::vector<BenchCase>& cases) {
+  std::string out = absl::StrFormat("%-6s %5s  %-15s %9s %10s %10s\n", "op", "depth", "system", "GB/s",
+                                    "p50 us", "p99 us");
+  std::map<std::tuple<std::string, int, std::string>, double> gbps;
+  for (const BenchCase& c : cases) {
+    absl::StrAppendFormat(&out, "%-6s %5d  %-15s %9.3f %10.1f %10.1f\n", c.op, c.depth, c.system, c.gbps,
+                          c.p50_us, c.p99_us);
+    gbps[{c.op, c.depth, c.system}] = c.gbps;
+  }
+  out += "\nratios (medians of alternated runs):\n";
+  const struct {
+    const char* ours;
+    const char* peer;
+    const char* op;
+    double target;
+  } ratios[] = {{"kvcache-t2", "fio", "fetch", 0.9},
+                {"kvcache-t2", "fio", "store", 0.8},
+                {"kvcache-t1", "memcpy", "fetch", 0.8},
+                {"kvcache-t2", "file-per-chunk", "fetch", 0},
+                {"kvcache-t2", "rocksdb-blob", "fetch", 0},
+                {"kvcache-t2", "file-per-chunk", "store", 0},
+                {"kvcache-t2", "rocksdb-blob", "store", 0}};
+  for (const auto& r : ratios) {
+    for (const BenchCase& c : cases) {
+      if (c.system != r.ours || c.op != r.op) continue;
+      auto peer = gbps.find({r.op, c.depth, r.peer});
+      if (peer == gbps.end() || peer->second <= 0) continue;
+      const double ratio = c.gbps / peer->second;
+      absl::StrAppendFormat(&out, "  %-6s depth %2d  %s / %-15s %6.2f%s\n", r.op, c.depth, r.ours, r.peer, ratio,
+                            r.target > 0 ? absl::StrFormat("  (target >= %.1f: %s)", r.target,
+                                                           ratio >= r.target ? "met" : "NOT met")
+                                         : "");
+    }
+  }
+  return out;
+}
+
+}  // namespace kvc::bench
