@@ -104,6 +104,9 @@ absl::StatusOr<std::unique_ptr<ChunkIndex>> ChunkIndex::Open(const std::string& 
   options.max_background_jobs = 2;
   options.keep_log_file_num = 4;
   options.max_log_file_size = 8 << 20;
+  // Reusing WAL files makes a synced commit an overwrite of allocated blocks (fdatasync
+  // then needs no inode update), roughly halving the cost of a durable put.
+  options.recycle_log_file_num = 4;
   rocksdb::DB* db = nullptr;
   if (absl::Status s = FromRocks(rocksdb::DB::Open(options, dir, &db), "open"); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), " (index at ", dir, ")"));

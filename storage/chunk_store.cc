@@ -202,20 +202,18 @@ class ChunkStore::Impl {
       r.slot = static_cast<uint32_t>(*slot % slots_per_slab);
       r.sequence = next_sequence++;
       r.payload_bytes = static_cast<uint32_t>(writes[i].payload.size());
-      r.checksum = 0;  // computed outside the lock
+      r.checksum = 0;  // computed by the SSD tier from the staged copy
       slot_writes.push_back({*slot, SlotHeader{r.namespace_id, r.payload_bytes, writes[i].key, 0, r.sequence},
                              writes[i].payload});
       which.push_back(i);
     }
     lk.unlock();
-    for (size_t k = 0; k < slot_writes.size(); ++k) {
-      const uint64_t sum = PayloadChecksum(slot_writes[k].payload);
-      slot_writes[k].header.payload_checksum = sum;
-      writes[which[k]].record.checksum = sum;
-    }
     absl::Status evict_status = index->Commit({}, evicted, /*sync=*/true);
     std::vector<absl::Status> io(slot_writes.size(), evict_status);
     if (evict_status.ok()) io = ssd->Write(slot_writes);
+    for (size_t k = 0; k < slot_writes.size(); ++k) {
+      writes[which[k]].record.checksum = slot_writes[k].header.payload_checksum;
+    }
     lk.lock();
     // Publish what reached the disk; readers may find it before the index commit, which
     // is safe: the bytes are durable and verify.
@@ -422,6 +420,9 @@ absl::Status ChunkStore::Impl::Open() {
     absl::StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::Open(so);
     if (!tier.ok()) return tier.status();
     ssd = *std::move(tier);
+    if (opt.preallocate_ssd) {
+      if (absl::Status s = ssd->PreallocateAll(); !s.ok()) return s;
+    }
   }
 
   // Load the index. Entries past the configured capacity (it shrank) are dropped;

@@ -20,20 +20,14 @@ uint64_t FaultPlan::Uniform(uint64_t n) {
   return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng_);
 }
 
-void FaultInjectingIoEngine::Execute(std::span<IoOp> ops) {
-  // Decide each op's fate first, run the real I/O, then apply what happens after it.
+void FaultInjectingIoEngine::Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare,
+                                     const IoDoneFn& on_done) {
+  // Each op's fate is drawn up front; the real I/O runs on copies of the ops, changed to
+  // match the fate; the caller then sees the (possibly false) reported result.
   enum Fate { kNone, kFailEio, kFailNoSpace, kShortRead, kTorn, kFlipStored, kFlipReturned };
   std::vector<Fate> fate(ops.size(), kNone);
-  std::vector<uint32_t> full_len(ops.size());
-  std::vector<std::vector<uint8_t>> flipped_copies(ops.size());
-  std::vector<uint8_t*> original_buf(ops.size());
-  std::vector<int> original_index(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
-    IoOp& op = ops[i];
-    full_len[i] = op.len;
-    original_buf[i] = op.buf;
-    original_index[i] = op.buf_index;
-    if (op.kind == IoOp::Kind::kRead) {
+    if (ops[i].kind == IoOp::Kind::kRead) {
       if (plan_->Draw(&FaultRates::read_eio)) fate[i] = kFailEio;
       else if (plan_->Draw(&FaultRates::short_read)) fate[i] = kShortRead;
       else if (plan_->Draw(&FaultRates::flip_bit_on_read)) fate[i] = kFlipReturned;
@@ -43,51 +37,59 @@ void FaultInjectingIoEngine::Execute(std::span<IoOp> ops) {
       else if (plan_->Draw(&FaultRates::torn_write)) fate[i] = kTorn;
       else if (plan_->Draw(&FaultRates::flip_bit_on_write)) fate[i] = kFlipStored;
     }
-    if (fate[i] == kTorn) {
-      // Only whole 4 KiB sectors reach the disk, as with a real torn O_DIRECT write.
-      const uint32_t sectors = op.len / 4096;
-      op.len = sectors > 1 ? static_cast<uint32_t>(4096 * plan_->Uniform(sectors)) : 0;
-    } else if (fate[i] == kShortRead) {
-      op.len = op.len / 2 & ~4095u;
-    } else if (fate[i] == kFlipStored && op.len > 0) {
-      // Write a copy with one bit flipped; the caller's buffer stays intact. The copy
-      // must stay aligned for O_DIRECT, so it lives in an over-allocated vector.
-      flipped_copies[i].resize(op.len + 4096);
-      uint8_t* aligned = reinterpret_cast<uint8_t*>(
-          (reinterpret_cast<uintptr_t>(flipped_copies[i].data()) + 4095) & ~uintptr_t{4095});
-      std::memcpy(aligned, op.buf, op.len);
-      aligned[plan_->Uniform(op.len)] ^= static_cast<uint8_t>(1u << plan_->Uniform(8));
-      op.buf = aligned;
-      op.buf_index = -1;
-    }
   }
-  // Ops that fail outright never reach the disk.
-  std::vector<IoOp> real;
-  std::vector<size_t> real_index;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (fate[i] == kFailEio || fate[i] == kFailNoSpace) continue;
-    real.push_back(ops[i]);
-    real_index.push_back(i);
-  }
-  base_->Execute(real);
-  for (size_t k = 0; k < real.size(); ++k) ops[real_index[k]].result = real[k].result;
-  for (size_t i = 0; i < ops.size(); ++i) {
+  auto finish = [&](size_t i, int64_t real_result) {
     IoOp& op = ops[i];
+    op.result = real_result;
     switch (fate[i]) {
       case kFailEio: op.result = -EIO; break;
       case kFailNoSpace: op.result = -ENOSPC; break;
       case kTorn:
-        if (op.result >= 0) op.result = full_len[i];  // the lie: reported complete
+        if (op.result >= 0) op.result = op.len;  // the lie: reported complete
         break;
       case kFlipReturned:
         if (op.result > 0) op.buf[plan_->Uniform(static_cast<uint64_t>(op.result))] ^= 0x10;
         break;
       default: break;
     }
-    op.len = full_len[i];
-    op.buf = original_buf[i];
-    op.buf_index = original_index[i];
+    if (on_done) on_done(i);
+  };
+  std::vector<IoOp> real;
+  std::vector<size_t> real_index;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (fate[i] == kFailEio || fate[i] == kFailNoSpace) {
+      finish(i, 0);  // never reaches the disk
+      continue;
+    }
+    IoOp op = ops[i];
+    if (fate[i] == kTorn) {
+      // Only whole 4 KiB sectors reach the disk, as with a real torn O_DIRECT write.
+      const uint32_t sectors = op.len / 4096;
+      op.len = sectors > 1 ? static_cast<uint32_t>(4096 * plan_->Uniform(sectors)) : 0;
+    } else if (fate[i] == kShortRead) {
+      op.len = op.len / 2 & ~4095u;
+    }
+    real.push_back(op);
+    real_index.push_back(i);
   }
+  // Flipped stores write an aligned copy with one bit changed; the caller's buffer stays
+  // intact. The copy is made after the caller staged the op.
+  std::vector<std::vector<uint8_t>> copies(real.size());
+  base_->Execute(
+      real,
+      [&](size_t k) {
+        const size_t i = real_index[k];
+        if (on_prepare) on_prepare(i);
+        if (fate[i] != kFlipStored || real[k].len == 0) return;
+        copies[k].resize(real[k].len + 4096);
+        uint8_t* aligned = reinterpret_cast<uint8_t*>(
+            (reinterpret_cast<uintptr_t>(copies[k].data()) + 4095) & ~uintptr_t{4095});
+        std::memcpy(aligned, ops[i].buf, real[k].len);
+        aligned[plan_->Uniform(real[k].len)] ^= static_cast<uint8_t>(1u << plan_->Uniform(8));
+        real[k].buf = aligned;
+        real[k].buf_index = -1;
+      },
+      [&](size_t k) { finish(real_index[k], real[k].result); });
 }
 
 absl::Status FaultInjectingIoEngine::Sync(int fd) {

@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -30,6 +31,13 @@ struct IoOp {
   int64_t result = 0;
 };
 
+// Called once per op as soon as that op is complete (its result set), possibly before
+// other ops of the same Execute finish, on the thread that called Execute.
+using IoDoneFn = std::function<void(size_t op_index)>;
+// Called once per op right before it is first submitted: the caller fills the op's buffer
+// just in time, so staging later ops overlaps the I/O of earlier ones.
+using IoPrepareFn = std::function<void(size_t op_index)>;
+
 class IoEngine {
  public:
   virtual ~IoEngine() = default;
@@ -39,7 +47,9 @@ class IoEngine {
   virtual absl::Status RegisterBuffers(std::span<const iovec> buffers) = 0;
   // Runs every op and waits for all of them; ops may run concurrently and in any order.
   // Short transfers are resumed with the offset advanced; EINTR and EAGAIN are retried.
-  virtual void Execute(std::span<IoOp> ops) = 0;
+  // on_prepare and on_done (either may be empty) let the caller stage and consume ops
+  // while others are in flight.
+  virtual void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare, const IoDoneFn& on_done) = 0;
   // Makes what was written to fd durable (fdatasync).
   [[nodiscard]] virtual absl::Status Sync(int fd) = 0;
 };

@@ -52,14 +52,18 @@ class SsdTier {
   static absl::StatusOr<std::unique_ptr<SsdTier>> Open(const SsdTierOptions& options);
   ~SsdTier();
 
-  // Writes every slot, then makes them durable (fdatasync per slab touched). One status
-  // per write: Internal/ResourceExhausted on I/O errors, with the errno text.
-  std::vector<absl::Status> Write(std::span<const SlotWrite> writes);
+  // Writes every slot, then makes them durable (fdatasync per slab touched). Fills each
+  // header's payload_checksum (computed from the staged copy, while it is in cache). One
+  // status per write: Internal/ResourceExhausted on I/O errors, with the errno text.
+  std::vector<absl::Status> Write(std::span<SlotWrite> writes);
   // Reads and verifies every slot: DataLoss when the bytes do not verify (nothing is
   // copied to `out` then), Internal on I/O errors.
   std::vector<absl::Status> Read(std::span<SlotRead> reads);
 
   const char* backend_name() const { return backend_name_; }
+  // Creates (zero-filled) every slab of the configured capacity now rather than on
+  // first use, so no later write waits for a slab to be laid out.
+  [[nodiscard]] absl::Status PreallocateAll();
   // Why the io_uring backend is not in use, empty if it is.
   const std::string& fallback_reason() const { return fallback_reason_; }
   uint64_t capacity_slots() const { return options_.capacity_slots; }

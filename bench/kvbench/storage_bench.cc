@@ -137,13 +137,14 @@ class KvcacheSystem final : public System {
     o.max_chunk_bytes = sh_->opt.chunk_bytes;
     const uint64_t slot = storage::SlotBytesFor(sh_->opt.chunk_bytes);
     if (ssd_) {
-      o.ssd_bytes = (n + 16384) * slot;  // room for the store runs, erased after each
+      o.ssd_bytes = (n + 8192) * slot;  // room for the store runs, erased after each
     } else {
       o.ram_bytes = n * slot;
     }
     o.queue_depth = 32;
     o.io_lanes = 2;
-    o.slab_bytes = 1ull << 30;
+    o.slab_bytes = 256ull << 20;
+    o.preallocate_ssd = true;  // as fio lays out its file before measuring
     absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
     if (!s.ok()) return s.status();
     fetch_store_ = *std::move(s);

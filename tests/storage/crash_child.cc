@@ -1,6 +1,7 @@
 // The process the crash test kills: stores chunks as fast as it can from two threads and
 // appends one line per acknowledgement to an ack file ("d N" for a durable ack, "m N" for
-// a memory ack). Usage: crash_child DIR SEED START ACK_FILE. Runs until killed.
+// a memory ack). Usage: crash_child DIR SEED START ACK_FILE. Runs until killed, writing at
+// most kCrashMaxPerRound chunks.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -36,6 +37,10 @@ int main(int argc, char** argv) {
   for (uint64_t t = 0; t < 2; ++t) {
     threads.emplace_back([&, t] {
       for (uint64_t i = start + t;; i += 2) {
+        if (i >= start + testing::kCrashMaxPerRound) {
+          pause();  // wrote all this round may write: wait for the kill
+          continue;
+        }
         const storage::ChunkKey key = testing::KeyOf(seed, i);
         const std::vector<uint8_t> payload = testing::PayloadOf(key, testing::kCrashChunkBytes);
         const bool memory = i % 4 == 1;
