@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -23,9 +24,12 @@ namespace kvc::storage {
 
 const char* TierName(Tier t) {
   switch (t) {
-    case Tier::kNone: return "none";
-    case Tier::kRam: return "ram";
-    case Tier::kSsd: return "ssd";
+    case Tier::kNone:
+      return "none";
+    case Tier::kRam:
+      return "ram";
+    case Tier::kSsd:
+      return "ssd";
   }
   return "?";
 }
@@ -65,8 +69,8 @@ class ChunkStore::Impl {
       return absl::NotFoundError(absl::StrCat("namespace ", ns, " is not registered"));
     }
     if (bytes != it->second) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", bytes, " bytes, namespace ",
-                                                     ns, " expects ", it->second));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk payload is ", bytes, " bytes, namespace ", ns, " expects ", it->second));
     }
     return absl::OkStatus();
   }
@@ -93,7 +97,8 @@ class ChunkStore::Impl {
       if (!victim) return absl::ResourceExhaustedError("RAM tier is full");
       RamEntry& e = ram.at(*victim);
       if (e.dirty && ssd) {
-        if (!allow_writeback) return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
+        if (!allow_writeback)
+          return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
         if (e.flushing) {
           flush_done.wait(lk);
           continue;
@@ -128,7 +133,8 @@ class ChunkStore::Impl {
       ram_free.push_back(*slot);
       return absl::AlreadyExistsError(Where(key));
     }
-    ram[key] = RamEntry{ns, *slot, static_cast<uint32_t>(bytes.size()), parent, expires_s, dirty, false};
+    ram[key] =
+        RamEntry{ns, *slot, static_cast<uint32_t>(bytes.size()), parent, expires_s, dirty, false};
     ram_order.Add(key, parent, NextAccess(), 0, expires_s);
     if (dirty) {
       dirty_queue.push_back(key);
@@ -156,7 +162,9 @@ class ChunkStore::Impl {
     // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
   }
 
-  uint64_t GlobalSlot(const IndexRecord& r) const { return uint64_t{r.slab} * slots_per_slab + r.slot; }
+  uint64_t GlobalSlot(const IndexRecord& r) const {
+    return uint64_t{r.slab} * slots_per_slab + r.slot;
+  }
 
   // A free SSD slot. Victims are removed from memory at once and their keys appended to
   // `evicted`; the caller commits those deletions (synced) before writing the slot, so a
@@ -203,8 +211,9 @@ class ChunkStore::Impl {
       r.sequence = next_sequence++;
       r.payload_bytes = static_cast<uint32_t>(writes[i].payload.size());
       r.checksum = 0;  // computed by the SSD tier from the staged copy
-      slot_writes.push_back({*slot, SlotHeader{r.namespace_id, r.payload_bytes, writes[i].key, 0, r.sequence},
-                             writes[i].payload});
+      slot_writes.push_back(
+          {*slot, SlotHeader{r.namespace_id, r.payload_bytes, writes[i].key, 0, r.sequence},
+           writes[i].payload});
       which.push_back(i);
     }
     lk.unlock();
@@ -277,8 +286,10 @@ class ChunkStore::Impl {
       if (it == ram.end()) continue;
       it->second.flushing = false;
       // Stored, or already there: either way the SSD holds it now.
-      if (w.status.ok() || absl::IsAlreadyExists(w.status)) it->second.dirty = false;
-      else dirty_queue.push_back(w.key);  // retried by the writer
+      if (w.status.ok() || absl::IsAlreadyExists(w.status))
+        it->second.dirty = false;
+      else
+        dirty_queue.push_back(w.key);  // retried by the writer
     }
     for (uint32_t slot : leased) ReleaseRamLocked(slot);
     --flushes_in_progress;
@@ -355,7 +366,8 @@ std::string EncodeNamespaces(const std::unordered_map<NamespaceId, uint64_t>& ns
   std::vector<std::pair<NamespaceId, uint64_t>> sorted(ns.begin(), ns.end());
   std::sort(sorted.begin(), sorted.end());
   std::string out;
-  for (const auto& [id, bytes] : sorted) absl::StrAppend(&out, out.empty() ? "" : ",", id, ":", bytes);
+  for (const auto& [id, bytes] : sorted)
+    absl::StrAppend(&out, out.empty() ? "" : ",", id, ":", bytes);
   return out;
 }
 
@@ -366,7 +378,8 @@ absl::Status ChunkStore::Impl::Open() {
   if (opt.max_chunk_bytes == 0) return absl::InvalidArgumentError("max chunk size is 0");
   std::error_code ec;
   std::filesystem::create_directories(opt.data_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", opt.data_dir, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create ", opt.data_dir, ": ", ec.message()));
   absl::StatusOr<std::unique_ptr<ChunkIndex>> idx = ChunkIndex::Open(opt.data_dir + "/index");
   if (!idx.ok()) return idx.status();
   index = *std::move(idx);
@@ -374,7 +387,8 @@ absl::Status ChunkStore::Impl::Open() {
   // The slot size and slab geometry are fixed when the folder is made.
   slot_bytes = SlotBytesFor(opt.max_chunk_bytes);
   slots_per_slab = std::max<uint64_t>(1, opt.slab_bytes / slot_bytes);
-  for (auto [name, value] : {std::pair{"slot_bytes", &slot_bytes}, std::pair{"slots_per_slab", &slots_per_slab}}) {
+  for (auto [name, value] :
+       {std::pair{"slot_bytes", &slot_bytes}, std::pair{"slots_per_slab", &slots_per_slab}}) {
     absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(name);
     if (!stored.ok()) return stored.status();
     if (!stored->has_value()) {
@@ -383,12 +397,13 @@ absl::Status ChunkStore::Impl::Open() {
     }
     uint64_t v = 0;
     if (!absl::SimpleAtoi(**stored, &v) || v == 0) {
-      return absl::DataLossError(absl::StrCat("corrupt metadata ", name, "=", **stored, " in ", opt.data_dir));
+      return absl::DataLossError(
+          absl::StrCat("corrupt metadata ", name, "=", **stored, " in ", opt.data_dir));
     }
     if (std::string(name) == "slot_bytes" && v != slot_bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "data folder ", opt.data_dir, " was made with ", v, "-byte slots; max chunk size ",
-          opt.max_chunk_bytes, " needs ", slot_bytes));
+      return absl::FailedPreconditionError(
+          absl::StrCat("data folder ", opt.data_dir, " was made with ", v,
+                       "-byte slots; max chunk size ", opt.max_chunk_bytes, " needs ", slot_bytes));
     }
     *value = v;  // slots_per_slab: the folder's geometry wins over the option
   }
@@ -467,14 +482,16 @@ absl::Status ChunkStore::Impl::Open() {
   const uint64_t ram_slot_bytes = (opt.max_chunk_bytes + 4095) / 4096 * 4096;
   const uint64_t ram_slots = opt.ram_bytes / ram_slot_bytes;
   if (ram_slots > 0) {
-    absl::StatusOr<std::unique_ptr<RamArena>> a = RamArena::Create(ram_slot_bytes, static_cast<uint32_t>(ram_slots));
+    absl::StatusOr<std::unique_ptr<RamArena>> a =
+        RamArena::Create(ram_slot_bytes, static_cast<uint32_t>(ram_slots));
     if (!a.ok()) return a.status();
     arena = *std::move(a);
     ram_refs.assign(ram_slots, 0);
     ram_free_on_release.assign(ram_slots, false);
     for (uint32_t s = static_cast<uint32_t>(ram_slots); s-- > 0;) ram_free.push_back(s);
   }
-  if (!ssd && !arena) return absl::InvalidArgumentError("neither a RAM nor an SSD tier has room for one chunk");
+  if (!ssd && !arena)
+    return absl::InvalidArgumentError("neither a RAM nor an SSD tier has room for one chunk");
 
   stats.slot_bytes = slot_bytes;
   stats.ram_capacity_chunks = ram_slots;
@@ -482,6 +499,10 @@ absl::Status ChunkStore::Impl::Open() {
   if (ssd) {
     stats.io_backend = ssd->backend_name();
     stats.io_fallback_reason = ssd->fallback_reason();
+    if (!stats.io_fallback_reason.empty()) {
+      std::fprintf(stderr, "kvcache storage: io_uring unavailable (%s); using pread/pwrite\n",
+                   stats.io_fallback_reason.c_str());
+    }
   }
   writer = std::thread([this] { WriterLoop(); });
   return absl::OkStatus();
@@ -575,7 +596,8 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   const int64_t expires = options.ttl_s > 0 ? now + options.ttl_s : 0;
   const bool durable = options.durability == Durability::kDurable || !s.arena;
   if (durable && !s.ssd) {
-    for (auto& r : results) r = absl::FailedPreconditionError("durable store asked of a store with no SSD tier");
+    for (auto& r : results)
+      r = absl::FailedPreconditionError("durable store asked of a store with no SSD tier");
     return results;
   }
   std::vector<Impl::PendingWrite> writes;
@@ -590,9 +612,11 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     auto in_ram = s.ram.find(r.key);
     const bool present = on_ssd != s.ssd_map.end() || (in_ram != s.ram.end() && !durable);
     if (present) {
-      const NamespaceId owner = on_ssd != s.ssd_map.end() ? on_ssd->second.namespace_id : in_ram->second.ns;
+      const NamespaceId owner =
+          on_ssd != s.ssd_map.end() ? on_ssd->second.namespace_id : in_ram->second.ns;
       if (owner != r.namespace_id) {
-        results[i] = absl::AlreadyExistsError(absl::StrCat(s.Where(r.key), " exists in another namespace"));
+        results[i] =
+            absl::AlreadyExistsError(absl::StrCat(s.Where(r.key), " exists in another namespace"));
       } else {
         results[i] = PutResult{true};
       }
@@ -686,7 +710,8 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
       rec.last_access_s = now;
       s.access_dirty.insert(keys[i]);
     }
-    reads.push_back({slot, SlotHeader{ns, rec.payload_bytes, keys[i], rec.checksum, rec.sequence}, outs[i]});
+    reads.push_back(
+        {slot, SlotHeader{ns, rec.payload_bytes, keys[i], rec.checksum, rec.sequence}, outs[i]});
     read_index.push_back(i);
   }
   lk.unlock();
@@ -742,7 +767,8 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
       if (d == s.ssd_map.end()) continue;
       const std::optional<ChunkKey> parent = d->second.parent;
       const int64_t expires = d->second.expires_s;
-      if (s.InsertRam(lk, ns, keys[i], parent, outs[i], false, expires, false).ok()) ++s.stats.promotions;
+      if (s.InsertRam(lk, ns, keys[i], parent, outs[i], false, expires, false).ok())
+        ++s.stats.promotions;
     }
   }
   return status;

@@ -46,18 +46,18 @@ const char* TierName(Tier t);  // "none", "ram", "ssd"
 enum class Durability { kMemory, kDurable };
 
 struct StoreOptions {
-  std::string data_dir;             // created if missing; holds index/ and slabs/
-  uint64_t max_chunk_bytes = 0;     // the largest chunk any namespace may use
-  uint64_t ram_bytes = 0;           // T1 capacity; 0 = no RAM tier
-  uint64_t ssd_bytes = 0;           // T2 capacity; 0 = no SSD tier
-  uint64_t slab_bytes = 1ull << 30; // size of each slab file (rounded down to whole slots)
+  std::string data_dir;              // created if missing; holds index/ and slabs/
+  uint64_t max_chunk_bytes = 0;      // the largest chunk any namespace may use
+  uint64_t ram_bytes = 0;            // T1 capacity; 0 = no RAM tier
+  uint64_t ssd_bytes = 0;            // T2 capacity; 0 = no SSD tier
+  uint64_t slab_bytes = 1ull << 30;  // size of each slab file (rounded down to whole slots)
   IoBackend io_backend = IoBackend::kAuto;
   unsigned queue_depth = 32;
   unsigned io_lanes = 4;
   bool promote_on_ssd_hit = true;
-  bool preallocate_ssd = false;            // lay out every slab at open, not on first use
-  std::shared_ptr<FaultPlan> faults;       // tests only
-  std::function<int64_t()> now_s;          // wall clock in seconds; tests inject one
+  bool preallocate_ssd = false;       // lay out every slab at open, not on first use
+  std::shared_ptr<FaultPlan> faults;  // tests only
+  std::function<int64_t()> now_s;     // wall clock in seconds; tests inject one
 };
 
 struct PutRequest {

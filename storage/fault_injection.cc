@@ -28,29 +28,41 @@ void FaultInjectingIoEngine::Execute(std::span<IoOp> ops, const IoPrepareFn& on_
   std::vector<Fate> fate(ops.size(), kNone);
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].kind == IoOp::Kind::kRead) {
-      if (plan_->Draw(&FaultRates::read_eio)) fate[i] = kFailEio;
-      else if (plan_->Draw(&FaultRates::short_read)) fate[i] = kShortRead;
-      else if (plan_->Draw(&FaultRates::flip_bit_on_read)) fate[i] = kFlipReturned;
+      if (plan_->Draw(&FaultRates::read_eio))
+        fate[i] = kFailEio;
+      else if (plan_->Draw(&FaultRates::short_read))
+        fate[i] = kShortRead;
+      else if (plan_->Draw(&FaultRates::flip_bit_on_read))
+        fate[i] = kFlipReturned;
     } else {
-      if (plan_->Draw(&FaultRates::write_eio)) fate[i] = kFailEio;
-      else if (plan_->Draw(&FaultRates::write_enospc)) fate[i] = kFailNoSpace;
-      else if (plan_->Draw(&FaultRates::torn_write)) fate[i] = kTorn;
-      else if (plan_->Draw(&FaultRates::flip_bit_on_write)) fate[i] = kFlipStored;
+      if (plan_->Draw(&FaultRates::write_eio))
+        fate[i] = kFailEio;
+      else if (plan_->Draw(&FaultRates::write_enospc))
+        fate[i] = kFailNoSpace;
+      else if (plan_->Draw(&FaultRates::torn_write))
+        fate[i] = kTorn;
+      else if (plan_->Draw(&FaultRates::flip_bit_on_write))
+        fate[i] = kFlipStored;
     }
   }
   auto finish = [&](size_t i, int64_t real_result) {
     IoOp& op = ops[i];
     op.result = real_result;
     switch (fate[i]) {
-      case kFailEio: op.result = -EIO; break;
-      case kFailNoSpace: op.result = -ENOSPC; break;
+      case kFailEio:
+        op.result = -EIO;
+        break;
+      case kFailNoSpace:
+        op.result = -ENOSPC;
+        break;
       case kTorn:
         if (op.result >= 0) op.result = op.len;  // the lie: reported complete
         break;
       case kFlipReturned:
         if (op.result > 0) op.buf[plan_->Uniform(static_cast<uint64_t>(op.result))] ^= 0x10;
         break;
-      default: break;
+      default:
+        break;
     }
     if (on_done) on_done(i);
   };

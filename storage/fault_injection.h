@@ -54,7 +54,8 @@ class FaultInjectingIoEngine final : public IoEngine {
   absl::Status RegisterBuffers(std::span<const iovec> b) override {
     return base_->RegisterBuffers(b);
   }
-  void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare, const IoDoneFn& on_done) override;
+  void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare,
+               const IoDoneFn& on_done) override;
   absl::Status Sync(int fd) override;
 
  private:

@@ -49,7 +49,8 @@ class IoEngine {
   // Short transfers are resumed with the offset advanced; EINTR and EAGAIN are retried.
   // on_prepare and on_done (either may be empty) let the caller stage and consume ops
   // while others are in flight.
-  virtual void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare, const IoDoneFn& on_done) = 0;
+  virtual void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare,
+                       const IoDoneFn& on_done) = 0;
   // Makes what was written to fd durable (fdatasync).
   [[nodiscard]] virtual absl::Status Sync(int fd) = 0;
 };

@@ -13,15 +13,17 @@ class PosixIoEngine final : public IoEngine {
   const char* name() const override { return "posix"; }
   absl::Status RegisterBuffers(std::span<const iovec>) override { return absl::OkStatus(); }
 
-  void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare, const IoDoneFn& on_done) override {
+  void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare,
+               const IoDoneFn& on_done) override {
     for (IoOp& op : ops) {
       uint32_t done = 0;
       op.result = 0;
       if (on_prepare) on_prepare(static_cast<size_t>(&op - ops.data()));
       while (done < op.len) {
-        const ssize_t n = op.kind == IoOp::Kind::kRead
-                              ? pread(op.fd, op.buf + done, op.len - done, static_cast<off_t>(op.offset + done))
-                              : pwrite(op.fd, op.buf + done, op.len - done, static_cast<off_t>(op.offset + done));
+        const ssize_t n =
+            op.kind == IoOp::Kind::kRead
+                ? pread(op.fd, op.buf + done, op.len - done, static_cast<off_t>(op.offset + done))
+                : pwrite(op.fd, op.buf + done, op.len - done, static_cast<off_t>(op.offset + done));
         if (n < 0) {
           if (errno == EINTR || errno == EAGAIN) continue;
           op.result = -errno;

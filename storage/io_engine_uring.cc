@@ -37,12 +37,15 @@ class UringIoEngine final : public IoEngine {
 
   absl::Status RegisterBuffers(std::span<const iovec> buffers) override {
     if (buffers.empty()) return absl::OkStatus();
-    const int rc = io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
-    if (rc < 0) return absl::UnavailableError(absl::StrCat("io_uring_register_buffers: ", strerror(-rc)));
+    const int rc =
+        io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
+    if (rc < 0)
+      return absl::UnavailableError(absl::StrCat("io_uring_register_buffers: ", strerror(-rc)));
     return absl::OkStatus();
   }
 
-  void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare, const IoDoneFn& on_done) override {
+  void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare,
+               const IoDoneFn& on_done) override {
     // Progress per op; ops are (re)queued until complete, at most depth_ in flight.
     std::vector<uint32_t> done(ops.size(), 0);
     std::vector<size_t> queue;

@@ -17,7 +17,8 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t slot_bytes, 
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;
     close(fd);
-    return absl::InternalError(absl::StrCat("ftruncate RAM arena to ", bytes, " bytes: ", strerror(err)));
+    return absl::InternalError(
+        absl::StrCat("ftruncate RAM arena to ", bytes, " bytes: ", strerror(err)));
   }
   void* base = nullptr;
   if (bytes > 0) {
@@ -25,7 +26,8 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t slot_bytes, 
     if (base == MAP_FAILED) {
       const int err = errno;
       close(fd);
-      return absl::InternalError(absl::StrCat("mmap RAM arena of ", bytes, " bytes: ", strerror(err)));
+      return absl::InternalError(
+          absl::StrCat("mmap RAM arena of ", bytes, " bytes: ", strerror(err)));
     }
   }
   return std::unique_ptr<RamArena>(

@@ -61,7 +61,8 @@ absl::Status VerifySlot(const SlotHeader& want, std::span<const uint8_t> slot) {
     return absl::DataLossError(where + "slot header does not match the index");
   }
   if (Get<uint64_t>(p, 32) != want.payload_checksum ||
-      PayloadChecksum(slot.subspan(kSlotHeaderBytes, want.payload_bytes)) != want.payload_checksum) {
+      PayloadChecksum(slot.subspan(kSlotHeaderBytes, want.payload_bytes)) !=
+          want.payload_checksum) {
     return absl::DataLossError(where + "payload checksum mismatch");
   }
   return absl::OkStatus();

@@ -46,13 +46,15 @@ absl::Status ZeroFill(int fd, off_t bytes) {
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const int err = errno;
-      status = err == ENOSPC ? absl::ResourceExhaustedError(strerror(err)) : absl::InternalError(strerror(err));
+      status = err == ENOSPC ? absl::ResourceExhaustedError(strerror(err))
+                             : absl::InternalError(strerror(err));
     } else {
       at += w;
     }
   }
   std::free(zeros);
-  if (status.ok() && fdatasync(fd) != 0) status = absl::InternalError(absl::StrCat("fdatasync: ", strerror(errno)));
+  if (status.ok() && fdatasync(fd) != 0)
+    status = absl::InternalError(absl::StrCat("fdatasync: ", strerror(errno)));
   return status;
 }
 
@@ -87,9 +89,11 @@ absl::Status SsdTier::Init() {
   std::error_code ec;
   std::filesystem::create_directories(options_.dir, ec);
   if (ec) {
-    return absl::InternalError(absl::StrCat("cannot create SSD folder ", options_.dir, ": ", ec.message()));
+    return absl::InternalError(
+        absl::StrCat("cannot create SSD folder ", options_.dir, ": ", ec.message()));
   }
-  const uint64_t slabs = (options_.capacity_slots + options_.slots_per_slab - 1) / options_.slots_per_slab;
+  const uint64_t slabs =
+      (options_.capacity_slots + options_.slots_per_slab - 1) / options_.slots_per_slab;
   slab_fds_.assign(slabs, -1);
 
   for (unsigned i = 0; i < options_.lanes; ++i) {
@@ -110,11 +114,13 @@ absl::Status SsdTier::Init() {
       backend_name_ = "posix";
     }
     if (options_.faults) {
-      lane->engine = std::make_unique<FaultInjectingIoEngine>(std::move(lane->engine), options_.faults);
+      lane->engine =
+          std::make_unique<FaultInjectingIoEngine>(std::move(lane->engine), options_.faults);
     }
     const size_t bytes = options_.queue_depth * options_.slot_bytes;
     lane->staging = static_cast<uint8_t*>(std::aligned_alloc(kSlotAlignment, bytes));
-    if (lane->staging == nullptr) return absl::ResourceExhaustedError("cannot allocate staging buffers");
+    if (lane->staging == nullptr)
+      return absl::ResourceExhaustedError("cannot allocate staging buffers");
     std::vector<iovec> iov(options_.queue_depth);
     for (unsigned b = 0; b < options_.queue_depth; ++b) {
       iov[b] = {lane->staging + b * options_.slot_bytes, options_.slot_bytes};
@@ -206,8 +212,9 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
     for (size_t i = 0; i < n; ++i) {
       SlotWrite& w = writes[round + i];
       if (w.payload.size() > max_payload || w.payload.size() != w.header.payload_bytes) {
-        status[round + i] = absl::InvalidArgumentError(absl::StrCat(
-            "payload of ", w.payload.size(), " bytes does not fit a slot of ", options_.slot_bytes));
+        status[round + i] = absl::InvalidArgumentError(
+            absl::StrCat("payload of ", w.payload.size(), " bytes does not fit a slot of ",
+                         options_.slot_bytes));
         continue;
       }
       absl::StatusOr<int> fd = SlabFd(w.slot / options_.slots_per_slab);
@@ -215,7 +222,8 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
         status[round + i] = fd.status();
         continue;
       }
-      ops.push_back({IoOp::Kind::kWrite, *fd, (w.slot % options_.slots_per_slab) * options_.slot_bytes,
+      ops.push_back({IoOp::Kind::kWrite, *fd,
+                     (w.slot % options_.slots_per_slab) * options_.slot_bytes,
                      lane->staging + i * options_.slot_bytes, IoBytes(w.header.payload_bytes),
                      static_cast<int>(i), 0});
       which.push_back(round + i);
@@ -271,7 +279,8 @@ std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
         status[round + i] = fd.status();
         continue;
       }
-      ops.push_back({IoOp::Kind::kRead, *fd, (r.slot % options_.slots_per_slab) * options_.slot_bytes,
+      ops.push_back({IoOp::Kind::kRead, *fd,
+                     (r.slot % options_.slots_per_slab) * options_.slot_bytes,
                      lane->staging + i * options_.slot_bytes, IoBytes(r.expected.payload_bytes),
                      static_cast<int>(i), 0});
       which.push_back(round + i);

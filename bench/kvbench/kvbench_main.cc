@@ -14,19 +14,29 @@ namespace {
 int Main(int argc, char** argv) {
   CLI::App app{"kvbench: kvcache benchmarks, ours beside a peer in the same run"};
   app.require_subcommand(1);
-  CLI::App* storage = app.add_subcommand("storage", "T1/T2 store and fetch vs fio, file-per-chunk, RocksDB blobs, memcpy");
+  CLI::App* storage = app.add_subcommand(
+      "storage", "T1/T2 store and fetch vs fio, file-per-chunk, RocksDB blobs, memcpy");
   bench::StorageBenchOptions opt;
   std::string config = "configs/deepseek-v4.1-flash.config.json";
   bool json = false, no_fio = false;
-  storage->add_option("--dir", opt.dir, "scratch folder on the disk under test (emptied afterwards)")->required();
-  storage->add_option("--seconds", opt.seconds, "seconds per measured run")->check(CLI::PositiveNumber)->capture_default_str();
+  storage
+      ->add_option("--dir", opt.dir, "scratch folder on the disk under test (emptied afterwards)")
+      ->required();
+  storage->add_option("--seconds", opt.seconds, "seconds per measured run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   storage->add_option("--reps", opt.repetitions, "alternated runs per case (median reported)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  storage->add_option("--config", config, "model config giving the chunk size")->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  storage->add_option("--config", config, "model config giving the chunk size")
+      ->capture_default_str();
   storage->add_option("--chunk-bytes", opt.chunk_bytes, "chunk size in bytes (overrides --config)");
   storage->add_option("--dataset-chunks", opt.dataset_chunks, "chunks each system reads from")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  storage->add_option("--depths", opt.depths, "queue depths")->delimiter(',')->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  storage->add_option("--depths", opt.depths, "queue depths")
+      ->delimiter(',')
+      ->capture_default_str();
   storage->add_flag("--no-fio", no_fio, "skip the fio peer");
   storage->add_flag("--json", json, "print one JSON object");
   try {
@@ -40,11 +50,13 @@ int Main(int argc, char** argv) {
   opt.run_fio = !no_fio;
   if (opt.chunk_bytes == 0) {
     absl::StatusOr<ModelConfig> c = LoadModelConfig(config);
-    absl::StatusOr<LayerSchedule> s = c.ok() ? BuildLayerSchedule(*c) : absl::StatusOr<LayerSchedule>(c.status());
+    absl::StatusOr<LayerSchedule> s =
+        c.ok() ? BuildLayerSchedule(*c) : absl::StatusOr<LayerSchedule>(c.status());
     absl::StatusOr<ChunkLayout> l = s.ok() ? BuildChunkLayout(*c, *s, kDefaultChunkTokens)
                                            : absl::StatusOr<ChunkLayout>(s.status());
     if (!l.ok()) {
-      std::cerr << "kvbench: error: " << l.status().message() << " (give --config FILE or --chunk-bytes N)\n";
+      std::cerr << "kvbench: error: " << l.status().message()
+                << " (give --config FILE or --chunk-bytes N)\n";
       return 1;
     }
     opt.chunk_bytes = static_cast<uint64_t>(l->chunk_bytes);
@@ -57,8 +69,8 @@ int Main(int argc, char** argv) {
   if (json) {
     std::cout << bench::CasesToJson(*cases).dump(2) << "\n";
   } else {
-    std::cout << "chunk " << opt.chunk_bytes << " B, " << opt.seconds << " s per run, " << opt.repetitions
-              << " alternated runs per case\n"
+    std::cout << "chunk " << opt.chunk_bytes << " B, " << opt.seconds << " s per run, "
+              << opt.repetitions << " alternated runs per case\n"
               << bench::CasesToText(*cases);
   }
   return 0;

@@ -34,7 +34,7 @@ constexpr storage::NamespaceId kNs = 1;
 struct Sample {
   double seconds = 0;
   uint64_t bytes = 0;
-  std::vector<double> lat_us;  // per call (a batch of `depth` chunks, or one chunk per thread)
+  std::vector<double> lat_us;       // per call (a batch of `depth` chunks, or one chunk per thread)
   double p50_us = -1, p99_us = -1;  // set directly by systems that measure themselves (fio)
   double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   void Percentiles() {
@@ -87,9 +87,12 @@ absl::StatusOr<Sample> LoopThreads(double seconds, int threads, uint64_t bytes_p
   const auto start = SteadyClock::now();
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      absl::StatusOr<Sample> s = Loop(seconds, bytes_per_call, [&](uint64_t i) { return op(t, i); });
-      if (s.ok()) per[t] = *std::move(s);
-      else status[t] = s.status();
+      absl::StatusOr<Sample> s =
+          Loop(seconds, bytes_per_call, [&](uint64_t i) { return op(t, i); });
+      if (s.ok())
+        per[t] = *std::move(s);
+      else
+        status[t] = s.status();
     });
   }
   for (auto& th : pool) th.join();
@@ -111,6 +114,9 @@ class System {
  public:
   virtual ~System() = default;
   virtual std::string name() const = 0;
+  // "concurrent": depth d = d operations kept in flight (fio's iodepth, d threads);
+  // "batch": one caller moving d chunks per call.
+  virtual std::string mode() const { return "concurrent"; }
   virtual bool Supports(const std::string& op) const = 0;
   virtual absl::Status Prepare() = 0;
   virtual absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) = 0;
@@ -118,22 +124,27 @@ class System {
 
 struct Shared {
   StorageBenchOptions opt;
-  std::vector<uint8_t> payload;  // what every store writes
+  std::vector<uint8_t> payload;    // what every store writes
   uint64_t next_key = 1ull << 40;  // fresh keys for store runs
 };
 
 // ---- ours ----
 
+// Ours. `concurrent`: depth d means d callers each moving one chunk at a time (a server
+// with d requests in flight, and how fio's iodepth and the threaded peers work); otherwise
+// one caller moving batches of d chunks (one GetBatch/PutBatch per prefix).
 class KvcacheSystem final : public System {
  public:
-  KvcacheSystem(Shared* sh, bool ssd) : sh_(sh), ssd_(ssd) {}
+  KvcacheSystem(Shared* sh, bool ssd, bool concurrent)
+      : sh_(sh), ssd_(ssd), concurrent_(concurrent) {}
   std::string name() const override { return ssd_ ? "kvcache-t2" : "kvcache-t1"; }
+  std::string mode() const override { return concurrent_ ? "concurrent" : "batch"; }
   bool Supports(const std::string&) const override { return true; }
 
   absl::Status Prepare() override {
     const uint64_t n = sh_->opt.dataset_chunks;
     storage::StoreOptions o;
-    o.data_dir = sh_->opt.dir + "/" + name();
+    o.data_dir = sh_->opt.dir + "/" + name() + "-" + mode();
     o.max_chunk_bytes = sh_->opt.chunk_bytes;
     const uint64_t slot = storage::SlotBytesFor(sh_->opt.chunk_bytes);
     if (ssd_) {
@@ -142,13 +153,14 @@ class KvcacheSystem final : public System {
       o.ram_bytes = n * slot;
     }
     o.queue_depth = 32;
-    o.io_lanes = 2;
+    o.io_lanes = concurrent_ ? 32 : 2;  // one lane per concurrent caller
     o.slab_bytes = 256ull << 20;
     o.preallocate_ssd = true;  // as fio lays out its file before measuring
     absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
     if (!s.ok()) return s.status();
     fetch_store_ = *std::move(s);
-    if (absl::Status st = fetch_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok()) return st;
+    if (absl::Status st = fetch_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok())
+      return st;
     if (!ssd_) {  // stores into a small, always-full RAM tier: steady-state eviction
       storage::StoreOptions so = o;
       so.data_dir = o.data_dir + "-store";
@@ -156,12 +168,15 @@ class KvcacheSystem final : public System {
       absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s2 = storage::ChunkStore::Open(so);
       if (!s2.ok()) return s2.status();
       store_store_ = *std::move(s2);
-      if (absl::Status st = store_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok()) return st;
+      if (absl::Status st = store_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok())
+        return st;
     }
     for (uint64_t i = 0; i < n; i += 32) {
       std::vector<storage::PutRequest> reqs;
-      for (uint64_t k = i; k < std::min(n, i + 32); ++k) reqs.push_back({kNs, KeyFor(k), {}, sh_->payload});
-      for (auto& r : fetch_store_->PutBatch(reqs, {ssd_ ? storage::Durability::kDurable : storage::Durability::kMemory, 0})) {
+      for (uint64_t k = i; k < std::min(n, i + 32); ++k)
+        reqs.push_back({kNs, KeyFor(k), {}, sh_->payload});
+      for (auto& r : fetch_store_->PutBatch(
+               reqs, {ssd_ ? storage::Durability::kDurable : storage::Durability::kMemory, 0})) {
         if (!r.ok()) return r.status();
       }
     }
@@ -170,6 +185,7 @@ class KvcacheSystem final : public System {
   }
 
   absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
+    if (concurrent_) return RunConcurrent(op, depth, seconds);
     std::mt19937_64 rng(depth);
     const uint64_t batch_bytes = depth * sh_->opt.chunk_bytes;
     if (op == "fetch") {
@@ -202,9 +218,31 @@ class KvcacheSystem final : public System {
     return s;
   }
 
+  absl::StatusOr<Sample> RunConcurrent(const std::string& op, int depth, double seconds) {
+    const uint64_t c = sh_->opt.chunk_bytes;
+    if (op == "fetch") {
+      return LoopThreads(seconds, depth, c, [&](int t, uint64_t i) {
+        const ChunkKey k = KeyFor((i * 7919 + t * 104729) % sh_->opt.dataset_chunks);
+        return fetch_store_->Get(kNs, k, outs_[t]);
+      });
+    }
+    storage::ChunkStore& store = ssd_ ? *fetch_store_ : *store_store_;
+    std::atomic<uint64_t> next{sh_->next_key};
+    const auto d = ssd_ ? storage::Durability::kDurable : storage::Durability::kMemory;
+    absl::StatusOr<Sample> s = LoopThreads(seconds, depth, c, [&](int, uint64_t) {
+      return store.Put({kNs, KeyFor(next++), {}, sh_->payload}, {d, 0}).status();
+    });
+    std::vector<ChunkKey> written;
+    for (uint64_t n = sh_->next_key; n < next; ++n) written.push_back(KeyFor(n));
+    store.EraseBatch(kNs, written);
+    sh_->next_key = next;
+    return s;
+  }
+
  private:
   Shared* sh_;
   bool ssd_;
+  bool concurrent_;
   std::unique_ptr<storage::ChunkStore> fetch_store_, store_store_;
   std::vector<std::vector<uint8_t>> outs_;
 };
@@ -215,11 +253,13 @@ class MemcpySystem final : public System {
  public:
   explicit MemcpySystem(Shared* sh) : sh_(sh) {}
   std::string name() const override { return "memcpy"; }
+  std::string mode() const override { return "batch"; }
   bool Supports(const std::string&) const override { return true; }
   absl::Status Prepare() override {
     arena_.assign(sh_->opt.dataset_chunks * sh_->opt.chunk_bytes, 0);
     for (uint64_t i = 0; i < sh_->opt.dataset_chunks; ++i) {
-      std::memcpy(arena_.data() + i * sh_->opt.chunk_bytes, sh_->payload.data(), sh_->opt.chunk_bytes);
+      std::memcpy(arena_.data() + i * sh_->opt.chunk_bytes, sh_->payload.data(),
+                  sh_->opt.chunk_bytes);
     }
     outs_.assign(32, std::vector<uint8_t>(sh_->opt.chunk_bytes));
     return absl::OkStatus();
@@ -253,7 +293,8 @@ class FioSystem final : public System {
   bool Supports(const std::string&) const override { return true; }
   absl::Status Prepare() override {
     if (std::system("fio --version >/dev/null 2>&1") != 0) {
-      return absl::FailedPreconditionError("fio is not installed (scripts/install-deps.sh installs it)");
+      return absl::FailedPreconditionError(
+          "fio is not installed (scripts/install-deps.sh installs it)");
     }
     return absl::OkStatus();
   }
@@ -274,7 +315,8 @@ class FioSystem final : public System {
     while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
     const int rc = pclose(p);
     const size_t brace = out.find('{');
-    nlohmann::json j = nlohmann::json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
+    nlohmann::json j =
+        nlohmann::json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
     if (rc != 0 || j.is_discarded() || !j.contains("jobs")) {
       return absl::InternalError(absl::StrCat("fio failed (", rc, "): ", out.substr(0, 300)));
     }
@@ -304,7 +346,8 @@ class FilePerChunkSystem final : public System {
   absl::Status WriteFile(const std::string& path) {
     const int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Errno("open " + path);
-    const bool ok = write(fd, sh_->payload.data(), sh_->payload.size()) == static_cast<ssize_t>(sh_->payload.size()) &&
+    const bool ok = write(fd, sh_->payload.data(), sh_->payload.size()) ==
+                        static_cast<ssize_t>(sh_->payload.size()) &&
                     fdatasync(fd) == 0;
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     close(fd);
@@ -335,9 +378,8 @@ class FilePerChunkSystem final : public System {
       });
     }
     std::atomic<uint64_t> next{sh_->next_key};
-    absl::StatusOr<Sample> s = LoopThreads(seconds, depth, c, [&](int, uint64_t) {
-      return WriteFile(Path(next++));
-    });
+    absl::StatusOr<Sample> s =
+        LoopThreads(seconds, depth, c, [&](int, uint64_t) { return WriteFile(Path(next++)); });
     for (uint64_t n = sh_->next_key; n < next; ++n) unlink(Path(n).c_str());
     sh_->next_key = next;
     return s;
@@ -375,7 +417,8 @@ class RocksBlobSystem final : public System {
     rocksdb::Status s = rocksdb::DB::Open(o, sh_->opt.dir + "/rocksdb-blob", &db);
     if (!s.ok()) return absl::InternalError("rocksdb open: " + s.ToString());
     db_.reset(db);
-    const rocksdb::Slice value(reinterpret_cast<const char*>(sh_->payload.data()), sh_->payload.size());
+    const rocksdb::Slice value(reinterpret_cast<const char*>(sh_->payload.data()),
+                               sh_->payload.size());
     for (uint64_t i = 0; i < sh_->opt.dataset_chunks; ++i) {
       s = db_->Put(rocksdb::WriteOptions(), Key(i), value);
       if (!s.ok()) return absl::InternalError("rocksdb put: " + s.ToString());
@@ -389,19 +432,23 @@ class RocksBlobSystem final : public System {
     if (op == "fetch") {
       return LoopThreads(seconds, depth, c, [&](int t, uint64_t i) -> absl::Status {
         std::string value;
-        rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), Key((i * 7919 + t * 104729) % sh_->opt.dataset_chunks), &value);
-        return s.ok() && value.size() == c ? absl::OkStatus() : absl::InternalError("rocksdb get: " + s.ToString());
+        rocksdb::Status s = db_->Get(
+            rocksdb::ReadOptions(), Key((i * 7919 + t * 104729) % sh_->opt.dataset_chunks), &value);
+        return s.ok() && value.size() == c ? absl::OkStatus()
+                                           : absl::InternalError("rocksdb get: " + s.ToString());
       });
     }
     std::atomic<uint64_t> next{sh_->next_key};
     rocksdb::WriteOptions w;
     w.sync = true;  // acknowledged = durable, as for our durable store
-    const rocksdb::Slice value(reinterpret_cast<const char*>(sh_->payload.data()), sh_->payload.size());
+    const rocksdb::Slice value(reinterpret_cast<const char*>(sh_->payload.data()),
+                               sh_->payload.size());
     absl::StatusOr<Sample> s = LoopThreads(seconds, depth, c, [&](int, uint64_t) -> absl::Status {
       rocksdb::Status st = db_->Put(w, Key(next++), value);
       return st.ok() ? absl::OkStatus() : absl::InternalError("rocksdb put: " + st.ToString());
     });
-    for (uint64_t n = sh_->next_key; n < next; ++n) (void)db_->Delete(rocksdb::WriteOptions(), Key(n));
+    for (uint64_t n = sh_->next_key; n < next; ++n)
+      (void)db_->Delete(rocksdb::WriteOptions(), Key(n));
     sh_->next_key = next;
     return s;
   }
@@ -421,20 +468,22 @@ double Median(std::vector<double> v) {
 absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions& opt) {
   std::error_code ec;
   std::filesystem::create_directories(opt.dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", opt.dir, ": ", ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("cannot create ", opt.dir, ": ", ec.message()));
   Shared sh{opt, std::vector<uint8_t>(opt.chunk_bytes)};
   std::mt19937_64 rng(opt.chunk_bytes);
   for (auto& b : sh.payload) b = static_cast<uint8_t>(rng());
 
   std::vector<std::unique_ptr<System>> systems;
-  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true));
+  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true, /*concurrent=*/true));
+  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true, /*concurrent=*/false));
   if (opt.run_fio) systems.push_back(std::make_unique<FioSystem>(&sh));
   systems.push_back(std::make_unique<FilePerChunkSystem>(&sh));
   systems.push_back(std::make_unique<RocksBlobSystem>(&sh));
-  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/false));
+  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/false, /*concurrent=*/false));
   systems.push_back(std::make_unique<MemcpySystem>(&sh));
   for (auto& s : systems) {
-    std::fprintf(stderr, "kvbench: preparing %s\n", s->name().c_str());
+    std::fprintf(stderr, "kvbench: preparing %s (%s)\n", s->name().c_str(), s->mode().c_str());
     if (absl::Status st = s->Prepare(); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat(s->name(), ": ", st.message()));
     }
@@ -446,24 +495,25 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
       std::map<std::string, std::vector<Sample>> runs;
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (auto& s : systems) {  // A B C … A B C …: the disk's drift hits everyone alike
-          std::fprintf(stderr, "kvbench: %s %s depth %d run %d\n", s->name().c_str(), op.c_str(), depth, rep + 1);
+          std::fprintf(stderr, "kvbench: %s (%s) %s depth %d run %d\n", s->name().c_str(),
+                       s->mode().c_str(), op.c_str(), depth, rep + 1);
           absl::StatusOr<Sample> sample = s->Run(op, depth, opt.seconds);
           if (!sample.ok()) {
             return absl::Status(sample.status().code(),
                                 absl::StrCat(s->name(), " ", op, ": ", sample.status().message()));
           }
           sample->Percentiles();
-          runs[s->name()].push_back(*std::move(sample));
+          runs[s->name() + "/" + s->mode()].push_back(*std::move(sample));
         }
       }
       for (auto& s : systems) {
         std::vector<double> gbps, p50, p99;
-        for (const Sample& x : runs[s->name()]) {
+        for (const Sample& x : runs[s->name() + "/" + s->mode()]) {
           gbps.push_back(x.gbps());
           p50.push_back(x.p50_us);
           p99.push_back(x.p99_us);
         }
-        cases.push_back({s->name(), op, depth, Median(gbps), Median(p50), Median(p99)});
+        cases.push_back({s->name(), s->mode(), op, depth, Median(gbps), Median(p50), Median(p99)});
       }
     }
   }
@@ -476,41 +526,51 @@ nlohmann::json CasesToJson(const std::vector<BenchCase>& cases) {
   nlohmann::json j;
   j["cases"] = nlohmann::json::array();
   for (const BenchCase& c : cases) {
-    j["cases"].push_back({{"system", c.system}, {"op", c.op}, {"depth", c.depth}, {"gbps", c.gbps},
-                          {"p50_us", c.p50_us}, {"p99_us", c.p99_us}});
+    j["cases"].push_back({{"system", c.system},
+                          {"mode", c.mode},
+                          {"op", c.op},
+                          {"depth", c.depth},
+                          {"gbps", c.gbps},
+                          {"p50_us", c.p50_us},
+                          {"p99_us", c.p99_us}});
   }
   return j;
 }
 
 std::string CasesToText(const std::vector<BenchCase>& cases) {
-  std::string out = absl::StrFormat("%-6s %5s  %-15s %9s %10s %10s\n", "op", "depth", "system", "GB/s",
-                                    "p50 us", "p99 us");
-  std::map<std::tuple<std::string, int, std::string>, double> gbps;
+  std::string out = absl::StrFormat("%-6s %5s  %-15s %-10s %9s %10s %10s\n", "op", "depth",
+                                    "system", "mode", "GB/s", "p50 us", "p99 us");
+  std::map<std::tuple<std::string, int, std::string, std::string>, double> gbps;
   for (const BenchCase& c : cases) {
-    absl::StrAppendFormat(&out, "%-6s %5d  %-15s %9.3f %10.1f %10.1f\n", c.op, c.depth, c.system, c.gbps,
-                          c.p50_us, c.p99_us);
-    gbps[{c.op, c.depth, c.system}] = c.gbps;
+    absl::StrAppendFormat(&out, "%-6s %5d  %-15s %-10s %9.3f %10.1f %10.1f\n", c.op, c.depth,
+                          c.system, c.mode, c.gbps, c.p50_us, c.p99_us);
+    gbps[{c.op, c.depth, c.system, c.mode}] = c.gbps;
   }
   out += "\nratios (medians of alternated runs):\n";
   const struct {
     const char* ours;
+    const char* ours_mode;
     const char* peer;
+    const char* peer_mode;
     const char* op;
     double target;
-  } ratios[] = {{"kvcache-t2", "fio", "fetch", 0.9},
-                {"kvcache-t2", "fio", "store", 0.8},
-                {"kvcache-t1", "memcpy", "fetch", 0.8},
-                {"kvcache-t2", "file-per-chunk", "fetch", 0},
-                {"kvcache-t2", "rocksdb-blob", "fetch", 0},
-                {"kvcache-t2", "file-per-chunk", "store", 0},
-                {"kvcache-t2", "rocksdb-blob", "store", 0}};
+  } ratios[] = {{"kvcache-t2", "concurrent", "fio", "concurrent", "fetch", 0.9},
+                {"kvcache-t2", "concurrent", "fio", "concurrent", "store", 0.8},
+                {"kvcache-t2", "batch", "fio", "concurrent", "fetch", 0},
+                {"kvcache-t2", "batch", "fio", "concurrent", "store", 0},
+                {"kvcache-t1", "batch", "memcpy", "batch", "fetch", 0.8},
+                {"kvcache-t2", "concurrent", "file-per-chunk", "concurrent", "fetch", 0},
+                {"kvcache-t2", "concurrent", "rocksdb-blob", "concurrent", "fetch", 0},
+                {"kvcache-t2", "concurrent", "file-per-chunk", "concurrent", "store", 0},
+                {"kvcache-t2", "concurrent", "rocksdb-blob", "concurrent", "store", 0}};
   for (const auto& r : ratios) {
     for (const BenchCase& c : cases) {
-      if (c.system != r.ours || c.op != r.op) continue;
-      auto peer = gbps.find({r.op, c.depth, r.peer});
+      if (c.system != r.ours || c.mode != r.ours_mode || c.op != r.op) continue;
+      auto peer = gbps.find({r.op, c.depth, r.peer, r.peer_mode});
       if (peer == gbps.end() || peer->second <= 0) continue;
       const double ratio = c.gbps / peer->second;
-      absl::StrAppendFormat(&out, "  %-6s depth %2d  %s / %-15s %6.2f%s\n", r.op, c.depth, r.ours, r.peer, ratio,
+      absl::StrAppendFormat(&out, "  %-6s depth %2d  %s (%s) / %-15s %6.2f%s\n", r.op, c.depth,
+                            r.ours, r.ours_mode, r.peer, ratio,
                             r.target > 0 ? absl::StrFormat("  (target >= %.1f: %s)", r.target,
                                                            ratio >= r.target ? "met" : "NOT met")
                                          : "");

@@ -18,17 +18,20 @@
 namespace kvc::bench {
 
 struct StorageBenchOptions {
-  std::string dir;              // scratch folder on the disk under test
-  uint64_t chunk_bytes = 0;     // from the model config
-  double seconds = 1.0;         // per measured run
-  int repetitions = 3;          // runs per (system, op, depth), alternated
+  std::string dir;           // scratch folder on the disk under test
+  uint64_t chunk_bytes = 0;  // from the model config
+  double seconds = 1.0;      // per measured run
+  int repetitions = 3;       // runs per (system, op, depth), alternated
   std::vector<int> depths = {1, 8, 32};
   uint64_t dataset_chunks = 512;  // chunks each system reads from
   bool run_fio = true;
 };
 
 struct BenchCase {
-  std::string system, op;
+  // system: kvcache-t1, kvcache-t2, fio, file-per-chunk, rocksdb-blob or memcpy;
+  // mode: "concurrent" (depth = operations in flight) or "batch" (one caller, depth chunks
+  // per call).
+  std::string system, mode, op;
   int depth = 0;
   double gbps = 0, p50_us = 0, p99_us = 0;
 };

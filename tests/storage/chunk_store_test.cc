@@ -131,7 +131,8 @@ TEST_P(ChunkStoreTest, ConcurrentWritersAndReadersSeeWholeChunks) {
       for (int i = 0; i < kPerWriter; ++i) {
         const ChunkKey k = KeyOf(seed, w * 1000 + i);
         const auto d = i % 2 ? Durability::kMemory : Durability::kDurable;
-        if (!PutChunk(*store, k, i ? std::optional(KeyOf(seed, w * 1000 + i - 1)) : std::nullopt, d).ok()) {
+        if (!PutChunk(*store, k, i ? std::optional(KeyOf(seed, w * 1000 + i - 1)) : std::nullopt, d)
+                 .ok()) {
           ++errors;
         }
       }
@@ -167,15 +168,17 @@ TEST_P(ChunkStoreTest, ConcurrentWritersAndReadersSeeWholeChunks) {
 INSTANTIATE_TEST_SUITE_P(Backends, ChunkStoreTest,
                          ::testing::Values(IoBackend::kAuto, IoBackend::kPosix),
                          [](const auto& param_info) {
-                           return std::string(param_info.param == IoBackend::kPosix ? "Posix" : "Auto");
+                           return std::string(param_info.param == IoBackend::kPosix ? "Posix"
+                                                                                    : "Auto");
                          });
 
 TEST(ChunkStoreBasicsTest, ReportsWhichIoBackendItUses) {
   TempDir dir;
   auto store = OpenOrDie(Options(dir.path(), 0, 8));
   const StoreStats st = store->Stats();
-  std::printf("io backend: %s%s%s\n", st.io_backend, st.io_fallback_reason.empty() ? "" : ", fallback because: ",
-              st.io_fallback_reason.c_str());
+  std::printf(
+      "io backend: %s%s%s\n", st.io_backend,
+      st.io_fallback_reason.empty() ? "" : ", fallback because: ", st.io_fallback_reason.c_str());
   EXPECT_TRUE(std::string(st.io_backend) == "io_uring" || !st.io_fallback_reason.empty());
 }
 
@@ -295,17 +298,20 @@ TEST(ChunkStoreBasicsTest, RamLeaseKeepsSlotFromReuse) {
   absl::StatusOr<RamLease> lease = store->LeaseRam(kNs, a);
   ASSERT_TRUE(lease.ok()) << lease.status();
   // Push a out of RAM twice over; its slot must not be reused while leased.
-  for (uint64_t i = 2; i < 6; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
+  for (uint64_t i = 2; i < 6; ++i)
+    ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
   EXPECT_FALSE(Has(*store, a));
   const std::vector<uint8_t> want = PayloadOf(a, kChunk);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), lease->bytes().begin()));
   // A co-located process maps the arena's fd and reads the same bytes at the offset.
   const int fd = store->ram_arena_fd();
   std::vector<uint8_t> via_fd(kChunk);
-  ASSERT_EQ(pread(fd, via_fd.data(), kChunk, static_cast<off_t>(lease->arena_offset())), static_cast<ssize_t>(kChunk));
+  ASSERT_EQ(pread(fd, via_fd.data(), kChunk, static_cast<off_t>(lease->arena_offset())),
+            static_cast<ssize_t>(kChunk));
   EXPECT_EQ(via_fd, want);
   *lease = RamLease();  // released: now the slot can be reused
-  for (uint64_t i = 6; i < 9; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
+  for (uint64_t i = 6; i < 9; ++i)
+    ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
   EXPECT_EQ(store->Stats().ram_chunks, 2u);
 }
 

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "crash_child: %s\n", std::string(store.status().message()).c_str());
     return 4;
   }
-  if (!(*store)->RegisterNamespace(testing::kCrashNamespace, testing::kCrashChunkBytes).ok()) return 5;
+  if (!(*store)->RegisterNamespace(testing::kCrashNamespace, testing::kCrashChunkBytes).ok())
+    return 5;
   std::vector<std::thread> threads;
   for (uint64_t t = 0; t < 2; ++t) {
     threads.emplace_back([&, t] {
@@ -44,10 +45,12 @@ int main(int argc, char** argv) {
         const storage::ChunkKey key = testing::KeyOf(seed, i);
         const std::vector<uint8_t> payload = testing::PayloadOf(key, testing::kCrashChunkBytes);
         const bool memory = i % 4 == 1;
-        storage::PutOptions opts{memory ? storage::Durability::kMemory : storage::Durability::kDurable, 0};
+        storage::PutOptions opts{
+            memory ? storage::Durability::kMemory : storage::Durability::kDurable, 0};
         if (!(*store)->Put({testing::kCrashNamespace, key, {}, payload}, opts).ok()) continue;
         const std::string line = (memory ? "m " : "d ") + std::to_string(i) + "\n";
-        if (write(acks, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::abort();
+        if (write(acks, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+          std::abort();
       }
     });
   }

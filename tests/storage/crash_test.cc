@@ -89,9 +89,11 @@ TEST(CrashTest, AcknowledgedChunksSurviveSigkill) {
     }
     EXPECT_EQ((*store)->Stats().checksum_failures, 0u);
   }
-  std::printf("crash: %d rounds, %zu durable acks verified, %llu memory acks, %llu unacked/memory chunks found intact\n",
-              kRounds, durable.size(), static_cast<unsigned long long>(memory_acks),
-              static_cast<unsigned long long>(checked_unacked));
+  std::printf(
+      "crash: %d rounds, %zu durable acks verified, %llu memory acks, %llu unacked/memory chunks "
+      "found intact\n",
+      kRounds, durable.size(), static_cast<unsigned long long>(memory_acks),
+      static_cast<unsigned long long>(checked_unacked));
   EXPECT_GE(rounds_with_acks, kRounds / 2) << "the child rarely got to store anything";
 }
 

@@ -127,8 +127,14 @@ TEST_F(FaultTest, TornWritesAndFlippedBitsAreMissesNeverBadBytes) {
 }
 
 TEST_F(FaultTest, RandomFaultSoakNeverReturnsWrongBytes) {
-  plan_->set_rates({.read_eio = 9, .write_eio = 9, .write_enospc = 13, .short_read = 11,
-                    .torn_write = 7, .flip_bit_on_write = 7, .flip_bit_on_read = 11, .sync_eio = 17});
+  plan_->set_rates({.read_eio = 9,
+                    .write_eio = 9,
+                    .write_enospc = 13,
+                    .short_read = 11,
+                    .torn_write = 7,
+                    .flip_bit_on_write = 7,
+                    .flip_bit_on_read = 11,
+                    .sync_eio = 17});
   std::mt19937_64 rng(seed_);
   int ok_reads = 0, failed = 0;
   for (int op = 0; op < 400; ++op) {

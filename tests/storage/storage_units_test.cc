@@ -1,0 +1,135 @@
+// Unit tests of the storage building blocks: slot format, index records, eviction order.
+#include <random>
+
+#include "engine/spec/chunk_layout.h"
+#include "gtest/gtest.h"
+#include "storage/chunk_index.h"
+#include "storage/eviction.h"
+#include "storage/slot_format.h"
+#include "tests/engine/spec/config_fixtures.h"
+#include "tests/storage/store_testing.h"
+#include "tests/testing/seed.h"
+
+namespace kvc::storage {
+namespace {
+
+using ::kvc::testing::KeyOf;
+
+TEST(SlotFormatTest, OverheadForTheReferenceChunkIsUnderOnePercent) {
+  const ModelConfig c = testing::ParseOrDie(testing::LoadJson(testing::kReferenceConfig()));
+  const ChunkLayout l = *BuildChunkLayout(c, *BuildLayerSchedule(c), kDefaultChunkTokens);
+  const uint64_t slot = SlotBytesFor(static_cast<uint64_t>(l.chunk_bytes));
+  EXPECT_EQ(slot % kSlotAlignment, 0u);
+  const double overhead = static_cast<double>(slot) / static_cast<double>(l.chunk_bytes) - 1.0;
+  std::printf("slot %llu B for a %lld B chunk: %.3f%% overhead\n",
+              static_cast<unsigned long long>(slot), static_cast<long long>(l.chunk_bytes),
+              100 * overhead);
+  EXPECT_LE(overhead, 0.01);
+}
+
+TEST(SlotFormatTest, VerifyCatchesEveryMismatch) {
+  const uint64_t seed = testing::FreshSeed();
+  const ChunkKey key = KeyOf(seed, 1);
+  std::vector<uint8_t> slot(SlotBytesFor(5000));
+  const std::vector<uint8_t> payload = testing::PayloadOf(key, 5000);
+  std::copy(payload.begin(), payload.end(), slot.begin() + kSlotHeaderBytes);
+  const SlotHeader h{9, 5000, key, PayloadChecksum(payload), 42};
+  EncodeSlotHeader(h, slot.data());
+  ASSERT_TRUE(VerifySlot(h, slot).ok());
+
+  struct Case {
+    const char* what;
+    SlotHeader expect;
+  } cases[] = {{"another chunk", {9, 5000, KeyOf(seed, 2), h.payload_checksum, 42}},
+               {"does not match the index", {8, 5000, key, h.payload_checksum, 42}},
+               {"does not match the index", {9, 5000, key, h.payload_checksum, 41}},
+               {"does not match the index", {9, 4999, key, h.payload_checksum, 42}},
+               {"payload checksum", {9, 5000, key, h.payload_checksum + 1, 42}}};
+  for (const Case& c : cases) {
+    absl::Status st = VerifySlot(c.expect, slot);
+    EXPECT_TRUE(absl::IsDataLoss(st)) << c.what;
+    EXPECT_NE(st.message().find(c.what), std::string::npos) << st;
+  }
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 200; ++i) {  // any single flipped bit in header or payload is caught
+    std::vector<uint8_t> bad = slot;
+    const size_t at = rng() % (kSlotHeaderBytes + 5000);
+    bad[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    EXPECT_TRUE(absl::IsDataLoss(VerifySlot(h, bad))) << "flip at byte " << at;
+  }
+  EXPECT_TRUE(absl::IsDataLoss(VerifySlot(h, std::span(slot).first(100))));  // short read
+}
+
+TEST(IndexRecordTest, RoundTripsAndRejectsForeignBytes) {
+  const uint64_t seed = testing::FreshSeed();
+  IndexRecord r;
+  r.namespace_id = 3;
+  r.payload_bytes = 227840;
+  r.slab = 7;
+  r.slot = 1000;
+  r.checksum = seed;
+  r.sequence = seed ^ 0xFFFF;
+  r.parent = KeyOf(seed, 5);
+  r.created_s = 1'700'000'000;
+  r.last_access_s = 1'700'000'100;
+  r.pin_until_s = 1'800'000'000;
+  r.expires_s = 1'750'000'000;
+  absl::StatusOr<IndexRecord> back = DecodeIndexRecord(EncodeIndexRecord(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(EncodeIndexRecord(*back), EncodeIndexRecord(r));
+  EXPECT_EQ(back->parent, r.parent);
+  r.parent.reset();
+  EXPECT_FALSE(DecodeIndexRecord(EncodeIndexRecord(r))->parent.has_value());
+  EXPECT_TRUE(absl::IsDataLoss(DecodeIndexRecord("short").status()));
+  std::string wrong_version = EncodeIndexRecord(r);
+  wrong_version[0] = 9;
+  EXPECT_TRUE(absl::IsDataLoss(DecodeIndexRecord(wrong_version).status()));
+}
+
+TEST(EvictionOrderTest, LeavesFirstThenAncestorsInLruOrder) {
+  const uint64_t seed = testing::FreshSeed();
+  EvictionOrder order;
+  // Two prefixes: a0 → a1 → a2 and b0 → b1; b is older.
+  const ChunkKey a0 = KeyOf(seed, 1), a1 = KeyOf(seed, 2), a2 = KeyOf(seed, 3);
+  const ChunkKey b0 = KeyOf(seed, 4), b1 = KeyOf(seed, 5);
+  order.Add(b0, {}, 1, 0, 0);
+  order.Add(b1, b0, 2, 0, 0);
+  order.Add(a0, {}, 3, 0, 0);
+  order.Add(a1, a0, 4, 0, 0);
+  order.Add(a2, a1, 5, 0, 0);
+  std::vector<ChunkKey> evicted;
+  while (auto v = order.PickVictim(0)) {
+    evicted.push_back(*v);
+    order.Remove(*v);
+  }
+  EXPECT_EQ(evicted, (std::vector<ChunkKey>{b1, b0, a2, a1, a0}));
+}
+
+TEST(EvictionOrderTest, ChildArrivingBeforeParentStillProtectsIt) {
+  const uint64_t seed = testing::FreshSeed();
+  EvictionOrder order;
+  const ChunkKey p = KeyOf(seed, 1), c = KeyOf(seed, 2);
+  order.Add(c, p, 5, 0, 0);  // e.g. promoted before its parent
+  order.Add(p, {}, 1, 0, 0);
+  EXPECT_EQ(order.PickVictim(0), c);
+  order.Touch(c, 100);
+  EXPECT_EQ(order.PickVictim(0), c);  // p still has a child here
+}
+
+TEST(EvictionOrderTest, ExpiredFirstPinnedNever) {
+  const uint64_t seed = testing::FreshSeed();
+  EvictionOrder order;
+  const ChunkKey old = KeyOf(seed, 1), ttl = KeyOf(seed, 2), pinned = KeyOf(seed, 3);
+  order.Add(old, {}, 1, 0, 0);
+  order.Add(ttl, {}, 9, 0, /*expires_s=*/100);
+  order.Add(pinned, {}, 0, /*pin_until_s=*/500, 0);
+  EXPECT_EQ(order.PickVictim(50), old);   // TTL not reached: LRU, skipping the pinned one
+  EXPECT_EQ(order.PickVictim(150), ttl);  // expired goes first
+  order.Remove(old);
+  order.Remove(ttl);
+  EXPECT_FALSE(order.PickVictim(499).has_value());
+  EXPECT_EQ(order.PickVictim(501), pinned);
+}
+
+}  // namespace
+}  // namespace kvc::storage
