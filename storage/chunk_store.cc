@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -58,6 +59,44 @@ class ChunkStore::Impl {
 
   absl::Status Open();
   void Close();
+
+  // Group commit: makes written slots durable and commits their index entries, for all
+  // concurrent callers at once. The first caller to arrive leads: it takes every request
+  // queued so far, fdatasyncs each slab they touched once, then commits all their records
+  // in one RocksDB write (WAL synced if any of them asked), and wakes the others. Callers
+  // arriving meanwhile form the next group. Data is always synced before its index entry.
+  absl::Status CommitDurably(const std::set<uint64_t>& slabs,
+                             const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
+                             bool sync_index) {
+    CommitRequest me{&slabs, &puts, sync_index, absl::OkStatus(), false};
+    std::unique_lock lk(commit_mu);
+    commit_queue.push_back(&me);
+    commit_cv.wait(lk, [&] { return me.done || !commit_leader_active; });
+    if (me.done) return me.result;
+    commit_leader_active = true;
+    std::vector<CommitRequest*> group;
+    group.swap(commit_queue);
+    lk.unlock();
+    std::set<uint64_t> all_slabs;
+    std::vector<std::pair<ChunkKey, IndexRecord>> all_puts;
+    bool sync = false;
+    for (CommitRequest* r : group) {
+      all_slabs.insert(r->slabs->begin(), r->slabs->end());
+      all_puts.insert(all_puts.end(), r->puts->begin(), r->puts->end());
+      sync |= r->sync_index;
+    }
+    absl::Status status = ssd->SyncSlabs(all_slabs);
+    if (status.ok()) status = index->Commit(all_puts, {}, sync);
+    lk.lock();
+    for (CommitRequest* r : group) {
+      r->result = status;
+      r->done = true;
+    }
+    commit_leader_active = false;
+    lk.unlock();
+    commit_cv.notify_all();
+    return me.result;
+  }
 
   int64_t NowS() const { return opt.now_s(); }
   int64_t NextAccess() { return ++access_clock; }
@@ -224,9 +263,10 @@ class ChunkStore::Impl {
       writes[which[k]].record.checksum = slot_writes[k].header.payload_checksum;
     }
     lk.lock();
-    // Publish what reached the disk; readers may find it before the index commit, which
-    // is safe: the bytes are durable and verify.
+    // Publish what reached the disk; readers may find it before the commit, which is safe:
+    // the bytes are there and verify. A failed commit unpublishes it again.
     std::vector<std::pair<ChunkKey, IndexRecord>> puts;
+    std::set<uint64_t> slabs;
     for (size_t k = 0; k < slot_writes.size(); ++k) {
       PendingWrite& w = writes[which[k]];
       if (!io[k].ok()) {
@@ -245,9 +285,10 @@ class ChunkStore::Impl {
       ssd_map[w.key] = w.record;
       ssd_order.Add(w.key, w.record.parent, NextAccess(), w.record.pin_until_s, w.record.expires_s);
       puts.emplace_back(w.key, w.record);
+      slabs.insert(w.record.slab);
     }
     lk.unlock();
-    absl::Status commit = index->Commit(puts, {}, sync_index);
+    absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts, sync_index);
     lk.lock();
     if (!commit.ok()) {
       for (auto& [key, rec] : puts) {
@@ -352,6 +393,18 @@ class ChunkStore::Impl {
   std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty;  // last access to persist
   EvictionOrder ssd_order;
   uint64_t next_sequence = 1;
+
+  std::mutex commit_mu;  // group commit state, never held with mu
+  std::condition_variable commit_cv;
+  struct CommitRequest {
+    const std::set<uint64_t>* slabs;
+    const std::vector<std::pair<ChunkKey, IndexRecord>>* puts;
+    bool sync_index;
+    absl::Status result;
+    bool done = false;
+  };
+  std::vector<CommitRequest*> commit_queue;
+  bool commit_leader_active = false;
 
   std::deque<ChunkKey> dirty_queue;
   int flushes_in_progress = 0;

@@ -242,21 +242,23 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
           EncodeSlotHeader(w.header, buf);
         },
         nullptr);
-    std::map<int, std::vector<size_t>> written_by_fd;
     for (size_t k = 0; k < ops.size(); ++k) {
       if (ops[k].result != ops[k].len) {
         status[which[k]] = IoError("write", writes[which[k]].slot, ops[k].result, ops[k].len);
-      } else {
-        written_by_fd[ops[k].fd].push_back(which[k]);
-      }
-    }
-    for (const auto& [fd, items] : written_by_fd) {
-      if (absl::Status s = lane->engine->Sync(fd); !s.ok()) {
-        for (size_t i : items) status[i] = s;
       }
     }
   }
   return status;
+}
+
+absl::Status SsdTier::SyncSlabs(const std::set<uint64_t>& slabs) {
+  LaneLease lane(this);
+  for (uint64_t slab : slabs) {
+    absl::StatusOr<int> fd = SlabFd(slab);
+    if (!fd.ok()) return fd.status();
+    if (absl::Status s = lane->engine->Sync(*fd); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {

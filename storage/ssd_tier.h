@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,10 +53,13 @@ class SsdTier {
   static absl::StatusOr<std::unique_ptr<SsdTier>> Open(const SsdTierOptions& options);
   ~SsdTier();
 
-  // Writes every slot, then makes them durable (fdatasync per slab touched). Fills each
-  // header's payload_checksum (computed from the staged copy, while it is in cache). One
-  // status per write: Internal/ResourceExhausted on I/O errors, with the errno text.
+  // Writes every slot (not yet durable: see SyncSlabs). Fills each header's
+  // payload_checksum (computed from the staged copy, while it is in cache). One status per
+  // write: Internal/ResourceExhausted on I/O errors, with the errno text.
   std::vector<absl::Status> Write(std::span<SlotWrite> writes);
+  // Makes everything written to these slabs durable (fdatasync each).
+  [[nodiscard]] absl::Status SyncSlabs(const std::set<uint64_t>& slabs);
+  uint64_t slots_per_slab() const { return options_.slots_per_slab; }
   // Reads and verifies every slot: DataLoss when the bytes do not verify (nothing is
   // copied to `out` then), Internal on I/O errors.
   std::vector<absl::Status> Read(std::span<SlotRead> reads);

@@ -1,7 +1,8 @@
 // kvbench: the project's benchmarks, each measured against a peer in the same run.
 //
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
-//                   [--dataset-chunks N] [--depths 1,8,32] [--no-fio] [--json]
+//                   [--dataset-chunks N] [--depths 1,8,32] [--ops fetch,store] [--no-fio]
+//                   [--json]
 #include <iostream>
 
 #include "CLI/CLI.hpp"
@@ -36,6 +37,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   storage->add_option("--depths", opt.depths, "queue depths")
       ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  storage->add_option("--ops", opt.ops, "operations to measure")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fetch", "store"}))
       ->capture_default_str();
   storage->add_flag("--no-fio", no_fio, "skip the fio peer");
   storage->add_flag("--json", json, "print one JSON object");

@@ -490,7 +490,7 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
   }
 
   std::vector<BenchCase> cases;
-  for (const std::string op : {"fetch", "store"}) {
+  for (const std::string& op : opt.ops) {
     for (int depth : opt.depths) {
       std::map<std::string, std::vector<Sample>> runs;
       for (int rep = 0; rep < opt.repetitions; ++rep) {

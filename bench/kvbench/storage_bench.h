@@ -23,6 +23,7 @@ struct StorageBenchOptions {
   double seconds = 1.0;      // per measured run
   int repetitions = 3;       // runs per (system, op, depth), alternated
   std::vector<int> depths = {1, 8, 32};
+  std::vector<std::string> ops = {"fetch", "store"};
   uint64_t dataset_chunks = 512;  // chunks each system reads from
   bool run_fio = true;
 };
