@@ -1,0 +1,60 @@
+// kvbench run as a user runs it, on a tiny data set: every system and op is reported in
+// the JSON shape the docs promise, and bad flags fail with one line. Not a timing test.
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace kvc {
+namespace {
+
+using ::kvc::testing::RunProgram;
+using ::kvc::testing::TempDir;
+
+const std::string kKvbench = std::string(KVC_BIN_DIR) + "/kvbench";
+
+TEST(KvbenchTest, StorageJsonHasEveryCase) {
+  TempDir dir;
+  auto r = RunProgram(
+      kKvbench, {"storage", "--dir", dir.File("scratch"), "--seconds", "0.2", "--reps", "1",
+                 "--depths", "1,4", "--dataset-chunks", "8", "--chunk-bytes", "12000", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  std::set<std::string> seen;
+  for (const auto& c : j["cases"]) {
+    for (const char* field : {"system", "mode", "op", "depth", "gbps", "p50_us", "p99_us"}) {
+      ASSERT_TRUE(c.contains(field)) << c.dump();
+    }
+    EXPECT_GT(c["gbps"].get<double>(), 0) << c.dump();
+    EXPECT_LE(c["p50_us"].get<double>(), c["p99_us"].get<double>()) << c.dump();
+    seen.insert(c["system"].get<std::string>() + "/" + c["op"].get<std::string>() + "/" +
+                std::to_string(c["depth"].get<int>()));
+  }
+  for (const char* system :
+       {"kvcache-t1", "kvcache-t2", "fio", "file-per-chunk", "rocksdb-blob", "memcpy"}) {
+    for (const char* op : {"fetch", "store"}) {
+      for (int depth : {1, 4}) {
+        EXPECT_TRUE(seen.contains(std::string(system) + "/" + op + "/" + std::to_string(depth)))
+            << system << " " << op << " " << depth;
+      }
+    }
+  }
+}
+
+TEST(KvbenchTest, BadFlagsFailWithOneLine) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"storage"},
+                                               {"storage", "--dir", "/tmp/x", "--ops", "delete"},
+                                               {"storage", "--dir", "/tmp/x", "--seconds", "-1"},
+                                               {"frobnicate"}}) {
+    auto r = RunProgram(kKvbench, args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("kvbench: error:"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace kvc
