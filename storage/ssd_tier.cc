@@ -66,6 +66,7 @@ class SsdTier::LaneLease {
   explicit LaneLease(SsdTier* t) : tier_(t), lane_(t->AcquireLane()) {}
   ~LaneLease() { tier_->ReleaseLane(lane_); }
   Lane* operator->() const { return lane_; }
+  Lane& operator*() const { return *lane_; }
 
  private:
   SsdTier* tier_;
@@ -178,6 +179,19 @@ absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
   return fd;
 }
 
+absl::StatusOr<IoOp> SsdTier::SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
+                                     const Lane& lane, size_t staging_index) {
+  absl::StatusOr<int> fd = SlabFd(slot / options_.slots_per_slab);
+  if (!fd.ok()) return fd.status();
+  return IoOp{kind,
+              *fd,
+              (slot % options_.slots_per_slab) * options_.slot_bytes,
+              lane.staging + staging_index * options_.slot_bytes,
+              IoBytes(payload_bytes),
+              static_cast<int>(staging_index),
+              0};
+}
+
 absl::Status SsdTier::PreallocateAll() {
   for (uint64_t slab = 0; slab < slab_fds_.size(); ++slab) {
     if (absl::StatusOr<int> fd = SlabFd(slab); !fd.ok()) return fd.status();
@@ -217,15 +231,13 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
                          options_.slot_bytes));
         continue;
       }
-      absl::StatusOr<int> fd = SlabFd(w.slot / options_.slots_per_slab);
-      if (!fd.ok()) {
-        status[round + i] = fd.status();
+      absl::StatusOr<IoOp> op =
+          SlotOp(IoOp::Kind::kWrite, w.slot, w.header.payload_bytes, *lane, i);
+      if (!op.ok()) {
+        status[round + i] = op.status();
         continue;
       }
-      ops.push_back({IoOp::Kind::kWrite, *fd,
-                     (w.slot % options_.slots_per_slab) * options_.slot_bytes,
-                     lane->staging + i * options_.slot_bytes, IoBytes(w.header.payload_bytes),
-                     static_cast<int>(i), 0});
+      ops.push_back(*op);
       which.push_back(round + i);
     }
     // Stage each slot just before its write goes out: header, payload, zero tail, and the
@@ -276,15 +288,13 @@ std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
             "read of ", r.expected.payload_bytes, " bytes into a buffer of ", r.out.size()));
         continue;
       }
-      absl::StatusOr<int> fd = SlabFd(r.slot / options_.slots_per_slab);
-      if (!fd.ok()) {
-        status[round + i] = fd.status();
+      absl::StatusOr<IoOp> op =
+          SlotOp(IoOp::Kind::kRead, r.slot, r.expected.payload_bytes, *lane, i);
+      if (!op.ok()) {
+        status[round + i] = op.status();
         continue;
       }
-      ops.push_back({IoOp::Kind::kRead, *fd,
-                     (r.slot % options_.slots_per_slab) * options_.slot_bytes,
-                     lane->staging + i * options_.slot_bytes, IoBytes(r.expected.payload_bytes),
-                     static_cast<int>(i), 0});
+      ops.push_back(*op);
       which.push_back(round + i);
     }
     // Verify and copy each slot as it lands, while the rest of the batch is in flight.

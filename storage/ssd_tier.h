@@ -84,6 +84,9 @@ class SsdTier {
   explicit SsdTier(const SsdTierOptions& o) : options_(o) {}
   absl::Status Init();
   absl::StatusOr<int> SlabFd(uint64_t slab);  // opens or creates (preallocated) the slab
+  // The I/O of one slot (header + payload, whole sectors) through staging buffer i of a lane.
+  absl::StatusOr<IoOp> SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
+                              const Lane& lane, size_t staging_index);
   Lane* AcquireLane();
   void ReleaseLane(Lane* lane);
 
