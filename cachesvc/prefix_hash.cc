@@ -1,0 +1,86 @@
+#include "cachesvc/prefix_hash.h"
+
+#include <xxhash.h>
+
+#include <bit>
+#include <cstring>
+
+namespace kvc::cachesvc {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "encodings are little-endian");
+
+class Encoder {
+ public:
+  void Bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+  void U32(uint32_t v) { Bytes(&v, 4); }
+  void U64(uint64_t v) { Bytes(&v, 8); }
+  void Str(const std::string& s) {
+    U32(static_cast<uint32_t>(s.size()));
+    Bytes(s.data(), s.size());
+  }
+  void Key(const ChunkKey& k) { Bytes(k.bytes.data(), 16); }
+  ChunkKey Hash() const { return Hash128(out_.data(), out_.size()); }
+
+  static ChunkKey Hash128(const void* p, size_t n) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
+    ChunkKey k;
+    std::memcpy(k.bytes.data(), c.digest, 16);
+    return k;
+  }
+
+ private:
+  std::vector<uint8_t> out_;
+};
+
+}  // namespace
+
+ChunkKey ModelFingerprint(const std::string& model_id, const ChunkLayout& layout) {
+  Encoder e;
+  e.Bytes("kvcache-model-v1", 16);
+  e.Str(model_id);
+  e.U32(static_cast<uint32_t>(layout.sections.size()));
+  for (const ChunkSection& s : layout.sections) {
+    e.U32(static_cast<uint32_t>(s.layer));
+    e.U32(static_cast<uint32_t>(s.kind));
+    e.U64(static_cast<uint64_t>(s.positions));
+    e.U64(static_cast<uint64_t>(s.bytes));
+  }
+  return e.Hash();
+}
+
+ChunkKey NamespaceRoot(const std::string& tenant, const ChunkKey& model_fingerprint,
+                       uint32_t kv_layout_version, uint32_t chunk_tokens) {
+  Encoder e;
+  e.Bytes("kvcache-ns-v1", 13);
+  e.Str(tenant);
+  e.Key(model_fingerprint);
+  e.U32(kv_layout_version);
+  e.U32(chunk_tokens);
+  return e.Hash();
+}
+
+ChunkKey NextChunkKey(const ChunkKey& parent, std::span<const uint32_t> tokens) {
+  // One contiguous buffer: parent (16 B) then the token ids, little-endian u32.
+  std::vector<uint8_t> buf(16 + tokens.size_bytes());
+  std::memcpy(buf.data(), parent.bytes.data(), 16);
+  std::memcpy(buf.data() + 16, tokens.data(), tokens.size_bytes());
+  return Encoder::Hash128(buf.data(), buf.size());
+}
+
+std::vector<ChunkKey> ChunkKeys(const ChunkKey& root, std::span<const uint32_t> tokens,
+                                uint32_t chunk_tokens) {
+  std::vector<ChunkKey> keys;
+  ChunkKey prev = root;
+  for (size_t at = 0; chunk_tokens > 0 && at + chunk_tokens <= tokens.size(); at += chunk_tokens) {
+    prev = NextChunkKey(prev, tokens.subspan(at, chunk_tokens));
+    keys.push_back(prev);
+  }
+  return keys;
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,35 @@
+// Prefix identity, public so any client in any language computes the same keys
+// (docs/prefix-hashing.md has the byte encoding; tests/cachesvc/prefix_hash_vectors.json
+// the test vectors).
+//
+//   model fingerprint = XXH3-128("kvcache-model-v1" ‖ str(model_id) ‖ u32 sections ‖
+//                                per section: u32 layer, u32 kind, u64 positions, u64 bytes)
+//   root key          = XXH3-128("kvcache-ns-v1" ‖ str(tenant) ‖ fingerprint ‖
+//                                u32 kv_layout_version ‖ u32 chunk_tokens)
+//   key_i             = XXH3-128(key_{i-1} ‖ chunk i's token ids as u32), key_0 = root
+// where str(s) = u32 byte length ‖ UTF-8 bytes, integers are little-endian, XXH3-128 has
+// seed 0, and a 128-bit digest is written in XXH3's canonical (big-endian) byte order.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/spec/chunk_layout.h"
+#include "storage/chunk_key.h"
+
+namespace kvc::cachesvc {
+
+using storage::ChunkKey;
+
+ChunkKey ModelFingerprint(const std::string& model_id, const ChunkLayout& layout);
+ChunkKey NamespaceRoot(const std::string& tenant, const ChunkKey& model_fingerprint,
+                       uint32_t kv_layout_version, uint32_t chunk_tokens);
+// The key of the chunk after `parent` holding `tokens` (one whole chunk).
+ChunkKey NextChunkKey(const ChunkKey& parent, std::span<const uint32_t> tokens);
+// Keys of every whole chunk of `tokens`, chained from `root`; a partial tail is ignored.
+std::vector<ChunkKey> ChunkKeys(const ChunkKey& root, std::span<const uint32_t> tokens,
+                                uint32_t chunk_tokens);
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,71 @@
+// Chained prefix keys against vectors written by an independent Python implementation
+// (scripts/prefix_hash_vectors.py), plus the properties clients rely on.
+#include "cachesvc/prefix_hash.h"
+
+#include <fstream>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/engine/spec/config_fixtures.h"
+#include "tests/testing/seed.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+nlohmann::json Vectors() {
+  std::ifstream in(std::string(KVC_SOURCE_DIR) + "/tests/cachesvc/prefix_hash_vectors.json");
+  EXPECT_TRUE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+ChunkLayout ReferenceLayout() {
+  const ModelConfig c = testing::ParseOrDie(testing::LoadJson(testing::kReferenceConfig()));
+  return *BuildChunkLayout(c, *BuildLayerSchedule(c), kDefaultChunkTokens);
+}
+
+TEST(PrefixHashTest, MatchesPublishedVectors) {
+  const nlohmann::json v = Vectors();
+  const ChunkKey fp = ModelFingerprint(v["model_id"], ReferenceLayout());
+  ASSERT_EQ(fp.Hex(), v["model_fingerprint"].get<std::string>());
+  int checked = 0;
+  for (const auto& t : v["vectors"]) {
+    const ChunkKey root = NamespaceRoot(t["tenant"], fp, t["kv_layout_version"], t["chunk_tokens"]);
+    EXPECT_EQ(root.Hex(), t["root_key"].get<std::string>()) << t["tenant"];
+    const std::vector<uint32_t> tokens = t["tokens"].get<std::vector<uint32_t>>();
+    const std::vector<ChunkKey> keys = ChunkKeys(root, tokens, t["chunk_tokens"]);
+    ASSERT_EQ(keys.size(), t["chunk_keys"].size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(keys[i].Hex(), t["chunk_keys"][i].get<std::string>()) << t["tenant"] << " chunk " << i;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 10);
+}
+
+TEST(PrefixHashTest, KeysDependOnEverythingBeforeThem) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  std::vector<uint32_t> tokens(64 * 5);
+  for (auto& t : tokens) t = static_cast<uint32_t>(rng() % 129280);
+  const ChunkKey fp = ModelFingerprint("m", ReferenceLayout());
+  const ChunkKey root = NamespaceRoot("t", fp, kKvLayoutVersion, 64);
+  const std::vector<ChunkKey> base = ChunkKeys(root, tokens, 64);
+  ASSERT_EQ(base.size(), 5u);
+  // Changing one token of chunk 2 changes keys 2.. and leaves 0..1 alone.
+  std::vector<uint32_t> changed = tokens;
+  changed[2 * 64 + rng() % 64] ^= 1;
+  const std::vector<ChunkKey> after = ChunkKeys(root, changed, 64);
+  EXPECT_EQ(after[0], base[0]);
+  EXPECT_EQ(after[1], base[1]);
+  for (size_t i = 2; i < 5; ++i) EXPECT_NE(after[i], base[i]) << i;
+  // Tenants, models, layout versions and chunk sizes each give another root.
+  EXPECT_NE(NamespaceRoot("u", fp, kKvLayoutVersion, 64), root);
+  EXPECT_NE(NamespaceRoot("t", ModelFingerprint("m2", ReferenceLayout()), kKvLayoutVersion, 64), root);
+  EXPECT_NE(NamespaceRoot("t", fp, kKvLayoutVersion + 1, 64), root);
+  EXPECT_NE(NamespaceRoot("t", fp, kKvLayoutVersion, 128), root);
+  // A partial tail is not a chunk.
+  EXPECT_EQ(ChunkKeys(root, std::span(tokens).first(64 * 2 + 63), 64).size(), 2u);
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
