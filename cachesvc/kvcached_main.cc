@@ -1,0 +1,148 @@
+// kvcached: the kvcache daemon. Host-RAM and SSD tiers under a data folder, the
+// kvcache.v1 gRPC service and the standard health service on one address.
+//
+//   kvcached [--data-dir DIR] [--listen HOST:PORT] [--ram-bytes N] [--ssd-bytes N]
+//            [--auth-tokens FILE] [--max-chunk-bytes N] [--tls-cert F --tls-key F]
+//
+// SIGTERM or SIGINT: stop accepting calls, finish the ones in flight (up to 10 s), flush
+// memory-acknowledged chunks to SSD, exit 0.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "cachesvc/embedded_config.h"
+#include "cachesvc/service.h"
+#include "engine/spec/chunk_layout.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+absl::StatusOr<uint64_t> ReferenceChunkBytes() {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kEmbeddedReferenceConfig, "embedded reference config");
+  if (!c.ok()) return c.status();
+  absl::StatusOr<LayerSchedule> s = BuildLayerSchedule(*c);
+  if (!s.ok()) return s.status();
+  absl::StatusOr<ChunkLayout> l = BuildChunkLayout(*c, *s, kDefaultChunkTokens);
+  if (!l.ok()) return l.status();
+  return static_cast<uint64_t>(l->chunk_bytes);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "kvcached: error: " << message << "\n";
+  return 1;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kvcached: tiered, persistent KV-cache service for DeepSeek V4.1 Flash prefixes"};
+  std::string data_dir = "kvcached-data", listen = "127.0.0.1:50051", auth_file, tls_cert, tls_key;
+  uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0;
+  int threads = 4;
+  app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
+  app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")->capture_default_str();
+  app.add_option("--ram-bytes", ram_bytes, "host-RAM tier capacity")->capture_default_str();
+  app.add_option("--ssd-bytes", ssd_bytes, "SSD tier capacity")->capture_default_str();
+  app.add_option("--auth-tokens", auth_file, "file of \"TOKEN TENANT\" lines; without it everyone is one tenant");
+  app.add_option("--max-chunk-bytes", max_chunk_bytes,
+                 "largest chunk any namespace may use (default: the reference model's 256-token chunk)");
+  app.add_option("--threads", threads, "storage worker threads")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
+  app.add_option("--tls-key", tls_key, "PEM private key for --tls-cert");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "kvcached: error: " << e.what() << " (run kvcached --help)\n";
+    return 2;
+  }
+  if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
+
+  // Signals are handled by one thread in sigwait; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (max_chunk_bytes == 0) {
+    absl::StatusOr<uint64_t> ref = ReferenceChunkBytes();
+    if (!ref.ok()) return Fail(std::string(ref.status().message()));
+    max_chunk_bytes = *ref;
+  }
+  Authenticator auth;
+  if (!auth_file.empty()) {
+    absl::StatusOr<Authenticator> a = Authenticator::FromFile(auth_file);
+    if (!a.ok()) return Fail(std::string(a.status().message()));
+    auth = *std::move(a);
+  }
+  storage::StoreOptions so;
+  so.data_dir = data_dir;
+  so.max_chunk_bytes = max_chunk_bytes;
+  so.ram_bytes = ram_bytes;
+  so.ssd_bytes = ssd_bytes;
+  absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(so);
+  if (!store.ok()) return Fail(std::string(store.status().message()));
+  absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry = NamespaceRegistry::Open(data_dir);
+  if (!registry.ok()) return Fail(std::string(registry.status().message()));
+
+  ServiceOptions opt;
+  opt.max_chunk_bytes = max_chunk_bytes;
+  opt.executor_threads = threads;
+  auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
+
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({ReadAll(tls_key), ReadAll(tls_cert)});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, creds, &port);
+  builder.RegisterService(service.get());
+  // Messages: a whole chunk plus its tokens, or a Lookup of max_lookup_tokens ids.
+  const int max_message = static_cast<int>(std::max<uint64_t>(max_chunk_bytes + (1 << 20), opt.max_lookup_tokens * 5 + (1 << 20)));
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 256);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return Fail("cannot listen on " + listen);
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  const storage::StoreStats st = (*store)->Stats();
+  std::printf("kvcached: listening on %s:%d (data %s, ram %llu chunks, ssd %llu chunks, io %s%s)\n", host.c_str(),
+              port, data_dir.c_str(), static_cast<unsigned long long>(st.ram_capacity_chunks),
+              static_cast<unsigned long long>(st.ssd_capacity_chunks), st.io_backend,
+              auth.enabled() ? ", auth on" : "");
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("kvcached: signal %d: draining\n", sig);
+  std::fflush(stdout);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  server->Wait();
+  service.reset();  // the executor finishes queued work
+  if (absl::Status s = (*store)->Flush(); !s.ok()) std::fprintf(stderr, "kvcached: flush: %s\n", std::string(s.message()).c_str());
+  store->reset();
+  std::printf("kvcached: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
+
+int main(int argc, char** argv) { return kvc::cachesvc::Main(argc, argv); }

@@ -1,0 +1,61 @@
+// KvCacheService: the kvcache.v1.KVCache gRPC service (callback API) over a ChunkStore.
+//
+// Every call is authenticated first (Authenticator) and then runs on the service's own
+// Executor; reactors only hand work over and resume when it is done. Fetch writes one
+// chunk at a time (a client that stops reading holds one chunk's memory, until its
+// deadline or cancellation frees it); Store reads one message at a time. Each bad request
+// gets a precise status and changes nothing: a namespace of another tenant is NOT_FOUND,
+// exactly like one that does not exist.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cachesvc/auth.h"
+#include "cachesvc/executor.h"
+#include "cachesvc/namespace_registry.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "storage/chunk_store.h"
+
+namespace kvc::cachesvc {
+
+struct ServiceOptions {
+  uint32_t default_chunk_tokens = 256;
+  uint64_t max_chunk_bytes = 0;            // the store's slot payload size
+  uint64_t max_lookup_tokens = 4u << 20;   // per Lookup call
+  uint32_t max_keys_per_call = 65536;      // Fetch / Pin / Unpin / Delete
+  int executor_threads = 4;
+  size_t executor_queue = 4096;
+};
+
+class KvCacheService final : public kvcache::v1::KVCache::CallbackService {
+ public:
+  KvCacheService(storage::ChunkStore* store, NamespaceRegistry* registry, const Authenticator* auth,
+                 ServiceOptions options);
+  ~KvCacheService() override;
+
+  grpc::ServerUnaryReactor* RegisterNamespace(grpc::CallbackServerContext* ctx,
+                                              const kvcache::v1::RegisterNamespaceRequest* req,
+                                              kvcache::v1::RegisterNamespaceResponse* resp) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const kvcache::v1::LookupRequest* req,
+                                   kvcache::v1::LookupResponse* resp) override;
+  grpc::ServerWriteReactor<kvcache::v1::FetchResponse>* Fetch(grpc::CallbackServerContext* ctx,
+                                                              const kvcache::v1::FetchRequest* req) override;
+  grpc::ServerReadReactor<kvcache::v1::StoreRequest>* Store(grpc::CallbackServerContext* ctx,
+                                                            kvcache::v1::StoreResponse* resp) override;
+  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx, const kvcache::v1::PinRequest* req,
+                                kvcache::v1::PinResponse* resp) override;
+  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx, const kvcache::v1::UnpinRequest* req,
+                                  kvcache::v1::UnpinResponse* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const kvcache::v1::DeleteRequest* req,
+                                   kvcache::v1::DeleteResponse* resp) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const kvcache::v1::StatsRequest* req,
+                                  kvcache::v1::StatsResponse* resp) override;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvc::cachesvc
