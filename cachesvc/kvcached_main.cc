@@ -24,7 +24,8 @@ namespace kvc::cachesvc {
 namespace {
 
 absl::StatusOr<uint64_t> ReferenceChunkBytes() {
-  absl::StatusOr<ModelConfig> c = ParseModelConfig(kEmbeddedReferenceConfig, "embedded reference config");
+  absl::StatusOr<ModelConfig> c =
+      ParseModelConfig(kEmbeddedReferenceConfig, "embedded reference config");
   if (!c.ok()) return c.status();
   absl::StatusOr<LayerSchedule> s = BuildLayerSchedule(*c);
   if (!s.ok()) return s.status();
@@ -51,13 +52,18 @@ int Main(int argc, char** argv) {
   uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0;
   int threads = 4;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
-  app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")->capture_default_str();
+  app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
+      ->capture_default_str();
   app.add_option("--ram-bytes", ram_bytes, "host-RAM tier capacity")->capture_default_str();
   app.add_option("--ssd-bytes", ssd_bytes, "SSD tier capacity")->capture_default_str();
-  app.add_option("--auth-tokens", auth_file, "file of \"TOKEN TENANT\" lines; without it everyone is one tenant");
-  app.add_option("--max-chunk-bytes", max_chunk_bytes,
-                 "largest chunk any namespace may use (default: the reference model's 256-token chunk)");
-  app.add_option("--threads", threads, "storage worker threads")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--auth-tokens", auth_file,
+                 "file of \"TOKEN TENANT\" lines; without it everyone is one tenant");
+  app.add_option(
+      "--max-chunk-bytes", max_chunk_bytes,
+      "largest chunk any namespace may use (default: the reference model's 256-token chunk)");
+  app.add_option("--threads", threads, "storage worker threads")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
   app.add_option("--tls-key", tls_key, "PEM private key for --tls-cert");
   try {
@@ -115,7 +121,8 @@ int Main(int argc, char** argv) {
   builder.AddListeningPort(listen, creds, &port);
   builder.RegisterService(service.get());
   // Messages: a whole chunk plus its tokens, or a Lookup of max_lookup_tokens ids.
-  const int max_message = static_cast<int>(std::max<uint64_t>(max_chunk_bytes + (1 << 20), opt.max_lookup_tokens * 5 + (1 << 20)));
+  const int max_message = static_cast<int>(
+      std::max<uint64_t>(max_chunk_bytes + (1 << 20), opt.max_lookup_tokens * 5 + (1 << 20)));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 256);
@@ -123,8 +130,9 @@ int Main(int argc, char** argv) {
   if (!server || port == 0) return Fail("cannot listen on " + listen);
   const std::string host = listen.substr(0, listen.rfind(':'));
   const storage::StoreStats st = (*store)->Stats();
-  std::printf("kvcached: listening on %s:%d (data %s, ram %llu chunks, ssd %llu chunks, io %s%s)\n", host.c_str(),
-              port, data_dir.c_str(), static_cast<unsigned long long>(st.ram_capacity_chunks),
+  std::printf("kvcached: listening on %s:%d (data %s, ram %llu chunks, ssd %llu chunks, io %s%s)\n",
+              host.c_str(), port, data_dir.c_str(),
+              static_cast<unsigned long long>(st.ram_capacity_chunks),
               static_cast<unsigned long long>(st.ssd_capacity_chunks), st.io_backend,
               auth.enabled() ? ", auth on" : "");
   std::fflush(stdout);
@@ -136,7 +144,8 @@ int Main(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
   service.reset();  // the executor finishes queued work
-  if (absl::Status s = (*store)->Flush(); !s.ok()) std::fprintf(stderr, "kvcached: flush: %s\n", std::string(s.message()).c_str());
+  if (absl::Status s = (*store)->Flush(); !s.ok())
+    std::fprintf(stderr, "kvcached: flush: %s\n", std::string(s.message()).c_str());
   store->reset();
   std::printf("kvcached: stopped\n");
   return 0;

@@ -28,7 +28,8 @@ bool FromHex(const std::string& s, storage::ChunkKey* k) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(const std::string& data_dir) {
+absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(
+    const std::string& data_dir) {
   std::unique_ptr<NamespaceRegistry> r(new NamespaceRegistry(data_dir + "/namespaces.json"));
   std::ifstream in(r->path_);
   if (!in) return r;  // none yet
@@ -49,7 +50,8 @@ absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(const
       n.vocab_size = e.at("vocab_size");
       if (!FromHex(e.at("root_key"), &n.root)) throw std::runtime_error("root_key");
     } catch (const std::exception& ex) {
-      return absl::DataLossError(absl::StrCat(r->path_, ": bad namespace entry ", e.dump(), ": ", ex.what()));
+      return absl::DataLossError(
+          absl::StrCat(r->path_, ": bad namespace entry ", e.dump(), ": ", ex.what()));
     }
     r->by_id_[n.id] = n;
   }
@@ -59,14 +61,19 @@ absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(const
 absl::Status NamespaceRegistry::Save() const {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& [id, n] : by_id_) {
-    j.push_back({{"id", n.id}, {"tenant", n.tenant}, {"model_id", n.model_id},
-                 {"chunk_tokens", n.chunk_tokens}, {"chunk_bytes", n.chunk_bytes},
-                 {"vocab_size", n.vocab_size}, {"root_key", Hex(n.root)}});
+    j.push_back({{"id", n.id},
+                 {"tenant", n.tenant},
+                 {"model_id", n.model_id},
+                 {"chunk_tokens", n.chunk_tokens},
+                 {"chunk_bytes", n.chunk_bytes},
+                 {"vocab_size", n.vocab_size},
+                 {"root_key", Hex(n.root)}});
   }
   const std::string tmp = path_ + ".tmp", text = j.dump(1);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", tmp, ": ", strerror(errno)));
-  const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
+  const bool ok =
+      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
   close(fd);
   if (!ok || rename(tmp.c_str(), path_.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("write ", path_, ": ", strerror(errno)));

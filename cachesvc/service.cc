@@ -16,15 +16,19 @@ using storage::ChunkKey;
 namespace {
 
 int64_t NowS() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
 pb::Tier ToProto(storage::Tier t) {
   switch (t) {
-    case storage::Tier::kRam: return pb::TIER_RAM;
-    case storage::Tier::kSsd: return pb::TIER_SSD;
-    default: return pb::TIER_NONE;
+    case storage::Tier::kRam:
+      return pb::TIER_RAM;
+    case storage::Tier::kSsd:
+      return pb::TIER_SSD;
+    default:
+      return pb::TIER_NONE;
   }
 }
 
@@ -35,10 +39,11 @@ std::optional<std::string> Authorization(const grpc::CallbackServerContext* ctx)
   return std::string(it->second.data(), it->second.size());
 }
 
-absl::StatusOr<std::vector<ChunkKey>> ParseKeys(const google::protobuf::RepeatedPtrField<std::string>& raw,
-                                                uint32_t max_keys) {
+absl::StatusOr<std::vector<ChunkKey>> ParseKeys(
+    const google::protobuf::RepeatedPtrField<std::string>& raw, uint32_t max_keys) {
   if (raw.size() > static_cast<int>(max_keys)) {
-    return absl::InvalidArgumentError(absl::StrCat(raw.size(), " chunk keys in one call; the limit is ", max_keys));
+    return absl::InvalidArgumentError(
+        absl::StrCat(raw.size(), " chunk keys in one call; the limit is ", max_keys));
   }
   std::vector<ChunkKey> keys(raw.size());
   for (int i = 0; i < raw.size(); ++i) {
@@ -51,7 +56,9 @@ absl::StatusOr<std::vector<ChunkKey>> ParseKeys(const google::protobuf::Repeated
   return keys;
 }
 
-std::string KeyBytes(const ChunkKey& k) { return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16); }
+std::string KeyBytes(const ChunkKey& k) {
+  return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16);
+}
 
 }  // namespace
 
@@ -69,8 +76,10 @@ class KvCacheService::Impl {
       reactor->Finish(ToGrpc(tenant.status()));
       return reactor;
     }
-    if (!executor.Submit([reactor, work, t = *tenant]() mutable { reactor->Finish(ToGrpc(work(t))); })) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+    if (!executor.Submit(
+            [reactor, work, t = *tenant]() mutable { reactor->Finish(ToGrpc(work(t))); })) {
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
     return reactor;
   }
@@ -84,17 +93,19 @@ class KvCacheService::Impl {
   absl::Status Register(const std::string& tenant, const pb::RegisterNamespaceRequest& req,
                         pb::RegisterNamespaceResponse* resp) {
     if (req.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
-    absl::StatusOr<ModelConfig> config = ParseModelConfig(req.model_config_json(), "model_config_json");
+    absl::StatusOr<ModelConfig> config =
+        ParseModelConfig(req.model_config_json(), "model_config_json");
     if (!config.ok()) return config.status();
     absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
     if (!schedule.ok()) return schedule.status();
-    const uint32_t chunk_tokens = req.chunk_tokens() ? req.chunk_tokens() : opt.default_chunk_tokens;
+    const uint32_t chunk_tokens =
+        req.chunk_tokens() ? req.chunk_tokens() : opt.default_chunk_tokens;
     absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(*config, *schedule, chunk_tokens);
     if (!layout.ok()) return layout.status();
     if (static_cast<uint64_t>(layout->chunk_bytes) > opt.max_chunk_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("a chunk of ", chunk_tokens, " tokens is ", layout->chunk_bytes,
-                                                     " bytes; this server stores chunks of at most ",
-                                                     opt.max_chunk_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a chunk of ", chunk_tokens, " tokens is ", layout->chunk_bytes,
+                       " bytes; this server stores chunks of at most ", opt.max_chunk_bytes));
     }
     NamespaceInfo info;
     info.tenant = tenant;
@@ -102,7 +113,8 @@ class KvCacheService::Impl {
     info.chunk_tokens = chunk_tokens;
     info.chunk_bytes = static_cast<uint64_t>(layout->chunk_bytes);
     info.vocab_size = static_cast<uint64_t>(config->vocab_size);
-    info.root = NamespaceRoot(tenant, ModelFingerprint(req.model_id(), *layout), kKvLayoutVersion, chunk_tokens);
+    info.root = NamespaceRoot(tenant, ModelFingerprint(req.model_id(), *layout), kKvLayoutVersion,
+                              chunk_tokens);
     absl::StatusOr<NamespaceInfo> ns = registry->FindOrAdd(info);
     if (!ns.ok()) return ns.status();
     if (absl::Status s = store->RegisterNamespace(ns->id, ns->chunk_bytes); !s.ok()) return s;
@@ -114,22 +126,24 @@ class KvCacheService::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status CheckTokens(const NamespaceInfo& ns, const google::protobuf::RepeatedField<uint32_t>& tokens) const {
+  absl::Status CheckTokens(const NamespaceInfo& ns,
+                           const google::protobuf::RepeatedField<uint32_t>& tokens) const {
     for (int i = 0; i < tokens.size(); ++i) {
       if (tokens[i] >= ns.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "] is ", tokens[i], ", outside the vocabulary of ",
-                                                       ns.vocab_size));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokens[", i, "] is ", tokens[i], ", outside the vocabulary of ", ns.vocab_size));
       }
     }
     return absl::OkStatus();
   }
 
-  absl::Status DoLookup(const std::string& tenant, const pb::LookupRequest& req, pb::LookupResponse* resp) {
+  absl::Status DoLookup(const std::string& tenant, const pb::LookupRequest& req,
+                        pb::LookupResponse* resp) {
     absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
     if (!ns.ok()) return ns.status();
     if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(req.tokens_size(), " tokens in one Lookup; the limit is ",
-                                                     opt.max_lookup_tokens));
+      return absl::InvalidArgumentError(absl::StrCat(
+          req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
     }
     if (absl::Status s = CheckTokens(*ns, req.tokens()); !s.ok()) return s;
     const std::vector<ChunkKey> keys =
@@ -144,8 +158,8 @@ class KvCacheService::Impl {
   }
 
   template <typename Req>
-  absl::StatusOr<std::pair<NamespaceInfo, std::vector<ChunkKey>>> NamespaceAndKeys(const std::string& tenant,
-                                                                                  const Req& req) {
+  absl::StatusOr<std::pair<NamespaceInfo, std::vector<ChunkKey>>> NamespaceAndKeys(
+      const std::string& tenant, const Req& req) {
     absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
     if (!ns.ok()) return ns.status();
     absl::StatusOr<std::vector<ChunkKey>> keys = ParseKeys(req.chunk_keys(), opt.max_keys_per_call);
@@ -157,13 +171,16 @@ class KvCacheService::Impl {
   static absl::StatusOr<uint32_t> CountOk(const std::vector<absl::Status>& statuses) {
     uint32_t ok = 0;
     for (const absl::Status& s : statuses) {
-      if (s.ok()) ++ok;
-      else if (!absl::IsNotFound(s)) return s;
+      if (s.ok())
+        ++ok;
+      else if (!absl::IsNotFound(s))
+        return s;
     }
     return ok;
   }
 
-  absl::StatusOr<uint32_t> DoPin(const std::string& tenant, const pb::PinRequest& req, int64_t until) {
+  absl::StatusOr<uint32_t> DoPin(const std::string& tenant, const pb::PinRequest& req,
+                                 int64_t until) {
     auto nk = NamespaceAndKeys(tenant, req);
     if (!nk.ok()) return nk.status();
     return CountOk(store->PinBatch(nk->first.id, nk->second, until));
@@ -209,9 +226,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
     resp_.set_chunk_key(KeyBytes(key));
     std::string* payload = resp_.mutable_payload();
     payload->resize(ns_.chunk_bytes);
-    absl::Status s = svc_->store->Get(ns_.id, key, std::span(reinterpret_cast<uint8_t*>(payload->data()), payload->size()));
+    absl::Status s = svc_->store->Get(
+        ns_.id, key, std::span(reinterpret_cast<uint8_t*>(payload->data()), payload->size()));
     if (!s.ok()) {
-      Finish(ToGrpc(absl::Status(s.code(), absl::StrCat("chunk_keys[", next_, "]: ", s.message()))));
+      Finish(
+          ToGrpc(absl::Status(s.code(), absl::StrCat("chunk_keys[", next_, "]: ", s.message()))));
       return;
     }
     StartWrite(&resp_);
@@ -258,34 +277,39 @@ class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
     absl::StatusOr<NamespaceInfo> ns = svc_->Namespace(req_.namespace_id(), tenant_);
     if (!ns.ok()) return ns.status();
     if (static_cast<uint32_t>(req_.tokens_size()) != ns->chunk_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk has ", req_.tokens_size(), " tokens; namespace ", ns->id,
-                                                     " uses ", ns->chunk_tokens));
+      return absl::InvalidArgumentError(absl::StrCat("chunk has ", req_.tokens_size(),
+                                                     " tokens; namespace ", ns->id, " uses ",
+                                                     ns->chunk_tokens));
     }
     if (absl::Status s = svc_->CheckTokens(*ns, req_.tokens()); !s.ok()) return s;
     if (req_.payload().size() != ns->chunk_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(), " bytes, namespace ",
-                                                     ns->id, " expects ", ns->chunk_bytes));
+      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
+                                                     " bytes, namespace ", ns->id, " expects ",
+                                                     ns->chunk_bytes));
     }
     std::optional<ChunkKey> parent;
     ChunkKey chain = ns->root;
     if (!req_.parent_key().empty()) {
       if (req_.parent_key().size() != 16) {
-        return absl::InvalidArgumentError(absl::StrCat("parent_key is ", req_.parent_key().size(), " bytes; keys are 16"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parent_key is ", req_.parent_key().size(), " bytes; keys are 16"));
       }
       std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
       // A chunk is only reachable through its prefix: refuse orphans (and keys chained
       // from another namespace's chunks).
       if (svc_->store->Contains(ns->id, chain) == storage::Tier::kNone) {
-        return absl::FailedPreconditionError(absl::StrCat("parent chunk ", chain.Hex(), " is not cached in namespace ",
-                                                          ns->id));
+        return absl::FailedPreconditionError(
+            absl::StrCat("parent chunk ", chain.Hex(), " is not cached in namespace ", ns->id));
       }
       parent = chain;
     }
     const ChunkKey key = NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
-    const auto durability = req_.durability() == pb::DURABILITY_DURABLE ? storage::Durability::kDurable
-                                                                        : storage::Durability::kMemory;
+    const auto durability = req_.durability() == pb::DURABILITY_DURABLE
+                                ? storage::Durability::kDurable
+                                : storage::Durability::kMemory;
     absl::StatusOr<storage::PutResult> put = svc_->store->Put(
-        {ns->id, key, parent, std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()), req_.payload().size())},
+        {ns->id, key, parent,
+         std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()), req_.payload().size())},
         {durability, static_cast<int64_t>(req_.ttl_seconds())});
     if (!put.ok()) return put.status();
     if (put->already_present) {
@@ -306,8 +330,8 @@ class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
 
 // ---- the service ----
 
-KvCacheService::KvCacheService(storage::ChunkStore* store, NamespaceRegistry* registry, const Authenticator* auth,
-                               ServiceOptions options)
+KvCacheService::KvCacheService(storage::ChunkStore* store, NamespaceRegistry* registry,
+                               const Authenticator* auth, ServiceOptions options)
     : impl_(std::make_unique<Impl>(store, registry, auth, options)) {}
 
 KvCacheService::~KvCacheService() = default;
@@ -315,12 +339,15 @@ KvCacheService::~KvCacheService() = default;
 grpc::ServerUnaryReactor* KvCacheService::RegisterNamespace(grpc::CallbackServerContext* ctx,
                                                             const pb::RegisterNamespaceRequest* req,
                                                             pb::RegisterNamespaceResponse* resp) {
-  return impl_->Unary(ctx, [this, req, resp](const std::string& t) { return impl_->Register(t, *req, resp); });
+  return impl_->Unary(
+      ctx, [this, req, resp](const std::string& t) { return impl_->Register(t, *req, resp); });
 }
 
-grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx, const pb::LookupRequest* req,
+grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
+                                                 const pb::LookupRequest* req,
                                                  pb::LookupResponse* resp) {
-  return impl_->Unary(ctx, [this, req, resp](const std::string& t) { return impl_->DoLookup(t, *req, resp); });
+  return impl_->Unary(
+      ctx, [this, req, resp](const std::string& t) { return impl_->DoLookup(t, *req, resp); });
 }
 
 grpc::ServerWriteReactor<pb::FetchResponse>* KvCacheService::Fetch(grpc::CallbackServerContext* ctx,
@@ -357,10 +384,11 @@ grpc::ServerReadReactor<pb::StoreRequest>* KvCacheService::Store(grpc::CallbackS
   return new StoreReactor(impl_.get(), *tenant, resp);
 }
 
-grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx, const pb::PinRequest* req,
-                                              pb::PinResponse* resp) {
+grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
+                                              const pb::PinRequest* req, pb::PinResponse* resp) {
   return impl_->Unary(ctx, [this, req, resp](const std::string& t) -> absl::Status {
-    if (req->ttl_seconds() == 0) return absl::InvalidArgumentError("ttl_seconds must be positive (use Unpin to unpin)");
+    if (req->ttl_seconds() == 0)
+      return absl::InvalidArgumentError("ttl_seconds must be positive (use Unpin to unpin)");
     absl::StatusOr<uint32_t> n = impl_->DoPin(t, *req, NowS() + req->ttl_seconds());
     if (!n.ok()) return n.status();
     resp->set_pinned(*n);
@@ -368,7 +396,8 @@ grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx, 
   });
 }
 
-grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx, const pb::UnpinRequest* req,
+grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx,
+                                                const pb::UnpinRequest* req,
                                                 pb::UnpinResponse* resp) {
   return impl_->Unary(ctx, [this, req, resp](const std::string& t) -> absl::Status {
     auto nk = impl_->NamespaceAndKeys(t, *req);
@@ -380,7 +409,8 @@ grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx
   });
 }
 
-grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ctx, const pb::DeleteRequest* req,
+grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ctx,
+                                                 const pb::DeleteRequest* req,
                                                  pb::DeleteResponse* resp) {
   return impl_->Unary(ctx, [this, req, resp](const std::string& t) -> absl::Status {
     auto nk = impl_->NamespaceAndKeys(t, *req);
@@ -392,8 +422,8 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
   });
 }
 
-grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx, const pb::StatsRequest*,
-                                                pb::StatsResponse* resp) {
+grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
+                                                const pb::StatsRequest*, pb::StatsResponse* resp) {
   return impl_->Unary(ctx, [this, resp](const std::string&) {
     const storage::StoreStats s = impl_->store->Stats();
     resp->set_ram_chunks(s.ram_chunks);

@@ -21,9 +21,9 @@ namespace kvc::cachesvc {
 
 struct ServiceOptions {
   uint32_t default_chunk_tokens = 256;
-  uint64_t max_chunk_bytes = 0;            // the store's slot payload size
-  uint64_t max_lookup_tokens = 4u << 20;   // per Lookup call
-  uint32_t max_keys_per_call = 65536;      // Fetch / Pin / Unpin / Delete
+  uint64_t max_chunk_bytes = 0;           // the store's slot payload size
+  uint64_t max_lookup_tokens = 4u << 20;  // per Lookup call
+  uint32_t max_keys_per_call = 65536;     // Fetch / Pin / Unpin / Delete
   int executor_threads = 4;
   size_t executor_queue = 4096;
 };
@@ -34,22 +34,27 @@ class KvCacheService final : public kvcache::v1::KVCache::CallbackService {
                  ServiceOptions options);
   ~KvCacheService() override;
 
-  grpc::ServerUnaryReactor* RegisterNamespace(grpc::CallbackServerContext* ctx,
-                                              const kvcache::v1::RegisterNamespaceRequest* req,
-                                              kvcache::v1::RegisterNamespaceResponse* resp) override;
-  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const kvcache::v1::LookupRequest* req,
+  grpc::ServerUnaryReactor* RegisterNamespace(
+      grpc::CallbackServerContext* ctx, const kvcache::v1::RegisterNamespaceRequest* req,
+      kvcache::v1::RegisterNamespaceResponse* resp) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx,
+                                   const kvcache::v1::LookupRequest* req,
                                    kvcache::v1::LookupResponse* resp) override;
-  grpc::ServerWriteReactor<kvcache::v1::FetchResponse>* Fetch(grpc::CallbackServerContext* ctx,
-                                                              const kvcache::v1::FetchRequest* req) override;
-  grpc::ServerReadReactor<kvcache::v1::StoreRequest>* Store(grpc::CallbackServerContext* ctx,
-                                                            kvcache::v1::StoreResponse* resp) override;
-  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx, const kvcache::v1::PinRequest* req,
+  grpc::ServerWriteReactor<kvcache::v1::FetchResponse>* Fetch(
+      grpc::CallbackServerContext* ctx, const kvcache::v1::FetchRequest* req) override;
+  grpc::ServerReadReactor<kvcache::v1::StoreRequest>* Store(
+      grpc::CallbackServerContext* ctx, kvcache::v1::StoreResponse* resp) override;
+  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx,
+                                const kvcache::v1::PinRequest* req,
                                 kvcache::v1::PinResponse* resp) override;
-  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx, const kvcache::v1::UnpinRequest* req,
+  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx,
+                                  const kvcache::v1::UnpinRequest* req,
                                   kvcache::v1::UnpinResponse* resp) override;
-  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const kvcache::v1::DeleteRequest* req,
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
+                                   const kvcache::v1::DeleteRequest* req,
                                    kvcache::v1::DeleteResponse* resp) override;
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const kvcache::v1::StatsRequest* req,
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
+                                  const kvcache::v1::StatsRequest* req,
                                   kvcache::v1::StatsResponse* resp) override;
 
   class Impl;

@@ -676,6 +676,10 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
       continue;
     }
     if (durable) {
+      // A chunk only in RAM (memory-acknowledged) is written to SSD now, and reported as
+      // already present: the cache had it.
+      if (in_ram != s.ram.end() && in_ram->second.ns == r.namespace_id)
+        results[i] = PutResult{true};
       IndexRecord rec;
       rec.namespace_id = r.namespace_id;
       rec.parent = r.parent;
@@ -695,6 +699,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
         results[w.result_index] = w.status;
       } else if (s.arena) {
         // Keep a clean copy in RAM too (write-through); skipped if RAM is busy.
+        // (results[w.result_index] keeps already_present for a chunk that was in RAM.)
         auto in_ram = s.ram.find(w.key);
         if (in_ram != s.ram.end()) {
           in_ram->second.dirty = false;

@@ -32,7 +32,8 @@ std::string ReadFile(const std::string& path) {
 // A kvcached process on a free loopback port.
 class Daemon {
  public:
-  Daemon(const std::string& data_dir, std::vector<std::string> extra = {}) : dir_(data_dir), extra_(std::move(extra)) {
+  Daemon(const std::string& data_dir, std::vector<std::string> extra = {})
+      : dir_(data_dir), extra_(std::move(extra)) {
     Start();
   }
   ~Daemon() {
@@ -41,8 +42,9 @@ class Daemon {
   void Start() {
     int out[2];
     ASSERT_EQ(pipe(out), 0);
-    std::vector<std::string> args = {kDaemon, "--data-dir", dir_, "--listen", "127.0.0.1:0",
-                                     "--ram-bytes", "4000000", "--ssd-bytes", "40000000"};
+    std::vector<std::string> args = {kDaemon,    "--data-dir",  dir_,
+                                     "--listen", "127.0.0.1:0", "--ram-bytes",
+                                     "4000000",  "--ssd-bytes", "40000000"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
     ASSERT_GE(pid_, 0);
@@ -63,7 +65,8 @@ class Daemon {
     const char* colon = strrchr(strstr(line, "listening on") ? line : "x:0", ':');
     port_ = std::atoi(colon + 1);
     ASSERT_GT(port_, 0) << line;
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials());
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                   grpc::InsecureChannelCredentials());
     stub_ = pb::KVCache::NewStub(channel_);
   }
   // SIGTERM: graceful (drains, flushes); SIGKILL: crash. Returns the exit status.
@@ -107,7 +110,8 @@ const std::string& MiniConfig() {
   return text;
 }
 
-pb::RegisterNamespaceResponse Register(Daemon& d, const Client& c, const std::string& model = "mini-test") {
+pb::RegisterNamespaceResponse Register(Daemon& d, const Client& c,
+                                       const std::string& model = "mini-test") {
   pb::RegisterNamespaceRequest req;
   req.set_model_config_json(MiniConfig());
   req.set_model_id(model);
@@ -123,10 +127,12 @@ struct Chunk {
   std::string payload;
 };
 
-std::vector<Chunk> MakeChunks(std::mt19937_64& rng, int n, uint32_t chunk_tokens, uint64_t chunk_bytes) {
+std::vector<Chunk> MakeChunks(std::mt19937_64& rng, int n, uint32_t chunk_tokens,
+                              uint64_t chunk_bytes) {
   std::vector<Chunk> chunks(n);
   for (Chunk& c : chunks) {
-    for (uint32_t i = 0; i < chunk_tokens; ++i) c.tokens.push_back(static_cast<uint32_t>(rng() % 512));
+    for (uint32_t i = 0; i < chunk_tokens; ++i)
+      c.tokens.push_back(static_cast<uint32_t>(rng() % 512));
     c.payload.resize(chunk_bytes);
     for (char& b : c.payload) b = static_cast<char>(rng());
   }
@@ -139,22 +145,25 @@ std::vector<uint32_t> AllTokens(const std::vector<Chunk>& chunks) {
   return t;
 }
 
-pb::LookupResponse Lookup(Daemon& d, const Client& c, uint32_t ns, const std::vector<uint32_t>& tokens,
-                          grpc::Status* status = nullptr) {
+pb::LookupResponse Lookup(Daemon& d, const Client& c, uint32_t ns,
+                          const std::vector<uint32_t>& tokens, grpc::Status* status = nullptr) {
   pb::LookupRequest req;
   req.set_namespace_id(ns);
   for (uint32_t t : tokens) req.add_tokens(t);
   pb::LookupResponse resp;
   grpc::Status s = d.stub().Lookup(c.Ctx().get(), req, &resp);
-  if (status) *status = s;
-  else EXPECT_TRUE(s.ok()) << s.error_message();
+  if (status)
+    *status = s;
+  else
+    EXPECT_TRUE(s.ok()) << s.error_message();
   return resp;
 }
 
 // Stores a whole prefix: keys come from Lookup (the server's hashing; the public
 // algorithm is checked separately against vectors), each chunk chained to the previous.
 grpc::Status StorePrefix(Daemon& d, const Client& c, uint32_t ns, const std::vector<Chunk>& chunks,
-                         pb::StoreResponse* resp, pb::Durability durability = pb::DURABILITY_DURABLE) {
+                         pb::StoreResponse* resp,
+                         pb::Durability durability = pb::DURABILITY_DURABLE) {
   const pb::LookupResponse keys = Lookup(d, c, ns, AllTokens(chunks));
   auto ctx = c.Ctx();
   auto writer = d.stub().Store(ctx.get(), resp);
@@ -172,7 +181,8 @@ grpc::Status StorePrefix(Daemon& d, const Client& c, uint32_t ns, const std::vec
 }
 
 std::vector<pb::FetchResponse> Fetch(Daemon& d, const Client& c, uint32_t ns,
-                                     const google::protobuf::RepeatedPtrField<std::string>& keys, grpc::Status* status) {
+                                     const google::protobuf::RepeatedPtrField<std::string>& keys,
+                                     grpc::Status* status) {
   pb::FetchRequest req;
   req.set_namespace_id(ns);
   *req.mutable_chunk_keys() = keys;
@@ -229,6 +239,179 @@ TEST(KvcachedTest, StoreLookupFetchSurviveRestartsAndCrashes) {
   check(pb::TIER_SSD);
   d.Restart(SIGKILL);  // durable acks survive a crash too
   check(pb::TIER_SSD);
+}
+
+// Sends one Store message; returns the call's status.
+grpc::Status StoreOne(Daemon& d, const Client& c, const pb::StoreRequest& req,
+                      pb::StoreResponse* resp) {
+  auto ctx = c.Ctx();
+  auto writer = d.stub().Store(ctx.get(), resp);
+  writer->Write(req);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+void ExpectStatus(const grpc::Status& s, grpc::StatusCode code, const std::string& text) {
+  EXPECT_EQ(s.error_code(), code) << s.error_message();
+  EXPECT_NE(s.error_message().find(text), std::string::npos)
+      << "\"" << text << "\" not in: " << s.error_message();
+}
+
+TEST(KvcachedTest, BadInputGetsAPreciseStatusAndStoresNothing) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  Daemon d(dir.File("data"));
+  Client c;
+  const pb::RegisterNamespaceResponse ns = Register(d, c);
+  const std::vector<Chunk> chunks = MakeChunks(rng, 1, ns.chunk_tokens(), ns.chunk_bytes());
+  auto good = [&] {
+    pb::StoreRequest req;
+    req.set_namespace_id(ns.namespace_id());
+    for (uint32_t t : chunks[0].tokens) req.add_tokens(t);
+    req.set_payload(chunks[0].payload);
+    return req;
+  };
+  pb::StoreResponse resp;
+  pb::StoreRequest req = good();
+  req.mutable_payload()->pop_back();
+  ExpectStatus(StoreOne(d, c, req, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+               "chunk payload is " + std::to_string(ns.chunk_bytes() - 1) + " bytes");
+  req = good();
+  req.mutable_tokens()->RemoveLast();
+  ExpectStatus(StoreOne(d, c, req, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+               "chunk has 63 tokens");
+  req = good();
+  req.set_tokens(5, 999999);
+  ExpectStatus(StoreOne(d, c, req, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+               "tokens[5] is 999999");
+  req = good();
+  req.set_parent_key(std::string(16, 'x'));
+  ExpectStatus(StoreOne(d, c, req, &resp), grpc::StatusCode::FAILED_PRECONDITION, "is not cached");
+  req = good();
+  req.set_parent_key("short");
+  ExpectStatus(StoreOne(d, c, req, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+               "parent_key is 5 bytes");
+  req = good();
+  req.set_namespace_id(ns.namespace_id() + 100);
+  ExpectStatus(StoreOne(d, c, req, &resp), grpc::StatusCode::NOT_FOUND, "namespace");
+  // Nothing of the above was stored.
+  EXPECT_EQ(Lookup(d, c, ns.namespace_id(), chunks[0].tokens).matched_chunks(), 0u);
+
+  grpc::Status st;
+  Lookup(d, c, ns.namespace_id(), {1, 2, 600}, &st);
+  ExpectStatus(st, grpc::StatusCode::INVALID_ARGUMENT,
+               "tokens[2] is 600, outside the vocabulary of 512");
+  google::protobuf::RepeatedPtrField<std::string> bad_keys;
+  *bad_keys.Add() = "0123456789abcde";
+  Fetch(d, c, ns.namespace_id(), bad_keys, &st);
+  ExpectStatus(st, grpc::StatusCode::INVALID_ARGUMENT, "chunk_keys[0] is 15 bytes");
+  *bad_keys.Mutable(0) = std::string(16, 'k');
+  Fetch(d, c, ns.namespace_id(), bad_keys, &st);
+  ExpectStatus(st, grpc::StatusCode::NOT_FOUND, "chunk_keys[0]");
+
+  pb::RegisterNamespaceRequest reg;
+  reg.set_model_id("m");
+  reg.set_model_config_json("{\"text_config\": {\"head_dim\": 64}}");
+  pb::RegisterNamespaceResponse reg_resp;
+  ExpectStatus(d.stub().RegisterNamespace(c.Ctx().get(), reg, &reg_resp),
+               grpc::StatusCode::INVALID_ARGUMENT, "missing key");
+  reg.set_model_config_json(MiniConfig());
+  reg.set_chunk_tokens(63);
+  ExpectStatus(d.stub().RegisterNamespace(c.Ctx().get(), reg, &reg_resp),
+               grpc::StatusCode::INVALID_ARGUMENT, "chunk_tokens 63");
+  reg.set_chunk_tokens(1 << 20);
+  ExpectStatus(d.stub().RegisterNamespace(c.Ctx().get(), reg, &reg_resp),
+               grpc::StatusCode::INVALID_ARGUMENT, "this server stores chunks of at most");
+  // Too many tokens for one Lookup; and a message past the size limit, which gRPC itself
+  // refuses before it reaches the service.
+  std::vector<uint32_t> many(5u << 20, 1);
+  Lookup(d, c, ns.namespace_id(), many, &st);
+  ExpectStatus(st, grpc::StatusCode::INVALID_ARGUMENT, "tokens in one Lookup; the limit is");
+  std::vector<uint32_t> huge(5u << 20, 1u << 31);  // 5-byte varints: 26 MB
+  Lookup(d, c, ns.namespace_id(), huge, &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+}
+
+TEST(KvcachedTest, TenantsCannotSeeEachOthersChunks) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "# token tenant\nsecret-a acme\nsecret-b globex\n";
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens")});
+  const Client a{"secret-a"}, b{"secret-b"}, nobody{""}, wrong{"secret-c"};
+  pb::RegisterNamespaceRequest reg;
+  reg.set_model_config_json(MiniConfig());
+  reg.set_model_id("mini-test");
+  pb::RegisterNamespaceResponse r;
+  ExpectStatus(d.stub().RegisterNamespace(nobody.Ctx().get(), reg, &r),
+               grpc::StatusCode::UNAUTHENTICATED, "missing");
+  ExpectStatus(d.stub().RegisterNamespace(wrong.Ctx().get(), reg, &r),
+               grpc::StatusCode::UNAUTHENTICATED, "unknown");
+
+  const pb::RegisterNamespaceResponse na = Register(d, a), nb = Register(d, b);
+  EXPECT_NE(na.namespace_id(), nb.namespace_id());
+  EXPECT_NE(na.root_key(), nb.root_key());  // same model, another tenant: other keys
+  const std::vector<Chunk> chunks = MakeChunks(rng, 2, na.chunk_tokens(), na.chunk_bytes());
+  pb::StoreResponse stored;
+  ASSERT_TRUE(StorePrefix(d, a, na.namespace_id(), chunks, &stored).ok());
+
+  // b cannot use a's namespace, and cannot tell it exists.
+  grpc::Status st;
+  Lookup(d, b, na.namespace_id(), AllTokens(chunks), &st);
+  ExpectStatus(st, grpc::StatusCode::NOT_FOUND,
+               "namespace " + std::to_string(na.namespace_id()) + " not found");
+  Lookup(d, b, 9999, AllTokens(chunks), &st);
+  ExpectStatus(st, grpc::StatusCode::NOT_FOUND, "namespace 9999 not found");
+  // b's own namespace does not see a's chunks, even by a's keys.
+  EXPECT_EQ(Lookup(d, b, nb.namespace_id(), AllTokens(chunks)).matched_chunks(), 0u);
+  Fetch(d, b, nb.namespace_id(), stored.chunk_keys(), &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  // a still sees them.
+  EXPECT_EQ(Lookup(d, a, na.namespace_id(), AllTokens(chunks)).matched_chunks(), 2u);
+}
+
+TEST(KvcachedTest, PinUnpinAndDelete) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  Daemon d(dir.File("data"));
+  Client c;
+  const pb::RegisterNamespaceResponse ns = Register(d, c);
+  const std::vector<Chunk> chunks = MakeChunks(rng, 3, ns.chunk_tokens(), ns.chunk_bytes());
+  pb::StoreResponse stored;
+  ASSERT_TRUE(StorePrefix(d, c, ns.namespace_id(), chunks, &stored, pb::DURABILITY_MEMORY).ok());
+  EXPECT_EQ(stored.stored(), 3u);
+  pb::StoreResponse again;
+  ASSERT_TRUE(StorePrefix(d, c, ns.namespace_id(), chunks, &again).ok());
+  EXPECT_EQ(again.already_present(), 3u);
+
+  pb::PinRequest pin;
+  pin.set_namespace_id(ns.namespace_id());
+  *pin.mutable_chunk_keys() = stored.chunk_keys();
+  pin.set_ttl_seconds(3600);
+  pb::PinResponse pinned;
+  ASSERT_TRUE(d.stub().Pin(c.Ctx().get(), pin, &pinned).ok());
+  EXPECT_EQ(pinned.pinned(), 3u);
+  pin.set_ttl_seconds(0);
+  ExpectStatus(d.stub().Pin(c.Ctx().get(), pin, &pinned), grpc::StatusCode::INVALID_ARGUMENT,
+               "ttl_seconds");
+  pb::UnpinRequest unpin;
+  unpin.set_namespace_id(ns.namespace_id());
+  *unpin.mutable_chunk_keys() = stored.chunk_keys();
+  pb::UnpinResponse unpinned;
+  ASSERT_TRUE(d.stub().Unpin(c.Ctx().get(), unpin, &unpinned).ok());
+  EXPECT_EQ(unpinned.unpinned(), 3u);
+
+  pb::DeleteRequest del;
+  del.set_namespace_id(ns.namespace_id());
+  *del.add_chunk_keys() = stored.chunk_keys(2);
+  pb::DeleteResponse deleted;
+  ASSERT_TRUE(d.stub().Delete(c.Ctx().get(), del, &deleted).ok());
+  EXPECT_EQ(deleted.deleted(), 1u);
+  EXPECT_EQ(Lookup(d, c, ns.namespace_id(), AllTokens(chunks)).matched_chunks(), 2u);
+
+  pb::StatsResponse stats;
+  ASSERT_TRUE(d.stub().Stats(c.Ctx().get(), pb::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.ssd_chunks(), 2u);
+  EXPECT_FALSE(stats.io_backend().empty());
 }
 
 }  // namespace

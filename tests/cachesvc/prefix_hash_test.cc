@@ -36,7 +36,8 @@ TEST(PrefixHashTest, MatchesPublishedVectors) {
     const std::vector<ChunkKey> keys = ChunkKeys(root, tokens, t["chunk_tokens"]);
     ASSERT_EQ(keys.size(), t["chunk_keys"].size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      EXPECT_EQ(keys[i].Hex(), t["chunk_keys"][i].get<std::string>()) << t["tenant"] << " chunk " << i;
+      EXPECT_EQ(keys[i].Hex(), t["chunk_keys"][i].get<std::string>())
+          << t["tenant"] << " chunk " << i;
       ++checked;
     }
   }
@@ -60,7 +61,8 @@ TEST(PrefixHashTest, KeysDependOnEverythingBeforeThem) {
   for (size_t i = 2; i < 5; ++i) EXPECT_NE(after[i], base[i]) << i;
   // Tenants, models, layout versions and chunk sizes each give another root.
   EXPECT_NE(NamespaceRoot("u", fp, kKvLayoutVersion, 64), root);
-  EXPECT_NE(NamespaceRoot("t", ModelFingerprint("m2", ReferenceLayout()), kKvLayoutVersion, 64), root);
+  EXPECT_NE(NamespaceRoot("t", ModelFingerprint("m2", ReferenceLayout()), kKvLayoutVersion, 64),
+            root);
   EXPECT_NE(NamespaceRoot("t", fp, kKvLayoutVersion + 1, 64), root);
   EXPECT_NE(NamespaceRoot("t", fp, kKvLayoutVersion, 128), root);
   // A partial tail is not a chunk.
