@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "tests/cachesvc/daemon.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
@@ -18,82 +19,9 @@ namespace kvc {
 namespace {
 
 namespace pb = ::kvcache::v1;
+using ::kvc::testing::Daemon;
+using ::kvc::testing::ReadFile;
 using ::kvc::testing::TempDir;
-
-const std::string kDaemon = std::string(KVC_BIN_DIR) + "/kvcached";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A kvcached process on a free loopback port.
-class Daemon {
- public:
-  Daemon(const std::string& data_dir, std::vector<std::string> extra = {})
-      : dir_(data_dir), extra_(std::move(extra)) {
-    Start();
-  }
-  ~Daemon() {
-    if (pid_ > 0) Stop(SIGKILL);
-  }
-  void Start() {
-    int out[2];
-    ASSERT_EQ(pipe(out), 0);
-    std::vector<std::string> args = {kDaemon,    "--data-dir",  dir_,
-                                     "--listen", "127.0.0.1:0", "--ram-bytes",
-                                     "4000000",  "--ssd-bytes", "40000000"};
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    pid_ = fork();
-    ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(kDaemon.c_str(), argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    FILE* f = fdopen(out[0], "r");
-    char line[512] = {0};
-    ASSERT_NE(fgets(line, sizeof line, f), nullptr) << "kvcached printed nothing";
-    out_ = f;  // keep reading end open so the daemon never gets SIGPIPE
-    const char* colon = strrchr(strstr(line, "listening on") ? line : "x:0", ':');
-    port_ = std::atoi(colon + 1);
-    ASSERT_GT(port_, 0) << line;
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
-                                   grpc::InsecureChannelCredentials());
-    stub_ = pb::KVCache::NewStub(channel_);
-  }
-  // SIGTERM: graceful (drains, flushes); SIGKILL: crash. Returns the exit status.
-  int Stop(int sig) {
-    kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    if (out_) fclose(out_);
-    out_ = nullptr;
-    return status;
-  }
-  void Restart(int sig) {
-    Stop(sig);
-    Start();
-  }
-  pb::KVCache::Stub& stub() { return *stub_; }
-
- private:
-  std::string dir_;
-  std::vector<std::string> extra_;
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-  int port_ = 0;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<pb::KVCache::Stub> stub_;
-};
 
 struct Client {
   std::string token;

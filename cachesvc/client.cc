@@ -1,0 +1,209 @@
+#include "cachesvc/client.h"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "cachesvc/prefix_hash.h"
+#include "cachesvc/status.h"
+
+namespace kvc::cachesvc {
+
+namespace pb = ::kvcache::v1;
+using storage::ChunkKey;
+
+namespace {
+
+std::string KeyBytes(const ChunkKey& k) {
+  return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16);
+}
+
+absl::StatusOr<ChunkKey> KeyFrom(const std::string& b) {
+  if (b.size() != 16)
+    return absl::DataLossError(absl::StrCat("server sent a ", b.size(), "-byte key"));
+  ChunkKey k;
+  std::memcpy(k.bytes.data(), b.data(), 16);
+  return k;
+}
+
+template <typename Req>
+void AddKeys(Req* req, std::span<const ChunkKey> keys) {
+  for (const ChunkKey& k : keys) req->add_chunk_keys(KeyBytes(k));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(const ClientOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty()) {
+    std::ifstream in(options.tls_ca_file);
+    if (!in)
+      return absl::NotFoundError(absl::StrCat("cannot open CA file \"", options.tls_ca_file, "\""));
+    std::stringstream ca;
+    ca << in.rdbuf();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ca.str();
+    creds = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  return std::unique_ptr<CacheClient>(
+      new CacheClient(options, grpc::CreateCustomChannel(options.address, creds, args)));
+}
+
+std::unique_ptr<grpc::ClientContext> CacheClient::Context() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(options_.timeout_ms));
+  if (!options_.bearer_token.empty())
+    ctx->AddMetadata("authorization", "Bearer " + options_.bearer_token);
+  return ctx;
+}
+
+absl::StatusOr<RemoteNamespace> CacheClient::RegisterNamespace(const std::string& model_config_json,
+                                                               const std::string& model_id,
+                                                               uint32_t chunk_tokens) {
+  pb::RegisterNamespaceRequest req;
+  req.set_model_config_json(model_config_json);
+  req.set_model_id(model_id);
+  req.set_chunk_tokens(chunk_tokens);
+  pb::RegisterNamespaceResponse resp;
+  if (absl::Status s = FromGrpc(stub_->RegisterNamespace(Context().get(), req, &resp)); !s.ok())
+    return s;
+  absl::StatusOr<ChunkKey> root = KeyFrom(resp.root_key());
+  if (!root.ok()) return root.status();
+  return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), *root};
+}
+
+std::vector<ChunkKey> CacheClient::Keys(const RemoteNamespace& ns,
+                                        std::span<const uint32_t> tokens) const {
+  return ChunkKeys(ns.root, tokens, ns.chunk_tokens);
+}
+
+absl::StatusOr<LookupResult> CacheClient::Lookup(const RemoteNamespace& ns,
+                                                 std::span<const uint32_t> tokens) {
+  pb::LookupRequest req;
+  req.set_namespace_id(ns.id);
+  req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  pb::LookupResponse resp;
+  if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, &resp)); !s.ok()) return s;
+  LookupResult r;
+  r.matched_chunks = resp.matched_chunks();
+  for (const std::string& k : resp.chunk_keys()) {
+    absl::StatusOr<ChunkKey> key = KeyFrom(k);
+    if (!key.ok()) return key.status();
+    r.keys.push_back(*key);
+  }
+  for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
+  return r;
+}
+
+absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
+                                          std::span<uint8_t> out) {
+  if (out.size() != keys.size() * ns.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("output buffer is ", out.size(), " bytes; ",
+                                                   keys.size(), " chunks need ",
+                                                   keys.size() * ns.chunk_bytes));
+  }
+  pb::FetchRequest req;
+  req.set_namespace_id(ns.id);
+  AddKeys(&req, keys);
+  auto ctx = Context();
+  auto reader = stub_->Fetch(ctx.get(), req);
+  pb::FetchResponse resp;
+  size_t got = 0;
+  while (reader->Read(&resp)) {
+    if (got >= keys.size() || resp.chunk_key() != KeyBytes(keys[got]) ||
+        resp.payload().size() != ns.chunk_bytes) {
+      ctx->TryCancel();
+      reader->Finish();
+      return absl::DataLossError(
+          absl::StrCat("server answered chunk ", got, " with another key or size"));
+    }
+    std::memcpy(out.data() + got * ns.chunk_bytes, resp.payload().data(), ns.chunk_bytes);
+    ++got;
+  }
+  absl::Status s = FromGrpc(reader->Finish());
+  if (!s.ok() && !absl::IsNotFound(s)) return s;
+  return got;  // NotFound mid-way: the leading chunks are usable
+}
+
+absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
+                                               std::optional<ChunkKey> parent,
+                                               std::span<const uint32_t> tokens,
+                                               std::span<const uint8_t> payloads,
+                                               pb::Durability durability, uint32_t ttl_seconds) {
+  const size_t chunks = tokens.size() / ns.chunk_tokens;
+  if (tokens.size() % ns.chunk_tokens != 0 || payloads.size() != chunks * ns.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tokens.size(), " tokens and ", payloads.size(), " payload bytes are not whole chunks of ",
+        ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
+  }
+  pb::StoreResponse resp;
+  auto ctx = Context();
+  auto writer = stub_->Store(ctx.get(), &resp);
+  std::optional<ChunkKey> prev = parent;
+  for (size_t i = 0; i < chunks; ++i) {
+    pb::StoreRequest req;
+    req.set_namespace_id(ns.id);
+    if (prev) req.set_parent_key(KeyBytes(*prev));
+    const std::span<const uint32_t> t = tokens.subspan(i * ns.chunk_tokens, ns.chunk_tokens);
+    req.mutable_tokens()->Add(t.begin(), t.end());
+    req.set_payload(payloads.data() + i * ns.chunk_bytes, ns.chunk_bytes);
+    req.set_durability(durability);
+    req.set_ttl_seconds(ttl_seconds);
+    if (!writer->Write(req)) break;  // the server ended the call: Finish says why
+    prev = NextChunkKey(prev ? *prev : ns.root, t);
+  }
+  writer->WritesDone();
+  if (absl::Status s = FromGrpc(writer->Finish()); !s.ok()) return s;
+  StoreResult r{resp.stored(), resp.already_present(), {}};
+  for (const std::string& k : resp.chunk_keys()) {
+    absl::StatusOr<ChunkKey> key = KeyFrom(k);
+    if (!key.ok()) return key.status();
+    r.keys.push_back(*key);
+  }
+  return r;
+}
+
+absl::StatusOr<uint32_t> CacheClient::Pin(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
+                                          uint32_t ttl_seconds) {
+  pb::PinRequest req;
+  req.set_namespace_id(ns.id);
+  AddKeys(&req, keys);
+  req.set_ttl_seconds(ttl_seconds);
+  pb::PinResponse resp;
+  if (absl::Status s = FromGrpc(stub_->Pin(Context().get(), req, &resp)); !s.ok()) return s;
+  return resp.pinned();
+}
+
+absl::StatusOr<uint32_t> CacheClient::Unpin(const RemoteNamespace& ns,
+                                            std::span<const ChunkKey> keys) {
+  pb::UnpinRequest req;
+  req.set_namespace_id(ns.id);
+  AddKeys(&req, keys);
+  pb::UnpinResponse resp;
+  if (absl::Status s = FromGrpc(stub_->Unpin(Context().get(), req, &resp)); !s.ok()) return s;
+  return resp.unpinned();
+}
+
+absl::StatusOr<uint32_t> CacheClient::Delete(const RemoteNamespace& ns,
+                                             std::span<const ChunkKey> keys) {
+  pb::DeleteRequest req;
+  req.set_namespace_id(ns.id);
+  AddKeys(&req, keys);
+  pb::DeleteResponse resp;
+  if (absl::Status s = FromGrpc(stub_->Delete(Context().get(), req, &resp)); !s.ok()) return s;
+  return resp.deleted();
+}
+
+absl::StatusOr<pb::StatsResponse> CacheClient::Stats() {
+  pb::StatsResponse resp;
+  if (absl::Status s = FromGrpc(stub_->Stats(Context().get(), pb::StatsRequest(), &resp)); !s.ok())
+    return s;
+  return resp;
+}
+
+}  // namespace kvc::cachesvc

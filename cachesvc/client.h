@@ -1,0 +1,93 @@
+// CacheClient: the C++ client of kvcached, for inference workers and tools.
+//
+// Hashing is local (the public algorithm of prefix_hash.h, from the root key the server
+// returns), so a worker knows every chunk key before asking. Fetch writes payloads
+// straight into the caller's buffer; Store sends a whole prefix in one stream. Every call
+// has a deadline (Options::timeout_ms) and returns the server's status (code and message)
+// as absl::Status. Thread-safe: one client may serve many threads.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "storage/chunk_key.h"
+
+namespace kvc::cachesvc {
+
+struct ClientOptions {
+  std::string address = "127.0.0.1:50051";
+  std::string bearer_token;  // empty: no authorization metadata
+  int timeout_ms = 30000;
+  std::string tls_ca_file;  // set: TLS, trusting this CA bundle
+};
+
+struct RemoteNamespace {
+  uint32_t id = 0;
+  uint64_t chunk_bytes = 0;
+  uint32_t chunk_tokens = 0;
+  storage::ChunkKey root;
+};
+
+struct LookupResult {
+  uint32_t matched_chunks = 0;
+  std::vector<storage::ChunkKey> keys;   // every whole chunk of the tokens
+  std::vector<kvcache::v1::Tier> tiers;  // one per matched chunk
+};
+
+struct StoreResult {
+  uint32_t stored = 0;
+  uint32_t already_present = 0;
+  std::vector<storage::ChunkKey> keys;
+};
+
+class CacheClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<CacheClient>> Connect(const ClientOptions& options);
+
+  absl::StatusOr<RemoteNamespace> RegisterNamespace(const std::string& model_config_json,
+                                                    const std::string& model_id,
+                                                    uint32_t chunk_tokens = 0);
+  // Keys of every whole chunk of `tokens` (no RPC).
+  std::vector<storage::ChunkKey> Keys(const RemoteNamespace& ns,
+                                      std::span<const uint32_t> tokens) const;
+  absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns, std::span<const uint32_t> tokens);
+  // Fetches keys in order into `out` (keys.size() × chunk_bytes). Returns how many leading
+  // chunks arrived; a chunk missing mid-way (evicted since Lookup) ends the stream there,
+  // so a caller can use the chunks before it.
+  absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
+                               std::span<uint8_t> out);
+  // Stores the whole chunks of `tokens` with their payloads (chunk_bytes each), chained
+  // after `parent` (nullopt: the prefix starts here).
+  absl::StatusOr<StoreResult> Store(
+      const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
+      std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
+      kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
+      uint32_t ttl_seconds = 0);
+  absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
+                               uint32_t ttl_seconds);
+  absl::StatusOr<uint32_t> Unpin(const RemoteNamespace& ns,
+                                 std::span<const storage::ChunkKey> keys);
+  absl::StatusOr<uint32_t> Delete(const RemoteNamespace& ns,
+                                  std::span<const storage::ChunkKey> keys);
+  absl::StatusOr<kvcache::v1::StatsResponse> Stats();
+
+ private:
+  CacheClient(ClientOptions o, std::shared_ptr<grpc::Channel> ch)
+      : options_(std::move(o)),
+        channel_(std::move(ch)),
+        stub_(kvcache::v1::KVCache::NewStub(channel_)) {}
+  std::unique_ptr<grpc::ClientContext> Context() const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<kvcache::v1::KVCache::Stub> stub_;
+};
+
+}  // namespace kvc::cachesvc
