@@ -428,7 +428,7 @@ std::string EncodeNamespaces(const std::unordered_map<NamespaceId, uint64_t>& ns
 
 absl::Status ChunkStore::Impl::Open() {
   if (opt.data_dir.empty()) return absl::InvalidArgumentError("data folder is empty");
-  if (opt.max_chunk_bytes == 0) return absl::InvalidArgumentError("max chunk size is 0");
+  const bool adopt = opt.max_chunk_bytes == 0;  // tools: take the folder's geometry
   std::error_code ec;
   std::filesystem::create_directories(opt.data_dir, ec);
   if (ec)
@@ -437,6 +437,20 @@ absl::Status ChunkStore::Impl::Open() {
   if (!idx.ok()) return idx.status();
   index = *std::move(idx);
 
+  if (adopt) {
+    for (auto [name, value] : {std::pair{"slot_bytes", &opt.max_chunk_bytes},
+                               std::pair{"capacity_slots", &opt.ssd_bytes}}) {
+      absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(name);
+      if (!stored.ok()) return stored.status();
+      if (!stored->has_value() || !absl::SimpleAtoi(**stored, value)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(opt.data_dir, " holds no chunk store (no ", name, ")"));
+      }
+    }
+    opt.ssd_bytes *= opt.max_chunk_bytes;  // capacity_slots × slot_bytes
+    opt.max_chunk_bytes -= kSlotHeaderBytes;
+    opt.ram_bytes = 0;
+  }
   // The slot size and slab geometry are fixed when the folder is made.
   slot_bytes = SlotBytesFor(opt.max_chunk_bytes);
   slots_per_slab = std::max<uint64_t>(1, opt.slab_bytes / slot_bytes);
@@ -475,6 +489,8 @@ absl::Status ChunkStore::Impl::Open() {
   }
 
   const uint64_t capacity_slots = opt.ssd_bytes / slot_bytes;
+  if (absl::Status s = index->PutMeta("capacity_slots", std::to_string(capacity_slots)); !s.ok())
+    return s;
   if (capacity_slots > 0) {
     SsdTierOptions so;
     so.dir = opt.data_dir + "/slabs";
@@ -977,6 +993,14 @@ absl::Status ChunkStore::Flush() {
     if (s.stats.write_errors != errors) return absl::InternalError("writing to SSD failed");
   }
   return absl::OkStatus();
+}
+
+std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
+  std::lock_guard lk(impl_->mu);
+  std::vector<std::pair<NamespaceId, ChunkKey>> out;
+  out.reserve(impl_->ssd_map.size());
+  for (const auto& [key, rec] : impl_->ssd_map) out.emplace_back(rec.namespace_id, key);
+  return out;
 }
 
 StoreStats ChunkStore::Stats() const {

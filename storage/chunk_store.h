@@ -46,8 +46,10 @@ const char* TierName(Tier t);  // "none", "ram", "ssd"
 enum class Durability { kMemory, kDurable };
 
 struct StoreOptions {
-  std::string data_dir;              // created if missing; holds index/ and slabs/
-  uint64_t max_chunk_bytes = 0;      // the largest chunk any namespace may use
+  std::string data_dir;  // created if missing; holds index/ and slabs/
+  // The largest chunk any namespace may use; 0 reopens an existing folder with its own slot
+  // size and capacity (RAM tier off), as tools do.
+  uint64_t max_chunk_bytes = 0;
   uint64_t ram_bytes = 0;            // T1 capacity; 0 = no RAM tier
   uint64_t ssd_bytes = 0;            // T2 capacity; 0 = no SSD tier
   uint64_t slab_bytes = 1ull << 30;  // size of each slab file (rounded down to whole slots)
@@ -139,6 +141,9 @@ class ChunkStore {
   [[nodiscard]] absl::Status Pin(NamespaceId ns, const ChunkKey& key, int64_t pin_until_s);
   std::vector<absl::Status> PinBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                      int64_t pin_until_s);
+
+  // Every chunk on SSD as (namespace, key), in no particular order (for tools).
+  std::vector<std::pair<NamespaceId, ChunkKey>> ListSsd() const;
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();

@@ -1,0 +1,252 @@
+// kvctl: the kvcache admin CLI.
+//
+// Against a running kvcached (--server ADDR, --token T):
+//   kvctl stats
+//   kvctl register --config F --model-id M [--chunk-tokens C]
+//   kvctl hash     --config F --model-id M [--chunk-tokens C] --tokens-file F
+//   kvctl put      --config F --model-id M [--chunk-tokens C] --tokens-file F --payload-file P
+//   [--memory] [--ttl S] kvctl get      --config F --model-id M [--chunk-tokens C] --tokens-file F
+//   --out P kvctl pin|unpin|evict --config F --model-id M [--chunk-tokens C] --tokens-file F [--ttl
+//   S]
+// On a stopped daemon's data folder:
+//   kvctl ls     --data-dir DIR
+//   kvctl verify --data-dir DIR      (reads every chunk on SSD and checks its checksum)
+// Token files hold whitespace-separated token ids; payload files the chunks' bytes back
+// to back.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "cachesvc/client.h"
+#include "cachesvc/namespace_registry.h"
+#include "storage/chunk_store.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+namespace pb = ::kvcache::v1;
+
+absl::StatusOr<std::string> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot open \"" + path + "\"");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+absl::StatusOr<std::vector<uint32_t>> ReadTokens(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadAll(path);
+  if (!text.ok()) return text.status();
+  std::istringstream in(*text);
+  std::vector<uint32_t> tokens;
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(word.c_str(), &end, 10);
+    if (*end != '\0' || v > 0xFFFFFFFFul) {
+      return absl::InvalidArgumentError("\"" + path + "\": token " + std::to_string(tokens.size()) +
+                                        " is \"" + word + "\", not a token id");
+    }
+    tokens.push_back(static_cast<uint32_t>(v));
+  }
+  return tokens;
+}
+
+const char* TierName(int t) {
+  switch (t) {
+    case pb::TIER_HBM:
+      return "hbm";
+    case pb::TIER_RAM:
+      return "ram";
+    case pb::TIER_SSD:
+      return "ssd";
+    default:
+      return "-";
+  }
+}
+
+// A one-line progress bar on stderr for long work.
+void Progress(size_t done, size_t total) {
+  const int width = 40;
+  const int filled = total ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu", std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), done, total);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+struct Args {
+  std::string server = "127.0.0.1:50051", token, config, model_id, tokens_file, payload_file, out,
+              data_dir;
+  uint32_t chunk_tokens = 0, ttl = 0;
+  bool memory = false;
+};
+
+absl::Status Run(const std::string& cmd, const Args& a) {
+  if (cmd == "ls" || cmd == "verify") {
+    storage::StoreOptions o;
+    o.data_dir = a.data_dir;
+    o.max_chunk_bytes = 0;  // the folder's own geometry
+    absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(o);
+    if (!store.ok()) return store.status();
+    const auto chunks = (*store)->ListSsd();
+    if (cmd == "ls") {
+      std::map<storage::NamespaceId, size_t> per_ns;
+      for (const auto& [ns, key] : chunks) {
+        std::printf("%u %s\n", ns, key.Hex().c_str());
+        ++per_ns[ns];
+      }
+      for (const auto& [ns, n] : per_ns) std::fprintf(stderr, "namespace %u: %zu chunks\n", ns, n);
+      return absl::OkStatus();
+    }
+    size_t bad = 0, done = 0;
+    std::vector<uint8_t> buf;
+    for (const auto& [ns, key] : chunks) {
+      absl::StatusOr<uint64_t> bytes = (*store)->ChunkBytes(ns);
+      if (!bytes.ok()) return bytes.status();
+      buf.resize(*bytes);
+      absl::Status st = (*store)->Get(ns, key, buf);  // verifies; a bad chunk is dropped
+      if (!st.ok()) {
+        ++bad;
+        std::fprintf(stderr, "\n%s\n", std::string(st.message()).c_str());
+      }
+      if (++done % 64 == 0 || done == chunks.size()) Progress(done, chunks.size());
+    }
+    std::printf("verified %zu chunks: %zu good, %zu bad (dropped)\n", chunks.size(),
+                chunks.size() - bad, bad);
+    return bad == 0 ? absl::OkStatus()
+                    : absl::DataLossError(std::to_string(bad) + " chunks failed verification");
+  }
+  absl::StatusOr<std::unique_ptr<CacheClient>> client = CacheClient::Connect(
+      {.address = a.server, .bearer_token = a.token, .timeout_ms = 60000, .tls_ca_file = ""});
+  if (!client.ok()) return client.status();
+  if (cmd == "stats") {
+    absl::StatusOr<pb::StatsResponse> s = (*client)->Stats();
+    if (!s.ok()) return s.status();
+    std::printf(
+        "ram  %llu / %llu chunks\nssd  %llu / %llu chunks\nhits ram %llu, ssd %llu; misses %llu\n"
+        "checksum failures %llu, evictions %llu, io %s\n",
+        (unsigned long long)s->ram_chunks(), (unsigned long long)s->ram_capacity_chunks(),
+        (unsigned long long)s->ssd_chunks(), (unsigned long long)s->ssd_capacity_chunks(),
+        (unsigned long long)s->ram_hits(), (unsigned long long)s->ssd_hits(),
+        (unsigned long long)s->misses(), (unsigned long long)s->checksum_failures(),
+        (unsigned long long)s->evictions(), s->io_backend().c_str());
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> config = ReadAll(a.config);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<RemoteNamespace> ns =
+      (*client)->RegisterNamespace(*config, a.model_id, a.chunk_tokens);
+  if (!ns.ok()) return ns.status();
+  if (cmd == "register") {
+    std::printf("namespace %u: %u tokens and %llu bytes per chunk, root %s\n", ns->id,
+                ns->chunk_tokens, (unsigned long long)ns->chunk_bytes, ns->root.Hex().c_str());
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<uint32_t>> tokens = ReadTokens(a.tokens_file);
+  if (!tokens.ok()) return tokens.status();
+  absl::StatusOr<LookupResult> found = (*client)->Lookup(*ns, *tokens);
+  if (!found.ok()) return found.status();
+  if (cmd == "hash") {
+    for (size_t i = 0; i < found->keys.size(); ++i) {
+      std::printf("%zu %s %s\n", i, found->keys[i].Hex().c_str(),
+                  i < found->matched_chunks ? TierName(found->tiers[i]) : "-");
+    }
+    return absl::OkStatus();
+  }
+  if (cmd == "put") {
+    absl::StatusOr<std::string> payload = ReadAll(a.payload_file);
+    if (!payload.ok()) return payload.status();
+    const size_t chunks = tokens->size() / ns->chunk_tokens;
+    if (payload->size() != chunks * ns->chunk_bytes) {
+      return absl::InvalidArgumentError("\"" + a.payload_file + "\" is " +
+                                        std::to_string(payload->size()) + " bytes; " +
+                                        std::to_string(chunks) + " chunks of this namespace are " +
+                                        std::to_string(chunks * ns->chunk_bytes));
+    }
+    absl::StatusOr<StoreResult> r = (*client)->Store(
+        *ns, std::nullopt, std::span(*tokens).first(chunks * ns->chunk_tokens),
+        std::span(reinterpret_cast<const uint8_t*>(payload->data()), payload->size()),
+        a.memory ? pb::DURABILITY_MEMORY : pb::DURABILITY_DURABLE, a.ttl);
+    if (!r.ok()) return r.status();
+    std::printf("stored %u, already present %u\n", r->stored, r->already_present);
+    return absl::OkStatus();
+  }
+  if (cmd == "get") {
+    std::vector<uint8_t> out(found->matched_chunks * ns->chunk_bytes);
+    absl::StatusOr<size_t> n =
+        (*client)->Fetch(*ns, std::span(found->keys).first(found->matched_chunks), out);
+    if (!n.ok()) return n.status();
+    std::ofstream f(a.out, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(out.data()),
+            static_cast<std::streamsize>(*n * ns->chunk_bytes));
+    if (!f) return absl::InternalError("cannot write \"" + a.out + "\"");
+    std::printf("fetched %zu of %zu chunks\n", *n, found->keys.size());
+    return absl::OkStatus();
+  }
+  const std::span<const storage::ChunkKey> keys(found->keys);
+  absl::StatusOr<uint32_t> n = cmd == "pin"     ? (*client)->Pin(*ns, keys, a.ttl)
+                               : cmd == "unpin" ? (*client)->Unpin(*ns, keys)
+                                                : (*client)->Delete(*ns, keys);
+  if (!n.ok()) return n.status();
+  std::printf("%s: %u of %zu chunks\n", cmd.c_str(), *n, keys.size());
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kvctl: kvcache admin CLI"};
+  app.require_subcommand(1);
+  Args a;
+  app.add_option("--server", a.server, "kvcached address")->capture_default_str();
+  app.add_option("--token", a.token, "bearer token");
+  auto model = [&](CLI::App* s) {
+    s->add_option("--config", a.config, "model config.json")->required();
+    s->add_option("--model-id", a.model_id, "model id")->required();
+    s->add_option("--chunk-tokens", a.chunk_tokens, "tokens per chunk (0: server default)");
+  };
+  app.add_subcommand("stats", "service statistics");
+  model(app.add_subcommand("register", "register (or find) a model's namespace"));
+  for (const char* name : {"hash", "put", "get", "pin", "unpin", "evict"}) {
+    CLI::App* s = app.add_subcommand(name, std::string(name) + " the chunks of a token file");
+    model(s);
+    s->add_option("--tokens-file", a.tokens_file, "whitespace-separated token ids")->required();
+    if (std::string(name) == "put") {
+      s->add_option("--payload-file", a.payload_file, "the chunks' bytes back to back")->required();
+      s->add_flag("--memory", a.memory, "acknowledge once in RAM (default: durable)");
+    }
+    if (std::string(name) == "get") s->add_option("--out", a.out, "output file")->required();
+    if (std::string(name) == "put" || std::string(name) == "pin")
+      s->add_option("--ttl", a.ttl, "seconds");
+  }
+  for (const char* name : {"ls", "verify"}) {
+    app.add_subcommand(name, std::string(name) + " a stopped daemon's data folder")
+        ->add_option("--data-dir", a.data_dir, "data folder")
+        ->required();
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "kvctl: error: " << e.what() << " (run kvctl --help)\n";
+    return 2;
+  }
+  const std::string cmd = app.get_subcommands()[0]->get_name();
+  if (cmd == "pin" && a.ttl == 0) {
+    std::cerr << "kvctl: error: pin needs --ttl SECONDS\n";
+    return 2;
+  }
+  absl::Status s = Run(cmd, a);
+  if (!s.ok()) {
+    std::cerr << "kvctl: error: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
+
+int main(int argc, char** argv) { return kvc::cachesvc::Main(argc, argv); }
