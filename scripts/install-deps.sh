@@ -13,7 +13,7 @@ packages=(
   # config parsing, metrics, tests, CPU engine math
   nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
   # benchmark peers
-  fio
+  fio redis-server libhiredis-dev
 )
 
 missing=()

@@ -1,11 +1,17 @@
 // kvbench: the project's benchmarks, each measured against a peer in the same run.
 //
+//   kvbench service [--dir DIR] [--seconds S] [--reps N] [--clients 1,8] [--config FILE] [--json]
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
 //                   [--dataset-chunks N] [--depths 1,8,32] [--ops fetch,store] [--no-fio]
 //                   [--json]
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/storage_bench.h"
 #include "engine/spec/chunk_layout.h"
 
@@ -45,6 +51,15 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   storage->add_flag("--no-fio", no_fio, "skip the fio peer");
   storage->add_flag("--json", json, "print one JSON object");
+  CLI::App* service = app.add_subcommand("service", "gRPC fetch and store through kvcached vs Redis");
+  bench::ServiceBenchOptions sopt;
+  sopt.dir = "/tmp/kvbench-service";
+  service->add_option("--dir", sopt.dir, "scratch folder (emptied)")->capture_default_str();
+  service->add_option("--seconds", sopt.seconds, "seconds per measured run")->check(CLI::PositiveNumber)->capture_default_str();
+  service->add_option("--reps", sopt.repetitions, "alternated runs per case")->check(CLI::PositiveNumber)->capture_default_str();
+  service->add_option("--clients", sopt.clients, "concurrent clients")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
+  service->add_option("--config", config, "model config giving the chunk size")->capture_default_str();
+  service->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -52,6 +67,29 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "kvbench: error: " << e.what() << " (run kvbench --help)\n";
     return 2;
+  }
+  if (service->parsed()) {
+    std::ifstream in(config);
+    if (!in) {
+      std::cerr << "kvbench: error: cannot open model config \"" << config << "\" (give --config FILE)\n";
+      return 1;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    sopt.model_config_json = text.str();
+    sopt.kvcached = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    absl::StatusOr<std::vector<bench::ServiceCase>> cases = bench::RunServiceBench(sopt);
+    if (!cases.ok()) {
+      std::cerr << "kvbench: error: " << cases.status().message() << "\n";
+      return 1;
+    }
+    if (json) {
+      std::cout << bench::ServiceCasesToJson(*cases).dump(2) << "\n";
+    } else {
+      std::cout << sopt.seconds << " s per run, " << sopt.repetitions << " alternated runs per case\n"
+                << bench::ServiceCasesToText(*cases);
+    }
+    return 0;
   }
   opt.run_fio = !no_fio;
   if (opt.chunk_bytes == 0) {

@@ -1,0 +1,293 @@
+#include "bench/kvbench/service_bench.h"
+
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cachesvc/client.h"
+
+namespace kvc::bench {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct Process {
+  pid_t pid = -1;
+  ~Process() { Stop(); }
+  void Stop() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+};
+
+// Starts argv with stdout on a pipe; returns the first line it prints.
+absl::StatusOr<std::string> Spawn(const std::vector<std::string>& argv, Process* p) {
+  int out[2];
+  if (pipe(out) != 0) return absl::InternalError("pipe");
+  p->pid = fork();
+  if (p->pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(out[1]);
+  FILE* f = fdopen(out[0], "r");
+  char line[512] = {0};
+  const bool got = fgets(line, sizeof line, f) != nullptr;
+  // Keep draining the child's output so it never blocks on a full pipe.
+  std::thread([f] {
+    char buf[4096];
+    while (fgets(buf, sizeof buf, f)) {
+    }
+    fclose(f);
+  }).detach();
+  if (!got) return absl::InternalError(absl::StrCat(argv[0], " printed nothing"));
+  return std::string(line);
+}
+
+int FreePort() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+struct Sample {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  std::vector<double> lat_us;
+};
+
+// `clients` threads each call op(client, iteration) until `seconds` pass.
+absl::StatusOr<Sample> Measure(int clients, double seconds, uint64_t bytes_per_op,
+                               const std::function<absl::Status(int, uint64_t)>& op) {
+  std::vector<std::vector<double>> lat(clients);
+  std::vector<absl::Status> status(clients);
+  std::atomic<uint64_t> ops{0};
+  const auto start = SteadyClock::now();
+  const auto end = start + std::chrono::duration<double>(seconds);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      for (uint64_t i = 0; SteadyClock::now() < end; ++i) {
+        const auto t0 = SteadyClock::now();
+        if (absl::Status s = op(c, i); !s.ok()) {
+          status[c] = s;
+          return;
+        }
+        lat[c].push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
+        ++ops;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  Sample s;
+  s.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  s.bytes = ops * bytes_per_op;
+  for (int c = 0; c < clients; ++c) {
+    if (!status[c].ok()) return status[c];
+    s.lat_us.insert(s.lat_us.end(), lat[c].begin(), lat[c].end());
+  }
+  return s;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptions& opt) {
+  std::error_code ec;
+  std::filesystem::remove_all(opt.dir, ec);
+  std::filesystem::create_directories(opt.dir + "/redis", ec);
+  // Ours: RAM tier big enough for the data set and the store runs' steady-state eviction.
+  Process daemon, redis;
+  absl::StatusOr<std::string> line = Spawn({opt.kvcached, "--data-dir", opt.dir + "/kvcached", "--listen",
+                                            "127.0.0.1:0", "--ram-bytes", std::to_string(512ull << 20),
+                                            "--ssd-bytes", "0"},
+                                           &daemon);
+  if (!line.ok()) return line.status();
+  const size_t at = line->find("listening on ");
+  if (at == std::string::npos) return absl::InternalError("kvcached: " + *line);
+  const std::string address = line->substr(at + 13, line->find(' ', at + 13) - at - 13);
+  const int redis_port = FreePort();
+  absl::StatusOr<std::string> rline =
+      Spawn({"/usr/bin/redis-server", "--port", std::to_string(redis_port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", opt.dir + "/redis", "--maxmemory", "512mb", "--maxmemory-policy",
+             "allkeys-lru", "--protected-mode", "no"},
+            &redis);
+  if (!rline.ok()) return absl::FailedPreconditionError("redis-server did not start (scripts/install-deps.sh installs it)");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  const cachesvc::ClientOptions copt{.address = address, .bearer_token = "", .timeout_ms = 30000, .tls_ca_file = ""};
+  absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> setup = cachesvc::CacheClient::Connect(copt);
+  if (!setup.ok()) return setup.status();
+  absl::StatusOr<cachesvc::RemoteNamespace> ns = (*setup)->RegisterNamespace(opt.model_config_json, "kvbench");
+  if (!ns.ok()) return ns.status();
+  const uint64_t chunk = ns->chunk_bytes;
+  std::vector<uint8_t> payload(chunk);
+  std::mt19937_64 rng(chunk);
+  for (auto& b : payload) b = static_cast<uint8_t>(rng());
+
+  const int max_clients = *std::max_element(opt.clients.begin(), opt.clients.end());
+  std::vector<std::unique_ptr<cachesvc::CacheClient>> clients;
+  std::vector<redisContext*> redis_clients;
+  for (int c = 0; c < max_clients; ++c) {
+    clients.push_back(*cachesvc::CacheClient::Connect(copt));
+    redisContext* r = redisConnect("127.0.0.1", redis_port);
+    if (r == nullptr || r->err) return absl::UnavailableError("cannot connect to redis-server");
+    redis_clients.push_back(r);
+  }
+  // The data set: prefixes of one chunk each (tokens differ per chunk).
+  std::vector<std::vector<uint32_t>> tokens(opt.dataset_chunks);
+  std::vector<storage::ChunkKey> keys;
+  for (int i = 0; i < opt.dataset_chunks; ++i) {
+    for (uint32_t t = 0; t < ns->chunk_tokens; ++t) tokens[i].push_back((i * 7919 + t) % 512);
+    absl::StatusOr<cachesvc::StoreResult> r =
+        (*setup)->Store(*ns, std::nullopt, tokens[i], payload, kvcache::v1::DURABILITY_MEMORY);
+    if (!r.ok()) return r.status();
+    keys.push_back(r->keys[0]);
+    redisReply* rep = static_cast<redisReply*>(
+        redisCommand(redis_clients[0], "SET chunk:%d %b", i, payload.data(), payload.size()));
+    if (rep == nullptr) return absl::UnavailableError("redis SET failed");
+    freeReplyObject(rep);
+  }
+
+  std::atomic<uint64_t> next_token{1};
+  std::vector<std::vector<uint8_t>> outs(max_clients, std::vector<uint8_t>(chunk));
+  auto ours = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
+    if (op == "fetch") {
+      return [&](int c, uint64_t i) -> absl::Status {
+        absl::StatusOr<size_t> n =
+            clients[c]->Fetch(*ns, std::span(&keys[(i * 31 + c) % keys.size()], 1), outs[c]);
+        if (!n.ok()) return n.status();
+        return *n == 1 ? absl::OkStatus() : absl::InternalError("fetch missed");
+      };
+    }
+    return [&](int c, uint64_t) -> absl::Status {
+      std::vector<uint32_t> t(ns->chunk_tokens, 0);
+      const uint64_t n = next_token++;  // a fresh chunk each time
+      for (size_t k = 0; k < 4; ++k) t[k] = static_cast<uint32_t>((n >> (9 * k)) & 511);
+      return clients[c]->Store(*ns, std::nullopt, t, payload, kvcache::v1::DURABILITY_MEMORY).status();
+    };
+  };
+  auto peer = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
+    if (op == "fetch") {
+      return [&](int c, uint64_t i) -> absl::Status {
+        redisReply* r = static_cast<redisReply*>(
+            redisCommand(redis_clients[c], "GET chunk:%d", static_cast<int>((i * 31 + c) % keys.size())));
+        if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != static_cast<size_t>(chunk)) {
+          if (r) freeReplyObject(r);
+          return absl::InternalError("redis GET failed");
+        }
+        std::memcpy(outs[c].data(), r->str, chunk);  // into the caller's buffer, as ours does
+        freeReplyObject(r);
+        return absl::OkStatus();
+      };
+    }
+    return [&](int c, uint64_t) -> absl::Status {
+      const uint64_t n = next_token++;
+      redisReply* r = static_cast<redisReply*>(redisCommand(redis_clients[c], "SET new:%llu %b",
+                                                            static_cast<unsigned long long>(n), payload.data(),
+                                                            payload.size()));
+      if (r == nullptr) return absl::InternalError("redis SET failed");
+      freeReplyObject(r);
+      return absl::OkStatus();
+    };
+  };
+
+  std::vector<ServiceCase> cases;
+  for (const std::string op : {"fetch", "store"}) {
+    for (int n : opt.clients) {
+      std::map<std::string, std::vector<Sample>> runs;
+      for (int rep = 0; rep < opt.repetitions; ++rep) {
+        for (const std::string system : {"kvcache-grpc", "redis"}) {
+          std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n, rep + 1);
+          absl::StatusOr<Sample> s = Measure(n, opt.seconds, chunk, system == "redis" ? peer(op) : ours(op));
+          if (!s.ok()) return absl::Status(s.status().code(), absl::StrCat(system, " ", op, ": ", s.status().message()));
+          runs[system].push_back(*std::move(s));
+        }
+      }
+      for (const std::string system : {"kvcache-grpc", "redis"}) {
+        std::vector<double> gbps, p50, p99;
+        for (Sample& s : runs[system]) {
+          std::sort(s.lat_us.begin(), s.lat_us.end());
+          gbps.push_back(static_cast<double>(s.bytes) / s.seconds / 1e9);
+          p50.push_back(s.lat_us.empty() ? 0 : s.lat_us[s.lat_us.size() / 2]);
+          p99.push_back(s.lat_us.empty() ? 0 : s.lat_us[std::min(s.lat_us.size() - 1, s.lat_us.size() * 99 / 100)]);
+        }
+        cases.push_back({system, op, n, Median(gbps), Median(p50), Median(p99)});
+      }
+    }
+  }
+  for (redisContext* r : redis_clients) redisFree(r);
+  clients.clear();
+  setup->reset();
+  daemon.Stop();
+  redis.Stop();
+  std::filesystem::remove_all(opt.dir, ec);
+  return cases;
+}
+
+nlohmann::json ServiceCasesToJson(const std::vector<ServiceCase>& cases) {
+  nlohmann::json j;
+  j["cases"] = nlohmann::json::array();
+  for (const ServiceCase& c : cases) {
+    j["cases"].push_back({{"system", c.system}, {"op", c.op}, {"clients", c.clients}, {"gbps", c.gbps},
+                          {"p50_us", c.p50_us}, {"p99_us", c.p99_us}});
+  }
+  return j;
+}
+
+std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
+  std::string out = absl::StrFormat("%-6s %7s  %-13s %9s %10s %10s\n", "op", "clients", "system", "GB/s", "p50 us",
+                                    "p99 us");
+  std::map<std::tuple<std::string, int, std::string>, double> gbps;
+  for (const ServiceCase& c : cases) {
+    absl::StrAppendFormat(&out, "%-6s %7d  %-13s %9.3f %10.1f %10.1f\n", c.op, c.clients, c.system, c.gbps, c.p50_us,
+                          c.p99_us);
+    gbps[{c.op, c.clients, c.system}] = c.gbps;
+  }
+  out += "\nratios (medians of alternated runs):\n";
+  for (const ServiceCase& c : cases) {
+    if (c.system != "kvcache-grpc") continue;
+    const double peer = gbps[{c.op, c.clients, "redis"}];
+    if (peer <= 0) continue;
+    absl::StrAppendFormat(&out, "  %-6s %2d clients  kvcache-grpc / redis %6.2f%s\n", c.op, c.clients, c.gbps / peer,
+                          c.op == "fetch" ? (c.gbps >= peer ? "  (target >= 1.0: met)" : "  (target >= 1.0: NOT met)")
+                                          : "");
+  }
+  return out;
+}
+
+}  // namespace kvc::bench

@@ -1,0 +1,34 @@
+// kvbench service: fetch and store of whole chunks through kvcached over gRPC (loopback),
+// beside Redis on loopback with the same values and the same number of clients, in the
+// same run, alternating ours and the peer and reporting medians.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace kvc::bench {
+
+struct ServiceBenchOptions {
+  std::string dir;                 // scratch folder (daemon data, Redis dir)
+  std::string kvcached;            // path of the kvcached binary
+  std::string model_config_json;   // namespace to register (its chunk size is used)
+  double seconds = 1.0;
+  int repetitions = 3;
+  std::vector<int> clients = {1, 8};
+  int dataset_chunks = 64;
+};
+
+struct ServiceCase {
+  std::string system, op;  // system: kvcache-grpc or redis; op: fetch or store
+  int clients = 0;
+  double gbps = 0, p50_us = 0, p99_us = 0;
+};
+
+absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptions& options);
+nlohmann::json ServiceCasesToJson(const std::vector<ServiceCase>& cases);
+std::string ServiceCasesToText(const std::vector<ServiceCase>& cases);
+
+}  // namespace kvc::bench
