@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(const ClientOp
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);  // see kvcached_main.cc
   return std::unique_ptr<CacheClient>(
       new CacheClient(options, grpc::CreateCustomChannel(options.address, creds, args)));
 }

@@ -126,6 +126,9 @@ int Main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 256);
+  // Chunks are ~220 KiB: a 64 KiB initial HTTP/2 window would stall every message on
+  // window updates. Start each stream with room for several chunks.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("cannot listen on " + listen);
   const std::string host = listen.substr(0, listen.rfind(':'));

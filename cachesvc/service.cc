@@ -217,6 +217,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
       Finish(grpc::Status::OK);
       return;
     }
+    // A chunk in RAM is a memcpy away: serve it right here (no I/O, nothing blocks) and
+    // skip the hop to the executor, which only SSD reads need.
+    if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.id, keys_[next_]);
+        lease.ok()) {
+      resp_.set_chunk_key(KeyBytes(keys_[next_]));
+      resp_.set_payload(lease->bytes().data(), lease->bytes().size());
+      StartWrite(&resp_);
+      return;
+    }
     if (!svc_->executor.Submit([this] { ReadAndWrite(); })) {
       Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }

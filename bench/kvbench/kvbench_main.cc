@@ -6,10 +6,10 @@
 //                   [--json]
 #include <iostream>
 
-#include "CLI/CLI.hpp"
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include "CLI/CLI.hpp"
 
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/storage_bench.h"
@@ -51,14 +51,23 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   storage->add_flag("--no-fio", no_fio, "skip the fio peer");
   storage->add_flag("--json", json, "print one JSON object");
-  CLI::App* service = app.add_subcommand("service", "gRPC fetch and store through kvcached vs Redis");
+  CLI::App* service =
+      app.add_subcommand("service", "gRPC fetch and store through kvcached vs Redis");
   bench::ServiceBenchOptions sopt;
   sopt.dir = "/tmp/kvbench-service";
   service->add_option("--dir", sopt.dir, "scratch folder (emptied)")->capture_default_str();
-  service->add_option("--seconds", sopt.seconds, "seconds per measured run")->check(CLI::PositiveNumber)->capture_default_str();
-  service->add_option("--reps", sopt.repetitions, "alternated runs per case")->check(CLI::PositiveNumber)->capture_default_str();
-  service->add_option("--clients", sopt.clients, "concurrent clients")->delimiter(',')->check(CLI::PositiveNumber)->capture_default_str();
-  service->add_option("--config", config, "model config giving the chunk size")->capture_default_str();
+  service->add_option("--seconds", sopt.seconds, "seconds per measured run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  service->add_option("--reps", sopt.repetitions, "alternated runs per case")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  service->add_option("--clients", sopt.clients, "concurrent clients")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  service->add_option("--config", config, "model config giving the chunk size")
+      ->capture_default_str();
   service->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
@@ -71,13 +80,15 @@ int Main(int argc, char** argv) {
   if (service->parsed()) {
     std::ifstream in(config);
     if (!in) {
-      std::cerr << "kvbench: error: cannot open model config \"" << config << "\" (give --config FILE)\n";
+      std::cerr << "kvbench: error: cannot open model config \"" << config
+                << "\" (give --config FILE)\n";
       return 1;
     }
     std::stringstream text;
     text << in.rdbuf();
     sopt.model_config_json = text.str();
-    sopt.kvcached = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    sopt.kvcached =
+        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
     absl::StatusOr<std::vector<bench::ServiceCase>> cases = bench::RunServiceBench(sopt);
     if (!cases.ok()) {
       std::cerr << "kvbench: error: " << cases.status().message() << "\n";
@@ -86,7 +97,8 @@ int Main(int argc, char** argv) {
     if (json) {
       std::cout << bench::ServiceCasesToJson(*cases).dump(2) << "\n";
     } else {
-      std::cout << sopt.seconds << " s per run, " << sopt.repetitions << " alternated runs per case\n"
+      std::cout << sopt.seconds << " s per run, " << sopt.repetitions
+                << " alternated runs per case\n"
                 << bench::ServiceCasesToText(*cases);
     }
     return 0;

@@ -103,7 +103,8 @@ absl::StatusOr<Sample> Measure(int clients, double seconds, uint64_t bytes_per_o
           status[c] = s;
           return;
         }
-        lat[c].push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
+        lat[c].push_back(
+            std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
         ++ops;
       }
     });
@@ -132,27 +133,32 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::filesystem::create_directories(opt.dir + "/redis", ec);
   // Ours: RAM tier big enough for the data set and the store runs' steady-state eviction.
   Process daemon, redis;
-  absl::StatusOr<std::string> line = Spawn({opt.kvcached, "--data-dir", opt.dir + "/kvcached", "--listen",
-                                            "127.0.0.1:0", "--ram-bytes", std::to_string(512ull << 20),
-                                            "--ssd-bytes", "0"},
-                                           &daemon);
+  absl::StatusOr<std::string> line =
+      Spawn({opt.kvcached, "--data-dir", opt.dir + "/kvcached", "--listen", "127.0.0.1:0",
+             "--ram-bytes", std::to_string(512ull << 20), "--ssd-bytes", "0"},
+            &daemon);
   if (!line.ok()) return line.status();
   const size_t at = line->find("listening on ");
   if (at == std::string::npos) return absl::InternalError("kvcached: " + *line);
   const std::string address = line->substr(at + 13, line->find(' ', at + 13) - at - 13);
   const int redis_port = FreePort();
   absl::StatusOr<std::string> rline =
-      Spawn({"/usr/bin/redis-server", "--port", std::to_string(redis_port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", opt.dir + "/redis", "--maxmemory", "512mb", "--maxmemory-policy",
-             "allkeys-lru", "--protected-mode", "no"},
+      Spawn({"/usr/bin/redis-server", "--port", std::to_string(redis_port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", opt.dir + "/redis", "--maxmemory",
+             "512mb", "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"},
             &redis);
-  if (!rline.ok()) return absl::FailedPreconditionError("redis-server did not start (scripts/install-deps.sh installs it)");
+  if (!rline.ok())
+    return absl::FailedPreconditionError(
+        "redis-server did not start (scripts/install-deps.sh installs it)");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 
-  const cachesvc::ClientOptions copt{.address = address, .bearer_token = "", .timeout_ms = 30000, .tls_ca_file = ""};
-  absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> setup = cachesvc::CacheClient::Connect(copt);
+  const cachesvc::ClientOptions copt{
+      .address = address, .bearer_token = "", .timeout_ms = 30000, .tls_ca_file = ""};
+  absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> setup =
+      cachesvc::CacheClient::Connect(copt);
   if (!setup.ok()) return setup.status();
-  absl::StatusOr<cachesvc::RemoteNamespace> ns = (*setup)->RegisterNamespace(opt.model_config_json, "kvbench");
+  absl::StatusOr<cachesvc::RemoteNamespace> ns =
+      (*setup)->RegisterNamespace(opt.model_config_json, "kvbench");
   if (!ns.ok()) return ns.status();
   const uint64_t chunk = ns->chunk_bytes;
   std::vector<uint8_t> payload(chunk);
@@ -198,14 +204,16 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       std::vector<uint32_t> t(ns->chunk_tokens, 0);
       const uint64_t n = next_token++;  // a fresh chunk each time
       for (size_t k = 0; k < 4; ++k) t[k] = static_cast<uint32_t>((n >> (9 * k)) & 511);
-      return clients[c]->Store(*ns, std::nullopt, t, payload, kvcache::v1::DURABILITY_MEMORY).status();
+      return clients[c]
+          ->Store(*ns, std::nullopt, t, payload, kvcache::v1::DURABILITY_MEMORY)
+          .status();
     };
   };
   auto peer = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
     if (op == "fetch") {
       return [&](int c, uint64_t i) -> absl::Status {
-        redisReply* r = static_cast<redisReply*>(
-            redisCommand(redis_clients[c], "GET chunk:%d", static_cast<int>((i * 31 + c) % keys.size())));
+        redisReply* r = static_cast<redisReply*>(redisCommand(
+            redis_clients[c], "GET chunk:%d", static_cast<int>((i * 31 + c) % keys.size())));
         if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != static_cast<size_t>(chunk)) {
           if (r) freeReplyObject(r);
           return absl::InternalError("redis GET failed");
@@ -218,8 +226,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     return [&](int c, uint64_t) -> absl::Status {
       const uint64_t n = next_token++;
       redisReply* r = static_cast<redisReply*>(redisCommand(redis_clients[c], "SET new:%llu %b",
-                                                            static_cast<unsigned long long>(n), payload.data(),
-                                                            payload.size()));
+                                                            static_cast<unsigned long long>(n),
+                                                            payload.data(), payload.size()));
       if (r == nullptr) return absl::InternalError("redis SET failed");
       freeReplyObject(r);
       return absl::OkStatus();
@@ -232,9 +240,13 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       std::map<std::string, std::vector<Sample>> runs;
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (const std::string system : {"kvcache-grpc", "redis"}) {
-          std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n, rep + 1);
-          absl::StatusOr<Sample> s = Measure(n, opt.seconds, chunk, system == "redis" ? peer(op) : ours(op));
-          if (!s.ok()) return absl::Status(s.status().code(), absl::StrCat(system, " ", op, ": ", s.status().message()));
+          std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n,
+                       rep + 1);
+          absl::StatusOr<Sample> s =
+              Measure(n, opt.seconds, chunk, system == "redis" ? peer(op) : ours(op));
+          if (!s.ok())
+            return absl::Status(s.status().code(),
+                                absl::StrCat(system, " ", op, ": ", s.status().message()));
           runs[system].push_back(*std::move(s));
         }
       }
@@ -244,7 +256,9 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           std::sort(s.lat_us.begin(), s.lat_us.end());
           gbps.push_back(static_cast<double>(s.bytes) / s.seconds / 1e9);
           p50.push_back(s.lat_us.empty() ? 0 : s.lat_us[s.lat_us.size() / 2]);
-          p99.push_back(s.lat_us.empty() ? 0 : s.lat_us[std::min(s.lat_us.size() - 1, s.lat_us.size() * 99 / 100)]);
+          p99.push_back(s.lat_us.empty()
+                            ? 0
+                            : s.lat_us[std::min(s.lat_us.size() - 1, s.lat_us.size() * 99 / 100)]);
         }
         cases.push_back({system, op, n, Median(gbps), Median(p50), Median(p99)});
       }
@@ -263,19 +277,23 @@ nlohmann::json ServiceCasesToJson(const std::vector<ServiceCase>& cases) {
   nlohmann::json j;
   j["cases"] = nlohmann::json::array();
   for (const ServiceCase& c : cases) {
-    j["cases"].push_back({{"system", c.system}, {"op", c.op}, {"clients", c.clients}, {"gbps", c.gbps},
-                          {"p50_us", c.p50_us}, {"p99_us", c.p99_us}});
+    j["cases"].push_back({{"system", c.system},
+                          {"op", c.op},
+                          {"clients", c.clients},
+                          {"gbps", c.gbps},
+                          {"p50_us", c.p50_us},
+                          {"p99_us", c.p99_us}});
   }
   return j;
 }
 
 std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
-  std::string out = absl::StrFormat("%-6s %7s  %-13s %9s %10s %10s\n", "op", "clients", "system", "GB/s", "p50 us",
-                                    "p99 us");
+  std::string out = absl::StrFormat("%-6s %7s  %-13s %9s %10s %10s\n", "op", "clients", "system",
+                                    "GB/s", "p50 us", "p99 us");
   std::map<std::tuple<std::string, int, std::string>, double> gbps;
   for (const ServiceCase& c : cases) {
-    absl::StrAppendFormat(&out, "%-6s %7d  %-13s %9.3f %10.1f %10.1f\n", c.op, c.clients, c.system, c.gbps, c.p50_us,
-                          c.p99_us);
+    absl::StrAppendFormat(&out, "%-6s %7d  %-13s %9.3f %10.1f %10.1f\n", c.op, c.clients, c.system,
+                          c.gbps, c.p50_us, c.p99_us);
     gbps[{c.op, c.clients, c.system}] = c.gbps;
   }
   out += "\nratios (medians of alternated runs):\n";
@@ -283,9 +301,10 @@ std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
     if (c.system != "kvcache-grpc") continue;
     const double peer = gbps[{c.op, c.clients, "redis"}];
     if (peer <= 0) continue;
-    absl::StrAppendFormat(&out, "  %-6s %2d clients  kvcache-grpc / redis %6.2f%s\n", c.op, c.clients, c.gbps / peer,
-                          c.op == "fetch" ? (c.gbps >= peer ? "  (target >= 1.0: met)" : "  (target >= 1.0: NOT met)")
-                                          : "");
+    absl::StrAppendFormat(
+        &out, "  %-6s %2d clients  kvcache-grpc / redis %6.2f%s\n", c.op, c.clients, c.gbps / peer,
+        c.op == "fetch" ? (c.gbps >= peer ? "  (target >= 1.0: met)" : "  (target >= 1.0: NOT met)")
+                        : "");
   }
   return out;
 }

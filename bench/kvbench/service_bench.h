@@ -12,9 +12,9 @@
 namespace kvc::bench {
 
 struct ServiceBenchOptions {
-  std::string dir;                 // scratch folder (daemon data, Redis dir)
-  std::string kvcached;            // path of the kvcached binary
-  std::string model_config_json;   // namespace to register (its chunk size is used)
+  std::string dir;                // scratch folder (daemon data, Redis dir)
+  std::string kvcached;           // path of the kvcached binary
+  std::string model_config_json;  // namespace to register (its chunk size is used)
   double seconds = 1.0;
   int repetitions = 3;
   std::vector<int> clients = {1, 8};

@@ -46,8 +46,8 @@ TEST(KvbenchTest, StorageJsonHasEveryCase) {
 
 TEST(KvbenchTest, ServiceJsonHasEveryCase) {
   TempDir dir;
-  auto r = RunProgram(kKvbench, {"service", "--dir", dir.File("scratch"), "--seconds", "0.2", "--reps", "1",
-                                 "--clients", "2", "--config",
+  auto r = RunProgram(kKvbench, {"service", "--dir", dir.File("scratch"), "--seconds", "0.2",
+                                 "--reps", "1", "--clients", "2", "--config",
                                  std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
@@ -58,7 +58,8 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
     EXPECT_EQ(c["clients"].get<int>(), 2);
     seen.insert(c["system"].get<std::string>() + "/" + c["op"].get<std::string>());
   }
-  EXPECT_EQ(seen, (std::set<std::string>{"kvcache-grpc/fetch", "kvcache-grpc/store", "redis/fetch", "redis/store"}));
+  EXPECT_EQ(seen, (std::set<std::string>{"kvcache-grpc/fetch", "kvcache-grpc/store", "redis/fetch",
+                                         "redis/store"}));
 }
 
 TEST(KvbenchTest, BadFlagsFailWithOneLine) {
