@@ -20,12 +20,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/kvbench/harness.h"
 #include "cachesvc/client.h"
 
 namespace kvc::bench {
 namespace {
-
-using SteadyClock = std::chrono::steady_clock;
 
 struct Process {
   pid_t pid = -1;
@@ -78,51 +77,6 @@ int FreePort() {
   getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
   close(s);
   return ntohs(a.sin_port);
-}
-
-struct Sample {
-  double seconds = 0;
-  uint64_t bytes = 0;
-  std::vector<double> lat_us;
-};
-
-// `clients` threads each call op(client, iteration) until `seconds` pass.
-absl::StatusOr<Sample> Measure(int clients, double seconds, uint64_t bytes_per_op,
-                               const std::function<absl::Status(int, uint64_t)>& op) {
-  std::vector<std::vector<double>> lat(clients);
-  std::vector<absl::Status> status(clients);
-  std::atomic<uint64_t> ops{0};
-  const auto start = SteadyClock::now();
-  const auto end = start + std::chrono::duration<double>(seconds);
-  std::vector<std::thread> threads;
-  for (int c = 0; c < clients; ++c) {
-    threads.emplace_back([&, c] {
-      for (uint64_t i = 0; SteadyClock::now() < end; ++i) {
-        const auto t0 = SteadyClock::now();
-        if (absl::Status s = op(c, i); !s.ok()) {
-          status[c] = s;
-          return;
-        }
-        lat[c].push_back(
-            std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
-        ++ops;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  Sample s;
-  s.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  s.bytes = ops * bytes_per_op;
-  for (int c = 0; c < clients; ++c) {
-    if (!status[c].ok()) return status[c];
-    s.lat_us.insert(s.lat_us.end(), lat[c].begin(), lat[c].end());
-  }
-  return s;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace
@@ -243,7 +197,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n,
                        rep + 1);
           absl::StatusOr<Sample> s =
-              Measure(n, opt.seconds, chunk, system == "redis" ? peer(op) : ours(op));
+              LoopThreads(opt.seconds, n, chunk, system == "redis" ? peer(op) : ours(op));
           if (!s.ok())
             return absl::Status(s.status().code(),
                                 absl::StrCat(system, " ", op, ": ", s.status().message()));
@@ -253,12 +207,10 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       for (const std::string system : {"kvcache-grpc", "redis"}) {
         std::vector<double> gbps, p50, p99;
         for (Sample& s : runs[system]) {
-          std::sort(s.lat_us.begin(), s.lat_us.end());
-          gbps.push_back(static_cast<double>(s.bytes) / s.seconds / 1e9);
-          p50.push_back(s.lat_us.empty() ? 0 : s.lat_us[s.lat_us.size() / 2]);
-          p99.push_back(s.lat_us.empty()
-                            ? 0
-                            : s.lat_us[std::min(s.lat_us.size() - 1, s.lat_us.size() * 99 / 100)]);
+          s.Percentiles();
+          gbps.push_back(s.gbps());
+          p50.push_back(s.p50_us);
+          p99.push_back(s.p99_us);
         }
         cases.push_back({system, op, n, Median(gbps), Median(p50), Median(p99)});
       }

@@ -21,29 +21,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/kvbench/harness.h"
 #include "storage/chunk_store.h"
 #include "storage/slot_format.h"
 
 namespace kvc::bench {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
 using storage::ChunkKey;
 constexpr storage::NamespaceId kNs = 1;
-
-struct Sample {
-  double seconds = 0;
-  uint64_t bytes = 0;
-  std::vector<double> lat_us;       // per call (a batch of `depth` chunks, or one chunk per thread)
-  double p50_us = -1, p99_us = -1;  // set directly by systems that measure themselves (fio)
-  double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
-  void Percentiles() {
-    if (p50_us >= 0 || lat_us.empty()) return;
-    std::sort(lat_us.begin(), lat_us.end());
-    p50_us = lat_us[lat_us.size() / 2];
-    p99_us = lat_us[std::min(lat_us.size() - 1, lat_us.size() * 99 / 100)];
-  }
-};
 
 ChunkKey KeyFor(uint64_t n) {
   ChunkKey k;
@@ -55,55 +41,6 @@ ChunkKey KeyFor(uint64_t n) {
     std::memcpy(k.bytes.data() + 8 * half, &x, 8);
   }
   return k;
-}
-
-double Micros(SteadyClock::duration d) {
-  return std::chrono::duration<double, std::micro>(d).count();
-}
-
-// Calls op(iteration) until `seconds` pass; each call moves bytes_per_call.
-absl::StatusOr<Sample> Loop(double seconds, uint64_t bytes_per_call,
-                            const std::function<absl::Status(uint64_t)>& op) {
-  Sample s;
-  const auto start = SteadyClock::now();
-  const auto end = start + std::chrono::duration<double>(seconds);
-  for (uint64_t i = 0;; ++i) {
-    const auto t0 = SteadyClock::now();
-    if (t0 >= end) break;
-    if (absl::Status st = op(i); !st.ok()) return st;
-    s.lat_us.push_back(Micros(SteadyClock::now() - t0));
-    s.bytes += bytes_per_call;
-  }
-  s.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  return s;
-}
-
-// `threads` threads each call op(thread, iteration) until `seconds` pass.
-absl::StatusOr<Sample> LoopThreads(double seconds, int threads, uint64_t bytes_per_call,
-                                   const std::function<absl::Status(int, uint64_t)>& op) {
-  std::vector<Sample> per(threads);
-  std::vector<absl::Status> status(threads);
-  std::vector<std::thread> pool;
-  const auto start = SteadyClock::now();
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      absl::StatusOr<Sample> s =
-          Loop(seconds, bytes_per_call, [&](uint64_t i) { return op(t, i); });
-      if (s.ok())
-        per[t] = *std::move(s);
-      else
-        status[t] = s.status();
-    });
-  }
-  for (auto& th : pool) th.join();
-  Sample total;
-  total.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
-  for (int t = 0; t < threads; ++t) {
-    if (!status[t].ok()) return status[t];
-    total.bytes += per[t].bytes;
-    total.lat_us.insert(total.lat_us.end(), per[t].lat_us.begin(), per[t].lat_us.end());
-  }
-  return total;
 }
 
 absl::Status Errno(const std::string& what) {
@@ -457,11 +394,6 @@ class RocksBlobSystem final : public System {
   Shared* sh_;
   std::unique_ptr<rocksdb::DB> db_;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 }  // namespace
 
