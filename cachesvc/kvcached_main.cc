@@ -48,7 +48,8 @@ int Fail(const std::string& message) {
 
 int Main(int argc, char** argv) {
   CLI::App app{"kvcached: tiered, persistent KV-cache service for DeepSeek V4.1 Flash prefixes"};
-  std::string data_dir = "kvcached-data", listen = "127.0.0.1:50051", auth_file, tls_cert, tls_key;
+  std::string data_dir = "kvcached-data", listen = "127.0.0.1:50051", auth_file, tls_cert, tls_key,
+              metrics_listen;
   uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0;
   int threads = 4;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
@@ -64,6 +65,8 @@ int Main(int argc, char** argv) {
   app.add_option("--threads", threads, "storage worker threads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus /metrics on HOST:PORT (port 0: any)");
   app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
   app.add_option("--tls-key", tls_key, "PEM private key for --tls-cert");
   try {
@@ -104,7 +107,15 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry = NamespaceRegistry::Open(data_dir);
   if (!registry.ok()) return Fail(std::string(registry.status().message()));
 
+  ServiceMetrics metrics(store->get());
+  int metrics_port = 0;
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<int> p = metrics.Serve(metrics_listen);
+    if (!p.ok()) return Fail(std::string(p.status().message()));
+    metrics_port = *p;
+  }
   ServiceOptions opt;
+  opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;
   opt.executor_threads = threads;
   auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
@@ -138,6 +149,8 @@ int Main(int argc, char** argv) {
               static_cast<unsigned long long>(st.ram_capacity_chunks),
               static_cast<unsigned long long>(st.ssd_capacity_chunks), st.io_backend,
               auth.enabled() ? ", auth on" : "");
+  if (metrics_port > 0)
+    std::printf("kvcached: metrics on %s:%d/metrics\n", host.c_str(), metrics_port);
   std::fflush(stdout);
 
   int sig = 0;

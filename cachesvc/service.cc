@@ -67,19 +67,31 @@ class KvCacheService::Impl {
   Impl(storage::ChunkStore* s, NamespaceRegistry* r, const Authenticator* a, ServiceOptions o)
       : store(s), registry(r), auth(a), opt(o), executor(o.executor_threads, o.executor_queue) {}
 
+  // Records a finished call in the metrics (if any).
+  void Observe(const char* method, const grpc::Status& s,
+               std::chrono::steady_clock::time_point start) const {
+    if (opt.metrics == nullptr) return;
+    opt.metrics->ObserveCall(
+        method, s.error_code(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
   // Runs `work` on the executor and finishes the unary call with its status.
   template <typename Work>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Work work) {
+  grpc::ServerUnaryReactor* Unary(const char* method, grpc::CallbackServerContext* ctx, Work work) {
+    const auto start = std::chrono::steady_clock::now();
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    auto finish = [this, reactor, method, start](const grpc::Status& s) {
+      Observe(method, s, start);
+      reactor->Finish(s);
+    };
     absl::StatusOr<std::string> tenant = auth->TenantFor(Authorization(ctx));
     if (!tenant.ok()) {
-      reactor->Finish(ToGrpc(tenant.status()));
+      finish(ToGrpc(tenant.status()));
       return reactor;
     }
-    if (!executor.Submit(
-            [reactor, work, t = *tenant]() mutable { reactor->Finish(ToGrpc(work(t))); })) {
-      reactor->Finish(
-          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+    if (!executor.Submit([finish, work, t = *tenant]() mutable { finish(ToGrpc(work(t))); })) {
+      finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
     return reactor;
   }
@@ -203,18 +215,23 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading"));
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading"));
       return;
     }
+    if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/false, ns_.chunk_bytes);
     ++next_;
     Next();
   }
   void OnDone() override { delete this; }
 
  private:
+  void Done(const grpc::Status& s) {
+    svc_->Observe("Fetch", s, start_);
+    Finish(s);
+  }
   void Next() {
     if (next_ == keys_.size()) {
-      Finish(grpc::Status::OK);
+      Done(grpc::Status::OK);
       return;
     }
     // A chunk in RAM is a memcpy away: serve it right here (no I/O, nothing blocks) and
@@ -227,7 +244,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
       return;
     }
     if (!svc_->executor.Submit([this] { ReadAndWrite(); })) {
-      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+      Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
   }
   void ReadAndWrite() {
@@ -250,6 +267,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
   std::vector<ChunkKey> keys_;
   size_t next_ = 0;
   pb::FetchResponse resp_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 // ---- Store: read one message, handle it on the executor, read the next ----
@@ -262,22 +280,27 @@ class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
   }
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client finished sending (or went away): answer with what was stored
-      Finish(grpc::Status::OK);
+      Done(grpc::Status::OK);
       return;
     }
     if (!svc_->executor.Submit([this] { Handle(); })) {
-      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+      Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
   }
   void OnDone() override { delete this; }
 
  private:
+  void Done(const grpc::Status& s) {
+    svc_->Observe("Store", s, start_);
+    Finish(s);
+  }
   void Handle() {
     absl::Status s = StoreOne();
     if (!s.ok()) {
-      Finish(ToGrpc(absl::Status(s.code(), absl::StrCat("message ", index_, ": ", s.message()))));
+      Done(ToGrpc(absl::Status(s.code(), absl::StrCat("message ", index_, ": ", s.message()))));
       return;
     }
+    if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/true, req_.payload().size());
     ++index_;
     StartRead(&req_);
   }
@@ -335,6 +358,7 @@ class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
   pb::StoreResponse* resp_;
   pb::StoreRequest req_;
   uint32_t index_ = 0;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 // ---- the service ----
@@ -348,15 +372,17 @@ KvCacheService::~KvCacheService() = default;
 grpc::ServerUnaryReactor* KvCacheService::RegisterNamespace(grpc::CallbackServerContext* ctx,
                                                             const pb::RegisterNamespaceRequest* req,
                                                             pb::RegisterNamespaceResponse* resp) {
-  return impl_->Unary(
-      ctx, [this, req, resp](const std::string& t) { return impl_->Register(t, *req, resp); });
+  return impl_->Unary("RegisterNamespace", ctx, [this, req, resp](const std::string& t) {
+    return impl_->Register(t, *req, resp);
+  });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                  const pb::LookupRequest* req,
                                                  pb::LookupResponse* resp) {
-  return impl_->Unary(
-      ctx, [this, req, resp](const std::string& t) { return impl_->DoLookup(t, *req, resp); });
+  return impl_->Unary("Lookup", ctx, [this, req, resp](const std::string& t) {
+    return impl_->DoLookup(t, *req, resp);
+  });
 }
 
 grpc::ServerWriteReactor<pb::FetchResponse>* KvCacheService::Fetch(grpc::CallbackServerContext* ctx,
@@ -395,7 +421,7 @@ grpc::ServerReadReactor<pb::StoreRequest>* KvCacheService::Store(grpc::CallbackS
 
 grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
                                               const pb::PinRequest* req, pb::PinResponse* resp) {
-  return impl_->Unary(ctx, [this, req, resp](const std::string& t) -> absl::Status {
+  return impl_->Unary("Pin", ctx, [this, req, resp](const std::string& t) -> absl::Status {
     if (req->ttl_seconds() == 0)
       return absl::InvalidArgumentError("ttl_seconds must be positive (use Unpin to unpin)");
     absl::StatusOr<uint32_t> n = impl_->DoPin(t, *req, NowS() + req->ttl_seconds());
@@ -408,7 +434,7 @@ grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx,
                                                 const pb::UnpinRequest* req,
                                                 pb::UnpinResponse* resp) {
-  return impl_->Unary(ctx, [this, req, resp](const std::string& t) -> absl::Status {
+  return impl_->Unary("Unpin", ctx, [this, req, resp](const std::string& t) -> absl::Status {
     auto nk = impl_->NamespaceAndKeys(t, *req);
     if (!nk.ok()) return nk.status();
     absl::StatusOr<uint32_t> n = Impl::CountOk(impl_->store->PinBatch(nk->first.id, nk->second, 0));
@@ -421,7 +447,7 @@ grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ctx,
                                                  const pb::DeleteRequest* req,
                                                  pb::DeleteResponse* resp) {
-  return impl_->Unary(ctx, [this, req, resp](const std::string& t) -> absl::Status {
+  return impl_->Unary("Delete", ctx, [this, req, resp](const std::string& t) -> absl::Status {
     auto nk = impl_->NamespaceAndKeys(t, *req);
     if (!nk.ok()) return nk.status();
     absl::StatusOr<uint32_t> n = Impl::CountOk(impl_->store->EraseBatch(nk->first.id, nk->second));
@@ -433,7 +459,7 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
                                                 const pb::StatsRequest*, pb::StatsResponse* resp) {
-  return impl_->Unary(ctx, [this, resp](const std::string&) {
+  return impl_->Unary("Stats", ctx, [this, resp](const std::string&) {
     const storage::StoreStats s = impl_->store->Stats();
     resp->set_ram_chunks(s.ram_chunks);
     resp->set_ram_capacity_chunks(s.ram_capacity_chunks);

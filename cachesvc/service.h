@@ -13,6 +13,7 @@
 
 #include "cachesvc/auth.h"
 #include "cachesvc/executor.h"
+#include "cachesvc/metrics.h"
 #include "cachesvc/namespace_registry.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_store.h"
@@ -26,6 +27,7 @@ struct ServiceOptions {
   uint32_t max_keys_per_call = 65536;     // Fetch / Pin / Unpin / Delete
   int executor_threads = 4;
   size_t executor_queue = 4096;
+  ServiceMetrics* metrics = nullptr;  // optional; not owned
 };
 
 class KvCacheService final : public kvcache::v1::KVCache::CallbackService {

@@ -1,6 +1,8 @@
 // kvcached end to end: the real daemon binary on loopback, real gRPC, real data folder.
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -340,6 +342,65 @@ TEST(KvcachedTest, PinUnpinAndDelete) {
   ASSERT_TRUE(d.stub().Stats(c.Ctx().get(), pb::StatsRequest(), &stats).ok());
   EXPECT_EQ(stats.ssd_chunks(), 2u);
   EXPECT_FALSE(stats.io_backend().empty());
+}
+
+// A plain HTTP GET on loopback, as Prometheus scrapes.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(KvcachedTest, ServesPrometheusMetrics) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  const int port = FreePort();
+  Daemon d(dir.File("data"), {"--metrics-listen", "127.0.0.1:" + std::to_string(port)});
+  Client c;
+  const pb::RegisterNamespaceResponse ns = Register(d, c);
+  const std::vector<Chunk> chunks = MakeChunks(rng, 2, ns.chunk_tokens(), ns.chunk_bytes());
+  pb::StoreResponse stored;
+  ASSERT_TRUE(StorePrefix(d, c, ns.namespace_id(), chunks, &stored).ok());
+  grpc::Status st;
+  Fetch(d, c, ns.namespace_id(), stored.chunk_keys(), &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  Lookup(d, c, 4242, {1}, &st);  // a NOT_FOUND call
+  const std::string text = HttpGet(port, "/metrics");
+  for (const std::string& want : std::vector<std::string>{
+           "kvcache_chunks{tier=\"ssd\"} 2", "kvcache_hits_total{tier=\"ram\"} 2",
+           "kvcache_bytes_total{direction=\"in\"} " + std::to_string(2 * ns.chunk_bytes()),
+           "kvcache_bytes_total{direction=\"out\"} " + std::to_string(2 * ns.chunk_bytes()),
+           "kvcache_rpc_seconds_count{code=\"0\",method=\"Store\"} 1",
+           "kvcache_rpc_seconds_count{code=\"5\",method=\"Lookup\"} 1",
+           "kvcache_checksum_failures_total 0"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << "missing \"" << want << "\" in:\n"
+                                                  << text.substr(0, 3000);
+  }
 }
 
 }  // namespace

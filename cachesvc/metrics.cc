@@ -1,0 +1,132 @@
+#include "cachesvc/metrics.h"
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+prometheus::ClientMetric Value(double v, std::vector<prometheus::ClientMetric::Label> labels = {}) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = v;
+  m.counter.value = v;
+  return m;
+}
+
+prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                prometheus::MetricType type,
+                                std::vector<prometheus::ClientMetric> metrics) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  f.metric = std::move(metrics);
+  return f;
+}
+
+// Reads the store's statistics when Prometheus scrapes, so they are never stale.
+class StoreCollector final : public prometheus::Collectable {
+ public:
+  explicit StoreCollector(const storage::ChunkStore* store) : store_(store) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using T = prometheus::MetricType;
+    const storage::StoreStats s = store_->Stats();
+    auto tiers = [](double ram, double ssd) {
+      return std::vector<prometheus::ClientMetric>{Value(ram, {{"tier", "ram"}}),
+                                                   Value(ssd, {{"tier", "ssd"}})};
+    };
+    return {
+        Family("kvcache_chunks", "Chunks held per tier", T::Gauge,
+               tiers(s.ram_chunks, s.ssd_chunks)),
+        Family("kvcache_capacity_chunks", "Chunk capacity per tier", T::Gauge,
+               tiers(s.ram_capacity_chunks, s.ssd_capacity_chunks)),
+        Family("kvcache_hits_total", "Chunk reads served per tier", T::Counter,
+               tiers(s.ram_hits, s.ssd_hits)),
+        Family("kvcache_evictions_total", "Chunks evicted per tier", T::Counter,
+               tiers(s.ram_evictions, s.ssd_evictions)),
+        Family("kvcache_misses_total", "Chunk reads that found nothing", T::Counter,
+               {Value(s.misses)}),
+        Family("kvcache_checksum_failures_total", "SSD reads whose checksum did not verify",
+               T::Counter, {Value(s.checksum_failures)}),
+        Family("kvcache_read_errors_total", "SSD read I/O errors", T::Counter,
+               {Value(s.read_errors)}),
+        Family("kvcache_write_errors_total", "SSD write I/O errors", T::Counter,
+               {Value(s.write_errors)}),
+        Family("kvcache_demotions_total", "RAM chunks written back to SSD under pressure",
+               T::Counter, {Value(s.demotions)}),
+        Family("kvcache_promotions_total", "SSD hits copied up to RAM", T::Counter,
+               {Value(s.promotions)}),
+        Family("kvcache_pending_write_behind", "Memory-acknowledged chunks not yet on SSD",
+               T::Gauge, {Value(s.pending_write_behind)}),
+    };
+  }
+
+ private:
+  const storage::ChunkStore* store_;
+};
+
+}  // namespace
+
+class ServiceMetrics::Impl {
+ public:
+  explicit Impl(const storage::ChunkStore* store)
+      : registry(std::make_shared<prometheus::Registry>()),
+        collector(std::make_shared<StoreCollector>(store)),
+        rpc(prometheus::BuildHistogram()
+                .Name("kvcache_rpc_seconds")
+                .Help("Call latency by method and status")
+                .Register(*registry)),
+        bytes(prometheus::BuildCounter()
+                  .Name("kvcache_bytes_total")
+                  .Help("Chunk payload bytes by direction")
+                  .Register(*registry)),
+        bytes_in(bytes.Add({{"direction", "in"}})),
+        bytes_out(bytes.Add({{"direction", "out"}})) {}
+
+  std::shared_ptr<prometheus::Registry> registry;
+  std::shared_ptr<StoreCollector> collector;
+  prometheus::Family<prometheus::Histogram>& rpc;
+  prometheus::Family<prometheus::Counter>& bytes;
+  prometheus::Counter& bytes_in;
+  prometheus::Counter& bytes_out;
+  std::unique_ptr<prometheus::Exposer> exposer;
+};
+
+ServiceMetrics::ServiceMetrics(const storage::ChunkStore* store)
+    : impl_(std::make_unique<Impl>(store)) {}
+ServiceMetrics::~ServiceMetrics() = default;
+
+void ServiceMetrics::ObserveCall(const std::string& method, grpc::StatusCode code, double seconds) {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10};
+  // Family::Add returns the existing series for the same labels.
+  impl_->rpc.Add({{"method", method}, {"code", std::to_string(static_cast<int>(code))}}, kBuckets)
+      .Observe(seconds);
+}
+
+void ServiceMetrics::AddBytes(bool in, uint64_t n) {
+  (in ? impl_->bytes_in : impl_->bytes_out).Increment(static_cast<double>(n));
+}
+
+absl::StatusOr<int> ServiceMetrics::Serve(const std::string& listen) {
+  try {
+    impl_->exposer = std::make_unique<prometheus::Exposer>(listen);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+  }
+  impl_->exposer->RegisterCollectable(impl_->registry);
+  impl_->exposer->RegisterCollectable(impl_->collector);
+  const std::vector<int> ports = impl_->exposer->GetListeningPorts();
+  return ports.empty() ? 0 : ports[0];
+}
+
+}  // namespace kvc::cachesvc
