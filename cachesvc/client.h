@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cachesvc/arena_socket.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_key.h"
 
@@ -26,6 +27,10 @@ struct ClientOptions {
   std::string bearer_token;  // empty: no authorization metadata
   int timeout_ms = 30000;
   std::string tls_ca_file;  // set: TLS, trusting this CA bundle
+  // Set (co-located with the daemon): map its RAM arena through this Unix socket, and
+  // Fetch copies chunks found in RAM straight from shared memory. If the socket refuses
+  // or is absent, the client uses gRPC only.
+  std::string shm_socket;
 };
 
 struct RemoteNamespace {
@@ -77,6 +82,10 @@ class CacheClient {
   absl::StatusOr<uint32_t> Delete(const RemoteNamespace& ns,
                                   std::span<const storage::ChunkKey> keys);
   absl::StatusOr<kvcache::v1::StatsResponse> Stats();
+  // Whether the shared-memory path is in use, and why not if it is not.
+  bool shared_memory() const { return arena_.base != nullptr; }
+  const std::string& shared_memory_error() const { return shm_error_; }
+  ~CacheClient();
 
  private:
   CacheClient(ClientOptions o, std::shared_ptr<grpc::Channel> ch)
@@ -88,6 +97,8 @@ class CacheClient {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<kvcache::v1::KVCache::Stub> stub_;
+  MappedArena arena_;
+  std::string shm_error_;
 };
 
 }  // namespace kvc::cachesvc

@@ -16,6 +16,8 @@
 #include <sstream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_split.h"
+#include "cachesvc/arena_socket.h"
 #include "cachesvc/embedded_config.h"
 #include "cachesvc/service.h"
 #include "engine/spec/chunk_layout.h"
@@ -49,7 +51,7 @@ int Fail(const std::string& message) {
 int Main(int argc, char** argv) {
   CLI::App app{"kvcached: tiered, persistent KV-cache service for DeepSeek V4.1 Flash prefixes"};
   std::string data_dir = "kvcached-data", listen = "127.0.0.1:50051", auth_file, tls_cert, tls_key,
-              metrics_listen;
+              metrics_listen, shm_socket, shm_tenants;
   uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0;
   int threads = 4;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
@@ -65,6 +67,14 @@ int Main(int argc, char** argv) {
   app.add_option("--threads", threads, "storage worker threads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option(
+      "--shm-socket", shm_socket,
+      "Unix socket handing the RAM arena to co-located clients (default DATA_DIR/kvcached.sock; "
+      "\"off\" disables it)");
+  app.add_option("--shm-tenants", shm_tenants,
+                 "with --auth-tokens: comma-separated tenants allowed to map the arena (it holds "
+                 "every tenant's "
+                 "chunks)");
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus /metrics on HOST:PORT (port 0: any)");
   app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
@@ -140,6 +150,15 @@ int Main(int argc, char** argv) {
   // Chunks are ~220 KiB: a 64 KiB initial HTTP/2 window would stall every message on
   // window updates. Start each stream with room for several chunks.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  std::unique_ptr<ArenaSocketServer> arena_socket;
+  if (shm_socket != "off" && (*store)->ram_arena_fd() >= 0) {
+    const std::set<std::string> allowed = absl::StrSplit(shm_tenants, ',', absl::SkipEmpty());
+    arena_socket = std::make_unique<ArenaSocketServer>(&auth, allowed, (*store)->ram_arena_fd(),
+                                                       (*store)->ram_arena_bytes());
+    if (shm_socket.empty()) shm_socket = data_dir + "/kvcached.sock";
+    if (absl::Status s = arena_socket->Start(shm_socket); !s.ok())
+      return Fail(std::string(s.message()));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("cannot listen on " + listen);
   const std::string host = listen.substr(0, listen.rfind(':'));
@@ -151,6 +170,7 @@ int Main(int argc, char** argv) {
               auth.enabled() ? ", auth on" : "");
   if (metrics_port > 0)
     std::printf("kvcached: metrics on %s:%d/metrics\n", host.c_str(), metrics_port);
+  if (arena_socket) std::printf("kvcached: shared arena on %s\n", shm_socket.c_str());
   std::fflush(stdout);
 
   int sig = 0;
@@ -159,7 +179,8 @@ int Main(int argc, char** argv) {
   std::fflush(stdout);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
-  service.reset();  // the executor finishes queued work
+  service.reset();  // the executor finishes queued work; shared-memory leases end
+  arena_socket.reset();
   if (absl::Status s = (*store)->Flush(); !s.ok())
     std::fprintf(stderr, "kvcached: flush: %s\n", std::string(s.message()).c_str());
   store->reset();

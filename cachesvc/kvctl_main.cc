@@ -119,8 +119,12 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     return bad == 0 ? absl::OkStatus()
                     : absl::DataLossError(std::to_string(bad) + " chunks failed verification");
   }
-  absl::StatusOr<std::unique_ptr<CacheClient>> client = CacheClient::Connect(
-      {.address = a.server, .bearer_token = a.token, .timeout_ms = 60000, .tls_ca_file = ""});
+  absl::StatusOr<std::unique_ptr<CacheClient>> client =
+      CacheClient::Connect({.address = a.server,
+                            .bearer_token = a.token,
+                            .timeout_ms = 60000,
+                            .tls_ca_file = "",
+                            .shm_socket = ""});
   if (!client.ok()) return client.status();
   if (cmd == "stats") {
     absl::StatusOr<pb::StatsResponse> s = (*client)->Stats();

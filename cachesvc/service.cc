@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/prefix_hash.h"
@@ -198,11 +199,69 @@ class KvCacheService::Impl {
     return CountOk(store->PinBatch(nk->first.id, nk->second, until));
   }
 
+  // ---- leases of RAM slots handed to co-located clients (FetchRefs) ----
+  struct RefLease {
+    std::string tenant;
+    std::vector<storage::RamLease> leases;
+    std::chrono::steady_clock::time_point expires;
+  };
+
+  // Drops leases past their time; called on every FetchRefs and by the reaper thread.
+  void ReapLeases() {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lk(leases_mu);
+    for (auto it = ref_leases.begin(); it != ref_leases.end();) {
+      it = it->second.expires <= now ? ref_leases.erase(it) : std::next(it);
+    }
+  }
+
+  absl::Status DoFetchRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
+                           pb::FetchRefsResponse* resp) {
+    auto nk = NamespaceAndKeys(tenant, req);
+    if (!nk.ok()) return nk.status();
+    ReapLeases();
+    const uint32_t ms = req.lease_ms() ? req.lease_ms() : opt.default_lease_ms;
+    RefLease lease{tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)};
+    for (const ChunkKey& key : nk->second) {
+      absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->first.id, key);
+      if (!l.ok()) break;  // the leading chunks only; the client fetches the rest over gRPC
+      pb::ChunkRef* ref = resp->add_refs();
+      ref->set_chunk_key(KeyBytes(key));
+      ref->set_arena_offset(l->arena_offset());
+      ref->set_length(l->bytes().size());
+      lease.leases.push_back(*std::move(l));
+    }
+    if (lease.leases.empty()) return absl::OkStatus();
+    std::lock_guard lk(leases_mu);
+    if (ref_leases.size() >= opt.max_ref_leases) {
+      resp->clear_refs();
+      return absl::ResourceExhaustedError(
+          absl::StrCat(opt.max_ref_leases, " shared-memory leases are held already"));
+    }
+    const uint64_t id = ++next_lease_id;
+    ref_leases.emplace(id, std::move(lease));
+    resp->set_lease_id(id);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoReleaseRefs(const std::string& tenant, uint64_t id) {
+    std::lock_guard lk(leases_mu);
+    auto it = ref_leases.find(id);
+    if (it == ref_leases.end() || it->second.tenant != tenant) {
+      return absl::NotFoundError(absl::StrCat("lease ", id, " not found (released or expired)"));
+    }
+    ref_leases.erase(it);
+    return absl::OkStatus();
+  }
+
   storage::ChunkStore* store;
   NamespaceRegistry* registry;
   const Authenticator* auth;
   ServiceOptions opt;
-  Executor executor;
+  std::mutex leases_mu;
+  std::map<uint64_t, RefLease> ref_leases;
+  uint64_t next_lease_id = 0;
+  Executor executor;  // declared last: its threads stop before the state they use goes away
 };
 
 // ---- Fetch: one chunk read (on the executor), then written, then the next ----
@@ -365,9 +424,40 @@ class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
 
 KvCacheService::KvCacheService(storage::ChunkStore* store, NamespaceRegistry* registry,
                                const Authenticator* auth, ServiceOptions options)
-    : impl_(std::make_unique<Impl>(store, registry, auth, options)) {}
+    : impl_(std::make_unique<Impl>(store, registry, auth, options)) {
+  // Leases of clients that vanished end on time even when no other call comes.
+  reaper_ = std::thread([this] {
+    std::unique_lock lk(reaper_mu_);
+    while (!reaper_cv_.wait_for(lk, std::chrono::milliseconds(200), [this] { return stopping_; })) {
+      impl_->ReapLeases();
+    }
+  });
+}
 
-KvCacheService::~KvCacheService() = default;
+KvCacheService::~KvCacheService() {
+  {
+    std::lock_guard lk(reaper_mu_);
+    stopping_ = true;
+  }
+  reaper_cv_.notify_all();
+  reaper_.join();
+}
+
+grpc::ServerUnaryReactor* KvCacheService::FetchRefs(grpc::CallbackServerContext* ctx,
+                                                    const pb::FetchRefsRequest* req,
+                                                    pb::FetchRefsResponse* resp) {
+  return impl_->Unary("FetchRefs", ctx, [this, req, resp](const std::string& t) {
+    return impl_->DoFetchRefs(t, *req, resp);
+  });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ReleaseRefs(grpc::CallbackServerContext* ctx,
+                                                      const pb::ReleaseRefsRequest* req,
+                                                      pb::ReleaseRefsResponse*) {
+  return impl_->Unary("ReleaseRefs", ctx, [this, req](const std::string& t) {
+    return impl_->DoReleaseRefs(t, req->lease_id());
+  });
+}
 
 grpc::ServerUnaryReactor* KvCacheService::RegisterNamespace(grpc::CallbackServerContext* ctx,
                                                             const pb::RegisterNamespaceRequest* req,

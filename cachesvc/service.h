@@ -8,8 +8,11 @@
 // exactly like one that does not exist.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "cachesvc/auth.h"
 #include "cachesvc/executor.h"
@@ -28,6 +31,8 @@ struct ServiceOptions {
   int executor_threads = 4;
   size_t executor_queue = 4096;
   ServiceMetrics* metrics = nullptr;  // optional; not owned
+  size_t max_ref_leases = 4096;       // FetchRefs leases held at once
+  uint32_t default_lease_ms = 10000;
 };
 
 class KvCacheService final : public kvcache::v1::KVCache::CallbackService {
@@ -58,11 +63,21 @@ class KvCacheService final : public kvcache::v1::KVCache::CallbackService {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
                                   const kvcache::v1::StatsRequest* req,
                                   kvcache::v1::StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* FetchRefs(grpc::CallbackServerContext* ctx,
+                                      const kvcache::v1::FetchRefsRequest* req,
+                                      kvcache::v1::FetchRefsResponse* resp) override;
+  grpc::ServerUnaryReactor* ReleaseRefs(grpc::CallbackServerContext* ctx,
+                                        const kvcache::v1::ReleaseRefsRequest* req,
+                                        kvcache::v1::ReleaseRefsResponse* resp) override;
 
   class Impl;
 
  private:
   std::unique_ptr<Impl> impl_;
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  bool stopping_ = false;
+  std::thread reaper_;
 };
 
 }  // namespace kvc::cachesvc

@@ -873,6 +873,10 @@ void ChunkStore::ReleaseRamSlot(uint32_t slot) {
 
 int ChunkStore::ram_arena_fd() const { return impl_->arena ? impl_->arena->fd() : -1; }
 
+uint64_t ChunkStore::ram_arena_bytes() const {
+  return impl_->arena ? impl_->arena->slot_bytes() * impl_->arena->slots() : 0;
+}
+
 Tier ChunkStore::Contains(NamespaceId ns, const ChunkKey& key) const {
   return Lookup(ns, std::span(&key, 1))[0];
 }

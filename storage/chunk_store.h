@@ -129,6 +129,7 @@ class ChunkStore {
   // Zero-copy read of a chunk in RAM; NotFound if it is not in RAM.
   absl::StatusOr<RamLease> LeaseRam(NamespaceId ns, const ChunkKey& key);
   int ram_arena_fd() const;
+  uint64_t ram_arena_bytes() const;  // 0 without a RAM tier
 
   // The highest tier holding each chunk (kNone if absent or in another namespace).
   Tier Contains(NamespaceId ns, const ChunkKey& key) const;

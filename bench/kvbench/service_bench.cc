@@ -106,8 +106,11 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
         "redis-server did not start (scripts/install-deps.sh installs it)");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 
-  const cachesvc::ClientOptions copt{
-      .address = address, .bearer_token = "", .timeout_ms = 30000, .tls_ca_file = ""};
+  const cachesvc::ClientOptions copt{.address = address,
+                                     .bearer_token = "",
+                                     .timeout_ms = 30000,
+                                     .tls_ca_file = "",
+                                     .shm_socket = ""};
   absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> setup =
       cachesvc::CacheClient::Connect(copt);
   if (!setup.ok()) return setup.status();

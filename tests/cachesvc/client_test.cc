@@ -5,6 +5,7 @@
 #include "cachesvc/client.h"
 
 #include <atomic>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -43,7 +44,8 @@ class ClientTest : public ::testing::Test {
     client_ = *CacheClient::Connect({.address = daemon_->address(),
                                      .bearer_token = "",
                                      .timeout_ms = 30000,
-                                     .tls_ca_file = ""});
+                                     .tls_ca_file = "",
+                                     .shm_socket = ""});
     absl::StatusOr<RemoteNamespace> ns = client_->RegisterNamespace(
         ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "mini", 64);
     ASSERT_TRUE(ns.ok()) << ns.status();
@@ -144,7 +146,8 @@ TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
       std::unique_ptr<CacheClient> client = *CacheClient::Connect({.address = daemon_->address(),
                                                                    .bearer_token = "",
                                                                    .timeout_ms = 30000,
-                                                                   .tls_ca_file = ""});
+                                                                   .tls_ca_file = "",
+                                                                   .shm_socket = ""});
       // Clients share some prefixes (seed c % 4), so stores race on the same chunks.
       std::mt19937_64 shared(seed_ + c % 4);
       const Prefix p = MakePrefix(shared, ns_, 3);
@@ -188,6 +191,65 @@ TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
   absl::StatusOr<pb::StatsResponse> st = client_->Stats();
   ASSERT_TRUE(st.ok());
   EXPECT_LE(st->ram_chunks(), st->ram_capacity_chunks());
+}
+
+TEST_F(ClientTest, CoLocatedClientReadsChunksFromSharedMemory) {
+  std::mt19937_64 rng(seed_);
+  ClientOptions o;
+  o.address = daemon_->address();
+  o.shm_socket = dir_.File("data") + "/kvcached.sock";
+  absl::StatusOr<std::unique_ptr<CacheClient>> local = CacheClient::Connect(o);
+  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_TRUE((*local)->shared_memory()) << (*local)->shared_memory_error();
+  const Prefix p = MakePrefix(rng, ns_, 4);
+  ASSERT_TRUE((*local)->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  const std::vector<storage::ChunkKey> keys = (*local)->Keys(ns_, p.tokens);
+  std::vector<uint8_t> out(p.payloads.size());
+  const uint64_t ram_hits_before = client_->Stats()->ram_hits();
+  absl::StatusOr<size_t> got = (*local)->Fetch(ns_, keys, out);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 4u);
+  EXPECT_EQ(out, p.payloads);
+  EXPECT_EQ(client_->Stats()->ram_hits(), ram_hits_before + 4);
+  // A missing chunk mid-prefix ends the fetch there, on this path too.
+  ASSERT_EQ(*(*local)->Delete(ns_, std::span(keys).subspan(1, 1)), 1u);
+  got = (*local)->Fetch(ns_, keys, out);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 1u);
+}
+
+TEST(ClientSharedMemoryTest, TenantsNotTrustedWithTheArenaFallBackToGrpc) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "tok-a acme\ntok-b globex\n";
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--shm-tenants", "acme"});
+  const std::string socket = dir.File("data") + "/kvcached.sock";
+  ClientOptions trusted;
+  trusted.address = d.address();
+  trusted.bearer_token = "tok-a";
+  trusted.shm_socket = socket;
+  ClientOptions other = trusted;
+  other.bearer_token = "tok-b";
+  ClientOptions nobody = trusted;
+  nobody.bearer_token = "wrong";
+  std::unique_ptr<CacheClient> a = *CacheClient::Connect(trusted), b = *CacheClient::Connect(other),
+                               x = *CacheClient::Connect(nobody);
+  EXPECT_TRUE(a->shared_memory()) << a->shared_memory_error();
+  EXPECT_FALSE(b->shared_memory());
+  EXPECT_NE(b->shared_memory_error().find("tenant may not map"), std::string::npos)
+      << b->shared_memory_error();
+  EXPECT_FALSE(x->shared_memory());
+  EXPECT_NE(x->shared_memory_error().find("unknown bearer token"), std::string::npos)
+      << x->shared_memory_error();
+  // The refused client still works, over gRPC.
+  absl::StatusOr<RemoteNamespace> ns = b->RegisterNamespace(
+      ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "mini", 64);
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  const Prefix p = MakePrefix(rng, *ns, 2);
+  ASSERT_TRUE(b->Store(*ns, std::nullopt, p.tokens, p.payloads).ok());
+  std::vector<uint8_t> out(p.payloads.size());
+  EXPECT_EQ(*b->Fetch(*ns, b->Keys(*ns, p.tokens), out), 2u);
+  EXPECT_EQ(out, p.payloads);
 }
 
 }  // namespace

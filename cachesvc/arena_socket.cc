@@ -1,0 +1,158 @@
+#include "cachesvc/arena_socket.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+sockaddr_un Address(const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  return a;
+}
+
+// One line of at most 4 KiB, without the newline.
+bool ReadLine(int fd, std::string* line) {
+  char c;
+  while (line->size() < 4096) {
+    const ssize_t n = read(fd, &c, 1);
+    if (n <= 0) return false;
+    if (c == '\n') return true;
+    line->push_back(c);
+  }
+  return false;
+}
+
+}  // namespace
+
+ArenaSocketServer::~ArenaSocketServer() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (!path_.empty()) unlink(path_.c_str());
+}
+
+absl::Status ArenaSocketServer::Start(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un::sun_path))
+    return absl::InvalidArgumentError("socket path too long: " + path);
+  unlink(path.c_str());  // a stale socket from a previous run
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) return Errno("socket");
+  const sockaddr_un a = Address(path);
+  if (bind(listen_fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
+    return Errno("bind " + path);
+  chmod(path.c_str(), 0600);
+  if (listen(listen_fd_, 16) != 0) return Errno("listen " + path);
+  path_ = path;
+  thread_ = std::thread([this] { Serve(); });
+  return absl::OkStatus();
+}
+
+void ArenaSocketServer::Serve() {
+  while (!stopping_) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    timeval timeout{2, 0};  // a silent client cannot hold the acceptor
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    Answer(conn);
+    close(conn);
+  }
+}
+
+void ArenaSocketServer::Answer(int conn) {
+  std::string token;
+  auto reply = [&](const std::string& text, int fd) {
+    iovec iov{const_cast<char*>(text.data()), text.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    (void)sendmsg(conn, &msg, MSG_NOSIGNAL);
+  };
+  if (!ReadLine(conn, &token)) return reply("ERR expected a token line\n", -1);
+  if (arena_fd_ < 0) return reply("ERR this server has no RAM tier\n", -1);
+  if (auth_->enabled()) {
+    absl::StatusOr<std::string> tenant = auth_->TenantFor("Bearer " + token);
+    if (!tenant.ok()) return reply("ERR unknown bearer token\n", -1);
+    if (!allowed_.contains(*tenant)) return reply("ERR tenant may not map the shared arena\n", -1);
+  }
+  reply(absl::StrCat("OK ", arena_bytes_, "\n"), arena_fd_);
+}
+
+absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
+                                     const std::string& bearer_token) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket");
+  const sockaddr_un a = Address(socket_path);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    const absl::Status s =
+        absl::UnavailableError(absl::StrCat("connect ", socket_path, ": ", strerror(errno)));
+    close(fd);
+    return s;
+  }
+  const std::string line = bearer_token + "\n";
+  if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    close(fd);
+    return Errno("write " + socket_path);
+  }
+  char text[128] = {0};
+  iovec iov{text, sizeof text - 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  close(fd);
+  if (n <= 0) return absl::UnavailableError("no answer from " + socket_path);
+  int arena_fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      std::memcpy(&arena_fd, CMSG_DATA(c), sizeof arena_fd);
+  }
+  unsigned long long bytes = 0;
+  if (std::strncmp(text, "OK ", 3) != 0 || arena_fd < 0 ||
+      std::sscanf(text + 3, "%llu", &bytes) != 1) {
+    if (arena_fd >= 0) close(arena_fd);
+    std::string reason(text);
+    while (!reason.empty() && reason.back() == '\n') reason.pop_back();
+    return absl::PermissionDeniedError(absl::StrCat("shared arena refused: ", reason));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, arena_fd, 0);
+  close(arena_fd);  // the mapping keeps the memory alive
+  if (base == MAP_FAILED) return Errno("mmap shared arena");
+  return MappedArena{static_cast<const uint8_t*>(base), bytes};
+}
+
+void UnmapArena(const MappedArena& arena) {
+  if (arena.base != nullptr) munmap(const_cast<uint8_t*>(arena.base), arena.bytes);
+}
+
+}  // namespace kvc::cachesvc
