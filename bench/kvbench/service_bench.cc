@@ -123,10 +123,16 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   for (auto& b : payload) b = static_cast<uint8_t>(rng());
 
   const int max_clients = *std::max_element(opt.clients.begin(), opt.clients.end());
-  std::vector<std::unique_ptr<cachesvc::CacheClient>> clients;
+  std::vector<std::unique_ptr<cachesvc::CacheClient>> clients, shm_clients;
   std::vector<redisContext*> redis_clients;
+  cachesvc::ClientOptions shm_opt = copt;
+  shm_opt.shm_socket = opt.dir + "/kvcached/kvcached.sock";
   for (int c = 0; c < max_clients; ++c) {
     clients.push_back(*cachesvc::CacheClient::Connect(copt));
+    shm_clients.push_back(*cachesvc::CacheClient::Connect(shm_opt));
+    if (!shm_clients.back()->shared_memory()) {
+      return absl::UnavailableError("shared arena: " + shm_clients.back()->shared_memory_error());
+    }
     redisContext* r = redisConnect("127.0.0.1", redis_port);
     if (r == nullptr || r->err) return absl::UnavailableError("cannot connect to redis-server");
     redis_clients.push_back(r);
@@ -148,11 +154,26 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
 
   std::atomic<uint64_t> next_token{1};
   std::vector<std::vector<uint8_t>> outs(max_clients, std::vector<uint8_t>(chunk));
-  auto ours = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
+  // The arena the memcpy peer reads from: the same values, in this process's memory.
+  std::vector<uint8_t> arena(static_cast<size_t>(opt.dataset_chunks) * chunk);
+  for (int i = 0; i < opt.dataset_chunks; ++i)
+    std::memcpy(arena.data() + i * chunk, payload.data(), chunk);
+  auto copy = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
+    return [&, op](int c, uint64_t i) {
+      uint8_t* slot = arena.data() + ((i * 31 + c) % keys.size()) * chunk;
+      if (op == "fetch") {
+        std::memcpy(outs[c].data(), slot, chunk);
+      } else {
+        std::memcpy(slot, payload.data(), chunk);
+      }
+      return absl::OkStatus();
+    };
+  };
+  auto ours = [&](const std::string& op, bool shm) -> std::function<absl::Status(int, uint64_t)> {
     if (op == "fetch") {
-      return [&](int c, uint64_t i) -> absl::Status {
-        absl::StatusOr<size_t> n =
-            clients[c]->Fetch(*ns, std::span(&keys[(i * 31 + c) % keys.size()], 1), outs[c]);
+      return [&, shm](int c, uint64_t i) -> absl::Status {
+        absl::StatusOr<size_t> n = (shm ? shm_clients : clients)[c]->Fetch(
+            *ns, std::span(&keys[(i * 31 + c) % keys.size()], 1), outs[c]);
         if (!n.ok()) return n.status();
         return *n == 1 ? absl::OkStatus() : absl::InternalError("fetch missed");
       };
@@ -191,23 +212,28 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     };
   };
 
+  const std::vector<std::string> systems = {"kvcache-grpc", "kvcache-shm", "redis", "memcpy"};
   std::vector<ServiceCase> cases;
   for (const std::string op : {"fetch", "store"}) {
     for (int n : opt.clients) {
       std::map<std::string, std::vector<Sample>> runs;
       for (int rep = 0; rep < opt.repetitions; ++rep) {
-        for (const std::string system : {"kvcache-grpc", "redis"}) {
+        for (const std::string& system : systems) {
+          if (system == "kvcache-shm" && op == "store") continue;  // stores go over gRPC
           std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n,
                        rep + 1);
-          absl::StatusOr<Sample> s =
-              LoopThreads(opt.seconds, n, chunk, system == "redis" ? peer(op) : ours(op));
+          const auto fn = system == "redis"    ? peer(op)
+                          : system == "memcpy" ? copy(op)
+                                               : ours(op, system == "kvcache-shm");
+          absl::StatusOr<Sample> s = LoopThreads(opt.seconds, n, chunk, fn);
           if (!s.ok())
             return absl::Status(s.status().code(),
                                 absl::StrCat(system, " ", op, ": ", s.status().message()));
           runs[system].push_back(*std::move(s));
         }
       }
-      for (const std::string system : {"kvcache-grpc", "redis"}) {
+      for (const std::string& system : systems) {
+        if (runs[system].empty()) continue;
         std::vector<double> gbps, p50, p99;
         for (Sample& s : runs[system]) {
           s.Percentiles();
@@ -221,6 +247,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   }
   for (redisContext* r : redis_clients) redisFree(r);
   clients.clear();
+  shm_clients.clear();
   setup->reset();
   daemon.Stop();
   redis.Stop();
@@ -253,13 +280,18 @@ std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
   }
   out += "\nratios (medians of alternated runs):\n";
   for (const ServiceCase& c : cases) {
-    if (c.system != "kvcache-grpc") continue;
-    const double peer = gbps[{c.op, c.clients, "redis"}];
-    if (peer <= 0) continue;
-    absl::StrAppendFormat(
-        &out, "  %-6s %2d clients  kvcache-grpc / redis %6.2f%s\n", c.op, c.clients, c.gbps / peer,
-        c.op == "fetch" ? (c.gbps >= peer ? "  (target >= 1.0: met)" : "  (target >= 1.0: NOT met)")
-                        : "");
+    const char* peer = c.system == "kvcache-grpc"  ? "redis"
+                       : c.system == "kvcache-shm" ? "memcpy"
+                                                   : nullptr;
+    if (peer == nullptr) continue;
+    const double p = gbps[{c.op, c.clients, peer}];
+    if (p <= 0) continue;
+    const double target = c.op != "fetch" ? 0 : c.system == "kvcache-grpc" ? 1.0 : 0.8;
+    absl::StrAppendFormat(&out, "  %-6s %2d clients  %s / %-7s %6.2f%s\n", c.op, c.clients,
+                          c.system, peer, c.gbps / p,
+                          target > 0 ? absl::StrFormat("  (target >= %.1f: %s)", target,
+                                                       c.gbps / p >= target ? "met" : "NOT met")
+                                     : "");
   }
   return out;
 }
