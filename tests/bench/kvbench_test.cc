@@ -58,8 +58,9 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
     EXPECT_EQ(c["clients"].get<int>(), 2);
     seen.insert(c["system"].get<std::string>() + "/" + c["op"].get<std::string>());
   }
-  EXPECT_EQ(seen, (std::set<std::string>{"kvcache-grpc/fetch", "kvcache-grpc/store", "kvcache-shm/fetch",
-                                         "redis/fetch", "redis/store", "memcpy/fetch", "memcpy/store"}));
+  EXPECT_EQ(seen,
+            (std::set<std::string>{"kvcache-grpc/fetch", "kvcache-grpc/store", "kvcache-shm/fetch",
+                                   "redis/fetch", "redis/store", "memcpy/fetch", "memcpy/store"}));
 }
 
 TEST(KvbenchTest, BadFlagsFailWithOneLine) {

@@ -1,4 +1,5 @@
 // kvcached end to end: the real daemon binary on loopback, real gRPC, real data folder.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -6,10 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -401,6 +405,104 @@ TEST(KvcachedTest, ServesPrometheusMetrics) {
     EXPECT_NE(text.find(want), std::string::npos) << "missing \"" << want << "\" in:\n"
                                                   << text.substr(0, 3000);
   }
+}
+
+TEST(KvcachedTest, AnswersTheStandardHealthCheck) {
+  TempDir dir;
+  Daemon d(dir.File("data"));
+  // grpc.health.v1.Health/Check with an empty HealthCheckRequest; the answer
+  // HealthCheckResponse{status: SERVING} is the two bytes 08 01.
+  auto channel = grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard lk(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_one();
+                 });
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return done; });
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+TEST(KvcachedTest, AClientThatStopsReadingIsCutOffAtItsDeadline) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  Daemon d(dir.File("data"));
+  Client c;
+  // Reference-size chunks, more of them than the stream windows hold.
+  pb::RegisterNamespaceRequest reg;
+  reg.set_model_config_json(
+      ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json"));
+  reg.set_model_id("ref");
+  pb::RegisterNamespaceResponse ns;
+  ASSERT_TRUE(d.stub().RegisterNamespace(c.Ctx().get(), reg, &ns).ok());
+  std::vector<Chunk> chunks(60);
+  for (Chunk& ch : chunks) {
+    for (uint32_t i = 0; i < ns.chunk_tokens(); ++i)
+      ch.tokens.push_back(static_cast<uint32_t>(rng() % 129280));
+    ch.payload.assign(ns.chunk_bytes(), static_cast<char>(rng()));
+  }
+  pb::StoreResponse stored;
+  ASSERT_TRUE(StorePrefix(d, c, ns.namespace_id(), chunks, &stored).ok());
+  ASSERT_EQ(stored.stored(), 60u);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+    pb::FetchRequest req;
+    req.set_namespace_id(ns.namespace_id());
+    *req.mutable_chunk_keys() = stored.chunk_keys();
+    auto reader = d.stub().Fetch(&ctx, req);
+    pb::FetchResponse one;
+    ASSERT_TRUE(reader->Read(&one));  // then stop reading
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // The server is not stuck: other calls work, and it drains and stops promptly.
+  grpc::Status st;
+  std::vector<pb::FetchResponse> got = Fetch(d, c, ns.namespace_id(), stored.chunk_keys(), &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(got.size(), 60u);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = d.Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
+}
+
+TEST(KvcachedTest, ServesTls) {
+  TempDir dir;
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 "
+      "-addext subjectAltName=IP:127.0.0.1 -keyout " +
+      dir.File("key.pem") + " -out " + dir.File("cert.pem") + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a test certificate";
+  Daemon d(dir.File("data"),
+           {"--tls-cert", dir.File("cert.pem"), "--tls-key", dir.File("key.pem")});
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFile(dir.File("cert.pem"));
+  auto secure = pb::KVCache::NewStub(grpc::CreateChannel(d.address(), grpc::SslCredentials(ssl)));
+  Client c;
+  pb::StatsResponse stats;
+  grpc::Status s = secure->Stats(c.Ctx().get(), pb::StatsRequest(), &stats);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  // Plaintext is refused by a TLS server.
+  s = d.stub().Stats(c.Ctx().get(), pb::StatsRequest(), &stats);
+  EXPECT_FALSE(s.ok());
 }
 
 }  // namespace
