@@ -1,6 +1,7 @@
 // kvbench: the project's benchmarks, each measured against a peer in the same run.
 //
-//   kvbench service [--dir DIR] [--seconds S] [--reps N] [--clients 1,8] [--config FILE] [--json]
+//   kvbench service [--dir DIR] [--seconds S] [--reps N] [--clients 1,8] [--chunks-per-call N]
+//                   [--config FILE] [--json]
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
 //                   [--dataset-chunks N] [--depths 1,8,32] [--ops fetch,store] [--no-fio]
 //                   [--json]
@@ -67,6 +68,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   service->add_option("--config", config, "model config giving the chunk size")
+      ->capture_default_str();
+  service->add_option("--chunks-per-call", sopt.chunks_per_call, "chunks per fetch call (a prefix)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   service->add_flag("--json", json, "print one JSON object");
   try {

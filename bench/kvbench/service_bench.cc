@@ -153,18 +153,24 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   }
 
   std::atomic<uint64_t> next_token{1};
-  std::vector<std::vector<uint8_t>> outs(max_clients, std::vector<uint8_t>(chunk));
+  const int per_call = std::clamp(opt.chunks_per_call, 1, opt.dataset_chunks);
+  std::vector<std::vector<uint8_t>> outs(max_clients, std::vector<uint8_t>(per_call * chunk));
+  // Call i of client c fetches chunks first(i, c) … + per_call - 1.
+  auto first = [&](uint64_t i, int c) {
+    return static_cast<size_t>((i * 31 + c) % (keys.size() - per_call + 1));
+  };
   // The arena the memcpy peer reads from: the same values, in this process's memory.
   std::vector<uint8_t> arena(static_cast<size_t>(opt.dataset_chunks) * chunk);
   for (int i = 0; i < opt.dataset_chunks; ++i)
     std::memcpy(arena.data() + i * chunk, payload.data(), chunk);
   auto copy = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
     return [&, op](int c, uint64_t i) {
-      uint8_t* slot = arena.data() + ((i * 31 + c) % keys.size()) * chunk;
       if (op == "fetch") {
-        std::memcpy(outs[c].data(), slot, chunk);
+        for (int k = 0; k < per_call; ++k) {
+          std::memcpy(outs[c].data() + k * chunk, arena.data() + (first(i, c) + k) * chunk, chunk);
+        }
       } else {
-        std::memcpy(slot, payload.data(), chunk);
+        std::memcpy(arena.data() + ((i * 31 + c) % keys.size()) * chunk, payload.data(), chunk);
       }
       return absl::OkStatus();
     };
@@ -173,9 +179,10 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     if (op == "fetch") {
       return [&, shm](int c, uint64_t i) -> absl::Status {
         absl::StatusOr<size_t> n = (shm ? shm_clients : clients)[c]->Fetch(
-            *ns, std::span(&keys[(i * 31 + c) % keys.size()], 1), outs[c]);
+            *ns, std::span(keys).subspan(first(i, c), per_call), outs[c]);
         if (!n.ok()) return n.status();
-        return *n == 1 ? absl::OkStatus() : absl::InternalError("fetch missed");
+        return *n == static_cast<size_t>(per_call) ? absl::OkStatus()
+                                                   : absl::InternalError("fetch missed");
       };
     }
     return [&](int c, uint64_t) -> absl::Status {
@@ -190,14 +197,23 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   auto peer = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
     if (op == "fetch") {
       return [&](int c, uint64_t i) -> absl::Status {
-        redisReply* r = static_cast<redisReply*>(redisCommand(
-            redis_clients[c], "GET chunk:%d", static_cast<int>((i * 31 + c) % keys.size())));
-        if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != static_cast<size_t>(chunk)) {
-          if (r) freeReplyObject(r);
-          return absl::InternalError("redis GET failed");
+        // Pipelined GETs: one round trip for the whole prefix, like our one Fetch stream.
+        for (int k = 0; k < per_call; ++k) {
+          redisAppendCommand(redis_clients[c], "GET chunk:%d", static_cast<int>(first(i, c) + k));
         }
-        std::memcpy(outs[c].data(), r->str, chunk);  // into the caller's buffer, as ours does
-        freeReplyObject(r);
+        for (int k = 0; k < per_call; ++k) {
+          void* reply = nullptr;
+          if (redisGetReply(redis_clients[c], &reply) != REDIS_OK)
+            return absl::InternalError("redis GET failed");
+          redisReply* r = static_cast<redisReply*>(reply);
+          if (r->type != REDIS_REPLY_STRING || r->len != static_cast<size_t>(chunk)) {
+            freeReplyObject(r);
+            return absl::InternalError("redis GET returned another value");
+          }
+          std::memcpy(outs[c].data() + k * chunk, r->str,
+                      chunk);  // into the caller's buffer, as ours does
+          freeReplyObject(r);
+        }
         return absl::OkStatus();
       };
     }
@@ -225,7 +241,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           const auto fn = system == "redis"    ? peer(op)
                           : system == "memcpy" ? copy(op)
                                                : ours(op, system == "kvcache-shm");
-          absl::StatusOr<Sample> s = LoopThreads(opt.seconds, n, chunk, fn);
+          const uint64_t bytes_per_call = op == "fetch" ? per_call * chunk : chunk;
+          absl::StatusOr<Sample> s = LoopThreads(opt.seconds, n, bytes_per_call, fn);
           if (!s.ok())
             return absl::Status(s.status().code(),
                                 absl::StrCat(system, " ", op, ": ", s.status().message()));
@@ -241,7 +258,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           p50.push_back(s.p50_us);
           p99.push_back(s.p99_us);
         }
-        cases.push_back({system, op, n, Median(gbps), Median(p50), Median(p99)});
+        cases.push_back(
+            {system, op, n, op == "fetch" ? per_call : 1, Median(gbps), Median(p50), Median(p99)});
       }
     }
   }
@@ -262,6 +280,7 @@ nlohmann::json ServiceCasesToJson(const std::vector<ServiceCase>& cases) {
     j["cases"].push_back({{"system", c.system},
                           {"op", c.op},
                           {"clients", c.clients},
+                          {"chunks_per_call", c.chunks_per_call},
                           {"gbps", c.gbps},
                           {"p50_us", c.p50_us},
                           {"p99_us", c.p99_us}});

@@ -19,11 +19,13 @@ struct ServiceBenchOptions {
   int repetitions = 3;
   std::vector<int> clients = {1, 8};
   int dataset_chunks = 64;
+  int chunks_per_call = 1;  // fetch: chunks per call (a prefix); Redis pipelines its GETs
 };
 
 struct ServiceCase {
   std::string system, op;  // system: kvcache-grpc or redis; op: fetch or store
   int clients = 0;
+  int chunks_per_call = 1;
   double gbps = 0, p50_us = 0, p99_us = 0;
 };
 
