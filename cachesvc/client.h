@@ -10,6 +10,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -99,6 +100,8 @@ class CacheClient {
   std::unique_ptr<kvcache::v1::KVCache::Stub> stub_;
   MappedArena arena_;
   std::string shm_error_;
+  std::mutex lease_mu_;
+  uint64_t pending_release_ = 0;  // the last shared-memory lease, released by the next call
 };
 
 }  // namespace kvc::cachesvc

@@ -219,6 +219,8 @@ class KvCacheService::Impl {
                            pb::FetchRefsResponse* resp) {
     auto nk = NamespaceAndKeys(tenant, req);
     if (!nk.ok()) return nk.status();
+    for (uint64_t done : req.release_lease_ids())
+      (void)DoReleaseRefs(tenant, done);  // saves a call
     ReapLeases();
     const uint32_t ms = req.lease_ms() ? req.lease_ms() : opt.default_lease_ms;
     RefLease lease{tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)};
