@@ -31,16 +31,17 @@ absl::Status IoError(const char* what, uint64_t slot, int64_t result, uint32_t w
   return err == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
 }
 
-// Writes zeros over the whole slab and syncs it. fallocate would leave "unwritten"
+// Writes zeros over [from, to) of a slab and syncs it. fallocate would leave "unwritten"
 // extents, and the first write into one turns every later fdatasync into a journal
-// commit; writing the blocks once up front keeps a durable put to a data flush.
-absl::Status ZeroFill(int fd, off_t bytes) {
+// commit; writing the blocks once up front keeps a durable put to a data flush. Bytes
+// before `from` (slots already in use) are never touched.
+absl::Status ZeroFill(int fd, off_t from, off_t bytes) {
   constexpr size_t kBlock = 4 << 20;
   void* zeros = std::aligned_alloc(kSlotAlignment, kBlock);
   if (zeros == nullptr) return absl::ResourceExhaustedError("no memory for zero fill");
   std::memset(zeros, 0, kBlock);
   absl::Status status;
-  for (off_t at = 0; at < bytes && status.ok();) {
+  for (off_t at = from / kSlotAlignment * kSlotAlignment; at < bytes && status.ok();) {
     const size_t n = static_cast<size_t>(std::min<off_t>(kBlock, bytes - at));
     const ssize_t w = pwrite(fd, zeros, n, at);
     if (w < 0 && errno == EINTR) continue;
@@ -158,10 +159,18 @@ absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
     fd = open(path.c_str(), flags, 0644);
   }
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
-  const off_t bytes = static_cast<off_t>(options_.slots_per_slab * options_.slot_bytes);
+  // The last slab holds only the slots the capacity reaches; it grows if capacity does.
+  const uint64_t slots =
+      std::min(options_.slots_per_slab, options_.capacity_slots - slab * options_.slots_per_slab);
+  const off_t bytes = static_cast<off_t>(slots * options_.slot_bytes);
   struct stat st {};
-  if (fstat(fd, &st) != 0 || st.st_size < bytes) {
-    if (absl::Status s = ZeroFill(fd, bytes); !s.ok()) {
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("stat ", path, ": ", strerror(err)));
+  }
+  if (st.st_size < bytes) {
+    if (absl::Status s = ZeroFill(fd, st.st_size, bytes); !s.ok()) {
       close(fd);
       return absl::Status(s.code(), absl::StrCat("preallocate ", path, ": ", s.message()));
     }

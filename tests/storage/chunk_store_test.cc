@@ -384,5 +384,27 @@ TEST(ChunkStoreBasicsTest, CorruptBytesOnDiskAreAMissNeverBadBytes) {
   ExpectChunk(*store, bad);
 }
 
+// Regression: a store whose capacity is smaller than one slab zero-filled a whole slab
+// (1 GiB by default) on its first write, and a slab that must grow would have been
+// zero-filled from its start, over the chunks already in it.
+TEST(ChunkStoreBasicsTest, SlabIsSizedToCapacityAndGrowsWithoutTouchingChunks) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  StoreOptions small = Options(dir.path(), 0, 3);
+  small.slab_bytes = 1ull << 30;
+  {
+    auto store = OpenOrDie(small);
+    for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok());
+  }
+  const std::string slab = dir.path() + "/slabs/slab-000000.dat";
+  EXPECT_EQ(std::filesystem::file_size(slab), 3 * SlotBytesFor(kChunk));
+  StoreOptions bigger = small;
+  bigger.ssd_bytes = 6 * SlotBytesFor(kChunk);
+  auto store = OpenOrDie(bigger);
+  for (uint64_t i = 3; i < 6; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok());
+  EXPECT_EQ(std::filesystem::file_size(slab), 6 * SlotBytesFor(kChunk));
+  for (uint64_t i = 0; i < 6; ++i) ExpectChunk(*store, KeyOf(seed, i));
+}
+
 }  // namespace
 }  // namespace kvc::storage
