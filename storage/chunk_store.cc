@@ -506,6 +506,8 @@ absl::Status ChunkStore::Impl::Open() {
     ssd = *std::move(tier);
     if (opt.preallocate_ssd) {
       if (absl::Status s = ssd->PreallocateAll(); !s.ok()) return s;
+    } else if (opt.preallocate_ssd_background) {
+      ssd->PreallocateInBackground();
     }
   }
 

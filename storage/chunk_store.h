@@ -57,9 +57,10 @@ struct StoreOptions {
   unsigned queue_depth = 32;
   unsigned io_lanes = 4;
   bool promote_on_ssd_hit = true;
-  bool preallocate_ssd = false;       // lay out every slab at open, not on first use
-  std::shared_ptr<FaultPlan> faults;  // tests only
-  std::function<int64_t()> now_s;     // wall clock in seconds; tests inject one
+  bool preallocate_ssd = false;             // lay out every slab at open, not on first use
+  bool preallocate_ssd_background = false;  // lay slabs out on a background thread instead
+  std::shared_ptr<FaultPlan> faults;        // tests only
+  std::function<int64_t()> now_s;           // wall clock in seconds; tests inject one
 };
 
 struct PutRequest {

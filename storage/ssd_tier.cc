@@ -97,6 +97,7 @@ absl::Status SsdTier::Init() {
   const uint64_t slabs =
       (options_.capacity_slots + options_.slots_per_slab - 1) / options_.slots_per_slab;
   slab_fds_.assign(slabs, -1);
+  slab_creating_.assign(slabs, false);
 
   for (unsigned i = 0; i < options_.lanes; ++i) {
     auto lane = std::make_unique<Lane>();
@@ -134,7 +135,15 @@ absl::Status SsdTier::Init() {
   return absl::OkStatus();
 }
 
+void SsdTier::PreallocateInBackground() {
+  preallocator_ = std::thread([this] {
+    for (uint64_t slab = 0; slab < slab_fds_.size() && !stopping_; ++slab) (void)SlabFd(slab);
+  });
+}
+
 SsdTier::~SsdTier() {
+  stopping_ = true;
+  if (preallocator_.joinable()) preallocator_.join();
   for (auto& lane : lanes_) {
     lane->engine.reset();
     std::free(lane->staging);
@@ -145,11 +154,25 @@ SsdTier::~SsdTier() {
 }
 
 absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
-  std::lock_guard lock(slabs_mu_);
+  std::unique_lock lock(slabs_mu_);
   if (slab >= slab_fds_.size()) {
     return absl::OutOfRangeError(absl::StrCat("slab ", slab, " beyond capacity"));
   }
+  // Laying out a slab takes a while (zero fill): do it without the lock, so I/O to the
+  // other slabs goes on; callers that need this slab wait for it.
+  slab_ready_.wait(lock, [&] { return !slab_creating_[slab]; });
   if (slab_fds_[slab] >= 0) return slab_fds_[slab];
+  slab_creating_[slab] = true;
+  lock.unlock();
+  absl::StatusOr<int> fd = CreateSlab(slab);
+  lock.lock();
+  slab_creating_[slab] = false;
+  if (fd.ok()) slab_fds_[slab] = *fd;
+  slab_ready_.notify_all();
+  return fd;
+}
+
+absl::StatusOr<int> SsdTier::CreateSlab(uint64_t slab) {
   const std::string path = absl::StrFormat("%s/slab-%06d.dat", options_.dir, slab);
   const bool existed = access(path.c_str(), F_OK) == 0;
   int flags = O_RDWR | O_CREAT | O_CLOEXEC;
@@ -184,7 +207,6 @@ absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
       close(dir);
     }
   }
-  slab_fds_[slab] = fd;
   return fd;
 }
 

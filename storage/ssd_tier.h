@@ -8,6 +8,7 @@
 // store's business, not this class's. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -68,6 +70,9 @@ class SsdTier {
   // Creates (zero-filled) every slab of the configured capacity now rather than on
   // first use, so no later write waits for a slab to be laid out.
   [[nodiscard]] absl::Status PreallocateAll();
+  // Lays out every slab on a background thread, in slab order, so that writes rarely
+  // wait for a slab's zero fill (only when they outrun the preallocator).
+  void PreallocateInBackground();
   // Why the io_uring backend is not in use, empty if it is.
   const std::string& fallback_reason() const { return fallback_reason_; }
   uint64_t capacity_slots() const { return options_.capacity_slots; }
@@ -83,7 +88,8 @@ class SsdTier {
 
   explicit SsdTier(const SsdTierOptions& o) : options_(o) {}
   absl::Status Init();
-  absl::StatusOr<int> SlabFd(uint64_t slab);  // opens or creates (preallocated) the slab
+  absl::StatusOr<int> SlabFd(uint64_t slab);      // opens or creates (preallocated) the slab
+  absl::StatusOr<int> CreateSlab(uint64_t slab);  // open + zero fill + sync; no lock held
   // The I/O of one slot (header + payload, whole sectors) through staging buffer i of a lane.
   absl::StatusOr<IoOp> SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
                               const Lane& lane, size_t staging_index);
@@ -93,10 +99,14 @@ class SsdTier {
   SsdTierOptions options_;
   const char* backend_name_ = "posix";
   std::string fallback_reason_;
-  bool direct_io_ = true;
+  std::atomic<bool> direct_io_{true};
 
   std::mutex slabs_mu_;
-  std::vector<int> slab_fds_;  // -1 until opened
+  std::condition_variable slab_ready_;
+  std::vector<int> slab_fds_;        // -1 until opened
+  std::vector<bool> slab_creating_;  // a thread is laying this slab out
+  std::atomic<bool> stopping_{false};
+  std::thread preallocator_;
 
   std::mutex lanes_mu_;
   std::condition_variable lane_free_;
