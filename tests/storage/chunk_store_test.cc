@@ -406,5 +406,27 @@ TEST(ChunkStoreBasicsTest, SlabIsSizedToCapacityAndGrowsWithoutTouchingChunks) {
   for (uint64_t i = 0; i < 6; ++i) ExpectChunk(*store, KeyOf(seed, i));
 }
 
+TEST(ChunkStoreBasicsTest, BackgroundPreallocationLaysOutEverySlabWhileWritesGoOn) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  StoreOptions o = Options(dir.path(), 0, 64);  // 4 slabs of 16 slots
+  o.preallocate_ssd_background = true;
+  {
+    auto store = OpenOrDie(o);
+    for (uint64_t i = 0; i < 40; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok()) << i;
+    for (uint64_t i = 0; i < 40; ++i) ExpectChunk(*store, KeyOf(seed, i));
+    // The preallocator reaches the last slab on its own (writes only needed three).
+    const std::string last = dir.path() + "/slabs/slab-000003.dat";
+    for (int i = 0; i < 500; ++i) {
+      std::error_code ec;
+      if (std::filesystem::file_size(last, ec) == 16 * SlotBytesFor(kChunk)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(std::filesystem::file_size(last), 16 * SlotBytesFor(kChunk));
+  }
+  auto store = OpenOrDie(o);
+  for (uint64_t i = 0; i < 40; ++i) ExpectChunk(*store, KeyOf(seed, i));
+}
+
 }  // namespace
 }  // namespace kvc::storage
