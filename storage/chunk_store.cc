@@ -126,6 +126,14 @@ class ChunkStore::Impl {
     } else {
       ram_free_on_release[slot] = true;
     }
+    if (!ssd_map.contains(key)) LeftStore(key);
+  }
+
+  // `key` is in neither tier any more: the chunks after it can no longer be reached by
+  // a lookup, so they are the first to go.
+  void LeftStore(const ChunkKey& key) {
+    ram_order.MarkOrphansOf(key);
+    ssd_order.MarkOrphansOf(key);
   }
 
   // A free RAM slot, evicting as needed. With allow_writeback, dirty victims are written
@@ -199,6 +207,7 @@ class ChunkStore::Impl {
     ssd_order.Remove(key);
     FreeSsdSlot(slot);
     // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
+    if (!ram.contains(key)) LeftStore(key);
   }
 
   uint64_t GlobalSlot(const IndexRecord& r) const {
@@ -545,6 +554,11 @@ absl::Status ChunkStore::Impl::Open() {
   for (const auto& [key, r] : ssd_map) {
     ssd_order.Add(key, r.parent, r.last_access_s * 1'000'000, r.pin_until_s, r.expires_s);
     if (r.pin_until_s > 0) pins[key] = r.pin_until_s;
+  }
+  // Chunks whose parent did not survive (evicted or dropped before the restart) are
+  // unreachable: they go first.
+  for (const auto& [key, r] : ssd_map) {
+    if (r.parent && !ssd_map.contains(*r.parent)) ssd_order.MarkOrphansOf(*r.parent);
   }
   for (uint64_t s = capacity_slots; s-- > 0;) {
     if (!used[s]) ssd_free.push_back(s);  // lowest slot on top: slabs fill in order
@@ -930,6 +944,7 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
       deletes.push_back(key);
       found = true;
     }
+    if (found && !s.ram.contains(key) && !s.ssd_map.contains(key)) s.LeftStore(key);
     if (found) {
       s.pins.erase(key);
     } else {

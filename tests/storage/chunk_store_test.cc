@@ -428,5 +428,24 @@ TEST(ChunkStoreBasicsTest, BackgroundPreallocationLaysOutEverySlabWhileWritesGoO
   for (uint64_t i = 0; i < 40; ++i) ExpectChunk(*store, KeyOf(seed, i));
 }
 
+TEST(ChunkStoreBasicsTest, ChunksWhoseAncestorLeftGoFirst) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 0, 4));
+  const ChunkKey d = KeyOf(seed, 1), a = KeyOf(seed, 2), b = KeyOf(seed, 3), c = KeyOf(seed, 4);
+  ASSERT_TRUE(PutChunk(*store, d).ok());  // the oldest, reachable
+  ASSERT_TRUE(PutChunk(*store, a).ok());
+  ASSERT_TRUE(PutChunk(*store, b, a).ok());
+  ASSERT_TRUE(PutChunk(*store, c, b).ok());
+  ASSERT_TRUE(store->Erase(kNs, a).ok());              // b and c can no longer be reached
+  ASSERT_TRUE(PutChunk(*store, KeyOf(seed, 5)).ok());  // fills the free slot
+  ASSERT_TRUE(PutChunk(*store, KeyOf(seed, 6)).ok());  // evicts the orphan b, not d
+  EXPECT_FALSE(Has(*store, b));
+  EXPECT_TRUE(Has(*store, d));
+  ASSERT_TRUE(PutChunk(*store, KeyOf(seed, 7)).ok());  // then c, orphaned in turn
+  EXPECT_FALSE(Has(*store, c));
+  EXPECT_TRUE(Has(*store, d));
+}
+
 }  // namespace
 }  // namespace kvc::storage

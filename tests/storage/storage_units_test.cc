@@ -131,5 +131,25 @@ TEST(EvictionOrderTest, ExpiredFirstPinnedNever) {
   EXPECT_EQ(order.PickVictim(501), pinned);
 }
 
+TEST(EvictionOrderTest, OrphansGoBeforeReachableLeavesAndComeBackWithTheirParent) {
+  const uint64_t seed = testing::FreshSeed();
+  EvictionOrder order;
+  const ChunkKey a = KeyOf(seed, 1), b = KeyOf(seed, 2), c = KeyOf(seed, 3), old = KeyOf(seed, 4);
+  order.Add(old, {}, 1, 0, 0);  // the least recently used leaf
+  order.Add(b, a, 5, 0, 0);     // a itself is not in this tier
+  order.Add(c, b, 6, 0, 0);
+  EXPECT_EQ(order.PickVictim(0), old);
+  order.MarkOrphansOf(a);  // a left the store: b is unreachable
+  EXPECT_TRUE(order.IsOrphan(b));
+  EXPECT_FALSE(order.IsOrphan(c));
+  EXPECT_EQ(order.PickVictim(0), b);  // before the older, reachable leaf
+  order.Add(a, {}, 7, 0, 0);          // a is back: b is reachable again
+  EXPECT_FALSE(order.IsOrphan(b));
+  EXPECT_EQ(order.PickVictim(0), old);
+  order.MarkOrphansOf(a);
+  order.SetPin(b, 100);
+  EXPECT_EQ(order.PickVictim(50), old);  // a pinned orphan stays
+}
+
 }  // namespace
 }  // namespace kvc::storage
