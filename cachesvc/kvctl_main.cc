@@ -21,7 +21,6 @@
 
 #include "CLI/CLI.hpp"
 #include "cachesvc/client.h"
-#include "cachesvc/namespace_registry.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::cachesvc {

@@ -781,8 +781,9 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
     auto r = s.ram.find(keys[i]);
     if (r != s.ram.end() && r->second.ns == ns) {
       ++s.ram_refs[r->second.slot];
-      s.ram_order.Touch(keys[i], s.NextAccess());
-      s.ssd_order.Touch(keys[i], s.NextAccess());
+      const int64_t tick = s.NextAccess();
+      s.ram_order.Touch(keys[i], tick);
+      s.ssd_order.Touch(keys[i], tick);
       ram_hits.emplace_back(i, r->second.slot);
       continue;
     }

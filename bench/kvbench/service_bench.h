@@ -1,6 +1,7 @@
-// kvbench service: fetch and store of whole chunks through kvcached over gRPC (loopback),
-// beside Redis on loopback with the same values and the same number of clients, in the
-// same run, alternating ours and the peer and reporting medians.
+// kvbench service: fetch and store of whole chunks through kvcached — over gRPC on
+// loopback, and through the shared RAM arena for a co-located client — beside Redis on
+// loopback (same values, same number of clients) and memcpy, in the same run,
+// alternating ours and the peers and reporting medians.
 #pragma once
 
 #include <string>

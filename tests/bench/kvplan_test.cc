@@ -14,8 +14,10 @@ namespace {
 using ::kvc::testing::kMiniConfig;
 using ::kvc::testing::kReferenceConfig;
 using ::kvc::testing::LoadJson;
+using ::kvc::testing::PaperFormula;
 using ::kvc::testing::ParseOrDie;
 using ::kvc::testing::RunProgram;
+using ::kvc::testing::SwaRowBytes;
 using Json = nlohmann::json;
 
 const std::string kKvplan = std::string(KVC_BIN_DIR) + "/kvplan";
@@ -57,7 +59,12 @@ TEST(KvplanTest, ReferenceJsonReports890AndTheSchedule) {
   EXPECT_EQ(layers[24]["mode"], "reindex");
   EXPECT_EQ(layers[24]["role"], "decoder");
   EXPECT_EQ(layers[20]["ratio"], 1);
-  EXPECT_EQ(layers[2]["stored_bytes_per_token"].get<double>(), 178.0);
+  const Json t = LoadJson(kReferenceConfig())["text_config"];
+  const double head = t["head_dim"], index = t["index_head_dim"];
+  EXPECT_EQ(
+      layers[2]["stored_bytes_per_token"].get<double>(),
+      (head / 2 + head / 16 + index / 2 + index / 32) / t["compress_ratios"][2].get<double>());
+  EXPECT_DOUBLE_EQ(sum, PaperFormula(t));
   EXPECT_EQ(layers[41]["role"], "draft");
   for (const char* tier : {"hbm", "ram", "ssd"})
     EXPECT_TRUE(j["sessions_fit"].contains(tier)) << tier;
@@ -74,12 +81,18 @@ TEST(KvplanTest, SessionsFitFollowFromCapacityAndContext) {
   EXPECT_EQ(j["sessions_fit"]["ram"], static_cast<int64_t>(100 * std::pow(2, 30) / session));
   EXPECT_EQ(j["sessions_fit"]["ssd"], static_cast<int64_t>(2 * std::pow(2, 40) / session));
   EXPECT_DOUBLE_EQ(j["ssd"]["write_bytes_per_day"].get<double>(), 5000 * session);
-  // Alternatives: the SWA-per-token store is ours plus a 528-byte FP8 row per layer.
+  // Alternatives, from the config: ours plus one FP8 SWA row per layer (draft included);
+  // and K and V for every head of every trunk layer in bfloat16.
+  const Json t = LoadJson(kReferenceConfig())["text_config"];
+  const double layers = t["compress_ratios"].size();
   const Json& alts = j["alternatives"];
   ASSERT_GE(alts.size(), 4u);
   EXPECT_EQ(alts[0]["name"], "kvcache");
-  EXPECT_DOUBLE_EQ(alts[1]["bytes_per_token"].get<double>(), 890.0 + 43 * 528);
-  EXPECT_DOUBLE_EQ(alts[3]["bytes_per_token"].get<double>(), 2.0 * 64 * 512 * 2 * 40);
+  EXPECT_DOUBLE_EQ(alts[1]["bytes_per_token"].get<double>(),
+                   PaperFormula(t) + layers * SwaRowBytes(t));
+  EXPECT_DOUBLE_EQ(alts[3]["bytes_per_token"].get<double>(),
+                   2.0 * t["num_attention_heads"].get<double>() * t["head_dim"].get<double>() * 2 *
+                       t["num_hidden_layers"].get<double>());
 }
 
 TEST(KvplanTest, AnyConfigGivesComputedNumbers) {
@@ -141,8 +154,9 @@ TEST(CapacityTest, PlanMatchesLayoutForEveryChunkSize) {
     w.ssd_bytes = 1e12;
     absl::StatusOr<CapacityPlan> p = PlanCapacity(c, w);
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_EQ(p->layout.chunk_bytes, 890 * chunk);
-    EXPECT_DOUBLE_EQ(p->session_bytes, 890.0 * (1 << 20));
+    const double per_token = PaperFormula(LoadJson(kReferenceConfig())["text_config"]);
+    EXPECT_EQ(p->layout.chunk_bytes, static_cast<int64_t>(per_token * chunk));
+    EXPECT_DOUBLE_EQ(p->session_bytes, per_token * (1 << 20));
     EXPECT_EQ(p->exact_replay_tokens, p->schedule.encoder_layers * c.sliding_window);
   }
 }

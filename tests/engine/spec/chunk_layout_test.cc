@@ -11,6 +11,7 @@ namespace {
 using ::kvc::testing::kMiniConfig;
 using ::kvc::testing::kReferenceConfig;
 using ::kvc::testing::LoadJson;
+using ::kvc::testing::PaperFormula;
 using ::kvc::testing::ParseOrDie;
 using Json = nlohmann::json;
 
@@ -20,19 +21,6 @@ ChunkLayout LayoutOf(const ModelConfig& c, int64_t chunk_tokens) {
   absl::StatusOr<ChunkLayout> l = BuildChunkLayout(c, *s, chunk_tokens);
   EXPECT_TRUE(l.ok()) << l.status();
   return l.ok() ? *l : ChunkLayout{};
-}
-
-// Bytes per token written the way the architecture describes it, straight from the JSON:
-// each Full (kv source) layer stores one main entry and one index entry per compressed
-// position. Reindex layers are deliberately absent: they borrow the nearest Full layer's
-// index K.
-double PaperFormula(const Json& t) {
-  const double head = t["head_dim"].get<double>(), index = t["index_head_dim"].get<double>();
-  const double entry = head / 2 + head / 16 + index / 2 + index / 32;
-  double total = 0;
-  for (int64_t layer : t["kv_source_layer_ids"])
-    total += entry / t["compress_ratios"][layer].get<double>();
-  return total;
 }
 
 TEST(ChunkLayoutTest, ReferenceIs890BytesPerTokenAnd227840PerChunk) {

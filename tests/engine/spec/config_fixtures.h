@@ -30,4 +30,23 @@ inline ModelConfig ParseOrDie(const nlohmann::json& j) {
   return c.ok() ? *c : ModelConfig{};
 }
 
+// Bytes per token written the way the architecture describes it, straight from the JSON:
+// each Full (kv source) layer stores one main entry and one index entry per compressed
+// position. Reindex layers are deliberately absent: they borrow the nearest Full layer's
+// index K.
+inline double PaperFormula(const nlohmann::json& t) {
+  const double head = t["head_dim"].get<double>(), index = t["index_head_dim"].get<double>();
+  const double entry = head / 2 + head / 16 + index / 2 + index / 32;
+  double total = 0;
+  for (int64_t layer : t["kv_source_layer_ids"])
+    total += entry / t["compress_ratios"][layer].get<double>();
+  return total;
+}
+
+// Per token, one FP8 (E4M3 + a power-of-two scale per 32) SWA row of head_dim per layer.
+inline double SwaRowBytes(const nlohmann::json& t) {
+  const double head = t["head_dim"].get<double>();
+  return head + head / 32;
+}
+
 }  // namespace kvc::testing
