@@ -1,5 +1,6 @@
 #include "cachesvc/client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -64,13 +65,74 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(const ClientOp
 }
 
 CacheClient::~CacheClient() {
-  if (pending_release_ != 0) {
+  std::vector<uint64_t> ids = std::move(to_release_);
+  for (const auto& [id, lease] : held_leases_) ids.push_back(id);
+  for (uint64_t id : ids) {
     pb::ReleaseRefsRequest rel;
-    rel.set_lease_id(pending_release_);
+    rel.set_lease_id(id);
     pb::ReleaseRefsResponse ignored;
     (void)stub_->ReleaseRefs(Context().get(), rel, &ignored);
   }
   UnmapArena(arena_);
+}
+
+bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
+                                     std::span<uint8_t> out) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lk(lease_mu_);
+  std::vector<uint64_t> offsets;
+  offsets.reserve(keys.size());
+  for (const ChunkKey& key : keys) {
+    auto it = held_refs_.find(key);
+    if (it == held_refs_.end() || held_leases_.at(it->second.lease_id).usable_until <= now) {
+      return false;
+    }
+    offsets.push_back(it->second.arena_offset);
+  }
+  // Copies under the lock: a lease is never released while a copy reads from it.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::memcpy(out.data() + i * ns.chunk_bytes, arena_.base + offsets[i], ns.chunk_bytes);
+  }
+  return true;
+}
+
+std::vector<uint64_t> CacheClient::TakeLeasesToRelease() {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lk(lease_mu_);
+  for (auto it = held_leases_.begin(); it != held_leases_.end();) {
+    if (it->second.refs != 0 && it->second.usable_until > now) {
+      ++it;
+      continue;
+    }
+    to_release_.push_back(it->first);
+    it = held_leases_.erase(it);
+  }
+  std::erase_if(held_refs_,
+                [&](const auto& r) { return !held_leases_.contains(r.second.lease_id); });
+  return std::exchange(to_release_, {});
+}
+
+void CacheClient::HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
+                            std::span<const ChunkKey> keys, const std::vector<uint64_t>& offsets) {
+  std::lock_guard lk(lease_mu_);
+  HeldLease& lease = held_leases_[lease_id];
+  lease.usable_until = usable_until;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [it, inserted] = held_refs_.try_emplace(keys[i], HeldRef{lease_id, offsets[i]});
+    if (!inserted) {  // the newer lease holds this chunk longer
+      auto old = held_leases_.find(it->second.lease_id);
+      if (old != held_leases_.end() && old->second.refs > 0) --old->second.refs;
+      it->second = HeldRef{lease_id, offsets[i]};
+    }
+    ++lease.refs;
+  }
+  // Bound what one client keeps out of eviction: drop the oldest leases past the limit.
+  while (held_refs_.size() > options_.max_held_chunks && held_leases_.size() > 1) {
+    auto oldest = held_leases_.begin();
+    to_release_.push_back(oldest->first);
+    std::erase_if(held_refs_, [&](const auto& r) { return r.second.lease_id == oldest->first; });
+    held_leases_.erase(oldest);
+  }
 }
 
 std::unique_ptr<grpc::ClientContext> CacheClient::Context() const {
@@ -129,18 +191,19 @@ absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<c
   }
   size_t got = 0;
   if (shared_memory()) {
-    // Lease the leading chunks that are in RAM, copy them out of the mapped arena, end the
-    // lease; the rest (if any) comes over gRPC below.
+    if (options_.shm_lease_cache && CopyFromHeldLeases(ns, keys, out)) return keys.size();
+    // Lease the leading chunks that are in RAM and copy them out of the mapped arena; the
+    // rest (if any) comes over gRPC below.
     pb::FetchRefsRequest refs_req;
     refs_req.set_namespace_id(ns.id);
+    refs_req.set_lease_ms(options_.lease_ms);
     AddKeys(&refs_req, keys);
-    {
-      std::lock_guard lk(lease_mu_);
-      if (pending_release_ != 0) refs_req.add_release_lease_ids(std::exchange(pending_release_, 0));
-    }
+    for (uint64_t id : TakeLeasesToRelease()) refs_req.add_release_lease_ids(id);
+    const auto sent = std::chrono::steady_clock::now();
     pb::FetchRefsResponse refs;
     if (absl::Status s = FromGrpc(stub_->FetchRefs(Context().get(), refs_req, &refs)); !s.ok())
       return s;
+    std::vector<uint64_t> offsets;
     for (const pb::ChunkRef& ref : refs.refs()) {
       if (got >= keys.size() || ref.length() != ns.chunk_bytes ||
           ref.arena_offset() + ref.length() > arena_.bytes ||
@@ -149,13 +212,19 @@ absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<c
       }
       std::memcpy(out.data() + got * ns.chunk_bytes, arena_.base + ref.arena_offset(),
                   ns.chunk_bytes);
+      offsets.push_back(ref.arena_offset());
       ++got;
     }
-    // Keep this lease until the next FetchRefs, which releases it on the way: one call
-    // per fetch instead of two (it would expire on its own anyway).
-    {
-      std::lock_guard lk(lease_mu_);
-      pending_release_ = refs.lease_id();
+    if (refs.lease_id() != 0) {
+      // The server's lease started after `sent`; stop using it a margin before it ends.
+      const auto margin = std::chrono::milliseconds(refs.lease_ms() / 4);
+      const auto until = sent + std::chrono::milliseconds(refs.lease_ms()) - margin;
+      if (options_.shm_lease_cache) {
+        HoldLease(refs.lease_id(), until, keys.first(got), offsets);
+      } else {
+        std::lock_guard lk(lease_mu_);
+        to_release_.push_back(refs.lease_id());  // goes with the next call
+      }
     }
     if (got == keys.size()) return got;
   }
@@ -242,6 +311,18 @@ absl::StatusOr<uint32_t> CacheClient::Unpin(const RemoteNamespace& ns,
 
 absl::StatusOr<uint32_t> CacheClient::Delete(const RemoteNamespace& ns,
                                              std::span<const ChunkKey> keys) {
+  {
+    // This client no longer serves these from its held leases (other clients' deletes
+    // reach it when those leases end).
+    std::lock_guard lk(lease_mu_);
+    for (const ChunkKey& k : keys) {
+      auto it = held_refs_.find(k);
+      if (it == held_refs_.end()) continue;
+      auto lease = held_leases_.find(it->second.lease_id);
+      if (lease != held_leases_.end() && lease->second.refs > 0) --lease->second.refs;
+      held_refs_.erase(it);
+    }
+  }
   pb::DeleteRequest req;
   req.set_namespace_id(ns.id);
   AddKeys(&req, keys);

@@ -9,11 +9,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,6 +35,13 @@ struct ClientOptions {
   // Fetch copies chunks found in RAM straight from shared memory. If the socket refuses
   // or is absent, the client uses gRPC only.
   std::string shm_socket;
+  // With shared memory: keep the leases of fetched chunks until shortly before they end
+  // (at most `max_held_chunks` chunks in all), so fetching a prefix again within a lease (the
+  // next turn of an agent session, a shared system prompt) is a copy with no RPC at all.
+  // A leased slot is never reused by the server, so the bytes cannot change under it.
+  bool shm_lease_cache = true;
+  uint32_t lease_ms = 10000;
+  uint32_t max_held_chunks = 1024;
 };
 
 struct RemoteNamespace {
@@ -100,8 +110,29 @@ class CacheClient {
   std::unique_ptr<kvcache::v1::KVCache::Stub> stub_;
   MappedArena arena_;
   std::string shm_error_;
+  // Shared-memory leases this client holds, and where each leased chunk is.
+  struct HeldRef {
+    uint64_t lease_id;
+    uint64_t arena_offset;
+  };
+  struct HeldLease {
+    std::chrono::steady_clock::time_point usable_until;  // a margin before the server's end
+    uint32_t refs = 0;                                   // entries of held_refs_ naming it
+  };
+  // Takes every key from held leases (all or nothing) and copies it out; false if one is
+  // missing or its lease is about to end.
+  bool CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
+                          std::span<uint8_t> out);
+  // Leases whose time is up or that no held chunk names any more, to release on the next
+  // FetchRefs (the server would end them on time anyway).
+  std::vector<uint64_t> TakeLeasesToRelease();
+  void HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
+                 std::span<const storage::ChunkKey> keys, const std::vector<uint64_t>& offsets);
+
   std::mutex lease_mu_;
-  uint64_t pending_release_ = 0;  // the last shared-memory lease, released by the next call
+  std::unordered_map<storage::ChunkKey, HeldRef, storage::ChunkKeyHash> held_refs_;
+  std::map<uint64_t, HeldLease> held_leases_;  // by id: the oldest first
+  std::vector<uint64_t> to_release_;
 };
 
 }  // namespace kvc::cachesvc

@@ -3,7 +3,10 @@
 //
 //   kvcached [--data-dir DIR] [--listen HOST:PORT] [--ram-bytes N] [--ssd-bytes N]
 //            [--auth-tokens FILE] [--max-chunk-bytes N] [--tls-cert F --tls-key F]
+//            [--max-calls-per-tenant N] [--log-level debug|info|warn|error]
 //
+// Human-readable lines on stdout (the first says where it listens); structured logs
+// (JSON lines, see cachesvc/log.h) on stderr.
 // SIGTERM or SIGINT: stop accepting calls, finish the ones in flight (up to 10 s), flush
 // memory-acknowledged chunks to SSD, exit 0.
 #include <grpcpp/grpcpp.h>
@@ -16,9 +19,11 @@
 #include <sstream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/embedded_config.h"
+#include "cachesvc/log.h"
 #include "cachesvc/service.h"
 #include "engine/spec/chunk_layout.h"
 
@@ -54,6 +59,8 @@ int Main(int argc, char** argv) {
               metrics_listen, shm_socket, shm_tenants;
   uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0;
   int threads = 4;
+  uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
+  std::string log_level = "info";
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
       ->capture_default_str();
@@ -77,6 +84,15 @@ int Main(int argc, char** argv) {
                  "chunks)");
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus /metrics on HOST:PORT (port 0: any)");
+  app.add_option("--max-calls-per-tenant", max_calls_per_tenant,
+                 "calls one tenant may have in flight (streams count for their whole life)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--log-level", log_level,
+                 "structured log (JSON lines on stderr): debug (every call), info (failed calls, "
+                 "start, stop), warn, error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
+      ->capture_default_str();
   app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
   app.add_option("--tls-key", tls_key, "PEM private key for --tls-cert");
   try {
@@ -88,6 +104,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
+  LogLevel level = LogLevel::kInfo;
+  ParseLogLevel(log_level, &level);  // checked by the flag parser
+  SetLogLevel(level);
 
   // Signals are handled by one thread in sigwait; block them before any thread starts.
   sigset_t signals;
@@ -131,6 +150,7 @@ int Main(int argc, char** argv) {
   opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;
   opt.executor_threads = threads;
+  opt.max_calls_per_tenant = max_calls_per_tenant;
   auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -175,19 +195,31 @@ int Main(int argc, char** argv) {
     std::printf("kvcached: metrics on %s:%d/metrics\n", host.c_str(), metrics_port);
   if (arena_socket) std::printf("kvcached: shared arena on %s\n", shm_socket.c_str());
   std::fflush(stdout);
+  LogLine(LogLevel::kInfo, "start")
+      .Str("listen", absl::StrCat(host, ":", port))
+      .Str("data_dir", data_dir)
+      .Int("ram_chunks", static_cast<int64_t>(st.ram_capacity_chunks))
+      .Int("ssd_chunks", static_cast<int64_t>(st.ssd_capacity_chunks))
+      .Str("io", st.io_backend)
+      .Str("auth", auth.enabled() ? "on" : "off")
+      .Str("tls", tls_cert.empty() ? "off" : "on");
 
   int sig = 0;
   sigwait(&signals, &sig);
   std::printf("kvcached: signal %d: draining\n", sig);
   std::fflush(stdout);
+  LogLine(LogLevel::kInfo, "drain").Int("signal", sig);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
+  LogLine(LogLevel::kDebug, "server_stopped");
   service.reset();  // the executor finishes queued work; shared-memory leases end
   arena_socket.reset();
+  LogLine(LogLevel::kDebug, "service_stopped");
   if (absl::Status s = (*store)->Flush(); !s.ok())
-    std::fprintf(stderr, "kvcached: flush: %s\n", std::string(s.message()).c_str());
+    LogLine(LogLevel::kError, "flush_failed").Str("error", s.message());
   store->reset();
   std::printf("kvcached: stopped\n");
+  LogLine(LogLevel::kInfo, "stopped");
   return 0;
 }
 

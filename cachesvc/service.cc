@@ -1,10 +1,12 @@
 #include "cachesvc/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/log.h"
 #include "cachesvc/prefix_hash.h"
 #include "cachesvc/status.h"
 #include "engine/spec/chunk_layout.h"
@@ -66,32 +68,67 @@ std::string KeyBytes(const ChunkKey& k) {
 class KvCacheService::Impl {
  public:
   Impl(storage::ChunkStore* s, NamespaceRegistry* r, const Authenticator* a, ServiceOptions o)
-      : store(s), registry(r), auth(a), opt(o), executor(o.executor_threads, o.executor_queue) {}
+      : store(s),
+        registry(r),
+        auth(a),
+        opt(o),
+        limiter(o.max_calls_per_tenant),
+        executor(o.executor_threads, o.executor_queue) {}
 
-  // Records a finished call in the metrics (if any).
-  void Observe(const char* method, const grpc::Status& s,
+  // Records a finished call in the metrics (if any) and the log: successes at debug,
+  // the caller's mistakes at info, the server's own failures at error.
+  void Observe(const char* method, absl::string_view tenant, const grpc::Status& s,
                std::chrono::steady_clock::time_point start) const {
-    if (opt.metrics == nullptr) return;
-    opt.metrics->ObserveCall(
-        method, s.error_code(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (opt.metrics != nullptr) opt.metrics->ObserveCall(method, s.error_code(), seconds);
+    const LogLevel level = s.ok()                          ? LogLevel::kDebug
+                           : IsServerFault(s.error_code()) ? LogLevel::kError
+                                                           : LogLevel::kInfo;
+    if (!LogEnabled(level)) return;
+    LogLine line(level, "call");
+    line.Str("method", method)
+        .Str("tenant", tenant)
+        .Str("code", StatusCodeName(s.error_code()))
+        .Num("ms", seconds * 1e3);
+    if (!s.ok()) line.Str("error", s.error_message());
   }
 
-  // Runs `work` on the executor and finishes the unary call with its status.
+  // Authenticates a call and takes one of its tenant's in-flight slots. `tenant` is set
+  // once known (for the log); callers start it as "-".
+  absl::StatusOr<TenantLimiter::Slot> Admit(const grpc::CallbackServerContext* ctx,
+                                            std::string* tenant) {
+    absl::StatusOr<std::string> t = auth->TenantFor(Authorization(ctx));
+    if (!t.ok()) return t.status();
+    *tenant = *t;
+    return limiter.Acquire(*t);
+  }
+
+  // Runs `work` on the executor (or right here when `inline_work`: short, never blocking
+  // on I/O) and finishes the unary call with its status.
   template <typename Work>
-  grpc::ServerUnaryReactor* Unary(const char* method, grpc::CallbackServerContext* ctx, Work work) {
+  grpc::ServerUnaryReactor* Unary(const char* method, grpc::CallbackServerContext* ctx, Work work,
+                                  bool inline_work = false) {
     const auto start = std::chrono::steady_clock::now();
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    auto finish = [this, reactor, method, start](const grpc::Status& s) {
-      Observe(method, s, start);
-      reactor->Finish(s);
-    };
-    absl::StatusOr<std::string> tenant = auth->TenantFor(Authorization(ctx));
-    if (!tenant.ok()) {
-      finish(ToGrpc(tenant.status()));
+    std::string tenant(1, '-');
+    absl::StatusOr<TenantLimiter::Slot> admitted = Admit(ctx, &tenant);
+    if (!admitted.ok()) {
+      Observe(method, tenant, ToGrpc(admitted.status()), start);
+      reactor->Finish(ToGrpc(admitted.status()));
       return reactor;
     }
-    if (!executor.Submit([finish, work, t = *tenant]() mutable { finish(ToGrpc(work(t))); })) {
+    // The slot is held until the call finishes.
+    auto slot = std::make_shared<TenantLimiter::Slot>(*std::move(admitted));
+    auto finish = [this, reactor, method, start, slot](const grpc::Status& s) {
+      slot->Release();
+      Observe(method, slot->tenant(), s, start);
+      reactor->Finish(s);
+    };
+    if (inline_work) {
+      finish(ToGrpc(work(slot->tenant())));
+    } else if (!executor.Submit(
+                   [finish, work, slot]() mutable { finish(ToGrpc(work(slot->tenant()))); })) {
       finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
     return reactor;
@@ -222,7 +259,9 @@ class KvCacheService::Impl {
     for (uint64_t done : req.release_lease_ids())
       (void)DoReleaseRefs(tenant, done);  // saves a call
     ReapLeases();
-    const uint32_t ms = req.lease_ms() ? req.lease_ms() : opt.default_lease_ms;
+    const uint32_t ms =
+        std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
+    resp->set_lease_ms(ms);
     RefLease lease{tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)};
     for (const ChunkKey& key : nk->second) {
       absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->first.id, key);
@@ -260,6 +299,7 @@ class KvCacheService::Impl {
   NamespaceRegistry* registry;
   const Authenticator* auth;
   ServiceOptions opt;
+  TenantLimiter limiter;
   std::mutex leases_mu;
   std::map<uint64_t, RefLease> ref_leases;
   uint64_t next_lease_id = 0;
@@ -267,11 +307,57 @@ class KvCacheService::Impl {
 };
 
 // ---- Fetch: one chunk read (on the executor), then written, then the next ----
+//
+// Fetch is served as a raw method: each FetchResponse is framed by hand (the protobuf
+// wire format of two bytes fields) as a small header slice plus a payload slice that
+// points straight into the RAM arena and holds the chunk's lease until gRPC has sent it.
+// That saves the two payload copies of the generated code (into the message, then into
+// the serialized buffer); clients see ordinary FetchResponse messages.
 
-class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
+namespace {
+
+// The payload slice owns what keeps its bytes alive: a RAM lease or a heap buffer.
+struct PayloadOwner {
+  storage::RamLease lease;
+  std::unique_ptr<uint8_t[]> heap;
+};
+
+void DestroyPayloadOwner(void* owner) { delete static_cast<PayloadOwner*>(owner); }
+
+// FetchResponse{chunk_key = key, payload = <len bytes>}, payload excluded: the header.
+std::string FetchResponseHeader(const ChunkKey& key, uint64_t len) {
+  std::string h;
+  h.reserve(32);
+  h.push_back(0x0A);  // field 1, length-delimited
+  h.push_back(16);
+  h.append(reinterpret_cast<const char*>(key.bytes.data()), 16);
+  h.push_back(0x12);  // field 2, length-delimited
+  for (uint64_t v = len;; v >>= 7) {
+    if (v < 0x80) {
+      h.push_back(static_cast<char>(v));
+      break;
+    }
+    h.push_back(static_cast<char>((v & 0x7F) | 0x80));
+  }
+  return h;
+}
+
+grpc::ByteBuffer FetchResponseFrame(const ChunkKey& key, std::span<const uint8_t> payload,
+                                    PayloadOwner* owner) {
+  const std::string header = FetchResponseHeader(key, payload.size());
+  grpc::Slice slices[2] = {grpc::Slice(header),
+                           grpc::Slice(const_cast<uint8_t*>(payload.data()), payload.size(),
+                                       DestroyPayloadOwner, owner)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+}  // namespace
+
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(KvCacheService::Impl* svc, NamespaceInfo ns, std::vector<ChunkKey> keys)
-      : svc_(svc), ns_(std::move(ns)), keys_(std::move(keys)) {
+  FetchReactor(KvCacheService::Impl* svc, TenantLimiter::Slot slot, NamespaceInfo ns,
+               std::vector<ChunkKey> keys)
+      : svc_(svc), slot_(std::move(slot)), ns_(std::move(ns)), keys_(std::move(keys)) {
     Next();
   }
   void OnWriteDone(bool ok) override {
@@ -287,7 +373,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
 
  private:
   void Done(const grpc::Status& s) {
-    svc_->Observe("Fetch", s, start_);
+    resp_.Clear();  // ends the lease of the last chunk now rather than with the reactor
+    slot_.Release();
+    svc_->Observe("Fetch", slot_.tenant(), s, start_);
     Finish(s);
   }
   void Next() {
@@ -295,12 +383,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
       Done(grpc::Status::OK);
       return;
     }
-    // A chunk in RAM is a memcpy away: serve it right here (no I/O, nothing blocks) and
-    // skip the hop to the executor, which only SSD reads need.
+    // A chunk in RAM is sent from the arena right here (no I/O, nothing blocks): no hop
+    // to the executor, which only SSD reads need.
     if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.id, keys_[next_]);
         lease.ok()) {
-      resp_.set_chunk_key(KeyBytes(keys_[next_]));
-      resp_.set_payload(lease->bytes().data(), lease->bytes().size());
+      const std::span<const uint8_t> bytes = lease->bytes();
+      resp_ = FetchResponseFrame(keys_[next_], bytes, new PayloadOwner{*std::move(lease), {}});
       StartWrite(&resp_);
       return;
     }
@@ -310,24 +398,24 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
   }
   void ReadAndWrite() {
     const ChunkKey& key = keys_[next_];
-    resp_.set_chunk_key(KeyBytes(key));
-    std::string* payload = resp_.mutable_payload();
-    payload->resize(ns_.chunk_bytes);
-    absl::Status s = svc_->store->Get(
-        ns_.id, key, std::span(reinterpret_cast<uint8_t*>(payload->data()), payload->size()));
+    auto owner = std::make_unique<PayloadOwner>();
+    owner->heap = std::make_unique_for_overwrite<uint8_t[]>(ns_.chunk_bytes);
+    const std::span<uint8_t> payload(owner->heap.get(), ns_.chunk_bytes);
+    absl::Status s = svc_->store->Get(ns_.id, key, payload);
     if (!s.ok()) {
-      Finish(
-          ToGrpc(absl::Status(s.code(), absl::StrCat("chunk_keys[", next_, "]: ", s.message()))));
+      Done(ToGrpc(absl::Status(s.code(), absl::StrCat("chunk_keys[", next_, "]: ", s.message()))));
       return;
     }
+    resp_ = FetchResponseFrame(key, payload, owner.release());
     StartWrite(&resp_);
   }
 
   KvCacheService::Impl* svc_;
+  TenantLimiter::Slot slot_;
   NamespaceInfo ns_;
   std::vector<ChunkKey> keys_;
   size_t next_ = 0;
-  pb::FetchResponse resp_;
+  grpc::ByteBuffer resp_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -335,8 +423,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<pb::FetchResponse> {
 
 class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
  public:
-  StoreReactor(KvCacheService::Impl* svc, std::string tenant, pb::StoreResponse* resp)
-      : svc_(svc), tenant_(std::move(tenant)), resp_(resp) {
+  StoreReactor(KvCacheService::Impl* svc, TenantLimiter::Slot slot, pb::StoreResponse* resp)
+      : svc_(svc), slot_(std::move(slot)), tenant_(slot_.tenant()), resp_(resp) {
     StartRead(&req_);
   }
   void OnReadDone(bool ok) override {
@@ -352,7 +440,8 @@ class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
 
  private:
   void Done(const grpc::Status& s) {
-    svc_->Observe("Store", s, start_);
+    slot_.Release();
+    svc_->Observe("Store", tenant_, s, start_);
     Finish(s);
   }
   void Handle() {
@@ -415,7 +504,8 @@ class StoreReactor final : public grpc::ServerReadReactor<pb::StoreRequest> {
   }
 
   KvCacheService::Impl* svc_;
-  std::string tenant_;
+  TenantLimiter::Slot slot_;
+  const std::string tenant_;
   pb::StoreResponse* resp_;
   pb::StoreRequest req_;
   uint32_t index_ = 0;
@@ -448,17 +538,20 @@ KvCacheService::~KvCacheService() {
 grpc::ServerUnaryReactor* KvCacheService::FetchRefs(grpc::CallbackServerContext* ctx,
                                                     const pb::FetchRefsRequest* req,
                                                     pb::FetchRefsResponse* resp) {
-  return impl_->Unary("FetchRefs", ctx, [this, req, resp](const std::string& t) {
-    return impl_->DoFetchRefs(t, *req, resp);
-  });
+  // In-memory bookkeeping only: answered on the gRPC thread, saving a hop per fetch.
+  return impl_->Unary(
+      "FetchRefs", ctx,
+      [this, req, resp](const std::string& t) { return impl_->DoFetchRefs(t, *req, resp); },
+      /*inline_work=*/true);
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReleaseRefs(grpc::CallbackServerContext* ctx,
                                                       const pb::ReleaseRefsRequest* req,
                                                       pb::ReleaseRefsResponse*) {
-  return impl_->Unary("ReleaseRefs", ctx, [this, req](const std::string& t) {
-    return impl_->DoReleaseRefs(t, req->lease_id());
-  });
+  return impl_->Unary(
+      "ReleaseRefs", ctx,
+      [this, req](const std::string& t) { return impl_->DoReleaseRefs(t, req->lease_id()); },
+      /*inline_work=*/true);
 }
 
 grpc::ServerUnaryReactor* KvCacheService::RegisterNamespace(grpc::CallbackServerContext* ctx,
@@ -477,38 +570,46 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
   });
 }
 
-grpc::ServerWriteReactor<pb::FetchResponse>* KvCacheService::Fetch(grpc::CallbackServerContext* ctx,
-                                                                   const pb::FetchRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Fetch(grpc::CallbackServerContext* ctx,
+                                                                  const grpc::ByteBuffer* raw) {
   absl::Status status;
-  absl::StatusOr<std::string> tenant = impl_->auth->TenantFor(Authorization(ctx));
-  if (tenant.ok()) {
-    auto nk = impl_->NamespaceAndKeys(*tenant, *req);
-    if (nk.ok()) return new FetchReactor(impl_.get(), nk->first, nk->second);
+  std::string tenant(1, '-');
+  pb::FetchRequest req;
+  grpc::ByteBuffer copy(*raw);  // shares the slices
+  if (grpc::Status parsed = grpc::SerializationTraits<pb::FetchRequest>::Deserialize(&copy, &req);
+      !parsed.ok()) {
+    status = absl::InvalidArgumentError("FetchRequest does not parse");
+  } else if (absl::StatusOr<TenantLimiter::Slot> slot = impl_->Admit(ctx, &tenant); !slot.ok()) {
+    status = slot.status();
+  } else if (auto nk = impl_->NamespaceAndKeys(tenant, req); !nk.ok()) {
     status = nk.status();
   } else {
-    status = tenant.status();
+    return new FetchReactor(impl_.get(), *std::move(slot), nk->first, nk->second);
   }
   // Fails before streaming anything.
-  class Failed final : public grpc::ServerWriteReactor<pb::FetchResponse> {
+  class Failed final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
    public:
     explicit Failed(const grpc::Status& s) { Finish(s); }
     void OnDone() override { delete this; }
   };
+  impl_->Observe("Fetch", tenant, ToGrpc(status), std::chrono::steady_clock::now());
   return new Failed(ToGrpc(status));
 }
 
 grpc::ServerReadReactor<pb::StoreRequest>* KvCacheService::Store(grpc::CallbackServerContext* ctx,
                                                                  pb::StoreResponse* resp) {
-  absl::StatusOr<std::string> tenant = impl_->auth->TenantFor(Authorization(ctx));
-  if (!tenant.ok()) {
+  std::string tenant(1, '-');
+  absl::StatusOr<TenantLimiter::Slot> slot = impl_->Admit(ctx, &tenant);
+  if (!slot.ok()) {
     class Failed final : public grpc::ServerReadReactor<pb::StoreRequest> {
      public:
       explicit Failed(const grpc::Status& s) { Finish(s); }
       void OnDone() override { delete this; }
     };
-    return new Failed(ToGrpc(tenant.status()));
+    impl_->Observe("Store", tenant, ToGrpc(slot.status()), std::chrono::steady_clock::now());
+    return new Failed(ToGrpc(slot.status()));
   }
-  return new StoreReactor(impl_.get(), *tenant, resp);
+  return new StoreReactor(impl_.get(), *std::move(slot), resp);
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,

@@ -18,6 +18,7 @@
 #include "cachesvc/executor.h"
 #include "cachesvc/metrics.h"
 #include "cachesvc/namespace_registry.h"
+#include "cachesvc/tenant_limits.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_store.h"
 
@@ -33,9 +34,13 @@ struct ServiceOptions {
   ServiceMetrics* metrics = nullptr;  // optional; not owned
   size_t max_ref_leases = 4096;       // FetchRefs leases held at once
   uint32_t default_lease_ms = 10000;
+  uint32_t max_lease_ms = 60000;
+  uint32_t max_calls_per_tenant = 256;  // in flight at once (streams for their whole life)
 };
 
-class KvCacheService final : public kvcache::v1::KVCache::CallbackService {
+// Fetch is a raw method (see service.cc); on the wire it is the proto's Fetch.
+class KvCacheService final : public kvcache::v1::KVCache::WithRawCallbackMethod_Fetch<
+                                 kvcache::v1::KVCache::CallbackService> {
  public:
   KvCacheService(storage::ChunkStore* store, NamespaceRegistry* registry, const Authenticator* auth,
                  ServiceOptions options);
@@ -47,8 +52,8 @@ class KvCacheService final : public kvcache::v1::KVCache::CallbackService {
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx,
                                    const kvcache::v1::LookupRequest* req,
                                    kvcache::v1::LookupResponse* resp) override;
-  grpc::ServerWriteReactor<kvcache::v1::FetchResponse>* Fetch(
-      grpc::CallbackServerContext* ctx, const kvcache::v1::FetchRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* req) override;
   grpc::ServerReadReactor<kvcache::v1::StoreRequest>* Store(
       grpc::CallbackServerContext* ctx, kvcache::v1::StoreResponse* resp) override;
   grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx,

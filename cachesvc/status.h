@@ -21,4 +21,22 @@ inline absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// "OK", "NOT_FOUND", …: the name clients see, for logs.
+inline std::string StatusCodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+// Codes that mean the server failed, not that the caller asked for something wrong.
+inline bool IsServerFault(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::DATA_LOSS:
+    case grpc::StatusCode::UNAVAILABLE:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace kvc::cachesvc

@@ -127,6 +127,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::vector<redisContext*> redis_clients;
   cachesvc::ClientOptions shm_opt = copt;
   shm_opt.shm_socket = opt.dir + "/kvcached/kvcached.sock";
+  shm_opt.shm_lease_cache = opt.shm_lease_cache;
   for (int c = 0; c < max_clients; ++c) {
     clients.push_back(*cachesvc::CacheClient::Connect(copt));
     shm_clients.push_back(*cachesvc::CacheClient::Connect(shm_opt));

@@ -21,6 +21,9 @@ struct ServiceBenchOptions {
   std::vector<int> clients = {1, 8};
   int dataset_chunks = 64;
   int chunks_per_call = 1;  // fetch: chunks per call (a prefix); Redis pipelines its GETs
+  // kvcache-shm keeps leases between fetches (the client's default); off, every fetch
+  // pays a FetchRefs round trip.
+  bool shm_lease_cache = true;
 };
 
 struct ServiceCase {

@@ -211,6 +211,20 @@ TEST_F(ClientTest, CoLocatedClientReadsChunksFromSharedMemory) {
   EXPECT_EQ(*got, 4u);
   EXPECT_EQ(out, p.payloads);
   EXPECT_EQ(client_->Stats()->ram_hits(), ram_hits_before + 4);
+  // Within the lease, fetching the prefix again is a copy from shared memory with no call
+  // to the server at all (its hit counter does not move); without the lease cache every
+  // fetch asks the server.
+  std::fill(out.begin(), out.end(), 0);
+  ASSERT_EQ(*(*local)->Fetch(ns_, keys, out), 4u);
+  EXPECT_EQ(out, p.payloads);
+  EXPECT_EQ(client_->Stats()->ram_hits(), ram_hits_before + 4);
+  ClientOptions uncached = o;
+  uncached.shm_lease_cache = false;
+  std::unique_ptr<CacheClient> asking = *CacheClient::Connect(uncached);
+  ASSERT_TRUE(asking->shared_memory());
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(*asking->Fetch(ns_, keys, out), 4u);
+  EXPECT_EQ(out, p.payloads);
+  EXPECT_EQ(client_->Stats()->ram_hits(), ram_hits_before + 12);
   // A missing chunk mid-prefix ends the fetch there, on this path too.
   ASSERT_EQ(*(*local)->Delete(ns_, std::span(keys).subspan(1, 1)), 1u);
   got = (*local)->Fetch(ns_, keys, out);

@@ -33,8 +33,10 @@ inline std::string ReadFile(const std::string& path) {
 // A kvcached process on a free loopback port.
 class Daemon {
  public:
-  Daemon(const std::string& data_dir, std::vector<std::string> extra = {})
-      : dir_(data_dir), extra_(std::move(extra)) {
+  // `stderr_path` set: the daemon's stderr (its structured log) goes to that file.
+  Daemon(const std::string& data_dir, std::vector<std::string> extra = {},
+         std::string stderr_path = "")
+      : dir_(data_dir), extra_(std::move(extra)), stderr_path_(std::move(stderr_path)) {
     Start();
   }
   ~Daemon() {
@@ -52,6 +54,10 @@ class Daemon {
     if (pid_ == 0) {
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
+      if (!stderr_path_.empty()) {
+        FILE* err = std::fopen(stderr_path_.c_str(), "a");
+        if (err != nullptr) dup2(fileno(err), STDERR_FILENO);
+      }
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -90,6 +96,7 @@ class Daemon {
  private:
   std::string dir_;
   std::vector<std::string> extra_;
+  std::string stderr_path_;
   pid_t pid_ = -1;
   FILE* out_ = nullptr;
   int port_ = 0;

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -17,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "tests/cachesvc/daemon.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
@@ -301,6 +303,74 @@ TEST(KvcachedTest, TenantsCannotSeeEachOthersChunks) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
   // a still sees them.
   EXPECT_EQ(Lookup(d, a, na.namespace_id(), AllTokens(chunks)).matched_chunks(), 2u);
+}
+
+// One tenant with too many calls in flight is refused; the others are not. Every call is
+// in the structured log (JSON lines on stderr) by tenant, never by token.
+TEST(KvcachedTest, TenantCallLimitAndStructuredLog) {
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\n";
+  const std::string log = dir.File("kvcached.log");
+  Daemon d(
+      dir.File("data"),
+      {"--auth-tokens", dir.File("tokens"), "--max-calls-per-tenant", "2", "--log-level", "debug"},
+      log);
+  const Client a{"secret-a"}, b{"secret-b"};
+  pb::StatsResponse stats;
+  ASSERT_TRUE(d.stub().Stats(a.Ctx().get(), {}, &stats).ok());
+  // Two Store streams that send nothing hold both of acme's slots.
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<grpc::ClientWriter<pb::StoreRequest>>> open;
+  pb::StoreResponse ignored[2];
+  for (int i = 0; i < 2; ++i) {
+    ctxs.push_back(a.Ctx());
+    open.push_back(d.stub().Store(ctxs.back().get(), &ignored[i]));
+  }
+  // Let both streams reach the server before taking a third slot (a poll that came
+  // first would make the second stream the refused call).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  grpc::Status refused;
+  int served_before = 0;  // calls that came before the streams reached the server
+  for (int tries = 0; tries < 500; ++tries) {
+    refused = d.stub().Stats(a.Ctx().get(), {}, &stats);
+    if (!refused.ok()) break;
+    ++served_before;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ExpectStatus(refused, grpc::StatusCode::RESOURCE_EXHAUSTED,
+               "tenant \"acme\" has 2 calls in flight; the limit is 2");
+  EXPECT_TRUE(d.stub().Stats(b.Ctx().get(), {}, &stats).ok()) << "another tenant is served";
+  for (auto& w : open) {
+    w->WritesDone();
+    const grpc::Status fin = w->Finish();
+    EXPECT_TRUE(fin.ok()) << fin.error_code() << " " << fin.error_message();
+  }
+  EXPECT_TRUE(d.stub().Stats(a.Ctx().get(), {}, &stats).ok()) << "slots come back";
+  open.clear();
+  ctxs.clear();
+  d.Stop(SIGTERM);
+
+  const std::string text = ReadFile(log);
+  EXPECT_EQ(text.find("secret-"), std::string::npos) << "a bearer token reached the log";
+  std::istringstream lines(text);
+  std::map<std::string, int> seen;
+  for (std::string line; std::getline(lines, line);) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << "not one JSON object per line: " << line;
+    ASSERT_TRUE(j.contains("ts") && j.contains("level") && j.contains("event")) << line;
+    if (j["event"] != "call") {
+      ++seen[j["event"].get<std::string>()];
+      continue;
+    }
+    ++seen[j["method"].get<std::string>() + " " + j["tenant"].get<std::string>() + " " +
+           j["code"].get<std::string>()];
+  }
+  EXPECT_EQ(seen["start"], 1);
+  EXPECT_EQ(seen["stopped"], 1);
+  EXPECT_EQ(seen["Stats acme RESOURCE_EXHAUSTED"], 1);
+  EXPECT_EQ(seen["Stats acme OK"], 2 + served_before);
+  EXPECT_EQ(seen["Stats globex OK"], 1);
+  EXPECT_EQ(seen["Store acme OK"], 2);
 }
 
 TEST(KvcachedTest, PinUnpinAndDelete) {
