@@ -93,6 +93,28 @@ class FieldReader {
     }
   }
 
+  // Optional: an array of arrays of positive integers (absent: `out` stays empty).
+  void OptionalIntLists(const char* key, std::vector<std::vector<int64_t>>* out) {
+    const Json* v = Find(key, false);
+    if (v == nullptr) return;
+    if (!v->is_array()) return WrongType(key, *v, "an array of integer arrays");
+    out->clear();
+    for (size_t i = 0; i < v->size(); ++i) {
+      const Json& row = (*v)[i];
+      std::string item = absl::StrCat(key, "[", i, "]");
+      if (!row.is_array()) return WrongType(item.c_str(), row, "an array of integers");
+      out->emplace_back();
+      for (size_t j = 0; j < row.size(); ++j) {
+        std::string cell = absl::StrCat(item, "[", j, "]");
+        if (!row[j].is_number_integer()) return WrongType(cell.c_str(), row[j], "an integer");
+        out->back().push_back(row[j].get<int64_t>());
+        CheckBound(cell.c_str(), static_cast<double>(out->back().back()), Bound::kPositive,
+                   row[j].dump());
+        if (!status_->ok()) return;
+      }
+    }
+  }
+
   std::string Name(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
 
   void Fail(const std::string& message) {
@@ -251,6 +273,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     t.Int("engram_head_dim", &c.engram_head_dim, Bound::kPositive);
     t.Int("engram_pad_token_id", &c.engram_pad_token_id, Bound::kNonNegative);
     t.Int("engram_compressed_vocab_size", &c.engram_compressed_vocab_size, Bound::kPositive);
+    t.OptionalIntLists("engram_multipliers", &c.engram_multipliers);
 
     t.Int("num_nextn_predict_layers", &c.num_nextn_predict_layers, Bound::kNonNegative);
     t.Int("dspark_block_size", &c.dspark_block_size, Bound::kPositive);
@@ -264,6 +287,20 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
       t.Fail(absl::StrCat("key \"", t.Name("engram_num_embeddings"), "\" has ",
                           c.engram_num_embeddings.size(), " entries but \"",
                           t.Name("engram_layer_ids"), "\" has ", c.engram_layer_ids.size()));
+    }
+    if (status.ok() && !c.engram_multipliers.empty()) {
+      if (c.engram_multipliers.size() != c.engram_layer_ids.size()) {
+        t.Fail(absl::StrCat("key \"", t.Name("engram_multipliers"), "\" has ",
+                            c.engram_multipliers.size(), " rows but \"", t.Name("engram_layer_ids"),
+                            "\" has ", c.engram_layer_ids.size()));
+      }
+      for (size_t i = 0; status.ok() && i < c.engram_multipliers.size(); ++i) {
+        if (static_cast<int64_t>(c.engram_multipliers[i].size()) != c.engram_max_ngram_size) {
+          t.Fail(absl::StrCat("key \"", t.Name("engram_multipliers"), "\" row ", i, " has ",
+                              c.engram_multipliers[i].size(), " entries; engram_max_ngram_size is ",
+                              c.engram_max_ngram_size));
+        }
+      }
     }
   }
   if (!status.ok()) {

@@ -96,6 +96,10 @@ struct ModelConfig {
   int64_t engram_head_dim = 0;
   int64_t engram_pad_token_id = 0;
   int64_t engram_compressed_vocab_size = 0;
+  // Optional: the odd n-gram hash multipliers per Engram layer (engram_max_ngram_size each).
+  // The reference derives them with numpy's PCG64 (seed 10007 × layer id); small configs
+  // carry them here (scripts/engram_multipliers.py prints them).
+  std::vector<std::vector<int64_t>> engram_multipliers;
 
   // DSpark drafter.
   int64_t num_nextn_predict_layers = 0;

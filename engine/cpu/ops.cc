@@ -1,0 +1,142 @@
+#include "engine/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+namespace kvc::cpu {
+
+void RmsNorm(const float* x, const float* w, int64_t n, double eps, float* y) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+std::vector<double> RopeFrequencies(int64_t rope_dim, double base, int64_t original_seq_len,
+                                    double factor, double beta_fast, double beta_slow) {
+  const int64_t half = rope_dim / 2;
+  std::vector<double> f(half);
+  for (int64_t i = 0; i < half; ++i) {
+    f[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
+  }
+  if (original_seq_len > 0) {
+    auto corr = [&](double r) {
+      return static_cast<double>(rope_dim) *
+             std::log(static_cast<double>(original_seq_len) / (2.0 * std::numbers::pi * r)) /
+             (2.0 * std::log(base));
+    };
+    const double low = std::max(std::floor(corr(beta_fast)), 0.0);
+    const double high = std::min(std::ceil(corr(beta_slow)), static_cast<double>(rope_dim - 1));
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp =
+          std::clamp((static_cast<double>(i) - low) / std::max(high - low, 1e-3), 0.0, 1.0);
+      f[i] = f[i] / factor * ramp + f[i] * (1.0 - ramp);
+    }
+  }
+  return f;
+}
+
+void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t pos, bool inverse) {
+  const int64_t rd = static_cast<int64_t>(freqs.size()) * 2;
+  float* t = x + dim - rd;
+  for (size_t i = 0; i < freqs.size(); ++i) {
+    const double angle = static_cast<double>(pos) * freqs[i] * (inverse ? -1.0 : 1.0);
+    const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+    const float a = t[2 * i], b = t[2 * i + 1];
+    t[2 * i] = a * c - b * s;
+    t[2 * i + 1] = a * s + b * c;
+  }
+}
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float Silu(float x) { return x * Sigmoid(x); }
+float SqrtSoftplus(float x) {
+  // softplus(x) = log1p(exp(x)), computed without overflow.
+  const float sp = x > 20.0f ? x : std::log1p(std::exp(x));
+  return std::sqrt(sp);
+}
+
+HcCoefficients HcFromMixes(std::span<const float> m, std::span<const float> base,
+                           std::span<const float> scale, int64_t hc, int64_t iters, double eps) {
+  HcCoefficients c;
+  c.pre.resize(hc);
+  c.post.resize(hc);
+  c.comb.resize(hc * hc);
+  const float e = static_cast<float>(eps);
+  for (int64_t j = 0; j < hc; ++j) {
+    c.pre[j] = Sigmoid(m[j] * scale[0] + base[j]) + e;
+    c.post[j] = 2.0f * Sigmoid(m[hc + j] * scale[1] + base[hc + j]);
+  }
+  std::vector<float>& C = c.comb;
+  for (int64_t j = 0; j < hc; ++j) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t k = 0; k < hc; ++k) {
+      C[j * hc + k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+      mx = std::max(mx, C[j * hc + k]);
+    }
+    float sum = 0.0f;
+    for (int64_t k = 0; k < hc; ++k) sum += (C[j * hc + k] = std::exp(C[j * hc + k] - mx));
+    for (int64_t k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / sum + e;
+  }
+  auto normalize_cols = [&] {
+    for (int64_t k = 0; k < hc; ++k) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < hc; ++j) s += C[j * hc + k];
+      for (int64_t j = 0; j < hc; ++j) C[j * hc + k] /= (s + e);
+    }
+  };
+  auto normalize_rows = [&] {
+    for (int64_t j = 0; j < hc; ++j) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < hc; ++k) s += C[j * hc + k];
+      for (int64_t k = 0; k < hc; ++k) C[j * hc + k] /= (s + e);
+    }
+  };
+  normalize_cols();
+  for (int64_t it = 1; it < iters; ++it) {
+    normalize_rows();
+    normalize_cols();
+  }
+  return c;
+}
+
+void HcPre(const float* X, const float* a, int64_t hc, int64_t d, float* out) {
+  for (int64_t i = 0; i < d; ++i) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < hc; ++j) s += a[j] * X[j * d + i];
+    out[i] = s;
+  }
+}
+
+void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc, int64_t d,
+            float* out) {
+  for (int64_t k = 0; k < hc; ++k) {
+    for (int64_t i = 0; i < d; ++i) {
+      float s = c.post[k] * f[i];
+      for (int64_t j = 0; j < hc; ++j) s += c.comb[j * hc + k] * R[j * d + i];
+      out[k * d + i] = s;
+    }
+  }
+}
+
+std::vector<int32_t> TopKAscending(std::span<const float> scores, int64_t k) {
+  std::vector<int32_t> idx;
+  idx.reserve(scores.size());
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (scores[i] != -std::numeric_limits<float>::infinity())
+      idx.push_back(static_cast<int32_t>(i));
+  }
+  if (static_cast<int64_t>(idx.size()) > k) {
+    auto better = [&](int32_t a, int32_t b) {
+      return scores[a] != scores[b] ? scores[a] > scores[b] : a < b;
+    };
+    std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);
+    idx.resize(k);
+  }
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+}  // namespace kvc::cpu

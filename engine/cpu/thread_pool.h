@@ -1,0 +1,45 @@
+// ThreadPool: a fixed set of workers for data-parallel loops (ParallelFor).
+//
+// The engine splits work by rows or by output columns; how work is split never changes
+// what any element computes, so results do not depend on the thread count.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvc::cpu {
+
+class ThreadPool {
+ public:
+  // threads <= 0: one per hardware thread.
+  explicit ThreadPool(int threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // Calls fn(begin, end) on disjoint ranges covering [0, n), each at least `grain` long
+  // (except the last), using the workers and the calling thread; returns when all are done.
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+  // The process-wide pool the engine uses (sized at first use; KVC_THREADS overrides).
+  static ThreadPool& Default();
+
+ private:
+  void Worker();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, chunk_ = 0, next_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace kvc::cpu

@@ -1,0 +1,941 @@
+#include "engine/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/ops.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
+#include "engine/spec/check.h"
+#include "engine/spec/kv_codec.h"
+
+namespace kvc::model {
+
+using cpu::PackedMatrix;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- weights in compute form ----
+
+struct AttentionWeights {
+  PackedMatrix wq_a, wq_b, wkv, wo_b;
+  std::vector<PackedMatrix> wo_a;  // one per output group
+  std::vector<float> q_norm, kv_norm, sink;
+  // Full layers: the compressor and the index-key side of the indexer.
+  PackedMatrix c_wkv, c_wgate, i_wk;
+  std::vector<float> c_norm, i_k_norm;
+  // Full and Reindex layers: the indexer's query side.
+  PackedMatrix i_wq_b, i_weights;
+};
+
+struct ExpertWeights {
+  PackedMatrix w1, w3, w2;
+};
+
+struct EngramWeights {
+  std::vector<float> table;              // rows × engram_head_dim
+  PackedMatrix wkv;                      // (hc+1)·D × orders·heads·engram_head_dim
+  std::vector<float> qw, kw;             // hc × D
+  std::vector<int64_t> primes, offsets;  // orders·heads
+  std::vector<int64_t> multipliers;      // max_ngram
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  PackedMatrix hc_fn[2];
+  std::vector<float> hc_base[2], hc_scale[2];
+  AttentionWeights attn;
+  PackedMatrix gate;
+  std::vector<float> gate_bias;
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;
+  std::unique_ptr<EngramWeights> engram;
+};
+
+// ---- per-sequence state ----
+
+struct LayerState {
+  std::vector<float> ring;        // window × head_dim, FP8-QAT'd window KV
+  std::vector<int64_t> ring_pos;  // position held by each slot, -1 when empty
+  int64_t window_start = 0;       // lowest position whose window KV is valid here
+  // Full layers: the compressor's open group and the emitted rows (dequantized).
+  std::vector<float> pend_kv, pend_score;
+  int64_t pend_rows = 0;
+  int64_t entries = 0;
+  std::vector<float> main_f, index_f;
+};
+
+class SequenceState {
+ public:
+  std::vector<uint32_t> tokens;
+  std::vector<LayerState> layers;
+  std::vector<std::vector<uint8_t>> pages;
+  ForwardStats stats;
+  int64_t chunk_tokens = 0;
+  int64_t min_full_tokens() const { return full_tokens_; }
+  int64_t full_tokens_ = 0;  // tokens every Full layer has compressed
+};
+
+Sequence::Sequence(std::unique_ptr<SequenceState> s) : s_(std::move(s)) {}
+Sequence::~Sequence() = default;
+Sequence::Sequence(Sequence&&) noexcept = default;
+int64_t Sequence::length() const { return static_cast<int64_t>(s_->tokens.size()); }
+const std::vector<uint32_t>& Sequence::tokens() const { return s_->tokens; }
+int64_t Sequence::complete_chunks() const {
+  return std::min(s_->full_tokens_, length()) / s_->chunk_tokens;
+}
+std::span<const uint8_t> Sequence::page(int64_t chunk) const {
+  KVC_CHECK(chunk >= 0 && chunk < complete_chunks()) << "chunk " << chunk;
+  return s_->pages[chunk];
+}
+const ForwardStats& Sequence::last_stats() const { return s_->stats; }
+
+// ---- the model ----
+
+class ModelImpl {
+ public:
+  ModelConfig c;
+  LayerSchedule sched;
+  ChunkLayout layout;
+  int64_t D = 0, H = 0, hd = 0, rd = 0, hc = 0, win = 0, E = 0, L = 0;
+  std::vector<float> embed;  // V × D
+  std::vector<float> norm;
+  PackedMatrix head;
+  std::vector<LayerWeights> layers;
+  std::vector<std::vector<double>> freqs;  // per layer
+  int64_t decoder_full = -1;               // the decoder's Full layer (its global KV)
+
+  absl::Status LoadWeights(const SafetensorsFile& f);
+
+  // One pass of layers [l0, l1) over positions [a, b). X: (b−a) × hc × D, pre: (b−a) × hc.
+  // `compress`: Full layers run their compressor on positions not yet compressed.
+  void RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
+                 std::vector<float>& X, std::vector<float>& pre, bool compress) const;
+  // The decoder's global KV for positions [a, b) from the encoder output (CED).
+  void CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vector<float> X,
+                       const std::vector<float>& pre) const;
+  std::vector<float> Embed(const SequenceState& s, int64_t a, int64_t b,
+                           std::vector<float>* pre) const;
+  std::vector<float> Logits(const std::vector<float>& X, const std::vector<float>& pre,
+                            int64_t row) const;
+  absl::Status CheckTokens(std::span<const uint32_t> tokens) const;
+  void ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                   std::vector<float>& X) const;
+  void Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
+                 bool compress, std::vector<float>& out,
+                 std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
+                 std::vector<std::vector<uint8_t>>& pool) const;
+  void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                const std::vector<float>& x) const;
+  void EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent) const;
+  void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out) const;
+  std::unique_ptr<SequenceState> NewState() const;
+};
+
+namespace {
+
+template <typename T>
+std::span<const T> Row(const std::vector<T>& v, int64_t row, int64_t width) {
+  return std::span<const T>(v.data() + row * width, width);
+}
+
+// x (rows × in) → y (rows × out).
+std::vector<float> Linear(const std::vector<float>& x, int64_t rows, const PackedMatrix& w) {
+  std::vector<float> y(rows * w.out_features());
+  cpu::Gemm(x.data(), rows, w, y.data());
+  return y;
+}
+
+void NormRows(std::vector<float>& x, int64_t rows, int64_t width, const std::vector<float>& w,
+              double eps) {
+  for (int64_t r = 0; r < rows; ++r)
+    cpu::RmsNorm(&x[r * width], w.data(), width, eps, &x[r * width]);
+}
+
+int64_t FloorMod(int64_t a, int64_t m) {
+  const int64_t r = a % m;
+  return r < 0 ? r + m : r;
+}
+
+}  // namespace
+
+std::unique_ptr<SequenceState> ModelImpl::NewState() const {
+  auto s = std::make_unique<SequenceState>();
+  s->chunk_tokens = layout.chunk_tokens;
+  s->layers.resize(L);
+  for (LayerState& ls : s->layers) {
+    ls.ring.assign(win * hd, 0.0f);
+    ls.ring_pos.assign(win, -1);
+  }
+  return s;
+}
+
+absl::Status ModelImpl::CheckTokens(std::span<const uint32_t> tokens) const {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= static_cast<uint32_t>(c.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", i, " is ", tokens[i],
+                                                     ", outside the vocabulary of ", c.vocab_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
+  const std::vector<ParameterSpec> specs = TrunkParameters(c, sched);
+  std::set<std::string> expected;
+  for (const ParameterSpec& p : specs) expected.insert(p.name);
+  for (const auto& [name, t] : f.tensors()) {
+    if (!expected.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.path(), ": tensor \"", name, "\" is not part of this config's model"));
+    }
+  }
+  std::map<std::string, std::vector<float>> t;
+  for (const ParameterSpec& p : specs) {
+    absl::StatusOr<std::vector<float>> v = f.ReadF32(p.name, p.shape);
+    if (!v.ok()) return v.status();
+    t[p.name] = *std::move(v);
+  }
+  auto take = [&](const std::string& n) { return std::move(t.at(n)); };
+  auto mat = [&](const std::string& n, int64_t rows, int64_t cols) {
+    return PackedMatrix(t.at(n), rows, cols);
+  };
+  embed = take("embed.weight");
+  norm = take("norm.weight");
+  head = mat("head.weight", c.vocab_size, D);
+  absl::StatusOr<std::vector<std::vector<int64_t>>> primes = EngramPrimes(c);
+  if (!primes.ok()) return primes.status();
+  layers.resize(L);
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerPlan& plan = sched.layers[l];
+    LayerWeights& w = layers[l];
+    const std::string p = absl::StrCat("layers.", l, ".");
+    w.attn_norm = take(p + "attn_norm.weight");
+    w.ffn_norm = take(p + "ffn_norm.weight");
+    const char* subs[2] = {"attn", "ffn"};
+    for (int s = 0; s < 2; ++s) {
+      w.hc_fn[s] = mat(absl::StrCat(p, "hc_", subs[s], "_fn"), (2 + hc) * hc, hc * D);
+      w.hc_base[s] = take(absl::StrCat(p, "hc_", subs[s], "_base"));
+      w.hc_scale[s] = take(absl::StrCat(p, "hc_", subs[s], "_scale"));
+    }
+    AttentionWeights& a = w.attn;
+    const std::string at = p + "attn.";
+    a.wq_a = mat(at + "wq_a.weight", c.q_lora_rank, D);
+    a.q_norm = take(at + "q_norm.weight");
+    a.wq_b = mat(at + "wq_b.weight", H * hd, c.q_lora_rank);
+    a.wkv = mat(at + "wkv.weight", hd, D);
+    a.kv_norm = take(at + "kv_norm.weight");
+    a.sink = take(at + "attn_sink");
+    const int64_t G = c.o_groups, gw = H * hd / G;
+    const std::vector<float>& wo_a = t.at(at + "wo_a.weight");
+    for (int64_t g = 0; g < G; ++g) {
+      a.wo_a.emplace_back(
+          std::span<const float>(wo_a.data() + g * c.o_lora_rank * gw, c.o_lora_rank * gw),
+          c.o_lora_rank, gw);
+    }
+    a.wo_b = mat(at + "wo_b.weight", D, G * c.o_lora_rank);
+    if (plan.mode == AttentionMode::kFull) {
+      a.c_wkv = mat(at + "compressor.wkv.weight", hd, D);
+      if (plan.compress_ratio > 1) a.c_wgate = mat(at + "compressor.wgate.weight", hd, D);
+      a.c_norm = take(at + "compressor.norm.weight");
+      a.i_wk = mat(at + "indexer.wk.weight", c.index_head_dim, hd);
+      a.i_k_norm = take(at + "indexer.k_norm.weight");
+    }
+    if (plan.runs_indexer()) {
+      a.i_wq_b = mat(at + "indexer.wq_b.weight", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+      a.i_weights = mat(at + "indexer.weights_proj.weight", c.index_n_heads, D);
+    }
+    const std::string ff = p + "ffn.";
+    w.gate = mat(ff + "gate.weight", c.n_routed_experts, D);
+    w.gate_bias = take(ff + "gate.bias");
+    const int64_t I = c.moe_intermediate_size;
+    auto expert = [&](const std::string& e) {
+      return ExpertWeights{mat(e + "w1.weight", I, D), mat(e + "w3.weight", I, D),
+                           mat(e + "w2.weight", D, I)};
+    };
+    for (int64_t e = 0; e < c.n_routed_experts; ++e)
+      w.experts.push_back(expert(absl::StrCat(ff, "experts.", e, ".")));
+    w.shared = expert(ff + "shared_experts.");
+    if (plan.has_engram) {
+      size_t slot = 0;
+      while (c.engram_layer_ids[slot] != l) ++slot;
+      if (c.engram_multipliers.empty()) {
+        return absl::InvalidArgumentError(
+            "the config has Engram layers but no engram_multipliers (scripts/"
+            "engram_multipliers.py prints them for a config)");
+      }
+      auto eg = std::make_unique<EngramWeights>();
+      const std::string e = p + "engram.";
+      const int64_t width = (c.engram_max_ngram_size - 1) * c.engram_n_heads * c.engram_head_dim;
+      eg->table = take(e + "table");
+      eg->wkv = mat(e + "wkv.weight", (hc + 1) * D, width);
+      eg->qw = take(e + "qw");
+      eg->kw = take(e + "kw");
+      eg->primes = (*primes)[slot];
+      int64_t off = 0;
+      for (int64_t pr : eg->primes) {
+        eg->offsets.push_back(off);
+        off += pr;
+      }
+      eg->multipliers = c.engram_multipliers[slot];
+      w.engram = std::move(eg);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<float> ModelImpl::Embed(const SequenceState& s, int64_t a, int64_t b,
+                                    std::vector<float>* pre) const {
+  const int64_t rows = b - a;
+  std::vector<float> X(rows * hc * D);
+  pre->assign(rows * hc, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* e = embed.data() + static_cast<int64_t>(s.tokens[a + r]) * D;
+    for (int64_t k = 0; k < hc; ++k) std::copy(e, e + D, X.data() + (r * hc + k) * D);
+    (*pre)[r * hc] = 1.0f;  // the first layer reads copy 0
+  }
+  return X;
+}
+
+void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                            std::vector<float>& X) const {
+  const EngramWeights& eg = *layers[l].engram;
+  const int64_t rows = b - a, n = c.engram_max_ngram_size, heads = c.engram_n_heads,
+                ehd = c.engram_head_dim, width = (n - 1) * heads * ehd;
+  // Compressed token ids: the identity map for configs whose vocabulary fits (small ones).
+  auto cmp = [&](uint32_t tok) {
+    return static_cast<int64_t>(tok) % c.engram_compressed_vocab_size;
+  };
+  const int64_t pad = cmp(static_cast<uint32_t>(c.engram_pad_token_id));
+  std::vector<float> Ein(rows * width);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = a + r;
+    uint64_t h = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t tok = p >= k ? cmp(s.tokens[p - k]) : pad;
+      const uint64_t term = static_cast<uint64_t>(tok) * static_cast<uint64_t>(eg.multipliers[k]);
+      h = k == 0 ? term : h ^ term;
+      if (k == 0) continue;
+      for (int64_t j = 0; j < heads; ++j) {
+        const int64_t slot = (k - 1) * heads + j;
+        const int64_t row = FloorMod(static_cast<int64_t>(h), eg.primes[slot]) + eg.offsets[slot];
+        std::copy(eg.table.begin() + row * ehd, eg.table.begin() + (row + 1) * ehd,
+                  Ein.begin() + r * width + slot * ehd);
+      }
+    }
+  }
+  const std::vector<float> KV = Linear(Ein, rows, eg.wkv);  // rows × (hc+1)·D
+  const double eps = 1e-20;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* V = KV.data() + (r * (hc + 1) + hc) * D;
+    for (int64_t k = 0; k < hc; ++k) {
+      float* h = X.data() + (r * hc + k) * D;
+      const float* K = KV.data() + (r * (hc + 1) + k) * D;
+      double dot = 0, hh = 0, kk = 0;
+      for (int64_t i = 0; i < D; ++i) {
+        dot += static_cast<double>(h[i]) * eg.qw[k * D + i] * eg.kw[k * D + i] * K[i];
+        hh += static_cast<double>(h[i]) * h[i];
+        kk += static_cast<double>(K[i]) * K[i];
+      }
+      const double d = dot / std::sqrt(hh / D + eps) / std::sqrt(kk / D + eps) /
+                       std::sqrt(static_cast<double>(D));
+      const float g = cpu::Sigmoid(
+          static_cast<float>((d >= 0 ? 1.0 : -1.0) * std::sqrt(std::max(std::abs(d), 1e-6))));
+      for (int64_t i = 0; i < D; ++i) h[i] += g * V[i];
+    }
+  }
+}
+
+void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent) const {
+  LayerState& ls = s.layers[l];
+  const AttentionWeights& a = layers[l].attn;
+  const int64_t ratio = sched.layers[l].compress_ratio, Id = c.index_head_dim;
+  const int64_t j = ls.entries;
+  const int64_t pos = j * ratio;
+  // Index key from the RoPE-free latent, then the latent itself rotated; both quantized
+  // straight into the page (the float copies are their dequantized values).
+  std::vector<float> k(Id);
+  cpu::GemmSerial(latent.data(), 1, a.i_wk, k.data());
+  cpu::RmsNorm(k.data(), a.i_k_norm.data(), Id, c.rms_norm_eps, k.data());
+  cpu::ApplyRope(k.data(), Id, freqs[l], pos);
+  cpu::ApplyRope(latent.data(), hd, freqs[l], pos);
+  const int64_t chunk = pos / layout.chunk_tokens;
+  while (static_cast<int64_t>(s.pages.size()) <= chunk)
+    s.pages.emplace_back(layout.chunk_bytes, uint8_t{0});
+  std::vector<uint8_t>& page = s.pages[chunk];
+  const int64_t local = j - chunk * (layout.chunk_tokens / ratio);
+  const ChunkSection& mc = layout.Section(l, SectionKind::kMainCodes);
+  const ChunkSection& ms = layout.Section(l, SectionKind::kMainScales);
+  const ChunkSection& ic = layout.Section(l, SectionKind::kIndexCodes);
+  const ChunkSection& is = layout.Section(l, SectionKind::kIndexScales);
+  const int64_t mcb = CodesBytes(KvFormat::kMainKv, hd), msb = ScalesBytes(KvFormat::kMainKv, hd);
+  const int64_t icb = CodesBytes(KvFormat::kIndexK, Id), isb = ScalesBytes(KvFormat::kIndexK, Id);
+  std::span<uint8_t> pg(page);
+  Quantize(KvFormat::kMainKv, latent, pg.subspan(mc.offset + local * mcb, mcb),
+           pg.subspan(ms.offset + local * msb, msb));
+  Quantize(KvFormat::kIndexK, k, pg.subspan(ic.offset + local * icb, icb),
+           pg.subspan(is.offset + local * isb, isb));
+  ls.main_f.resize((j + 1) * hd);
+  ls.index_f.resize((j + 1) * Id);
+  Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset + local * mcb, mcb),
+             pg.subspan(ms.offset + local * msb, msb),
+             std::span<float>(ls.main_f.data() + j * hd, hd));
+  Dequantize(KvFormat::kIndexK, pg.subspan(ic.offset + local * icb, icb),
+             pg.subspan(is.offset + local * isb, isb),
+             std::span<float>(ls.index_f.data() + j * Id, Id));
+  ++ls.entries;
+}
+
+void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                         const std::vector<float>& x) const {
+  LayerState& ls = s.layers[l];
+  const AttentionWeights& w = layers[l].attn;
+  const int64_t ratio = sched.layers[l].compress_ratio;
+  const int64_t done = ls.entries * ratio + ls.pend_rows;  // positions already consumed
+  const int64_t first = std::max(a, done);
+  if (first >= b) return;
+  KVC_CHECK(first == done) << "layer " << l << ": compressor gap at " << done;
+  const int64_t rows = b - first;
+  std::vector<float> xs(x.begin() + (first - a) * D, x.begin() + (b - a) * D);
+  const std::vector<float> kv = Linear(xs, rows, w.c_wkv);
+  std::vector<float> score;
+  if (ratio > 1) score = Linear(xs, rows, w.c_wgate);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (ratio == 1) {
+      std::vector<float> latent(kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
+      cpu::RmsNorm(latent.data(), w.c_norm.data(), hd, c.rms_norm_eps, latent.data());
+      EmitEntry(s, l, std::move(latent));
+      continue;
+    }
+    ls.pend_kv.insert(ls.pend_kv.end(), kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
+    ls.pend_score.insert(ls.pend_score.end(), score.begin() + r * hd, score.begin() + (r + 1) * hd);
+    if (++ls.pend_rows < ratio) continue;
+    // Softmax over the group's tokens per channel, then the weighted sum.
+    std::vector<float> latent(hd);
+    for (int64_t ch = 0; ch < hd; ++ch) {
+      float mx = kNegInf;
+      for (int64_t t = 0; t < ratio; ++t) mx = std::max(mx, ls.pend_score[t * hd + ch]);
+      float den = 0.0f;
+      for (int64_t t = 0; t < ratio; ++t) den += std::exp(ls.pend_score[t * hd + ch] - mx);
+      float acc = 0.0f;
+      for (int64_t t = 0; t < ratio; ++t)
+        acc += ls.pend_kv[t * hd + ch] * (std::exp(ls.pend_score[t * hd + ch] - mx) / den);
+      latent[ch] = acc;
+    }
+    cpu::RmsNorm(latent.data(), w.c_norm.data(), hd, c.rms_norm_eps, latent.data());
+    ls.pend_kv.clear();
+    ls.pend_score.clear();
+    ls.pend_rows = 0;
+    EmitEntry(s, l, std::move(latent));
+  }
+}
+
+void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                          const std::vector<float>& x, bool compress, std::vector<float>& out,
+                          std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
+                          std::vector<std::vector<uint8_t>>& pool) const {
+  const LayerPlan& plan = sched.layers[l];
+  const AttentionWeights& w = layers[l].attn;
+  LayerState& ls = s.layers[l];
+  const int64_t rows = b - a, ratio = plan.compress_ratio;
+  std::vector<float> qr = Linear(x, rows, w.wq_a);
+  NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
+  std::vector<float> q = Linear(qr, rows, w.wq_b);  // rows × H × hd
+  std::vector<float> kv = Linear(x, rows, w.wkv);   // rows × hd
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
+    float* k = &kv[r * hd];
+    cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
+    cpu::ApplyRope(k, hd, freqs[l], a + r);
+    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
+  }
+  // Compressed KV and each query's selection of it.
+  const std::vector<int32_t> none;
+  std::vector<std::vector<int32_t>>* selected = nullptr;
+  const LayerState* kv_src = nullptr;
+  if (ratio > 0) {
+    if (plan.mode == AttentionMode::kFull && compress) Compress(s, l, a, b, x);
+    kv_src = &s.layers[plan.kv_layer];
+    if (plan.runs_indexer()) {
+      const int64_t IH = c.index_n_heads, Id = c.index_head_dim;
+      std::vector<float> qi = Linear(qr, rows, w.i_wq_b);  // rows × IH × Id
+      std::vector<float> wts = Linear(x, rows, w.i_weights);
+      const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Id)) /
+                                              std::sqrt(static_cast<double>(IH)));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < IH; ++h) {
+          float* qh = &qi[(r * IH + h) * Id];
+          cpu::ApplyRope(qh, Id, freqs[l], a + r);
+          FakeQuantize(KvFormat::kIndexK, std::span<float>(qh, Id));
+        }
+        for (int64_t h = 0; h < IH; ++h) wts[r * IH + h] *= wscale;
+      }
+      const LayerState& ks = s.layers[plan.index_k_layer];
+      auto& sel = topk[l];
+      sel.assign(rows, {});
+      if (plan.is_candidate_source) pool.assign(rows, {});
+      const int64_t bs = c.candidate_block_size;
+      cpu::ThreadPool::Default().ParallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
+        std::vector<float> scores;
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t cl = (a + r + 1) / ratio;
+          KVC_CHECK(cl <= ks.entries)
+              << "layer " << l << " needs " << cl << " index keys, has " << ks.entries;
+          scores.assign(cl, 0.0f);
+          for (int64_t t = 0; t < cl; ++t) {
+            const float* kt = &ks.index_f[t * Id];
+            float sc = 0.0f;
+            for (int64_t h = 0; h < IH; ++h) {
+              const float* qh = &qi[(r * IH + h) * Id];
+              float d = 0.0f;
+              for (int64_t i = 0; i < Id; ++i) d = std::fmaf(qh[i], kt[i], d);
+              sc += std::max(d, 0.0f) * wts[r * IH + h];
+            }
+            scores[t] = sc;
+          }
+          if (plan.is_candidate_source) {
+            // Blocks by their best position; the newest block is always kept.
+            const int64_t nblocks = (cl + bs - 1) / bs;
+            std::vector<float> block(nblocks, kNegInf);
+            for (int64_t t = 0; t < cl; ++t) block[t / bs] = std::max(block[t / bs], scores[t]);
+            if (cl > 0) block[(cl - 1) / bs] = std::numeric_limits<float>::infinity();
+            const std::vector<int32_t> keep = cpu::TopKAscending(block, c.candidate_topk_blocks);
+            std::vector<uint8_t>& mask = pool[r];
+            mask.assign(cl, 0);
+            for (int32_t blk : keep) {
+              for (int64_t t = blk * bs; t < std::min(cl, (blk + 1) * bs); ++t) mask[t] = 1;
+            }
+          } else if (plan.candidate_pool_layer >= 0) {
+            const std::vector<uint8_t>& mask = pool[r];
+            for (int64_t t = 0; t < cl; ++t) {
+              if (t >= static_cast<int64_t>(mask.size()) || !mask[t]) scores[t] = kNegInf;
+            }
+          }
+          sel[r] = cpu::TopKAscending(scores, c.index_topk);
+        }
+      });
+      selected = &sel;
+    } else {
+      selected = &topk.at(plan.topk_layer);
+    }
+  }
+  // Sparse MQA: each query attends its window and its selected compressed rows; the
+  // sink enters the denominator only.
+  std::vector<float> o(rows * H * hd);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<const float*> keys;
+    std::vector<float> sc;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = a + r;
+      keys.clear();
+      for (int64_t p = std::max(ls.window_start, i - win + 1); p <= i; ++p) {
+        if (p >= a) {
+          keys.push_back(&kv[(p - a) * hd]);
+        } else {
+          KVC_CHECK(ls.ring_pos[p % win] == p)
+              << "layer " << l << ": window row " << p << " missing";
+          keys.push_back(&ls.ring[(p % win) * hd]);
+        }
+      }
+      if (selected != nullptr) {
+        for (int32_t j : (*selected)[r]) keys.push_back(&kv_src->main_f[j * hd]);
+      }
+      sc.resize(keys.size());
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = &q[(r * H + h) * hd];
+        float mx = kNegInf;
+        for (size_t t = 0; t < keys.size(); ++t) {
+          float d = 0.0f;
+          for (int64_t e = 0; e < hd; ++e) d = std::fmaf(qh[e], keys[t][e], d);
+          sc[t] = d * scale;
+          mx = std::max(mx, sc[t]);
+        }
+        float* oh = &o[(r * H + h) * hd];
+        float den = 0.0f;
+        for (size_t t = 0; t < keys.size(); ++t) {
+          const float p = std::exp(sc[t] - mx);
+          den += p;
+          for (int64_t e = 0; e < hd; ++e) oh[e] = std::fmaf(p, keys[t][e], oh[e]);
+        }
+        den += std::exp(w.sink[h] - mx);
+        for (int64_t e = 0; e < hd; ++e) oh[e] /= den;
+        cpu::ApplyRope(oh, hd, freqs[l], i, /*inverse=*/true);
+      }
+    }
+  });
+  // The window ring keeps the last `win` rows of this pass.
+  for (int64_t p = std::max(a, b - win); p < b; ++p) {
+    std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,
+              ls.ring.begin() + (p % win) * hd);
+    ls.ring_pos[p % win] = p;
+  }
+  // Grouped low-rank output.
+  const int64_t G = c.o_groups, gw = H * hd / G, ol = c.o_lora_rank;
+  std::vector<float> u(rows * G * ol);
+  std::vector<float> og(rows * gw), ug(rows * ol);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(o.begin() + r * H * hd + g * gw, o.begin() + r * H * hd + (g + 1) * gw,
+                og.begin() + r * gw);
+    cpu::Gemm(og.data(), rows, w.wo_a[g], ug.data());
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(ug.begin() + r * ol, ug.begin() + (r + 1) * ol, u.begin() + r * G * ol + g * ol);
+  }
+  out = Linear(u, rows, w.wo_b);
+}
+
+void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows,
+                    std::vector<float>& out) const {
+  const LayerWeights& w = layers[l];
+  const int64_t E_ = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const std::vector<float> logits = Linear(x, rows, w.gate);
+  std::vector<std::vector<std::pair<int64_t, float>>> by_expert(E_);  // (row, weight)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> score(E_), biased(E_);
+    for (int64_t e = 0; e < E_; ++e) {
+      score[e] = cpu::SqrtSoftplus(logits[r * E_ + e]);
+      biased[e] = score[e] + w.gate_bias[e];
+    }
+    const std::vector<int32_t> pick = cpu::TopKAscending(biased, k);
+    float sum = 0.0f;
+    for (int32_t e : pick) sum += score[e];
+    for (int32_t e : pick) {
+      float weight = c.norm_topk_prob ? score[e] / (sum + 1e-20f) : score[e];
+      by_expert[e].push_back({r, weight * static_cast<float>(c.routed_scaling_factor)});
+    }
+  }
+  auto run = [&](const ExpertWeights& ew, const std::vector<float>& xs, int64_t n,
+                 const std::vector<float>& weights) {
+    std::vector<float> g = Linear(xs, n, ew.w1), up = Linear(xs, n, ew.w3);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < I; ++i) {
+        const float gi = std::min(g[r * I + i], limit);
+        const float ui = std::clamp(up[r * I + i], -limit, limit);
+        g[r * I + i] = weights[r] * cpu::Silu(gi) * ui;
+      }
+    }
+    return Linear(g, n, ew.w2);
+  };
+  out.assign(rows * D, 0.0f);
+  for (int64_t e = 0; e < E_; ++e) {  // routed experts in id order, then the shared one
+    const auto& members = by_expert[e];
+    if (members.empty()) continue;
+    const int64_t n = static_cast<int64_t>(members.size());
+    std::vector<float> xs(n * D), weights(n);
+    for (int64_t m = 0; m < n; ++m) {
+      std::copy(x.begin() + members[m].first * D, x.begin() + (members[m].first + 1) * D,
+                xs.begin() + m * D);
+      weights[m] = members[m].second;
+    }
+    const std::vector<float> y = run(w.experts[e], xs, n, weights);
+    for (int64_t m = 0; m < n; ++m) {
+      for (int64_t i = 0; i < D; ++i) out[members[m].first * D + i] += y[m * D + i];
+    }
+  }
+  const std::vector<float> ys = run(w.shared, x, rows, std::vector<float>(rows, 1.0f));
+  for (int64_t i = 0; i < rows * D; ++i) out[i] += ys[i];
+}
+
+void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
+                          std::vector<float>& X, std::vector<float>& pre, bool compress) const {
+  const int64_t rows = b - a, mix = (2 + hc) * hc;
+  std::map<int64_t, std::vector<std::vector<int32_t>>> topk;
+  std::vector<std::vector<uint8_t>> pool;
+  std::vector<float> xin(rows * D), y, R;
+  std::vector<cpu::HcCoefficients> coef(rows);
+  std::vector<float> a1(rows * hc);
+  // The mixes of one sublayer for every row: m = (fn · vec X) · rsqrt(mean(vec X²) + 1e-20).
+  auto mixes = [&](const LayerWeights& w, int sub) {
+    std::vector<float> m = Linear(X, rows, w.hc_fn[sub]);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0.0;
+      for (int64_t i = 0; i < hc * D; ++i)
+        ss += static_cast<double>(X[r * hc * D + i]) * X[r * hc * D + i];
+      const float rs =
+          static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hc * D) + 1e-20));
+      for (int64_t j = 0; j < mix; ++j) m[r * mix + j] *= rs;
+      coef[r] = cpu::HcFromMixes(Row(m, r, mix), w.hc_base[sub], w.hc_scale[sub], hc,
+                                 c.hc_sinkhorn_iters, c.hc_eps);
+    }
+  };
+  for (int64_t l = l0; l < l1; ++l) {
+    const LayerWeights& w = layers[l];
+    if (w.engram) ApplyEngram(s, l, a, b, X);
+    // Attention sublayer: its input mixes with the previous sublayer's coefficients.
+    R = X;
+    mixes(w, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
+      cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+      std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
+    }
+    Attention(s, l, a, b, xin, compress, y, topk, pool);
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
+    // MoE sublayer.
+    R = X;
+    mixes(w, 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::HcPre(&X[r * hc * D], &a1[r * hc], hc, D, &xin[r * D]);
+      cpu::RmsNorm(&xin[r * D], w.ffn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+    }
+    Moe(l, xin, rows, y);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
+      std::copy(coef[r].pre.begin(), coef[r].pre.end(), pre.begin() + r * hc);
+    }
+  }
+}
+
+void ModelImpl::CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vector<float> X,
+                                const std::vector<float>& pre) const {
+  const int64_t l = decoder_full;
+  if (layers[l].engram) ApplyEngram(s, l, a, b, X);
+  const int64_t rows = b - a;
+  std::vector<float> xin(rows * D);
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
+    cpu::RmsNorm(&xin[r * D], layers[l].attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+  }
+  Compress(s, l, a, b, xin);
+}
+
+std::vector<float> ModelImpl::Logits(const std::vector<float>& X, const std::vector<float>& pre,
+                                     int64_t row) const {
+  std::vector<float> x(D), logits(c.vocab_size);
+  cpu::HcPre(&X[row * hc * D], &pre[row * hc], hc, D, x.data());
+  cpu::RmsNorm(x.data(), norm.data(), D, c.rms_norm_eps, x.data());
+  cpu::Gemm(x.data(), 1, head, logits.data());
+  return logits;
+}
+
+// ---- public API ----
+
+Model::Model(std::unique_ptr<ModelImpl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+const ModelConfig& Model::config() const { return impl_->c; }
+const LayerSchedule& Model::schedule() const { return impl_->sched; }
+const ChunkLayout& Model::layout() const { return impl_->layout; }
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
+                                                   const std::string& weights_path,
+                                                   int64_t chunk_tokens) {
+  auto m = std::make_unique<ModelImpl>();
+  m->c = config;
+  absl::StatusOr<LayerSchedule> sched = BuildLayerSchedule(config);
+  if (!sched.ok()) return sched.status();
+  m->sched = *std::move(sched);
+  absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(config, m->sched, chunk_tokens);
+  if (!layout.ok()) return layout.status();
+  m->layout = *std::move(layout);
+  m->D = config.hidden_size;
+  m->H = config.num_attention_heads;
+  m->hd = config.head_dim;
+  m->rd = config.qk_rope_head_dim;
+  m->hc = config.hc_mult;
+  m->win = config.sliding_window;
+  m->E = m->sched.encoder_layers;
+  m->L = config.num_hidden_layers;
+  // What this engine supports, checked up front with the key that breaks it.
+  if ((m->H * m->hd) % config.o_groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_attention_heads × head_dim (", m->H * m->hd,
+                                                   ") is not divisible by o_groups ",
+                                                   config.o_groups));
+  }
+  if (m->hd % 32 != 0 || config.index_head_dim % 32 != 0) {
+    return absl::InvalidArgumentError("head_dim and index_head_dim must be multiples of 32");
+  }
+  if (config.candidate_topk_blocks * config.candidate_block_size -
+          (config.candidate_block_size - 1) <
+      config.index_topk) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "candidate_topk_blocks × candidate_block_size − (candidate_block_size − 1) must be >= "
+        "index_topk (",
+        config.index_topk, "), or positions outside the candidate pool would be selected"));
+  }
+  for (int64_t l = m->E; l < m->L; ++l) {
+    if (m->sched.layers[l].mode != AttentionMode::kFull) continue;
+    if (m->decoder_full >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers ", m->decoder_full, " and ", l,
+                       " are both Full decoder layers; CED computes one decoder global KV"));
+    }
+    m->decoder_full = l;
+  }
+  if (m->decoder_full != m->E) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the first decoder layer (", m->E, ") must be the decoder's only Full layer (CED)"));
+  }
+  for (int64_t l = 0; l < m->L; ++l) {
+    const bool compressed = config.compress_ratios[l] > 0;
+    m->freqs.push_back(cpu::RopeFrequencies(
+        m->rd, compressed ? config.compress_rope_theta : config.rope_theta,
+        compressed ? config.rope_scaling.original_max_position_embeddings : 0,
+        config.rope_scaling.factor, config.rope_scaling.beta_fast, config.rope_scaling.beta_slow));
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(weights_path);
+  if (!f.ok()) return f.status();
+  if (absl::Status s = m->LoadWeights(**f); !s.ok()) return s;
+  return std::unique_ptr<Model>(new Model(std::move(m)));
+}
+
+Sequence Model::NewSequence() const { return Sequence(impl_->NewState()); }
+
+namespace {
+
+void UpdateFullTokens(const ModelImpl& m, SequenceState& s) {
+  int64_t full = std::numeric_limits<int64_t>::max();
+  for (int64_t l = 0; l < m.L; ++l) {
+    if (m.sched.layers[l].mode == AttentionMode::kFull)
+      full = std::min(full, s.layers[l].entries * m.sched.layers[l].compress_ratio);
+  }
+  s.full_tokens_ = full;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const uint32_t> tokens,
+                                                  PrefillMode mode) const {
+  const ModelImpl& m = *impl_;
+  SequenceState& s = *seq.s_;
+  if (!s.tokens.empty()) return absl::FailedPreconditionError("Prefill needs an empty sequence");
+  if (tokens.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  s.tokens.assign(tokens.begin(), tokens.end());
+  s.stats = {};
+  std::vector<float> pre;
+  std::vector<float> X = m.Embed(s, 0, n, &pre);
+  if (mode == PrefillMode::kFullDepth) {
+    m.RunLayers(s, 0, m.L, 0, n, X, pre, /*compress=*/true);
+    s.stats.encoder_tokens = s.stats.decoder_tokens = n;
+    UpdateFullTokens(m, s);
+    return m.Logits(X, pre, n - 1);
+  }
+  m.RunLayers(s, 0, m.E, 0, n, X, pre, /*compress=*/true);
+  m.CompressDecoder(s, 0, n, X, pre);
+  const int64_t seg = std::max<int64_t>(0, n - m.win);
+  for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
+  std::vector<float> Xs(X.begin() + seg * m.hc * m.D, X.end());
+  std::vector<float> ps(pre.begin() + seg * m.hc, pre.end());
+  m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false);
+  s.stats.encoder_tokens = n;
+  s.stats.compressed_tokens = n;
+  s.stats.decoder_tokens = n - seg;
+  UpdateFullTokens(m, s);
+  return m.Logits(Xs, ps, n - seg - 1);
+}
+
+absl::StatusOr<std::vector<float>> Model::Decode(Sequence& seq, uint32_t token) const {
+  const ModelImpl& m = *impl_;
+  SequenceState& s = *seq.s_;
+  if (s.tokens.empty()) return absl::FailedPreconditionError("Decode needs a prefilled sequence");
+  if (absl::Status st = m.CheckTokens(std::span(&token, 1)); !st.ok()) return st;
+  const int64_t p = static_cast<int64_t>(s.tokens.size());
+  s.tokens.push_back(token);
+  std::vector<float> pre;
+  std::vector<float> X = m.Embed(s, p, p + 1, &pre);
+  m.RunLayers(s, 0, m.L, p, p + 1, X, pre, /*compress=*/true);
+  s.stats = {
+      .encoder_tokens = 1, .decoder_tokens = 1, .replayed_tokens = 0, .compressed_tokens = 1};
+  UpdateFullTokens(m, s);
+  return m.Logits(X, pre, 0);
+}
+
+absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, std::span<const uint8_t> pages,
+                                                 int64_t cached, std::span<const uint32_t> tokens,
+                                                 ReplayMode replay) const {
+  const ModelImpl& m = *impl_;
+  SequenceState& s = *seq.s_;
+  const int64_t C = m.layout.chunk_tokens, n = static_cast<int64_t>(tokens.size());
+  if (!s.tokens.empty()) return absl::FailedPreconditionError("Resume needs an empty sequence");
+  if (cached <= 0 || cached % C != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("the cached prefix is ", cached,
+                                                   " tokens; it must be a positive multiple of "
+                                                   "the chunk size ",
+                                                   C));
+  }
+  if (cached >= n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cached prefix (", cached, " tokens) must be shorter than the prompt (", n, ")"));
+  }
+  const int64_t chunks = cached / C;
+  if (static_cast<int64_t>(pages.size()) != chunks * m.layout.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("pages are ", pages.size(), " bytes; ", chunks,
+                                                   " chunks need ", chunks * m.layout.chunk_bytes));
+  }
+  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
+  s.tokens.assign(tokens.begin(), tokens.end());
+  s.stats = {};
+  // Import: the pages as they are, and the dequantized rows attention reads.
+  const int64_t Id = m.c.index_head_dim;
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    s.pages.emplace_back(pages.begin() + ch * m.layout.chunk_bytes,
+                         pages.begin() + (ch + 1) * m.layout.chunk_bytes);
+  }
+  for (int64_t l = 0; l < m.L; ++l) {
+    const LayerPlan& plan = m.sched.layers[l];
+    if (plan.mode != AttentionMode::kFull) continue;
+    LayerState& ls = s.layers[l];
+    const int64_t per_chunk = C / plan.compress_ratio;
+    ls.entries = chunks * per_chunk;
+    ls.main_f.resize(ls.entries * m.hd);
+    ls.index_f.resize(ls.entries * Id);
+    const ChunkSection& mc = m.layout.Section(l, SectionKind::kMainCodes);
+    const ChunkSection& ms = m.layout.Section(l, SectionKind::kMainScales);
+    const ChunkSection& ic = m.layout.Section(l, SectionKind::kIndexCodes);
+    const ChunkSection& is = m.layout.Section(l, SectionKind::kIndexScales);
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      std::span<const uint8_t> pg(s.pages[ch]);
+      Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset, mc.bytes),
+                 pg.subspan(ms.offset, ms.bytes),
+                 std::span<float>(ls.main_f.data() + ch * per_chunk * m.hd, per_chunk * m.hd));
+      Dequantize(KvFormat::kIndexK, pg.subspan(ic.offset, ic.bytes),
+                 pg.subspan(is.offset, is.bytes),
+                 std::span<float>(ls.index_f.data() + ch * per_chunk * Id, per_chunk * Id));
+    }
+    for (size_t i = 0; i < ls.main_f.size(); ++i) {
+      if (!std::isfinite(ls.main_f[i])) {
+        return absl::DataLossError(absl::StrCat("page ", (i / m.hd) / per_chunk, " of layer ", l,
+                                                " holds a non-finite value"));
+      }
+    }
+  }
+  // Replay start: the model's window, or the encoder's whole dependency window before the
+  // first position the decoder reads (exact).
+  const int64_t seg = std::max<int64_t>(0, n - m.win);
+  int64_t start = std::max<int64_t>(0, cached - m.win);
+  if (replay == ReplayMode::kExact) {
+    start = std::max<int64_t>(0, std::min(cached, seg) - m.E * m.win);
+  }
+  for (int64_t l = 0; l < m.E; ++l) s.layers[l].window_start = start;
+  for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
+  std::vector<float> pre;
+  std::vector<float> X = m.Embed(s, start, n, &pre);
+  m.RunLayers(s, 0, m.E, start, n, X, pre, /*compress=*/true);
+  {
+    const int64_t off = cached - start;
+    m.CompressDecoder(s, cached, n, std::vector<float>(X.begin() + off * m.hc * m.D, X.end()),
+                      std::vector<float>(pre.begin() + off * m.hc, pre.end()));
+  }
+  KVC_CHECK(seg >= start);
+  std::vector<float> Xs(X.begin() + (seg - start) * m.hc * m.D, X.end());
+  std::vector<float> ps(pre.begin() + (seg - start) * m.hc, pre.end());
+  m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false);
+  s.stats.encoder_tokens = n - start;
+  s.stats.replayed_tokens = cached - start;
+  s.stats.compressed_tokens = n - cached;
+  s.stats.decoder_tokens = n - seg;
+  UpdateFullTokens(m, s);
+  return m.Logits(Xs, ps, n - seg - 1);
+}
+
+}  // namespace kvc::model

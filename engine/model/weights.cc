@@ -1,0 +1,196 @@
+#include "engine/model/weights.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvc::model {
+namespace {
+
+// splitmix64: a portable, seedable generator (std:: distributions differ between
+// standard libraries; these weights must not).
+uint64_t Mix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t NameSeed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+// Uniform on (-1, 1) times sqrt(3): unit variance.
+float UnitUniform(uint64_t& s) {
+  const double u = static_cast<double>(Mix(s) >> 11) * 0x1.0p-53;  // [0, 1)
+  return static_cast<float>((2.0 * u - 1.0) * std::sqrt(3.0));
+}
+
+std::vector<float> Fill(const ParameterSpec& p, const ModelConfig& c, uint64_t seed) {
+  int64_t n = 1;
+  for (int64_t d : p.shape) n *= d;
+  std::vector<float> v(n);
+  uint64_t s = NameSeed(seed, p.name);
+  const int64_t in = p.shape.size() == 2 ? p.shape[1] : 1;
+  const double layers = static_cast<double>(c.num_hidden_layers);
+  double std = 1.0;
+  switch (p.init) {
+    case InitKind::kLinear:
+      std = 1.0 / std::sqrt(static_cast<double>(in));
+      break;
+    case InitKind::kOutLinear:
+      std = 1.0 / std::sqrt(static_cast<double>(in) * 2.0 * layers);
+      break;
+    case InitKind::kEmbedding:
+    case InitKind::kTable:
+      std = 1.0;
+      break;
+    case InitKind::kSmall:
+      std = 0.1;
+      break;
+    case InitKind::kSink:
+      std = 0.5;
+      break;
+    case InitKind::kHcFn:
+      std = 0.1 / std::sqrt(static_cast<double>(in));
+      break;
+    case InitKind::kNorm:
+      for (float& x : v) x = 1.0f + 0.1f * UnitUniform(s);
+      return v;
+    case InitKind::kHcScale:
+      for (float& x : v) x = 1.0f;
+      return v;
+    case InitKind::kHcBase: {
+      const int64_t hc = c.hc_mult;
+      for (float& x : v) x = 0.0f;
+      for (int64_t j = 0; j < hc; ++j) v[2 * hc + j * hc + j] = 4.0f;
+      return v;
+    }
+  }
+  for (float& x : v) x = static_cast<float>(std * UnitUniform(s));
+  return v;
+}
+
+bool IsPrime(int64_t n) {
+  if (n < 2) return false;
+  for (int64_t d = 2; d * d <= n; ++d) {
+    if (n % d == 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<ParameterSpec> TrunkParameters(const ModelConfig& c, const LayerSchedule& schedule) {
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, G = c.o_groups,
+                hc = c.hc_mult, mix = (2 + hc) * hc;
+  std::vector<ParameterSpec> out;
+  auto add = [&](std::string name, std::vector<int64_t> shape, InitKind kind) {
+    out.push_back({std::move(name), std::move(shape), kind});
+  };
+  add("embed.weight", {c.vocab_size, D}, InitKind::kEmbedding);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerPlan& plan = schedule.layers[l];
+    const std::string p = absl::StrCat("layers.", l, ".");
+    add(p + "attn_norm.weight", {D}, InitKind::kNorm);
+    add(p + "ffn_norm.weight", {D}, InitKind::kNorm);
+    for (const char* s : {"attn", "ffn"}) {
+      add(absl::StrCat(p, "hc_", s, "_fn"), {mix, hc * D}, InitKind::kHcFn);
+      add(absl::StrCat(p, "hc_", s, "_base"), {mix}, InitKind::kHcBase);
+      add(absl::StrCat(p, "hc_", s, "_scale"), {3}, InitKind::kHcScale);
+    }
+    const std::string a = p + "attn.";
+    add(a + "wq_a.weight", {c.q_lora_rank, D}, InitKind::kLinear);
+    add(a + "q_norm.weight", {c.q_lora_rank}, InitKind::kNorm);
+    add(a + "wq_b.weight", {H * hd, c.q_lora_rank}, InitKind::kLinear);
+    add(a + "wkv.weight", {hd, D}, InitKind::kLinear);
+    add(a + "kv_norm.weight", {hd}, InitKind::kNorm);
+    add(a + "attn_sink", {H}, InitKind::kSink);
+    add(a + "wo_a.weight", {G * c.o_lora_rank, H * hd / G}, InitKind::kLinear);
+    add(a + "wo_b.weight", {D, G * c.o_lora_rank}, InitKind::kOutLinear);
+    if (plan.mode == AttentionMode::kFull) {
+      add(a + "compressor.wkv.weight", {hd, D}, InitKind::kLinear);
+      if (plan.compress_ratio > 1) add(a + "compressor.wgate.weight", {hd, D}, InitKind::kLinear);
+      add(a + "compressor.norm.weight", {hd}, InitKind::kNorm);
+      add(a + "indexer.wk.weight", {c.index_head_dim, hd}, InitKind::kLinear);
+      add(a + "indexer.k_norm.weight", {c.index_head_dim}, InitKind::kNorm);
+    }
+    if (plan.runs_indexer()) {
+      add(a + "indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, c.q_lora_rank},
+          InitKind::kLinear);
+      add(a + "indexer.weights_proj.weight", {c.index_n_heads, D}, InitKind::kLinear);
+    }
+    const std::string f = p + "ffn.";
+    add(f + "gate.weight", {c.n_routed_experts, D}, InitKind::kLinear);
+    add(f + "gate.bias", {c.n_routed_experts}, InitKind::kSmall);
+    const int64_t I = c.moe_intermediate_size;
+    auto expert = [&](const std::string& e) {
+      add(e + "w1.weight", {I, D}, InitKind::kLinear);
+      add(e + "w3.weight", {I, D}, InitKind::kLinear);
+      add(e + "w2.weight", {D, I}, InitKind::kOutLinear);
+    };
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) expert(absl::StrCat(f, "experts.", e, "."));
+    expert(f + "shared_experts.");
+    if (plan.has_engram) {
+      size_t slot = 0;
+      while (c.engram_layer_ids[slot] != l) ++slot;
+      const int64_t orders = c.engram_max_ngram_size - 1;
+      const int64_t width = orders * c.engram_n_heads * c.engram_head_dim;
+      const std::string e = p + "engram.";
+      add(e + "table", {c.engram_num_embeddings[slot], c.engram_head_dim}, InitKind::kTable);
+      add(e + "wkv.weight", {(hc + 1) * D, width}, InitKind::kLinear);
+      add(e + "qw", {hc, D}, InitKind::kNorm);
+      add(e + "kw", {hc, D}, InitKind::kNorm);
+    }
+  }
+  add("norm.weight", {D}, InitKind::kNorm);
+  add("head.weight", {c.vocab_size, D}, InitKind::kLinear);
+  return out;
+}
+
+absl::Status WriteRandomWeights(const ModelConfig& config, const LayerSchedule& schedule,
+                                uint64_t seed, const std::string& path) {
+  std::vector<NamedTensor> tensors;
+  for (const ParameterSpec& p : TrunkParameters(config, schedule)) {
+    tensors.push_back({p.name, p.shape, Fill(p, config, seed)});
+  }
+  return WriteSafetensors(path, tensors,
+                          {{"format", "kvcache-v41"},
+                           {"seed", absl::StrCat(seed)},
+                           {"model_type", config.model_type},
+                           {"hidden_size", absl::StrCat(config.hidden_size)},
+                           {"num_hidden_layers", absl::StrCat(config.num_hidden_layers)}});
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> EngramPrimes(const ModelConfig& c) {
+  std::set<int64_t> seen;
+  std::vector<std::vector<int64_t>> out;
+  const int64_t orders = c.engram_max_ngram_size - 1;
+  for (size_t slot = 0; slot < c.engram_layer_ids.size(); ++slot) {
+    std::vector<int64_t> primes;
+    int64_t sum = 0;
+    for (int64_t o = 0; o < orders; ++o) {
+      int64_t candidate = c.engram_vocab_size - 1;
+      for (int64_t h = 0; h < c.engram_n_heads; ++h) {
+        do {
+          ++candidate;
+        } while (!IsPrime(candidate) || seen.contains(candidate));
+        seen.insert(candidate);
+        primes.push_back(candidate);
+        sum += candidate;
+      }
+    }
+    if (sum != c.engram_num_embeddings[slot]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("engram_num_embeddings[", slot, "] is ", c.engram_num_embeddings[slot],
+                       " but the primes of layer ", c.engram_layer_ids[slot], " sum to ", sum));
+    }
+    out.push_back(std::move(primes));
+  }
+  return out;
+}
+
+}  // namespace kvc::model
