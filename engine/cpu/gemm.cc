@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "engine/cpu/thread_pool.h"
@@ -81,9 +82,11 @@ __attribute__((target("avx2,fma"))) void PanelAvx2(const float* x, int64_t ldx, 
   }
 }
 
+std::atomic<bool> g_force_portable{false};
+
 bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return have;
+  return have && !g_force_portable.load(std::memory_order_relaxed);
 }
 
 // Rows [r0, r1) × panels [p0, p1).
@@ -117,6 +120,8 @@ PackedMatrix::PackedMatrix(std::span<const float> w, int64_t rows, int64_t cols)
     for (int64_t c = 0; c < cols; ++c) panel[c * kP + r % kP] = w[r * cols + c];
   }
 }
+
+void UsePortableGemm(bool portable) { g_force_portable = portable; }
 
 void GemmSerial(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   Block(x, 0, m, w, 0, w.panels(), y);

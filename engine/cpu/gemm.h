@@ -38,5 +38,7 @@ class PackedMatrix {
 void Gemm(const float* x, int64_t m, const PackedMatrix& w, float* y);
 // The same without threads (for callers already inside a parallel loop).
 void GemmSerial(const float* x, int64_t m, const PackedMatrix& w, float* y);
+// Forces the portable path even where AVX2+FMA exist (tests compare the two).
+void UsePortableGemm(bool portable);
 
 }  // namespace kvc::cpu

@@ -122,19 +122,22 @@ void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc,
 }
 
 std::vector<int32_t> TopKAscending(std::span<const float> scores, int64_t k) {
+  // One scan keeping the k best so far, best first; "better" is the higher score, then the
+  // lower index, so a later index with an equal score never displaces an earlier one.
+  std::vector<std::pair<float, int32_t>> best;
+  best.reserve(k + 1);
+  for (size_t i = 0; i < scores.size() && k > 0; ++i) {
+    const float v = scores[i];
+    if (v == -std::numeric_limits<float>::infinity()) continue;
+    if (static_cast<int64_t>(best.size()) == k && !(v > best.back().first)) continue;
+    auto at = best.end();
+    while (at != best.begin() && v > std::prev(at)->first) --at;
+    best.insert(at, {v, static_cast<int32_t>(i)});
+    if (static_cast<int64_t>(best.size()) > k) best.pop_back();
+  }
   std::vector<int32_t> idx;
-  idx.reserve(scores.size());
-  for (size_t i = 0; i < scores.size(); ++i) {
-    if (scores[i] != -std::numeric_limits<float>::infinity())
-      idx.push_back(static_cast<int32_t>(i));
-  }
-  if (static_cast<int64_t>(idx.size()) > k) {
-    auto better = [&](int32_t a, int32_t b) {
-      return scores[a] != scores[b] ? scores[a] > scores[b] : a < b;
-    };
-    std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);
-    idx.resize(k);
-  }
+  idx.reserve(best.size());
+  for (const auto& [v, i] : best) idx.push_back(i);
   std::sort(idx.begin(), idx.end());
   return idx;
 }

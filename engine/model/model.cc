@@ -481,43 +481,56 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       sel.assign(rows, {});
       if (plan.is_candidate_source) pool.assign(rows, {});
       const int64_t bs = c.candidate_block_size;
-      cpu::ThreadPool::Default().ParallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
-        std::vector<float> scores;
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t cl = (a + r + 1) / ratio;
-          KVC_CHECK(cl <= ks.entries)
-              << "layer " << l << " needs " << cl << " index keys, has " << ks.entries;
-          scores.assign(cl, 0.0f);
-          for (int64_t t = 0; t < cl; ++t) {
-            const float* kt = &ks.index_f[t * Id];
-            float sc = 0.0f;
+      // q·k for every head and key as one batch-invariant GEMM per block of queries (each
+      // element is the same fma chain over the head dim whatever the block), then the
+      // rectified, weighted head sum per key.
+      const int64_t max_cl = (b) / ratio;
+      KVC_CHECK(max_cl <= ks.entries)
+          << "layer " << l << " needs " << max_cl << " index keys, has " << ks.entries;
+      const PackedMatrix keys(std::span<const float>(ks.index_f.data(), max_cl * Id), max_cl, Id);
+      constexpr int64_t kQueryBlock = 64;
+      const int64_t blocks = (rows + kQueryBlock - 1) / kQueryBlock;
+      cpu::ThreadPool::Default().ParallelFor(blocks, 1, [&](int64_t b0, int64_t b1) {
+        std::vector<float> qk, scores, block;
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          const int64_t r0 = blk * kQueryBlock, r1 = std::min(rows, r0 + kQueryBlock);
+          const int64_t width = (a + r1) / ratio;  // keys the block's last query sees
+          const PackedMatrix* km = &keys;
+          PackedMatrix narrow;
+          if (width < max_cl) {
+            narrow = PackedMatrix(std::span<const float>(ks.index_f.data(), width * Id), width, Id);
+            km = &narrow;
+          }
+          qk.resize((r1 - r0) * IH * width);
+          cpu::GemmSerial(&qi[r0 * IH * Id], (r1 - r0) * IH, *km, qk.data());
+          for (int64_t r = r0; r < r1; ++r) {
+            const int64_t cl = (a + r + 1) / ratio;
+            scores.assign(cl, 0.0f);
             for (int64_t h = 0; h < IH; ++h) {
-              const float* qh = &qi[(r * IH + h) * Id];
-              float d = 0.0f;
-              for (int64_t i = 0; i < Id; ++i) d = std::fmaf(qh[i], kt[i], d);
-              sc += std::max(d, 0.0f) * wts[r * IH + h];
+              const float* d = &qk[((r - r0) * IH + h) * width];
+              const float wh = wts[r * IH + h];
+              for (int64_t t = 0; t < cl; ++t) scores[t] += std::max(d[t], 0.0f) * wh;
             }
-            scores[t] = sc;
+            if (plan.is_candidate_source) {
+              // Blocks by their best position; the newest block is always kept.
+              const int64_t nblocks = (cl + bs - 1) / bs;
+              block.assign(nblocks, kNegInf);
+              for (int64_t t = 0; t < cl; ++t) block[t / bs] = std::max(block[t / bs], scores[t]);
+              if (cl > 0) block[(cl - 1) / bs] = std::numeric_limits<float>::infinity();
+              const std::vector<int32_t> keep = cpu::TopKAscending(block, c.candidate_topk_blocks);
+              std::vector<uint8_t>& mask = pool[r];
+              mask.assign(cl, 0);
+              for (int32_t kb : keep) {
+                for (int64_t t = kb * bs; t < std::min(cl, (kb + 1) * bs); ++t) mask[t] = 1;
+              }
+            } else if (plan.candidate_pool_layer >= 0) {
+              const std::vector<uint8_t>& mask = pool[r];
+              for (int64_t t = 0; t < cl; ++t) {
+                if (t >= static_cast<int64_t>(mask.size()) || !mask[t]) scores[t] = kNegInf;
+              }
+            }
+            sel[r] = cpu::TopKAscending(scores, c.index_topk);
           }
-          if (plan.is_candidate_source) {
-            // Blocks by their best position; the newest block is always kept.
-            const int64_t nblocks = (cl + bs - 1) / bs;
-            std::vector<float> block(nblocks, kNegInf);
-            for (int64_t t = 0; t < cl; ++t) block[t / bs] = std::max(block[t / bs], scores[t]);
-            if (cl > 0) block[(cl - 1) / bs] = std::numeric_limits<float>::infinity();
-            const std::vector<int32_t> keep = cpu::TopKAscending(block, c.candidate_topk_blocks);
-            std::vector<uint8_t>& mask = pool[r];
-            mask.assign(cl, 0);
-            for (int32_t blk : keep) {
-              for (int64_t t = blk * bs; t < std::min(cl, (blk + 1) * bs); ++t) mask[t] = 1;
-            }
-          } else if (plan.candidate_pool_layer >= 0) {
-            const std::vector<uint8_t>& mask = pool[r];
-            for (int64_t t = 0; t < cl; ++t) {
-              if (t >= static_cast<int64_t>(mask.size()) || !mask[t]) scores[t] = kNegInf;
-            }
-          }
-          sel[r] = cpu::TopKAscending(scores, c.index_topk);
         }
       });
       selected = &sel;

@@ -1,0 +1,121 @@
+// The model's small ops against straightforward scalar references (notes §4–6).
+#include "engine/cpu/ops.h"
+
+#include <cmath>
+#include <complex>
+#include <limits>
+#include <numbers>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/testing/seed.h"
+
+namespace kvc::cpu {
+namespace {
+
+TEST(OpsTest, RmsNormMatchesReference) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  std::normal_distribution<float> nd;
+  for (int n : {16, 64, 256}) {
+    std::vector<float> x(n), w(n), y(n);
+    for (int i = 0; i < n; ++i) x[i] = nd(rng) * 3, w[i] = 1 + 0.1f * nd(rng);
+    RmsNorm(x.data(), w.data(), n, 1e-6, y.data());
+    long double ss = 0;
+    for (float v : x) ss += static_cast<long double>(v) * v;
+    const long double r = 1.0L / std::sqrt(ss / n + 1e-6L);
+    for (int i = 0; i < n; ++i)
+      EXPECT_NEAR(y[i], x[i] * r * w[i], 1e-5 * std::abs(x[i] * r * w[i]) + 1e-7);
+  }
+}
+
+TEST(OpsTest, RopeRotatesTheTailPairsAndInverts) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  std::normal_distribution<float> nd;
+  const int dim = 64, rd = 16;
+  const std::vector<double> f = RopeFrequencies(rd, 160000, 1024, 4, 32, 1);
+  std::vector<float> x(dim);
+  for (float& v : x) v = nd(rng);
+  std::vector<float> y = x;
+  const int64_t pos = 1 + static_cast<int64_t>(rng() % 5000);
+  ApplyRope(y.data(), dim, f, pos);
+  for (int i = 0; i < dim - rd; ++i) EXPECT_EQ(y[i], x[i]);  // the head is untouched
+  for (int i = 0; i < rd / 2; ++i) {
+    const std::complex<double> z(x[dim - rd + 2 * i], x[dim - rd + 2 * i + 1]);
+    const std::complex<double> r = z * std::polar(1.0, pos * f[i]);
+    EXPECT_NEAR(y[dim - rd + 2 * i], r.real(), 1e-5);
+    EXPECT_NEAR(y[dim - rd + 2 * i + 1], r.imag(), 1e-5);
+  }
+  ApplyRope(y.data(), dim, f, pos, /*inverse=*/true);
+  for (int i = 0; i < dim; ++i) EXPECT_NEAR(y[i], x[i], 1e-5);
+}
+
+TEST(OpsTest, YarnFrequenciesFollowTheRamp) {
+  // Without YaRN: base^(-2i/rd). With it, the high frequencies (i below `low`) are kept,
+  // the low ones (i above `high`) divided by the factor (notes §6).
+  const int rd = 64;
+  const std::vector<double> plain = RopeFrequencies(rd, 10000, 0, 16, 32, 1);
+  for (int i = 0; i < rd / 2; ++i) EXPECT_DOUBLE_EQ(plain[i], std::pow(10000.0, -2.0 * i / rd));
+  const std::vector<double> yarn = RopeFrequencies(rd, 160000, 65536, 16, 32, 1);
+  const std::vector<double> base = RopeFrequencies(rd, 160000, 0, 16, 32, 1);
+  auto corr = [&](double r) {
+    return rd * std::log(65536.0 / (2 * std::numbers::pi * r)) / (2 * std::log(160000.0));
+  };
+  const int low = std::max(0, static_cast<int>(std::floor(corr(32))));
+  const int high = std::min(rd - 1, static_cast<int>(std::ceil(corr(1))));
+  for (int i = 0; i < rd / 2; ++i) {
+    if (i <= low) {
+      EXPECT_DOUBLE_EQ(yarn[i], base[i]) << i;
+    }
+    if (i >= high) {
+      EXPECT_NEAR(yarn[i], base[i] / 16, 1e-18) << i;
+    }
+  }
+}
+
+TEST(OpsTest, SinkhornGivesADoublyStochasticComb) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  std::normal_distribution<float> nd;
+  const int hc = 4;
+  std::vector<float> m(24), base(24), scale = {1.0f, 1.0f, 1.0f};
+  for (int i = 0; i < 24; ++i) m[i] = nd(rng), base[i] = nd(rng);
+  const HcCoefficients c = HcFromMixes(m, base, scale, hc, 20, 1e-6);
+  for (int j = 0; j < hc; ++j) {
+    EXPECT_NEAR(c.pre[j], 1 / (1 + std::exp(-(m[j] + base[j]))) + 1e-6, 1e-6);
+    EXPECT_NEAR(c.post[j], 2 / (1 + std::exp(-(m[4 + j] + base[4 + j]))), 1e-6);
+    float row = 0, col = 0;
+    for (int k = 0; k < hc; ++k) row += c.comb[j * hc + k], col += c.comb[k * hc + j];
+    EXPECT_NEAR(row, 1.0f, 1e-3);
+    EXPECT_NEAR(col, 1.0f, 1e-5);  // the last step normalizes columns
+  }
+}
+
+TEST(OpsTest, HcPostUsesTheTransposedComb) {
+  const int hc = 2, d = 1;
+  HcCoefficients c{{0, 0}, {0.5f, 2.0f}, {0.1f, 0.9f, 0.7f, 0.3f}};
+  const float f = 3.0f, R[2] = {5.0f, 7.0f};
+  float out[2];
+  HcPost(&f, R, c, hc, d, out);
+  EXPECT_FLOAT_EQ(out[0], 0.5f * 3 + 0.1f * 5 + 0.7f * 7);  // Σ_j comb[j][0]·R[j]
+  EXPECT_FLOAT_EQ(out[1], 2.0f * 3 + 0.9f * 5 + 0.3f * 7);
+}
+
+TEST(OpsTest, TopKBreaksTiesTowardsLowerIndexAndSkipsMinusInfinity) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> s = {1, 3, 3, -inf, 2, 3, -inf};
+  EXPECT_EQ(TopKAscending(s, 2), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(TopKAscending(s, 4), (std::vector<int32_t>{1, 2, 4, 5}));
+  EXPECT_EQ(TopKAscending(s, 10), (std::vector<int32_t>{0, 1, 2, 4, 5}));
+  std::mt19937_64 rng(testing::FreshSeed());
+  std::vector<float> r(500);
+  for (float& v : r) v = static_cast<float>(rng() % 50);  // many ties
+  const std::vector<int32_t> got = TopKAscending(r, 17);
+  std::vector<int32_t> order(r.size());
+  for (size_t i = 0; i < r.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return r[a] > r[b]; });
+  order.resize(17);
+  std::sort(order.begin(), order.end());
+  EXPECT_EQ(got, order);
+}
+
+}  // namespace
+}  // namespace kvc::cpu

@@ -1,0 +1,253 @@
+// The engine on the mini config with random weights: exact resume is bit-identical to a
+// cold run, pages are causal (a prefix's pages do not depend on what follows), bounded
+// replay and CED stay close to their references, and bad input is refused precisely.
+#include "engine/model/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "engine/model/weights.h"
+#include "gtest/gtest.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::model {
+namespace {
+
+constexpr int64_t kChunk = 32;  // small pages so short prompts span several
+
+class ModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    config_ = new ModelConfig(*LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"));
+    const LayerSchedule s = *BuildLayerSchedule(*config_);
+    weights_ = dir_->File("mini.safetensors");
+    ASSERT_TRUE(WriteRandomWeights(*config_, s, 7, weights_).ok());
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(*config_, weights_, kChunk);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = m->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete config_;
+    delete dir_;
+  }
+  std::vector<uint32_t> Prompt(std::mt19937_64& rng, int64_t n) const {
+    std::vector<uint32_t> t(n);
+    for (uint32_t& v : t) v = static_cast<uint32_t>(rng() % config_->vocab_size);
+    return t;
+  }
+  static std::vector<uint8_t> Pages(const Sequence& s, int64_t chunks) {
+    std::vector<uint8_t> out;
+    for (int64_t c = 0; c < chunks; ++c) {
+      auto p = s.page(c);
+      out.insert(out.end(), p.begin(), p.end());
+    }
+    return out;
+  }
+  // Logits of the prompt's last position and of `steps` greedy decode steps.
+  static std::vector<std::vector<float>> Continue(Sequence& s, std::vector<float> first,
+                                                  int steps) {
+    std::vector<std::vector<float>> all = {first};
+    for (int i = 0; i < steps; ++i) {
+      const uint32_t next = static_cast<uint32_t>(
+          std::max_element(all.back().begin(), all.back().end()) - all.back().begin());
+      absl::StatusOr<std::vector<float>> l = model_->Decode(s, next);
+      EXPECT_TRUE(l.ok()) << l.status();
+      all.push_back(*l);
+    }
+    return all;
+  }
+
+  static testing::TempDir* dir_;
+  static ModelConfig* config_;
+  static std::string weights_;
+  static Model* model_;
+};
+testing::TempDir* ModelTest::dir_ = nullptr;
+ModelConfig* ModelTest::config_ = nullptr;
+std::string ModelTest::weights_;
+Model* ModelTest::model_ = nullptr;
+
+TEST_F(ModelTest, ExactResumeIsBitIdenticalToAColdRun) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  // New inputs shorter than the window (8), not multiples of the compress ratio (2) or
+  // candidate block (4), and longer ones; prefixes of one to several pages.
+  for (int64_t cached : {32, 64, 160}) {
+    for (int64_t fresh : {1, 3, 5, 7, 8, 13, 41}) {
+      const std::vector<uint32_t> prompt = Prompt(rng, cached + fresh);
+      Sequence cold = model_->NewSequence();
+      absl::StatusOr<std::vector<float>> c = model_->Prefill(cold, prompt, PrefillMode::kCed);
+      ASSERT_TRUE(c.ok()) << c.status();
+      Sequence prefix = model_->NewSequence();
+      ASSERT_TRUE(model_->Prefill(prefix, std::span(prompt).first(cached), PrefillMode::kCed).ok());
+      ASSERT_EQ(prefix.complete_chunks(), cached / kChunk);
+      Sequence warm = model_->NewSequence();
+      absl::StatusOr<std::vector<float>> w =
+          model_->Resume(warm, Pages(prefix, cached / kChunk), cached, prompt, ReplayMode::kExact);
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_LT(warm.last_stats().encoder_tokens, cold.last_stats().encoder_tokens + 1);
+      const auto a = Continue(cold, *c, 4), b = Continue(warm, *w, 4);
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)), 0)
+            << "cached " << cached << ", new " << fresh << ", step " << i;
+      }
+    }
+  }
+}
+
+TEST_F(ModelTest, PagesOfAPrefixDoNotDependOnWhatFollows) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 150);
+  Sequence whole = model_->NewSequence(), part = model_->NewSequence();
+  ASSERT_TRUE(model_->Prefill(whole, prompt, PrefillMode::kCed).ok());
+  ASSERT_TRUE(model_->Prefill(part, std::span(prompt).first(64), PrefillMode::kCed).ok());
+  EXPECT_EQ(whole.complete_chunks(), 150 / kChunk);
+  ASSERT_EQ(part.complete_chunks(), 2);
+  for (int64_t c = 0; c < 2; ++c) {
+    ASSERT_EQ(whole.page(c).size(), static_cast<size_t>(model_->layout().chunk_bytes));
+    EXPECT_TRUE(std::equal(whole.page(c).begin(), whole.page(c).end(), part.page(c).begin()))
+        << "page " << c;
+  }
+  // A page is not all zeros: it holds quantized rows with non-zero scales.
+  EXPECT_GT(
+      std::count_if(whole.page(0).begin(), whole.page(0).end(), [](uint8_t b) { return b != 0; }),
+      static_cast<long>(whole.page(0).size() / 2));
+  // Full depth writes the same encoder-layer rows (the decoder's differ: CED computes them
+  // from the encoder output, full depth from the same output, so they agree too).
+  Sequence deep = model_->NewSequence();
+  ASSERT_TRUE(model_->Prefill(deep, prompt, PrefillMode::kFullDepth).ok());
+  EXPECT_TRUE(std::equal(whole.page(1).begin(), whole.page(1).end(), deep.page(1).begin()));
+}
+
+// Bounded replay vs cold, CED vs full depth: how close, over a suite of prompts. The
+// bounds are what docs/model.md reports, with margin.
+TEST_F(ModelTest, BoundedReplayAndCedStayCloseToTheirReferences) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  int agree_bounded = 0, agree_ced = 0, total = 0;
+  double max_bounded = 0, max_ced = 0, sum_bounded = 0, sum_ced = 0;
+  int64_t logits = 0;
+  for (int i = 0; i < 10; ++i) {
+    const int64_t cached = 64 + 32 * (i % 3), fresh = 3 + 11 * i;
+    const std::vector<uint32_t> prompt = Prompt(rng, cached + fresh);
+    Sequence cold = model_->NewSequence(), deep = model_->NewSequence(),
+             prefix = model_->NewSequence(), warm = model_->NewSequence();
+    const auto c = Continue(cold, *model_->Prefill(cold, prompt, PrefillMode::kCed), 3);
+    const auto d = Continue(deep, *model_->Prefill(deep, prompt, PrefillMode::kFullDepth), 3);
+    ASSERT_TRUE(model_->Prefill(prefix, std::span(prompt).first(cached), PrefillMode::kCed).ok());
+    absl::StatusOr<std::vector<float>> w =
+        model_->Resume(warm, Pages(prefix, cached / kChunk), cached, prompt, ReplayMode::kBounded);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(warm.last_stats().replayed_tokens, config_->sliding_window);
+    const auto b = Continue(warm, *w, 3);
+    for (size_t s = 0; s < c.size(); ++s) {
+      auto argmax = [](const std::vector<float>& v) {
+        return std::max_element(v.begin(), v.end()) - v.begin();
+      };
+      agree_bounded += argmax(b[s]) == argmax(c[s]);
+      agree_ced += argmax(c[s]) == argmax(d[s]);
+      ++total;
+      for (size_t k = 0; k < c[s].size(); ++k) {
+        const double db = std::abs(b[s][k] - c[s][k]), dc = std::abs(c[s][k] - d[s][k]);
+        max_bounded = std::max(max_bounded, db);
+        max_ced = std::max(max_ced, dc);
+        sum_bounded += db;
+        sum_ced += dc;
+        ++logits;
+      }
+    }
+  }
+  const double mean_bounded = sum_bounded / logits, mean_ced = sum_ced / logits;
+  std::printf(
+      "bounded vs cold: top-1 %d/%d, mean |dlogit| %.4f, max %.4f; CED vs full depth: "
+      "top-1 %d/%d, mean |dlogit| %.4f, max %.4f\n",
+      agree_bounded, total, mean_bounded, max_bounded, agree_ced, total, mean_ced, max_ced);
+  EXPECT_GT(max_bounded, 0.0) << "bounded replay is an approximation; equal logits mean it "
+                                 "replayed everything";
+  EXPECT_GE(agree_bounded, total * 3 / 5);
+  EXPECT_GE(agree_ced, total * 3 / 5);
+  EXPECT_LT(mean_bounded, 0.5);
+  EXPECT_LT(mean_ced, 0.5);
+  EXPECT_LT(max_bounded, 10.0);
+  EXPECT_LT(max_ced, 10.0);
+}
+
+TEST_F(ModelTest, BadInputIsRefusedWithTheReason) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 100);
+  Sequence prefix = model_->NewSequence();
+  ASSERT_TRUE(model_->Prefill(prefix, std::span(prompt).first(64), PrefillMode::kCed).ok());
+  const std::vector<uint8_t> pages = Pages(prefix, 2);
+  auto resume = [&](std::span<const uint8_t> p, int64_t cached, std::span<const uint32_t> t) {
+    Sequence s = model_->NewSequence();
+    return model_->Resume(s, p, cached, t, ReplayMode::kExact).status();
+  };
+  absl::Status s = resume(pages, 48, prompt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("multiple of the chunk size 32"), std::string::npos) << s;
+  s = resume(pages, 64, std::span(prompt).first(64));
+  EXPECT_NE(s.message().find("must be shorter than the prompt"), std::string::npos) << s;
+  s = resume(std::span(pages).first(pages.size() - 1), 64, prompt);
+  EXPECT_NE(s.message().find("chunks need"), std::string::npos) << s;
+  std::vector<uint8_t> bad = pages;
+  const ChunkSection& scales = model_->layout().sections[1];  // a main-scales section
+  ASSERT_EQ(scales.kind, SectionKind::kMainScales);
+  bad[scales.offset] = 0x7F;  // E4M3 NaN
+  s = resume(bad, 64, prompt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  std::vector<uint32_t> oov = prompt;
+  oov[10] = static_cast<uint32_t>(config_->vocab_size);
+  Sequence t = model_->NewSequence();
+  s = model_->Prefill(t, oov, PrefillMode::kCed).status();
+  EXPECT_NE(s.message().find("token 10 is 512, outside the vocabulary"), std::string::npos) << s;
+  EXPECT_EQ(model_->Decode(t, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ModelTest, WeightsThatDoNotMatchTheConfigAreRefused) {
+  ModelConfig other = *config_;
+  other.hidden_size = 128;
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(other, weights_, kChunk);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("tensor \"embed.weight\" has shape [512, 256]; the config "
+                                      "needs [512, 128]"),
+            std::string::npos)
+      << m.status();
+  // A truncated file.
+  const std::string cut = dir_->File("cut.safetensors");
+  {
+    std::ifstream in(weights_, std::ios::binary);
+    std::string head(1000, '\0');
+    in.read(head.data(), 1000);
+    std::ofstream(cut, std::ios::binary) << head;
+  }
+  m = Model::Load(*config_, cut, kChunk);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("> file"), std::string::npos) << m.status();
+}
+
+TEST(EngramTest, ReferencePrimesMatchThePublishedVectors) {
+  absl::StatusOr<ModelConfig> c =
+      LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  // EngramPrimes also checks each layer's sum against engram_num_embeddings
+  // (384006168 and 384016682).
+  absl::StatusOr<std::vector<std::vector<int64_t>>> p = EngramPrimes(*c);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->size(), 2u);
+  ASSERT_EQ((*p)[0].size(), 24u);
+  EXPECT_EQ((*p)[0][0], 16000057);
+  EXPECT_EQ((*p)[0][1], 16000079);
+  EXPECT_EQ((*p)[0][2], 16000081);
+  EXPECT_EQ((*p)[1].back(), 16000889);
+  int64_t sum0 = 0, sum1 = 0;
+  for (int64_t v : (*p)[0]) sum0 += v;
+  for (int64_t v : (*p)[1]) sum1 += v;
+  EXPECT_EQ(sum0, 384006168);
+  EXPECT_EQ(sum1, 384016682);
+}
+
+}  // namespace
+}  // namespace kvc::model
