@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -54,8 +55,15 @@ struct LayerWeights {
   PackedMatrix gate;
   std::vector<float> gate_bias;
   std::vector<ExpertWeights> experts;
+  int64_t experts_per_token = 0;
   ExpertWeights shared;
   std::unique_ptr<EngramWeights> engram;
+};
+
+// The DSpark drafter's own tensors (its blocks are LayerWeights after the trunk's).
+struct DraftWeights {
+  PackedMatrix main_proj, markov_head;
+  std::vector<float> main_norm, norm, markov_embed;
 };
 
 // ---- per-sequence state ----
@@ -107,23 +115,41 @@ class ModelImpl {
   std::vector<float> embed;  // V × D
   std::vector<float> norm;
   PackedMatrix head;
-  std::vector<LayerWeights> layers;
+  std::vector<LayerWeights> layers;        // trunk, then draft layers
   std::vector<std::vector<double>> freqs;  // per layer
   int64_t decoder_full = -1;               // the decoder's Full layer (its global KV)
+  int64_t ND = 0;                          // DSpark draft layers
+  std::vector<int64_t> targets;            // DSpark target layers, in order
+  DraftWeights draft;
 
   absl::Status LoadWeights(const SafetensorsFile& f);
 
   // One pass of layers [l0, l1) over positions [a, b). X: (b−a) × hc × D, pre: (b−a) × hc.
   // `compress`: Full layers run their compressor on positions not yet compressed.
+  // `main_hidden` (optional): filled with each row's stream mean at the input of the DSpark
+  // target layers (rows × targets·D), for the drafter's rings.
   void RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
-                 std::vector<float>& X, std::vector<float>& pre, bool compress) const;
+                 std::vector<float>& X, std::vector<float>& pre, bool compress,
+                 std::vector<float>* main_hidden = nullptr) const;
+  // Writes the drafter's rings for positions [a, b) from their main hidden states.
+  void UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
+                        const std::vector<float>& main_hidden) const;
+  void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                      const std::vector<float>& x, std::vector<float>& out) const;
+  // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `gather`
+  // lists for each query, then the grouped low-rank output projection.
+  void AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
+                        const std::function<void(int64_t, std::vector<const float*>&)>& gather,
+                        std::vector<float>& out) const;
+  // Runs `tokens` after the sequence's last token; logits of every one.
+  std::vector<std::vector<float>> Extend(SequenceState& s, std::span<const uint32_t> tokens) const;
   // The decoder's global KV for positions [a, b) from the encoder output (CED).
   void CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vector<float> X,
                        const std::vector<float>& pre) const;
   std::vector<float> Embed(const SequenceState& s, int64_t a, int64_t b,
                            std::vector<float>* pre) const;
-  std::vector<float> Logits(const std::vector<float>& X, const std::vector<float>& pre,
-                            int64_t row) const;
+  std::vector<float> Logits(const std::vector<float>& X, const std::vector<float>& pre, int64_t row,
+                            const std::vector<float>* final_norm = nullptr) const;
   absl::Status CheckTokens(std::span<const uint32_t> tokens) const;
   void ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                    std::vector<float>& X) const;
@@ -168,7 +194,7 @@ int64_t FloorMod(int64_t a, int64_t m) {
 std::unique_ptr<SequenceState> ModelImpl::NewState() const {
   auto s = std::make_unique<SequenceState>();
   s->chunk_tokens = layout.chunk_tokens;
-  s->layers.resize(L);
+  s->layers.resize(L + ND);
   for (LayerState& ls : s->layers) {
     ls.ring.assign(win * hd, 0.0f);
     ls.ring_pos.assign(win, -1);
@@ -187,7 +213,7 @@ absl::Status ModelImpl::CheckTokens(std::span<const uint32_t> tokens) const {
 }
 
 absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
-  const std::vector<ParameterSpec> specs = TrunkParameters(c, sched);
+  const std::vector<ParameterSpec> specs = ModelParameters(c, sched);
   std::set<std::string> expected;
   for (const ParameterSpec& p : specs) expected.insert(p.name);
   for (const auto& [name, t] : f.tensors()) {
@@ -211,9 +237,9 @@ absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
   head = mat("head.weight", c.vocab_size, D);
   absl::StatusOr<std::vector<std::vector<int64_t>>> primes = EngramPrimes(c);
   if (!primes.ok()) return primes.status();
-  layers.resize(L);
-  for (int64_t l = 0; l < L; ++l) {
-    const LayerPlan& plan = sched.layers[l];
+  layers.resize(L + ND);
+  // What every block has (trunk and draft).
+  auto load_block = [&](int64_t l, int64_t experts, int64_t per_token) {
     LayerWeights& w = layers[l];
     const std::string p = absl::StrCat("layers.", l, ".");
     w.attn_norm = take(p + "attn_norm.weight");
@@ -240,6 +266,37 @@ absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
           c.o_lora_rank, gw);
     }
     a.wo_b = mat(at + "wo_b.weight", D, G * c.o_lora_rank);
+    const std::string ff = p + "ffn.";
+    w.gate = mat(ff + "gate.weight", experts, D);
+    w.gate_bias = take(ff + "gate.bias");
+    const int64_t I = c.moe_intermediate_size;
+    auto expert = [&](const std::string& e) {
+      return ExpertWeights{mat(e + "w1.weight", I, D), mat(e + "w3.weight", I, D),
+                           mat(e + "w2.weight", D, I)};
+    };
+    for (int64_t e = 0; e < experts; ++e)
+      w.experts.push_back(expert(absl::StrCat(ff, "experts.", e, ".")));
+    w.experts_per_token = per_token;
+    w.shared = expert(ff + "shared_experts.");
+  };
+  for (int64_t l = L; l < L + ND; ++l) {
+    load_block(l, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok);
+  }
+  if (ND > 0) {
+    const int64_t nt = static_cast<int64_t>(targets.size());
+    draft.main_proj = mat("dspark.main_proj.weight", D, nt * D);
+    draft.main_norm = take("dspark.main_norm.weight");
+    draft.norm = take("dspark.norm.weight");
+    draft.markov_embed = take("dspark.markov.embed");
+    draft.markov_head = mat("dspark.markov.head", c.vocab_size, c.dspark_markov_rank);
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerPlan& plan = sched.layers[l];
+    load_block(l, c.n_routed_experts, c.num_experts_per_tok);
+    LayerWeights& w = layers[l];
+    AttentionWeights& a = w.attn;
+    const std::string p = absl::StrCat("layers.", l, ".");
+    const std::string at = p + "attn.";
     if (plan.mode == AttentionMode::kFull) {
       a.c_wkv = mat(at + "compressor.wkv.weight", hd, D);
       if (plan.compress_ratio > 1) a.c_wgate = mat(at + "compressor.wgate.weight", hd, D);
@@ -251,17 +308,6 @@ absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
       a.i_wq_b = mat(at + "indexer.wq_b.weight", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
       a.i_weights = mat(at + "indexer.weights_proj.weight", c.index_n_heads, D);
     }
-    const std::string ff = p + "ffn.";
-    w.gate = mat(ff + "gate.weight", c.n_routed_experts, D);
-    w.gate_bias = take(ff + "gate.bias");
-    const int64_t I = c.moe_intermediate_size;
-    auto expert = [&](const std::string& e) {
-      return ExpertWeights{mat(e + "w1.weight", I, D), mat(e + "w3.weight", I, D),
-                           mat(e + "w2.weight", D, I)};
-    };
-    for (int64_t e = 0; e < c.n_routed_experts; ++e)
-      w.experts.push_back(expert(absl::StrCat(ff, "experts.", e, ".")));
-    w.shared = expert(ff + "shared_experts.");
     if (plan.has_engram) {
       size_t slot = 0;
       while (c.engram_layer_ids[slot] != l) ++slot;
@@ -538,28 +584,47 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       selected = &topk.at(plan.topk_layer);
     }
   }
-  // Sparse MQA: each query attends its window and its selected compressed rows; the
-  // sink enters the denominator only.
+  // Each query attends its window and its selected compressed rows.
+  AttendAndProject(
+      l, a, rows, q,
+      [&](int64_t r, std::vector<const float*>& keys) {
+        const int64_t i = a + r;
+        for (int64_t p = std::max(ls.window_start, i - win + 1); p <= i; ++p) {
+          if (p >= a) {
+            keys.push_back(&kv[(p - a) * hd]);
+          } else {
+            KVC_CHECK(ls.ring_pos[p % win] == p)
+                << "layer " << l << ": window row " << p << " missing";
+            keys.push_back(&ls.ring[(p % win) * hd]);
+          }
+        }
+        if (selected != nullptr) {
+          for (int32_t j : (*selected)[r]) keys.push_back(&kv_src->main_f[j * hd]);
+        }
+      },
+      out);
+  // The window ring keeps the last `win` rows of this pass.
+  for (int64_t p = std::max(a, b - win); p < b; ++p) {
+    std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,
+              ls.ring.begin() + (p % win) * hd);
+    ls.ring_pos[p % win] = p;
+  }
+}
+
+void ModelImpl::AttendAndProject(
+    int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
+    const std::function<void(int64_t, std::vector<const float*>&)>& gather,
+    std::vector<float>& out) const {
+  const AttentionWeights& w = layers[l].attn;
+  // Sparse MQA: the same row is key and value; the sink enters the denominator only.
   std::vector<float> o(rows * H * hd);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {
     std::vector<const float*> keys;
     std::vector<float> sc;
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t i = a + r;
       keys.clear();
-      for (int64_t p = std::max(ls.window_start, i - win + 1); p <= i; ++p) {
-        if (p >= a) {
-          keys.push_back(&kv[(p - a) * hd]);
-        } else {
-          KVC_CHECK(ls.ring_pos[p % win] == p)
-              << "layer " << l << ": window row " << p << " missing";
-          keys.push_back(&ls.ring[(p % win) * hd]);
-        }
-      }
-      if (selected != nullptr) {
-        for (int32_t j : (*selected)[r]) keys.push_back(&kv_src->main_f[j * hd]);
-      }
+      gather(r, keys);
       sc.resize(keys.size());
       for (int64_t h = 0; h < H; ++h) {
         const float* qh = &q[(r * H + h) * hd];
@@ -579,16 +644,10 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
         }
         den += std::exp(w.sink[h] - mx);
         for (int64_t e = 0; e < hd; ++e) oh[e] /= den;
-        cpu::ApplyRope(oh, hd, freqs[l], i, /*inverse=*/true);
+        cpu::ApplyRope(oh, hd, freqs[l], a + r, /*inverse=*/true);
       }
     }
   });
-  // The window ring keeps the last `win` rows of this pass.
-  for (int64_t p = std::max(a, b - win); p < b; ++p) {
-    std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,
-              ls.ring.begin() + (p % win) * hd);
-    ls.ring_pos[p % win] = p;
-  }
   // Grouped low-rank output.
   const int64_t G = c.o_groups, gw = H * hd / G, ol = c.o_lora_rank;
   std::vector<float> u(rows * G * ol);
@@ -604,10 +663,64 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   out = Linear(u, rows, w.wo_b);
 }
 
+void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                               const std::vector<float>& x, std::vector<float>& out) const {
+  const AttentionWeights& w = layers[l].attn;
+  const LayerState& ls = s.layers[l];
+  const int64_t rows = b - a;
+  std::vector<float> qr = Linear(x, rows, w.wq_a);
+  NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
+  std::vector<float> q = Linear(qr, rows, w.wq_b);
+  std::vector<float> kv = Linear(x, rows, w.wkv);  // the draft block's own rows, never stored
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
+    float* k = &kv[r * hd];
+    cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
+    cpu::ApplyRope(k, hd, freqs[l], a + r);
+    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
+  }
+  // Every draft query sees the main model's window (accepted positions, from the ring, in
+  // position order) and the whole draft block: attention inside the block is bidirectional.
+  AttendAndProject(
+      l, a, rows, q,
+      [&](int64_t, std::vector<const float*>& keys) {
+        for (int64_t p = std::max<int64_t>(0, a - win); p < a; ++p) {
+          if (ls.ring_pos[p % win] == p) keys.push_back(&ls.ring[(p % win) * hd]);
+        }
+        for (int64_t r = 0; r < rows; ++r) keys.push_back(&kv[r * hd]);
+      },
+      out);
+}
+
+void ModelImpl::UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
+                                 const std::vector<float>& main_hidden) const {
+  if (ND == 0) return;
+  const int64_t first = std::max(a, b - win), rows = b - first;
+  const int64_t width = static_cast<int64_t>(targets.size()) * D;
+  std::vector<float> mh(main_hidden.begin() + (first - a) * width, main_hidden.end());
+  std::vector<float> mx = Linear(mh, rows, draft.main_proj);
+  NormRows(mx, rows, D, draft.main_norm, c.rms_norm_eps);
+  for (int64_t l = L; l < L + ND; ++l) {
+    const AttentionWeights& w = layers[l].attn;
+    LayerState& ls = s.layers[l];
+    std::vector<float> kv = Linear(mx, rows, w.wkv);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = first + r;
+      float* k = &kv[r * hd];
+      cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
+      cpu::ApplyRope(k, hd, freqs[l], p);
+      FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
+      std::copy(k, k + hd, ls.ring.begin() + (p % win) * hd);
+      ls.ring_pos[p % win] = p;
+    }
+  }
+}
+
 void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows,
                     std::vector<float>& out) const {
   const LayerWeights& w = layers[l];
-  const int64_t E_ = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  const int64_t E_ = static_cast<int64_t>(w.experts.size()), k = w.experts_per_token,
+                I = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
   const std::vector<float> logits = Linear(x, rows, w.gate);
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(E_);  // (row, weight)
@@ -658,7 +771,8 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows,
 }
 
 void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
-                          std::vector<float>& X, std::vector<float>& pre, bool compress) const {
+                          std::vector<float>& X, std::vector<float>& pre, bool compress,
+                          std::vector<float>* main_hidden) const {
   const int64_t rows = b - a, mix = (2 + hc) * hc;
   std::map<int64_t, std::vector<std::vector<int32_t>>> topk;
   std::vector<std::vector<uint8_t>> pool;
@@ -682,6 +796,18 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   for (int64_t l = l0; l < l1; ++l) {
     const LayerWeights& w = layers[l];
     if (w.engram) ApplyEngram(s, l, a, b, X);
+    if (main_hidden != nullptr && l < L && sched.layers[l].is_dspark_target) {
+      const int64_t t = std::find(targets.begin(), targets.end(), l) - targets.begin();
+      const int64_t width = static_cast<int64_t>(targets.size()) * D;
+      main_hidden->resize(rows * width);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < D; ++i) {
+          float m = 0.0f;
+          for (int64_t k = 0; k < hc; ++k) m += X[(r * hc + k) * D + i];
+          (*main_hidden)[r * width + t * D + i] = m / static_cast<float>(hc);
+        }
+      }
+    }
     // Attention sublayer: its input mixes with the previous sublayer's coefficients.
     R = X;
     mixes(w, 0);
@@ -690,7 +816,11 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
       std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
     }
-    Attention(s, l, a, b, xin, compress, y, topk, pool);
+    if (l < L) {
+      Attention(s, l, a, b, xin, compress, y, topk, pool);
+    } else {
+      DraftAttention(s, l, a, b, xin, y);
+    }
     for (int64_t r = 0; r < rows; ++r)
       cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
     // MoE sublayer.
@@ -722,10 +852,10 @@ void ModelImpl::CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vec
 }
 
 std::vector<float> ModelImpl::Logits(const std::vector<float>& X, const std::vector<float>& pre,
-                                     int64_t row) const {
+                                     int64_t row, const std::vector<float>* final_norm) const {
   std::vector<float> x(D), logits(c.vocab_size);
   cpu::HcPre(&X[row * hc * D], &pre[row * hc], hc, D, x.data());
-  cpu::RmsNorm(x.data(), norm.data(), D, c.rms_norm_eps, x.data());
+  cpu::RmsNorm(x.data(), (final_norm ? final_norm : &norm)->data(), D, c.rms_norm_eps, x.data());
   cpu::Gemm(x.data(), 1, head, logits.data());
   return logits;
 }
@@ -757,6 +887,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
   m->win = config.sliding_window;
   m->E = m->sched.encoder_layers;
   m->L = config.num_hidden_layers;
+  m->ND = config.num_nextn_predict_layers;
+  m->targets = config.dspark_target_layer_ids;
   // What this engine supports, checked up front with the key that breaks it.
   if ((m->H * m->hd) % config.o_groups != 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_attention_heads × head_dim (", m->H * m->hd,
@@ -787,7 +919,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
     return absl::InvalidArgumentError(absl::StrCat(
         "the first decoder layer (", m->E, ") must be the decoder's only Full layer (CED)"));
   }
-  for (int64_t l = 0; l < m->L; ++l) {
+  for (int64_t l = 0; l < m->L + m->ND; ++l) {
     const bool compressed = config.compress_ratios[l] > 0;
     m->freqs.push_back(cpu::RopeFrequencies(
         m->rd, compressed ? config.compress_rope_theta : config.rope_theta,
@@ -827,8 +959,10 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   s.stats = {};
   std::vector<float> pre;
   std::vector<float> X = m.Embed(s, 0, n, &pre);
+  std::vector<float> main_hidden;
   if (mode == PrefillMode::kFullDepth) {
-    m.RunLayers(s, 0, m.L, 0, n, X, pre, /*compress=*/true);
+    m.RunLayers(s, 0, m.L, 0, n, X, pre, /*compress=*/true, &main_hidden);
+    m.UpdateDraftRings(s, 0, n, main_hidden);
     s.stats.encoder_tokens = s.stats.decoder_tokens = n;
     UpdateFullTokens(m, s);
     return m.Logits(X, pre, n - 1);
@@ -839,7 +973,8 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
   std::vector<float> Xs(X.begin() + seg * m.hc * m.D, X.end());
   std::vector<float> ps(pre.begin() + seg * m.hc, pre.end());
-  m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false);
+  m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false, &main_hidden);
+  m.UpdateDraftRings(s, seg, n, main_hidden);
   s.stats.encoder_tokens = n;
   s.stats.compressed_tokens = n;
   s.stats.decoder_tokens = n - seg;
@@ -847,20 +982,113 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   return m.Logits(Xs, ps, n - seg - 1);
 }
 
+std::vector<std::vector<float>> ModelImpl::Extend(SequenceState& s,
+                                                  std::span<const uint32_t> tokens) const {
+  const int64_t p = static_cast<int64_t>(s.tokens.size()), k = static_cast<int64_t>(tokens.size());
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  std::vector<float> pre, main_hidden;
+  std::vector<float> X = Embed(s, p, p + k, &pre);
+  RunLayers(s, 0, L, p, p + k, X, pre, /*compress=*/true, &main_hidden);
+  UpdateDraftRings(s, p, p + k, main_hidden);
+  s.stats = {
+      .encoder_tokens = k, .decoder_tokens = k, .replayed_tokens = 0, .compressed_tokens = k};
+  UpdateFullTokens(*this, s);
+  std::vector<std::vector<float>> out;
+  for (int64_t r = 0; r < k; ++r) out.push_back(Logits(X, pre, r));
+  return out;
+}
+
 absl::StatusOr<std::vector<float>> Model::Decode(Sequence& seq, uint32_t token) const {
+  absl::StatusOr<std::vector<std::vector<float>>> l = Extend(seq, std::span(&token, 1));
+  if (!l.ok()) return l.status();
+  return std::move((*l)[0]);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Model::Extend(
+    Sequence& seq, std::span<const uint32_t> tokens) const {
   const ModelImpl& m = *impl_;
   SequenceState& s = *seq.s_;
   if (s.tokens.empty()) return absl::FailedPreconditionError("Decode needs a prefilled sequence");
-  if (absl::Status st = m.CheckTokens(std::span(&token, 1)); !st.ok()) return st;
-  const int64_t p = static_cast<int64_t>(s.tokens.size());
-  s.tokens.push_back(token);
-  std::vector<float> pre;
-  std::vector<float> X = m.Embed(s, p, p + 1, &pre);
-  m.RunLayers(s, 0, m.L, p, p + 1, X, pre, /*compress=*/true);
-  s.stats = {
-      .encoder_tokens = 1, .decoder_tokens = 1, .replayed_tokens = 0, .compressed_tokens = 1};
-  UpdateFullTokens(m, s);
-  return m.Logits(X, pre, 0);
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
+  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
+  return m.Extend(s, tokens);
+}
+
+bool Model::has_drafter() const { return impl_->ND > 0; }
+
+absl::StatusOr<std::vector<uint32_t>> Model::Draft(Sequence& seq, uint32_t next) const {
+  const ModelImpl& m = *impl_;
+  SequenceState& s = *seq.s_;
+  if (m.ND == 0) return absl::FailedPreconditionError("the config has no DSpark draft layers");
+  if (s.tokens.empty()) return absl::FailedPreconditionError("Draft needs a prefilled sequence");
+  if (absl::Status st = m.CheckTokens(std::span(&next, 1)); !st.ok()) return st;
+  const int64_t B = m.c.dspark_block_size, a = static_cast<int64_t>(s.tokens.size());
+  // The block: the next token, then noise placeholders, at the positions after it.
+  std::vector<float> X(B * m.hc * m.D), pre(B * m.hc, 0.0f);
+  for (int64_t r = 0; r < B; ++r) {
+    const uint32_t id = r == 0 ? next : static_cast<uint32_t>(m.c.dspark_noise_token_id);
+    const float* e = m.embed.data() + static_cast<int64_t>(id) * m.D;
+    for (int64_t k = 0; k < m.hc; ++k) std::copy(e, e + m.D, X.data() + (r * m.hc + k) * m.D);
+    pre[r * m.hc] = 1.0f;
+  }
+  m.RunLayers(s, m.L, m.L + m.ND, a, a + B, X, pre, /*compress=*/false);
+  // Row i proposes the token after position a + i, with the Markov head's bigram bias from
+  // the token before it (the real next token for row 0, then the drafts).
+  std::vector<uint32_t> drafts;
+  uint32_t prev = next;
+  const int64_t rank = m.c.dspark_markov_rank;
+  std::vector<float> bias(m.c.vocab_size);
+  for (int64_t r = 0; r < B; ++r) {
+    std::vector<float> logits = m.Logits(X, pre, r, &m.draft.norm);
+    cpu::Gemm(m.draft.markov_embed.data() + static_cast<int64_t>(prev) * rank, 1,
+              m.draft.markov_head, bias.data());
+    for (int64_t v = 0; v < m.c.vocab_size; ++v) logits[v] += bias[v];
+    prev = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    drafts.push_back(prev);
+  }
+  return drafts;
+}
+
+struct SequenceCheckpoint::Layer {
+  std::vector<float> ring, pend_kv, pend_score;
+  std::vector<int64_t> ring_pos;
+  int64_t pend_rows = 0, entries = 0;
+};
+
+SequenceCheckpoint::SequenceCheckpoint() = default;
+SequenceCheckpoint::~SequenceCheckpoint() = default;
+
+SequenceCheckpoint Model::Checkpoint(const Sequence& seq) const {
+  const SequenceState& s = *seq.s_;
+  SequenceCheckpoint cp;
+  cp.tokens_ = static_cast<int64_t>(s.tokens.size());
+  cp.full_tokens_ = s.full_tokens_;
+  for (const LayerState& ls : s.layers) {
+    cp.layers_.push_back(
+        {ls.ring, ls.pend_kv, ls.pend_score, ls.ring_pos, ls.pend_rows, ls.entries});
+  }
+  return cp;
+}
+
+void Model::Rollback(Sequence& seq, const SequenceCheckpoint& cp) const {
+  SequenceState& s = *seq.s_;
+  KVC_CHECK(cp.tokens_ <= static_cast<int64_t>(s.tokens.size()));
+  s.tokens.resize(cp.tokens_);
+  s.full_tokens_ = cp.full_tokens_;
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    LayerState& ls = s.layers[l];
+    const SequenceCheckpoint::Layer& c = cp.layers_[l];
+    ls.ring = c.ring;
+    ls.ring_pos = c.ring_pos;
+    ls.pend_kv = c.pend_kv;
+    ls.pend_score = c.pend_score;
+    ls.pend_rows = c.pend_rows;
+    // Rows emitted after the checkpoint are dropped; their page bytes are rewritten when
+    // the positions are compressed again.
+    ls.entries = c.entries;
+    ls.main_f.resize(c.entries * impl_->hd);
+    ls.index_f.resize(c.entries * impl_->c.index_head_dim);
+  }
 }
 
 absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, std::span<const uint8_t> pages,
@@ -942,7 +1170,9 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, std::span<const 
   KVC_CHECK(seg >= start);
   std::vector<float> Xs(X.begin() + (seg - start) * m.hc * m.D, X.end());
   std::vector<float> ps(pre.begin() + (seg - start) * m.hc, pre.end());
-  m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false);
+  std::vector<float> main_hidden;
+  m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false, &main_hidden);
+  m.UpdateDraftRings(s, seg, n, main_hidden);
   s.stats.encoder_tokens = n - start;
   s.stats.replayed_tokens = cached - start;
   s.stats.compressed_tokens = n - cached;

@@ -48,6 +48,20 @@ struct ForwardStats {
 
 class SequenceState;
 
+// What Rollback needs to undo tokens run after it (speculative verification).
+class SequenceCheckpoint {
+ public:
+  SequenceCheckpoint();
+  ~SequenceCheckpoint();
+  SequenceCheckpoint(SequenceCheckpoint&&) noexcept = default;
+
+ private:
+  friend class Model;
+  struct Layer;
+  int64_t tokens_ = 0, full_tokens_ = 0;
+  std::vector<Layer> layers_;
+};
+
 class Sequence {
  public:
   ~Sequence();
@@ -85,6 +99,17 @@ class Model {
                                              PrefillMode mode) const;
   // Appends one token; returns its logits.
   absl::StatusOr<std::vector<float>> Decode(Sequence& seq, uint32_t token) const;
+  // Appends several tokens in one pass; the logits of each. Bit-identical to decoding them
+  // one by one (every op is batch invariant), which is what makes verification lossless.
+  absl::StatusOr<std::vector<std::vector<float>>> Extend(Sequence& seq,
+                                                         std::span<const uint32_t> tokens) const;
+
+  // DSpark: proposes dspark_block_size tokens to follow `next` (the token about to be
+  // appended), greedily, from the drafter's view of the sequence. Does not change `seq`.
+  bool has_drafter() const;
+  absl::StatusOr<std::vector<uint32_t>> Draft(Sequence& seq, uint32_t next) const;
+  SequenceCheckpoint Checkpoint(const Sequence& seq) const;
+  void Rollback(Sequence& seq, const SequenceCheckpoint& checkpoint) const;
   // On an empty sequence: imports `pages` (P / chunk_tokens whole chunks, in order, for
   // the first P tokens of `tokens`) and runs the rest of `tokens` (P < tokens.size()).
   absl::StatusOr<std::vector<float>> Resume(Sequence& seq, std::span<const uint8_t> pages,

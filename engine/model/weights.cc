@@ -84,7 +84,7 @@ bool IsPrime(int64_t n) {
 
 }  // namespace
 
-std::vector<ParameterSpec> TrunkParameters(const ModelConfig& c, const LayerSchedule& schedule) {
+std::vector<ParameterSpec> ModelParameters(const ModelConfig& c, const LayerSchedule& schedule) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, G = c.o_groups,
                 hc = c.hc_mult, mix = (2 + hc) * hc;
   std::vector<ParameterSpec> out;
@@ -92,8 +92,9 @@ std::vector<ParameterSpec> TrunkParameters(const ModelConfig& c, const LayerSche
     out.push_back({std::move(name), std::move(shape), kind});
   };
   add("embed.weight", {c.vocab_size, D}, InitKind::kEmbedding);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerPlan& plan = schedule.layers[l];
+  // What every block has (trunk and draft): norms, hc mixes, the SWA side of attention,
+  // the output projections and an MoE of `experts` routed experts plus a shared one.
+  auto block = [&](int64_t l, int64_t experts) {
     const std::string p = absl::StrCat("layers.", l, ".");
     add(p + "attn_norm.weight", {D}, InitKind::kNorm);
     add(p + "ffn_norm.weight", {D}, InitKind::kNorm);
@@ -111,6 +112,22 @@ std::vector<ParameterSpec> TrunkParameters(const ModelConfig& c, const LayerSche
     add(a + "attn_sink", {H}, InitKind::kSink);
     add(a + "wo_a.weight", {G * c.o_lora_rank, H * hd / G}, InitKind::kLinear);
     add(a + "wo_b.weight", {D, G * c.o_lora_rank}, InitKind::kOutLinear);
+    const std::string f = p + "ffn.";
+    add(f + "gate.weight", {experts, D}, InitKind::kLinear);
+    add(f + "gate.bias", {experts}, InitKind::kSmall);
+    const int64_t I = c.moe_intermediate_size;
+    auto expert = [&](const std::string& e) {
+      add(e + "w1.weight", {I, D}, InitKind::kLinear);
+      add(e + "w3.weight", {I, D}, InitKind::kLinear);
+      add(e + "w2.weight", {D, I}, InitKind::kOutLinear);
+    };
+    for (int64_t e = 0; e < experts; ++e) expert(absl::StrCat(f, "experts.", e, "."));
+    expert(f + "shared_experts.");
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerPlan& plan = schedule.layers[l];
+    block(l, c.n_routed_experts);
+    const std::string a = absl::StrCat("layers.", l, ".attn.");
     if (plan.mode == AttentionMode::kFull) {
       add(a + "compressor.wkv.weight", {hd, D}, InitKind::kLinear);
       if (plan.compress_ratio > 1) add(a + "compressor.wgate.weight", {hd, D}, InitKind::kLinear);
@@ -123,23 +140,12 @@ std::vector<ParameterSpec> TrunkParameters(const ModelConfig& c, const LayerSche
           InitKind::kLinear);
       add(a + "indexer.weights_proj.weight", {c.index_n_heads, D}, InitKind::kLinear);
     }
-    const std::string f = p + "ffn.";
-    add(f + "gate.weight", {c.n_routed_experts, D}, InitKind::kLinear);
-    add(f + "gate.bias", {c.n_routed_experts}, InitKind::kSmall);
-    const int64_t I = c.moe_intermediate_size;
-    auto expert = [&](const std::string& e) {
-      add(e + "w1.weight", {I, D}, InitKind::kLinear);
-      add(e + "w3.weight", {I, D}, InitKind::kLinear);
-      add(e + "w2.weight", {D, I}, InitKind::kOutLinear);
-    };
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) expert(absl::StrCat(f, "experts.", e, "."));
-    expert(f + "shared_experts.");
     if (plan.has_engram) {
       size_t slot = 0;
       while (c.engram_layer_ids[slot] != l) ++slot;
       const int64_t orders = c.engram_max_ngram_size - 1;
       const int64_t width = orders * c.engram_n_heads * c.engram_head_dim;
-      const std::string e = p + "engram.";
+      const std::string e = absl::StrCat("layers.", l, ".engram.");
       add(e + "table", {c.engram_num_embeddings[slot], c.engram_head_dim}, InitKind::kTable);
       add(e + "wkv.weight", {(hc + 1) * D, width}, InitKind::kLinear);
       add(e + "qw", {hc, D}, InitKind::kNorm);
@@ -148,13 +154,27 @@ std::vector<ParameterSpec> TrunkParameters(const ModelConfig& c, const LayerSche
   }
   add("norm.weight", {D}, InitKind::kNorm);
   add("head.weight", {c.vocab_size, D}, InitKind::kLinear);
+  // DSpark drafter: its blocks (SWA attention over the main model's hidden states and the
+  // draft block, an MoE of its own), the main-hidden projection, its final norm and the
+  // Markov head's low-rank bigram bias. The output head is the trunk's (tied).
+  if (c.num_nextn_predict_layers > 0) {
+    const int64_t targets = static_cast<int64_t>(c.dspark_target_layer_ids.size());
+    add("dspark.main_proj.weight", {D, targets * D}, InitKind::kLinear);
+    add("dspark.main_norm.weight", {D}, InitKind::kNorm);
+    add("dspark.norm.weight", {D}, InitKind::kNorm);
+    add("dspark.markov.embed", {c.vocab_size, c.dspark_markov_rank}, InitKind::kEmbedding);
+    add("dspark.markov.head", {c.vocab_size, c.dspark_markov_rank}, InitKind::kLinear);
+    for (int64_t l = c.num_hidden_layers; l < c.total_layers(); ++l) {
+      block(l, c.dspark_n_routed_experts);
+    }
+  }
   return out;
 }
 
 absl::Status WriteRandomWeights(const ModelConfig& config, const LayerSchedule& schedule,
                                 uint64_t seed, const std::string& path) {
   std::vector<NamedTensor> tensors;
-  for (const ParameterSpec& p : TrunkParameters(config, schedule)) {
+  for (const ParameterSpec& p : ModelParameters(config, schedule)) {
     tensors.push_back({p.name, p.shape, Fill(p, config, seed)});
   }
   return WriteSafetensors(path, tensors,

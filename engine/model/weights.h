@@ -13,8 +13,11 @@
 //   layers.L.ffn.experts.e.{w1,w3 [I, D], w2 [D, I]}; layers.L.ffn.shared_experts.{w1,w3,w2}
 //   Engram layers: layers.L.engram.{table [rows, engram_head_dim],
 //                  wkv [(hc+1)·D, orders·heads·engram_head_dim], qw [hc, D], kw [hc, D]}
-// All float32 in the file (BF16 is accepted and widened). The DSpark draft layers are not
-// part of this set yet.
+//   DSpark: dspark.{main_proj [D, targets·D], main_norm [D], norm [D],
+//           markov.embed [V, rank], markov.head [V, rank]}; draft layers L ≥ num_hidden_layers
+//           carry the SWA-only attention, hc and norm tensors above and an MoE of
+//           dspark_n_routed_experts experts.
+// All float32 in the file (BF16 is accepted and widened).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +51,8 @@ struct ParameterSpec {
   InitKind init = InitKind::kLinear;
 };
 
-// Every tensor the trunk needs, in a fixed order.
-std::vector<ParameterSpec> TrunkParameters(const ModelConfig& config,
+// Every tensor the model needs (trunk, then DSpark), in a fixed order.
+std::vector<ParameterSpec> ModelParameters(const ModelConfig& config,
                                            const LayerSchedule& schedule);
 
 // Writes deterministic random weights for `config` (same config + seed: same bytes).

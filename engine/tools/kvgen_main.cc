@@ -2,7 +2,7 @@
 //
 //   kvgen --config C --weights W --prompt FILE --max-new-tokens N [--greedy] [--seed S]
 //         [--resume-at P --replay exact|bounded|full] [--no-ced] [--chunk-tokens C]
-//         [--dump-logits FILE] --json
+//         [--dspark] [--dump-logits FILE] --json
 //
 // FILE holds token ids separated by whitespace. With --resume-at P, kvgen runs a cold
 // prefill of the first P tokens, takes their pages (P / chunk_tokens whole chunks), starts
@@ -24,6 +24,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "engine/model/generate.h"
 #include "engine/model/model.h"
 #include "engine/spec/model_config.h"
 #include "nlohmann/json.hpp"
@@ -85,7 +86,7 @@ double Ms(Clock::time_point a, Clock::time_point b) {
 absl::Status Run(const std::string& config_path, const std::string& weights_path,
                  const std::string& prompt_path, int64_t max_new, bool greedy, uint64_t seed,
                  int64_t resume_at, const std::string& replay, bool no_ced, int64_t chunk_tokens,
-                 const std::string& dump_path) {
+                 const std::string& dump_path, bool dspark) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
   if (!config.ok()) return config.status();
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
@@ -149,18 +150,36 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   if (!logits.ok()) return logits.status();
   const double ttft = Ms(t0, Clock::now());
   const model::ForwardStats stats = seq.last_stats();
-  uint64_t rng = seed;
   std::vector<uint32_t> generated;
   const auto d0 = Clock::now();
-  while (static_cast<int64_t>(generated.size()) < max_new) {
+  if (greedy) {
+    absl::StatusOr<model::Generation> g =
+        model::GenerateGreedy(m, seq, *std::move(logits), max_new, dspark);
+    if (!g.ok()) return g.status();
+    generated = g->tokens;
     if (dump.is_open()) {
-      dump.write(reinterpret_cast<const char*>(logits->data()),
-                 static_cast<std::streamsize>(logits->size() * sizeof(float)));
+      for (const std::vector<float>& l : g->logits)
+        dump.write(reinterpret_cast<const char*>(l.data()),
+                   static_cast<std::streamsize>(l.size() * sizeof(float)));
     }
-    generated.push_back(Sample(*logits, greedy, rng));
-    if (static_cast<int64_t>(generated.size()) == max_new) break;
-    logits = m.Decode(seq, generated.back());
-    if (!logits.ok()) return logits.status();
+    if (dspark) {
+      out["dspark"] = {{"drafted", g->drafted},
+                       {"accepted", g->accepted},
+                       {"acceptance", g->acceptance()},
+                       {"main_passes", g->main_passes}};
+    }
+  } else {
+    uint64_t rng = seed;
+    while (static_cast<int64_t>(generated.size()) < max_new) {
+      if (dump.is_open()) {
+        dump.write(reinterpret_cast<const char*>(logits->data()),
+                   static_cast<std::streamsize>(logits->size() * sizeof(float)));
+      }
+      generated.push_back(Sample(*logits, /*greedy=*/false, rng));
+      if (static_cast<int64_t>(generated.size()) == max_new) break;
+      logits = m.Decode(seq, generated.back());
+      if (!logits.ok()) return logits.status();
+    }
   }
   const double decode_s = std::chrono::duration<double>(Clock::now() - d0).count();
   out["prompt_tokens"] = n;
@@ -206,12 +225,12 @@ int Main(int argc, char** argv) {
     std::cerr << "kvgen: error: " << e.what() << " (run kvgen --help)\n";
     return 2;
   }
-  if (dspark) {
-    std::cerr << "kvgen: error: --dspark: the DSpark drafter is not built yet\n";
+  if (dspark && !greedy) {
+    std::cerr << "kvgen: error: --dspark needs --greedy (speculative sampling is greedy here)\n";
     return 2;
   }
   absl::Status s = Run(config_path, weights_path, prompt_path, max_new, greedy, seed, resume_at,
-                       replay, no_ced, chunk_tokens, dump_path);
+                       replay, no_ced, chunk_tokens, dump_path, dspark);
   if (!s.ok()) {
     std::cerr << "kvgen: error: " << s.message() << "\n";
     return 1;

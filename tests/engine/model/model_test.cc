@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "engine/model/generate.h"
 #include "engine/model/weights.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
@@ -226,6 +227,69 @@ TEST_F(ModelTest, WeightsThatDoNotMatchTheConfigAreRefused) {
   m = Model::Load(*config_, cut, kChunk);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("> file"), std::string::npos) << m.status();
+}
+
+TEST_F(ModelTest, ExtendingSeveralTokensEqualsDecodingThemOneByOne) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 70), more = Prompt(rng, 9);
+  Sequence one = model_->NewSequence(), many = model_->NewSequence();
+  ASSERT_TRUE(model_->Prefill(one, prompt, PrefillMode::kCed).ok());
+  ASSERT_TRUE(model_->Prefill(many, prompt, PrefillMode::kCed).ok());
+  std::vector<std::vector<float>> singles;
+  for (uint32_t t : more) singles.push_back(*model_->Decode(one, t));
+  absl::StatusOr<std::vector<std::vector<float>>> batch = model_->Extend(many, more);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  for (size_t i = 0; i < more.size(); ++i) {
+    ASSERT_EQ(std::memcmp(singles[i].data(), (*batch)[i].data(), singles[i].size() * 4), 0) << i;
+  }
+  EXPECT_EQ(many.complete_chunks(), one.complete_chunks());
+  for (int64_t c = 0; c < one.complete_chunks(); ++c) {
+    EXPECT_TRUE(std::equal(one.page(c).begin(), one.page(c).end(), many.page(c).begin()));
+  }
+}
+
+TEST_F(ModelTest, RollbackUndoesTokensExactly) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 61), more = Prompt(rng, 6);
+  Sequence a = model_->NewSequence(), b = model_->NewSequence();
+  ASSERT_TRUE(model_->Prefill(a, prompt, PrefillMode::kCed).ok());
+  ASSERT_TRUE(model_->Prefill(b, prompt, PrefillMode::kCed).ok());
+  // a: run 6 tokens (crossing a compressor group and a page boundary at 64), roll back,
+  // run the first 2. b: run the first 2. Then both decode the same token.
+  const SequenceCheckpoint cp = model_->Checkpoint(a);
+  ASSERT_TRUE(model_->Extend(a, more).ok());
+  model_->Rollback(a, cp);
+  EXPECT_EQ(a.length(), 61);
+  ASSERT_TRUE(model_->Extend(a, std::span(more).first(2)).ok());
+  ASSERT_TRUE(model_->Extend(b, std::span(more).first(2)).ok());
+  const std::vector<float> la = *model_->Decode(a, more[5]), lb = *model_->Decode(b, more[5]);
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0);
+}
+
+TEST_F(ModelTest, DSparkGreedyOutputEqualsPlainGreedy) {
+  ASSERT_TRUE(model_->has_drafter());
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (int64_t n : {40, 97}) {
+    const std::vector<uint32_t> prompt = Prompt(rng, n);
+    Sequence plain = model_->NewSequence(), spec = model_->NewSequence();
+    absl::StatusOr<std::vector<float>> p0 = model_->Prefill(plain, prompt, PrefillMode::kCed);
+    absl::StatusOr<std::vector<float>> s0 = model_->Prefill(spec, prompt, PrefillMode::kCed);
+    ASSERT_TRUE(p0.ok() && s0.ok());
+    // Drafting leaves the sequence as it was.
+    const std::vector<uint32_t> d1 = *model_->Draft(spec, Argmax(*s0));
+    EXPECT_EQ(d1.size(), static_cast<size_t>(config_->dspark_block_size));
+    EXPECT_EQ(*model_->Draft(spec, Argmax(*s0)), d1);
+    absl::StatusOr<Generation> a = GenerateGreedy(*model_, plain, *p0, 30, false);
+    absl::StatusOr<Generation> b = GenerateGreedy(*model_, spec, *s0, 30, true);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->tokens, b->tokens);
+    for (size_t i = 0; i < a->logits.size(); ++i) {
+      ASSERT_EQ(std::memcmp(a->logits[i].data(), b->logits[i].data(), a->logits[i].size() * 4), 0)
+          << "step " << i;
+    }
+    EXPECT_GT(b->drafted, 0);
+    EXPECT_LE(b->main_passes, 29);  // never more main passes than plain decoding
+  }
 }
 
 TEST(EngramTest, ReferencePrimesMatchThePublishedVectors) {
