@@ -53,6 +53,7 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const ModelConfig& config, const Workl
                      w.chunk_tokens, " tokens): nothing would be cached"));
   }
 
+  p.active = model::CountActiveParameters(config, p.schedule);
   for (const LayerPlan& l : p.schedule.layers) {
     p.layers.push_back({l.index, std::string(LayerRoleName(l.role)),
                         std::string(AttentionModeName(l.mode)), l.compress_ratio,
@@ -141,6 +142,11 @@ nlohmann::json PlanToJson(const CapacityPlan& p) {
   j["ssd"] = {{"sessions_per_day", p.workload.sessions_per_day},
               {"write_bytes_per_day", p.ssd_write_bytes_per_day},
               {"drive_writes_per_day", p.ssd_drive_writes_per_day}};
+  j["active_parameters"] = {{"total", p.active.total},
+                            {"per_decode_token", p.active.decode},
+                            {"per_prefill_token_ced", p.active.prefill_ced},
+                            {"per_prefill_token_full_depth", p.active.prefill_full},
+                            {"dspark_per_draft_row", p.active.drafter}};
   j["alternatives"] = nlohmann::json::array();
   for (const Alternative& a : p.alternatives) {
     nlohmann::json fits = nlohmann::json::object();
@@ -172,10 +178,15 @@ std::string PlanToText(const CapacityPlan& p) {
     absl::StrAppendFormat(&out, "%5d  %-7s  %5d  %-7s  %9.2f  %s\n", l.index, l.role, l.ratio,
                           l.mode, l.stored_bytes_per_token, l.stores);
   }
-  absl::StrAppendFormat(
-      &out, "\nSession of %d tokens: %d chunks cached (%d tail tokens recomputed), %s\n",
-      w.context_tokens, p.cached_chunks_per_session, p.uncached_tail_tokens,
-      Bytes(p.session_bytes));
+  absl::StrAppendFormat(&out,
+                        "\nActive parameters per token: decode %.2fB, prefill %.2fB with CED "
+                        "(%.2fB at full depth); %.1fB in all, DSpark drafter %.2fB per row\n",
+                        p.active.decode / 1e9, p.active.prefill_ced / 1e9,
+                        p.active.prefill_full / 1e9, p.active.total / 1e9, p.active.drafter / 1e9);
+  absl::StrAppendFormat(&out,
+                        "Session of %d tokens: %d chunks cached (%d tail tokens recomputed), %s\n",
+                        w.context_tokens, p.cached_chunks_per_session, p.uncached_tail_tokens,
+                        Bytes(p.session_bytes));
   absl::StrAppendFormat(
       &out, "Resume replays %d tokens (bounded) or %d (exact: %d encoder layers × window)\n\n",
       p.bounded_replay_tokens, p.exact_replay_tokens, p.schedule.encoder_layers);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/weights.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/layer_schedule.h"
 #include "engine/spec/model_config.h"
@@ -61,6 +62,7 @@ struct CapacityPlan {
   int64_t bounded_replay_tokens = 0;      // SWA rebuild on resume: one window
   int64_t exact_replay_tokens = 0;        // encoder layers × window: bit-exact resume
   std::vector<Alternative> alternatives;  // first entry: this cache
+  model::ActiveParameters active;         // parameters per token, by phase
 };
 
 // InvalidArgument (naming the value) for a config the schedule rejects, a chunk size that

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -183,6 +184,42 @@ absl::Status WriteRandomWeights(const ModelConfig& config, const LayerSchedule& 
                            {"model_type", config.model_type},
                            {"hidden_size", absl::StrCat(config.hidden_size)},
                            {"num_hidden_layers", absl::StrCat(config.num_hidden_layers)}});
+}
+
+ActiveParameters CountActiveParameters(const ModelConfig& c, const LayerSchedule& schedule) {
+  ActiveParameters a;
+  const int64_t E = schedule.encoder_layers;
+  for (const ParameterSpec& p : ModelParameters(c, schedule)) {
+    double n = 1;
+    for (int64_t d : p.shape) n *= static_cast<double>(d);
+    int64_t layer = -1;
+    if (p.name.rfind("layers.", 0) == 0) layer = std::stoll(p.name.substr(7));
+    const bool draft = p.name.rfind("dspark.", 0) == 0 || layer >= c.num_hidden_layers;
+    double used = n;  // what one token touches
+    if (p.name.find(".ffn.experts.") != std::string::npos) {
+      used = n * static_cast<double>(draft ? c.dspark_num_experts_per_tok : c.num_experts_per_tok) /
+             static_cast<double>(draft ? c.dspark_n_routed_experts : c.n_routed_experts);
+    } else if (p.name.find(".engram.table") != std::string::npos) {
+      used =
+          static_cast<double>((c.engram_max_ngram_size - 1) * c.engram_n_heads * c.engram_head_dim);
+    } else if (p.name == "embed.weight" || p.name == "dspark.markov.embed") {
+      used = static_cast<double>(p.shape[1]);
+    }
+    if (draft) {
+      a.drafter += used;
+      continue;
+    }
+    a.total += n;
+    const bool head = p.name == "head.weight";
+    a.decode += used;
+    if (!head) a.prefill_full += used;
+    const bool compressor = p.name.find(".attn.compressor.") != std::string::npos ||
+                            p.name.find(".attn.indexer.wk.") != std::string::npos ||
+                            p.name.find(".attn.indexer.k_norm.") != std::string::npos ||
+                            p.name.find(".attn_norm.") != std::string::npos;
+    if (!head && (layer < E || (layer == E && compressor))) a.prefill_ced += used;
+  }
+  return a;
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> EngramPrimes(const ModelConfig& c) {

@@ -55,6 +55,21 @@ struct ParameterSpec {
 std::vector<ParameterSpec> ModelParameters(const ModelConfig& config,
                                            const LayerSchedule& schedule);
 
+// Parameters one token touches, from the tensor list: routed experts count k of E, an
+// Engram table the rows its hashes pick, the embedding one row, the output head only where
+// logits are computed (every decode step; the last prefill position, ≈ 0 per token).
+// CED prefill runs the encoder and the decoder's compressor for every token; the rest of
+// the decoder runs on one window, ≈ 0 per token of a long prompt. The DSpark drafter is
+// counted apart.
+struct ActiveParameters {
+  double total = 0;         // every trunk parameter (Engram tables included)
+  double decode = 0;        // per decode token
+  double prefill_ced = 0;   // per prompt token, CED prefill
+  double prefill_full = 0;  // per prompt token, full-depth prefill
+  double drafter = 0;       // DSpark per drafted block row
+};
+ActiveParameters CountActiveParameters(const ModelConfig& config, const LayerSchedule& schedule);
+
 // Writes deterministic random weights for `config` (same config + seed: same bytes).
 absl::Status WriteRandomWeights(const ModelConfig& config, const LayerSchedule& schedule,
                                 uint64_t seed, const std::string& path);

@@ -70,6 +70,29 @@ TEST(KvplanTest, ReferenceJsonReports890AndTheSchedule) {
     EXPECT_TRUE(j["sessions_fit"].contains(tier)) << tier;
 }
 
+// CED halves what a prompt token costs: the encoder plus one compressor, against every
+// layer for a decoded token (the issue's ≈ 8B vs 16B for the reference).
+TEST(KvplanTest, ActiveParametersPerPrefillTokenAreAboutHalfOfDecode) {
+  const Json j = RunJson({"--config", kReferenceConfig(), "--json"});
+  const Json& a = j["active_parameters"];
+  const double decode = a["per_decode_token"], ced = a["per_prefill_token_ced"],
+               full = a["per_prefill_token_full_depth"];
+  const Json t = LoadJson(kReferenceConfig())["text_config"];
+  const double D = t["hidden_size"], V = t["vocab_size"], I = t["moe_intermediate_size"];
+  // The one thing decode adds to a full-depth prefill token is the output head.
+  EXPECT_DOUBLE_EQ(decode - full, V * D);
+  // Routed experts: k of E per layer, three D × I matrices each (plus the shared one).
+  const double experts = t["num_hidden_layers"].get<double>() *
+                         (t["num_experts_per_tok"].get<double>() + 1) * 3 * D * I;
+  EXPECT_GT(full, experts);
+  EXPECT_GT(decode, 15e9);
+  EXPECT_LT(decode, 17e9);
+  EXPECT_GT(ced, 7e9);
+  EXPECT_LT(ced, 9e9);
+  EXPECT_LT(ced, full * 0.55);
+  EXPECT_GT(a["total"].get<double>(), decode * 10);  // a sparse model: most experts idle
+}
+
 TEST(KvplanTest, SessionsFitFollowFromCapacityAndContext) {
   const Json j = RunJson({"--config", kReferenceConfig(), "--json", "--context-tokens", "100000",
                           "--hbm", "10", "--ram", "100", "--ssd", "2", "--sessions", "5000"});
