@@ -2,6 +2,9 @@
 //
 //   kvbench service [--dir DIR] [--seconds S] [--reps N] [--clients 1,8] [--chunks-per-call N]
 //                   [--config FILE] [--json]
+//   kvbench engine [--config FILE] [--weights FILE] [--prefill-tokens 512,2048,...]
+//                  [--full-depth-max N] [--decode-tokens N] [--resume-prefix N]
+//                  [--resume-new N] [--reps N] [--json]
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
 //                   [--dataset-chunks N] [--depths 1,8,32] [--ops fetch,store] [--no-fio]
 //                   [--json]
@@ -12,6 +15,7 @@
 #include <sstream>
 #include "CLI/CLI.hpp"
 
+#include "bench/kvbench/engine_bench.h"
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/storage_bench.h"
 #include "engine/spec/chunk_layout.h"
@@ -75,6 +79,32 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   service->add_flag("--json", json, "print one JSON object");
+  CLI::App* engine = app.add_subcommand(
+      "engine", "CPU engine: CED vs full-depth prefill, DSpark vs plain decode, resume vs cold");
+  bench::EngineBenchOptions eopt;
+  eopt.config = "configs/mini.json";
+  engine->add_option("--config", eopt.config, "model config")->capture_default_str();
+  engine->add_option("--weights", eopt.weights, "safetensors (default: random, seed 1)");
+  engine->add_option("--prefill-tokens", eopt.prefill_tokens, "prompt lengths")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  engine->add_option("--full-depth-max", eopt.full_depth_max,
+                     "longest prompt also prefilled at full depth")
+      ->capture_default_str();
+  engine->add_option("--decode-tokens", eopt.decode_tokens, "tokens generated per decode run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  engine->add_option("--resume-prefix", eopt.resume_prefix, "cached tokens of the resume case")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  engine->add_option("--resume-new", eopt.resume_new, "new tokens of the resume case")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  engine->add_option("--reps", eopt.repetitions, "alternated runs per case")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  engine->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -82,6 +112,15 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "kvbench: error: " << e.what() << " (run kvbench --help)\n";
     return 2;
+  }
+  if (engine->parsed()) {
+    absl::StatusOr<nlohmann::json> r = bench::RunEngineBench(eopt);
+    if (!r.ok()) {
+      std::cerr << "kvbench: error: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cout << (json ? r->dump(2) : bench::EngineBenchToText(*r)) << "\n";
+    return 0;
   }
   if (service->parsed()) {
     std::ifstream in(config);
