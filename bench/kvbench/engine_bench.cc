@@ -98,8 +98,8 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
                      mode == 0 ? "CED" : "full depth", r + 1);
         model::Sequence s = m.NewSequence();
         const auto t = Clock::now();
-        absl::StatusOr<std::vector<float>> l =
-            m.Prefill(s, prompt, mode == 0 ? model::PrefillMode::kCed : model::PrefillMode::kFullDepth);
+        absl::StatusOr<std::vector<float>> l = m.Prefill(
+            s, prompt, mode == 0 ? model::PrefillMode::kCed : model::PrefillMode::kFullDepth);
         if (!l.ok()) return l.status();
         (mode == 0 ? ced : full).push_back(Since(t));
       }
@@ -140,7 +140,8 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
       d[spec ? "dspark_tok_s" : "plain_tok_s"] = Median(rate);
       if (spec) d["dspark_acceptance"] = acceptance;
     }
-    if (d.contains("dspark_tok_s")) d["dspark_over_plain"] = d["dspark_tok_s"].get<double>() / d["plain_tok_s"].get<double>();
+    if (d.contains("dspark_tok_s"))
+      d["dspark_over_plain"] = d["dspark_tok_s"].get<double>() / d["plain_tok_s"].get<double>();
     out["decode"] = d;
   }
 
@@ -197,15 +198,18 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
 
 std::string EngineBenchToText(const nlohmann::json& r) {
   std::string s = absl::StrCat("config ", r["config"].get<std::string>(), "\n\nprefill\n");
-  absl::StrAppendFormat(&s, "%8s %10s %12s %12s %10s %10s\n", "tokens", "CED tok/s",
-                        "full tok/s", "CED/full", "predicted", "CED s");
+  absl::StrAppendFormat(&s, "%8s %10s %12s %12s %10s %10s\n", "tokens", "CED tok/s", "full tok/s",
+                        "CED/full", "predicted", "CED s");
   for (const auto& c : r["prefill"]) {
-    absl::StrAppendFormat(
-        &s, "%8d %10.0f %12s %12s %10.3f %10.2f\n", c["tokens"].get<int64_t>(),
-        c["ced_tok_s"].get<double>(),
-        c.contains("full_depth_tok_s") ? absl::StrFormat("%.0f", c["full_depth_tok_s"].get<double>()) : "-",
-        c.contains("ced_over_full") ? absl::StrFormat("%.3f", c["ced_over_full"].get<double>()) : "-",
-        c["predicted_ced_over_full"].get<double>(), c["ced_s"].get<double>());
+    absl::StrAppendFormat(&s, "%8d %10.0f %12s %12s %10.3f %10.2f\n", c["tokens"].get<int64_t>(),
+                          c["ced_tok_s"].get<double>(),
+                          c.contains("full_depth_tok_s")
+                              ? absl::StrFormat("%.0f", c["full_depth_tok_s"].get<double>())
+                              : "-",
+                          c.contains("ced_over_full")
+                              ? absl::StrFormat("%.3f", c["ced_over_full"].get<double>())
+                              : "-",
+                          c["predicted_ced_over_full"].get<double>(), c["ced_s"].get<double>());
   }
   const auto& d = r["decode"];
   absl::StrAppendFormat(&s, "\ndecode: plain %.1f tok/s", d["plain_tok_s"].get<double>());
@@ -223,7 +227,9 @@ std::string EngineBenchToText(const nlohmann::json& r) {
                         re["speedup_exact"].get<double>(), re["bounded_ttft_ms"].get<double>(),
                         re["speedup_bounded"].get<double>());
   for (const auto& g : r["gemm"]) {
-    absl::StrAppendFormat(&s, "  %5d x %4d x %4d  ours %6.1f  OpenBLAS %6.1f  (%.2f×)  OpenBLAS rows batch-invariant: %s\n",
+    absl::StrAppendFormat(&s,
+                          "  %5d x %4d x %4d  ours %6.1f  OpenBLAS %6.1f  (%.2f×)  OpenBLAS rows "
+                          "batch-invariant: %s\n",
                           g["m"].get<int64_t>(), g["k"].get<int64_t>(), g["n"].get<int64_t>(),
                           g["ours_gflops"].get<double>(), g["openblas_gflops"].get<double>(),
                           g["ours_gflops"].get<double>() / g["openblas_gflops"].get<double>(),

@@ -89,8 +89,9 @@ int Main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  engine->add_option("--full-depth-max", eopt.full_depth_max,
-                     "longest prompt also prefilled at full depth")
+  engine
+      ->add_option("--full-depth-max", eopt.full_depth_max,
+                   "longest prompt also prefilled at full depth")
       ->capture_default_str();
   engine->add_option("--decode-tokens", eopt.decode_tokens, "tokens generated per decode run")
       ->check(CLI::PositiveNumber)
