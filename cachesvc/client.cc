@@ -183,7 +183,7 @@ absl::StatusOr<LookupResult> CacheClient::Lookup(const RemoteNamespace& ns,
 }
 
 absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
-                                          std::span<uint8_t> out) {
+                                          std::span<uint8_t> out, std::string* short_reason) {
   if (out.size() != keys.size() * ns.chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("output buffer is ", out.size(), " bytes; ",
                                                    keys.size(), " chunks need ",
@@ -247,6 +247,7 @@ absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<c
   }
   absl::Status s = FromGrpc(reader->Finish());
   if (!s.ok() && !absl::IsNotFound(s)) return s;
+  if (!s.ok() && short_reason != nullptr) *short_reason = std::string(s.message());
   return got;  // NotFound mid-way: the leading chunks are usable
 }
 

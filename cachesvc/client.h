@@ -75,10 +75,11 @@ class CacheClient {
                                       std::span<const uint32_t> tokens) const;
   absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns, std::span<const uint32_t> tokens);
   // Fetches keys in order into `out` (keys.size() × chunk_bytes). Returns how many leading
-  // chunks arrived; a chunk missing mid-way (evicted since Lookup) ends the stream there,
-  // so a caller can use the chunks before it.
+  // chunks arrived; a chunk missing mid-way (evicted since Lookup, or dropped because it
+  // failed its checksum) ends the stream there, so a caller can use the chunks before it;
+  // `short_reason` (optional) then gets the server's word on that chunk.
   absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
-                               std::span<uint8_t> out);
+                               std::span<uint8_t> out, std::string* short_reason = nullptr);
   // Stores the whole chunks of `tokens` with their payloads (chunk_bytes each), chained
   // after `parent` (nullopt: the prefix starts here).
   absl::StatusOr<StoreResult> Store(

@@ -93,6 +93,7 @@ class SequenceState {
 Sequence::Sequence(std::unique_ptr<SequenceState> s) : s_(std::move(s)) {}
 Sequence::~Sequence() = default;
 Sequence::Sequence(Sequence&&) noexcept = default;
+Sequence& Sequence::operator=(Sequence&&) noexcept = default;
 int64_t Sequence::length() const { return static_cast<int64_t>(s_->tokens.size()); }
 const std::vector<uint32_t>& Sequence::tokens() const { return s_->tokens; }
 int64_t Sequence::complete_chunks() const {

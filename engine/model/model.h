@@ -66,6 +66,7 @@ class Sequence {
  public:
   ~Sequence();
   Sequence(Sequence&&) noexcept;
+  Sequence& operator=(Sequence&&) noexcept;
   int64_t length() const;  // tokens processed
   const std::vector<uint32_t>& tokens() const;
   int64_t complete_chunks() const;  // pages whose every row is written

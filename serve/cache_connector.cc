@@ -1,0 +1,198 @@
+#include "serve/cache_connector.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvc::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::time_point a) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - a).count();
+}
+
+}  // namespace
+
+std::unique_ptr<CacheConnector> CacheConnector::Create(const model::Model& model,
+                                                       ConnectorOptions o) {
+  std::unique_ptr<CacheConnector> c(new CacheConnector(model, std::move(o)));
+  absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> client =
+      cachesvc::CacheClient::Connect(c->opt_.client);
+  if (!client.ok()) {
+    c->connect_error_ = std::string(client.status().message());
+  } else {
+    c->client_ = *std::move(client);
+    absl::StatusOr<cachesvc::RemoteNamespace> ns = c->client_->RegisterNamespace(
+        c->opt_.model_config_json, c->opt_.model_id,
+        static_cast<uint32_t>(model.layout().chunk_tokens));
+    if (!ns.ok()) {
+      c->connect_error_ = absl::StrCat("kvcached: ", ns.status().message());
+    } else if (static_cast<int64_t>(ns->chunk_bytes) != model.layout().chunk_bytes) {
+      c->connect_error_ = absl::StrCat("kvcached namespace has ", ns->chunk_bytes,
+                                       "-byte chunks; the engine's pages are ",
+                                       model.layout().chunk_bytes);
+    } else {
+      c->ns_ = *ns;
+    }
+  }
+  c->worker_ = std::thread([p = c.get()] { p->StoreLoop(); });
+  return c;
+}
+
+CacheConnector::~CacheConnector() {
+  Drain();
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
+                                                           std::span<const uint32_t> prompt,
+                                                           TurnReport* r) {
+  const auto t0 = Clock::now();
+  *r = TurnReport{};
+  r->prompt_tokens = static_cast<int64_t>(prompt.size());
+  const int64_t C = model_.layout().chunk_tokens;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  // At least one token must be new: resume needs the last position computed.
+  const int64_t usable = n > 0 ? (n - 1) / C : 0;
+  std::vector<uint8_t> pages;
+  int64_t got = 0;
+  if (!ns_) {
+    r->warnings.push_back(absl::StrCat("cache unavailable (", connect_error_, "): cold prefill"));
+  } else if (usable > 0) {
+    const auto tl = Clock::now();
+    absl::StatusOr<cachesvc::LookupResult> look =
+        client_->Lookup(*ns_, prompt.first(usable * C));
+    r->lookup_ms = Ms(tl);
+    if (!look.ok()) {
+      r->warnings.push_back(absl::StrCat("lookup failed (", look.status().message(),
+                                         "): cold prefill"));
+    } else if (look->matched_chunks > 0) {
+      r->matched_tokens = look->matched_chunks * C;
+      const std::vector<storage::ChunkKey> keys(look->keys.begin(),
+                                                look->keys.begin() + look->matched_chunks);
+      if (opt_.after_lookup) opt_.after_lookup(keys);
+      bool ram = false, ssd = false;
+      for (kvcache::v1::Tier t : look->tiers) {
+        ram |= t == kvcache::v1::TIER_RAM;
+        ssd |= t == kvcache::v1::TIER_SSD;
+      }
+      r->tier = ram && ssd ? "ram+ssd" : ram ? "ram" : ssd ? "ssd" : "none";
+      pages.resize(keys.size() * model_.layout().chunk_bytes);
+      const auto tf = Clock::now();
+      std::string short_reason;
+      absl::StatusOr<size_t> fetched = client_->Fetch(*ns_, keys, pages, &short_reason);
+      r->fetch_ms = Ms(tf);
+      if (!fetched.ok()) {
+        r->warnings.push_back(absl::StrCat("fetch failed (", fetched.status().message(),
+                                           "): cold prefill"));
+      } else {
+        got = static_cast<int64_t>(*fetched);
+        if (got < static_cast<int64_t>(keys.size())) {
+          r->warnings.push_back(absl::StrCat(
+              "chunk ", got, " of ", keys.size(), " could not be fetched after the lookup (",
+              short_reason.empty() ? "gone" : short_reason, "): resuming from ", got * C,
+              " tokens"));
+        }
+        r->fetched_bytes = got * model_.layout().chunk_bytes;
+      }
+    }
+  }
+  const auto tc = Clock::now();
+  absl::StatusOr<std::vector<float>> logits;
+  if (got > 0) {
+    logits = model_.Resume(seq, std::span(pages).first(got * model_.layout().chunk_bytes), got * C,
+                           prompt, opt_.replay);
+    if (!logits.ok()) {
+      r->warnings.push_back(
+          absl::StrCat("cached pages unusable (", logits.status().message(), "): cold prefill"));
+      seq = model_.NewSequence();
+      got = 0;
+    } else {
+      r->reused_tokens = got * C;
+    }
+  }
+  if (got == 0) {
+    if (r->tier != "none" && r->reused_tokens == 0) r->tier = "none";
+    logits = model_.Prefill(seq, prompt, opt_.cold_mode);
+  }
+  if (!logits.ok()) return logits.status();
+  r->compute_ms = Ms(tc);
+  r->ttft_ms = Ms(t0);
+  const model::ForwardStats& st = seq.last_stats();
+  r->replayed_tokens = st.replayed_tokens;
+  r->encoder_tokens = st.encoder_tokens;
+  r->decoder_tokens = st.decoder_tokens;
+  for (const std::string& w : r->warnings) std::fprintf(stderr, "kvcache: warning: %s\n", w.c_str());
+  return logits;
+}
+
+void CacheConnector::StoreNewChunks(const model::Sequence& seq) {
+  if (!ns_) return;
+  const int64_t C = model_.layout().chunk_tokens, chunks = seq.complete_chunks();
+  if (chunks == 0) return;
+  // Copy now (the sequence moves on); the cache skips chunks it already holds.
+  StoreJob job;
+  job.tokens.assign(seq.tokens().begin(), seq.tokens().begin() + chunks * C);
+  for (int64_t c = 0; c < chunks; ++c) {
+    std::span<const uint8_t> p = seq.page(c);
+    job.pages.insert(job.pages.end(), p.begin(), p.end());
+  }
+  {
+    std::lock_guard lk(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+int64_t CacheConnector::Drain() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [this] { return jobs_.empty() && !busy_; });
+  return stored_;
+}
+
+void CacheConnector::StoreLoop() {
+  std::unique_lock lk(mu_);
+  while (true) {
+    cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;
+    StoreJob job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    lk.unlock();
+    // Skip the chunks already cached (one Lookup), store the rest chained after them.
+    const int64_t C = model_.layout().chunk_tokens, bytes = model_.layout().chunk_bytes;
+    int64_t have = 0;
+    std::optional<storage::ChunkKey> parent;
+    if (absl::StatusOr<cachesvc::LookupResult> l = client_->Lookup(*ns_, job.tokens); l.ok()) {
+      have = l->matched_chunks;
+      if (have > 0) parent = l->keys[have - 1];
+    }
+    const int64_t total = static_cast<int64_t>(job.tokens.size()) / C;
+    int64_t stored = 0;
+    if (have < total) {
+      absl::StatusOr<cachesvc::StoreResult> s = client_->Store(
+          *ns_, parent, std::span(job.tokens).subspan(have * C),
+          std::span(job.pages).subspan(have * bytes), kvcache::v1::DURABILITY_DURABLE);
+      if (s.ok()) {
+        stored = s->stored;
+      } else {
+        std::fprintf(stderr, "kvcache: warning: storing %lld chunks failed: %s\n",
+                     static_cast<long long>(total - have), std::string(s.status().message()).c_str());
+      }
+    }
+    lk.lock();
+    stored_ += stored;
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace kvc::serve

@@ -1,0 +1,97 @@
+// CacheConnector: the engine's link to kvcached. For each request it hashes the prompt,
+// looks up how much of it is cached, fetches those chunks straight into the engine's page
+// layout and resumes from them; afterwards it stores every newly completed chunk in the
+// background. Anything the cache cannot give — a miss, a chunk evicted between Lookup and
+// Fetch, a page that does not decode, a dead or slow service — degrades to a cold
+// prefill with a warning, never to a failed request.
+//
+// Thread-compatible: one connector per worker thread (the stores it starts run on its
+// own background thread; Drain waits for them).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cachesvc/client.h"
+#include "engine/model/model.h"
+
+namespace kvc::serve {
+
+struct ConnectorOptions {
+  cachesvc::ClientOptions client;
+  std::string model_config_json;  // registered as the namespace's config
+  std::string model_id = "kvcache-engine";
+  model::ReplayMode replay = model::ReplayMode::kBounded;
+  model::PrefillMode cold_mode = model::PrefillMode::kCed;
+  // Test hook: runs between Lookup and Fetch (to evict a chunk in between).
+  std::function<void(const std::vector<storage::ChunkKey>&)> after_lookup;
+};
+
+// What one request got from the cache, for reports.
+struct TurnReport {
+  int64_t prompt_tokens = 0;
+  int64_t reused_tokens = 0;     // cached tokens the engine resumed from
+  int64_t matched_tokens = 0;    // what Lookup said was cached (reused may be fewer)
+  std::string tier = "none";     // where the reused chunks were: none, ram, ssd, ram+ssd
+  int64_t replayed_tokens = 0;
+  int64_t encoder_tokens = 0, decoder_tokens = 0;
+  double lookup_ms = 0, fetch_ms = 0, compute_ms = 0, ttft_ms = 0;
+  uint64_t fetched_bytes = 0;
+  std::vector<std::string> warnings;  // why the cache was not (fully) used
+};
+
+class CacheConnector {
+ public:
+  // Connects and registers the namespace. A service that cannot be reached is not an
+  // error: the connector then runs every request cold and says so.
+  static std::unique_ptr<CacheConnector> Create(const model::Model& model, ConnectorOptions o);
+  ~CacheConnector();
+
+  // Prefills `prompt` on the empty `seq`, resuming from the cache where it can. Returns
+  // the last position's logits.
+  absl::StatusOr<std::vector<float>> Prefill(model::Sequence& seq,
+                                             std::span<const uint32_t> prompt,
+                                             TurnReport* report);
+  // Stores the sequence's complete chunks the cache does not hold yet (copied now, sent
+  // in the background).
+  void StoreNewChunks(const model::Sequence& seq);
+  // Waits for the background stores; returns how many chunks they stored.
+  int64_t Drain();
+  bool connected() const { return ns_.has_value(); }
+  const std::string& connect_error() const { return connect_error_; }
+  cachesvc::CacheClient* client() { return client_.get(); }
+  const cachesvc::RemoteNamespace* ns() const { return ns_ ? &*ns_ : nullptr; }
+
+ private:
+  CacheConnector(const model::Model& m, ConnectorOptions o) : model_(m), opt_(std::move(o)) {}
+  void StoreLoop();
+
+  const model::Model& model_;
+  ConnectorOptions opt_;
+  std::unique_ptr<cachesvc::CacheClient> client_;
+  std::optional<cachesvc::RemoteNamespace> ns_;
+  std::string connect_error_;
+
+  struct StoreJob {
+    std::vector<uint32_t> tokens;  // the whole chunks' tokens, from the prefix start
+    std::vector<uint8_t> pages;    // chunks [first, last)
+    int64_t first = 0;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StoreJob> jobs_;
+  bool busy_ = false, stop_ = false;
+  int64_t stored_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace kvc::serve

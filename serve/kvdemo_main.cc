@@ -1,0 +1,281 @@
+// kvdemo: a coding-agent session over several turns on the mini model, resumed from
+// kvcached each turn, with kvcached restarted in the middle ("the next day") so the
+// following turn resumes from SSD. Every turn is also prefilled cold, in the same run, for
+// the TTFT comparison. Starts its own kvcached on a scratch folder and removes both at the
+// end.
+//
+//   kvdemo [--turns N] [--tool-tokens N] [--generate N] [--replay bounded|exact]
+//          [--source-dir DIR] [--keep] [--json]
+//
+// The session's text is real: a system prompt, then this repository's source files (read
+// from --source-dir, default the checkout the binary was built in), then per turn a "tool
+// result" (another file) and the model's answer; a byte-level tokenizer turns text into
+// token ids. The weights are random (configs/mini.json, seed 1), so the answers are noise;
+// the cache, the replay and the timings are real.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/model/generate.h"
+#include "engine/model/weights.h"
+#include "nlohmann/json.hpp"
+#include "serve/embedded_mini_config.h"
+#include "serve/session.h"
+
+namespace kvc::serve {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// kvcached as a child process on a free loopback port.
+class Kvcached {
+ public:
+  Kvcached(std::string binary, std::string data_dir)
+      : binary_(std::move(binary)), dir_(std::move(data_dir)) {}
+  ~Kvcached() { Stop(SIGKILL); }
+  absl::Status Start() {
+    int out[2];
+    if (pipe(out) != 0) return absl::InternalError("pipe");
+    pid_ = fork();
+    if (pid_ < 0) return absl::InternalError("fork");
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      const std::string log = dir_ + ".log";
+      FILE* err = std::fopen(log.c_str(), "a");
+      if (err != nullptr) dup2(fileno(err), STDERR_FILENO);
+      std::vector<std::string> args = {binary_,      "--data-dir",  dir_,          "--listen",
+                                       "127.0.0.1:0", "--ram-bytes", "268435456", "--ssd-bytes",
+                                       "1073741824"};
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(binary_.c_str(), argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    out_ = fdopen(out[0], "r");
+    char line[512] = {0};
+    if (fgets(line, sizeof line, out_) == nullptr || strstr(line, "listening on") == nullptr) {
+      return absl::UnavailableError(absl::StrCat("kvcached did not start (", binary_, ")"));
+    }
+    const std::string l(line);
+    address_ = l.substr(l.find("listening on ") + 13);
+    address_ = address_.substr(0, address_.find(' '));
+    return absl::OkStatus();
+  }
+  void Stop(int sig) {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    if (out_) fclose(out_);
+    out_ = nullptr;
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string binary_, dir_, address_;
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Text for the session: the repository's own files when readable, else generated prose.
+std::vector<std::string> SourceFiles(const fs::path& root) {
+  std::vector<std::string> files;
+  for (const char* f : {"docs/storage.md", "docs/service.md", "docs/model.md",
+                        "engine/model/model.h", "cachesvc/client.h", "storage/chunk_store.h",
+                        "docs/kv-format.md", "docs/prefix-hashing.md", "engine/spec/chunk_layout.h",
+                        "serve/cache_connector.h", "docs/benchmarks.md", "README.md"}) {
+    std::string t = ReadText(root / f);
+    if (!t.empty()) files.push_back(absl::StrCat("=== ", f, " ===\n", t));
+  }
+  if (files.empty()) {
+    for (int i = 0; i < 12; ++i) {
+      std::string t = absl::StrCat("=== file", i, ".txt ===\n");
+      for (int j = 0; j < 400; ++j) absl::StrAppend(&t, "line ", j, " of file ", i, ": cache me\n");
+      files.push_back(t);
+    }
+  }
+  return files;
+}
+
+const char kSystemPrompt[] =
+    "You are a coding agent working in a C++ repository that implements a tiered, "
+    "persistent KV-cache service and the inference engine that resumes from it. Read the "
+    "files you are given, run tools when you need facts, and answer with precise, tested "
+    "changes. Keep the architecture visible: each folder one job, one-way dependencies. ";
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kvdemo: a multi-day coding-agent session resumed from kvcached"};
+  int turns = 6;
+  int64_t tool_tokens = 2048, generate = 128;
+  std::string replay = "bounded", source_dir;
+  bool keep = false, json = false;
+  app.add_option("--turns", turns, "turns in the session")->check(CLI::Range(2, 100))->capture_default_str();
+  app.add_option("--tool-tokens", tool_tokens, "tokens of tool output per turn")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--generate", generate, "tokens generated per turn")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--replay", replay, "bounded (the model's) or exact")
+      ->check(CLI::IsMember({"bounded", "exact"}))
+      ->capture_default_str();
+  app.add_option("--source-dir", source_dir, "repository whose files make up the session");
+  app.add_flag("--keep", keep, "keep the scratch folder (weights, kvcached data and log)");
+  app.add_flag("--json", json, "print one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "kvdemo: error: " << e.what() << " (run kvdemo --help)\n";
+    return 2;
+  }
+  const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
+  if (source_dir.empty()) source_dir = KVC_SOURCE_DIR;
+  char tmpl[] = "/tmp/kvdemo-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::cerr << "kvdemo: error: cannot create a scratch folder in /tmp\n";
+    return 1;
+  }
+  const fs::path work = tmpl;
+  auto fail = [&](const std::string& m) {
+    std::cerr << "kvdemo: error: " << m << "\n";
+    if (!keep) fs::remove_all(work);
+    return 1;
+  };
+  auto say = [&](const std::string& m) {
+    if (!json) std::cout << m << std::flush;
+  };
+
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(kEmbeddedMiniConfig, "configs/mini.json");
+  if (!config.ok()) return fail(std::string(config.status().message()));
+  absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
+  if (!schedule.ok()) return fail(std::string(schedule.status().message()));
+  const std::string weights = (work / "mini.safetensors").string();
+  if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok())
+    return fail(std::string(s.message()));
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded = model::Model::Load(*config, weights);
+  if (!loaded.ok()) return fail(std::string(loaded.status().message()));
+  const model::Model& m = **loaded;
+  say(absl::StrFormat("kvdemo: mini model (%d layers, %.0f B/token of global KV, %d-token "
+                      "chunks), random weights; scratch folder %s\n",
+                      config->num_hidden_layers, m.layout().bytes_per_token(),
+                      m.layout().chunk_tokens, work.string()));
+
+  Kvcached daemon((bin / "kvcached").string(), (work / "kvcached").string());
+  if (absl::Status s = daemon.Start(); !s.ok()) return fail(std::string(s.message()));
+  say(absl::StrCat("kvdemo: kvcached on ", daemon.address(), "\n"));
+  ConnectorOptions copt;
+  copt.model_config_json = kEmbeddedMiniConfig;
+  copt.model_id = "mini-seed1";
+  copt.replay = replay == "exact" ? model::ReplayMode::kExact : model::ReplayMode::kBounded;
+  copt.client.address = daemon.address();
+  copt.client.shm_socket = (work / "kvcached" / "kvcached.sock").string();
+  std::unique_ptr<CacheConnector> cache = CacheConnector::Create(m, copt);
+  if (!cache->connected()) return fail(cache->connect_error());
+
+  // The session: system prompt + repository files, then per turn a tool result.
+  const std::vector<std::string> files = SourceFiles(source_dir);
+  std::vector<uint32_t> context = ByteTokens(kSystemPrompt);
+  size_t next_file = 0;
+  while (context.size() < 8192 && next_file < files.size() / 2) {
+    const std::vector<uint32_t> t = ByteTokens(files[next_file++]);
+    context.insert(context.end(), t.begin(), t.end());
+  }
+  const int restart_after = turns / 2;
+  nlohmann::json out;
+  out["turns"] = nlohmann::json::array();
+  say(absl::StrFormat("\n%4s %9s %8s %6s %-7s %10s %10s %8s %s\n", "turn", "context", "reused",
+                      "new", "tier", "TTFT warm", "TTFT cold", "speedup", ""));
+  for (int turn = 1; turn <= turns; ++turn) {
+    if (turn > 1) {
+      // The tool result: the next file, cut to the turn's budget.
+      std::string text = absl::StrCat("\n[tool: cat] ", files[next_file++ % files.size()]);
+      text.resize(std::min<size_t>(text.size(), static_cast<size_t>(tool_tokens)));
+      const std::vector<uint32_t> t = ByteTokens(text);
+      context.insert(context.end(), t.begin(), t.end());
+    }
+    const bool after_restart = turn == restart_after + 1;
+    if (after_restart) {
+      cache->Drain();
+      cache.reset();
+      daemon.Stop(SIGTERM);
+      say("---- kvcached restarted (the next day): RAM tier empty, chunks on SSD ----\n");
+      if (absl::Status s = daemon.Start(); !s.ok()) return fail(std::string(s.message()));
+      copt.client.address = daemon.address();
+      cache = CacheConnector::Create(m, copt);
+      if (!cache->connected()) return fail(cache->connect_error());
+    }
+    absl::StatusOr<TurnResult> warm = RunTurn(m, *cache, context, generate);
+    if (!warm.ok()) return fail(std::string(warm.status().message()));
+    cache->Drain();  // the next turn finds this one's chunks
+    // The same prompt, cold, for comparison.
+    model::Sequence cold = m.NewSequence();
+    const auto c0 = Clock::now();
+    absl::StatusOr<std::vector<float>> cl = m.Prefill(cold, context, model::PrefillMode::kCed);
+    if (!cl.ok()) return fail(std::string(cl.status().message()));
+    const double cold_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
+    const TurnReport& r = warm->report;
+    const bool same_first = model::Argmax(*cl) == model::Argmax(warm->first_logits);
+    out["turns"].push_back({{"turn", turn},
+                            {"context_tokens", r.prompt_tokens},
+                            {"reused_tokens", r.reused_tokens},
+                            {"new_tokens", r.prompt_tokens - r.reused_tokens},
+                            {"tier", r.tier},
+                            {"replayed_tokens", r.replayed_tokens},
+                            {"fetched_bytes", r.fetched_bytes},
+                            {"fetch_ms", r.fetch_ms},
+                            {"ttft_warm_ms", r.ttft_ms},
+                            {"ttft_cold_ms", cold_ms},
+                            {"decode_tok_s", warm->decode_tok_s},
+                            {"first_token_matches_cold", same_first},
+                            {"after_restart", after_restart},
+                            {"warnings", r.warnings}});
+    say(absl::StrFormat("%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens,
+                        r.reused_tokens, r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms,
+                        cold_ms, cold_ms / r.ttft_ms, after_restart ? "(from SSD after restart)" : ""));
+    context.insert(context.end(), warm->generated.begin(), warm->generated.end());
+  }
+  const int64_t stored = cache->Drain();
+  cache.reset();
+  daemon.Stop(SIGTERM);
+  out["replay"] = replay;
+  out["chunk_tokens"] = m.layout().chunk_tokens;
+  out["chunk_bytes"] = m.layout().chunk_bytes;
+  say(absl::StrFormat(
+      "\n%d chunks stored in the last day's connection; replay %s. TTFT warm includes lookup, "
+      "fetch, replay and the new tokens' prefill; cold prefills the whole context.\n",
+      stored, replay));
+  if (json) std::cout << out.dump(2) << "\n";
+  if (!keep) fs::remove_all(work);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvc::serve
+
+int main(int argc, char** argv) { return kvc::serve::Main(argc, argv); }

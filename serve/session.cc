@@ -1,0 +1,42 @@
+#include "serve/session.h"
+
+#include <chrono>
+
+#include "engine/model/generate.h"
+
+namespace kvc::serve {
+
+absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& cache,
+                                   std::span<const uint32_t> context, int64_t max_new_tokens) {
+  TurnResult t;
+  model::Sequence seq = model.NewSequence();
+  absl::StatusOr<std::vector<float>> logits = cache.Prefill(seq, context, &t.report);
+  if (!logits.ok()) return logits.status();
+  t.first_logits = *logits;
+  // The prompt's pages go to the cache before decoding starts (in the background).
+  cache.StoreNewChunks(seq);
+  const auto d0 = std::chrono::steady_clock::now();
+  absl::StatusOr<model::Generation> g =
+      model::GenerateGreedy(model, seq, *std::move(logits), max_new_tokens, false);
+  if (!g.ok()) return g.status();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
+  t.generated = g->tokens;
+  t.decode_tok_s = t.generated.size() > 1 && s > 0 ? (t.generated.size() - 1) / s : 0;
+  // Pages completed while generating (the generated tokens are part of the next turn's
+  // context; the last one was sampled but not run, so the next turn computes it).
+  cache.StoreNewChunks(seq);
+  return t;
+}
+
+std::vector<uint32_t> ByteTokens(const std::string& text) {
+  return std::vector<uint32_t>(reinterpret_cast<const uint8_t*>(text.data()),
+                               reinterpret_cast<const uint8_t*>(text.data()) + text.size());
+}
+
+std::string BytesFromTokens(std::span<const uint32_t> tokens) {
+  std::string s;
+  for (uint32_t t : tokens) s.push_back(t < 256 ? static_cast<char>(t) : '?');
+  return s;
+}
+
+}  // namespace kvc::serve

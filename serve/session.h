@@ -1,0 +1,30 @@
+// One turn of an agent session on the engine and the cache: the whole context so far plus
+// the turn's new tokens go to the connector (resume from what is cached, replay, prefill
+// the rest), greedy generation follows, and the completed chunks go back to the cache.
+// Also the byte-level tokenizer the CLI uses for text (token id = byte value).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "serve/cache_connector.h"
+
+namespace kvc::serve {
+
+struct TurnResult {
+  TurnReport report;
+  std::vector<uint32_t> generated;
+  std::vector<float> first_logits;  // the prompt's last position
+  double decode_tok_s = 0;
+};
+
+// `context` is the session's whole history including this turn's new tokens.
+absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& cache,
+                                   std::span<const uint32_t> context, int64_t max_new_tokens);
+
+std::vector<uint32_t> ByteTokens(const std::string& text);
+std::string BytesFromTokens(std::span<const uint32_t> tokens);  // ids > 255 become '?'
+
+}  // namespace kvc::serve
