@@ -4,7 +4,8 @@
 // the TTFT comparison. Starts its own kvcached on a scratch folder and removes both at the
 // end.
 //
-//   kvdemo [--turns N] [--tool-tokens N] [--generate N] [--replay bounded|exact]
+//   kvdemo [--turns N] [--initial-tokens N] [--tool-tokens N] [--generate N]
+//          [--replay bounded|exact]
 //          [--source-dir DIR] [--keep] [--json]
 //
 // The session's text is real: a system prompt, then this repository's source files (read
@@ -130,11 +131,15 @@ const char kSystemPrompt[] =
 int Main(int argc, char** argv) {
   CLI::App app{"kvdemo: a multi-day coding-agent session resumed from kvcached"};
   int turns = 6;
-  int64_t tool_tokens = 2048, generate = 128;
+  int64_t tool_tokens = 2048, generate = 128, initial_tokens = 12288;
   std::string replay = "bounded", source_dir;
   bool keep = false, json = false;
   app.add_option("--turns", turns, "turns in the session")->check(CLI::Range(2, 100))->capture_default_str();
   app.add_option("--tool-tokens", tool_tokens, "tokens of tool output per turn")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--initial-tokens", initial_tokens,
+                 "first turn's context: the system prompt and files, cut to this many tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--generate", generate, "tokens generated per turn")
@@ -202,10 +207,11 @@ int Main(int argc, char** argv) {
   const std::vector<std::string> files = SourceFiles(source_dir);
   std::vector<uint32_t> context = ByteTokens(kSystemPrompt);
   size_t next_file = 0;
-  while (context.size() < 8192 && next_file < files.size() / 2) {
+  while (static_cast<int64_t>(context.size()) < initial_tokens && next_file < files.size() / 2) {
     const std::vector<uint32_t> t = ByteTokens(files[next_file++]);
     context.insert(context.end(), t.begin(), t.end());
   }
+  if (static_cast<int64_t>(context.size()) > initial_tokens) context.resize(initial_tokens);
   const int restart_after = turns / 2;
   nlohmann::json out;
   out["turns"] = nlohmann::json::array();

@@ -1,0 +1,79 @@
+// kvdemo and kvserve run as users run them: real binaries, real kvcached, JSON out.
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cachesvc/daemon.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc {
+namespace {
+
+using ::kvc::testing::Daemon;
+using ::kvc::testing::RunProgram;
+using ::kvc::testing::TempDir;
+
+const std::string kBin = std::string(KVC_BIN_DIR);
+const std::string kMini = std::string(KVC_SOURCE_DIR) + "/configs/mini.json";
+
+TEST(KvdemoTest, ASessionResumesEveryTurnAndFromSsdAfterTheRestart) {
+  const auto r = RunProgram(kBin + "/kvdemo", {"--json", "--turns", "3", "--initial-tokens", "1500",
+                                               "--tool-tokens", "400", "--generate", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& turns = j["turns"];
+  ASSERT_EQ(turns.size(), 3u);
+  for (const nlohmann::json& t : turns) {
+    for (const char* k : {"turn", "context_tokens", "reused_tokens", "new_tokens", "tier",
+                          "ttft_warm_ms", "ttft_cold_ms", "after_restart"})
+      ASSERT_TRUE(t.contains(k)) << k;
+    EXPECT_EQ(t["context_tokens"].get<int>(),
+              t["reused_tokens"].get<int>() + t["new_tokens"].get<int>());
+    EXPECT_GT(t["ttft_cold_ms"].get<double>(), 0.0);
+    EXPECT_TRUE(t["warnings"].empty()) << t["warnings"];
+  }
+  EXPECT_EQ(turns[0]["reused_tokens"], 0);
+  EXPECT_EQ(turns[0]["tier"], "none");
+  // Turn 2 comes after the restart: everything reused is on SSD.
+  EXPECT_TRUE(turns[1]["after_restart"].get<bool>());
+  EXPECT_EQ(turns[1]["tier"], "ssd");
+  EXPECT_GE(turns[1]["reused_tokens"].get<int>(), 1024);
+  EXPECT_GT(turns[2]["reused_tokens"].get<int>(), turns[1]["reused_tokens"].get<int>());
+  // The scratch folder is gone.
+  EXPECT_EQ(r.out.find("kvdemo-"), std::string::npos);
+}
+
+TEST(KvserveTest, TurnsInSeparateProcessesResumeFromTheCache) {
+  TempDir dir;
+  Daemon d(dir.File("kvcached"));
+  ASSERT_EQ(RunProgram(kBin + "/kvmodel", {"init", "--config", kMini, "--seed", "2", "--out",
+                                           dir.File("w.safetensors")})
+                .exit_code,
+            0);
+  auto turn = [&](const std::string& session, const std::string& text) {
+    return RunProgram(kBin + "/kvserve", {"--cache", d.address(), "--config", kMini, "--weights",
+                                          dir.File("w.safetensors"), "--state-dir",
+                                          dir.File("state"), "--session", session, "--text", text,
+                                          "--max-new-tokens", "8", "--replay", "exact", "--json"});
+  };
+  const std::string first(1300, 'a'), second = "run the tests and report";
+  const auto a = turn("s1", first);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const nlohmann::json ja = nlohmann::json::parse(a.out);
+  EXPECT_EQ(ja["reused_tokens"], 0);
+  EXPECT_EQ(ja["context_tokens"], 1300);
+  const auto b = turn("s1", second);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const nlohmann::json jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(jb["context_tokens"], 1300 + 8 + static_cast<int>(second.size()));
+  EXPECT_EQ(jb["reused_tokens"], 1280);
+  EXPECT_EQ(jb["tier"], "ram");
+  EXPECT_TRUE(std::filesystem::exists(dir.File("state") + "/s1.tokens"));
+  const auto bad = turn("../escape", "x");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("must be a plain name"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace kvc
