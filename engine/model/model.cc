@@ -135,6 +135,11 @@ class ModelImpl {
   // Writes the drafter's rings for positions [a, b) from their main hidden states.
   void UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
                         const std::vector<float>& main_hidden) const;
+  // Low-rank queries (qr, then q rotated per head) and the rows' own window KV
+  // (normalized, rotated, FP8-QAT'd), for positions a, a+1, ….
+  void QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
+                          std::vector<float>& qr, std::vector<float>& q,
+                          std::vector<float>& kv) const;
   void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                       const std::vector<float>& x, std::vector<float>& out) const;
   // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `gather`
@@ -483,6 +488,23 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
   }
 }
 
+void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
+                                   std::vector<float>& qr, std::vector<float>& q,
+                                   std::vector<float>& kv) const {
+  const AttentionWeights& w = layers[l].attn;
+  qr = Linear(x, rows, w.wq_a);
+  NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
+  q = Linear(qr, rows, w.wq_b);  // rows × H × hd
+  kv = Linear(x, rows, w.wkv);   // rows × hd
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
+    float* k = &kv[r * hd];
+    cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
+    cpu::ApplyRope(k, hd, freqs[l], a + r);
+    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
+  }
+}
+
 void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                           const std::vector<float>& x, bool compress, std::vector<float>& out,
                           std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
@@ -491,17 +513,8 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   const AttentionWeights& w = layers[l].attn;
   LayerState& ls = s.layers[l];
   const int64_t rows = b - a, ratio = plan.compress_ratio;
-  std::vector<float> qr = Linear(x, rows, w.wq_a);
-  NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
-  std::vector<float> q = Linear(qr, rows, w.wq_b);  // rows × H × hd
-  std::vector<float> kv = Linear(x, rows, w.wkv);   // rows × hd
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
-    float* k = &kv[r * hd];
-    cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
-    cpu::ApplyRope(k, hd, freqs[l], a + r);
-    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
-  }
+  std::vector<float> qr, q, kv;
+  QueriesAndWindowKv(l, a, rows, x, qr, q, kv);
   // Compressed KV and each query's selection of it.
   const std::vector<int32_t> none;
   std::vector<std::vector<int32_t>>* selected = nullptr;
@@ -666,20 +679,10 @@ void ModelImpl::AttendAndProject(
 
 void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                                const std::vector<float>& x, std::vector<float>& out) const {
-  const AttentionWeights& w = layers[l].attn;
   const LayerState& ls = s.layers[l];
   const int64_t rows = b - a;
-  std::vector<float> qr = Linear(x, rows, w.wq_a);
-  NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
-  std::vector<float> q = Linear(qr, rows, w.wq_b);
-  std::vector<float> kv = Linear(x, rows, w.wkv);  // the draft block's own rows, never stored
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
-    float* k = &kv[r * hd];
-    cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
-    cpu::ApplyRope(k, hd, freqs[l], a + r);
-    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
-  }
+  std::vector<float> qr, q, kv;  // kv: the draft block's own rows, never stored
+  QueriesAndWindowKv(l, a, rows, x, qr, q, kv);
   // Every draft query sees the main model's window (accepted positions, from the ring, in
   // position order) and the whole draft block: attention inside the block is bidirectional.
   AttendAndProject(
