@@ -14,6 +14,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
   # benchmark peers
   fio redis-server libhiredis-dev
+  # benchmark plots (PNG)
+  gnuplot-nox
   # tests: a throwaway TLS certificate
   openssl
 )

@@ -14,7 +14,6 @@
 // token ids. The weights are random (configs/mini.json, seed 1), so the answers are noise;
 // the cache, the replay and the timings are real.
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,6 +32,7 @@
 #include "engine/model/weights.h"
 #include "nlohmann/json.hpp"
 #include "serve/embedded_mini_config.h"
+#include "serve/kvcached_process.h"
 #include "serve/session.h"
 
 namespace kvc::serve {
@@ -40,60 +40,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-// kvcached as a child process on a free loopback port.
-class Kvcached {
- public:
-  Kvcached(std::string binary, std::string data_dir)
-      : binary_(std::move(binary)), dir_(std::move(data_dir)) {}
-  ~Kvcached() { Stop(SIGKILL); }
-  absl::Status Start() {
-    int out[2];
-    if (pipe(out) != 0) return absl::InternalError("pipe");
-    pid_ = fork();
-    if (pid_ < 0) return absl::InternalError("fork");
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      const std::string log = dir_ + ".log";
-      FILE* err = std::fopen(log.c_str(), "a");
-      if (err != nullptr) dup2(fileno(err), STDERR_FILENO);
-      std::vector<std::string> args = {binary_,      "--data-dir",  dir_,          "--listen",
-                                       "127.0.0.1:0", "--ram-bytes", "268435456", "--ssd-bytes",
-                                       "1073741824"};
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary_.c_str(), argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    out_ = fdopen(out[0], "r");
-    char line[512] = {0};
-    if (fgets(line, sizeof line, out_) == nullptr || strstr(line, "listening on") == nullptr) {
-      return absl::UnavailableError(absl::StrCat("kvcached did not start (", binary_, ")"));
-    }
-    const std::string l(line);
-    address_ = l.substr(l.find("listening on ") + 13);
-    address_ = address_.substr(0, address_.find(' '));
-    return absl::OkStatus();
-  }
-  void Stop(int sig) {
-    if (pid_ <= 0) return;
-    kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    if (out_) fclose(out_);
-    out_ = nullptr;
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  std::string binary_, dir_, address_;
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
 
 std::string ReadText(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -191,7 +137,8 @@ int Main(int argc, char** argv) {
                       config->num_hidden_layers, m.layout().bytes_per_token(),
                       m.layout().chunk_tokens, work.string()));
 
-  Kvcached daemon((bin / "kvcached").string(), (work / "kvcached").string());
+  KvcachedProcess daemon((bin / "kvcached").string(), (work / "kvcached").string(),
+                         {"--ram-bytes", "268435456", "--ssd-bytes", "1073741824"});
   if (absl::Status s = daemon.Start(); !s.ok()) return fail(std::string(s.message()));
   say(absl::StrCat("kvdemo: kvcached on ", daemon.address(), "\n"));
   ConnectorOptions copt;

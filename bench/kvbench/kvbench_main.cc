@@ -5,6 +5,8 @@
 //   kvbench engine [--config FILE] [--weights FILE] [--prefill-tokens 512,2048,...]
 //                  [--full-depth-max N] [--decode-tokens N] [--resume-prefix N]
 //                  [--resume-new N] [--reps N] [--json]
+//   kvbench e2e [--config FILE] [--prefix-tokens 4096,16384,65536] [--new-tokens N]
+//               [--new-token-sweep 256,4096] [--reps N] [--plot FILE.png] [--json]
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
 //                   [--dataset-chunks N] [--depths 1,8,32] [--ops fetch,store] [--no-fio]
 //                   [--json]
@@ -15,6 +17,7 @@
 #include <sstream>
 #include "CLI/CLI.hpp"
 
+#include "bench/kvbench/e2e_bench.h"
 #include "bench/kvbench/engine_bench.h"
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/storage_bench.h"
@@ -106,6 +109,30 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   engine->add_flag("--json", json, "print one JSON object");
+  CLI::App* e2e = app.add_subcommand(
+      "e2e", "TTFT resuming from kvcached (RAM, SSD) vs cold prefill, by prefix and new tokens");
+  bench::E2eBenchOptions xopt;
+  e2e->add_option("--config", xopt.config, "model config")->capture_default_str();
+  e2e->add_option("--dir", xopt.dir, "scratch folder (emptied)")->capture_default_str();
+  e2e->add_option("--prefix-tokens", xopt.prefix_tokens, "cached prefix lengths")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  e2e->add_option("--new-tokens", xopt.new_tokens, "new tokens of the prefix sweep")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  e2e->add_option("--new-token-sweep", xopt.new_token_sweep, "new-token counts at --sweep-prefix")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  e2e->add_option("--sweep-prefix", xopt.sweep_prefix, "cached prefix of the new-token sweep")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  e2e->add_option("--reps", xopt.repetitions, "alternated runs per case")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  e2e->add_option("--plot", xopt.plot, "write a PNG of TTFT vs prefix (needs gnuplot)");
+  e2e->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -113,6 +140,17 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "kvbench: error: " << e.what() << " (run kvbench --help)\n";
     return 2;
+  }
+  if (e2e->parsed()) {
+    xopt.kvcached =
+        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    absl::StatusOr<nlohmann::json> r = bench::RunE2eBench(xopt);
+    if (!r.ok()) {
+      std::cerr << "kvbench: error: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cout << (json ? r->dump(2) : bench::E2eBenchToText(*r)) << "\n";
+    return 0;
   }
   if (engine->parsed()) {
     absl::StatusOr<nlohmann::json> r = bench::RunEngineBench(eopt);

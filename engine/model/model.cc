@@ -12,6 +12,7 @@
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/thread_pool.h"
+#include "engine/model/layer_ops.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 #include "engine/spec/check.h"
@@ -190,11 +191,6 @@ void NormRows(std::vector<float>& x, int64_t rows, int64_t width, const std::vec
     cpu::RmsNorm(&x[r * width], w.data(), width, eps, &x[r * width]);
 }
 
-int64_t FloorMod(int64_t a, int64_t m) {
-  const int64_t r = a % m;
-  return r < 0 ? r + m : r;
-}
-
 }  // namespace
 
 std::unique_ptr<SequenceState> ModelImpl::NewState() const {
@@ -361,25 +357,14 @@ void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_
   const int64_t rows = b - a, n = c.engram_max_ngram_size, heads = c.engram_n_heads,
                 ehd = c.engram_head_dim, width = (n - 1) * heads * ehd;
   // Compressed token ids: the identity map for configs whose vocabulary fits (small ones).
-  auto cmp = [&](uint32_t tok) {
-    return static_cast<int64_t>(tok) % c.engram_compressed_vocab_size;
-  };
-  const int64_t pad = cmp(static_cast<uint32_t>(c.engram_pad_token_id));
   std::vector<float> Ein(rows * width);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t p = a + r;
-    uint64_t h = 0;
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t tok = p >= k ? cmp(s.tokens[p - k]) : pad;
-      const uint64_t term = static_cast<uint64_t>(tok) * static_cast<uint64_t>(eg.multipliers[k]);
-      h = k == 0 ? term : h ^ term;
-      if (k == 0) continue;
-      for (int64_t j = 0; j < heads; ++j) {
-        const int64_t slot = (k - 1) * heads + j;
-        const int64_t row = FloorMod(static_cast<int64_t>(h), eg.primes[slot]) + eg.offsets[slot];
-        std::copy(eg.table.begin() + row * ehd, eg.table.begin() + (row + 1) * ehd,
-                  Ein.begin() + r * width + slot * ehd);
-      }
+    const std::vector<int64_t> ids =
+        EngramRows(s.tokens, a + r, eg.multipliers, eg.primes, eg.offsets, heads,
+                   c.engram_pad_token_id, c.engram_compressed_vocab_size);
+    for (size_t slot = 0; slot < ids.size(); ++slot) {
+      std::copy(eg.table.begin() + ids[slot] * ehd, eg.table.begin() + (ids[slot] + 1) * ehd,
+                Ein.begin() + r * width + slot * ehd);
     }
   }
   const std::vector<float> KV = Linear(Ein, rows, eg.wkv);  // rows × (hc+1)·D
@@ -469,17 +454,7 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
     ls.pend_score.insert(ls.pend_score.end(), score.begin() + r * hd, score.begin() + (r + 1) * hd);
     if (++ls.pend_rows < ratio) continue;
     // Softmax over the group's tokens per channel, then the weighted sum.
-    std::vector<float> latent(hd);
-    for (int64_t ch = 0; ch < hd; ++ch) {
-      float mx = kNegInf;
-      for (int64_t t = 0; t < ratio; ++t) mx = std::max(mx, ls.pend_score[t * hd + ch]);
-      float den = 0.0f;
-      for (int64_t t = 0; t < ratio; ++t) den += std::exp(ls.pend_score[t * hd + ch] - mx);
-      float acc = 0.0f;
-      for (int64_t t = 0; t < ratio; ++t)
-        acc += ls.pend_kv[t * hd + ch] * (std::exp(ls.pend_score[t * hd + ch] - mx) / den);
-      latent[ch] = acc;
-    }
+    std::vector<float> latent = PoolGroup(ls.pend_kv.data(), ls.pend_score.data(), ratio, hd);
     cpu::RmsNorm(latent.data(), w.c_norm.data(), hd, c.rms_norm_eps, latent.data());
     ls.pend_kv.clear();
     ls.pend_score.clear();
@@ -551,7 +526,7 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       constexpr int64_t kQueryBlock = 64;
       const int64_t blocks = (rows + kQueryBlock - 1) / kQueryBlock;
       cpu::ThreadPool::Default().ParallelFor(blocks, 1, [&](int64_t b0, int64_t b1) {
-        std::vector<float> qk, scores, block;
+        std::vector<float> qk, scores;
         for (int64_t blk = b0; blk < b1; ++blk) {
           const int64_t r0 = blk * kQueryBlock, r1 = std::min(rows, r0 + kQueryBlock);
           const int64_t width = (a + r1) / ratio;  // keys the block's last query sees
@@ -572,17 +547,7 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
               for (int64_t t = 0; t < cl; ++t) scores[t] += std::max(d[t], 0.0f) * wh;
             }
             if (plan.is_candidate_source) {
-              // Blocks by their best position; the newest block is always kept.
-              const int64_t nblocks = (cl + bs - 1) / bs;
-              block.assign(nblocks, kNegInf);
-              for (int64_t t = 0; t < cl; ++t) block[t / bs] = std::max(block[t / bs], scores[t]);
-              if (cl > 0) block[(cl - 1) / bs] = std::numeric_limits<float>::infinity();
-              const std::vector<int32_t> keep = cpu::TopKAscending(block, c.candidate_topk_blocks);
-              std::vector<uint8_t>& mask = pool[r];
-              mask.assign(cl, 0);
-              for (int32_t kb : keep) {
-                for (int64_t t = kb * bs; t < std::min(cl, (kb + 1) * bs); ++t) mask[t] = 1;
-              }
+              pool[r] = CandidateMask(scores, bs, c.candidate_topk_blocks);
             } else if (plan.candidate_pool_layer >= 0) {
               const std::vector<uint8_t>& mask = pool[r];
               for (int64_t t = 0; t < cl; ++t) {
@@ -635,29 +600,12 @@ void ModelImpl::AttendAndProject(
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {
     std::vector<const float*> keys;
-    std::vector<float> sc;
     for (int64_t r = r0; r < r1; ++r) {
       keys.clear();
       gather(r, keys);
-      sc.resize(keys.size());
       for (int64_t h = 0; h < H; ++h) {
-        const float* qh = &q[(r * H + h) * hd];
-        float mx = kNegInf;
-        for (size_t t = 0; t < keys.size(); ++t) {
-          float d = 0.0f;
-          for (int64_t e = 0; e < hd; ++e) d = std::fmaf(qh[e], keys[t][e], d);
-          sc[t] = d * scale;
-          mx = std::max(mx, sc[t]);
-        }
         float* oh = &o[(r * H + h) * hd];
-        float den = 0.0f;
-        for (size_t t = 0; t < keys.size(); ++t) {
-          const float p = std::exp(sc[t] - mx);
-          den += p;
-          for (int64_t e = 0; e < hd; ++e) oh[e] = std::fmaf(p, keys[t][e], oh[e]);
-        }
-        den += std::exp(w.sink[h] - mx);
-        for (int64_t e = 0; e < hd; ++e) oh[e] /= den;
+        AttendHead(&q[(r * H + h) * hd], keys, hd, w.sink[h], scale, oh);
         cpu::ApplyRope(oh, hd, freqs[l], a + r, /*inverse=*/true);
       }
     }
@@ -729,17 +677,9 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows,
   const std::vector<float> logits = Linear(x, rows, w.gate);
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(E_);  // (row, weight)
   for (int64_t r = 0; r < rows; ++r) {
-    std::vector<float> score(E_), biased(E_);
-    for (int64_t e = 0; e < E_; ++e) {
-      score[e] = cpu::SqrtSoftplus(logits[r * E_ + e]);
-      biased[e] = score[e] + w.gate_bias[e];
-    }
-    const std::vector<int32_t> pick = cpu::TopKAscending(biased, k);
-    float sum = 0.0f;
-    for (int32_t e : pick) sum += score[e];
-    for (int32_t e : pick) {
-      float weight = c.norm_topk_prob ? score[e] / (sum + 1e-20f) : score[e];
-      by_expert[e].push_back({r, weight * static_cast<float>(c.routed_scaling_factor)});
+    for (const auto& [e, weight] : RouteToken(Row(logits, r, E_), w.gate_bias, k, c.norm_topk_prob,
+                                              static_cast<float>(c.routed_scaling_factor))) {
+      by_expert[e].push_back({r, weight});
     }
   }
   auto run = [&](const ExpertWeights& ew, const std::vector<float>& xs, int64_t n,

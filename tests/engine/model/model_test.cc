@@ -292,6 +292,36 @@ TEST_F(ModelTest, DSparkGreedyOutputEqualsPlainGreedy) {
   }
 }
 
+// Another shape (configs/tiny.json: other widths, window 16, ratio-2 and ratio-1 Full
+// layers in the encoder and decoder, 1-of-4 experts, a 2-gram Engram, a 3-token DSpark
+// block): exact resume and lossless DSpark hold there too.
+TEST(ModelShapesTest, ExactResumeAndDSparkOnTheTinyConfig) {
+  testing::TempDir dir;
+  const ModelConfig c = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/tiny.json");
+  const std::string w = dir.File("tiny.safetensors");
+  ASSERT_TRUE(WriteRandomWeights(c, *BuildLayerSchedule(c), 11, w).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(c, w, 32);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (auto [cached, fresh] : {std::pair{32, 1}, {64, 9}, {96, 15}, {128, 70}}) {
+    std::vector<uint32_t> prompt(cached + fresh);
+    for (uint32_t& t : prompt) t = static_cast<uint32_t>(rng() % c.vocab_size);
+    Sequence cold = (*m)->NewSequence(), prefix = (*m)->NewSequence(), warm = (*m)->NewSequence();
+    const std::vector<float> a = *(*m)->Prefill(cold, prompt, PrefillMode::kCed);
+    ASSERT_TRUE((*m)->Prefill(prefix, std::span(prompt).first(cached), PrefillMode::kCed).ok());
+    std::vector<uint8_t> pages;
+    for (int64_t k = 0; k < cached / 32; ++k)
+      pages.insert(pages.end(), prefix.page(k).begin(), prefix.page(k).end());
+    absl::StatusOr<std::vector<float>> b =
+        (*m)->Resume(warm, pages, cached, prompt, ReplayMode::kExact);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(std::memcmp(a.data(), b->data(), a.size() * 4), 0) << cached << "+" << fresh;
+    const Generation plain = *GenerateGreedy(**m, cold, a, 12, false);
+    const Generation spec = *GenerateGreedy(**m, warm, *b, 12, true);
+    EXPECT_EQ(plain.tokens, spec.tokens) << cached << "+" << fresh;
+  }
+}
+
 TEST(EngramTest, ReferencePrimesMatchThePublishedVectors) {
   absl::StatusOr<ModelConfig> c =
       LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json");

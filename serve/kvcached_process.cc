@@ -1,0 +1,61 @@
+#include "serve/kvcached_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvc::serve {
+
+KvcachedProcess::KvcachedProcess(std::string binary, std::string data_dir,
+                                 std::vector<std::string> extra)
+    : binary_(std::move(binary)), dir_(std::move(data_dir)), extra_(std::move(extra)) {}
+
+KvcachedProcess::~KvcachedProcess() { Stop(SIGKILL); }
+
+absl::Status KvcachedProcess::Start() {
+  int out[2];
+  if (pipe(out) != 0) return absl::InternalError("pipe");
+  std::vector<std::string> args = {binary_, "--data-dir", dir_, "--listen", "127.0.0.1:0"};
+  args.insert(args.end(), extra_.begin(), extra_.end());
+  pid_ = fork();
+  if (pid_ < 0) return absl::InternalError("fork");
+  if (pid_ == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    const std::string log = dir_ + ".log";
+    if (FILE* err = std::fopen(log.c_str(), "a"); err != nullptr) dup2(fileno(err), STDERR_FILENO);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary_.c_str(), argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  out_ = fdopen(out[0], "r");
+  char line[512] = {0};
+  if (fgets(line, sizeof line, out_) == nullptr || strstr(line, "listening on ") == nullptr) {
+    Stop(SIGKILL);
+    return absl::UnavailableError(
+        absl::StrCat("kvcached did not start (", binary_, "; its log: ", dir_, ".log)"));
+  }
+  const std::string l(line);
+  address_ = l.substr(l.find("listening on ") + 13);
+  address_ = address_.substr(0, address_.find(' '));
+  return absl::OkStatus();
+}
+
+void KvcachedProcess::Stop(int sig) {
+  if (pid_ <= 0) return;
+  kill(pid_, sig);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  if (out_) fclose(out_);  // kept open until now so kvcached never gets SIGPIPE
+  out_ = nullptr;
+}
+
+}  // namespace kvc::serve
