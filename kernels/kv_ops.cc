@@ -1,0 +1,127 @@
+#include "kernels/kv_ops.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda_check.h"
+#include "kernels/kv_dequant.h"
+#include "kernels/kv_ops_kernel.cuh"
+
+namespace kvc::cuda {
+namespace {
+
+// A device copy of a host span, freed with the object.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    if (n_ > 0) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)));
+  }
+  explicit DeviceBuffer(std::span<const T> host) : DeviceBuffer(host.size()) {
+    if (n_ > 0) CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  std::vector<T> ToHost() const {
+    std::vector<T> out(n_);
+    if (n_ > 0) CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+int MaxFiniteE8M0(float max_value) {
+  int code = 254;
+  while (!std::isfinite(DecodeE8M0(static_cast<uint8_t>(code)) * max_value)) --code;
+  return code;
+}
+
+}  // namespace
+
+absl::Status QuantizeOnDevice(KvFormat format, std::span<const float> x, std::span<uint8_t> codes,
+                              std::span<uint8_t> scales) {
+  if (format == KvFormat::kSwaKv) {
+    return absl::InvalidArgumentError("the swa format is never stored; no device quantizer");
+  }
+  const int64_t n = static_cast<int64_t>(x.size()), block = SpecOf(format).scale_block;
+  if (n % block != 0 || static_cast<int64_t>(codes.size()) != CodesBytes(format, n) ||
+      static_cast<int64_t>(scales.size()) != ScalesBytes(format, n)) {
+    return absl::InvalidArgumentError(absl::StrCat("quantize ", n, " values: got ", codes.size(),
+                                                   " code bytes and ", scales.size(),
+                                                   " scale bytes"));
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<uint8_t> dc(codes.size()), ds(scales.size());
+  const Fp4Scale scale = format == KvFormat::kMainKv ? Fp4Scale::kE4M3 : Fp4Scale::kE8M0;
+  CUDA_CHECK(LaunchQuantizeFp4(scale, static_cast<int>(block), MaxFiniteE8M0(6.0f), dx.get(), n,
+                               dc.get(), ds.get(), nullptr));
+  const std::vector<uint8_t> c = dc.ToHost(), s = ds.ToHost();
+  std::copy(c.begin(), c.end(), codes.begin());
+  std::copy(s.begin(), s.end(), scales.begin());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> IndexerScoresOnDevice(std::span<const float> qi,
+                                                         std::span<const float> w,
+                                                         std::span<const float> keys,
+                                                         std::span<const int32_t> visible,
+                                                         int64_t heads, int64_t dim) {
+  const int64_t queries = static_cast<int64_t>(visible.size());
+  const int64_t positions = dim > 0 ? static_cast<int64_t>(keys.size()) / dim : 0;
+  if (static_cast<int64_t>(qi.size()) != queries * heads * dim ||
+      static_cast<int64_t>(w.size()) != queries * heads ||
+      static_cast<int64_t>(keys.size()) != positions * dim) {
+    return absl::InvalidArgumentError("indexer inputs do not fit queries × heads × dim");
+  }
+  for (int32_t v : visible) {
+    if (v < 0 || v > positions) return absl::InvalidArgumentError("visible count out of range");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dq(qi), dw(w), dk(keys), out(queries * positions);
+  DeviceBuffer<int32_t> dv(visible);
+  CUDA_CHECK(LaunchIndexerScores(dq.get(), dw.get(), dk.get(), dv.get(), queries, heads, dim,
+                                 positions, out.get(), nullptr));
+  return out.ToHost();
+}
+
+absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
+    std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
+    std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
+    std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
+    float scale) {
+  const int64_t queries = static_cast<int64_t>(offsets.size()) - 1;
+  if (queries < 0 || static_cast<int64_t>(q.size()) != queries * heads * dim ||
+      static_cast<int64_t>(sink.size()) != heads || dim % 16 != 0 ||
+      pages.size() % layout.chunk_bytes != 0 ||
+      offsets.back() != static_cast<int32_t>(list.size())) {
+    return absl::InvalidArgumentError("attention inputs do not fit together");
+  }
+  const ChunkSection& codes = layout.Section(layer, SectionKind::kMainCodes);
+  const ChunkSection& scales = layout.Section(layer, SectionKind::kMainScales);
+  const int64_t rows = static_cast<int64_t>(window.size()) / dim;
+  const int64_t compressed =
+      static_cast<int64_t>(pages.size()) / layout.chunk_bytes * codes.positions;
+  for (int32_t e : list) {
+    if (e >= rows || (e < 0 && -static_cast<int64_t>(e) - 1 >= compressed)) {
+      return absl::InvalidArgumentError(absl::StrCat("key entry ", e, " is out of range"));
+    }
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dq(q), dwin(window), dsink(sink), out(q.size());
+  DeviceBuffer<uint8_t> dpages(pages);
+  DeviceBuffer<int32_t> doff(offsets), dlist(list);
+  PagedMainKv paged{dpages.get(), layout.chunk_bytes, codes.positions, codes.offset, scales.offset};
+  CUDA_CHECK(LaunchSparseAttention(dq.get(), queries, heads, dim, dwin.get(), paged, doff.get(),
+                                   dlist.get(), dsink.get(), scale, out.get(), nullptr));
+  return out.ToHost();
+}
+
+}  // namespace kvc::cuda

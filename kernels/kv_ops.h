@@ -1,0 +1,35 @@
+// Host wrappers of the global-KV kernels (kv_ops_kernel.cuh) for tests, benchmarks and
+// the engine's CUDA backend: copy in, launch on device 0, copy out. FailedPrecondition
+// without a GPU; InvalidArgument for sizes that do not fit together.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/spec/chunk_layout.h"
+#include "engine/spec/kv_codec.h"
+
+namespace kvc::cuda {
+
+// The CPU codec's Quantize for the stored formats (main, index), on the device.
+[[nodiscard]] absl::Status QuantizeOnDevice(KvFormat format, std::span<const float> x,
+                                            std::span<uint8_t> codes, std::span<uint8_t> scales);
+
+// Indexer scores of `queries` queries (heads × dim each, with head weights) against
+// `positions` keys; query q sees keys t < visible[q]. Returns queries × positions.
+[[nodiscard]] absl::StatusOr<std::vector<float>> IndexerScoresOnDevice(
+    std::span<const float> qi, std::span<const float> w, std::span<const float> keys,
+    std::span<const int32_t> visible, int64_t heads, int64_t dim);
+
+// Sparse attention of `queries` × heads query heads (dim each) over, per query, the
+// entries list[offsets[q] .. offsets[q+1]): e >= 0 a row of `window`, e < 0 compressed
+// row −e−1 of Full layer `layer`, read from `pages` (whole chunks in `layout`).
+[[nodiscard]] absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
+    std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
+    std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
+    std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
+    float scale);
+
+}  // namespace kvc::cuda

@@ -1,0 +1,215 @@
+#include <cfloat>
+#include <cmath>
+
+#include "kernels/kv_ops_kernel.cuh"
+
+namespace kvc::cuda {
+namespace {
+
+__device__ __forceinline__ uint32_t EncodeE2M1(float x) {
+  if (isnan(x)) return 0;
+  const uint32_t sign = signbit(x) ? 0x8u : 0x0u;
+  const float a = fabsf(x);
+  uint32_t m;
+  if (a <= 0.25f)
+    m = 0;
+  else if (a < 0.75f)
+    m = 1;
+  else if (a <= 1.25f)
+    m = 2;
+  else if (a < 1.75f)
+    m = 3;
+  else if (a <= 2.5f)
+    m = 4;
+  else if (a < 3.5f)
+    m = 5;
+  else if (a <= 5.0f)
+    m = 6;
+  else
+    m = 7;
+  return sign | m;
+}
+
+__device__ __forceinline__ uint32_t EncodeE4M3(float x) {
+  if (isnan(x)) return 0x7Fu;
+  const uint32_t sign = signbit(x) ? 0x80u : 0x00u;
+  const float a = fabsf(x);
+  if (a >= 448.0f) return sign | 0x7Eu;
+  if (a < 0x1p-6f) return sign | static_cast<uint32_t>(nearbyintf(a * 512.0f));
+  int exp2 = 0;
+  frexpf(a, &exp2);
+  int e = exp2 - 1;
+  int m = static_cast<int>(nearbyintf(ldexpf(a, 3 - e)));
+  if (m == 16) {
+    m = 8;
+    ++e;
+  }
+  int code = ((e + 7) << 3) | (m - 8);
+  if (code > 0x7E) code = 0x7E;
+  return sign | static_cast<uint32_t>(code);
+}
+
+__device__ __forceinline__ float E2M1Value(uint32_t code) {
+  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kMag[code & 7u];
+  return (code & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float E4M3Value(uint32_t code) {
+  const int exp = (code >> 3) & 0xF;
+  const int mant = code & 7;
+  float v;
+  if (exp == 0xF && mant == 7)
+    v = __int_as_float(0x7FC00000);
+  else if (exp == 0)
+    v = ldexpf(static_cast<float>(mant), -9);
+  else
+    v = ldexpf(static_cast<float>(8 + mant), exp - 10);
+  return (code & 0x80u) ? -v : v;
+}
+
+__device__ __forceinline__ uint32_t E8M0CeilPow2(float y, int max_code) {
+  if (isinf(y)) return static_cast<uint32_t>(min(254, max_code));
+  const uint32_t bits = __float_as_uint(y);
+  uint32_t e = (bits >> 23) & 0xFF;
+  if ((bits & 0x7FFFFF) != 0) ++e;
+  if (e > 254) e = 254;
+  return e > static_cast<uint32_t>(max_code) ? static_cast<uint32_t>(max_code) : e;
+}
+
+// One thread per scale block.
+__global__ void QuantizeFp4Kernel(Fp4Scale scale, int block, int max_e8m0, const float* x,
+                                  int64_t blocks, uint8_t* codes, uint8_t* scales) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  const float* xb = x + b * block;
+  float amax = 0.0f;
+  for (int i = 0; i < block; ++i) {
+    const float a = fabsf(xb[i]);
+    if (a > amax) amax = a;
+  }
+  uint32_t sc;
+  float s;
+  if (scale == Fp4Scale::kE4M3) {
+    sc = EncodeE4M3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f);
+    s = E4M3Value(sc);
+  } else {
+    sc = E8M0CeilPow2(fmaxf(amax, 6.0f * 0x1p-126f) / 6.0f, max_e8m0);
+    s = ldexpf(1.0f, static_cast<int>(sc) - 127);
+  }
+  scales[b] = static_cast<uint8_t>(sc);
+  for (int i = 0; i < block; i += 2) {
+    const float v0 = xb[i], v1 = xb[i + 1];
+    const uint32_t c0 = isnan(v0) ? 0 : EncodeE2M1(fminf(fmaxf(v0 / s, -6.0f), 6.0f));
+    const uint32_t c1 = isnan(v1) ? 0 : EncodeE2M1(fminf(fmaxf(v1 / s, -6.0f), 6.0f));
+    codes[(b * block + i) / 2] = static_cast<uint8_t>(c0 | (c1 << 4));
+  }
+}
+
+__global__ void IndexerScoresKernel(const float* qi, const float* w, const float* keys,
+                                    const int32_t* visible, int64_t queries, int64_t heads,
+                                    int64_t dim, int64_t positions, float* score) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t q = blockIdx.y;
+  if (t >= positions || q >= queries) return;
+  if (t >= visible[q]) {
+    score[q * positions + t] = -INFINITY;
+    return;
+  }
+  const float* kt = keys + t * dim;
+  float sc = 0.0f;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = qi + (q * heads + h) * dim;
+    float d = 0.0f;
+    for (int64_t i = 0; i < dim; ++i) d = fmaf(qh[i], kt[i], d);
+    // Explicit rounding steps: no contraction into an FMA the CPU does not do.
+    sc = __fadd_rn(sc, __fmul_rn(fmaxf(d, 0.0f), w[q * heads + h]));
+  }
+  score[q * positions + t] = sc;
+}
+
+// Element e of the key of list entry `entry` (window row or paged compressed row).
+__device__ __forceinline__ float KeyElement(const float* window, const PagedMainKv& p,
+                                            int32_t entry, int64_t dim, int64_t e) {
+  if (entry >= 0) return window[static_cast<int64_t>(entry) * dim + e];
+  const int64_t j = -static_cast<int64_t>(entry) - 1;
+  const uint8_t* page = p.pages + (j / p.per_page) * p.page_bytes;
+  const int64_t local = j % p.per_page;
+  const uint32_t byte = page[p.main_codes_offset + local * (dim / 2) + e / 2];
+  const uint32_t sc = page[p.main_scales_offset + local * (dim / 16) + e / 16];
+  return E2M1Value((e % 2) ? (byte >> 4) : (byte & 0xFu)) * E4M3Value(sc);
+}
+
+__global__ void SparseAttentionKernel(const float* q, int64_t queries, int64_t heads, int64_t dim,
+                                      const float* window, PagedMainKv paged,
+                                      const int32_t* offsets, const int32_t* list,
+                                      const float* sink, float scale, float* o) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= queries * heads) return;
+  const int64_t qn = id / heads, h = id % heads;
+  const float* qh = q + id * dim;
+  float* oh = o + id * dim;
+  const int32_t begin = offsets[qn], end = offsets[qn + 1];
+  // Pass 1: the running maximum of the scores, as the CPU computes them.
+  float mx = -INFINITY;
+  for (int32_t k = begin; k < end; ++k) {
+    float d = 0.0f;
+    for (int64_t e = 0; e < dim; ++e)
+      d = fmaf(qh[e], KeyElement(window, paged, list[k], dim, e), d);
+    mx = fmaxf(mx, __fmul_rn(d, scale));
+  }
+  for (int64_t e = 0; e < dim; ++e) oh[e] = 0.0f;
+  if (end == begin) return;
+  // Pass 2: weights and the weighted sum, key by key.
+  float den = 0.0f;
+  for (int32_t k = begin; k < end; ++k) {
+    float d = 0.0f;
+    for (int64_t e = 0; e < dim; ++e)
+      d = fmaf(qh[e], KeyElement(window, paged, list[k], dim, e), d);
+    const float p = expf(__fsub_rn(__fmul_rn(d, scale), mx));
+    den = __fadd_rn(den, p);
+    for (int64_t e = 0; e < dim; ++e)
+      oh[e] = fmaf(p, KeyElement(window, paged, list[k], dim, e), oh[e]);
+  }
+  den = __fadd_rn(den, expf(__fsub_rn(sink[h], mx)));
+  for (int64_t e = 0; e < dim; ++e) oh[e] /= den;
+}
+
+}  // namespace
+
+cudaError_t LaunchQuantizeFp4(Fp4Scale scale, int scale_block, int max_e8m0, const float* x,
+                              int64_t n, uint8_t* codes, uint8_t* scales, cudaStream_t stream) {
+  const int64_t blocks = n / scale_block;
+  if (blocks == 0) return cudaSuccess;
+  constexpr int kThreads = 128;
+  QuantizeFp4Kernel<<<static_cast<unsigned>((blocks + kThreads - 1) / kThreads), kThreads, 0,
+                      stream>>>(scale, scale_block, max_e8m0, x, blocks, codes, scales);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchIndexerScores(const float* qi, const float* w, const float* keys,
+                                const int32_t* visible, int64_t queries, int64_t heads, int64_t dim,
+                                int64_t positions, float* score, cudaStream_t stream) {
+  if (queries == 0 || positions == 0) return cudaSuccess;
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>((positions + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(queries));
+  IndexerScoresKernel<<<grid, kThreads, 0, stream>>>(qi, w, keys, visible, queries, heads, dim,
+                                                     positions, score);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSparseAttention(const float* q, int64_t queries, int64_t heads, int64_t dim,
+                                  const float* window, PagedMainKv paged, const int32_t* offsets,
+                                  const int32_t* list, const float* sink, float scale, float* o,
+                                  cudaStream_t stream) {
+  const int64_t n = queries * heads;
+  if (n == 0) return cudaSuccess;
+  constexpr int kThreads = 64;
+  SparseAttentionKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                          stream>>>(q, queries, heads, dim, window, paged, offsets, list, sink,
+                                    scale, o);
+  return cudaGetLastError();
+}
+
+}  // namespace kvc::cuda

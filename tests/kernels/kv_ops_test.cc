@@ -1,0 +1,145 @@
+// The global-KV kernels against their CPU twins on random inputs (fresh seeds): FP4
+// quantization and indexer scores bit for bit, sparse attention over window rows and FP4
+// pages within a relative error (CUDA's expf differs from glibc's by up to 2 ulp).
+// Skipped, saying so, where there is no GPU.
+#include "kernels/kv_ops.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "engine/model/layer_ops.h"
+#include "gtest/gtest.h"
+#include "kernels/kv_dequant.h"
+#include "tests/testing/seed.h"
+
+namespace kvc::cuda {
+namespace {
+
+class KvOpsCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() == 0)
+      GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  }
+};
+
+std::vector<float> Normal(std::mt19937_64& rng, size_t n, float scale) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+TEST_F(KvOpsCudaTest, QuantizeMatchesTheCpuCodecByteForByte) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (KvFormat f : {KvFormat::kMainKv, KvFormat::kIndexK}) {
+    for (float scale : {1e-6f, 0.3f, 4.0f, 3000.0f}) {
+      const std::vector<float> x = Normal(rng, 512 * 64, scale);
+      std::vector<uint8_t> cc(CodesBytes(f, x.size())), cs(ScalesBytes(f, x.size()));
+      std::vector<uint8_t> gc(cc.size()), gs(cs.size());
+      Quantize(f, x, cc, cs);
+      ASSERT_TRUE(QuantizeOnDevice(f, x, gc, gs).ok());
+      EXPECT_EQ(gc, cc) << SpecOf(f).name << " codes, values of scale " << scale;
+      EXPECT_EQ(gs, cs) << SpecOf(f).name << " scales, values of scale " << scale;
+    }
+  }
+}
+
+TEST_F(KvOpsCudaTest, IndexerScoresMatchTheCpuBitForBit) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t queries = 37, heads = 4, dim = 32, positions = 300;
+  std::vector<float> keys = Normal(rng, positions * dim, 1.0f);
+  FakeQuantize(KvFormat::kIndexK, keys);  // what the pages hold
+  std::vector<float> qi = Normal(rng, queries * heads * dim, 1.0f);
+  FakeQuantize(KvFormat::kIndexK, qi);
+  const std::vector<float> w = Normal(rng, queries * heads, 0.2f);
+  std::vector<int32_t> visible(queries);
+  for (int32_t& v : visible) v = static_cast<int32_t>(rng() % (positions + 1));
+  absl::StatusOr<std::vector<float>> got = IndexerScoresOnDevice(qi, w, keys, visible, heads, dim);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int64_t q = 0; q < queries; ++q) {
+    for (int64_t t = 0; t < positions; ++t) {
+      float want = -INFINITY;
+      if (t < visible[q]) {  // the engine's order: an fma chain per head, then the head sum
+        want = 0.0f;
+        for (int64_t h = 0; h < heads; ++h) {
+          float d = 0.0f;
+          for (int64_t i = 0; i < dim; ++i)
+            d = std::fmaf(qi[(q * heads + h) * dim + i], keys[t * dim + i], d);
+          want += std::max(d, 0.0f) * w[q * heads + h];
+        }
+      }
+      ASSERT_EQ(std::memcmp(&(*got)[q * positions + t], &want, 4), 0) << q << "," << t;
+    }
+  }
+}
+
+TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const ModelConfig c = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+  const LayerSchedule s = *BuildLayerSchedule(c);
+  const ChunkLayout layout = *BuildChunkLayout(c, s, 64);
+  const int64_t layer = s.FullLayers()[0], dim = c.head_dim, heads = c.num_attention_heads;
+  const ChunkSection& mc = layout.Section(layer, SectionKind::kMainCodes);
+  const ChunkSection& ms = layout.Section(layer, SectionKind::kMainScales);
+  // Three pages of random compressed rows, and their dequantized values.
+  const int64_t chunks = 3, rows = chunks * mc.positions;
+  std::vector<uint8_t> pages(chunks * layout.chunk_bytes);
+  std::vector<float> compressed(rows * dim);
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const std::vector<float> x = Normal(rng, mc.positions * dim, 2.0f);
+    std::span<uint8_t> pg(pages.data() + ch * layout.chunk_bytes, layout.chunk_bytes);
+    Quantize(KvFormat::kMainKv, x, pg.subspan(mc.offset, mc.bytes),
+             pg.subspan(ms.offset, ms.bytes));
+    Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset, mc.bytes), pg.subspan(ms.offset, ms.bytes),
+               std::span<float>(compressed.data() + ch * mc.positions * dim, mc.positions * dim));
+  }
+  const int64_t window_rows = 20, queries = 9;
+  const std::vector<float> window = Normal(rng, window_rows * dim, 1.0f);
+  const std::vector<float> q = Normal(rng, queries * heads * dim, 0.3f),
+                           sink = Normal(rng, heads, 1.0f);
+  std::vector<int32_t> offsets = {0}, list;
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t n = static_cast<int64_t>(rng() % 24);  // 0 keys included
+    for (int64_t k = 0; k < n; ++k) {
+      list.push_back(rng() % 2 ? static_cast<int32_t>(rng() % window_rows)
+                               : -static_cast<int32_t>(rng() % rows) - 1);
+    }
+    offsets.push_back(static_cast<int32_t>(list.size()));
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  absl::StatusOr<std::vector<float>> got = SparseAttentionOnDevice(
+      q, heads, dim, window, pages, layout, layer, offsets, list, sink, scale);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<float> want(dim);
+  for (int64_t i = 0; i < queries; ++i) {
+    std::vector<const float*> keys;
+    for (int32_t k = offsets[i]; k < offsets[i + 1]; ++k) {
+      keys.push_back(list[k] >= 0 ? &window[list[k] * dim] : &compressed[(-list[k] - 1) * dim]);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      model::AttendHead(&q[(i * heads + h) * dim], keys, dim, sink[h], scale, want.data());
+      for (int64_t e = 0; e < dim; ++e) {
+        EXPECT_NEAR((*got)[(i * heads + h) * dim + e], want[e], 1e-5f * (1.0f + std::abs(want[e])))
+            << "query " << i << " head " << h;
+      }
+    }
+  }
+}
+
+TEST(KvOpsCudaArgsTest, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
+  std::vector<float> x(33);
+  std::vector<uint8_t> codes(16), scales(2);
+  EXPECT_EQ(QuantizeOnDevice(KvFormat::kMainKv, x, codes, scales).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(QuantizeOnDevice(KvFormat::kSwaKv, x, codes, scales).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> qi(10), w(2), keys(64);
+  std::vector<int32_t> visible = {5};
+  EXPECT_EQ(IndexerScoresOnDevice(qi, w, keys, visible, 2, 32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvc::cuda
