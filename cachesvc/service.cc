@@ -389,7 +389,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         lease.ok()) {
       const std::span<const uint8_t> bytes = lease->bytes();
       resp_ = FetchResponseFrame(keys_[next_], bytes, new PayloadOwner{*std::move(lease), {}});
-      StartWrite(&resp_);
+      Write();
       return;
     }
     if (!svc_->executor.Submit([this] { ReadAndWrite(); })) {
@@ -407,7 +407,19 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     resp_ = FetchResponseFrame(key, payload, owner.release());
-    StartWrite(&resp_);
+    Write();
+  }
+  // The last chunk goes out with the trailers in one step (no OnWriteDone round trip:
+  // it matters for the many one-chunk fetches).
+  void Write() {
+    if (next_ + 1 < keys_.size()) {
+      StartWrite(&resp_);
+      return;
+    }
+    if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/false, ns_.chunk_bytes);
+    slot_.Release();
+    svc_->Observe("Fetch", slot_.tenant(), grpc::Status::OK, start_);
+    StartWriteAndFinish(&resp_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
   KvCacheService::Impl* svc_;
