@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 
@@ -64,6 +65,7 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
   const int64_t usable = n > 0 ? (n - 1) / C : 0;
   std::vector<uint8_t> pages;
   int64_t got = 0;
+  absl::StatusOr<std::vector<float>> logits = absl::UnknownError("not run");
   if (!ns_) {
     r->warnings.push_back(absl::StrCat("cache unavailable (", connect_error_, "): cold prefill"));
   } else if (usable > 0) {
@@ -86,45 +88,69 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
       }
       r->tier = ram && ssd ? "ram+ssd" : ram ? "ram" : ssd ? "ssd" : "none";
       pages.resize(keys.size() * model_.layout().chunk_bytes);
-      const auto tf = Clock::now();
+      // Fetch on another thread while the engine runs the layers that read no page.
       std::string short_reason;
-      absl::StatusOr<size_t> fetched = client_->Fetch(*ns_, keys, pages, &short_reason);
-      r->fetch_ms = Ms(tf);
-      if (!fetched.ok()) {
-        r->warnings.push_back(absl::StrCat("fetch failed (", fetched.status().message(),
-                                           "): cold prefill"));
+      std::future<absl::StatusOr<size_t>> fetch =
+          std::async(std::launch::async, [&]() -> absl::StatusOr<size_t> {
+            const auto tf = Clock::now();
+            absl::StatusOr<size_t> fetched = client_->Fetch(*ns_, keys, pages, &short_reason);
+            r->fetch_ms = Ms(tf);
+            return fetched;
+          });
+      const int64_t want = static_cast<int64_t>(keys.size());
+      bool short_fetch = false;
+      const auto tc = Clock::now();
+      logits = model_.Resume(
+          seq,
+          [&]() -> absl::StatusOr<std::span<const uint8_t>> {
+            const auto tw = Clock::now();
+            absl::StatusOr<size_t> fetched = fetch.get();
+            r->fetch_wait_ms = Ms(tw);
+            if (!fetched.ok()) return fetched.status();
+            got = static_cast<int64_t>(*fetched);
+            r->fetched_bytes = got * model_.layout().chunk_bytes;
+            if (got < want) {
+              short_fetch = true;
+              return absl::AbortedError("fewer chunks than looked up");
+            }
+            return std::span<const uint8_t>(pages);
+          },
+          want * C, prompt, opt_.replay);
+      if (fetch.valid()) fetch.wait();  // Resume refused before asking for the pages
+      if (logits.ok()) {
+        r->reused_tokens = want * C;
       } else {
-        got = static_cast<int64_t>(*fetched);
-        if (got < static_cast<int64_t>(keys.size())) {
+        seq = model_.NewSequence();
+        if (short_fetch) {
           r->warnings.push_back(absl::StrCat(
-              "chunk ", got, " of ", keys.size(), " could not be fetched after the lookup (",
+              "chunk ", got, " of ", want, " could not be fetched after the lookup (",
               short_reason.empty() ? "gone" : short_reason, "): resuming from ", got * C,
               " tokens"));
+          if (got > 0) {  // the pages before it are here: resume from them
+            logits = model_.Resume(seq, std::span(pages).first(got * model_.layout().chunk_bytes),
+                                   got * C, prompt, opt_.replay);
+            if (logits.ok()) {
+              r->reused_tokens = got * C;
+            } else {
+              seq = model_.NewSequence();
+            }
+          }
         }
-        r->fetched_bytes = got * model_.layout().chunk_bytes;
+        if (!logits.ok() && !short_fetch) {
+          r->warnings.push_back(absl::StrCat("fetch or cached pages failed (",
+                                             logits.status().message(), "): cold prefill"));
+        }
       }
+      r->compute_ms = Ms(tc) - r->fetch_wait_ms;
     }
   }
-  const auto tc = Clock::now();
-  absl::StatusOr<std::vector<float>> logits;
-  if (got > 0) {
-    logits = model_.Resume(seq, std::span(pages).first(got * model_.layout().chunk_bytes), got * C,
-                           prompt, opt_.replay);
-    if (!logits.ok()) {
-      r->warnings.push_back(
-          absl::StrCat("cached pages unusable (", logits.status().message(), "): cold prefill"));
-      seq = model_.NewSequence();
-      got = 0;
-    } else {
-      r->reused_tokens = got * C;
-    }
-  }
-  if (got == 0) {
-    if (r->tier != "none" && r->reused_tokens == 0) r->tier = "none";
+  if (r->reused_tokens == 0) {
+    r->tier = "none";
+    const auto tc = Clock::now();
     logits = model_.Prefill(seq, prompt, opt_.cold_mode);
+    r->compute_ms = Ms(tc);
   }
   if (!logits.ok()) return logits.status();
-  r->compute_ms = Ms(tc);
   r->ttft_ms = Ms(t0);
   const model::ForwardStats& st = seq.last_stats();
   r->replayed_tokens = st.replayed_tokens;

@@ -1,6 +1,7 @@
 // CacheConnector: the engine's link to kvcached. For each request it hashes the prompt,
 // looks up how much of it is cached, fetches those chunks straight into the engine's page
-// layout and resumes from them; afterwards it stores every newly completed chunk in the
+// layout (on another thread, while the engine runs the layers that read no page) and
+// resumes from them; afterwards it stores every newly completed chunk in the
 // background. Anything the cache cannot give — a miss, a chunk evicted between Lookup and
 // Fetch, a page that does not decode, a dead or slow service — degrades to a cold
 // prefill with a warning, never to a failed request.
@@ -45,6 +46,9 @@ struct TurnReport {
   int64_t replayed_tokens = 0;
   int64_t encoder_tokens = 0, decoder_tokens = 0;
   double lookup_ms = 0, fetch_ms = 0, compute_ms = 0, ttft_ms = 0;
+  // How long the engine waited for the fetch after the layers that need no page (the
+  // rest of fetch_ms was hidden behind them).
+  double fetch_wait_ms = 0;
   uint64_t fetched_bytes = 0;
   std::vector<std::string> warnings;  // why the cache was not (fully) used
 };

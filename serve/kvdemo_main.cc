@@ -202,6 +202,7 @@ int Main(int argc, char** argv) {
                             {"replayed_tokens", r.replayed_tokens},
                             {"fetched_bytes", r.fetched_bytes},
                             {"fetch_ms", r.fetch_ms},
+                            {"fetch_wait_ms", r.fetch_wait_ms},
                             {"ttft_warm_ms", r.ttft_ms},
                             {"ttft_cold_ms", cold_ms},
                             {"decode_tok_s", warm->decode_tok_s},

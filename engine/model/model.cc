@@ -1038,6 +1038,14 @@ void Model::Rollback(Sequence& seq, const SequenceCheckpoint& cp) const {
 absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, std::span<const uint8_t> pages,
                                                  int64_t cached, std::span<const uint32_t> tokens,
                                                  ReplayMode replay) const {
+  return Resume(
+      seq, [pages]() -> absl::StatusOr<std::span<const uint8_t>> { return pages; }, cached, tokens,
+      replay);
+}
+
+absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource& source,
+                                                 int64_t cached, std::span<const uint32_t> tokens,
+                                                 ReplayMode replay) const {
   const ModelImpl& m = *impl_;
   SequenceState& s = *seq.s_;
   const int64_t C = m.layout.chunk_tokens, n = static_cast<int64_t>(tokens.size());
@@ -1053,13 +1061,32 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, std::span<const 
         "the cached prefix (", cached, " tokens) must be shorter than the prompt (", n, ")"));
   }
   const int64_t chunks = cached / C;
+  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
+  s.tokens.assign(tokens.begin(), tokens.end());
+  s.stats = {};
+  // Replay start: the model's window, or the encoder's whole dependency window before the
+  // first position the decoder reads (exact).
+  const int64_t seg = std::max<int64_t>(0, n - m.win);
+  int64_t start = std::max<int64_t>(0, cached - m.win);
+  if (replay == ReplayMode::kExact) {
+    start = std::max<int64_t>(0, std::min(cached, seg) - m.E * m.win);
+  }
+  for (int64_t l = 0; l < m.E; ++l) s.layers[l].window_start = start;
+  for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
+  std::vector<float> pre;
+  std::vector<float> X = m.Embed(s, start, n, &pre);
+  // The layers before the first compressed one read no page: they run while the pages
+  // are still on their way.
+  int64_t early = 0;
+  while (early < m.E && m.sched.layers[early].compress_ratio == 0) ++early;
+  m.RunLayers(s, 0, early, start, n, X, pre, /*compress=*/true);
+  absl::StatusOr<std::span<const uint8_t>> got = source();
+  if (!got.ok()) return got.status();
+  const std::span<const uint8_t> pages = *got;
   if (static_cast<int64_t>(pages.size()) != chunks * m.layout.chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("pages are ", pages.size(), " bytes; ", chunks,
                                                    " chunks need ", chunks * m.layout.chunk_bytes));
   }
-  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
-  s.tokens.assign(tokens.begin(), tokens.end());
-  s.stats = {};
   // Import: the pages as they are, and the dequantized rows attention reads.
   const int64_t Id = m.c.index_head_dim;
   for (int64_t ch = 0; ch < chunks; ++ch) {
@@ -1094,18 +1121,7 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, std::span<const 
       }
     }
   }
-  // Replay start: the model's window, or the encoder's whole dependency window before the
-  // first position the decoder reads (exact).
-  const int64_t seg = std::max<int64_t>(0, n - m.win);
-  int64_t start = std::max<int64_t>(0, cached - m.win);
-  if (replay == ReplayMode::kExact) {
-    start = std::max<int64_t>(0, std::min(cached, seg) - m.E * m.win);
-  }
-  for (int64_t l = 0; l < m.E; ++l) s.layers[l].window_start = start;
-  for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
-  std::vector<float> pre;
-  std::vector<float> X = m.Embed(s, start, n, &pre);
-  m.RunLayers(s, 0, m.E, start, n, X, pre, /*compress=*/true);
+  m.RunLayers(s, early, m.E, start, n, X, pre, /*compress=*/true);
   {
     const int64_t off = cached - start;
     m.CompressDecoder(s, cached, n, std::vector<float>(X.begin() + off * m.hc * m.D, X.end()),

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -114,6 +115,14 @@ class Model {
   // On an empty sequence: imports `pages` (P / chunk_tokens whole chunks, in order, for
   // the first P tokens of `tokens`) and runs the rest of `tokens` (P < tokens.size()).
   absl::StatusOr<std::vector<float>> Resume(Sequence& seq, std::span<const uint8_t> pages,
+                                            int64_t cached_tokens, std::span<const uint32_t> tokens,
+                                            ReplayMode replay) const;
+  // The same with the pages still on their way: the layers that read no page (the
+  // sliding-window-only layers before the first compressed one) run first, then `pages`
+  // is called once and may block until the fetch is done. An error it returns ends the
+  // resume with that error (the sequence must then be discarded).
+  using PageSource = std::function<absl::StatusOr<std::span<const uint8_t>>()>;
+  absl::StatusOr<std::vector<float>> Resume(Sequence& seq, const PageSource& pages,
                                             int64_t cached_tokens, std::span<const uint32_t> tokens,
                                             ReplayMode replay) const;
 
