@@ -1,33 +1,8 @@
+#include "kernels/fp_codes.cuh"
 #include "kernels/kv_dequant_kernel.cuh"
 
 namespace kvc::cuda {
 namespace {
-
-__device__ __forceinline__ float E2M1Value(uint32_t code) {
-  // Magnitudes of codes 0..7; bit 3 is the sign (code 8 is -0).
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kMag[code & 7u];
-  return (code & 8u) ? -v : v;
-}
-
-__device__ __forceinline__ float E4M3Value(uint32_t code) {
-  const int exp = (code >> 3) & 0xF;
-  const int mant = code & 7;
-  float v;
-  if (exp == 0xF && mant == 7) {
-    v = __int_as_float(0x7FC00000);  // NaN
-  } else if (exp == 0) {
-    v = ldexpf(static_cast<float>(mant), -9);
-  } else {
-    v = ldexpf(static_cast<float>(8 + mant), exp - 10);
-  }
-  return (code & 0x80u) ? -v : v;
-}
-
-__device__ __forceinline__ float E8M0Value(uint32_t code) {
-  if (code == 0xFF) return __int_as_float(0x7FC00000);
-  return ldexpf(1.0f, static_cast<int>(code) - 127);
-}
 
 // One thread per code byte (two values): the low nibble is the even element.
 __global__ void DequantizeFp4Kernel(Fp4Scale scale, int scale_block, const uint8_t* codes,

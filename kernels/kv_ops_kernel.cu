@@ -1,6 +1,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "kernels/fp_codes.cuh"
 #include "kernels/kv_ops_kernel.cuh"
 
 namespace kvc::cuda {
@@ -49,25 +50,6 @@ __device__ __forceinline__ uint32_t EncodeE4M3(float x) {
   return sign | static_cast<uint32_t>(code);
 }
 
-__device__ __forceinline__ float E2M1Value(uint32_t code) {
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kMag[code & 7u];
-  return (code & 8u) ? -v : v;
-}
-
-__device__ __forceinline__ float E4M3Value(uint32_t code) {
-  const int exp = (code >> 3) & 0xF;
-  const int mant = code & 7;
-  float v;
-  if (exp == 0xF && mant == 7)
-    v = __int_as_float(0x7FC00000);
-  else if (exp == 0)
-    v = ldexpf(static_cast<float>(mant), -9);
-  else
-    v = ldexpf(static_cast<float>(8 + mant), exp - 10);
-  return (code & 0x80u) ? -v : v;
-}
-
 __device__ __forceinline__ uint32_t E8M0CeilPow2(float y, int max_code) {
   if (isinf(y)) return static_cast<uint32_t>(min(254, max_code));
   const uint32_t bits = __float_as_uint(y);
@@ -95,7 +77,7 @@ __global__ void QuantizeFp4Kernel(Fp4Scale scale, int block, int max_e8m0, const
     s = E4M3Value(sc);
   } else {
     sc = E8M0CeilPow2(fmaxf(amax, 6.0f * 0x1p-126f) / 6.0f, max_e8m0);
-    s = ldexpf(1.0f, static_cast<int>(sc) - 127);
+    s = E8M0Value(sc);
   }
   scales[b] = static_cast<uint8_t>(sc);
   for (int i = 0; i < block; i += 2) {

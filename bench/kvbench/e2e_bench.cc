@@ -153,9 +153,9 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
 }
 
 std::string E2eBenchToText(const nlohmann::json& r) {
-  std::string s = absl::StrFormat("%8s %6s %-5s %11s %11s %8s %9s %9s %10s %11s\n", "prefix",
-                                  "new", "tier", "cold ms", "warm ms", "speedup", "fetch ms",
-                                  "waited ms", "wait share", "fetched");
+  std::string s = absl::StrFormat("%8s %6s %-5s %11s %11s %8s %9s %9s %10s %11s\n", "prefix", "new",
+                                  "tier", "cold ms", "warm ms", "speedup", "fetch ms", "waited ms",
+                                  "wait share", "fetched");
   for (const auto& c : r["cases"]) {
     absl::StrAppendFormat(&s, "%8d %6d %-5s %11.0f %11.0f %7.1fx %9.1f %9.1f %9.1f%% %8.1f MB\n",
                           c["prefix_tokens"].get<int64_t>(), c["new_tokens"].get<int64_t>(),
