@@ -191,6 +191,12 @@ TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
   absl::StatusOr<pb::StatsResponse> st = client_->Stats();
   ASSERT_TRUE(st.ok());
   EXPECT_LE(st->ram_chunks(), st->ram_capacity_chunks());
+  // Memory stays bounded: the RAM tier is a few MiB here; what the daemon holds beyond it
+  // (gRPC buffers, one chunk per open stream, RocksDB, the executor queue) is bounded too.
+  const long rss = daemon_->rss_kib();
+  std::printf("kvcached resident memory after the load: %ld KiB\n", rss);
+  EXPECT_GT(rss, 0);
+  EXPECT_LT(rss, 256 * 1024);
 }
 
 TEST_F(ClientTest, CoLocatedClientReadsChunksFromSharedMemory) {

@@ -91,6 +91,14 @@ class Daemon {
     Start();
   }
   pb::KVCache::Stub& stub() { return *stub_; }
+  // Resident memory of the daemon process, from /proc (0 if it cannot be read).
+  long rss_kib() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+    }
+    return 0;
+  }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
  private:
