@@ -92,36 +92,74 @@ absl::StatusOr<std::vector<float>> IndexerScoresOnDevice(std::span<const float> 
   return out.ToHost();
 }
 
-absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
-    std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
-    std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
-    std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
-    float scale) {
+namespace {
+
+// Checks and runs attention over `page_count` pages at `device_pages` (device memory).
+absl::StatusOr<std::vector<float>> Attend(std::span<const float> q, int64_t heads, int64_t dim,
+                                          std::span<const float> window,
+                                          const uint8_t* device_pages, int64_t page_count,
+                                          const ChunkLayout& layout, int64_t layer,
+                                          std::span<const int32_t> offsets,
+                                          std::span<const int32_t> list,
+                                          std::span<const float> sink, float scale) {
   const int64_t queries = static_cast<int64_t>(offsets.size()) - 1;
-  if (queries < 0 || static_cast<int64_t>(q.size()) != queries * heads * dim ||
-      static_cast<int64_t>(sink.size()) != heads || dim % 16 != 0 ||
-      pages.size() % layout.chunk_bytes != 0 ||
-      offsets.back() != static_cast<int32_t>(list.size())) {
-    return absl::InvalidArgumentError("attention inputs do not fit together");
-  }
   const ChunkSection& codes = layout.Section(layer, SectionKind::kMainCodes);
   const ChunkSection& scales = layout.Section(layer, SectionKind::kMainScales);
   const int64_t rows = static_cast<int64_t>(window.size()) / dim;
-  const int64_t compressed =
-      static_cast<int64_t>(pages.size()) / layout.chunk_bytes * codes.positions;
+  const int64_t compressed = page_count * codes.positions;
   for (int32_t e : list) {
     if (e >= rows || (e < 0 && -static_cast<int64_t>(e) - 1 >= compressed)) {
       return absl::InvalidArgumentError(absl::StrCat("key entry ", e, " is out of range"));
     }
   }
-  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   DeviceBuffer<float> dq(q), dwin(window), dsink(sink), out(q.size());
-  DeviceBuffer<uint8_t> dpages(pages);
   DeviceBuffer<int32_t> doff(offsets), dlist(list);
-  PagedMainKv paged{dpages.get(), layout.chunk_bytes, codes.positions, codes.offset, scales.offset};
+  PagedMainKv paged{device_pages, layout.chunk_bytes, codes.positions, codes.offset, scales.offset};
   CUDA_CHECK(LaunchSparseAttention(dq.get(), queries, heads, dim, dwin.get(), paged, doff.get(),
                                    dlist.get(), dsink.get(), scale, out.get(), nullptr));
   return out.ToHost();
+}
+
+absl::Status CheckAttentionShapes(std::span<const float> q, int64_t heads, int64_t dim,
+                                  std::span<const int32_t> offsets, std::span<const int32_t> list,
+                                  std::span<const float> sink) {
+  const int64_t queries = static_cast<int64_t>(offsets.size()) - 1;
+  if (queries < 0 || static_cast<int64_t>(q.size()) != queries * heads * dim ||
+      static_cast<int64_t>(sink.size()) != heads || dim % 16 != 0 ||
+      offsets.back() != static_cast<int32_t>(list.size())) {
+    return absl::InvalidArgumentError("attention inputs do not fit together");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
+    std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
+    std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
+    std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
+    float scale) {
+  if (absl::Status s = CheckAttentionShapes(q, heads, dim, offsets, list, sink); !s.ok()) return s;
+  if (pages.size() % layout.chunk_bytes != 0) {
+    return absl::InvalidArgumentError("pages are not whole chunks");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<uint8_t> dpages(pages);
+  return Attend(q, heads, dim, window, dpages.get(),
+                static_cast<int64_t>(pages.size()) / layout.chunk_bytes, layout, layer, offsets,
+                list, sink, scale);
+}
+
+absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
+    std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
+    const DevicePages& pages, int64_t page_count, int64_t layer, std::span<const int32_t> offsets,
+    std::span<const int32_t> list, std::span<const float> sink, float scale) {
+  if (absl::Status s = CheckAttentionShapes(q, heads, dim, offsets, list, sink); !s.ok()) return s;
+  if (page_count < 0 || page_count > pages.capacity_chunks()) {
+    return absl::InvalidArgumentError("page count beyond the device pages");
+  }
+  return Attend(q, heads, dim, window, pages.device(), page_count, pages.layout(), layer, offsets,
+                list, sink, scale);
 }
 
 }  // namespace kvc::cuda

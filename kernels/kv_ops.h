@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/kv_codec.h"
+#include "kernels/device_pages.h"
 
 namespace kvc::cuda {
 
@@ -31,5 +32,10 @@ namespace kvc::cuda {
     std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
     std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
     float scale);
+// The same reading compressed rows straight from pages already in device memory.
+[[nodiscard]] absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
+    std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
+    const DevicePages& pages, int64_t page_count, int64_t layer, std::span<const int32_t> offsets,
+    std::span<const int32_t> list, std::span<const float> sink, float scale);
 
 }  // namespace kvc::cuda

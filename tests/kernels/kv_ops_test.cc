@@ -128,6 +128,46 @@ TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
   }
 }
 
+TEST_F(KvOpsCudaTest, PagesUploadedToTheDeviceServeAttentionAsIs) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const ModelConfig c = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+  const LayerSchedule s = *BuildLayerSchedule(c);
+  const ChunkLayout layout = *BuildChunkLayout(c, s, 64);
+  const int64_t layer = s.FullLayers()[0], dim = c.head_dim, heads = c.num_attention_heads;
+  const ChunkSection& mc = layout.Section(layer, SectionKind::kMainCodes);
+  const ChunkSection& ms = layout.Section(layer, SectionKind::kMainScales);
+  std::vector<uint8_t> pages(4 * layout.chunk_bytes);
+  for (int64_t ch = 0; ch < 4; ++ch) {
+    const std::vector<float> x = Normal(rng, mc.positions * dim, 1.5f);
+    std::span<uint8_t> pg(pages.data() + ch * layout.chunk_bytes, layout.chunk_bytes);
+    Quantize(KvFormat::kMainKv, x, pg.subspan(mc.offset, mc.bytes),
+             pg.subspan(ms.offset, ms.bytes));
+  }
+  absl::StatusOr<std::unique_ptr<DevicePages>> dev = DevicePages::Create(layout, 8);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  ASSERT_TRUE(DevicePages::RegisterHost(pages).ok());
+  ASSERT_TRUE((*dev)->UploadAsync(2, pages).ok());
+  ASSERT_TRUE((*dev)->Synchronize().ok());
+  DevicePages::UnregisterHost(pages);
+  std::vector<uint8_t> back(pages.size());
+  ASSERT_TRUE((*dev)->Download(2, back).ok());
+  EXPECT_EQ(back, pages);
+  EXPECT_FALSE((*dev)->UploadAsync(7, pages).ok()) << "past the capacity";
+  // Attention reading pages 2..5 on the device equals attention over the uploaded copy.
+  const std::vector<float> window = Normal(rng, 4 * dim, 1.0f),
+                           q = Normal(rng, 2 * heads * dim, 0.3f), sink = Normal(rng, heads, 1.0f);
+  const std::vector<int32_t> offsets = {0, 3, 5};
+  const std::vector<int32_t> on_device = {0, -1 - 2 * static_cast<int32_t>(mc.positions), 2,
+                                          -1 - 2 * static_cast<int32_t>(mc.positions) - 5, 3};
+  const std::vector<int32_t> on_host = {0, -1, 2, -6, 3};
+  absl::StatusOr<std::vector<float>> a = SparseAttentionOnDevice(
+      q, heads, dim, window, **dev, 6, layer, offsets, on_device, sink, 0.125f);
+  absl::StatusOr<std::vector<float>> b = SparseAttentionOnDevice(
+      q, heads, dim, window, pages, layout, layer, offsets, on_host, sink, 0.125f);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+}
+
 TEST(KvOpsCudaArgsTest, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
   std::vector<float> x(33);
   std::vector<uint8_t> codes(16), scales(2);
