@@ -63,6 +63,45 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
                                    "redis/fetch", "redis/store", "memcpy/fetch", "memcpy/store"}));
 }
 
+TEST(KvbenchTest, EngineJsonHasEveryCase) {
+  auto r = RunProgram(
+      kKvbench, {"engine", "--config", std::string(KVC_SOURCE_DIR) + "/configs/mini.json",
+                 "--prefill-tokens", "256,512", "--full-depth-max", "256", "--decode-tokens", "4",
+                 "--resume-prefix", "256", "--resume-new", "64", "--reps", "1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["prefill"].size(), 2u);
+  EXPECT_GT(j["prefill"][0]["ced_tok_s"].get<double>(), 0);
+  EXPECT_TRUE(j["prefill"][0].contains("ced_over_full"));
+  EXPECT_FALSE(j["prefill"][1].contains("ced_over_full"));  // above --full-depth-max
+  EXPECT_GT(j["decode"]["plain_tok_s"].get<double>(), 0);
+  EXPECT_TRUE(j["decode"].contains("dspark_acceptance"));
+  EXPECT_GT(j["resume"]["speedup_exact"].get<double>(), 0);
+  EXPECT_EQ(j["gemm"].size(), 4u);
+}
+
+TEST(KvbenchTest, E2eJsonHasEveryCase) {
+  TempDir dir;
+  auto r =
+      RunProgram(kKvbench, {"e2e", "--dir", dir.File("scratch"), "--config",
+                            std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--prefix-tokens",
+                            "512", "--new-tokens", "64", "--new-token-sweep", "32",
+                            "--sweep-prefix", "256", "--reps", "1", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  std::set<std::string> tiers;
+  for (const auto& c : j["cases"]) {
+    tiers.insert(c["tier"].get<std::string>());
+    EXPECT_GT(c["reused_tokens"].get<int>(), 0) << c.dump();
+    EXPECT_GT(c["ttft_cold_ms"].get<double>(), 0);
+    EXPECT_GT(c["ttft_warm_ms"].get<double>(), 0);
+  }
+  EXPECT_EQ(j["cases"].size(), 3u);  // the prefix from RAM and from SSD, one sweep case
+  EXPECT_EQ(tiers, (std::set<std::string>{"ram", "ssd"}));
+}
+
 TEST(KvbenchTest, BadFlagsFailWithOneLine) {
   for (const std::vector<std::string>& args : {std::vector<std::string>{"storage"},
                                                {"storage", "--dir", "/tmp/x", "--ops", "delete"},
