@@ -116,6 +116,49 @@ TEST_F(ConnectorTest, SessionThroughTheCacheEqualsTheSessionWithoutIt) {
   }
 }
 
+// Bounded replay (the model's own) through the cache stays within the engine's bounds of
+// the same turns prefilled without a cache (docs/model.md): same contexts turn by turn,
+// the first logits of each compared.
+TEST_F(ConnectorTest, BoundedSessionStaysWithinTheEngineBounds) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  Daemon d(data_.File("kvcached"));
+  ConnectorOptions o = Options(d.address());
+  o.replay = model::ReplayMode::kBounded;
+  auto cache = CacheConnector::Create(*model_, o);
+  std::vector<uint32_t> context;
+  int agree = 0, turns = 0;
+  double sum = 0, worst = 0;
+  int64_t n = 0;
+  for (int64_t fresh : {600, 40, 300, 7, 250, 90}) {
+    const std::vector<uint32_t> t = Tokens(rng, fresh);
+    context.insert(context.end(), t.begin(), t.end());
+    model::Sequence cold = model_->NewSequence(), warm = model_->NewSequence();
+    const std::vector<float> a = *model_->Prefill(cold, context, model::PrefillMode::kCed);
+    TurnReport r;
+    absl::StatusOr<std::vector<float>> b = cache->Prefill(warm, context, &r);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(r.warnings.empty());
+    if (turns > 0) {
+      EXPECT_GT(r.reused_tokens, 0);
+    }
+    cache->StoreNewChunks(warm);
+    cache->Drain();
+    agree += model::Argmax(a) == model::Argmax(*b);
+    for (size_t k = 0; k < a.size(); ++k) {
+      const double dk = std::abs(a[k] - (*b)[k]);
+      sum += dk;
+      worst = std::max(worst, dk);
+      ++n;
+    }
+    ++turns;
+  }
+  std::printf("bounded session vs cold: top-1 %d/%d, mean |dlogit| %.4f, max %.4f\n", agree, turns,
+              sum / n, worst);
+  EXPECT_LT(sum / n, 0.5);
+  EXPECT_LT(worst, 10.0);
+  EXPECT_GE(agree, turns / 2);
+}
+
 TEST_F(ConnectorTest, FetchedPagesAreByteExactAfterARestart) {
   std::mt19937_64 rng(testing::FreshSeed());
   Daemon d(data_.File("kvcached"));
