@@ -1,0 +1,40 @@
+// DeviceBuffer: a device allocation of n elements, optionally a copy of a host span,
+// freed with the object (host wrappers of the kernels use it for their inputs and outputs).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <span>
+#include <vector>
+
+#include "kernels/cuda_check.h"
+
+namespace kvc::cuda {
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    if (n_ > 0) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)));
+  }
+  explicit DeviceBuffer(std::span<const T> host) : DeviceBuffer(host.size()) {
+    if (n_ > 0) CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  std::vector<T> ToHost() const {
+    std::vector<T> out(n_);
+    if (n_ > 0) CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+}  // namespace kvc::cuda

@@ -1,0 +1,70 @@
+#include "kernels/row_ops.h"
+
+#include "kernels/cuda_check.h"
+#include "kernels/device_buffer.h"
+#include "kernels/kv_dequant.h"
+#include "kernels/row_ops_kernel.cuh"
+
+namespace kvc::cuda {
+
+absl::StatusOr<std::vector<float>> RmsNormOnDevice(std::span<const float> x,
+                                                   std::span<const float> w, double eps) {
+  const int64_t n = static_cast<int64_t>(w.size());
+  if (n == 0 || x.size() % n != 0) return absl::InvalidArgumentError("rows of x must match w");
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dx(x), dw(w), out(x.size());
+  CUDA_CHECK(LaunchRmsNorm(dx.get(), dw.get(), static_cast<int64_t>(x.size()) / n, n, eps,
+                           out.get(), nullptr));
+  return out.ToHost();
+}
+
+absl::StatusOr<std::vector<float>> RopeOnDevice(std::span<const float> x, int64_t dim,
+                                                std::span<const double> freqs,
+                                                std::span<const int64_t> pos, bool inverse) {
+  const int64_t half = static_cast<int64_t>(freqs.size());
+  if (dim <= 0 || 2 * half > dim ||
+      static_cast<int64_t>(x.size()) != dim * static_cast<int64_t>(pos.size())) {
+    return absl::InvalidArgumentError("rope: rows × dim must match the positions");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<double> df(freqs);
+  DeviceBuffer<int64_t> dp(pos);
+  CUDA_CHECK(LaunchRope(dx.get(), static_cast<int64_t>(pos.size()), dim, df.get(), half, dp.get(),
+                        inverse, nullptr));
+  return dx.ToHost();
+}
+
+absl::StatusOr<std::vector<float>> PoolGroupsOnDevice(std::span<const float> kv,
+                                                      std::span<const float> score, int64_t ratio,
+                                                      int64_t dim) {
+  if (ratio <= 0 || dim <= 0 || kv.size() != score.size() || kv.size() % (ratio * dim) != 0) {
+    return absl::InvalidArgumentError("pool: kv and score must be whole groups of ratio × dim");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t groups = static_cast<int64_t>(kv.size()) / (ratio * dim);
+  DeviceBuffer<float> dk(kv), ds(score), out(groups * dim);
+  CUDA_CHECK(LaunchPoolGroups(dk.get(), ds.get(), groups, ratio, dim, out.get(), nullptr));
+  return out.ToHost();
+}
+
+absl::StatusOr<HcOnDevice> HcCoefficientsOnDevice(std::span<const float> mixes,
+                                                  std::span<const float> base,
+                                                  std::span<const float> scale, int hc, int iters,
+                                                  float eps) {
+  const int64_t width = static_cast<int64_t>(2 + hc) * hc;
+  if (hc <= 0 || static_cast<int64_t>(base.size()) != width || scale.size() != 3 ||
+      mixes.size() % width != 0) {
+    return absl::InvalidArgumentError(
+        "hc: mixes must be rows of (2+hc)·hc, base (2+hc)·hc, scale 3");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t rows = static_cast<int64_t>(mixes.size()) / width;
+  DeviceBuffer<float> dm(mixes), db(base), dsc(scale), pre(rows * hc), post(rows * hc),
+      comb(rows * hc * hc);
+  CUDA_CHECK(LaunchHcCoefficients(dm.get(), db.get(), dsc.get(), rows, hc, iters, eps, pre.get(),
+                                  post.get(), comb.get(), nullptr));
+  return HcOnDevice{pre.ToHost(), post.ToHost(), comb.ToHost()};
+}
+
+}  // namespace kvc::cuda

@@ -1,0 +1,32 @@
+// Host wrappers of the per-row kernels (row_ops_kernel.cuh): copy in, launch on device 0,
+// copy out. FailedPrecondition without a GPU; InvalidArgument for sizes that disagree.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvc::cuda {
+
+struct HcOnDevice {
+  std::vector<float> pre, post, comb;  // rows × hc, rows × hc, rows × hc × hc
+};
+
+[[nodiscard]] absl::StatusOr<std::vector<float>> RmsNormOnDevice(std::span<const float> x,
+                                                                 std::span<const float> w,
+                                                                 double eps);
+[[nodiscard]] absl::StatusOr<std::vector<float>> RopeOnDevice(std::span<const float> x, int64_t dim,
+                                                              std::span<const double> freqs,
+                                                              std::span<const int64_t> pos,
+                                                              bool inverse);
+[[nodiscard]] absl::StatusOr<std::vector<float>> PoolGroupsOnDevice(std::span<const float> kv,
+                                                                    std::span<const float> score,
+                                                                    int64_t ratio, int64_t dim);
+[[nodiscard]] absl::StatusOr<HcOnDevice> HcCoefficientsOnDevice(std::span<const float> mixes,
+                                                                std::span<const float> base,
+                                                                std::span<const float> scale,
+                                                                int hc, int iters, float eps);
+
+}  // namespace kvc::cuda

@@ -1,0 +1,131 @@
+#include <cmath>
+
+#include "kernels/row_ops_kernel.cuh"
+
+namespace kvc::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+__global__ void RmsNormKernel(const float* x, const float* w, int64_t rows, int64_t n, double eps,
+                              float* y) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* xr = x + r * n;
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss = __dadd_rn(ss, __dmul_rn(static_cast<double>(xr[i]), xr[i]));
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[r * n + i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+}
+
+__global__ void RopeKernel(float* x, int64_t rows, int64_t dim, const double* freqs, int64_t half,
+                           const int64_t* pos, bool inverse) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float* t = x + r * dim + dim - 2 * half;
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(pos[r]) * freqs[i] * (inverse ? -1.0 : 1.0);
+    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
+    const float a = t[2 * i], b = t[2 * i + 1];
+    t[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    t[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  }
+}
+
+__global__ void PoolGroupsKernel(const float* kv, const float* score, int64_t groups, int64_t ratio,
+                                 int64_t dim, float* out) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= groups * dim) return;
+  const int64_t g = id / dim, ch = id % dim;
+  const float* k = kv + g * ratio * dim;
+  const float* s = score + g * ratio * dim;
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < ratio; ++t) mx = fmaxf(mx, s[t * dim + ch]);
+  float den = 0.0f;
+  for (int64_t t = 0; t < ratio; ++t) den = __fadd_rn(den, expf(__fsub_rn(s[t * dim + ch], mx)));
+  float acc = 0.0f;
+  for (int64_t t = 0; t < ratio; ++t) {
+    acc = __fadd_rn(
+        acc, __fmul_rn(k[t * dim + ch], __fdiv_rn(expf(__fsub_rn(s[t * dim + ch], mx)), den)));
+  }
+  out[id] = acc;
+}
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void HcKernel(const float* m, const float* base, const float* scale, int64_t rows,
+                         int hc, int iters, float eps, float* pre, float* post, float* comb) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* mr = m + r * (2 + hc) * hc;
+  float* C = comb + r * hc * hc;
+  for (int j = 0; j < hc; ++j) {
+    pre[r * hc + j] = __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(mr[j], scale[0]), base[j])), eps);
+    post[r * hc + j] = 2.0f * Sigmoid(__fadd_rn(__fmul_rn(mr[hc + j], scale[1]), base[hc + j]));
+  }
+  for (int j = 0; j < hc; ++j) {
+    float mx = -INFINITY;
+    for (int k = 0; k < hc; ++k) {
+      C[j * hc + k] =
+          __fadd_rn(__fmul_rn(mr[2 * hc + j * hc + k], scale[2]), base[2 * hc + j * hc + k]);
+      mx = fmaxf(mx, C[j * hc + k]);
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < hc; ++k) {
+      C[j * hc + k] = expf(__fsub_rn(C[j * hc + k], mx));
+      sum = __fadd_rn(sum, C[j * hc + k]);
+    }
+    for (int k = 0; k < hc; ++k) C[j * hc + k] = __fadd_rn(__fdiv_rn(C[j * hc + k], sum), eps);
+  }
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {  // rows, then columns; the first step normalizes columns only
+      for (int j = 0; j < hc; ++j) {
+        float s = 0.0f;
+        for (int k = 0; k < hc; ++k) s = __fadd_rn(s, C[j * hc + k]);
+        for (int k = 0; k < hc; ++k) C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, eps));
+      }
+    }
+    for (int k = 0; k < hc; ++k) {
+      float s = 0.0f;
+      for (int j = 0; j < hc; ++j) s = __fadd_rn(s, C[j * hc + k]);
+      for (int j = 0; j < hc; ++j) C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, eps));
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t n, double eps,
+                          float* y, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormKernel<<<Blocks(rows), kThreads, 0, stream>>>(x, w, rows, n, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRope(float* x, int64_t rows, int64_t dim, const double* freqs, int64_t half,
+                       const int64_t* pos, bool inverse, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RopeKernel<<<Blocks(rows), kThreads, 0, stream>>>(x, rows, dim, freqs, half, pos, inverse);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPoolGroups(const float* kv, const float* score, int64_t groups, int64_t ratio,
+                             int64_t dim, float* out, cudaStream_t stream) {
+  if (groups == 0) return cudaSuccess;
+  PoolGroupsKernel<<<Blocks(groups * dim), kThreads, 0, stream>>>(kv, score, groups, ratio, dim,
+                                                                  out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHcCoefficients(const float* m, const float* base, const float* scale,
+                                 int64_t rows, int hc, int iters, float eps, float* pre,
+                                 float* post, float* comb, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  HcKernel<<<Blocks(rows), kThreads, 0, stream>>>(m, base, scale, rows, hc, iters, eps, pre, post,
+                                                  comb);
+  return cudaGetLastError();
+}
+
+}  // namespace kvc::cuda

@@ -1,0 +1,27 @@
+// Device launchers for the engine's per-row ops: RMSNorm, RoPE on the tail dims, the
+// ratio-r compressor pooling and the mHC coefficients (Sinkhorn). One thread per row, the
+// CPU twin's operation order (engine/cpu/ops.h, engine/model/layer_ops.h); transcendental
+// functions (exp, sin, cos) are CUDA's, so parity is by relative error except RMSNorm.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvc::cuda {
+
+// y[r] = x[r] · rsqrt(mean(x[r]²) + eps) · w, rows of n (double accumulation, as the CPU).
+cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t n, double eps,
+                          float* y, cudaStream_t stream);
+// Rotates pairs of the last 2·half dims of each row of `dim` by pos[r]·freqs[i].
+cudaError_t LaunchRope(float* x, int64_t rows, int64_t dim, const double* freqs, int64_t half,
+                       const int64_t* pos, bool inverse, cudaStream_t stream);
+// out[g] = Σ_t kv[g][t] ⊙ softmax_t(score[g][t]) per channel, groups of `ratio` rows.
+cudaError_t LaunchPoolGroups(const float* kv, const float* score, int64_t groups, int64_t ratio,
+                             int64_t dim, float* out, cudaStream_t stream);
+// Per row of mixes m [(2+hc)·hc]: pre [hc], post [hc], comb [hc·hc] as the CPU computes.
+cudaError_t LaunchHcCoefficients(const float* m, const float* base, const float* scale,
+                                 int64_t rows, int hc, int iters, float eps, float* pre,
+                                 float* post, float* comb, cudaStream_t stream);
+
+}  // namespace kvc::cuda

@@ -1,0 +1,103 @@
+// The per-row kernels against their CPU twins on random inputs (fresh seeds): RMSNorm bit
+// for bit (double accumulation both sides), RoPE, compressor pooling and the mHC
+// coefficients within relative errors (CUDA's sin/cos/expf differ from glibc's by ulps).
+// Skipped, saying so, where there is no GPU.
+#include "kernels/row_ops.h"
+
+#include <cmath>
+#include <random>
+
+#include "engine/cpu/ops.h"
+#include "engine/model/layer_ops.h"
+#include "gtest/gtest.h"
+#include "kernels/kv_dequant.h"
+#include "tests/testing/seed.h"
+
+namespace kvc::cuda {
+namespace {
+
+class RowOpsCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() == 0)
+      GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  }
+};
+
+std::vector<float> Normal(std::mt19937_64& rng, size_t n, float scale) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+TEST_F(RowOpsCudaTest, RmsNormMatchesTheCpuBitForBit) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t rows = 33, n = 256;
+  const std::vector<float> x = Normal(rng, rows * n, 3.0f), w = Normal(rng, n, 1.0f);
+  absl::StatusOr<std::vector<float>> got = RmsNormOnDevice(x, w, 1e-6);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<float> want(x.size());
+  for (int64_t r = 0; r < rows; ++r) cpu::RmsNorm(&x[r * n], w.data(), n, 1e-6, &want[r * n]);
+  EXPECT_EQ(*got, want);
+}
+
+TEST_F(RowOpsCudaTest, RopeMatchesTheCpu) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t rows = 20, dim = 64;
+  const std::vector<double> f = cpu::RopeFrequencies(16, 160000, 1024, 4, 32, 1);
+  const std::vector<float> x = Normal(rng, rows * dim, 1.0f);
+  std::vector<int64_t> pos(rows);
+  for (int64_t& p : pos) p = static_cast<int64_t>(rng() % 100000);
+  for (bool inverse : {false, true}) {
+    absl::StatusOr<std::vector<float>> got = RopeOnDevice(x, dim, f, pos, inverse);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<float> want = x;
+    for (int64_t r = 0; r < rows; ++r) cpu::ApplyRope(&want[r * dim], dim, f, pos[r], inverse);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR((*got)[i], want[i], 1e-6f * (1 + std::abs(want[i])));
+  }
+}
+
+TEST_F(RowOpsCudaTest, PoolGroupsMatchesTheCpu) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t groups = 17, ratio = 2, dim = 64;
+  const std::vector<float> kv = Normal(rng, groups * ratio * dim, 1.0f),
+                           score = Normal(rng, groups * ratio * dim, 3.0f);
+  absl::StatusOr<std::vector<float>> got = PoolGroupsOnDevice(kv, score, ratio, dim);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int64_t g = 0; g < groups; ++g) {
+    const std::vector<float> want =
+        model::PoolGroup(&kv[g * ratio * dim], &score[g * ratio * dim], ratio, dim);
+    for (int64_t c = 0; c < dim; ++c) {
+      EXPECT_NEAR((*got)[g * dim + c], want[c], 1e-5f * (1 + std::abs(want[c])));
+    }
+  }
+}
+
+TEST_F(RowOpsCudaTest, HcCoefficientsMatchTheCpu) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int hc = 4, rows = 9;
+  const std::vector<float> m = Normal(rng, rows * 24, 1.0f), base = Normal(rng, 24, 1.0f);
+  const std::vector<float> scale = {0.7f, 1.1f, 0.9f};
+  absl::StatusOr<HcOnDevice> got = HcCoefficientsOnDevice(m, base, scale, hc, 20, 1e-6f);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int r = 0; r < rows; ++r) {
+    const cpu::HcCoefficients want =
+        cpu::HcFromMixes(std::span(m).subspan(r * 24, 24), base, scale, hc, 20, 1e-6);
+    for (int j = 0; j < hc; ++j) {
+      EXPECT_NEAR(got->pre[r * hc + j], want.pre[j], 1e-5f);
+      EXPECT_NEAR(got->post[r * hc + j], want.post[j], 1e-5f);
+    }
+    for (int k = 0; k < hc * hc; ++k) EXPECT_NEAR(got->comb[r * hc * hc + k], want.comb[k], 1e-5f);
+  }
+}
+
+TEST(RowOpsCudaArgsTest, BadShapesAreRefused) {
+  std::vector<float> x(10), w(3);
+  EXPECT_EQ(RmsNormOnDevice(x, w, 1e-6).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PoolGroupsOnDevice(x, w, 2, 4).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvc::cuda
