@@ -146,9 +146,16 @@ absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
     return absl::PermissionDeniedError(absl::StrCat("shared arena refused: ", reason));
   }
   void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, arena_fd, 0);
+  const uint64_t id = ArenaIdentity(arena_fd);
   close(arena_fd);  // the mapping keeps the memory alive
   if (base == MAP_FAILED) return Errno("mmap shared arena");
-  return MappedArena{static_cast<const uint8_t*>(base), bytes};
+  return MappedArena{static_cast<const uint8_t*>(base), bytes, id};
+}
+
+uint64_t ArenaIdentity(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return 0;
+  return (static_cast<uint64_t>(st.st_dev) << 40) ^ static_cast<uint64_t>(st.st_ino);
 }
 
 void UnmapArena(const MappedArena& arena) {

@@ -46,7 +46,11 @@ class ArenaSocketServer {
 struct MappedArena {
   const uint8_t* base = nullptr;
   uint64_t bytes = 0;
+  uint64_t id = 0;  // ArenaIdentity of the mapped memfd
 };
+// Which arena an fd is (device and inode of the memfd): FetchRefs answers carry it, so a
+// client never reads offsets of a new daemon's arena from an old daemon's mapping.
+uint64_t ArenaIdentity(int fd);
 absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
                                      const std::string& bearer_token);
 void UnmapArena(const MappedArena& arena);

@@ -74,6 +74,26 @@ CacheClient::~CacheClient() {
     (void)stub_->ReleaseRefs(Context().get(), rel, &ignored);
   }
   UnmapArena(arena_);
+  for (const MappedArena& a : old_arenas_) UnmapArena(a);
+}
+
+void CacheClient::RemapArena(uint64_t stale_lease, bool map_again) {
+  std::lock_guard lk(lease_mu_);
+  held_refs_.clear();
+  held_leases_.clear();
+  if (stale_lease != 0) to_release_.push_back(stale_lease);
+  old_arenas_.push_back(arena_);
+  arena_ = MappedArena{};
+  if (!map_again) {  // a fresh mapping disagreed too: stop using shared memory
+    shm_error_ = "the shared arena's identity does not match kvcached's answers";
+    return;
+  }
+  absl::StatusOr<MappedArena> a = MapArena(options_.shm_socket, options_.bearer_token);
+  if (a.ok()) {
+    arena_ = *a;
+  } else {
+    shm_error_ = absl::StrCat("after a kvcached restart: ", a.status().message());
+  }
 }
 
 bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
@@ -184,6 +204,13 @@ absl::StatusOr<LookupResult> CacheClient::Lookup(const RemoteNamespace& ns,
 
 absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
                                           std::span<uint8_t> out, std::string* short_reason) {
+  return FetchImpl(ns, keys, out, short_reason, /*may_remap=*/true);
+}
+
+absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
+                                              std::span<const ChunkKey> keys,
+                                              std::span<uint8_t> out, std::string* short_reason,
+                                              bool may_remap) {
   if (out.size() != keys.size() * ns.chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("output buffer is ", out.size(), " bytes; ",
                                                    keys.size(), " chunks need ",
@@ -203,6 +230,13 @@ absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<c
     pb::FetchRefsResponse refs;
     if (absl::Status s = FromGrpc(stub_->FetchRefs(Context().get(), refs_req, &refs)); !s.ok())
       return s;
+    if (refs.arena_id() != arena_.id) {
+      // kvcached restarted: its offsets are into a new arena, not the one mapped here.
+      // Map the new one (the old mapping stays until this client ends: a copy from a held
+      // lease may still read it) and ask again; if that fails, use gRPC only.
+      RemapArena(refs.lease_id(), may_remap);
+      return FetchImpl(ns, keys, out, short_reason, /*may_remap=*/false);
+    }
     std::vector<uint64_t> offsets;
     for (const pb::ChunkRef& ref : refs.refs()) {
       if (got >= keys.size() || ref.length() != ns.chunk_bytes ||

@@ -130,7 +130,15 @@ class CacheClient {
   void HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
                  std::span<const storage::ChunkKey> keys, const std::vector<uint64_t>& offsets);
 
+  absl::StatusOr<size_t> FetchImpl(const RemoteNamespace& ns,
+                                   std::span<const storage::ChunkKey> keys, std::span<uint8_t> out,
+                                   std::string* short_reason, bool may_remap);
+  // The daemon behind the socket has another arena now: forget held leases and map the
+  // new arena (`map_again`), or stop using shared memory.
+  void RemapArena(uint64_t stale_lease, bool map_again);
+
   std::mutex lease_mu_;
+  std::vector<MappedArena> old_arenas_;  // unmapped when the client ends
   std::unordered_map<storage::ChunkKey, HeldRef, storage::ChunkKeyHash> held_refs_;
   std::map<uint64_t, HeldLease> held_leases_;  // by id: the oldest first
   std::vector<uint64_t> to_release_;

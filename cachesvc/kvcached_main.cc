@@ -151,6 +151,7 @@ int Main(int argc, char** argv) {
   opt.max_chunk_bytes = max_chunk_bytes;
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
+  if ((*store)->ram_arena_fd() >= 0) opt.arena_id = ArenaIdentity((*store)->ram_arena_fd());
   auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();

@@ -262,6 +262,7 @@ class KvCacheService::Impl {
     const uint32_t ms =
         std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
     resp->set_lease_ms(ms);
+    resp->set_arena_id(opt.arena_id);
     RefLease lease{tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)};
     for (const ChunkKey& key : nk->second) {
       absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->first.id, key);

@@ -35,6 +35,7 @@ struct ServiceOptions {
   size_t max_ref_leases = 4096;       // FetchRefs leases held at once
   uint32_t default_lease_ms = 10000;
   uint32_t max_lease_ms = 60000;
+  uint64_t arena_id = 0;  // ArenaIdentity of the RAM arena, sent with every FetchRefs answer
   uint32_t max_calls_per_tenant = 256;  // in flight at once (streams for their whole life)
 };
 

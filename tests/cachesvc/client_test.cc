@@ -238,6 +238,48 @@ TEST_F(ClientTest, CoLocatedClientReadsChunksFromSharedMemory) {
   EXPECT_EQ(*got, 1u);
 }
 
+// A long-lived co-located client across a kvcached restart: the new daemon's offsets are
+// into a new arena, so the client must map that one and never read them from the old.
+TEST(ClientSharedMemoryTest, AClientOutlivingARestartMapsTheNewArena) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  const int port = testing::FreePort();
+  Daemon d(dir.File("data"), {"--listen", "127.0.0.1:" + std::to_string(port)});
+  ClientOptions o;
+  o.address = d.address();
+  o.shm_socket = dir.File("data") + "/kvcached.sock";
+  o.lease_ms = 200;
+  std::unique_ptr<CacheClient> local = *CacheClient::Connect(o);
+  ASSERT_TRUE(local->shared_memory()) << local->shared_memory_error();
+  const RemoteNamespace ns = *local->RegisterNamespace(
+      ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "mini", 64);
+  const Prefix p = MakePrefix(rng, ns, 3);
+  ASSERT_TRUE(local->Store(ns, std::nullopt, p.tokens, p.payloads).ok());
+  const std::vector<storage::ChunkKey> keys = local->Keys(ns, p.tokens);
+  std::vector<uint8_t> out(p.payloads.size());
+  ASSERT_EQ(*local->Fetch(ns, keys, out), 3u);
+  ASSERT_EQ(out, p.payloads);
+
+  d.Restart(SIGTERM);  // same address, a new RAM arena
+  ASSERT_EQ(d.address(), o.address);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // held leases end
+  // In the new daemon other chunks take the first RAM slots, then a plain gRPC fetch
+  // brings the prefix into RAM at other offsets than before the restart.
+  ClientOptions plain = o;
+  plain.shm_socket.clear();
+  std::unique_ptr<CacheClient> other = *CacheClient::Connect(plain);
+  const Prefix filler = MakePrefix(rng, ns, 2);
+  ASSERT_TRUE(
+      other->Store(ns, std::nullopt, filler.tokens, filler.payloads, kvcache::v1::DURABILITY_MEMORY)
+          .ok());
+  std::vector<uint8_t> via_grpc(p.payloads.size());
+  ASSERT_EQ(*other->Fetch(ns, keys, via_grpc), 3u);
+  std::fill(out.begin(), out.end(), 0);
+  ASSERT_EQ(*local->Fetch(ns, keys, out), 3u);
+  EXPECT_EQ(out, p.payloads) << "read the new daemon's offsets from the old arena";
+  EXPECT_TRUE(local->shared_memory()) << local->shared_memory_error();
+}
+
 TEST(ClientSharedMemoryTest, TenantsNotTrustedWithTheArenaFallBackToGrpc) {
   std::mt19937_64 rng(testing::FreshSeed());
   TempDir dir;

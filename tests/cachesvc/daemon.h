@@ -3,10 +3,13 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -30,6 +33,19 @@ inline std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+// A free loopback TCP port (bound, read back, released).
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
 // A kvcached process on a free loopback port.
 class Daemon {
  public:
@@ -45,9 +61,12 @@ class Daemon {
   void Start() {
     int out[2];
     ASSERT_EQ(pipe(out), 0);
-    std::vector<std::string> args = {kDaemon,    "--data-dir",  dir_,
-                                     "--listen", "127.0.0.1:0", "--ram-bytes",
-                                     "4000000",  "--ssd-bytes", "40000000"};
+    std::vector<std::string> args = {kDaemon,   "--data-dir",  dir_,      "--ram-bytes",
+                                     "4000000", "--ssd-bytes", "40000000"};
+    // A free port unless the caller fixed one (to reach the same address after a restart).
+    if (std::find(extra_.begin(), extra_.end(), "--listen") == extra_.end()) {
+      args.insert(args.end(), {"--listen", "127.0.0.1:0"});
+    }
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
     ASSERT_GE(pid_, 0);

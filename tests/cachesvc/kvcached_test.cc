@@ -28,6 +28,7 @@ namespace {
 
 namespace pb = ::kvcache::v1;
 using ::kvc::testing::Daemon;
+using ::kvc::testing::FreePort;
 using ::kvc::testing::ReadFile;
 using ::kvc::testing::TempDir;
 
@@ -436,18 +437,6 @@ std::string HttpGet(int port, const std::string& path) {
   }
   close(fd);
   return out;
-}
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 TEST(KvcachedTest, ServesPrometheusMetrics) {
