@@ -26,15 +26,15 @@ std::unique_ptr<CacheConnector> CacheConnector::Create(const model::Model& model
     c->connect_error_ = std::string(client.status().message());
   } else {
     c->client_ = *std::move(client);
-    absl::StatusOr<cachesvc::RemoteNamespace> ns = c->client_->RegisterNamespace(
-        c->opt_.model_config_json, c->opt_.model_id,
-        static_cast<uint32_t>(model.layout().chunk_tokens));
+    absl::StatusOr<cachesvc::RemoteNamespace> ns =
+        c->client_->RegisterNamespace(c->opt_.model_config_json, c->opt_.model_id,
+                                      static_cast<uint32_t>(model.layout().chunk_tokens));
     if (!ns.ok()) {
       c->connect_error_ = absl::StrCat("kvcached: ", ns.status().message());
     } else if (static_cast<int64_t>(ns->chunk_bytes) != model.layout().chunk_bytes) {
-      c->connect_error_ = absl::StrCat("kvcached namespace has ", ns->chunk_bytes,
-                                       "-byte chunks; the engine's pages are ",
-                                       model.layout().chunk_bytes);
+      c->connect_error_ =
+          absl::StrCat("kvcached namespace has ", ns->chunk_bytes,
+                       "-byte chunks; the engine's pages are ", model.layout().chunk_bytes);
     } else {
       c->ns_ = *ns;
     }
@@ -70,12 +70,11 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
     r->warnings.push_back(absl::StrCat("cache unavailable (", connect_error_, "): cold prefill"));
   } else if (usable > 0) {
     const auto tl = Clock::now();
-    absl::StatusOr<cachesvc::LookupResult> look =
-        client_->Lookup(*ns_, prompt.first(usable * C));
+    absl::StatusOr<cachesvc::LookupResult> look = client_->Lookup(*ns_, prompt.first(usable * C));
     r->lookup_ms = Ms(tl);
     if (!look.ok()) {
-      r->warnings.push_back(absl::StrCat("lookup failed (", look.status().message(),
-                                         "): cold prefill"));
+      r->warnings.push_back(
+          absl::StrCat("lookup failed (", look.status().message(), "): cold prefill"));
     } else if (look->matched_chunks > 0) {
       r->matched_tokens = look->matched_chunks * C;
       const std::vector<storage::ChunkKey> keys(look->keys.begin(),
@@ -115,17 +114,17 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
             }
             return std::span<const uint8_t>(pages);
           },
-          want * C, prompt, opt_.replay);
+          want* C, prompt, opt_.replay);
       if (fetch.valid()) fetch.wait();  // Resume refused before asking for the pages
       if (logits.ok()) {
         r->reused_tokens = want * C;
       } else {
         seq = model_.NewSequence();
         if (short_fetch) {
-          r->warnings.push_back(absl::StrCat(
-              "chunk ", got, " of ", want, " could not be fetched after the lookup (",
-              short_reason.empty() ? "gone" : short_reason, "): resuming from ", got * C,
-              " tokens"));
+          r->warnings.push_back(absl::StrCat("chunk ", got, " of ", want,
+                                             " could not be fetched after the lookup (",
+                                             short_reason.empty() ? "gone" : short_reason,
+                                             "): resuming from ", got * C, " tokens"));
           if (got > 0) {  // the pages before it are here: resume from them
             logits = model_.Resume(seq, std::span(pages).first(got * model_.layout().chunk_bytes),
                                    got * C, prompt, opt_.replay);
@@ -156,7 +155,8 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
   r->replayed_tokens = st.replayed_tokens;
   r->encoder_tokens = st.encoder_tokens;
   r->decoder_tokens = st.decoder_tokens;
-  for (const std::string& w : r->warnings) std::fprintf(stderr, "kvcache: warning: %s\n", w.c_str());
+  for (const std::string& w : r->warnings)
+    std::fprintf(stderr, "kvcache: warning: %s\n", w.c_str());
   return logits;
 }
 
@@ -211,7 +211,8 @@ void CacheConnector::StoreLoop() {
         stored = s->stored;
       } else {
         std::fprintf(stderr, "kvcache: warning: storing %lld chunks failed: %s\n",
-                     static_cast<long long>(total - have), std::string(s.status().message()).c_str());
+                     static_cast<long long>(total - have),
+                     std::string(s.status().message()).c_str());
       }
     }
     lk.lock();

@@ -40,9 +40,9 @@ struct ConnectorOptions {
 // What one request got from the cache, for reports.
 struct TurnReport {
   int64_t prompt_tokens = 0;
-  int64_t reused_tokens = 0;     // cached tokens the engine resumed from
-  int64_t matched_tokens = 0;    // what Lookup said was cached (reused may be fewer)
-  std::string tier = "none";     // where the reused chunks were: none, ram, ssd, ram+ssd
+  int64_t reused_tokens = 0;   // cached tokens the engine resumed from
+  int64_t matched_tokens = 0;  // what Lookup said was cached (reused may be fewer)
+  std::string tier = "none";   // where the reused chunks were: none, ram, ssd, ram+ssd
   int64_t replayed_tokens = 0;
   int64_t encoder_tokens = 0, decoder_tokens = 0;
   double lookup_ms = 0, fetch_ms = 0, compute_ms = 0, ttft_ms = 0;
@@ -62,8 +62,7 @@ class CacheConnector {
 
   // Prefills `prompt` on the empty `seq`, resuming from the cache where it can. Returns
   // the last position's logits.
-  absl::StatusOr<std::vector<float>> Prefill(model::Sequence& seq,
-                                             std::span<const uint32_t> prompt,
+  absl::StatusOr<std::vector<float>> Prefill(model::Sequence& seq, std::span<const uint32_t> prompt,
                                              TurnReport* report);
   // Stores the sequence's complete chunks the cache does not hold yet (copied now, sent
   // in the background).

@@ -24,7 +24,7 @@ class KvcachedProcess {
 
   absl::Status Start();  // returns once it listens
   void Stop(int sig);
-  const std::string& address() const { return address_; }    // HOST:PORT
+  const std::string& address() const { return address_; }  // HOST:PORT
   std::string shm_socket() const { return dir_ + "/kvcached.sock"; }
 
  private:

@@ -80,7 +80,9 @@ int Main(int argc, char** argv) {
   int64_t tool_tokens = 2048, generate = 128, initial_tokens = 12288;
   std::string replay = "bounded", source_dir;
   bool keep = false, json = false;
-  app.add_option("--turns", turns, "turns in the session")->check(CLI::Range(2, 100))->capture_default_str();
+  app.add_option("--turns", turns, "turns in the session")
+      ->check(CLI::Range(2, 100))
+      ->capture_default_str();
   app.add_option("--tool-tokens", tool_tokens, "tokens of tool output per turn")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -132,7 +134,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<model::Model>> loaded = model::Model::Load(*config, weights);
   if (!loaded.ok()) return fail(std::string(loaded.status().message()));
   const model::Model& m = **loaded;
-  say(absl::StrFormat("kvdemo: mini model (%d layers, %.0f B/token of global KV, %d-token "
+  say(
+      absl::StrFormat("kvdemo: mini model (%d layers, %.0f B/token of global KV, %d-token "
                       "chunks), random weights; scratch folder %s\n",
                       config->num_hidden_layers, m.layout().bytes_per_token(),
                       m.layout().chunk_tokens, work.string()));
@@ -211,7 +214,8 @@ int Main(int argc, char** argv) {
                             {"warnings", r.warnings}});
     say(absl::StrFormat("%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens,
                         r.reused_tokens, r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms,
-                        cold_ms, cold_ms / r.ttft_ms, after_restart ? "(from SSD after restart)" : ""));
+                        cold_ms, cold_ms / r.ttft_ms,
+                        after_restart ? "(from SSD after restart)" : ""));
     context.insert(context.end(), warm->generated.begin(), warm->generated.end());
   }
   const int64_t stored = cache->Drain();

@@ -53,11 +53,12 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
                  const std::string& tokens_file, int64_t max_new, const std::string& replay,
                  const std::string& shm_socket, const std::string& token, bool json) {
   if (session.empty() || session.find('/') != std::string::npos || session[0] == '.') {
-    return absl::InvalidArgumentError(absl::StrCat("--session \"", session,
-                                                   "\" must be a plain name (no '/')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--session \"", session, "\" must be a plain name (no '/')"));
   }
   std::ifstream cin(config_path);
-  if (!cin) return absl::NotFoundError(absl::StrCat("cannot open model config \"", config_path, "\""));
+  if (!cin)
+    return absl::NotFoundError(absl::StrCat("cannot open model config \"", config_path, "\""));
   std::stringstream config_text;
   config_text << cin.rdbuf();
   absl::StatusOr<ModelConfig> config = ParseModelConfig(config_text.str(), config_path);
@@ -81,9 +82,8 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
   if (fresh.empty()) return absl::InvalidArgumentError("the turn has no new tokens");
   for (size_t i = 0; i < fresh.size(); ++i) {
     if (fresh[i] >= static_cast<uint32_t>(config->vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("new token ", i, " is ", fresh[i],
-                                                     ", outside the vocabulary of ",
-                                                     config->vocab_size));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "new token ", i, " is ", fresh[i], ", outside the vocabulary of ", config->vocab_size));
     }
   }
   std::vector<uint32_t> context = *history;
@@ -110,20 +110,21 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
     fs::rename(tmp, history_path);
   }
   const TurnReport& r = turn->report;
-  nlohmann::json j = {{"session", session},
-                      {"context_tokens", r.prompt_tokens},
-                      {"reused_tokens", r.reused_tokens},
-                      {"new_tokens", r.prompt_tokens - r.reused_tokens},
-                      {"tier", r.tier},
-                      {"prefilled_tokens", {{"encoder", r.encoder_tokens}, {"decoder", r.decoder_tokens}}},
-                      {"replayed_tokens", r.replayed_tokens},
-                      {"ttft_ms", r.ttft_ms},
-                      {"fetch_ms", r.fetch_ms},
-                      {"fetch_wait_ms", r.fetch_wait_ms},
-                      {"decode_tok_s", turn->decode_tok_s},
-                      {"stored_chunks", stored},
-                      {"generated", turn->generated},
-                      {"warnings", r.warnings}};
+  nlohmann::json j = {
+      {"session", session},
+      {"context_tokens", r.prompt_tokens},
+      {"reused_tokens", r.reused_tokens},
+      {"new_tokens", r.prompt_tokens - r.reused_tokens},
+      {"tier", r.tier},
+      {"prefilled_tokens", {{"encoder", r.encoder_tokens}, {"decoder", r.decoder_tokens}}},
+      {"replayed_tokens", r.replayed_tokens},
+      {"ttft_ms", r.ttft_ms},
+      {"fetch_ms", r.fetch_ms},
+      {"fetch_wait_ms", r.fetch_wait_ms},
+      {"decode_tok_s", turn->decode_tok_s},
+      {"stored_chunks", stored},
+      {"generated", turn->generated},
+      {"warnings", r.warnings}};
   if (tokens_file.empty()) j["text"] = BytesFromTokens(turn->generated);
   if (json) {
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
