@@ -11,6 +11,7 @@
 #include "engine/model/layer_ops.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_dequant.h"
+#include "tests/testing/random.h"
 #include "tests/testing/seed.h"
 
 namespace kvc::cuda {
@@ -24,18 +25,13 @@ class KvOpsCudaTest : public ::testing::Test {
   }
 };
 
-std::vector<float> Normal(std::mt19937_64& rng, size_t n, float scale) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using ::kvc::testing::NormalFloats;
 
 TEST_F(KvOpsCudaTest, QuantizeMatchesTheCpuCodecByteForByte) {
   std::mt19937_64 rng(testing::FreshSeed());
   for (KvFormat f : {KvFormat::kMainKv, KvFormat::kIndexK}) {
     for (float scale : {1e-6f, 0.3f, 4.0f, 3000.0f}) {
-      const std::vector<float> x = Normal(rng, 512 * 64, scale);
+      const std::vector<float> x = NormalFloats(rng, 512 * 64, scale);
       std::vector<uint8_t> cc(CodesBytes(f, x.size())), cs(ScalesBytes(f, x.size()));
       std::vector<uint8_t> gc(cc.size()), gs(cs.size());
       Quantize(f, x, cc, cs);
@@ -49,11 +45,11 @@ TEST_F(KvOpsCudaTest, QuantizeMatchesTheCpuCodecByteForByte) {
 TEST_F(KvOpsCudaTest, IndexerScoresMatchTheCpuBitForBit) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int64_t queries = 37, heads = 4, dim = 32, positions = 300;
-  std::vector<float> keys = Normal(rng, positions * dim, 1.0f);
+  std::vector<float> keys = NormalFloats(rng, positions * dim, 1.0f);
   FakeQuantize(KvFormat::kIndexK, keys);  // what the pages hold
-  std::vector<float> qi = Normal(rng, queries * heads * dim, 1.0f);
+  std::vector<float> qi = NormalFloats(rng, queries * heads * dim, 1.0f);
   FakeQuantize(KvFormat::kIndexK, qi);
-  const std::vector<float> w = Normal(rng, queries * heads, 0.2f);
+  const std::vector<float> w = NormalFloats(rng, queries * heads, 0.2f);
   std::vector<int32_t> visible(queries);
   for (int32_t& v : visible) v = static_cast<int32_t>(rng() % (positions + 1));
   absl::StatusOr<std::vector<float>> got = IndexerScoresOnDevice(qi, w, keys, visible, heads, dim);
@@ -88,7 +84,7 @@ TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
   std::vector<uint8_t> pages(chunks * layout.chunk_bytes);
   std::vector<float> compressed(rows * dim);
   for (int64_t ch = 0; ch < chunks; ++ch) {
-    const std::vector<float> x = Normal(rng, mc.positions * dim, 2.0f);
+    const std::vector<float> x = NormalFloats(rng, mc.positions * dim, 2.0f);
     std::span<uint8_t> pg(pages.data() + ch * layout.chunk_bytes, layout.chunk_bytes);
     Quantize(KvFormat::kMainKv, x, pg.subspan(mc.offset, mc.bytes),
              pg.subspan(ms.offset, ms.bytes));
@@ -96,9 +92,9 @@ TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
                std::span<float>(compressed.data() + ch * mc.positions * dim, mc.positions * dim));
   }
   const int64_t window_rows = 20, queries = 9;
-  const std::vector<float> window = Normal(rng, window_rows * dim, 1.0f);
-  const std::vector<float> q = Normal(rng, queries * heads * dim, 0.3f),
-                           sink = Normal(rng, heads, 1.0f);
+  const std::vector<float> window = NormalFloats(rng, window_rows * dim, 1.0f);
+  const std::vector<float> q = NormalFloats(rng, queries * heads * dim, 0.3f),
+                           sink = NormalFloats(rng, heads, 1.0f);
   std::vector<int32_t> offsets = {0}, list;
   for (int64_t i = 0; i < queries; ++i) {
     const int64_t n = static_cast<int64_t>(rng() % 24);  // 0 keys included
@@ -138,7 +134,7 @@ TEST_F(KvOpsCudaTest, PagesUploadedToTheDeviceServeAttentionAsIs) {
   const ChunkSection& ms = layout.Section(layer, SectionKind::kMainScales);
   std::vector<uint8_t> pages(4 * layout.chunk_bytes);
   for (int64_t ch = 0; ch < 4; ++ch) {
-    const std::vector<float> x = Normal(rng, mc.positions * dim, 1.5f);
+    const std::vector<float> x = NormalFloats(rng, mc.positions * dim, 1.5f);
     std::span<uint8_t> pg(pages.data() + ch * layout.chunk_bytes, layout.chunk_bytes);
     Quantize(KvFormat::kMainKv, x, pg.subspan(mc.offset, mc.bytes),
              pg.subspan(ms.offset, ms.bytes));
@@ -154,8 +150,9 @@ TEST_F(KvOpsCudaTest, PagesUploadedToTheDeviceServeAttentionAsIs) {
   EXPECT_EQ(back, pages);
   EXPECT_FALSE((*dev)->UploadAsync(7, pages).ok()) << "past the capacity";
   // Attention reading pages 2..5 on the device equals attention over the uploaded copy.
-  const std::vector<float> window = Normal(rng, 4 * dim, 1.0f),
-                           q = Normal(rng, 2 * heads * dim, 0.3f), sink = Normal(rng, heads, 1.0f);
+  const std::vector<float> window = NormalFloats(rng, 4 * dim, 1.0f),
+                           q = NormalFloats(rng, 2 * heads * dim, 0.3f),
+                           sink = NormalFloats(rng, heads, 1.0f);
   const std::vector<int32_t> offsets = {0, 3, 5};
   const std::vector<int32_t> on_device = {0, -1 - 2 * static_cast<int32_t>(mc.positions), 2,
                                           -1 - 2 * static_cast<int32_t>(mc.positions) - 5, 3};

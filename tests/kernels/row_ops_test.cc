@@ -11,6 +11,7 @@
 #include "engine/model/layer_ops.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_dequant.h"
+#include "tests/testing/random.h"
 #include "tests/testing/seed.h"
 
 namespace kvc::cuda {
@@ -24,17 +25,12 @@ class RowOpsCudaTest : public ::testing::Test {
   }
 };
 
-std::vector<float> Normal(std::mt19937_64& rng, size_t n, float scale) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using ::kvc::testing::NormalFloats;
 
 TEST_F(RowOpsCudaTest, RmsNormMatchesTheCpuBitForBit) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int64_t rows = 33, n = 256;
-  const std::vector<float> x = Normal(rng, rows * n, 3.0f), w = Normal(rng, n, 1.0f);
+  const std::vector<float> x = NormalFloats(rng, rows * n, 3.0f), w = NormalFloats(rng, n, 1.0f);
   absl::StatusOr<std::vector<float>> got = RmsNormOnDevice(x, w, 1e-6);
   ASSERT_TRUE(got.ok()) << got.status();
   std::vector<float> want(x.size());
@@ -46,7 +42,7 @@ TEST_F(RowOpsCudaTest, RopeMatchesTheCpu) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int64_t rows = 20, dim = 64;
   const std::vector<double> f = cpu::RopeFrequencies(16, 160000, 1024, 4, 32, 1);
-  const std::vector<float> x = Normal(rng, rows * dim, 1.0f);
+  const std::vector<float> x = NormalFloats(rng, rows * dim, 1.0f);
   std::vector<int64_t> pos(rows);
   for (int64_t& p : pos) p = static_cast<int64_t>(rng() % 100000);
   for (bool inverse : {false, true}) {
@@ -62,8 +58,8 @@ TEST_F(RowOpsCudaTest, RopeMatchesTheCpu) {
 TEST_F(RowOpsCudaTest, PoolGroupsMatchesTheCpu) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int64_t groups = 17, ratio = 2, dim = 64;
-  const std::vector<float> kv = Normal(rng, groups * ratio * dim, 1.0f),
-                           score = Normal(rng, groups * ratio * dim, 3.0f);
+  const std::vector<float> kv = NormalFloats(rng, groups * ratio * dim, 1.0f),
+                           score = NormalFloats(rng, groups * ratio * dim, 3.0f);
   absl::StatusOr<std::vector<float>> got = PoolGroupsOnDevice(kv, score, ratio, dim);
   ASSERT_TRUE(got.ok()) << got.status();
   for (int64_t g = 0; g < groups; ++g) {
@@ -78,7 +74,8 @@ TEST_F(RowOpsCudaTest, PoolGroupsMatchesTheCpu) {
 TEST_F(RowOpsCudaTest, HcCoefficientsMatchTheCpu) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int hc = 4, rows = 9;
-  const std::vector<float> m = Normal(rng, rows * 24, 1.0f), base = Normal(rng, 24, 1.0f);
+  const std::vector<float> m = NormalFloats(rng, rows * 24, 1.0f),
+                           base = NormalFloats(rng, 24, 1.0f);
   const std::vector<float> scale = {0.7f, 1.1f, 0.9f};
   absl::StatusOr<HcOnDevice> got = HcCoefficientsOnDevice(m, base, scale, hc, 20, 1e-6f);
   ASSERT_TRUE(got.ok()) << got.status();

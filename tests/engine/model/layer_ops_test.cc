@@ -10,23 +10,20 @@
 
 #include "absl/numeric/int128.h"
 #include "gtest/gtest.h"
+#include "tests/testing/random.h"
 #include "tests/testing/seed.h"
 
 namespace kvc::model {
 namespace {
 
-std::vector<float> Normal(std::mt19937_64& rng, size_t n, float scale = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using ::kvc::testing::NormalFloats;
 
 TEST(LayerOpsTest, PoolGroupIsAPerChannelSoftmaxWeightedSum) {
   std::mt19937_64 rng(testing::FreshSeed());
   for (int64_t ratio : {1, 2, 4}) {
     const int64_t dim = 64;
-    const std::vector<float> kv = Normal(rng, ratio * dim), score = Normal(rng, ratio * dim, 3);
+    const std::vector<float> kv = NormalFloats(rng, ratio * dim),
+                             score = NormalFloats(rng, ratio * dim, 3);
     const std::vector<float> got = PoolGroup(kv.data(), score.data(), ratio, dim);
     for (int64_t ch = 0; ch < dim; ++ch) {
       double den = 0, num = 0;
@@ -42,10 +39,10 @@ TEST(LayerOpsTest, AttendHeadMatchesSoftmaxWithASinkInTheDenominator) {
   std::mt19937_64 rng(testing::FreshSeed());
   for (int n : {1, 5, 24}) {
     const int64_t dim = 64;
-    const std::vector<float> q = Normal(rng, dim), k = Normal(rng, n * dim);
+    const std::vector<float> q = NormalFloats(rng, dim), k = NormalFloats(rng, n * dim);
     std::vector<const float*> keys;
     for (int t = 0; t < n; ++t) keys.push_back(&k[t * dim]);
-    const float sink = Normal(rng, 1)[0], scale = 0.125f;
+    const float sink = NormalFloats(rng, 1)[0], scale = 0.125f;
     std::vector<float> o(dim);
     AttendHead(q.data(), keys, dim, sink, scale, o.data());
     std::vector<double> s(n);
@@ -71,7 +68,7 @@ TEST(LayerOpsTest, CandidateMaskKeepsTheBestBlocksAndTheNewest) {
   for (int trial = 0; trial < 50; ++trial) {
     const int64_t cl = 1 + static_cast<int64_t>(rng() % 90), block = 1 + rng() % 8,
                   topk = 1 + rng() % 6;
-    std::vector<float> scores = Normal(rng, cl);
+    std::vector<float> scores = NormalFloats(rng, cl);
     for (float& v : scores) v = std::round(v * 2) / 2;  // ties between blocks
     const std::vector<uint8_t> mask = CandidateMask(scores, block, topk);
     // Reference: rank blocks by (newest first, then best score, then lower index).
@@ -98,7 +95,7 @@ TEST(LayerOpsTest, RouteTokenPicksTheBiasedTopKAndNormalizesUnbiasedScores) {
   std::mt19937_64 rng(testing::FreshSeed());
   for (int trial = 0; trial < 30; ++trial) {
     const int64_t n = 8 + rng() % 60, k = 1 + rng() % 6;
-    const std::vector<float> logits = Normal(rng, n, 2), bias = Normal(rng, n, 0.3f);
+    const std::vector<float> logits = NormalFloats(rng, n, 2), bias = NormalFloats(rng, n, 0.3f);
     const auto got = RouteToken(logits, bias, k, true, 1.5f);
     std::vector<double> score(n);
     for (int64_t e = 0; e < n; ++e)
