@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/kvbench/harness.h"
 #include "cachesvc/client.h"
+#include "serve/kvcached_process.h"
 
 namespace kvc::bench {
 namespace {
@@ -38,7 +39,7 @@ struct Process {
   }
 };
 
-// Starts argv with stdout on a pipe; returns the first line it prints.
+// Starts argv (the Redis peer) with stdout on a pipe; returns the first line it prints.
 absl::StatusOr<std::string> Spawn(const std::vector<std::string>& argv, Process* p) {
   int out[2];
   if (pipe(out) != 0) return absl::InternalError("pipe");
@@ -86,15 +87,11 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::filesystem::remove_all(opt.dir, ec);
   std::filesystem::create_directories(opt.dir + "/redis", ec);
   // Ours: RAM tier big enough for the data set and the store runs' steady-state eviction.
-  Process daemon, redis;
-  absl::StatusOr<std::string> line =
-      Spawn({opt.kvcached, "--data-dir", opt.dir + "/kvcached", "--listen", "127.0.0.1:0",
-             "--ram-bytes", std::to_string(512ull << 20), "--ssd-bytes", "0"},
-            &daemon);
-  if (!line.ok()) return line.status();
-  const size_t at = line->find("listening on ");
-  if (at == std::string::npos) return absl::InternalError("kvcached: " + *line);
-  const std::string address = line->substr(at + 13, line->find(' ', at + 13) - at - 13);
+  serve::KvcachedProcess daemon(opt.kvcached, opt.dir + "/kvcached",
+                                {"--ram-bytes", std::to_string(512ull << 20), "--ssd-bytes", "0"});
+  if (absl::Status s = daemon.Start(); !s.ok()) return s;
+  const std::string address = daemon.address();
+  Process redis;
   const int redis_port = FreePort();
   absl::StatusOr<std::string> rline =
       Spawn({"/usr/bin/redis-server", "--port", std::to_string(redis_port), "--bind", "127.0.0.1",
@@ -126,7 +123,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::vector<std::unique_ptr<cachesvc::CacheClient>> clients, shm_clients;
   std::vector<redisContext*> redis_clients;
   cachesvc::ClientOptions shm_opt = copt;
-  shm_opt.shm_socket = opt.dir + "/kvcached/kvcached.sock";
+  shm_opt.shm_socket = daemon.shm_socket();
   shm_opt.shm_lease_cache = opt.shm_lease_cache;
   for (int c = 0; c < max_clients; ++c) {
     clients.push_back(*cachesvc::CacheClient::Connect(copt));
@@ -268,7 +265,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   clients.clear();
   shm_clients.clear();
   setup->reset();
-  daemon.Stop();
+  daemon.Stop(SIGTERM);
   redis.Stop();
   std::filesystem::remove_all(opt.dir, ec);
   return cases;
