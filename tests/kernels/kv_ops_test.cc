@@ -27,6 +27,39 @@ class KvOpsCudaTest : public ::testing::Test {
 
 using ::kvc::testing::NormalFloats;
 
+// The mini config's first Full layer, with `chunks` pages of random compressed rows
+// quantized into it, and those rows dequantized (what the CPU attends to).
+struct RandomPages {
+  ModelConfig config;
+  LayerSchedule schedule;
+  ChunkLayout layout;
+  int64_t layer = 0;
+  std::vector<uint8_t> pages;
+  std::vector<float> rows;  // dequantized, positions × head_dim
+};
+
+RandomPages MakeRandomPages(std::mt19937_64& rng, int64_t chunks, float scale) {
+  RandomPages r;
+  r.config = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+  r.schedule = *BuildLayerSchedule(r.config);
+  r.layout = *BuildChunkLayout(r.config, r.schedule, 64);
+  r.layer = r.schedule.FullLayers()[0];
+  const int64_t dim = r.config.head_dim;
+  const ChunkSection& mc = r.layout.Section(r.layer, SectionKind::kMainCodes);
+  const ChunkSection& ms = r.layout.Section(r.layer, SectionKind::kMainScales);
+  r.pages.resize(chunks * r.layout.chunk_bytes);
+  r.rows.resize(chunks * mc.positions * dim);
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const std::vector<float> x = NormalFloats(rng, mc.positions * dim, scale);
+    std::span<uint8_t> pg(r.pages.data() + ch * r.layout.chunk_bytes, r.layout.chunk_bytes);
+    Quantize(KvFormat::kMainKv, x, pg.subspan(mc.offset, mc.bytes),
+             pg.subspan(ms.offset, ms.bytes));
+    Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset, mc.bytes), pg.subspan(ms.offset, ms.bytes),
+               std::span<float>(r.rows.data() + ch * mc.positions * dim, mc.positions * dim));
+  }
+  return r;
+}
+
 TEST_F(KvOpsCudaTest, QuantizeMatchesTheCpuCodecByteForByte) {
   std::mt19937_64 rng(testing::FreshSeed());
   for (KvFormat f : {KvFormat::kMainKv, KvFormat::kIndexK}) {
@@ -73,24 +106,12 @@ TEST_F(KvOpsCudaTest, IndexerScoresMatchTheCpuBitForBit) {
 
 TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
   std::mt19937_64 rng(testing::FreshSeed());
-  const ModelConfig c = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
-  const LayerSchedule s = *BuildLayerSchedule(c);
-  const ChunkLayout layout = *BuildChunkLayout(c, s, 64);
-  const int64_t layer = s.FullLayers()[0], dim = c.head_dim, heads = c.num_attention_heads;
-  const ChunkSection& mc = layout.Section(layer, SectionKind::kMainCodes);
-  const ChunkSection& ms = layout.Section(layer, SectionKind::kMainScales);
-  // Three pages of random compressed rows, and their dequantized values.
-  const int64_t chunks = 3, rows = chunks * mc.positions;
-  std::vector<uint8_t> pages(chunks * layout.chunk_bytes);
-  std::vector<float> compressed(rows * dim);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const std::vector<float> x = NormalFloats(rng, mc.positions * dim, 2.0f);
-    std::span<uint8_t> pg(pages.data() + ch * layout.chunk_bytes, layout.chunk_bytes);
-    Quantize(KvFormat::kMainKv, x, pg.subspan(mc.offset, mc.bytes),
-             pg.subspan(ms.offset, ms.bytes));
-    Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset, mc.bytes), pg.subspan(ms.offset, ms.bytes),
-               std::span<float>(compressed.data() + ch * mc.positions * dim, mc.positions * dim));
-  }
+  const RandomPages rp = MakeRandomPages(rng, 3, 2.0f);
+  const ChunkLayout& layout = rp.layout;
+  const std::vector<uint8_t>& pages = rp.pages;
+  const std::vector<float>& compressed = rp.rows;
+  const int64_t layer = rp.layer, dim = rp.config.head_dim, heads = rp.config.num_attention_heads;
+  const int64_t rows = static_cast<int64_t>(compressed.size()) / dim;
   const int64_t window_rows = 20, queries = 9;
   const std::vector<float> window = NormalFloats(rng, window_rows * dim, 1.0f);
   const std::vector<float> q = NormalFloats(rng, queries * heads * dim, 0.3f),
@@ -126,19 +147,11 @@ TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
 
 TEST_F(KvOpsCudaTest, PagesUploadedToTheDeviceServeAttentionAsIs) {
   std::mt19937_64 rng(testing::FreshSeed());
-  const ModelConfig c = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
-  const LayerSchedule s = *BuildLayerSchedule(c);
-  const ChunkLayout layout = *BuildChunkLayout(c, s, 64);
-  const int64_t layer = s.FullLayers()[0], dim = c.head_dim, heads = c.num_attention_heads;
+  const RandomPages rp = MakeRandomPages(rng, 4, 1.5f);
+  const ChunkLayout& layout = rp.layout;
+  const std::vector<uint8_t>& pages = rp.pages;
+  const int64_t layer = rp.layer, dim = rp.config.head_dim, heads = rp.config.num_attention_heads;
   const ChunkSection& mc = layout.Section(layer, SectionKind::kMainCodes);
-  const ChunkSection& ms = layout.Section(layer, SectionKind::kMainScales);
-  std::vector<uint8_t> pages(4 * layout.chunk_bytes);
-  for (int64_t ch = 0; ch < 4; ++ch) {
-    const std::vector<float> x = NormalFloats(rng, mc.positions * dim, 1.5f);
-    std::span<uint8_t> pg(pages.data() + ch * layout.chunk_bytes, layout.chunk_bytes);
-    Quantize(KvFormat::kMainKv, x, pg.subspan(mc.offset, mc.bytes),
-             pg.subspan(ms.offset, ms.bytes));
-  }
   absl::StatusOr<std::unique_ptr<DevicePages>> dev = DevicePages::Create(layout, 8);
   ASSERT_TRUE(dev.ok()) << dev.status();
   ASSERT_TRUE(DevicePages::RegisterHost(pages).ok());
