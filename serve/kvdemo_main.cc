@@ -197,21 +197,13 @@ int Main(int argc, char** argv) {
     const double cold_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     const TurnReport& r = warm->report;
     const bool same_first = model::Argmax(*cl) == model::Argmax(warm->first_logits);
-    out["turns"].push_back({{"turn", turn},
-                            {"context_tokens", r.prompt_tokens},
-                            {"reused_tokens", r.reused_tokens},
-                            {"new_tokens", r.prompt_tokens - r.reused_tokens},
-                            {"tier", r.tier},
-                            {"replayed_tokens", r.replayed_tokens},
-                            {"fetched_bytes", r.fetched_bytes},
-                            {"fetch_ms", r.fetch_ms},
-                            {"fetch_wait_ms", r.fetch_wait_ms},
-                            {"ttft_warm_ms", r.ttft_ms},
-                            {"ttft_cold_ms", cold_ms},
-                            {"decode_tok_s", warm->decode_tok_s},
-                            {"first_token_matches_cold", same_first},
-                            {"after_restart", after_restart},
-                            {"warnings", r.warnings}});
+    nlohmann::json tj = TurnJson(*warm);
+    tj["turn"] = turn;
+    tj["ttft_warm_ms"] = r.ttft_ms;
+    tj["ttft_cold_ms"] = cold_ms;
+    tj["first_token_matches_cold"] = same_first;
+    tj["after_restart"] = after_restart;
+    out["turns"].push_back(tj);
     say(absl::StrFormat("%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens,
                         r.reused_tokens, r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms,
                         cold_ms, cold_ms / r.ttft_ms,

@@ -110,21 +110,10 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
     fs::rename(tmp, history_path);
   }
   const TurnReport& r = turn->report;
-  nlohmann::json j = {
-      {"session", session},
-      {"context_tokens", r.prompt_tokens},
-      {"reused_tokens", r.reused_tokens},
-      {"new_tokens", r.prompt_tokens - r.reused_tokens},
-      {"tier", r.tier},
-      {"prefilled_tokens", {{"encoder", r.encoder_tokens}, {"decoder", r.decoder_tokens}}},
-      {"replayed_tokens", r.replayed_tokens},
-      {"ttft_ms", r.ttft_ms},
-      {"fetch_ms", r.fetch_ms},
-      {"fetch_wait_ms", r.fetch_wait_ms},
-      {"decode_tok_s", turn->decode_tok_s},
-      {"stored_chunks", stored},
-      {"generated", turn->generated},
-      {"warnings", r.warnings}};
+  nlohmann::json j = TurnJson(*turn);
+  j["session"] = session;
+  j["stored_chunks"] = stored;
+  j["generated"] = turn->generated;
   if (tokens_file.empty()) j["text"] = BytesFromTokens(turn->generated);
   if (json) {
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

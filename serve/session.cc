@@ -28,6 +28,22 @@ absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& ca
   return t;
 }
 
+nlohmann::json TurnJson(const TurnResult& t) {
+  const TurnReport& r = t.report;
+  return {{"context_tokens", r.prompt_tokens},
+          {"reused_tokens", r.reused_tokens},
+          {"new_tokens", r.prompt_tokens - r.reused_tokens},
+          {"tier", r.tier},
+          {"prefilled_tokens", {{"encoder", r.encoder_tokens}, {"decoder", r.decoder_tokens}}},
+          {"replayed_tokens", r.replayed_tokens},
+          {"fetched_bytes", r.fetched_bytes},
+          {"fetch_ms", r.fetch_ms},
+          {"fetch_wait_ms", r.fetch_wait_ms},
+          {"ttft_ms", r.ttft_ms},
+          {"decode_tok_s", t.decode_tok_s},
+          {"warnings", r.warnings}};
+}
+
 std::vector<uint32_t> ByteTokens(const std::string& text) {
   return std::vector<uint32_t>(reinterpret_cast<const uint8_t*>(text.data()),
                                reinterpret_cast<const uint8_t*>(text.data()) + text.size());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "serve/cache_connector.h"
 
 namespace kvc::serve {
@@ -23,6 +24,11 @@ struct TurnResult {
 // `context` is the session's whole history including this turn's new tokens.
 absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& cache,
                                    std::span<const uint32_t> context, int64_t max_new_tokens);
+
+// The turn as JSON, the fields every report shares: context_tokens, reused_tokens,
+// new_tokens, tier, prefilled_tokens {encoder, decoder}, replayed_tokens, fetched_bytes,
+// fetch_ms, fetch_wait_ms, ttft_ms, decode_tok_s, warnings.
+nlohmann::json TurnJson(const TurnResult& turn);
 
 std::vector<uint32_t> ByteTokens(const std::string& text);
 std::string BytesFromTokens(std::span<const uint32_t> tokens);  // ids > 255 become '?'
