@@ -27,6 +27,8 @@ class PackedMatrix {
   int64_t in_features() const { return k_; }
   const float* panel(int64_t p) const { return data_.data() + p * k_ * kPanel; }
   int64_t panels() const { return (n_ + kPanel - 1) / kPanel; }
+  // Every panel, in order (panels() · in_features() · kPanel floats): what a device copy holds.
+  std::span<const float> packed() const { return data_; }
   static constexpr int64_t kPanel = 16;
 
  private:

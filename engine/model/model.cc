@@ -124,7 +124,18 @@ class ModelImpl {
   std::vector<int64_t> targets;            // DSpark target layers, in order
   DraftWeights draft;
 
+  std::unique_ptr<MatmulBackend> mm;  // where every matrix product runs
+
   absl::Status LoadWeights(const SafetensorsFile& f);
+  // Every weight matrix, for the matmul backend to keep resident.
+  void ForEachWeight(const std::function<void(const PackedMatrix&)>& fn) const;
+  // x (rows × in) → y (rows × out).
+  std::vector<float> Linear(const std::vector<float>& x, int64_t rows,
+                            const PackedMatrix& w) const {
+    std::vector<float> y(rows * w.out_features());
+    mm->Gemm(x.data(), rows, w, y.data());
+    return y;
+  }
 
   // One pass of layers [l0, l1) over positions [a, b). X: (b−a) × hc × D, pre: (b−a) × hc.
   // `compress`: Full layers run their compressor on positions not yet compressed.
@@ -176,13 +187,6 @@ namespace {
 template <typename T>
 std::span<const T> Row(const std::vector<T>& v, int64_t row, int64_t width) {
   return std::span<const T>(v.data() + row * width, width);
-}
-
-// x (rows × in) → y (rows × out).
-std::vector<float> Linear(const std::vector<float>& x, int64_t rows, const PackedMatrix& w) {
-  std::vector<float> y(rows * w.out_features());
-  cpu::Gemm(x.data(), rows, w, y.data());
-  return y;
 }
 
 void NormRows(std::vector<float>& x, int64_t rows, int64_t width, const std::vector<float>& w,
@@ -398,7 +402,7 @@ void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent
   // Index key from the RoPE-free latent, then the latent itself rotated; both quantized
   // straight into the page (the float copies are their dequantized values).
   std::vector<float> k(Id);
-  cpu::GemmSerial(latent.data(), 1, a.i_wk, k.data());
+  mm->GemmSerial(latent.data(), 1, a.i_wk, k.data());
   cpu::RmsNorm(k.data(), a.i_k_norm.data(), Id, c.rms_norm_eps, k.data());
   cpu::ApplyRope(k.data(), Id, freqs[l], pos);
   cpu::ApplyRope(latent.data(), hd, freqs[l], pos);
@@ -537,7 +541,7 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
             km = &narrow;
           }
           qk.resize((r1 - r0) * IH * width);
-          cpu::GemmSerial(&qi[r0 * IH * Id], (r1 - r0) * IH, *km, qk.data());
+          mm->GemmSerial(&qi[r0 * IH * Id], (r1 - r0) * IH, *km, qk.data());
           for (int64_t r = r0; r < r1; ++r) {
             const int64_t cl = (a + r + 1) / ratio;
             scores.assign(cl, 0.0f);
@@ -618,7 +622,7 @@ void ModelImpl::AttendAndProject(
     for (int64_t r = 0; r < rows; ++r)
       std::copy(o.begin() + r * H * hd + g * gw, o.begin() + r * H * hd + (g + 1) * gw,
                 og.begin() + r * gw);
-    cpu::Gemm(og.data(), rows, w.wo_a[g], ug.data());
+    mm->Gemm(og.data(), rows, w.wo_a[g], ug.data());
     for (int64_t r = 0; r < rows; ++r)
       std::copy(ug.begin() + r * ol, ug.begin() + (r + 1) * ol, u.begin() + r * G * ol + g * ol);
   }
@@ -800,7 +804,7 @@ std::vector<float> ModelImpl::Logits(const std::vector<float>& X, const std::vec
   std::vector<float> x(D), logits(c.vocab_size);
   cpu::HcPre(&X[row * hc * D], &pre[row * hc], hc, D, x.data());
   cpu::RmsNorm(x.data(), (final_norm ? final_norm : &norm)->data(), D, c.rms_norm_eps, x.data());
-  cpu::Gemm(x.data(), 1, head, logits.data());
+  mm->Gemm(x.data(), 1, head, logits.data());
   return logits;
 }
 
@@ -812,10 +816,44 @@ const ModelConfig& Model::config() const { return impl_->c; }
 const LayerSchedule& Model::schedule() const { return impl_->sched; }
 const ChunkLayout& Model::layout() const { return impl_->layout; }
 
+void ModelImpl::ForEachWeight(const std::function<void(const PackedMatrix&)>& fn) const {
+  auto each = [&](const PackedMatrix& w) {
+    if (w.out_features() > 0) fn(w);
+  };
+  each(head);
+  for (const LayerWeights& w : layers) {
+    for (const PackedMatrix& h : w.hc_fn) each(h);
+    const AttentionWeights& a = w.attn;
+    for (const PackedMatrix* p : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_b, &a.c_wkv, &a.c_wgate, &a.i_wk,
+                                  &a.i_wq_b, &a.i_weights, &w.gate}) {
+      each(*p);
+    }
+    for (const PackedMatrix& g : a.wo_a) each(g);
+    for (const ExpertWeights& e : w.experts) {
+      each(e.w1), each(e.w3), each(e.w2);
+    }
+    each(w.shared.w1), each(w.shared.w3), each(w.shared.w2);
+    if (w.engram) each(w.engram->wkv);
+  }
+  each(draft.main_proj), each(draft.markov_head);
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
                                                    const std::string& weights_path,
                                                    int64_t chunk_tokens) {
+  ModelOptions options;
+  options.chunk_tokens = chunk_tokens;
+  return Load(config, weights_path, std::move(options));
+}
+
+const char* Model::matmul_backend() const { return impl_->mm->name(); }
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
+                                                   const std::string& weights_path,
+                                                   ModelOptions options) {
+  const int64_t chunk_tokens = options.chunk_tokens;
   auto m = std::make_unique<ModelImpl>();
+  m->mm = options.matmul ? std::move(options.matmul) : MakeCpuMatmul();
   m->c = config;
   absl::StatusOr<LayerSchedule> sched = BuildLayerSchedule(config);
   if (!sched.ok()) return sched.status();
@@ -873,6 +911,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(weights_path);
   if (!f.ok()) return f.status();
   if (absl::Status s = m->LoadWeights(**f); !s.ok()) return s;
+  m->ForEachWeight([&](const PackedMatrix& w) { m->mm->Register(w); });
   return std::unique_ptr<Model>(new Model(std::move(m)));
 }
 
@@ -984,8 +1023,8 @@ absl::StatusOr<std::vector<uint32_t>> Model::Draft(Sequence& seq, uint32_t next)
   std::vector<float> bias(m.c.vocab_size);
   for (int64_t r = 0; r < B; ++r) {
     std::vector<float> logits = m.Logits(X, pre, r, &m.draft.norm);
-    cpu::Gemm(m.draft.markov_embed.data() + static_cast<int64_t>(prev) * rank, 1,
-              m.draft.markov_head, bias.data());
+    m.mm->Gemm(m.draft.markov_embed.data() + static_cast<int64_t>(prev) * rank, 1,
+               m.draft.markov_head, bias.data());
     for (int64_t v = 0; v < m.c.vocab_size; ++v) logits[v] += bias[v];
     prev = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     drafts.push_back(prev);

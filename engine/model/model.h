@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/matmul.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/layer_schedule.h"
 #include "engine/spec/model_config.h"
@@ -82,6 +83,13 @@ class Sequence {
 
 class ModelImpl;
 
+struct ModelOptions {
+  int64_t chunk_tokens = kDefaultChunkTokens;
+  // Where the matrix products run (null: the CPU). The model owns it; Load registers
+  // every weight with it.
+  std::unique_ptr<MatmulBackend> matmul;
+};
+
 class Model {
  public:
   // Loads `weights_path` (safetensors) for `config`; every tensor is checked against the
@@ -89,7 +97,11 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Load(const ModelConfig& config,
                                                      const std::string& weights_path,
                                                      int64_t chunk_tokens = kDefaultChunkTokens);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const ModelConfig& config,
+                                                     const std::string& weights_path,
+                                                     ModelOptions options);
   ~Model();
+  const char* matmul_backend() const;
 
   const ModelConfig& config() const;
   const LayerSchedule& schedule() const;

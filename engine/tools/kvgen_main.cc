@@ -2,7 +2,7 @@
 //
 //   kvgen --config C --weights W --prompt FILE --max-new-tokens N [--greedy] [--seed S]
 //         [--resume-at P --replay exact|bounded|full] [--no-ced] [--chunk-tokens C]
-//         [--dspark] [--dump-logits FILE] --json
+//         [--dspark] [--dump-logits FILE] [--backend cpu|cuda] --json
 //
 // FILE holds token ids separated by whitespace. With --resume-at P, kvgen runs a cold
 // prefill of the first P tokens, takes their pages (P / chunk_tokens whole chunks), starts
@@ -11,7 +11,8 @@
 // Output: generated, prefill_tokens_computed {encoder, decoder}, replayed_tokens,
 // ttft_ms (of the run that produces the first token: the resume when resuming),
 // decode_tok_s. --dump-logits writes float32 logits (vocab_size each, little-endian) of
-// the prompt's last position and then of every generated position.
+// the prompt's last position and then of every generated position. --backend cuda runs
+// the matrix products on the GPU (same bits as the CPU; builds with the CUDA backend only).
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -28,6 +29,9 @@
 #include "engine/model/model.h"
 #include "engine/spec/model_config.h"
 #include "nlohmann/json.hpp"
+#if KVC_WITH_CUDA
+#include "kernels/cuda_matmul.h"
+#endif
 
 static_assert(std::endian::native == std::endian::little, "logit dumps are little-endian");
 
@@ -86,11 +90,26 @@ double Ms(Clock::time_point a, Clock::time_point b) {
 absl::Status Run(const std::string& config_path, const std::string& weights_path,
                  const std::string& prompt_path, int64_t max_new, bool greedy, uint64_t seed,
                  int64_t resume_at, const std::string& replay, bool no_ced, int64_t chunk_tokens,
-                 const std::string& dump_path, bool dspark) {
+                 const std::string& dump_path, bool dspark, const std::string& backend) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
   if (!config.ok()) return config.status();
+  model::ModelOptions options;
+  options.chunk_tokens = chunk_tokens;
+  if (backend == "cuda") {
+#if KVC_WITH_CUDA
+    absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = cuda::MakeCudaMatmul();
+    if (!mm.ok()) return mm.status();
+    options.matmul = *std::move(mm);
+#else
+    return absl::FailedPreconditionError(
+        "--backend cuda: this kvgen was built without the CUDA backend (nvcc not found)");
+#endif
+  } else if (backend != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend is \"", backend, "\"; use cpu or cuda"));
+  }
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(*config, weights_path, chunk_tokens);
+      model::Model::Load(*config, weights_path, std::move(options));
   if (!loaded.ok()) return loaded.status();
   const model::Model& m = **loaded;
   absl::StatusOr<std::vector<uint32_t>> prompt = ReadTokens(prompt_path);
@@ -111,6 +130,7 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
     if (!dump) return absl::PermissionDeniedError(absl::StrCat("cannot write \"", dump_path, "\""));
   }
   nlohmann::json out;
+  out["backend"] = m.matmul_backend();
   model::Sequence seq = m.NewSequence();
   absl::StatusOr<std::vector<float>> logits;
   Clock::time_point t0;
@@ -199,7 +219,7 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
 
 int Main(int argc, char** argv) {
   CLI::App app{"kvgen: run the kvcache engine on a prompt"};
-  std::string config_path, weights_path, prompt_path, replay = "exact", dump_path;
+  std::string config_path, weights_path, prompt_path, replay = "exact", dump_path, backend = "cpu";
   int64_t max_new = 16, resume_at = 0, chunk_tokens = 256;
   uint64_t seed = 0;
   bool greedy = false, no_ced = false, json = false, dspark = false;
@@ -216,6 +236,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--dspark", dspark, "speculative decoding with the DSpark drafter");
   app.add_option("--chunk-tokens", chunk_tokens, "tokens per page")->check(CLI::PositiveNumber);
   app.add_option("--dump-logits", dump_path, "write raw float32 logits of every step");
+  app.add_option("--backend", backend, "where the matrix products run: cpu or cuda");
   app.add_flag("--json", json, "print one JSON object (the only output format)");
   try {
     app.parse(argc, argv);
@@ -230,7 +251,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   absl::Status s = Run(config_path, weights_path, prompt_path, max_new, greedy, seed, resume_at,
-                       replay, no_ced, chunk_tokens, dump_path, dspark);
+                       replay, no_ced, chunk_tokens, dump_path, dspark, backend);
   if (!s.ok()) {
     std::cerr << "kvgen: error: " << s.message() << "\n";
     return 1;

@@ -3,10 +3,12 @@
 // replay and CED stay close to their references, and bad input is refused precisely.
 #include "engine/model/model.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
@@ -97,6 +99,59 @@ TEST_F(ModelTest, ExactResumeIsBitIdenticalToAColdRun) {
             << "cached " << cached << ", new " << fresh << ", step " << i;
       }
     }
+  }
+}
+
+// A backend that runs the CPU GEMM, counts what the model asks of it, and adds `nudge` to
+// every output (0: the CPU's bits).
+class CountingMatmul final : public MatmulBackend {
+ public:
+  struct Counts {
+    std::atomic<int64_t> registered{0}, weight_calls{0}, transient_calls{0};
+  };
+  CountingMatmul(float nudge, Counts* counts) : nudge_(nudge), counts_(counts) {}
+  const char* name() const override { return "counting"; }
+  void Register(const cpu::PackedMatrix& w) override {
+    EXPECT_TRUE(weights_.insert(w.packed().data()).second) << "a weight registered twice";
+    ++counts_->registered;
+  }
+  void Gemm(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
+    ++(weights_.contains(w.packed().data()) ? counts_->weight_calls : counts_->transient_calls);
+    cpu::GemmSerial(x, m, w, y);
+    for (int64_t i = 0; i < m * w.out_features(); ++i) y[i] += nudge_;
+  }
+  void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
+    Gemm(x, m, w, y);
+  }
+
+ private:
+  const float nudge_;
+  Counts* counts_;
+  std::set<const float*> weights_;  // written only before the model runs
+};
+
+TEST_F(ModelTest, EveryMatrixProductGoesThroughTheMatmulBackend) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 100);
+  Sequence ref = model_->NewSequence();
+  absl::StatusOr<std::vector<float>> want = model_->Prefill(ref, prompt, PrefillMode::kCed);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (float nudge : {0.0f, 1e-3f}) {
+    CountingMatmul::Counts counts;
+    ModelOptions options;
+    options.chunk_tokens = kChunk;
+    options.matmul = std::make_unique<CountingMatmul>(nudge, &counts);
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(*config_, weights_, std::move(options));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_STREQ((*m)->matmul_backend(), "counting");
+    Sequence s = (*m)->NewSequence();
+    absl::StatusOr<std::vector<float>> got = (*m)->Prefill(s, prompt, PrefillMode::kCed);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const bool same = std::memcmp(got->data(), want->data(), want->size() * sizeof(float)) == 0;
+    EXPECT_EQ(same, nudge == 0.0f) << "nudge " << nudge;
+    EXPECT_GT(counts.registered.load(), 4 * config_->num_hidden_layers);
+    EXPECT_GT(counts.weight_calls.load(), 0);
+    EXPECT_GT(counts.transient_calls.load(), 0);  // the indexer's keys
   }
 }
 

@@ -1,0 +1,25 @@
+// The engine's matrix products on the GPU (model::MatmulBackend): weights resident in
+// device memory from Register on, activations copied up and results copied back per call.
+// Each output is the same fma chain as on the CPU (gemm_kernel.cuh), so a model with this
+// backend computes the CPU engine's bits — logits, pages, exact resume — only faster
+// where the matrices are large.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/cpu/gemm.h"
+#include "engine/model/matmul.h"
+
+namespace kvc::cuda {
+
+// FailedPrecondition without a GPU.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<model::MatmulBackend>> MakeCudaMatmul();
+
+// One GEMM on device 0 (tests, benchmarks): x is m × w.in_features().
+[[nodiscard]] absl::StatusOr<std::vector<float>> GemmOnDevice(std::span<const float> x, int64_t m,
+                                                              const cpu::PackedMatrix& w);
+
+}  // namespace kvc::cuda

@@ -1,0 +1,145 @@
+// The engine with its matrix products on the GPU against the CPU engine, on random inputs
+// (fresh seeds): the device GEMM equals the CPU GEMM bit for bit for odd shapes; the mini
+// model's logits and pages are the CPU's bits through prefill and decode; exact resume is
+// bit-identical to a cold run on the GPU too. Skipped, saying so, where there is no GPU.
+#include <cstring>
+#include <random>
+
+#include "engine/cpu/gemm.h"
+#include "engine/model/model.h"
+#include "engine/model/weights.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda_matmul.h"
+#include "kernels/kv_dequant.h"
+#include "tests/testing/random.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::cuda {
+namespace {
+
+using ::kvc::testing::NormalFloats;
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(CudaGemmTest, RefusesInputOfTheWrongSize) {
+  const cpu::PackedMatrix w(std::vector<float>(6, 1.0f), 2, 3);
+  absl::StatusOr<std::vector<float>> y = GemmOnDevice(std::vector<float>(5, 1.0f), 2, w);
+  ASSERT_FALSE(y.ok());
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << y.status();
+}
+
+TEST(CudaGemmTest, EqualsTheCpuGemmBitForBit) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  std::mt19937_64 rng(testing::FreshSeed());
+  // Shapes around the device tiles (32 × 64, depth 32) and the CPU panels (16).
+  for (int64_t m : {1, 3, 33, 130}) {
+    for (int64_t k : {1, 31, 32, 100}) {
+      for (int64_t n : {1, 15, 17, 64, 200}) {
+        const std::vector<float> x = NormalFloats(rng, m * k);
+        const cpu::PackedMatrix w(NormalFloats(rng, n * k), n, k);
+        std::vector<float> want(m * n);
+        cpu::Gemm(x.data(), m, w, want.data());
+        absl::StatusOr<std::vector<float>> got = GemmOnDevice(x, m, w);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_TRUE(SameBits(*got, want)) << m << " × " << k << " · " << n;
+      }
+    }
+  }
+}
+
+class CudaEngineTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kChunk = 32;
+  void SetUp() override {
+    if (DeviceCount() == 0)
+      GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+    config_ = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+    weights_ = dir_.File("mini.safetensors");
+    const uint64_t seed = testing::FreshSeed();
+    ASSERT_TRUE(
+        model::WriteRandomWeights(config_, *BuildLayerSchedule(config_), seed, weights_).ok());
+    absl::StatusOr<std::unique_ptr<model::Model>> c = model::Model::Load(config_, weights_, kChunk);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cpu_ = *std::move(c);
+    absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = MakeCudaMatmul();
+    ASSERT_TRUE(mm.ok()) << mm.status();
+    model::ModelOptions options;
+    options.chunk_tokens = kChunk;
+    options.matmul = *std::move(mm);
+    absl::StatusOr<std::unique_ptr<model::Model>> g =
+        model::Model::Load(config_, weights_, std::move(options));
+    ASSERT_TRUE(g.ok()) << g.status();
+    gpu_ = *std::move(g);
+    ASSERT_STREQ(gpu_->matmul_backend(), "cuda");
+  }
+  std::vector<uint32_t> Prompt(std::mt19937_64& rng, int64_t n) const {
+    std::vector<uint32_t> t(n);
+    for (uint32_t& v : t) v = static_cast<uint32_t>(rng() % config_.vocab_size);
+    return t;
+  }
+  static uint32_t Argmax(const std::vector<float>& l) {
+    return static_cast<uint32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  }
+
+  testing::TempDir dir_;
+  ModelConfig config_;
+  std::string weights_;
+  std::unique_ptr<model::Model> cpu_, gpu_;
+};
+
+TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (model::PrefillMode mode : {model::PrefillMode::kCed, model::PrefillMode::kFullDepth}) {
+    const std::vector<uint32_t> prompt = Prompt(rng, 150);
+    model::Sequence a = cpu_->NewSequence(), b = gpu_->NewSequence();
+    absl::StatusOr<std::vector<float>> la = cpu_->Prefill(a, prompt, mode);
+    absl::StatusOr<std::vector<float>> lb = gpu_->Prefill(b, prompt, mode);
+    ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << " " << lb.status();
+    EXPECT_TRUE(SameBits(*la, *lb)) << "prefill";
+    for (int step = 0; step < 4; ++step) {
+      const uint32_t next = Argmax(*la);
+      la = cpu_->Decode(a, next);
+      lb = gpu_->Decode(b, next);
+      ASSERT_TRUE(la.ok() && lb.ok());
+      EXPECT_TRUE(SameBits(*la, *lb)) << "decode step " << step;
+    }
+    ASSERT_EQ(a.complete_chunks(), b.complete_chunks());
+    for (int64_t c = 0; c < a.complete_chunks(); ++c) {
+      EXPECT_TRUE(std::ranges::equal(a.page(c), b.page(c))) << "page " << c;
+    }
+  }
+}
+
+TEST_F(CudaEngineTest, ExactResumeIsBitIdenticalToAColdRunOnTheGpu) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (int64_t cached : {32, 96}) {
+    for (int64_t fresh : {1, 7, 41}) {
+      const std::vector<uint32_t> prompt = Prompt(rng, cached + fresh);
+      model::Sequence cold = gpu_->NewSequence(), prefix = gpu_->NewSequence();
+      absl::StatusOr<std::vector<float>> c = gpu_->Prefill(cold, prompt, model::PrefillMode::kCed);
+      ASSERT_TRUE(c.ok()) << c.status();
+      ASSERT_TRUE(
+          gpu_->Prefill(prefix, std::span(prompt).first(cached), model::PrefillMode::kCed).ok());
+      std::vector<uint8_t> pages;
+      for (int64_t p = 0; p < cached / kChunk; ++p) {
+        pages.insert(pages.end(), prefix.page(p).begin(), prefix.page(p).end());
+      }
+      model::Sequence warm = gpu_->NewSequence();
+      absl::StatusOr<std::vector<float>> w =
+          gpu_->Resume(warm, pages, cached, prompt, model::ReplayMode::kExact);
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_TRUE(SameBits(*c, *w)) << "cached " << cached << ", new " << fresh;
+      const uint32_t next = Argmax(*c);
+      c = gpu_->Decode(cold, next);
+      w = gpu_->Decode(warm, next);
+      ASSERT_TRUE(c.ok() && w.ok());
+      EXPECT_TRUE(SameBits(*c, *w)) << "decode after resume, cached " << cached;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvc::cuda
