@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/attention_kernel.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
 #include "kernels/kv_dequant.h"
@@ -69,18 +70,14 @@ absl::StatusOr<std::vector<float>> IndexerScoresOnDevice(std::span<const float> 
 namespace {
 
 // Checks and runs attention over `page_count` pages at `device_pages` (device memory).
-absl::StatusOr<std::vector<float>> Attend(std::span<const float> q, int64_t heads, int64_t dim,
-                                          std::span<const float> window,
-                                          const uint8_t* device_pages, int64_t page_count,
-                                          const ChunkLayout& layout, int64_t layer,
-                                          std::span<const int32_t> offsets,
-                                          std::span<const int32_t> list,
-                                          std::span<const float> sink, float scale) {
+absl::StatusOr<std::vector<float>> Attend(
+    std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
+    const uint8_t* device_pages, int64_t page_count, const ChunkLayout& layout, int64_t layer,
+    std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
+    float scale, AttentionKernel kernel) {
   const int64_t queries = static_cast<int64_t>(offsets.size()) - 1;
-  const ChunkSection& codes = layout.Section(layer, SectionKind::kMainCodes);
-  const ChunkSection& scales = layout.Section(layer, SectionKind::kMainScales);
   const int64_t rows = static_cast<int64_t>(window.size()) / dim;
-  const int64_t compressed = page_count * codes.positions;
+  const int64_t compressed = page_count * layout.Section(layer, SectionKind::kMainCodes).positions;
   for (int32_t e : list) {
     if (e >= rows || (e < 0 && -static_cast<int64_t>(e) - 1 >= compressed)) {
       return absl::InvalidArgumentError(absl::StrCat("key entry ", e, " is out of range"));
@@ -88,9 +85,15 @@ absl::StatusOr<std::vector<float>> Attend(std::span<const float> q, int64_t head
   }
   DeviceBuffer<float> dq(q), dwin(window), dsink(sink), out(q.size());
   DeviceBuffer<int32_t> doff(offsets), dlist(list);
-  PagedMainKv paged{device_pages, layout.chunk_bytes, codes.positions, codes.offset, scales.offset};
-  CUDA_CHECK(LaunchSparseAttention(dq.get(), queries, heads, dim, dwin.get(), paged, doff.get(),
-                                   dlist.get(), dsink.get(), scale, out.get(), nullptr));
+  const PagedMainKv paged = MainSections(device_pages, layout, layer);
+  if (kernel == AttentionKernel::kTiled) {
+    CUDA_CHECK(LaunchSparseAttentionTiled(dq.get(), queries, heads, dim, dwin.get(), paged,
+                                          doff.get(), dlist.get(), dsink.get(), scale, out.get(),
+                                          nullptr));
+  } else {
+    CUDA_CHECK(LaunchSparseAttention(dq.get(), queries, heads, dim, dwin.get(), paged, doff.get(),
+                                     dlist.get(), dsink.get(), scale, out.get(), nullptr));
+  }
   return out.ToHost();
 }
 
@@ -112,7 +115,7 @@ absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
     std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
     std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
     std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
-    float scale) {
+    float scale, AttentionKernel kernel) {
   if (absl::Status s = CheckAttentionShapes(q, heads, dim, offsets, list, sink); !s.ok()) return s;
   if (pages.size() % layout.chunk_bytes != 0) {
     return absl::InvalidArgumentError("pages are not whole chunks");
@@ -121,19 +124,104 @@ absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
   DeviceBuffer<uint8_t> dpages(pages);
   return Attend(q, heads, dim, window, dpages.get(),
                 static_cast<int64_t>(pages.size()) / layout.chunk_bytes, layout, layer, offsets,
-                list, sink, scale);
+                list, sink, scale, kernel);
 }
 
 absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
     std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
     const DevicePages& pages, int64_t page_count, int64_t layer, std::span<const int32_t> offsets,
-    std::span<const int32_t> list, std::span<const float> sink, float scale) {
+    std::span<const int32_t> list, std::span<const float> sink, float scale,
+    AttentionKernel kernel) {
   if (absl::Status s = CheckAttentionShapes(q, heads, dim, offsets, list, sink); !s.ok()) return s;
   if (page_count < 0 || page_count > pages.capacity_chunks()) {
     return absl::InvalidArgumentError("page count beyond the device pages");
   }
   return Attend(q, heads, dim, window, pages.device(), page_count, pages.layout(), layer, offsets,
-                list, sink, scale);
+                list, sink, scale, kernel);
+}
+
+PagedMainKv MainSections(const uint8_t* device_pages, const ChunkLayout& layout, int64_t layer) {
+  const ChunkSection& codes = layout.Section(layer, SectionKind::kMainCodes);
+  const ChunkSection& scales = layout.Section(layer, SectionKind::kMainScales);
+  return PagedMainKv{device_pages, layout.chunk_bytes, codes.positions, codes.offset,
+                     scales.offset};
+}
+
+PagedIndexKv IndexSections(const uint8_t* device_pages, const ChunkLayout& layout, int64_t layer) {
+  const ChunkSection& codes = layout.Section(layer, SectionKind::kIndexCodes);
+  const ChunkSection& scales = layout.Section(layer, SectionKind::kIndexScales);
+  return PagedIndexKv{device_pages, layout.chunk_bytes, codes.positions, codes.offset,
+                      scales.offset};
+}
+
+namespace {
+
+absl::Status CheckIndexerInputs(std::span<const float> qi, std::span<const float> w,
+                                std::span<const uint8_t> pages, const ChunkLayout& layout,
+                                int64_t queries, int64_t heads, int64_t dim) {
+  if (static_cast<int64_t>(qi.size()) != queries * heads * dim ||
+      static_cast<int64_t>(w.size()) != queries * heads || heads > 64 || dim % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("indexer inputs do not fit together: ", qi.size(), " query values and ",
+                     w.size(), " weights for ", queries, " queries × ", heads,
+                     " heads (at most 64) × ", dim, " dims (a multiple of 32)"));
+  }
+  if (pages.size() % layout.chunk_bytes != 0) {
+    return absl::InvalidArgumentError("pages are not whole chunks");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> PagedIndexerScoresOnDevice(
+    std::span<const float> qi, std::span<const float> w, std::span<const uint8_t> pages,
+    const ChunkLayout& layout, int64_t layer, std::span<const int32_t> visible, int64_t heads,
+    int64_t dim, int64_t positions) {
+  const int64_t queries = static_cast<int64_t>(visible.size());
+  if (absl::Status s = CheckIndexerInputs(qi, w, pages, layout, queries, heads, dim); !s.ok())
+    return s;
+  const int64_t held = static_cast<int64_t>(pages.size()) / layout.chunk_bytes *
+                       layout.Section(layer, SectionKind::kIndexCodes).positions;
+  if (positions > held) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("indexer over ", positions, " positions; the pages hold ", held));
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dq(qi), dw(w), out(static_cast<size_t>(queries * positions));
+  DeviceBuffer<uint8_t> dpages(pages);
+  DeviceBuffer<int32_t> dv(visible);
+  CUDA_CHECK(LaunchPagedIndexerScores(dq.get(), dw.get(),
+                                      IndexSections(dpages.get(), layout, layer), dv.get(), queries,
+                                      heads, dim, positions, out.get(), nullptr));
+  return out.ToHost();
+}
+
+absl::StatusOr<std::vector<float>> PagedIndexerScoresAtOnDevice(
+    std::span<const float> qi, std::span<const float> w, std::span<const uint8_t> pages,
+    const ChunkLayout& layout, int64_t layer, std::span<const int32_t> list, int64_t heads,
+    int64_t dim) {
+  const int64_t queries = heads > 0 && dim > 0 ? static_cast<int64_t>(w.size()) / heads : 0;
+  if (absl::Status s = CheckIndexerInputs(qi, w, pages, layout, queries, heads, dim); !s.ok())
+    return s;
+  if (queries == 0 || list.size() % queries != 0) {
+    return absl::InvalidArgumentError("the position list is not the same length for every query");
+  }
+  const int64_t held = static_cast<int64_t>(pages.size()) / layout.chunk_bytes *
+                       layout.Section(layer, SectionKind::kIndexCodes).positions;
+  for (int32_t t : list) {
+    if (t < 0 || t >= held)
+      return absl::InvalidArgumentError(absl::StrCat("index position ", t, " is out of range"));
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t per_query = static_cast<int64_t>(list.size()) / queries;
+  DeviceBuffer<float> dq(qi), dw(w), out(list.size());
+  DeviceBuffer<uint8_t> dpages(pages);
+  DeviceBuffer<int32_t> dl(list);
+  CUDA_CHECK(LaunchPagedIndexerScoresAt(dq.get(), dw.get(),
+                                        IndexSections(dpages.get(), layout, layer), dl.get(),
+                                        queries, per_query, heads, dim, out.get(), nullptr));
+  return out.ToHost();
 }
 
 }  // namespace kvc::cuda

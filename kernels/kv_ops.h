@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/kv_codec.h"
+#include "kernels/attention_kernel.cuh"
 #include "kernels/device_pages.h"
 
 namespace kvc::cuda {
@@ -24,6 +25,15 @@ namespace kvc::cuda {
     std::span<const float> qi, std::span<const float> w, std::span<const float> keys,
     std::span<const int32_t> visible, int64_t heads, int64_t dim);
 
+// Device views of Full layer `layer`'s main KV and index key sections in consecutive pages
+// of `layout` at `device_pages` (what the launchers take).
+PagedMainKv MainSections(const uint8_t* device_pages, const ChunkLayout& layout, int64_t layer);
+PagedIndexKv IndexSections(const uint8_t* device_pages, const ChunkLayout& layout, int64_t layer);
+
+// Which attention kernel: the one-thread-per-head twin of the CPU op, or the tiled kernel
+// that dequantizes each key row once per block of heads (attention_kernel.cuh).
+enum class AttentionKernel { kTwin, kTiled };
+
 // Sparse attention of `queries` × heads query heads (dim each) over, per query, the
 // entries list[offsets[q] .. offsets[q+1]): e >= 0 a row of `window`, e < 0 compressed
 // row −e−1 of Full layer `layer`, read from `pages` (whole chunks in `layout`).
@@ -31,11 +41,24 @@ namespace kvc::cuda {
     std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
     std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
     std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
-    float scale);
+    float scale, AttentionKernel kernel = AttentionKernel::kTwin);
 // The same reading compressed rows straight from pages already in device memory.
 [[nodiscard]] absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
     std::span<const float> q, int64_t heads, int64_t dim, std::span<const float> window,
     const DevicePages& pages, int64_t page_count, int64_t layer, std::span<const int32_t> offsets,
-    std::span<const int32_t> list, std::span<const float> sink, float scale);
+    std::span<const int32_t> list, std::span<const float> sink, float scale,
+    AttentionKernel kernel = AttentionKernel::kTwin);
+
+// Indexer scores with the keys read from the FP4 index sections of Full layer `layer` in
+// `pages` (whole chunks): every one of `positions` keys (Full; −inf from visible[q] on),
+// or only list[q·per_query …] (Reindex over a candidate pool). Bit for bit the engine's.
+[[nodiscard]] absl::StatusOr<std::vector<float>> PagedIndexerScoresOnDevice(
+    std::span<const float> qi, std::span<const float> w, std::span<const uint8_t> pages,
+    const ChunkLayout& layout, int64_t layer, std::span<const int32_t> visible, int64_t heads,
+    int64_t dim, int64_t positions);
+[[nodiscard]] absl::StatusOr<std::vector<float>> PagedIndexerScoresAtOnDevice(
+    std::span<const float> qi, std::span<const float> w, std::span<const uint8_t> pages,
+    const ChunkLayout& layout, int64_t layer, std::span<const int32_t> list, int64_t heads,
+    int64_t dim);
 
 }  // namespace kvc::cuda

@@ -35,7 +35,8 @@ struct RandomPages {
   ChunkLayout layout;
   int64_t layer = 0;
   std::vector<uint8_t> pages;
-  std::vector<float> rows;  // dequantized, positions × head_dim
+  std::vector<float> rows;        // dequantized, positions × head_dim
+  std::vector<float> index_rows;  // dequantized index keys, positions × index_head_dim
 };
 
 RandomPages MakeRandomPages(std::mt19937_64& rng, int64_t chunks, float scale) {
@@ -47,8 +48,12 @@ RandomPages MakeRandomPages(std::mt19937_64& rng, int64_t chunks, float scale) {
   const int64_t dim = r.config.head_dim;
   const ChunkSection& mc = r.layout.Section(r.layer, SectionKind::kMainCodes);
   const ChunkSection& ms = r.layout.Section(r.layer, SectionKind::kMainScales);
+  const int64_t idim = r.config.index_head_dim;
+  const ChunkSection& ic = r.layout.Section(r.layer, SectionKind::kIndexCodes);
+  const ChunkSection& is = r.layout.Section(r.layer, SectionKind::kIndexScales);
   r.pages.resize(chunks * r.layout.chunk_bytes);
   r.rows.resize(chunks * mc.positions * dim);
+  r.index_rows.resize(chunks * ic.positions * idim);
   for (int64_t ch = 0; ch < chunks; ++ch) {
     const std::vector<float> x = NormalFloats(rng, mc.positions * dim, scale);
     std::span<uint8_t> pg(r.pages.data() + ch * r.layout.chunk_bytes, r.layout.chunk_bytes);
@@ -56,8 +61,27 @@ RandomPages MakeRandomPages(std::mt19937_64& rng, int64_t chunks, float scale) {
              pg.subspan(ms.offset, ms.bytes));
     Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset, mc.bytes), pg.subspan(ms.offset, ms.bytes),
                std::span<float>(r.rows.data() + ch * mc.positions * dim, mc.positions * dim));
+    const std::vector<float> k = NormalFloats(rng, ic.positions * idim, scale);
+    Quantize(KvFormat::kIndexK, k, pg.subspan(ic.offset, ic.bytes),
+             pg.subspan(is.offset, is.bytes));
+    Dequantize(
+        KvFormat::kIndexK, pg.subspan(ic.offset, ic.bytes), pg.subspan(is.offset, is.bytes),
+        std::span<float>(r.index_rows.data() + ch * ic.positions * idim, ic.positions * idim));
   }
   return r;
+}
+
+// The engine's indexer score of query q against one key: an fma chain per head over the
+// dimension, then the rectified, weighted head sum in head order.
+float ReferenceIndexScore(const std::vector<float>& qi, const std::vector<float>& w, int64_t q,
+                          const float* key, int64_t heads, int64_t dim) {
+  float sc = 0.0f;
+  for (int64_t h = 0; h < heads; ++h) {
+    float d = 0.0f;
+    for (int64_t i = 0; i < dim; ++i) d = std::fmaf(qi[(q * heads + h) * dim + i], key[i], d);
+    sc += std::max(d, 0.0f) * w[q * heads + h];
+  }
+  return sc;
 }
 
 TEST_F(KvOpsCudaTest, QuantizeMatchesTheCpuCodecByteForByte) {
@@ -89,16 +113,8 @@ TEST_F(KvOpsCudaTest, IndexerScoresMatchTheCpuBitForBit) {
   ASSERT_TRUE(got.ok()) << got.status();
   for (int64_t q = 0; q < queries; ++q) {
     for (int64_t t = 0; t < positions; ++t) {
-      float want = -INFINITY;
-      if (t < visible[q]) {  // the engine's order: an fma chain per head, then the head sum
-        want = 0.0f;
-        for (int64_t h = 0; h < heads; ++h) {
-          float d = 0.0f;
-          for (int64_t i = 0; i < dim; ++i)
-            d = std::fmaf(qi[(q * heads + h) * dim + i], keys[t * dim + i], d);
-          want += std::max(d, 0.0f) * w[q * heads + h];
-        }
-      }
+      const float want =
+          t < visible[q] ? ReferenceIndexScore(qi, w, q, &keys[t * dim], heads, dim) : -INFINITY;
       ASSERT_EQ(std::memcmp(&(*got)[q * positions + t], &want, 4), 0) << q << "," << t;
     }
   }
@@ -126,21 +142,62 @@ TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
     offsets.push_back(static_cast<int32_t>(list.size()));
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  absl::StatusOr<std::vector<float>> got = SparseAttentionOnDevice(
-      q, heads, dim, window, pages, layout, layer, offsets, list, sink, scale);
-  ASSERT_TRUE(got.ok()) << got.status();
-  std::vector<float> want(dim);
-  for (int64_t i = 0; i < queries; ++i) {
-    std::vector<const float*> keys;
-    for (int32_t k = offsets[i]; k < offsets[i + 1]; ++k) {
-      keys.push_back(list[k] >= 0 ? &window[list[k] * dim] : &compressed[(-list[k] - 1) * dim]);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      model::AttendHead(&q[(i * heads + h) * dim], keys, dim, sink[h], scale, want.data());
-      for (int64_t e = 0; e < dim; ++e) {
-        EXPECT_NEAR((*got)[(i * heads + h) * dim + e], want[e], 1e-5f * (1.0f + std::abs(want[e])))
-            << "query " << i << " head " << h;
+  for (AttentionKernel kernel : {AttentionKernel::kTwin, AttentionKernel::kTiled}) {
+    SCOPED_TRACE(kernel == AttentionKernel::kTwin ? "twin kernel" : "tiled kernel");
+    absl::StatusOr<std::vector<float>> got = SparseAttentionOnDevice(
+        q, heads, dim, window, pages, layout, layer, offsets, list, sink, scale, kernel);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<float> want(dim);
+    for (int64_t i = 0; i < queries; ++i) {
+      std::vector<const float*> keys;
+      for (int32_t k = offsets[i]; k < offsets[i + 1]; ++k) {
+        keys.push_back(list[k] >= 0 ? &window[list[k] * dim] : &compressed[(-list[k] - 1) * dim]);
       }
+      for (int64_t h = 0; h < heads; ++h) {
+        model::AttendHead(&q[(i * heads + h) * dim], keys, dim, sink[h], scale, want.data());
+        for (int64_t e = 0; e < dim; ++e) {
+          EXPECT_NEAR((*got)[(i * heads + h) * dim + e], want[e],
+                      1e-5f * (1.0f + std::abs(want[e])))
+              << "query " << i << " head " << h;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KvOpsCudaTest, IndexerReadingFp4PagesMatchesTheCpuBitForBit) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const RandomPages rp = MakeRandomPages(rng, 3, 1.0f);
+  const int64_t heads = rp.config.index_n_heads, dim = rp.config.index_head_dim;
+  const int64_t positions = static_cast<int64_t>(rp.index_rows.size()) / dim, queries = 11;
+  std::vector<float> qi = NormalFloats(rng, queries * heads * dim, 1.0f);
+  FakeQuantize(KvFormat::kIndexK, qi);
+  const std::vector<float> w = NormalFloats(rng, queries * heads, 0.2f);
+  std::vector<int32_t> visible(queries);
+  for (int32_t& v : visible) v = static_cast<int32_t>(rng() % (positions + 1));
+  // Full: every position.
+  absl::StatusOr<std::vector<float>> got = PagedIndexerScoresOnDevice(
+      qi, w, rp.pages, rp.layout, rp.layer, visible, heads, dim, positions);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int64_t q = 0; q < queries; ++q) {
+    for (int64_t t = 0; t < positions; ++t) {
+      const float want = t < visible[q]
+                             ? ReferenceIndexScore(qi, w, q, &rp.index_rows[t * dim], heads, dim)
+                             : -INFINITY;
+      ASSERT_EQ(std::memcmp(&(*got)[q * positions + t], &want, 4), 0) << q << "," << t;
+    }
+  }
+  // Reindex: listed positions only (a candidate pool), in list order.
+  const int64_t per_query = 13;
+  std::vector<int32_t> list(queries * per_query);
+  for (int32_t& t : list) t = static_cast<int32_t>(rng() % positions);
+  got = PagedIndexerScoresAtOnDevice(qi, w, rp.pages, rp.layout, rp.layer, list, heads, dim);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int64_t q = 0; q < queries; ++q) {
+    for (int64_t i = 0; i < per_query; ++i) {
+      const int32_t t = list[q * per_query + i];
+      const float want = ReferenceIndexScore(qi, w, q, &rp.index_rows[t * dim], heads, dim);
+      ASSERT_EQ(std::memcmp(&(*got)[q * per_query + i], &want, 4), 0) << q << "," << t;
     }
   }
 }
@@ -189,6 +246,27 @@ TEST(KvOpsCudaArgsTest, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
   std::vector<int32_t> visible = {5};
   EXPECT_EQ(IndexerScoresOnDevice(qi, w, keys, visible, 2, 32).status().code(),
             absl::StatusCode::kInvalidArgument);
+  const ModelConfig c = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+  const LayerSchedule sched = *BuildLayerSchedule(c);
+  const ChunkLayout layout = *BuildChunkLayout(c, sched, 64);
+  const int64_t layer = sched.FullLayers()[0];
+  std::vector<uint8_t> pages(layout.chunk_bytes);
+  std::vector<float> q64(64), w2(2);
+  EXPECT_EQ(PagedIndexerScoresOnDevice(q64, w2, pages, layout, layer, std::vector<int32_t>{1}, 2,
+                                       32, 1 << 20)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // more positions than the pages hold
+  EXPECT_EQ(
+      PagedIndexerScoresAtOnDevice(q64, w2, pages, layout, layer, std::vector<int32_t>{-3}, 2, 32)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedIndexerScoresOnDevice(q64, w2, std::vector<uint8_t>(7), layout, layer,
+                                       std::vector<int32_t>{1}, 2, 32, 1)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // not whole chunks
 }
 
 }  // namespace
