@@ -7,6 +7,8 @@
 //                  [--resume-new N] [--reps N] [--json]
 //   kvbench e2e [--config FILE] [--prefix-tokens 4096,16384,65536] [--new-tokens N]
 //               [--new-token-sweep 256,4096] [--reps N] [--plot FILE.png] [--json]
+//   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
+//                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
 //                   [--dataset-chunks N] [--depths 1,8,32] [--ops fetch,store] [--no-fio]
 //                   [--json]
@@ -19,6 +21,7 @@
 
 #include "bench/kvbench/e2e_bench.h"
 #include "bench/kvbench/engine_bench.h"
+#include "bench/kvbench/kernels_bench.h"
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/storage_bench.h"
 #include "engine/spec/chunk_layout.h"
@@ -133,6 +136,32 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   e2e->add_option("--plot", xopt.plot, "write a PNG of TTFT vs prefix (needs gnuplot)");
   e2e->add_flag("--json", json, "print one JSON object");
+  CLI::App* kernels = app.add_subcommand(
+      "kernels",
+      "GPU: attention and indexer vs copy bandwidth, page uploads vs pinned memcpy, "
+      "GEMM vs cuBLAS");
+  bench::KernelBenchOptions kopt;
+  kopt.config = config;
+  kernels->add_option("--config", kopt.config, "model config (shapes)")->capture_default_str();
+  kernels->add_option("--contexts", kopt.contexts, "attention contexts (tokens)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kernels->add_option("--batches", kopt.batches, "decode batch sizes")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kernels->add_option("--indexer-contexts", kopt.indexer_contexts, "indexer contexts (tokens)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kernels->add_option("--upload-mib", kopt.upload_mib, "host-to-device upload size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kernels->add_option("--reps", kopt.repetitions, "calls per timed round")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kernels->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -140,6 +169,21 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "kvbench: error: " << e.what() << " (run kvbench --help)\n";
     return 2;
+  }
+  if (kernels->parsed()) {
+#if KVC_WITH_CUDA
+    absl::StatusOr<nlohmann::json> r = bench::RunKernelBench(kopt);
+    if (!r.ok()) {
+      std::cerr << "kvbench: error: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cout << (json ? r->dump(2) : bench::KernelBenchToText(*r)) << "\n";
+    return 0;
+#else
+    std::cerr << "kvbench: error: kernels needs the CUDA backend; this kvbench was built "
+                 "without it (nvcc not found)\n";
+    return 1;
+#endif
   }
   if (e2e->parsed()) {
     xopt.kvcached =

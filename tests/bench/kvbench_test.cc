@@ -1,5 +1,6 @@
 // kvbench run as a user runs it, on a tiny data set: every system and op is reported in
 // the JSON shape the docs promise, and bad flags fail with one line. Not a timing test.
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -100,6 +101,28 @@ TEST(KvbenchTest, E2eJsonHasEveryCase) {
   }
   EXPECT_EQ(j["cases"].size(), 3u);  // the prefix from RAM and from SSD, one sweep case
   EXPECT_EQ(tiers, (std::set<std::string>{"ram", "ssd"}));
+}
+
+// On a machine with a GPU: small cases, every field, our GEMM batch invariant. Without
+// one (or in a build without CUDA): one clear line and exit code 1.
+TEST(KvbenchTest, KernelsRunOnAGpuOrSayWhyNot) {
+  auto r = RunProgram(kKvbench,
+                      {"kernels", "--contexts", "65536", "--batches", "1,4", "--indexer-contexts",
+                       "8192,65536", "--upload-mib", "32", "--reps", "2", "--json"});
+  if (r.exit_code != 0) {
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("CUDA"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    GTEST_SKIP() << "no GPU here: " << r.err;
+  }
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_GT(j["copy_gbps"].get<double>(), 0);
+  ASSERT_EQ(j["attention"].size(), 2u);
+  for (const auto& a : j["attention"]) EXPECT_GT(a["tiled_over_copy"].get<double>(), 0) << a;
+  ASSERT_EQ(j["indexer"].size(), 2u);
+  EXPECT_GT(j["upload"]["pages_over_pinned"].get<double>(), 0);
+  for (const auto& g : j["gemm"]) EXPECT_TRUE(g["ours_rows_batch_invariant"].get<bool>()) << g;
 }
 
 TEST(KvbenchTest, BadFlagsFailWithOneLine) {
