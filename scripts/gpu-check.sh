@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check: builds with the CUDA backend required, runs the kernel parity suite
-# (every kernel against its CPU twin) and prints one short table. For a machine with an
-# NVIDIA GPU (sm_90 code + PTX); elsewhere the suite skips and this says so.
-# Usage: scripts/gpu-check.sh [build-dir]   (default build-gpu)
+# The GPU check on a machine with the project's build dependencies and an NVIDIA GPU:
+# builds with the CUDA backend required, then scripts/gpu-run.sh runs the parity suite
+# (every kernel and the CUDA engine against the CPU), kvgen on both backends, and
+# `kvbench kernels`, and prints one short table. Where the GPU machine lacks the build
+# dependencies, make an archive with scripts/gpu-bundle.sh and run its run.sh there.
+# Usage: scripts/gpu-check.sh [build-dir] [out-dir]   (default build-gpu, build-gpu/gpu-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build-gpu}"
-jobs=$(nproc 2>/dev/null || echo 2)
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "gpu-check: nvidia-smi not found"
+out="${2:-$dir/gpu-check}"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_CUDA=ON >/dev/null
-cmake --build "$dir" -j "$jobs" --target kv_dequant_test kv_ops_test >/dev/null
-log="$dir/gpu-check.log"
-ctest --test-dir "$dir" -R 'Cuda' --output-on-failure >"$log" 2>&1 || true
-printf '%-75s %s\n' "test" "result"
-grep -E 'Test +#[0-9]+: ' "$log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+) \.+\**(.*)/\1 \2/' |
-  awk '{ name=$1; $1=""; sub(/^ +/, ""); printf "%-75s %s\n", name, $0 }'
-grep -E 'tests passed|tests failed' "$log" || true
-if grep -q 'Skipped' "$log"; then echo "gpu-check: some tests skipped (no usable CUDA device?); see $log"; fi
+cmake --build "$dir" -j "$(nproc 2>/dev/null || echo 2)" --target kv_dequant_test kv_ops_test \
+  row_ops_test cuda_engine_test kvgen kvmodel kvbench >/dev/null
+exec scripts/gpu-run.sh "$dir/bin" "$dir/tests" configs "$out"

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU checks on programs already built with the CUDA backend: the parity suite (every
+# kernel and the CUDA engine against the CPU), kvgen's CPU and CUDA backends on one prompt
+# (their logits must be the same bits), and `kvbench kernels`. Prints one short table
+# last; logs and full outputs go to OUT_DIR.
+# Usage: scripts/gpu-run.sh BIN_DIR TEST_DIR CONFIG_DIR [OUT_DIR]
+set -uo pipefail
+bin="$1" tests="$2" configs="$3" out="${4:-gpu-check-out}"
+mkdir -p "$out"
+table=()
+row() { table+=("$(printf '%-44s %s' "$1" "$2")"); }
+
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+      echo "nvidia-smi not found")
+echo "gpu: $gpu" | tee "$out/gpu.txt"
+
+# 1. Parity suite: one line per test program (passed / failed / skipped, failures named).
+for t in kv_dequant_test kv_ops_test row_ops_test cuda_engine_test; do
+  start=$(date +%s)
+  "$tests/$t" >"$out/$t.log" 2>&1
+  rc=$?
+  count() { grep -E "^\[ +$1 +\] [0-9]+ test" "$out/$t.log" | grep -oE '[0-9]+' | head -1; }
+  summary="passed $(count PASSED || echo 0), skipped $(count SKIPPED || echo 0), $(( $(date +%s) - start )) s"
+  if [ $rc -ne 0 ]; then
+    failed=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$out/$t.log" | sed -E 's/^\[  FAILED  \] ([^ ]+).*/\1/' | sort -u | tr '\n' ' ')
+    summary="FAILED (rc $rc): ${failed:-crashed, see $t.log}"
+  fi
+  row "$t" "$summary"
+done
+
+# 2. The engine end to end: kvgen on the CPU and on the GPU, same weights and prompt.
+seed=$(( (RANDOM << 15) | RANDOM ))
+echo "prompt seed $seed" >"$out/kvgen.txt"
+awk -v s="$seed" 'BEGIN { srand(s); for (i = 0; i < 1500; ++i) printf "%d ", int(rand() * 512); print "" }' >"$out/prompt.txt"
+"$bin/kvmodel" init --config "$configs/mini.json" --seed "$seed" --out "$out/mini.safetensors" >>"$out/kvgen.txt" 2>&1
+for b in cpu cuda; do
+  "$bin/kvgen" --config "$configs/mini.json" --weights "$out/mini.safetensors" \
+    --prompt "$out/prompt.txt" --max-new-tokens 16 --greedy --backend "$b" \
+    --dump-logits "$out/logits-$b.bin" --json >"$out/kvgen-$b.json" 2>>"$out/kvgen.txt"
+  echo "$b rc $?: $(cat "$out/kvgen-$b.json")" >>"$out/kvgen.txt"
+done
+if cmp -s "$out/logits-cpu.bin" "$out/logits-cuda.bin" && [ -s "$out/logits-cpu.bin" ]; then
+  ttft() { grep -oE '"ttft_ms":[0-9.e+-]+' "$out/kvgen-$1.json" | cut -d: -f2; }
+  row "kvgen cpu vs cuda (1500 tokens, 16 new)" "logits bit-identical; TTFT cpu $(ttft cpu) ms, cuda $(ttft cuda) ms"
+else
+  row "kvgen cpu vs cuda (1500 tokens, 16 new)" "DIFFER or failed (see kvgen.txt)"
+fi
+
+# 3. Kernel benchmarks (text table into the output; JSON beside it).
+timeout 300 "$bin/kvbench" kernels --config "$configs/deepseek-v4.1-flash.config.json" \
+  >"$out/kernels.txt" 2>&1
+rc=$?
+row "kvbench kernels" "$([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)")"
+
+cat "$out/kernels.txt"
+echo
+printf '%s\n' "${table[@]}"
