@@ -1,0 +1,105 @@
+// HbmTier: T0, chunks mirrored in device memory (HBM) for co-located engines, which map
+// the whole arena once (CUDA IPC) and then copy a chunk device-to-device, or read it in
+// place, while they hold a lease on it.
+//
+// T0 is a cache over the store's lower tiers: it only ever holds copies of chunks whose
+// bytes were verified when read from them (the service promotes a chunk after a verified
+// read), never the only copy, so losing it (eviction, restart) loses nothing. Every chunk
+// takes one fixed slot; when all slots are taken, the least recently used chunk without a
+// lease goes. A deleted chunk leaves the index at once; its slot is reused only after the
+// last lease on it ends. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "storage/chunk_key.h"
+#include "storage/device_arena.h"
+
+namespace kvc::storage {
+
+class HbmTier;
+
+// A chunk's place in the device arena; the slot keeps these bytes while the lease lives.
+class HbmLease {
+ public:
+  HbmLease() = default;
+  HbmLease(HbmLease&& o) noexcept { *this = std::move(o); }
+  HbmLease& operator=(HbmLease&& o) noexcept;
+  ~HbmLease();
+  uint64_t offset() const { return offset_; }
+  uint64_t length() const { return length_; }
+
+ private:
+  friend class HbmTier;
+  HbmTier* tier_ = nullptr;
+  uint32_t slot_ = 0;
+  uint64_t offset_ = 0, length_ = 0;
+};
+
+struct HbmStats {
+  uint64_t slots = 0, used = 0, leased = 0;
+  uint64_t hits = 0, misses = 0, puts = 0, evictions = 0;
+};
+
+class HbmTier {
+ public:
+  // Slots of slot_bytes (rounded up to 512 B) fill the arena. InvalidArgument when not even
+  // one fits.
+  static absl::StatusOr<std::unique_ptr<HbmTier>> Create(std::unique_ptr<DeviceArena> arena,
+                                                         uint64_t slot_bytes);
+  ~HbmTier();
+
+  // Copies the chunk in unless T0 holds it already (then it only counts as recently used).
+  // InvalidArgument when larger than a slot; ResourceExhausted when every slot is leased.
+  [[nodiscard]] absl::Status Put(NamespaceId ns, const ChunkKey& key,
+                                 std::span<const uint8_t> bytes);
+  // A lease on the chunk if T0 holds it (NotFound otherwise); counts a hit or a miss.
+  absl::StatusOr<HbmLease> Lease(NamespaceId ns, const ChunkKey& key);
+  bool Contains(NamespaceId ns, const ChunkKey& key) const;
+  // Drops the chunk (no-op when absent).
+  void Erase(NamespaceId ns, const ChunkKey& key);
+
+  const DeviceArena& arena() const { return *arena_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  HbmStats stats() const;
+
+ private:
+  friend class HbmLease;
+  struct Id {
+    NamespaceId ns;
+    ChunkKey key;
+    friend bool operator==(const Id&, const Id&) = default;
+  };
+  struct IdHash {
+    size_t operator()(const Id& id) const { return ChunkKeyHash()(id.key) ^ id.ns; }
+  };
+  struct Slot {
+    Id id{};
+    uint64_t length = 0;
+    uint32_t leases = 0;
+    bool indexed = false;                      // in `index_` (false once erased)
+    std::list<uint32_t>::iterator lru;         // valid while indexed and unleased
+  };
+  HbmTier(std::unique_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots);
+  void Unlease(uint32_t slot);
+  // A slot to write into: a free one, or the LRU unleased chunk's. Needs mu_.
+  absl::StatusOr<uint32_t> TakeSlot();
+
+  const std::unique_ptr<DeviceArena> arena_;
+  const uint64_t slot_bytes_;
+  mutable std::mutex mu_;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_;
+  std::list<uint32_t> lru_;  // indexed, unleased slots; front = least recently used
+  std::unordered_map<Id, uint32_t, IdHash> index_;
+  HbmStats stats_;
+};
+
+}  // namespace kvc::storage
