@@ -3,18 +3,10 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda_status.h"
 #include "kernels/kv_dequant.h"
 
 namespace kvc::cuda {
-namespace {
-
-absl::Status FromCuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // clear it
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DevicePages>> DevicePages::Create(const ChunkLayout& layout,
                                                                  int64_t capacity_chunks) {
@@ -55,6 +47,17 @@ absl::Status DevicePages::UploadAsync(int64_t first, std::span<const uint8_t> ho
   return FromCuda(cudaMemcpyAsync(pages_ + first * layout_.chunk_bytes, host.data(), host.size(),
                                   cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream_)),
                   "upload");
+}
+
+absl::Status DevicePages::CopyPageFromDeviceAsync(int64_t page, const uint8_t* device_src) {
+  if (page < 0 || page >= capacity_ || device_src == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", page, " is outside ", capacity_, " pages"));
+  }
+  return FromCuda(cudaMemcpyAsync(pages_ + page * layout_.chunk_bytes, device_src,
+                                  static_cast<size_t>(layout_.chunk_bytes),
+                                  cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream_)),
+                  "device-to-device page copy");
 }
 
 absl::Status DevicePages::Synchronize() {

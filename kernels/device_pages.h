@@ -27,6 +27,9 @@ class DevicePages {
   // Queues a copy of whole pages from `host` into pages [first, first + n); returns at
   // once. `host` must stay valid until Synchronize.
   [[nodiscard]] absl::Status UploadAsync(int64_t first, std::span<const uint8_t> host);
+  // Queues a device-to-device copy of one whole page from `device_src` (device memory of
+  // this process, e.g. a mapped HBM tier) into page `page`.
+  [[nodiscard]] absl::Status CopyPageFromDeviceAsync(int64_t page, const uint8_t* device_src);
   [[nodiscard]] absl::Status Synchronize();
   // Copies pages [first, first + n) back (for checks).
   [[nodiscard]] absl::Status Download(int64_t first, std::span<uint8_t> host) const;
