@@ -373,4 +373,40 @@ absl::StatusOr<pb::StatsResponse> CacheClient::Stats() {
   return resp;
 }
 
+absl::StatusOr<DeviceRefs> CacheClient::FetchDeviceRefs(const RemoteNamespace& ns,
+                                                        std::span<const ChunkKey> keys) {
+  pb::FetchRefsRequest req;
+  req.set_namespace_id(ns.id);
+  req.set_lease_ms(options_.lease_ms);
+  AddKeys(&req, keys);
+  pb::FetchDeviceRefsResponse resp;
+  const auto sent = std::chrono::steady_clock::now();
+  if (absl::Status s = FromGrpc(stub_->FetchDeviceRefs(Context().get(), req, &resp)); !s.ok())
+    return s;
+  DeviceRefs out;
+  out.lease_id = resp.lease_id();
+  out.ipc_handle = resp.ipc_handle();
+  out.device = resp.device();
+  out.arena_id = resp.arena_id();
+  out.usable_until = sent + std::chrono::milliseconds(resp.lease_ms() * 3 / 4);
+  for (int i = 0; i < resp.refs_size(); ++i) {
+    const pb::ChunkRef& r = resp.refs(i);
+    if (r.chunk_key().size() != 16 || i >= static_cast<int>(keys.size()) ||
+        std::memcmp(r.chunk_key().data(), keys[i].bytes.data(), 16) != 0 ||
+        r.length() != ns.chunk_bytes) {
+      return absl::InternalError(
+          absl::StrCat("FetchDeviceRefs answer ", i, " does not match the request"));
+    }
+    out.chunks.push_back({keys[i], r.arena_offset(), r.length()});
+  }
+  return out;
+}
+
+absl::Status CacheClient::ReleaseDeviceRefs(uint64_t lease_id) {
+  pb::ReleaseRefsRequest req;
+  req.set_lease_id(lease_id);
+  pb::ReleaseRefsResponse resp;
+  return FromGrpc(stub_->ReleaseRefs(Context().get(), req, &resp));
+}
+
 }  // namespace kvc::cachesvc

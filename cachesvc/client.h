@@ -57,6 +57,21 @@ struct LookupResult {
   std::vector<kvcache::v1::Tier> tiers;  // one per matched chunk
 };
 
+// Chunks leased in the daemon's HBM tier: map the arena with ipc_handle on `device` (once
+// per arena_id; kernels/hbm_arena.h) and copy or read them until the lease ends.
+struct DeviceRefs {
+  uint64_t lease_id = 0;  // 0: nothing leased
+  std::string ipc_handle;
+  int device = 0;
+  uint64_t arena_id = 0;
+  std::chrono::steady_clock::time_point usable_until;  // a margin before the server's end
+  struct Chunk {
+    storage::ChunkKey key;
+    uint64_t offset = 0, length = 0;
+  };
+  std::vector<Chunk> chunks;  // the leading chunks of the request, in order
+};
+
 struct StoreResult {
   uint32_t stored = 0;
   uint32_t already_present = 0;
@@ -94,6 +109,12 @@ class CacheClient {
   absl::StatusOr<uint32_t> Delete(const RemoteNamespace& ns,
                                   std::span<const storage::ChunkKey> keys);
   absl::StatusOr<kvcache::v1::StatsResponse> Stats();
+  // Co-located engines on the daemon's GPU: leases the leading chunks of `keys` in its HBM
+  // tier (the daemon first copies there those in RAM or on SSD). FailedPrecondition when
+  // it has no HBM tier. End the lease with ReleaseDeviceRefs once the copies are done.
+  absl::StatusOr<DeviceRefs> FetchDeviceRefs(const RemoteNamespace& ns,
+                                             std::span<const storage::ChunkKey> keys);
+  absl::Status ReleaseDeviceRefs(uint64_t lease_id);
   // Whether the shared-memory path is in use, and why not if it is not.
   bool shared_memory() const { return arena_.base != nullptr; }
   const std::string& shared_memory_error() const { return shm_error_; }

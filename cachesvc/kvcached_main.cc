@@ -26,6 +26,9 @@
 #include "cachesvc/log.h"
 #include "cachesvc/service.h"
 #include "engine/spec/chunk_layout.h"
+#if KVC_WITH_CUDA
+#include "kernels/hbm_arena.h"
+#endif
 
 namespace kvc::cachesvc {
 namespace {
@@ -57,7 +60,8 @@ int Main(int argc, char** argv) {
   CLI::App app{"kvcached: tiered, persistent KV-cache service for DeepSeek V4.1 Flash prefixes"};
   std::string data_dir = "kvcached-data", listen = "127.0.0.1:50051", auth_file, tls_cert, tls_key,
               metrics_listen, shm_socket, shm_tenants;
-  uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0;
+  uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0, hbm_bytes = 0;
+  int hbm_device = 0;
   int threads = 4;
   uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
   std::string log_level = "info";
@@ -66,6 +70,12 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ram-bytes", ram_bytes, "host-RAM tier capacity")->capture_default_str();
   app.add_option("--ssd-bytes", ssd_bytes, "SSD tier capacity")->capture_default_str();
+  app.add_option("--hbm-bytes", hbm_bytes,
+                 "HBM tier (GPU memory, mapped by co-located engines over CUDA IPC); 0: none")
+      ->capture_default_str();
+  app.add_option("--hbm-device", hbm_device, "CUDA device of the HBM tier")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--auth-tokens", auth_file,
                  "file of \"TOKEN TENANT\" lines; without it everyone is one tenant");
   app.add_option(
@@ -146,7 +156,23 @@ int Main(int argc, char** argv) {
     if (!p.ok()) return Fail(std::string(p.status().message()));
     metrics_port = *p;
   }
+  std::unique_ptr<storage::HbmTier> hbm;
+  if (hbm_bytes > 0) {
+#if KVC_WITH_CUDA
+    absl::StatusOr<std::unique_ptr<storage::DeviceArena>> arena =
+        cuda::MakeHbmArena(hbm_device, hbm_bytes);
+    if (!arena.ok()) return Fail(absl::StrCat("--hbm-bytes: ", arena.status().message()));
+    absl::StatusOr<std::unique_ptr<storage::HbmTier>> tier =
+        storage::HbmTier::Create(*std::move(arena), max_chunk_bytes);
+    if (!tier.ok()) return Fail(absl::StrCat("--hbm-bytes: ", tier.status().message()));
+    hbm = *std::move(tier);
+#else
+    return Fail("--hbm-bytes: this kvcached was built without the CUDA backend (nvcc not found)");
+#endif
+  }
   ServiceOptions opt;
+  opt.hbm = hbm.get();
+  opt.device_tenants = absl::StrSplit(shm_tenants, ',', absl::SkipEmpty());
   opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;
   opt.executor_threads = threads;
@@ -195,6 +221,10 @@ int Main(int argc, char** argv) {
   if (metrics_port > 0)
     std::printf("kvcached: metrics on %s:%d/metrics\n", host.c_str(), metrics_port);
   if (arena_socket) std::printf("kvcached: shared arena on %s\n", shm_socket.c_str());
+  if (hbm) {
+    std::printf("kvcached: HBM tier on CUDA device %d (%llu chunks)\n", hbm_device,
+                static_cast<unsigned long long>(hbm->stats().slots));
+  }
   std::fflush(stdout);
   LogLine(LogLevel::kInfo, "start")
       .Str("listen", absl::StrCat(host, ":", port))
@@ -203,7 +233,8 @@ int Main(int argc, char** argv) {
       .Int("ssd_chunks", static_cast<int64_t>(st.ssd_capacity_chunks))
       .Str("io", st.io_backend)
       .Str("auth", auth.enabled() ? "on" : "off")
-      .Str("tls", tls_cert.empty() ? "off" : "on");
+      .Str("tls", tls_cert.empty() ? "off" : "on")
+      .Int("hbm_chunks", hbm ? static_cast<int64_t>(hbm->stats().slots) : 0);
 
   int sig = 0;
   sigwait(&signals, &sig);

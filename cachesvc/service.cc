@@ -73,7 +73,9 @@ class KvCacheService::Impl {
         auth(a),
         opt(o),
         limiter(o.max_calls_per_tenant),
-        executor(o.executor_threads, o.executor_queue) {}
+        executor(o.executor_threads, o.executor_queue) {
+    if (o.hbm != nullptr) hbm_handle = o.hbm->arena().ExportHandle();
+  }
 
   // Records a finished call in the metrics (if any) and the log: successes at debug,
   // the caller's mistakes at info, the server's own failures at error.
@@ -241,6 +243,7 @@ class KvCacheService::Impl {
     std::string tenant;
     std::vector<storage::RamLease> leases;
     std::chrono::steady_clock::time_point expires;
+    std::vector<storage::HbmLease> hbm;  // FetchDeviceRefs
   };
 
   // Drops leases past their time; called on every FetchRefs and by the reaper thread.
@@ -263,7 +266,8 @@ class KvCacheService::Impl {
         std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
     resp->set_lease_ms(ms);
     resp->set_arena_id(opt.arena_id);
-    RefLease lease{tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)};
+    RefLease lease{
+        tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
     for (const ChunkKey& key : nk->second) {
       absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->first.id, key);
       if (!l.ok()) break;  // the leading chunks only; the client fetches the rest over gRPC
@@ -274,6 +278,12 @@ class KvCacheService::Impl {
       lease.leases.push_back(*std::move(l));
     }
     if (lease.leases.empty()) return absl::OkStatus();
+    return Hold(std::move(lease), resp);
+  }
+
+  // Keeps `lease` until released or expired; its id goes into resp.
+  template <typename Response>
+  absl::Status Hold(RefLease lease, Response* resp) {
     std::lock_guard lk(leases_mu);
     if (ref_leases.size() >= opt.max_ref_leases) {
       resp->clear_refs();
@@ -284,6 +294,51 @@ class KvCacheService::Impl {
     ref_leases.emplace(id, std::move(lease));
     resp->set_lease_id(id);
     return absl::OkStatus();
+  }
+
+  // T0: leases the leading chunks in HBM, first copying into it those read (and so
+  // verified) from RAM or SSD.
+  absl::Status DoFetchDeviceRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
+                                 pb::FetchDeviceRefsResponse* resp) {
+    if (opt.hbm == nullptr) {
+      return absl::FailedPreconditionError(
+          "this kvcached has no HBM tier (start it with --hbm-bytes on a machine with a GPU)");
+    }
+    if (auth->enabled() && !opt.device_tenants.contains(tenant)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("tenant ", tenant, " may not map the HBM tier (see --shm-tenants)"));
+    }
+    auto nk = NamespaceAndKeys(tenant, req);
+    if (!nk.ok()) return nk.status();
+    for (uint64_t done : req.release_lease_ids()) (void)DoReleaseRefs(tenant, done);
+    ReapLeases();
+    const uint32_t ms =
+        std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
+    resp->set_lease_ms(ms);
+    resp->set_ipc_handle(hbm_handle);
+    resp->set_device(opt.hbm->arena().device());
+    resp->set_arena_id(opt.hbm->arena().id());
+    RefLease lease{
+        tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
+    const storage::NamespaceId ns = nk->first.id;
+    std::vector<uint8_t> staged;
+    for (const ChunkKey& key : nk->second) {
+      absl::StatusOr<storage::HbmLease> l = opt.hbm->Lease(ns, key);
+      if (!l.ok()) {
+        staged.resize(nk->first.chunk_bytes);
+        if (!store->Get(ns, key, staged).ok()) break;  // missing (or failed its checksum)
+        if (!opt.hbm->Put(ns, key, staged).ok()) break;
+        l = opt.hbm->Lease(ns, key);
+        if (!l.ok()) break;  // evicted at once by other promotions: the prefix ends here
+      }
+      pb::ChunkRef* ref = resp->add_refs();
+      ref->set_chunk_key(KeyBytes(key));
+      ref->set_arena_offset(l->offset());
+      ref->set_length(l->length());
+      lease.hbm.push_back(*std::move(l));
+    }
+    if (lease.hbm.empty()) return absl::OkStatus();
+    return Hold(std::move(lease), resp);
   }
 
   absl::Status DoReleaseRefs(const std::string& tenant, uint64_t id) {
@@ -301,6 +356,7 @@ class KvCacheService::Impl {
   const Authenticator* auth;
   ServiceOptions opt;
   TenantLimiter limiter;
+  std::string hbm_handle;  // the HBM arena's IPC handle, exported once
   std::mutex leases_mu;
   std::map<uint64_t, RefLease> ref_leases;
   uint64_t next_lease_id = 0;
@@ -558,6 +614,15 @@ grpc::ServerUnaryReactor* KvCacheService::FetchRefs(grpc::CallbackServerContext*
       /*inline_work=*/true);
 }
 
+grpc::ServerUnaryReactor* KvCacheService::FetchDeviceRefs(grpc::CallbackServerContext* ctx,
+                                                          const pb::FetchRefsRequest* req,
+                                                          pb::FetchDeviceRefsResponse* resp) {
+  // On the executor: a promotion reads from SSD and copies into device memory.
+  return impl_->Unary("FetchDeviceRefs", ctx, [this, req, resp](const std::string& t) {
+    return impl_->DoFetchDeviceRefs(t, *req, resp);
+  });
+}
+
 grpc::ServerUnaryReactor* KvCacheService::ReleaseRefs(grpc::CallbackServerContext* ctx,
                                                       const pb::ReleaseRefsRequest* req,
                                                       pb::ReleaseRefsResponse*) {
@@ -656,6 +721,9 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
   return impl_->Unary("Delete", ctx, [this, req, resp](const std::string& t) -> absl::Status {
     auto nk = impl_->NamespaceAndKeys(t, *req);
     if (!nk.ok()) return nk.status();
+    if (impl_->opt.hbm != nullptr) {
+      for (const ChunkKey& key : nk->second) impl_->opt.hbm->Erase(nk->first.id, key);
+    }
     absl::StatusOr<uint32_t> n = Impl::CountOk(impl_->store->EraseBatch(nk->first.id, nk->second));
     if (!n.ok()) return n.status();
     resp->set_deleted(*n);
@@ -677,6 +745,12 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
     resp->set_checksum_failures(s.checksum_failures);
     resp->set_evictions(s.ram_evictions + s.ssd_evictions);
     resp->set_io_backend(s.io_backend);
+    if (impl_->opt.hbm != nullptr) {
+      const storage::HbmStats h = impl_->opt.hbm->stats();
+      resp->set_hbm_chunks(h.used);
+      resp->set_hbm_capacity_chunks(h.slots);
+      resp->set_hbm_hits(h.hits);
+    }
     return absl::OkStatus();
   });
 }

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "cachesvc/tenant_limits.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_store.h"
+#include "storage/hbm_tier.h"
 
 namespace kvc::cachesvc {
 
@@ -37,6 +39,10 @@ struct ServiceOptions {
   uint32_t max_lease_ms = 60000;
   uint64_t arena_id = 0;  // ArenaIdentity of the RAM arena, sent with every FetchRefs answer
   uint32_t max_calls_per_tenant = 256;  // in flight at once (streams for their whole life)
+  // T0 (FetchDeviceRefs); null: none. Not owned. With authentication on, only
+  // `device_tenants` may map it (it holds every tenant's chunks).
+  storage::HbmTier* hbm = nullptr;
+  std::set<std::string> device_tenants;
 };
 
 // Fetch is a raw method (see service.cc); on the wire it is the proto's Fetch.
@@ -72,6 +78,9 @@ class KvCacheService final : public kvcache::v1::KVCache::WithRawCallbackMethod_
   grpc::ServerUnaryReactor* FetchRefs(grpc::CallbackServerContext* ctx,
                                       const kvcache::v1::FetchRefsRequest* req,
                                       kvcache::v1::FetchRefsResponse* resp) override;
+  grpc::ServerUnaryReactor* FetchDeviceRefs(grpc::CallbackServerContext* ctx,
+                                            const kvcache::v1::FetchRefsRequest* req,
+                                            kvcache::v1::FetchDeviceRefsResponse* resp) override;
   grpc::ServerUnaryReactor* ReleaseRefs(grpc::CallbackServerContext* ctx,
                                         const kvcache::v1::ReleaseRefsRequest* req,
                                         kvcache::v1::ReleaseRefsResponse* resp) override;

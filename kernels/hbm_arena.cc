@@ -82,9 +82,8 @@ absl::StatusOr<std::unique_ptr<storage::DeviceArena>> MakeHbmArena(int device, u
 absl::StatusOr<std::unique_ptr<MappedHbmArena>> MappedHbmArena::Open(std::string_view handle,
                                                                      int device) {
   if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle has ",
-                                                   sizeof(cudaIpcMemHandle_t), " bytes, got ",
-                                                   handle.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, got ", handle.size()));
   }
   if (!HaveDevice(device)) {
     return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device));
@@ -116,8 +115,8 @@ absl::Status MappedHbmArena::CopyToPages(std::span<const HbmChunk> chunks, Devic
   const uint64_t page_bytes = static_cast<uint64_t>(pages.layout().chunk_bytes);
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].length != page_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", i, " has ", chunks[i].length,
-                                                     " bytes; a page has ", page_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", i, " has ", chunks[i].length, " bytes; a page has ", page_bytes));
     }
     if (absl::Status s = pages.CopyPageFromDeviceAsync(first + static_cast<int64_t>(i),
                                                        base_ + chunks[i].offset);

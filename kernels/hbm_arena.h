@@ -21,7 +21,7 @@ namespace kvc::cuda {
 // `bytes` of memory on GPU `device`, exportable over CUDA IPC. FailedPrecondition without
 // that device; ResourceExhausted when it has no room.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<storage::DeviceArena>> MakeHbmArena(int device,
-                                                                               uint64_t bytes);
+                                                                                 uint64_t bytes);
 
 // A chunk in a mapped arena: bytes [offset, offset + length).
 struct HbmChunk {
@@ -33,8 +33,8 @@ class MappedHbmArena {
   // Maps the arena exported as `handle` (ExportHandle's bytes) on GPU `device`.
   // InvalidArgument for a handle of the wrong size; FailedPrecondition without the device;
   // Internal when CUDA refuses it (e.g. the exporting process is gone, or it is this one).
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MappedHbmArena>> Open(
-      std::string_view handle, int device);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MappedHbmArena>> Open(std::string_view handle,
+                                                                            int device);
   ~MappedHbmArena();
   MappedHbmArena(const MappedHbmArena&) = delete;
   MappedHbmArena& operator=(const MappedHbmArena&) = delete;

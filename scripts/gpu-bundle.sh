@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build-gpu}"
 archive="$(realpath -m "${2:-gpu-bundle.tar.xz}")"
-tests=(kv_dequant_test kv_ops_test row_ops_test cuda_engine_test)
-bins=(kvgen kvmodel kvbench)
+tests=(kv_dequant_test kv_ops_test row_ops_test cuda_engine_test hbm_ipc_test)
+bins=(kvgen kvmodel kvbench kvcached)
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_CUDA=ON >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target "${tests[@]}" "${bins[@]}" >/dev/null
 stage="$(mktemp -d)/kvcache-gpu"
@@ -30,9 +30,12 @@ cat >"$stage/run.sh" <<RUN
 here="\$(cd "\$(dirname "\$0")" && pwd)"
 cublas="\$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13*' -print -quit 2>/dev/null || true)"
 export LD_LIBRARY_PATH="\$here/lib:\${cublas:+\$(dirname "\$cublas")}:\${LD_LIBRARY_PATH:-}"
-# The test programs read configs from the source folder they were built in.
+# The test programs read configs from the source folder they were built in and start
+# kvcached from the build's bin folder: point those paths here where they are missing.
 src="$(pwd)"
+bindir="$(realpath -m "$dir")/bin"
 if [ ! -e "\$src/configs/mini.json" ]; then mkdir -p "\$src" && ln -sfn "\$here/configs" "\$src/configs"; fi
+if [ ! -x "\$bindir/kvcached" ]; then mkdir -p "\$(dirname "\$bindir")" && ln -sfn "\$here/bin" "\$bindir"; fi
 exec "\$here/gpu-run.sh" "\$here/bin" "\$here/tests" "\$here/configs" "\${1:-\$here/out}"
 RUN
 chmod +x "$stage/run.sh"

@@ -66,9 +66,8 @@ absl::StatusOr<uint32_t> HbmTier::TakeSlot() {
 
 absl::Status HbmTier::Put(NamespaceId ns, const ChunkKey& key, std::span<const uint8_t> bytes) {
   if (bytes.size() > slot_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("HBM tier: a chunk of ", bytes.size(),
-                                                   " bytes is larger than a slot (", slot_bytes_,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HBM tier: a chunk of ", bytes.size(), " bytes is larger than a slot (", slot_bytes_, ")"));
   }
   const Id id{ns, key};
   uint32_t s = 0;

@@ -84,8 +84,8 @@ class HbmTier {
     Id id{};
     uint64_t length = 0;
     uint32_t leases = 0;
-    bool indexed = false;                      // in `index_` (false once erased)
-    std::list<uint32_t>::iterator lru;         // valid while indexed and unleased
+    bool indexed = false;               // in `index_` (false once erased)
+    std::list<uint32_t>::iterator lru;  // valid while indexed and unleased
   };
   HbmTier(std::unique_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots);
   void Unlease(uint32_t slot);

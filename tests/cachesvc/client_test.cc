@@ -319,5 +319,23 @@ TEST(ClientSharedMemoryTest, TenantsNotTrustedWithTheArenaFallBackToGrpc) {
   EXPECT_EQ(out, p.payloads);
 }
 
+// Without --hbm-bytes there is no device tier: a precise FAILED_PRECONDITION. Asking for
+// one on a device that does not exist stops kvcached at start with one clear line.
+TEST_F(ClientTest, DeviceRefsNeedAnHbmTier) {
+  std::mt19937_64 rng(seed_);
+  const Prefix p = MakePrefix(rng, ns_, 2);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  absl::StatusOr<DeviceRefs> refs = client_->FetchDeviceRefs(ns_, client_->Keys(ns_, p.tokens));
+  ASSERT_FALSE(refs.ok());
+  EXPECT_EQ(refs.status().code(), absl::StatusCode::kFailedPrecondition) << refs.status();
+  EXPECT_NE(refs.status().message().find("--hbm-bytes"), std::string::npos) << refs.status();
+  const testing::ProcessResult r = testing::RunProgram(
+      testing::kDaemon, {"--data-dir", dir_.File("other"), "--listen", "127.0.0.1:0", "--hbm-bytes",
+                         "67108864", "--hbm-device", "99"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("kvcached: error: --hbm-bytes: "), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 }  // namespace
 }  // namespace kvc::cachesvc

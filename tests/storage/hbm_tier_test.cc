@@ -94,7 +94,8 @@ TEST(HbmTierTest, EvictsTheLeastRecentlyUsedAndNeverALeasedChunk) {
   for (uint64_t i : {1, 3, 4}) EXPECT_TRUE(t->Contains(1, Key(i))) << i;
   EXPECT_EQ(t->stats().evictions, 1u);
   // Every slot leased: nothing can go.
-  absl::StatusOr<HbmLease> a = t->Lease(1, Key(1)), b = t->Lease(1, Key(3)), c = t->Lease(1, Key(4));
+  absl::StatusOr<HbmLease> a = t->Lease(1, Key(1)), b = t->Lease(1, Key(3)),
+                           c = t->Lease(1, Key(4));
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(t->Put(1, Key(5), Bytes(5, seed)).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(t->stats().leased, 3u);
