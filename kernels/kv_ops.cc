@@ -8,6 +8,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops_kernel.cuh"
+#include "kernels/select_kernel.cuh"
 
 namespace kvc::cuda {
 namespace {
@@ -222,6 +223,71 @@ absl::StatusOr<std::vector<float>> PagedIndexerScoresAtOnDevice(
                                         IndexSections(dpages.get(), layout, layer), dl.get(),
                                         queries, per_query, heads, dim, out.get(), nullptr));
   return out.ToHost();
+}
+
+namespace {
+
+absl::Status CheckRows(std::span<const float> scores, int64_t ld, std::span<const int32_t> counts) {
+  const int64_t queries = static_cast<int64_t>(counts.size());
+  if (ld <= 0 || static_cast<int64_t>(scores.size()) != queries * ld) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(scores.size(), " scores are not ", queries, " rows of ", ld));
+  }
+  for (int32_t c : counts) {
+    if (c < 0 || c > ld) {
+      return absl::InvalidArgumentError(absl::StrCat("visible count ", c, " outside 0..", ld));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::vector<int32_t>> Rows(const std::vector<int32_t>& flat,
+                                       const std::vector<int32_t>& count, int64_t width) {
+  std::vector<std::vector<int32_t>> rows(count.size());
+  for (size_t q = 0; q < count.size(); ++q) {
+    rows[q].assign(flat.begin() + static_cast<int64_t>(q) * width,
+                   flat.begin() + static_cast<int64_t>(q) * width + count[q]);
+  }
+  return rows;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> TopKOnDevice(std::span<const float> scores,
+                                                               int64_t ld,
+                                                               std::span<const int32_t> counts,
+                                                               int64_t k) {
+  if (absl::Status s = CheckRows(scores, ld, counts); !s.ok()) return s;
+  if (k <= 0) return absl::InvalidArgumentError(absl::StrCat("top-k of k = ", k));
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t queries = static_cast<int64_t>(counts.size());
+  DeviceBuffer<float> ds(scores);
+  DeviceBuffer<int32_t> dc(counts), out(static_cast<size_t>(queries * k)),
+      n(static_cast<size_t>(queries));
+  CUDA_CHECK(LaunchTopK(ds.get(), ld, dc.get(), queries, k, out.get(), n.get(), nullptr));
+  return Rows(out.ToHost(), n.ToHost(), k);
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> CandidatePoolOnDevice(
+    std::span<const float> scores, int64_t ld, std::span<const int32_t> counts, int64_t block,
+    int64_t topk_blocks) {
+  if (absl::Status s = CheckRows(scores, ld, counts); !s.ok()) return s;
+  if (block <= 0 || topk_blocks <= 0) {
+    return absl::InvalidArgumentError("candidate blocks and their count must be positive");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t queries = static_cast<int64_t>(counts.size());
+  const int64_t nblocks = (ld + block - 1) / block;
+  DeviceBuffer<float> ds(scores), best(static_cast<size_t>(queries * nblocks));
+  DeviceBuffer<int32_t> dc(counts), top(static_cast<size_t>(queries * topk_blocks)),
+      ntop(static_cast<size_t>(queries)), pool(static_cast<size_t>(queries * topk_blocks * block)),
+      npool(static_cast<size_t>(queries));
+  CUDA_CHECK(LaunchBlockMaxima(ds.get(), ld, dc.get(), queries, block, best.get(), nullptr));
+  CUDA_CHECK(LaunchTopK(best.get(), nblocks, nullptr, queries, topk_blocks, top.get(), ntop.get(),
+                        nullptr));
+  CUDA_CHECK(LaunchPoolPositions(top.get(), topk_blocks, block, dc.get(), queries, pool.get(),
+                                 npool.get(), nullptr));
+  return Rows(pool.ToHost(), npool.ToHost(), topk_blocks * block);
 }
 
 }  // namespace kvc::cuda

@@ -61,4 +61,13 @@ enum class AttentionKernel { kTwin, kTiled };
     const ChunkLayout& layout, int64_t layer, std::span<const int32_t> list, int64_t heads,
     int64_t dim);
 
+// The engine's selections on the device, for `queries` rows of `ld` scores each, row q
+// holding counts[q] visible scores: the top-k positions (cpu::TopKAscending of each row's
+// visible scores), and the candidate pool's positions (those model::CandidateMask sets).
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<int32_t>>> TopKOnDevice(
+    std::span<const float> scores, int64_t ld, std::span<const int32_t> counts, int64_t k);
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<int32_t>>> CandidatePoolOnDevice(
+    std::span<const float> scores, int64_t ld, std::span<const int32_t> counts, int64_t block,
+    int64_t topk_blocks);
+
 }  // namespace kvc::cuda

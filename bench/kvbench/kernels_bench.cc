@@ -26,6 +26,7 @@
 #include "kernels/gemm_kernel.cuh"
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops.h"
+#include "kernels/select_kernel.cuh"
 
 namespace kvc::bench {
 namespace {
@@ -138,33 +139,46 @@ nlohmann::json AttentionCase(const Shapes& s, const cuda::DevicePages& pages, in
   return r;
 }
 
+// One decode query's indexer on a Full layer (score every visible position, block maxima,
+// top blocks, pool positions, top-k) and on a Reindex layer (score the pool, top-k).
 nlohmann::json IndexerCase(const Shapes& s, const cuda::DevicePages& pages, int64_t context,
                            int reps, std::mt19937_64& rng) {
   const ModelConfig& c = s.config;
   const int64_t heads = c.index_n_heads, dim = c.index_head_dim;
-  const int64_t positions = context / s.ratio;
-  const int64_t pool =
-      std::min<int64_t>(c.candidate_topk_blocks * c.candidate_block_size, positions);
+  const int64_t positions = context / s.ratio, bs = c.candidate_block_size;
+  const int64_t nblocks = (positions + bs - 1) / bs;
+  const int64_t top_blocks = c.candidate_topk_blocks, width = top_blocks * bs;
+  const int64_t topk = c.index_topk;
   DeviceBuffer<float> qi(Normal(rng, heads * dim, 1.0f)), w(Normal(rng, heads, 0.1f)),
-      score(static_cast<size_t>(positions));
+      score(static_cast<size_t>(positions)), best(static_cast<size_t>(nblocks)),
+      pool_score(static_cast<size_t>(width));
   const std::vector<int32_t> visible = {static_cast<int32_t>(positions)};
-  std::vector<int32_t> at(pool);
-  for (int32_t& t : at) t = static_cast<int32_t>(rng() % positions);
-  std::sort(at.begin(), at.end());
-  DeviceBuffer<int32_t> d_visible(visible), d_at(at);
+  DeviceBuffer<int32_t> d_visible(visible), blocks(static_cast<size_t>(top_blocks)), n_blocks(1),
+      pool(static_cast<size_t>(width)), n_pool(1), sel(static_cast<size_t>(topk)), n_sel(1);
   const cuda::PagedIndexKv paged = cuda::IndexSections(pages.device(), s.layout, s.layer);
   const double full_ms = DeviceMs(reps, [&] {
     CUDA_CHECK(cuda::LaunchPagedIndexerScores(qi.get(), w.get(), paged, d_visible.get(), 1, heads,
                                               dim, positions, score.get(), nullptr));
+    CUDA_CHECK(cuda::LaunchBlockMaxima(score.get(), positions, d_visible.get(), 1, bs, best.get(),
+                                       nullptr));
+    CUDA_CHECK(cuda::LaunchTopK(best.get(), nblocks, nullptr, 1, top_blocks, blocks.get(),
+                                n_blocks.get(), nullptr));
+    CUDA_CHECK(cuda::LaunchPoolPositions(blocks.get(), top_blocks, bs, d_visible.get(), 1,
+                                         pool.get(), n_pool.get(), nullptr));
+    CUDA_CHECK(cuda::LaunchTopK(score.get(), positions, d_visible.get(), 1, topk, sel.get(),
+                                n_sel.get(), nullptr));
   });
+  const int64_t pool_n = n_pool.ToHost()[0];
   const double pool_ms = DeviceMs(reps, [&] {
-    CUDA_CHECK(cuda::LaunchPagedIndexerScoresAt(qi.get(), w.get(), paged, d_at.get(), 1, pool,
-                                                heads, dim, score.get(), nullptr));
+    CUDA_CHECK(cuda::LaunchPagedIndexerScoresAt(qi.get(), w.get(), paged, pool.get(), 1, pool_n,
+                                                heads, dim, pool_score.get(), nullptr));
+    CUDA_CHECK(cuda::LaunchTopK(pool_score.get(), pool_n, nullptr, 1, topk, sel.get(), n_sel.get(),
+                                nullptr));
   });
   const double key_bytes = static_cast<double>(positions * s.layout.entry.index);
   return {{"context", context},
           {"positions", positions},
-          {"pool_positions", pool},
+          {"pool_positions", pool_n},
           {"full_us", full_ms * 1e3},
           {"full_key_gbps", key_bytes / (full_ms * 1e-3) / 1e9},
           {"pool_us", pool_ms * 1e3}};
@@ -340,8 +354,10 @@ std::string KernelBenchToText(const nlohmann::json& r) {
                           a["twin_us"].get<double>(), a["twin_over_copy"].get<double>(), "",
                           a["tiled_us"].get<double>(), a["tiled_over_copy"].get<double>());
   }
-  absl::StrAppendFormat(&s, "\nindexer (one query)\n%9s %10s %10s %12s %10s\n", "context",
-                        "positions", "full us", "full GB/s", "pool us");
+  absl::StrAppendFormat(&s,
+                        "\nindexer, one decode query (full: score all + pool + top-k; pool: "
+                        "reindex)\n%9s %10s %10s %12s %10s\n",
+                        "context", "positions", "full us", "full GB/s", "pool us");
   for (const auto& i : r["indexer"]) {
     absl::StrAppendFormat(&s, "%9d %10d %10.1f %12.1f %10.1f\n", i["context"].get<int64_t>(),
                           i["positions"].get<int64_t>(), i["full_us"].get<double>(),

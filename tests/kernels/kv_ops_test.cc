@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "engine/cpu/ops.h"
 #include "engine/model/layer_ops.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_dequant.h"
@@ -233,6 +234,54 @@ TEST_F(KvOpsCudaTest, PagesUploadedToTheDeviceServeAttentionAsIs) {
       q, heads, dim, window, pages, layout, layer, offsets, on_host, sink, 0.125f);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, *b);
+}
+
+// Scores with many exact ties (a few distinct values) and some −inf, rows of varying
+// visible length (0 and all included): what the selections must get exactly right.
+std::vector<float> TiedScores(std::mt19937_64& rng, int64_t n) {
+  std::vector<float> s = NormalFloats(rng, n, 2.0f);
+  for (float& v : s) v = rng() % 9 == 0 ? -INFINITY : std::round(v * 2.0f) / 2.0f;
+  return s;
+}
+
+TEST_F(KvOpsCudaTest, TopKSelectsTheCpusPositions) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t queries = 9, ld = 3000;  // rows longer than one pass of a block
+  const std::vector<float> scores = TiedScores(rng, queries * ld);
+  std::vector<int32_t> counts = {0, static_cast<int32_t>(ld)};
+  while (static_cast<int64_t>(counts.size()) < queries)
+    counts.push_back(static_cast<int32_t>(rng() % (ld + 1)));
+  for (int64_t k : {1, 7, 512, 5000}) {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> got = TopKOnDevice(scores, ld, counts, k);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t q = 0; q < queries; ++q) {
+      const std::vector<int32_t> want =
+          cpu::TopKAscending(std::span(scores).subspan(q * ld, counts[q]), k);
+      EXPECT_EQ((*got)[q], want) << "k " << k << ", row " << q << " of " << counts[q];
+    }
+  }
+}
+
+TEST_F(KvOpsCudaTest, CandidatePoolHoldsTheCpusPositions) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t queries = 7, ld = 2500, block = 4;
+  const std::vector<float> scores = TiedScores(rng, queries * ld);
+  std::vector<int32_t> counts = {1, static_cast<int32_t>(ld)};
+  while (static_cast<int64_t>(counts.size()) < queries)
+    counts.push_back(static_cast<int32_t>(1 + rng() % ld));
+  for (int64_t topk_blocks : {1, 16, 700}) {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> got =
+        CandidatePoolOnDevice(scores, ld, counts, block, topk_blocks);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int64_t q = 0; q < queries; ++q) {
+      const std::vector<uint8_t> mask =
+          model::CandidateMask(std::span(scores).subspan(q * ld, counts[q]), block, topk_blocks);
+      std::vector<int32_t> want;
+      for (size_t t = 0; t < mask.size(); ++t)
+        if (mask[t]) want.push_back(static_cast<int32_t>(t));
+      EXPECT_EQ((*got)[q], want) << topk_blocks << " blocks, row " << q << " of " << counts[q];
+    }
+  }
 }
 
 TEST(KvOpsCudaArgsTest, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
