@@ -108,25 +108,27 @@ __global__ void BlockMaximaKernel(const float* scores, int64_t ld, const int32_t
 
 __global__ void PoolPositionsKernel(const int32_t* blocks, int64_t topk_blocks, int64_t block,
                                     const int32_t* counts, int32_t* pool, int32_t* pool_count) {
+  __shared__ int taken;
   const int64_t q = blockIdx.x;
   const int64_t n = counts[q];
   const int64_t width = topk_blocks * block;
   int32_t* p = pool + q * width;
-  // Blocks are ascending, so their positions are too; only the query's last block can be
-  // cut short by its visible count, and it is the highest-numbered one taken.
+  if (threadIdx.x == 0) taken = 0;
+  __syncthreads();
+  // Blocks come ascending with the unused (−1) ones last, and the block holding the last
+  // visible position is always taken and is the highest: so the positions fill a prefix
+  // of the row in increasing order, only that block can be cut short, and −1 follows.
+  int mine = 0;
   for (int64_t e = threadIdx.x; e < width; e += blockDim.x) {
     const int32_t b = blocks[q * topk_blocks + e / block];
     const int64_t t = b < 0 ? -1 : static_cast<int64_t>(b) * block + e % block;
-    p[e] = (t >= 0 && t < n) ? static_cast<int32_t>(t) : -1;
+    const bool valid = t >= 0 && t < n;
+    p[e] = valid ? static_cast<int32_t>(t) : -1;
+    mine += valid;
   }
+  atomicAdd(&taken, mine);
   __syncthreads();
-  if (threadIdx.x == 0) {  // close the gaps left by a short last block (at most one)
-    int32_t w = 0;
-    for (int64_t e = 0; e < width; ++e)
-      if (p[e] >= 0) p[w++] = p[e];
-    for (int64_t e = w; e < width; ++e) p[e] = -1;
-    pool_count[q] = w;
-  }
+  if (threadIdx.x == 0) pool_count[q] = taken;
 }
 
 }  // namespace
