@@ -17,7 +17,7 @@ echo "gpu: $gpu" | tee "$out/gpu.txt"
 # 1. Parity suite: one line per test program (passed / failed / skipped, failures named).
 for t in kv_dequant_test kv_ops_test row_ops_test cuda_engine_test hbm_ipc_test; do
   start=$(date +%s)
-  "$tests/$t" >"$out/$t.log" 2>&1
+  timeout 300 "$tests/$t" >"$out/$t.log" 2>&1
   rc=$?
   count() { grep -E "^\[ +$1 +\] [0-9]+ test" "$out/$t.log" | grep -oE '[0-9]+' | head -1; }
   summary="passed $(count PASSED || echo 0), skipped $(count SKIPPED || echo 0), $(( $(date +%s) - start )) s"
