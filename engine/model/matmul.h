@@ -1,7 +1,7 @@
 // MatmulBackend: the seam between the model's control flow and the device that runs its
 // matrix products (every projection, the experts, the indexer's q·k, the vocabulary head).
 //
-// The contract is the CPU GEMM's (engine/cpu/gemm.h): y (m × out) = x (m × in) · Wᵀ with
+// The default contract is the CPU GEMM's (engine/cpu/gemm.h): y (m × out) = x (m × in) · Wᵀ with
 // every output element ONE fused multiply-add chain over k in increasing order, starting
 // from +0. A backend that keeps it computes the same bits as the CPU for any batch shape,
 // so the engine stays batch invariant (exact resume) and its logits do not depend on the
@@ -12,15 +12,28 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "engine/cpu/gemm.h"
 
 namespace kvc::model {
 
+// One product of a group: y (m × w.out_features()) = x (m × w.in_features()) · Wᵀ.
+struct GemmCall {
+  const float* x = nullptr;
+  int64_t m = 0;
+  const cpu::PackedMatrix* w = nullptr;
+  float* y = nullptr;
+};
+
 class MatmulBackend {
  public:
   virtual ~MatmulBackend() = default;
   virtual const char* name() const = 0;
+  // Whether a row's result is independent of the other rows in its call (the contract
+  // above). Exact resume needs it; a backend that gives it up (a vendor BLAS) trades it
+  // for speed, and the model then refuses exact replay.
+  virtual bool batch_invariant() const { return true; }
   // `w` is a weight that stays alive and unchanged as long as the backend is used.
   virtual void Register(const cpu::PackedMatrix& w) = 0;
   // y (m × w.out_features()) = x (m × w.in_features()) · Wᵀ.
@@ -28,6 +41,11 @@ class MatmulBackend {
   // The same, called from inside one of the CPU thread pool's parallel loops.
   virtual void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w,
                           float* y) const = 0;
+  // Independent products issued together (the MoE's experts): a device backend can copy
+  // and launch them all before waiting once. Each result is what Gemm would give.
+  virtual void GemmGroup(std::span<const GemmCall> calls) const {
+    for (const GemmCall& c : calls) Gemm(c.x, c.m, *c.w, c.y);
+  }
 };
 
 // The CPU's batch-invariant GEMM (the default backend).

@@ -686,36 +686,81 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows,
       by_expert[e].push_back({r, weight});
     }
   }
-  auto run = [&](const ExpertWeights& ew, const std::vector<float>& xs, int64_t n,
-                 const std::vector<float>& weights) {
-    std::vector<float> g = Linear(xs, n, ew.w1), up = Linear(xs, n, ew.w3);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t i = 0; i < I; ++i) {
-        const float gi = std::min(g[r * I + i], limit);
-        const float ui = std::clamp(up[r * I + i], -limit, limit);
-        g[r * I + i] = weights[r] * cpu::Silu(gi) * ui;
-      }
-    }
-    return Linear(g, n, ew.w2);
+  // The routed experts that got rows, in id order, then the shared one over every row.
+  // Their products go to the backend in groups (gate and up projections, then the down
+  // projections) so a device backend launches a group's experts together; groups hold at
+  // most kGroupRows rows to bound the intermediates. Results do not depend on grouping.
+  struct Job {
+    const ExpertWeights* ew = nullptr;
+    std::vector<int64_t> rows;  // empty: every row (the shared expert)
+    std::vector<float> xs, weights, g, up, y;
   };
-  out.assign(rows * D, 0.0f);
-  for (int64_t e = 0; e < E_; ++e) {  // routed experts in id order, then the shared one
+  std::vector<Job> jobs;
+  for (int64_t e = 0; e < E_; ++e) {
     const auto& members = by_expert[e];
     if (members.empty()) continue;
+    Job& j = jobs.emplace_back();
+    j.ew = &w.experts[e];
     const int64_t n = static_cast<int64_t>(members.size());
-    std::vector<float> xs(n * D), weights(n);
+    j.xs.resize(n * D);
     for (int64_t m = 0; m < n; ++m) {
+      j.rows.push_back(members[m].first);
+      j.weights.push_back(members[m].second);
       std::copy(x.begin() + members[m].first * D, x.begin() + (members[m].first + 1) * D,
-                xs.begin() + m * D);
-      weights[m] = members[m].second;
-    }
-    const std::vector<float> y = run(w.experts[e], xs, n, weights);
-    for (int64_t m = 0; m < n; ++m) {
-      for (int64_t i = 0; i < D; ++i) out[members[m].first * D + i] += y[m * D + i];
+                j.xs.begin() + m * D);
     }
   }
-  const std::vector<float> ys = run(w.shared, x, rows, std::vector<float>(rows, 1.0f));
-  for (int64_t i = 0; i < rows * D; ++i) out[i] += ys[i];
+  out.assign(rows * D, 0.0f);
+  constexpr int64_t kGroupRows = 8192;
+  auto run_group = [&](std::span<Job> group) {
+    std::vector<GemmCall> calls;
+    for (Job& j : group) {
+      const int64_t n = j.rows.empty() ? rows : static_cast<int64_t>(j.rows.size());
+      const float* xs = j.rows.empty() ? x.data() : j.xs.data();
+      j.g.resize(n * I);
+      j.up.resize(n * I);
+      calls.push_back({xs, n, &j.ew->w1, j.g.data()});
+      calls.push_back({xs, n, &j.ew->w3, j.up.data()});
+    }
+    mm->GemmGroup(calls);
+    calls.clear();
+    for (Job& j : group) {
+      const int64_t n = j.rows.empty() ? rows : static_cast<int64_t>(j.rows.size());
+      for (int64_t r = 0; r < n; ++r) {
+        const float weight = j.rows.empty() ? 1.0f : j.weights[r];
+        for (int64_t i = 0; i < I; ++i) {
+          const float gi = std::min(j.g[r * I + i], limit);
+          const float ui = std::clamp(j.up[r * I + i], -limit, limit);
+          j.g[r * I + i] = weight * cpu::Silu(gi) * ui;
+        }
+      }
+      j.y.resize(n * D);
+      calls.push_back({j.g.data(), n, &j.ew->w2, j.y.data()});
+    }
+    mm->GemmGroup(calls);
+    for (Job& j : group) {  // in job order: routed experts by id, the shared one last
+      if (j.rows.empty()) {
+        for (int64_t i = 0; i < rows * D; ++i) out[i] += j.y[i];
+      } else {
+        for (size_t m = 0; m < j.rows.size(); ++m) {
+          for (int64_t i = 0; i < D; ++i) out[j.rows[m] * D + i] += j.y[m * D + i];
+        }
+      }
+      j = Job();  // free its intermediates
+    }
+  };
+  Job& shared = jobs.emplace_back();
+  shared.ew = &w.shared;
+  for (size_t first = 0; first < jobs.size();) {
+    size_t last = first;
+    int64_t n = 0;
+    do {
+      n += jobs[last].rows.empty() ? rows : static_cast<int64_t>(jobs[last].rows.size());
+      ++last;
+    } while (last < jobs.size() && n < kGroupRows);
+    run_group(std::span(jobs).subspan(first, last - first));
+    first = last;
+  }
 }
 
 void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
@@ -1089,6 +1134,11 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
   SequenceState& s = *seq.s_;
   const int64_t C = m.layout.chunk_tokens, n = static_cast<int64_t>(tokens.size());
   if (!s.tokens.empty()) return absl::FailedPreconditionError("Resume needs an empty sequence");
+  if (replay == ReplayMode::kExact && !m.mm->batch_invariant()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("exact replay needs a batch-invariant matmul backend; \"", m.mm->name(),
+                     "\" gives a row other bits in calls of other heights (use bounded replay)"));
+  }
   if (cached <= 0 || cached % C != 0) {
     return absl::InvalidArgumentError(absl::StrCat("the cached prefix is ", cached,
                                                    " tokens; it must be a positive multiple of "

@@ -19,7 +19,8 @@
 //   kBounded    the last `sliding_window` cached tokens (the model's own rule);
 //   kExact      the encoder's whole dependency window, encoder layers × window tokens,
 //               before the first position the decoder reads: the resumed sequence is
-//               then bit-identical to a cold kCed prefill of the same prompt.
+//               then bit-identical to a cold kCed prefill of the same prompt. Needs a
+//               batch-invariant matmul backend (FailedPrecondition otherwise).
 // Thread-compatible: one Sequence per thread; a Model may serve many.
 #pragma once
 

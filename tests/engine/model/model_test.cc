@@ -109,8 +109,10 @@ class CountingMatmul final : public MatmulBackend {
   struct Counts {
     std::atomic<int64_t> registered{0}, weight_calls{0}, transient_calls{0};
   };
-  CountingMatmul(float nudge, Counts* counts) : nudge_(nudge), counts_(counts) {}
+  CountingMatmul(float nudge, Counts* counts, bool invariant = true)
+      : nudge_(nudge), counts_(counts), invariant_(invariant) {}
   const char* name() const override { return "counting"; }
+  bool batch_invariant() const override { return invariant_; }
   void Register(const cpu::PackedMatrix& w) override {
     EXPECT_TRUE(weights_.insert(w.packed().data()).second) << "a weight registered twice";
     ++counts_->registered;
@@ -127,6 +129,7 @@ class CountingMatmul final : public MatmulBackend {
  private:
   const float nudge_;
   Counts* counts_;
+  const bool invariant_;
   std::set<const float*> weights_;  // written only before the model runs
 };
 
@@ -153,6 +156,26 @@ TEST_F(ModelTest, EveryMatrixProductGoesThroughTheMatmulBackend) {
     EXPECT_GT(counts.weight_calls.load(), 0);
     EXPECT_GT(counts.transient_calls.load(), 0);  // the indexer's keys
   }
+}
+
+TEST_F(ModelTest, ExactReplayIsRefusedWithABackendThatIsNotBatchInvariant) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  CountingMatmul::Counts counts;
+  ModelOptions options;
+  options.chunk_tokens = kChunk;
+  options.matmul = std::make_unique<CountingMatmul>(0.0f, &counts, /*invariant=*/false);
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(*config_, weights_, std::move(options));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<uint32_t> prompt = Prompt(rng, 70);
+  Sequence prefix = (*m)->NewSequence();
+  ASSERT_TRUE((*m)->Prefill(prefix, std::span(prompt).first(64), PrefillMode::kCed).ok());
+  const std::vector<uint8_t> pages = Pages(prefix, 2);
+  Sequence exact = (*m)->NewSequence(), bounded = (*m)->NewSequence();
+  absl::StatusOr<std::vector<float>> r = (*m)->Resume(exact, pages, 64, prompt, ReplayMode::kExact);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("batch-invariant"), std::string::npos) << r.status();
+  EXPECT_TRUE((*m)->Resume(bounded, pages, 64, prompt, ReplayMode::kBounded).ok());
 }
 
 TEST_F(ModelTest, PagesOfAPrefixDoNotDependOnWhatFollows) {
