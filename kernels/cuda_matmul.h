@@ -18,6 +18,12 @@ namespace kvc::cuda {
 // FailedPrecondition without a GPU.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<model::MatmulBackend>> MakeCudaMatmul();
 
+// The throughput alternative: cuBLAS SGEMM (FP32, the library's default math mode), a
+// group's products issued back to back on one stream with one wait. Not batch invariant
+// (cuBLAS picks kernels by shape), so logits differ from the CPU's in the last bits and
+// the model refuses exact replay with it. FailedPrecondition without a GPU.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<model::MatmulBackend>> MakeCublasMatmul();
+
 // One GEMM on device 0 (tests, benchmarks): x is m × w.in_features().
 [[nodiscard]] absl::StatusOr<std::vector<float>> GemmOnDevice(std::span<const float> x, int64_t m,
                                                               const cpu::PackedMatrix& w);

@@ -33,7 +33,7 @@ seed=$(( (RANDOM << 15) | RANDOM ))
 echo "prompt seed $seed" >"$out/kvgen.txt"
 awk -v s="$seed" 'BEGIN { srand(s); for (i = 0; i < 1500; ++i) printf "%d ", int(rand() * 512); print "" }' >"$out/prompt.txt"
 "$bin/kvmodel" init --config "$configs/mini.json" --seed "$seed" --out "$out/mini.safetensors" >>"$out/kvgen.txt" 2>&1
-for b in cpu cuda; do
+for b in cpu cuda cublas; do
   "$bin/kvgen" --config "$configs/mini.json" --weights "$out/mini.safetensors" \
     --prompt "$out/prompt.txt" --max-new-tokens 16 --greedy --backend "$b" \
     --dump-logits "$out/logits-$b.bin" --json >"$out/kvgen-$b.json" 2>>"$out/kvgen.txt"
@@ -44,6 +44,13 @@ if cmp -s "$out/logits-cpu.bin" "$out/logits-cuda.bin" && [ -s "$out/logits-cpu.
   row "kvgen cpu vs cuda (1500 tokens, 16 new)" "logits bit-identical; TTFT cpu $(ttft cpu) ms, cuda $(ttft cuda) ms"
 else
   row "kvgen cpu vs cuda (1500 tokens, 16 new)" "DIFFER or failed (see kvgen.txt)"
+fi
+gen() { grep -oE '"generated":\[[0-9,]*\]' "$out/kvgen-$1.json"; }
+if [ -n "$(gen cublas)" ]; then
+  ttft() { grep -oE '"ttft_ms":[0-9.e+-]+' "$out/kvgen-$1.json" | cut -d: -f2; }
+  row "kvgen cublas" "$([ "$(gen cublas)" = "$(gen cpu)" ] && echo "same tokens as cpu" || echo "OTHER tokens than cpu"); TTFT $(ttft cublas) ms"
+else
+  row "kvgen cublas" "failed (see kvgen.txt)"
 fi
 
 # 3. Kernel benchmarks (text table into the output; JSON beside it).

@@ -2,6 +2,8 @@
 // (fresh seeds): the device GEMM equals the CPU GEMM bit for bit for odd shapes; the mini
 // model's logits and pages are the CPU's bits through prefill and decode; exact resume is
 // bit-identical to a cold run on the GPU too. Skipped, saying so, where there is no GPU.
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -139,6 +141,40 @@ TEST_F(CudaEngineTest, ExactResumeIsBitIdenticalToAColdRunOnTheGpu) {
       EXPECT_TRUE(SameBits(*c, *w)) << "decode after resume, cached " << cached;
     }
   }
+}
+
+// cuBLAS as the matmul backend: logits within float rounding of the CPU engine's (not
+// the same bits: cuBLAS sums in its own order), the same greedy tokens, and exact replay
+// refused because its rows are not batch invariant.
+TEST_F(CudaEngineTest, CublasBackendIsCloseAndRefusesExactReplay) {
+  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = MakeCublasMatmul();
+  ASSERT_TRUE(mm.ok()) << mm.status();
+  model::ModelOptions options;
+  options.chunk_tokens = kChunk;
+  options.matmul = *std::move(mm);
+  absl::StatusOr<std::unique_ptr<model::Model>> blas =
+      model::Model::Load(config_, weights_, std::move(options));
+  ASSERT_TRUE(blas.ok()) << blas.status();
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 150);
+  model::Sequence a = cpu_->NewSequence(), b = (*blas)->NewSequence();
+  absl::StatusOr<std::vector<float>> la = cpu_->Prefill(a, prompt, model::PrefillMode::kCed);
+  absl::StatusOr<std::vector<float>> lb = (*blas)->Prefill(b, prompt, model::PrefillMode::kCed);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  float scale = 0.0f, diff = 0.0f;
+  for (size_t i = 0; i < la->size(); ++i) {
+    scale = std::max(scale, std::abs((*la)[i]));
+    diff = std::max(diff, std::abs((*la)[i] - (*lb)[i]));
+  }
+  std::printf("cuBLAS vs CPU logits: max |diff| %.3g of max |logit| %.3g\n", diff, scale);
+  EXPECT_LT(diff, 1e-3f * scale);
+  EXPECT_EQ(Argmax(*la), Argmax(*lb));
+  std::vector<uint8_t> pages;
+  for (int64_t p = 0; p < 2; ++p) pages.insert(pages.end(), b.page(p).begin(), b.page(p).end());
+  model::Sequence warm = (*blas)->NewSequence();
+  absl::StatusOr<std::vector<float>> w =
+      (*blas)->Resume(warm, pages, 2 * kChunk, prompt, model::ReplayMode::kExact);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
 }
 
 }  // namespace

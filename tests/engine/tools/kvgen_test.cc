@@ -83,7 +83,7 @@ TEST_F(KvgenTest, BadInputGivesOneLineErrors) {
   expect(Args({"--resume-at", "512"}), 1, "shorter than the prompt (300 tokens)");
   expect(Args({"--resume-at", "256", "--replay", "sometimes"}), 1, "--replay is \"sometimes\"");
   expect(Args({"--dspark"}), 2, "--dspark needs --greedy");
-  expect(Args({"--backend", "tpu"}), 1, "--backend is \"tpu\"; use cpu or cuda");
+  expect(Args({"--backend", "tpu"}), 1, "--backend is \"tpu\"; use cpu, cuda or cublas");
   expect({"--config", kMini}, 2, "required");
   std::ofstream(dir_.File("oov.txt")) << "1 2 3 512 4";
   expect({"--config", kMini, "--weights", dir_.File("w.safetensors"), "--prompt",
