@@ -327,9 +327,8 @@ class KvCacheService::Impl {
       if (!l.ok()) {
         staged.resize(nk->first.chunk_bytes);
         if (!store->Get(ns, key, staged).ok()) break;  // missing (or failed its checksum)
-        if (!opt.hbm->Put(ns, key, staged).ok()) break;
-        l = opt.hbm->Lease(ns, key);
-        if (!l.ok()) break;  // evicted at once by other promotions: the prefix ends here
+        l = opt.hbm->PutAndLease(ns, key, staged);
+        if (!l.ok()) break;  // every slot leased: the prefix ends here
       }
       pb::ChunkRef* ref = resp->add_refs();
       ref->set_chunk_key(KeyBytes(key));

@@ -65,6 +65,29 @@ absl::StatusOr<uint32_t> HbmTier::TakeSlot() {
 }
 
 absl::Status HbmTier::Put(NamespaceId ns, const ChunkKey& key, std::span<const uint8_t> bytes) {
+  return PutImpl(ns, key, bytes, nullptr);
+}
+
+absl::StatusOr<HbmLease> HbmTier::PutAndLease(NamespaceId ns, const ChunkKey& key,
+                                              std::span<const uint8_t> bytes) {
+  HbmLease lease;
+  if (absl::Status s = PutImpl(ns, key, bytes, &lease); !s.ok()) return s;
+  return lease;
+}
+
+HbmLease HbmTier::LeaseSlot(uint32_t s) {
+  Slot& slot = slots_[s];
+  if (slot.leases++ == 0) lru_.erase(slot.lru);
+  HbmLease lease;
+  lease.tier_ = this;
+  lease.slot_ = s;
+  lease.offset_ = s * slot_bytes_;
+  lease.length_ = slot.length;
+  return lease;
+}
+
+absl::Status HbmTier::PutImpl(NamespaceId ns, const ChunkKey& key, std::span<const uint8_t> bytes,
+                              HbmLease* lease) {
   if (bytes.size() > slot_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "HBM tier: a chunk of ", bytes.size(), " bytes is larger than a slot (", slot_bytes_, ")"));
@@ -76,6 +99,7 @@ absl::Status HbmTier::Put(NamespaceId ns, const ChunkKey& key, std::span<const u
     if (auto it = index_.find(id); it != index_.end()) {
       Slot& held = slots_[it->second];
       if (held.leases == 0) lru_.splice(lru_.end(), lru_, held.lru);
+      if (lease != nullptr) *lease = LeaseSlot(it->second);
       return absl::OkStatus();
     }
     absl::StatusOr<uint32_t> taken = TakeSlot();
@@ -87,9 +111,14 @@ absl::Status HbmTier::Put(NamespaceId ns, const ChunkKey& key, std::span<const u
   std::lock_guard lk(mu_);
   Slot& slot = slots_[s];
   slot.leases = 0;
-  if (!written.ok() || index_.contains(id)) {  // failed, or another Put of it won the race
+  if (!written.ok()) {
     free_.push_back(s);
     return written;
+  }
+  if (auto it = index_.find(id); it != index_.end()) {  // another Put of it won the race
+    free_.push_back(s);
+    if (lease != nullptr) *lease = LeaseSlot(it->second);
+    return absl::OkStatus();
   }
   slot.id = id;
   slot.length = bytes.size();
@@ -97,6 +126,7 @@ absl::Status HbmTier::Put(NamespaceId ns, const ChunkKey& key, std::span<const u
   slot.lru = lru_.insert(lru_.end(), s);
   index_.emplace(id, s);
   ++stats_.puts;
+  if (lease != nullptr) *lease = LeaseSlot(s);
   return absl::OkStatus();
 }
 
@@ -108,14 +138,7 @@ absl::StatusOr<HbmLease> HbmTier::Lease(NamespaceId ns, const ChunkKey& key) {
     return absl::NotFoundError(absl::StrCat("chunk ", key.Hex(), " is not in the HBM tier"));
   }
   ++stats_.hits;
-  Slot& slot = slots_[it->second];
-  if (slot.leases++ == 0) lru_.erase(slot.lru);
-  HbmLease lease;
-  lease.tier_ = this;
-  lease.slot_ = it->second;
-  lease.offset_ = it->second * slot_bytes_;
-  lease.length_ = slot.length;
-  return lease;
+  return LeaseSlot(it->second);
 }
 
 void HbmTier::Unlease(uint32_t s) {

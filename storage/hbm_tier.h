@@ -60,6 +60,10 @@ class HbmTier {
   // InvalidArgument when larger than a slot; ResourceExhausted when every slot is leased.
   [[nodiscard]] absl::Status Put(NamespaceId ns, const ChunkKey& key,
                                  std::span<const uint8_t> bytes);
+  // Put, then a lease on the chunk (no window in which it could be evicted between them;
+  // counts neither a hit nor a miss).
+  absl::StatusOr<HbmLease> PutAndLease(NamespaceId ns, const ChunkKey& key,
+                                       std::span<const uint8_t> bytes);
   // A lease on the chunk if T0 holds it (NotFound otherwise); counts a hit or a miss.
   absl::StatusOr<HbmLease> Lease(NamespaceId ns, const ChunkKey& key);
   bool Contains(NamespaceId ns, const ChunkKey& key) const;
@@ -89,6 +93,11 @@ class HbmTier {
   };
   HbmTier(std::unique_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots);
   void Unlease(uint32_t slot);
+  // Put; with `lease` (an empty one: assigning to it must not unlease under mu_), also
+  // leases the chunk's slot into it.
+  absl::Status PutImpl(NamespaceId ns, const ChunkKey& key, std::span<const uint8_t> bytes,
+                       HbmLease* lease);
+  HbmLease LeaseSlot(uint32_t slot);  // needs mu_
   // A slot to write into: a free one, or the LRU unleased chunk's. Needs mu_.
   absl::StatusOr<uint32_t> TakeSlot();
 

@@ -10,32 +10,13 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/testing/host_arena.h"
 #include "tests/testing/seed.h"
 
 namespace kvc::storage {
 namespace {
 
-class HostArena final : public DeviceArena {
- public:
-  explicit HostArena(uint64_t bytes) : mem_(bytes) {}
-  uint64_t bytes() const override { return mem_.size(); }
-  absl::Status Write(uint64_t offset, std::span<const uint8_t> host) override {
-    if (offset + host.size() > mem_.size()) return absl::OutOfRangeError("past the arena");
-    std::memcpy(mem_.data() + offset, host.data(), host.size());
-    return absl::OkStatus();
-  }
-  absl::Status Read(uint64_t offset, std::span<uint8_t> host) const override {
-    if (offset + host.size() > mem_.size()) return absl::OutOfRangeError("past the arena");
-    std::memcpy(host.data(), mem_.data() + offset, host.size());
-    return absl::OkStatus();
-  }
-  std::string ExportHandle() const override { return "host"; }
-  int device() const override { return -1; }
-  uint64_t id() const override { return 1; }
-
- private:
-  std::vector<uint8_t> mem_;
-};
+using ::kvc::testing::HostArena;
 
 constexpr uint64_t kSlot = 1024;
 
@@ -122,6 +103,20 @@ TEST(HbmTierTest, ADeletedChunkKeepsItsBytesUntilTheLastLeaseEnds) {
   ASSERT_TRUE(t->Put(1, Key(4), Bytes(4, seed)).ok());
   EXPECT_TRUE(t->Contains(1, Key(3)) && t->Contains(1, Key(4)));
   EXPECT_EQ(t->stats().evictions, 1u);
+}
+
+TEST(HbmTierTest, PutAndLeaseHoldsTheChunkItWrote) {
+  const uint64_t seed = testing::FreshSeed();
+  auto t = Tier(1);
+  absl::StatusOr<HbmLease> l = t->PutAndLease(1, Key(1), Bytes(1, seed));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(ReadLeased(*t, *l), Bytes(1, seed));
+  EXPECT_EQ(t->stats().hits + t->stats().misses, 0u) << "a promotion is neither";
+  EXPECT_EQ(t->PutAndLease(1, Key(2), Bytes(2, seed)).status().code(),
+            absl::StatusCode::kResourceExhausted);  // the only slot is leased
+  absl::StatusOr<HbmLease> again = t->PutAndLease(1, Key(1), Bytes(1, seed));  // present
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->offset(), l->offset());
 }
 
 TEST(HbmTierTest, BadSizesAreRefused) {
