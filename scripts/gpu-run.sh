@@ -7,8 +7,10 @@
 set -uo pipefail
 bin="$1" tests="$2" configs="$3" out="${4:-gpu-check-out}"
 mkdir -p "$out"
-table=()
-row() { table+=("$(printf '%-44s %s' "$1" "$2")"); }
+: >"$out/table.txt"
+# Each result is printed as soon as it is known (a run cut short still shows what it
+# got) and collected for the summary at the end.
+row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$out/table.txt"; }
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
       echo "nvidia-smi not found")
@@ -59,6 +61,28 @@ timeout 300 "$bin/kvbench" kernels --config "$configs/deepseek-v4.1-flash.config
 rc=$?
 row "kvbench kernels" "$([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)")"
 
+# 4. The memory and race checkers over the kernel tests (never-run code: out-of-bounds
+# reads, missing barriers), where compute-sanitizer exists and works.
+san="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)"
+if [ -n "$san" ]; then
+  for check in "memcheck kv_ops_test" "memcheck row_ops_test" "memcheck kv_dequant_test" \
+               "racecheck kv_ops_test" "memcheck cuda_engine_test"; do
+    set -- $check
+    timeout 240 "$san" --tool "$1" --error-exitcode 9 "$tests/$2" >"$out/$1-$2.log" 2>&1
+    rc=$?
+    case $rc in
+      0) verdict="clean" ;;
+      9) verdict="ERRORS (see $1-$2.log)" ;;
+      124) verdict="timed out" ;;
+      *) verdict="could not run (rc $rc, see $1-$2.log)" ;;
+    esac
+    row "compute-sanitizer $1 $2" "$verdict"
+  done
+else
+  row "compute-sanitizer" "not found"
+fi
+
+echo
 cat "$out/kernels.txt"
 echo
-printf '%s\n' "${table[@]}"
+cat "$out/table.txt"
