@@ -55,6 +55,15 @@ else
   row "kvgen cublas" "failed (see kvgen.txt)"
 fi
 
+# 2b. The README's main job with the engine's products on the GPU: kvdemo (kvcached
+# started beside it, a session resumed from the cache every turn, one restart).
+if [ -x "$bin/kvdemo" ] && [ -e "$PWD/docs/storage.md" ]; then
+  timeout 300 "$bin/kvdemo" --backend cuda --turns 3 --source-dir "$PWD" --json \
+    >"$out/kvdemo-cuda.json" 2>"$out/kvdemo-cuda.err"
+  rc=$?
+  row "kvdemo --backend cuda (3 turns)" "$([ $rc -eq 0 ] && echo "ok (kvdemo-cuda.json)" || echo "FAILED (rc $rc, kvdemo-cuda.err)")"
+fi
+
 # 3. Kernel benchmarks (text table into the output; JSON beside it).
 timeout 300 "$bin/kvbench" kernels --config "$configs/deepseek-v4.1-flash.config.json" \
   >"$out/kernels.txt" 2>&1

@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
+#include "engine/tools/matmul_select.h"
 #include "nlohmann/json.hpp"
 #include "serve/embedded_mini_config.h"
 #include "serve/kvcached_process.h"
@@ -78,7 +79,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"kvdemo: a multi-day coding-agent session resumed from kvcached"};
   int turns = 6;
   int64_t tool_tokens = 2048, generate = 128, initial_tokens = 12288;
-  std::string replay = "bounded", source_dir;
+  std::string replay = "bounded", source_dir, backend = "cpu";
   bool keep = false, json = false;
   app.add_option("--turns", turns, "turns in the session")
       ->check(CLI::Range(2, 100))
@@ -97,6 +98,8 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"bounded", "exact"}))
       ->capture_default_str();
   app.add_option("--source-dir", source_dir, "repository whose files make up the session");
+  app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas")
+      ->capture_default_str();
   app.add_flag("--keep", keep, "keep the scratch folder (weights, kvcached data and log)");
   app.add_flag("--json", json, "print one JSON object");
   try {
@@ -131,7 +134,16 @@ int Main(int argc, char** argv) {
   const std::string weights = (work / "mini.safetensors").string();
   if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok())
     return fail(std::string(s.message()));
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded = model::Model::Load(*config, weights);
+  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = model::MakeMatmulBackend(backend);
+  if (!mm.ok()) return fail(std::string(mm.status().message()));
+  if (replay == "exact" && !(*mm)->batch_invariant()) {
+    return fail(absl::StrCat("--replay exact needs a batch-invariant backend; ", backend,
+                             " is not (use --backend cuda, or --replay bounded)"));
+  }
+  model::ModelOptions options;
+  options.matmul = *std::move(mm);
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
+      model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return fail(std::string(loaded.status().message()));
   const model::Model& m = **loaded;
   say(

@@ -19,6 +19,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/tools/matmul_select.h"
 #include "nlohmann/json.hpp"
 #include "serve/session.h"
 
@@ -51,7 +52,8 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
                  const std::string& weights, const std::string& state_dir,
                  const std::string& session, const std::string& text,
                  const std::string& tokens_file, int64_t max_new, const std::string& replay,
-                 const std::string& shm_socket, const std::string& token, bool json) {
+                 const std::string& shm_socket, const std::string& token,
+                 const std::string& backend, bool json) {
   if (session.empty() || session.find('/') != std::string::npos || session[0] == '.') {
     return absl::InvalidArgumentError(
         absl::StrCat("--session \"", session, "\" must be a plain name (no '/')"));
@@ -63,7 +65,17 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
   config_text << cin.rdbuf();
   absl::StatusOr<ModelConfig> config = ParseModelConfig(config_text.str(), config_path);
   if (!config.ok()) return config.status();
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded = model::Model::Load(*config, weights);
+  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = model::MakeMatmulBackend(backend);
+  if (!mm.ok()) return mm.status();
+  if (replay == "exact" && !(*mm)->batch_invariant()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replay exact needs a batch-invariant backend; ", backend,
+                     " is not (use --backend cuda, or --replay bounded)"));
+  }
+  model::ModelOptions options;
+  options.matmul = *std::move(mm);
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
+      model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return loaded.status();
   const model::Model& m = **loaded;
 
@@ -130,7 +142,7 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
 int Main(int argc, char** argv) {
   CLI::App app{"kvserve: one turn of an agent session, resumed from kvcached"};
   std::string cache = "127.0.0.1:50051", config, weights, state_dir = "kvserve-sessions", session,
-              text, tokens_file, replay = "bounded", shm_socket, token;
+              text, tokens_file, replay = "bounded", shm_socket, token, backend = "cpu";
   int64_t max_new = 64;
   bool json = false;
   app.add_option("--cache", cache, "kvcached address")->capture_default_str();
@@ -148,6 +160,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--shm-socket", shm_socket, "kvcached's arena socket (co-located)");
   app.add_option("--auth-token", token, "bearer token");
+  app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas")
+      ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
@@ -162,7 +176,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   absl::Status s = Run(cache, config, weights, state_dir, session, text, tokens_file, max_new,
-                       replay, shm_socket, token, json);
+                       replay, shm_socket, token, backend, json);
   if (!s.ok()) {
     std::cerr << "kvserve: error: " << s.message() << "\n";
     return 1;

@@ -29,10 +29,8 @@
 #include "engine/model/generate.h"
 #include "engine/model/model.h"
 #include "engine/spec/model_config.h"
+#include "engine/tools/matmul_select.h"
 #include "nlohmann/json.hpp"
-#if KVC_WITH_CUDA
-#include "kernels/cuda_matmul.h"
-#endif
 
 static_assert(std::endian::native == std::endian::little, "logit dumps are little-endian");
 
@@ -96,20 +94,9 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   if (!config.ok()) return config.status();
   model::ModelOptions options;
   options.chunk_tokens = chunk_tokens;
-  if (backend == "cuda" || backend == "cublas") {
-#if KVC_WITH_CUDA
-    absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm =
-        backend == "cuda" ? cuda::MakeCudaMatmul() : cuda::MakeCublasMatmul();
-    if (!mm.ok()) return mm.status();
-    options.matmul = *std::move(mm);
-#else
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--backend ", backend, ": this kvgen was built without the CUDA backend (nvcc not found)"));
-#endif
-  } else if (backend != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend is \"", backend, "\"; use cpu, cuda or cublas"));
-  }
+  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = model::MakeMatmulBackend(backend);
+  if (!mm.ok()) return mm.status();
+  options.matmul = *std::move(mm);
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(*config, weights_path, std::move(options));
   if (!loaded.ok()) return loaded.status();

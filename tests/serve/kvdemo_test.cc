@@ -1,4 +1,5 @@
 // kvdemo and kvserve run as users run them: real binaries, real kvcached, JSON out.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -73,6 +74,23 @@ TEST(KvserveTest, TurnsInSeparateProcessesResumeFromTheCache) {
   const auto bad = turn("../escape", "x");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("must be a plain name"), std::string::npos) << bad.err;
+}
+
+// --backend names where the matrix products run; a name that is not a backend, or a GPU
+// one on a machine (or build) without a GPU, stops the program with one line.
+TEST(KvdemoTest, ABackendThatIsNotThereIsOneClearError) {
+  auto r = RunProgram(kBin + "/kvdemo", {"--backend", "tpu"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--backend is \"tpu\"; use cpu, cuda or cublas"), std::string::npos)
+      << r.err;
+  r = RunProgram(kBin + "/kvdemo", {"--backend", "cublas", "--replay", "exact"});
+  EXPECT_EQ(r.exit_code, 1);
+  // Without a GPU the backend cannot start; with one, exact replay is refused for cuBLAS.
+  EXPECT_TRUE(r.err.find("no CUDA device") != std::string::npos ||
+              r.err.find("without the CUDA backend") != std::string::npos ||
+              r.err.find("needs a batch-invariant backend") != std::string::npos)
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 }  // namespace
