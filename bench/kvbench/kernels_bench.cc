@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -188,10 +189,16 @@ nlohmann::json UploadCase(const Shapes& s, cuda::DevicePages& pages, int64_t mib
   const int64_t chunks =
       std::min(pages.capacity_chunks(), std::max<int64_t>(1, (mib << 20) / s.layout.chunk_bytes));
   const size_t bytes = static_cast<size_t>(chunks * s.layout.chunk_bytes);
-  // Like the RAM arena: an ordinary mapping, page-locked in place (no staging copy).
-  void* host = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (host == MAP_FAILED) return {{"error", "mmap failed"}};
-  std::memset(host, 0x5A, bytes);
+  // As an engine sees kvcached's RAM arena: a memfd mapped shared and read-only,
+  // page-locked in place (no staging copy).
+  const int fd = memfd_create("kvbench-arena", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) return {{"error", "memfd failed"}};
+  void* writer = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* host = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (writer == MAP_FAILED || host == MAP_FAILED) return {{"error", "mmap failed"}};
+  for (size_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(writer)[i] = static_cast<uint8_t>(i * 131);
+  munmap(writer, bytes);
   const std::span<const uint8_t> span(static_cast<const uint8_t*>(host), bytes);
   auto time_upload = [&] {  // GB/s, or -1 when an upload fails
     std::vector<double> v;
@@ -213,7 +220,7 @@ nlohmann::json UploadCase(const Shapes& s, cuda::DevicePages& pages, int64_t mib
   // The peer: cudaMemcpy from pinned memory, the bus's measured host-to-device rate.
   void* pinned = nullptr;
   CUDA_CHECK(cudaMallocHost(&pinned, bytes));
-  std::memset(pinned, 0x5A, bytes);
+  for (size_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(pinned)[i] = static_cast<uint8_t>(i * 131);
   DeviceBuffer<uint8_t> dst(bytes);
   std::vector<double> v;
   for (int i = 0; i < 5; ++i) {
@@ -368,7 +375,7 @@ std::string KernelBenchToText(const nlohmann::json& r) {
     absl::StrAppend(&s, "\nupload: ", u["error"].get<std::string>(), "\n");
   } else {
     absl::StrAppendFormat(&s,
-                          "\nhost RAM -> HBM pages (%.0f MB): page-locked in place %.1f GB/s, "
+                          "\nhost RAM (a read-only memfd mapping, as the arena) -> HBM pages (%.0f MB): page-locked in place %.1f GB/s, "
                           "pageable %.1f GB/s; pinned cudaMemcpy %.1f GB/s; ratio %.3f\n",
                           u["bytes"].get<double>() / 1e6, u["pages_gbps"].get<double>(),
                           u["pageable_gbps"].get<double>(), u["pinned_memcpy_gbps"].get<double>(),
