@@ -1,6 +1,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "engine/cpu/exp.h"
 #include "kernels/fp_codes.cuh"
 #include "kernels/kv_ops_kernel.cuh"
 
@@ -148,12 +149,12 @@ __global__ void SparseAttentionKernel(const float* q, int64_t queries, int64_t h
     float d = 0.0f;
     for (int64_t e = 0; e < dim; ++e)
       d = fmaf(qh[e], KeyElement(window, paged, list[k], dim, e), d);
-    const float p = expf(__fsub_rn(__fmul_rn(d, scale), mx));
+    const float p = cpu::ExpF(__fsub_rn(__fmul_rn(d, scale), mx));
     den = __fadd_rn(den, p);
     for (int64_t e = 0; e < dim; ++e)
       oh[e] = fmaf(p, KeyElement(window, paged, list[k], dim, e), oh[e]);
   }
-  den = __fadd_rn(den, expf(__fsub_rn(sink[h], mx)));
+  den = __fadd_rn(den, cpu::ExpF(__fsub_rn(sink[h], mx)));
   for (int64_t e = 0; e < dim; ++e) oh[e] /= den;
 }
 

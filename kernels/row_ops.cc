@@ -67,4 +67,11 @@ absl::StatusOr<HcOnDevice> HcCoefficientsOnDevice(std::span<const float> mixes,
   return HcOnDevice{pre.ToHost(), post.ToHost(), comb.ToHost()};
 }
 
+absl::StatusOr<std::vector<float>> ExpFOnDevice(std::span<const float> x) {
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dx(x), out(x.size());
+  CUDA_CHECK(LaunchExpF(dx.get(), static_cast<int64_t>(x.size()), out.get(), nullptr));
+  return out.ToHost();
+}
+
 }  // namespace kvc::cuda

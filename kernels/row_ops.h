@@ -29,4 +29,7 @@ struct HcOnDevice {
                                                                 std::span<const float> scale,
                                                                 int hc, int iters, float eps);
 
+// cpu::ExpF of every value, computed on the device.
+[[nodiscard]] absl::StatusOr<std::vector<float>> ExpFOnDevice(std::span<const float> x);
+
 }  // namespace kvc::cuda

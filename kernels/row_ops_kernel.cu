@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "engine/cpu/exp.h"
 #include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
@@ -44,13 +45,19 @@ __global__ void PoolGroupsKernel(const float* kv, const float* score, int64_t gr
   float mx = -INFINITY;
   for (int64_t t = 0; t < ratio; ++t) mx = fmaxf(mx, s[t * dim + ch]);
   float den = 0.0f;
-  for (int64_t t = 0; t < ratio; ++t) den = __fadd_rn(den, expf(__fsub_rn(s[t * dim + ch], mx)));
+  for (int64_t t = 0; t < ratio; ++t)
+    den = __fadd_rn(den, cpu::ExpF(__fsub_rn(s[t * dim + ch], mx)));
   float acc = 0.0f;
   for (int64_t t = 0; t < ratio; ++t) {
     acc = __fadd_rn(
-        acc, __fmul_rn(k[t * dim + ch], __fdiv_rn(expf(__fsub_rn(s[t * dim + ch], mx)), den)));
+        acc, __fmul_rn(k[t * dim + ch], __fdiv_rn(cpu::ExpF(__fsub_rn(s[t * dim + ch], mx)), den)));
   }
   out[id] = acc;
+}
+
+__global__ void ExpFKernel(const float* x, int64_t n, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = cpu::ExpF(x[i]);
 }
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -125,6 +132,12 @@ cudaError_t LaunchHcCoefficients(const float* m, const float* base, const float*
   if (rows == 0) return cudaSuccess;
   HcKernel<<<Blocks(rows), kThreads, 0, stream>>>(m, base, scale, rows, hc, iters, eps, pre, post,
                                                   comb);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchExpF(const float* x, int64_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ExpFKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, out);
   return cudaGetLastError();
 }
 

@@ -24,4 +24,7 @@ cudaError_t LaunchHcCoefficients(const float* m, const float* base, const float*
                                  int64_t rows, int hc, int iters, float eps, float* pre,
                                  float* post, float* comb, cudaStream_t stream);
 
+// out[i] = cpu::ExpF(x[i]) (engine/cpu/exp.h), for the parity test of the shared exp.
+cudaError_t LaunchExpF(const float* x, int64_t n, float* out, cudaStream_t stream);
+
 }  // namespace kvc::cuda

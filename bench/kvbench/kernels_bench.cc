@@ -197,7 +197,8 @@ nlohmann::json UploadCase(const Shapes& s, cuda::DevicePages& pages, int64_t mib
   void* host = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   close(fd);
   if (writer == MAP_FAILED || host == MAP_FAILED) return {{"error", "mmap failed"}};
-  for (size_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(writer)[i] = static_cast<uint8_t>(i * 131);
+  for (size_t i = 0; i < bytes; ++i)
+    static_cast<uint8_t*>(writer)[i] = static_cast<uint8_t>(i * 131);
   munmap(writer, bytes);
   const std::span<const uint8_t> span(static_cast<const uint8_t*>(host), bytes);
   auto time_upload = [&] {  // GB/s, or -1 when an upload fails
@@ -220,7 +221,8 @@ nlohmann::json UploadCase(const Shapes& s, cuda::DevicePages& pages, int64_t mib
   // The peer: cudaMemcpy from pinned memory, the bus's measured host-to-device rate.
   void* pinned = nullptr;
   CUDA_CHECK(cudaMallocHost(&pinned, bytes));
-  for (size_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(pinned)[i] = static_cast<uint8_t>(i * 131);
+  for (size_t i = 0; i < bytes; ++i)
+    static_cast<uint8_t*>(pinned)[i] = static_cast<uint8_t>(i * 131);
   DeviceBuffer<uint8_t> dst(bytes);
   std::vector<double> v;
   for (int i = 0; i < 5; ++i) {
@@ -375,7 +377,8 @@ std::string KernelBenchToText(const nlohmann::json& r) {
     absl::StrAppend(&s, "\nupload: ", u["error"].get<std::string>(), "\n");
   } else {
     absl::StrAppendFormat(&s,
-                          "\nhost RAM (a read-only memfd mapping, as the arena) -> HBM pages (%.0f MB): page-locked in place %.1f GB/s, "
+                          "\nhost RAM (a read-only memfd mapping, as the arena) -> HBM pages (%.0f "
+                          "MB): page-locked in place %.1f GB/s, "
                           "pageable %.1f GB/s; pinned cudaMemcpy %.1f GB/s; ratio %.3f\n",
                           u["bytes"].get<double>() / 1e6, u["pages_gbps"].get<double>(),
                           u["pageable_gbps"].get<double>(), u["pinned_memcpy_gbps"].get<double>(),

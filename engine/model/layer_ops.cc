@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/cpu/exp.h"
 #include "engine/cpu/ops.h"
 
 namespace kvc::model {
@@ -14,10 +15,10 @@ std::vector<float> PoolGroup(const float* kv, const float* score, int64_t ratio,
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t t = 0; t < ratio; ++t) mx = std::max(mx, score[t * dim + ch]);
     float den = 0.0f;
-    for (int64_t t = 0; t < ratio; ++t) den += std::exp(score[t * dim + ch] - mx);
+    for (int64_t t = 0; t < ratio; ++t) den += cpu::ExpF(score[t * dim + ch] - mx);
     float acc = 0.0f;
     for (int64_t t = 0; t < ratio; ++t)
-      acc += kv[t * dim + ch] * (std::exp(score[t * dim + ch] - mx) / den);
+      acc += kv[t * dim + ch] * (cpu::ExpF(score[t * dim + ch] - mx) / den);
     out[ch] = acc;
   }
   return out;
@@ -37,11 +38,11 @@ void AttendHead(const float* q, std::span<const float* const> keys, int64_t dim,
   if (keys.empty()) return;
   float den = 0.0f;
   for (size_t t = 0; t < keys.size(); ++t) {
-    const float p = std::exp(sc[t] - mx);
+    const float p = cpu::ExpF(sc[t] - mx);
     den += p;
     for (int64_t e = 0; e < dim; ++e) o[e] = std::fmaf(p, keys[t][e], o[e]);
   }
-  den += std::exp(sink - mx);
+  den += cpu::ExpF(sink - mx);
   for (int64_t e = 0; e < dim; ++e) o[e] /= den;
 }
 

@@ -5,8 +5,10 @@
 #include "kernels/row_ops.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
+#include "engine/cpu/exp.h"
 #include "engine/cpu/ops.h"
 #include "engine/model/layer_ops.h"
 #include "gtest/gtest.h"
@@ -55,7 +57,33 @@ TEST_F(RowOpsCudaTest, RopeMatchesTheCpu) {
   }
 }
 
-TEST_F(RowOpsCudaTest, PoolGroupsMatchesTheCpu) {
+// The engine's exp has the same bits on both sides: a sweep of every 1021st float (NaNs,
+// infinities, subnormal results included) and random values in the softmax range.
+TEST_F(RowOpsCudaTest, ExpFIsTheSameOnTheDevice) {
+  std::vector<float> x;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 1021) {
+    const uint32_t bits = static_cast<uint32_t>(u);
+    float v;
+    std::memcpy(&v, &bits, 4);
+    x.push_back(v);
+  }
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<float> r = NormalFloats(rng, 1 << 20, 20.0f);
+  x.insert(x.end(), r.begin(), r.end());
+  absl::StatusOr<std::vector<float>> got = ExpFOnDevice(x);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = cpu::ExpF(x[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan((*got)[i])) << x[i];
+    } else {
+      ASSERT_EQ(std::memcmp(&(*got)[i], &want, 4), 0)
+          << "exp(" << x[i] << "): " << (*got)[i] << " vs " << want;
+    }
+  }
+}
+
+TEST_F(RowOpsCudaTest, PoolGroupsMatchesTheCpuBitForBit) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int64_t groups = 17, ratio = 2, dim = 64;
   const std::vector<float> kv = NormalFloats(rng, groups * ratio * dim, 1.0f),
@@ -66,7 +94,8 @@ TEST_F(RowOpsCudaTest, PoolGroupsMatchesTheCpu) {
     const std::vector<float> want =
         model::PoolGroup(&kv[g * ratio * dim], &score[g * ratio * dim], ratio, dim);
     for (int64_t c = 0; c < dim; ++c) {
-      EXPECT_NEAR((*got)[g * dim + c], want[c], 1e-5f * (1 + std::abs(want[c])));
+      ASSERT_EQ(std::memcmp(&(*got)[g * dim + c], &want[c], 4), 0)  // ExpF on both sides
+          << "group " << g << " channel " << c << ": " << (*got)[g * dim + c] << " vs " << want[c];
     }
   }
 }

@@ -3,10 +3,12 @@
 
 #include <cmath>
 #include <complex>
+#include <cstring>
 #include <limits>
 #include <numbers>
 #include <random>
 
+#include "engine/cpu/exp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
 
@@ -115,6 +117,37 @@ TEST(OpsTest, TopKBreaksTiesTowardsLowerIndexAndSkipsMinusInfinity) {
   order.resize(17);
   std::sort(order.begin(), order.end());
   EXPECT_EQ(got, order);
+}
+
+// ExpF (the engine's exp, the same bits on the CPU and the GPU) against exp in double:
+// within 1 ulp over a sweep of every 4099th float, and the edges right.
+TEST(OpsTest, ExpFIsWithinOneUlpAndHandlesTheEdges) {
+  int64_t checked = 0;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) {
+    const uint32_t bits = static_cast<uint32_t>(u);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    if (std::isnan(x)) continue;
+    const double ref = std::exp(static_cast<double>(x));
+    const float got = ExpF(x);
+    if (ref > std::numeric_limits<float>::max()) {
+      ASSERT_TRUE(std::isinf(got)) << x;
+      continue;
+    }
+    const float lo = static_cast<float>(ref);
+    const double ulp = std::nextafter(lo, std::numeric_limits<float>::infinity()) - lo;
+    ASSERT_LE(std::abs(static_cast<double>(got) - ref), ulp) << "x " << x;
+    ++checked;
+  }
+  EXPECT_GT(checked, 700000);  // the rest are NaNs or overflow to +inf
+  EXPECT_EQ(ExpF(0.0f), 1.0f);
+  EXPECT_EQ(ExpF(-0.0f), 1.0f);
+  EXPECT_EQ(ExpF(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isinf(ExpF(std::numeric_limits<float>::infinity())));
+  EXPECT_TRUE(std::isnan(ExpF(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isinf(ExpF(88.8f)));
+  EXPECT_GT(ExpF(-100.0f), 0.0f);  // a subnormal, not flushed
+  EXPECT_LT(ExpF(-100.0f), std::numeric_limits<float>::min());
 }
 
 }  // namespace

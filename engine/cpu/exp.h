@@ -1,0 +1,69 @@
+// ExpF: e^x in float with the same bits on the CPU and on a GPU. Header-only and written
+// for both compilers (g++ C++20 and nvcc C++17): every double operation is a separate
+// multiply or add, never fused — on the host ISO C++ does not contract, on the device the
+// explicit __dmul_rn/__dadd_rn forbid it — so the softmax of the engine's attention and
+// compressor pooling can be computed bit for bit alike by its CPU code and its kernels.
+// (The C library's expf differs from CUDA's by up to 2 ulp, and between libm builds.)
+//
+// Accuracy: x = k·ln2 + r with |r| <= ln2/2 (Cody–Waite, ln2 in two parts), e^r by its
+// Taylor series to r^11 (truncation < 3e-13 relative) in double, then 2^k exactly and one
+// rounding to float: within 1 ulp, correctly rounded except within ~1e-12 of a tie.
+#pragma once
+
+#include <math.h>
+
+#if defined(__CUDACC__)
+#define KVC_HOST_DEVICE __host__ __device__
+#else
+#define KVC_HOST_DEVICE
+#endif
+
+namespace kvc::cpu {
+namespace exp_detail {
+
+KVC_HOST_DEVICE inline double Mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+KVC_HOST_DEVICE inline double Add(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+}  // namespace exp_detail
+
+KVC_HOST_DEVICE inline float ExpF(float x) {
+  using exp_detail::Add;
+  using exp_detail::Mul;
+  if (!(x == x)) return x;                       // NaN
+  if (x > 88.72283935546875f) return HUGE_VALF;  // above log(FLT_MAX): +inf
+  if (x < -104.0f) return 0.0f;                  // below half the least subnormal
+  const double kLog2e = 1.4426950408889634;
+  const double kLn2Hi = 0.6931471803691238;  // 0x3fe62e42fee00000: k·kLn2Hi is exact
+  const double kLn2Lo = 1.9082149292705877e-10;
+  const double xd = x;
+  const double k = rint(Mul(xd, kLog2e));
+  const double r = Add(Add(xd, -Mul(k, kLn2Hi)), -Mul(k, kLn2Lo));
+  double p = 2.505210838544172e-08;  // 1/11!
+  p = Add(Mul(p, r), 2.755731922398589e-07);
+  p = Add(Mul(p, r), 2.7557319223985893e-06);
+  p = Add(Mul(p, r), 2.48015873015873e-05);
+  p = Add(Mul(p, r), 0.0001984126984126984);
+  p = Add(Mul(p, r), 0.001388888888888889);
+  p = Add(Mul(p, r), 0.008333333333333333);
+  p = Add(Mul(p, r), 0.041666666666666664);
+  p = Add(Mul(p, r), 0.16666666666666666);
+  p = Add(Mul(p, r), 0.5);
+  p = Add(Mul(p, r), 1.0);
+  p = Add(Mul(p, r), 1.0);
+  return static_cast<float>(ldexp(p, static_cast<int>(k)));
+}
+
+}  // namespace kvc::cpu
