@@ -134,14 +134,13 @@ int Main(int argc, char** argv) {
   const std::string weights = (work / "mini.safetensors").string();
   if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok())
     return fail(std::string(s.message()));
-  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = model::MakeMatmulBackend(backend);
-  if (!mm.ok()) return fail(std::string(mm.status().message()));
-  if (replay == "exact" && !(*mm)->batch_invariant()) {
+  model::ModelOptions options;
+  if (absl::Status st = model::SelectBackends(backend, options); !st.ok())
+    return fail(std::string(st.message()));
+  if (replay == "exact" && !options.matmul->batch_invariant()) {
     return fail(absl::StrCat("--replay exact needs a batch-invariant backend; ", backend,
                              " is not (use --backend cuda, or --replay bounded)"));
   }
-  model::ModelOptions options;
-  options.matmul = *std::move(mm);
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return fail(std::string(loaded.status().message()));

@@ -65,15 +65,13 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
   config_text << cin.rdbuf();
   absl::StatusOr<ModelConfig> config = ParseModelConfig(config_text.str(), config_path);
   if (!config.ok()) return config.status();
-  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = model::MakeMatmulBackend(backend);
-  if (!mm.ok()) return mm.status();
-  if (replay == "exact" && !(*mm)->batch_invariant()) {
+  model::ModelOptions options;
+  if (absl::Status st = model::SelectBackends(backend, options); !st.ok()) return st;
+  if (replay == "exact" && !options.matmul->batch_invariant()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--replay exact needs a batch-invariant backend; ", backend,
                      " is not (use --backend cuda, or --replay bounded)"));
   }
-  model::ModelOptions options;
-  options.matmul = *std::move(mm);
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return loaded.status();

@@ -124,7 +124,8 @@ class ModelImpl {
   std::vector<int64_t> targets;            // DSpark target layers, in order
   DraftWeights draft;
 
-  std::unique_ptr<MatmulBackend> mm;  // where every matrix product runs
+  std::unique_ptr<MatmulBackend> mm;       // where every matrix product runs
+  std::unique_ptr<AttentionBackend> attn;  // where the sparse attention runs
 
   absl::Status LoadWeights(const SafetensorsFile& f);
   // Every weight matrix, for the matmul backend to keep resident.
@@ -154,11 +155,11 @@ class ModelImpl {
                           std::vector<float>& kv) const;
   void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                       const std::vector<float>& x, std::vector<float>& out) const;
-  // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `gather`
-  // lists for each query, then the grouped low-rank output projection.
+  // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `batch`
+  // lists for each query (window, entries, compressed rows), then the inverse RoPE and the
+  // grouped low-rank output projection.
   void AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
-                        const std::function<void(int64_t, std::vector<const float*>&)>& gather,
-                        std::vector<float>& out) const;
+                        AttentionBatch batch, std::vector<float>& out) const;
   // Runs `tokens` after the sequence's last token; logits of every one.
   std::vector<std::vector<float>> Extend(SequenceState& s, std::span<const uint32_t> tokens) const;
   // The decoder's global KV for positions [a, b) from the encoder output (CED).
@@ -567,25 +568,37 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       selected = &topk.at(plan.topk_layer);
     }
   }
-  // Each query attends its window and its selected compressed rows.
-  AttendAndProject(
-      l, a, rows, q,
-      [&](int64_t r, std::vector<const float*>& keys) {
-        const int64_t i = a + r;
-        for (int64_t p = std::max(ls.window_start, i - win + 1); p <= i; ++p) {
-          if (p >= a) {
-            keys.push_back(&kv[(p - a) * hd]);
-          } else {
-            KVC_CHECK(ls.ring_pos[p % win] == p)
-                << "layer " << l << ": window row " << p << " missing";
-            keys.push_back(&ls.ring[(p % win) * hd]);
-          }
-        }
-        if (selected != nullptr) {
-          for (int32_t j : (*selected)[r]) keys.push_back(&kv_src->main_f[j * hd]);
-        }
-      },
-      out);
+  // Each query attends its window and its selected compressed rows. The window rows:
+  // the ring (slot p % win holds position p), then this pass's own rows.
+  std::vector<float> window(ls.ring);
+  window.insert(window.end(), kv.begin(), kv.end());
+  std::vector<int32_t> offsets = {0}, entries;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = a + r;
+    for (int64_t p = std::max(ls.window_start, i - win + 1); p <= i; ++p) {
+      if (p >= a) {
+        entries.push_back(static_cast<int32_t>(win + (p - a)));
+      } else {
+        KVC_CHECK(ls.ring_pos[p % win] == p) << "layer " << l << ": window row " << p << " missing";
+        entries.push_back(static_cast<int32_t>(p % win));
+      }
+    }
+    if (selected != nullptr) {
+      for (int32_t j : (*selected)[r]) entries.push_back(-j - 1);
+    }
+    offsets.push_back(static_cast<int32_t>(entries.size()));
+  }
+  AttentionBatch batch;
+  batch.window = window;
+  batch.offsets = offsets;
+  batch.entries = entries;
+  if (selected != nullptr) {
+    batch.compressed = kv_src->main_f.data();
+    batch.pages = s.pages;
+    batch.layout = &layout;
+    batch.layer = plan.kv_layer;
+  }
+  AttendAndProject(l, a, rows, q, batch, out);
   // The window ring keeps the last `win` rows of this pass.
   for (int64_t p = std::max(a, b - win); p < b; ++p) {
     std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,
@@ -594,24 +607,23 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   }
 }
 
-void ModelImpl::AttendAndProject(
-    int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
-    const std::function<void(int64_t, std::vector<const float*>&)>& gather,
-    std::vector<float>& out) const {
+void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
+                                 AttentionBatch batch, std::vector<float>& out) const {
   const AttentionWeights& w = layers[l].attn;
   // Sparse MQA: the same row is key and value; the sink enters the denominator only.
   std::vector<float> o(rows * H * hd);
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  batch.queries = rows;
+  batch.heads = H;
+  batch.dim = hd;
+  batch.q = q.data();
+  batch.sink = w.sink.data();
+  batch.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  batch.out = o.data();
+  attn->Attend(batch);
   cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<const float*> keys;
     for (int64_t r = r0; r < r1; ++r) {
-      keys.clear();
-      gather(r, keys);
-      for (int64_t h = 0; h < H; ++h) {
-        float* oh = &o[(r * H + h) * hd];
-        AttendHead(&q[(r * H + h) * hd], keys, hd, w.sink[h], scale, oh);
-        cpu::ApplyRope(oh, hd, freqs[l], a + r, /*inverse=*/true);
-      }
+      for (int64_t h = 0; h < H; ++h)
+        cpu::ApplyRope(&o[(r * H + h) * hd], hd, freqs[l], a + r, /*inverse=*/true);
     }
   });
   // Grouped low-rank output.
@@ -637,15 +649,23 @@ void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b
   QueriesAndWindowKv(l, a, rows, x, qr, q, kv);
   // Every draft query sees the main model's window (accepted positions, from the ring, in
   // position order) and the whole draft block: attention inside the block is bidirectional.
-  AttendAndProject(
-      l, a, rows, q,
-      [&](int64_t, std::vector<const float*>& keys) {
-        for (int64_t p = std::max<int64_t>(0, a - win); p < a; ++p) {
-          if (ls.ring_pos[p % win] == p) keys.push_back(&ls.ring[(p % win) * hd]);
-        }
-        for (int64_t r = 0; r < rows; ++r) keys.push_back(&kv[r * hd]);
-      },
-      out);
+  std::vector<float> window(ls.ring);
+  window.insert(window.end(), kv.begin(), kv.end());
+  std::vector<int32_t> shared;
+  for (int64_t p = std::max<int64_t>(0, a - win); p < a; ++p) {
+    if (ls.ring_pos[p % win] == p) shared.push_back(static_cast<int32_t>(p % win));
+  }
+  for (int64_t r = 0; r < rows; ++r) shared.push_back(static_cast<int32_t>(win + r));
+  std::vector<int32_t> offsets = {0}, entries;
+  for (int64_t r = 0; r < rows; ++r) {
+    entries.insert(entries.end(), shared.begin(), shared.end());
+    offsets.push_back(static_cast<int32_t>(entries.size()));
+  }
+  AttentionBatch batch;
+  batch.window = window;
+  batch.offsets = offsets;
+  batch.entries = entries;
+  AttendAndProject(l, a, rows, q, batch, out);
 }
 
 void ModelImpl::UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
@@ -892,6 +912,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
 }
 
 const char* Model::matmul_backend() const { return impl_->mm->name(); }
+const char* Model::attention_backend() const { return impl_->attn->name(); }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
                                                    const std::string& weights_path,
@@ -899,6 +920,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
   const int64_t chunk_tokens = options.chunk_tokens;
   auto m = std::make_unique<ModelImpl>();
   m->mm = options.matmul ? std::move(options.matmul) : MakeCpuMatmul();
+  m->attn = options.attention ? std::move(options.attention) : MakeCpuAttention();
   m->c = config;
   absl::StatusOr<LayerSchedule> sched = BuildLayerSchedule(config);
   if (!sched.ok()) return sched.status();

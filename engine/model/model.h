@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/attention_backend.h"
 #include "engine/model/matmul.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/layer_schedule.h"
@@ -89,6 +90,8 @@ struct ModelOptions {
   // Where the matrix products run (null: the CPU). The model owns it; Load registers
   // every weight with it.
   std::unique_ptr<MatmulBackend> matmul;
+  // Where the sparse attention runs (null: the CPU). Owned by the model.
+  std::unique_ptr<AttentionBackend> attention;
 };
 
 class Model {
@@ -103,6 +106,7 @@ class Model {
                                                      ModelOptions options);
   ~Model();
   const char* matmul_backend() const;
+  const char* attention_backend() const;
 
   const ModelConfig& config() const;
   const LayerSchedule& schedule() const;

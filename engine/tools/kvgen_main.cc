@@ -94,9 +94,7 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   if (!config.ok()) return config.status();
   model::ModelOptions options;
   options.chunk_tokens = chunk_tokens;
-  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = model::MakeMatmulBackend(backend);
-  if (!mm.ok()) return mm.status();
-  options.matmul = *std::move(mm);
+  if (absl::Status st = model::SelectBackends(backend, options); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(*config, weights_path, std::move(options));
   if (!loaded.ok()) return loaded.status();
@@ -120,6 +118,7 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   }
   nlohmann::json out;
   out["backend"] = m.matmul_backend();
+  out["attention_backend"] = m.attention_backend();
   model::Sequence seq = m.NewSequence();
   absl::StatusOr<std::vector<float>> logits;
   Clock::time_point t0;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #if KVC_WITH_CUDA
+#include "kernels/cuda_attention.h"
 #include "kernels/cuda_matmul.h"
 #endif
 
@@ -19,6 +20,20 @@ absl::StatusOr<std::unique_ptr<MatmulBackend>> MakeMatmulBackend(const std::stri
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--backend is \"", name, "\"; use cpu, cuda or cublas"));
+}
+
+absl::Status SelectBackends(const std::string& name, ModelOptions& options) {
+  absl::StatusOr<std::unique_ptr<MatmulBackend>> mm = MakeMatmulBackend(name);
+  if (!mm.ok()) return mm.status();
+  options.matmul = *std::move(mm);
+#if KVC_WITH_CUDA
+  if (name != "cpu") {
+    absl::StatusOr<std::unique_ptr<AttentionBackend>> at = cuda::MakeCudaAttention();
+    if (!at.ok()) return at.status();
+    options.attention = *std::move(at);
+  }
+#endif
+  return absl::OkStatus();
 }
 
 }  // namespace kvc::model

@@ -1,6 +1,7 @@
-// The matmul backend a program's --backend flag names: "cpu" (the default), "cuda" (the
-// GPU with the CPU's bits) or "cublas" (the GPU through cuBLAS; no exact replay). The two
-// GPU ones exist only in builds with the CUDA backend; elsewhere they are a clear error.
+// The backends a program's --backend flag names: "cpu" (the default), "cuda" (matrix
+// products and attention on the GPU, with the CPU's bits) or "cublas" (products through
+// cuBLAS, attention as for cuda; no exact replay). The GPU ones exist only in builds with
+// the CUDA backend; elsewhere they are a clear error.
 #pragma once
 
 #include <memory>
@@ -8,11 +9,14 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/matmul.h"
+#include "engine/model/model.h"
 
 namespace kvc::model {
 
 // InvalidArgument for an unknown name; FailedPrecondition for a GPU backend without a GPU
 // or in a build without CUDA.
 absl::StatusOr<std::unique_ptr<MatmulBackend>> MakeMatmulBackend(const std::string& name);
+// Sets options.matmul and options.attention for `name` (errors as above).
+absl::Status SelectBackends(const std::string& name, ModelOptions& options);
 
 }  // namespace kvc::model

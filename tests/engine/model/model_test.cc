@@ -12,6 +12,7 @@
 
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
+#include "engine/spec/kv_codec.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
@@ -176,6 +177,70 @@ TEST_F(ModelTest, ExactReplayIsRefusedWithABackendThatIsNotBatchInvariant) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("batch-invariant"), std::string::npos) << r.status();
   EXPECT_TRUE((*m)->Resume(bounded, pages, 64, prompt, ReplayMode::kBounded).ok());
+}
+
+// An attention backend that runs the CPU's, checks what the model hands it — every listed
+// compressed row equals its FP4 copy in the pages dequantized (the GPU reads the pages) —
+// and adds `nudge` to every output (0: the CPU's bits).
+class CheckingAttention final : public AttentionBackend {
+ public:
+  explicit CheckingAttention(float nudge) : nudge_(nudge) {}
+  const char* name() const override { return "checking"; }
+  void Attend(const AttentionBatch& b) const override {
+    ++calls;
+    for (int32_t e : b.entries) {
+      if (e >= 0) {
+        EXPECT_LT(static_cast<int64_t>(e + 1) * b.dim, static_cast<int64_t>(b.window.size()) + 1);
+        continue;
+      }
+      ++compressed_rows;
+      const int64_t j = -static_cast<int64_t>(e) - 1;
+      const ChunkSection& codes = b.layout->Section(b.layer, SectionKind::kMainCodes);
+      const ChunkSection& scales = b.layout->Section(b.layer, SectionKind::kMainScales);
+      const std::vector<uint8_t>& page = b.pages[j / codes.positions];
+      const int64_t local = j % codes.positions;
+      std::vector<float> row(b.dim);
+      Dequantize(KvFormat::kMainKv,
+                 std::span(page).subspan(codes.offset + local * b.dim / 2, b.dim / 2),
+                 std::span(page).subspan(scales.offset + local * b.dim / 16, b.dim / 16), row);
+      if (std::memcmp(row.data(), b.compressed + j * b.dim, b.dim * sizeof(float)) != 0)
+        ++mismatched_rows;
+    }
+    MakeCpuAttention()->Attend(b);
+    for (int64_t i = 0; i < b.queries * b.heads * b.dim; ++i) b.out[i] += nudge_;
+  }
+  mutable std::atomic<int64_t> calls{0}, compressed_rows{0}, mismatched_rows{0};
+
+ private:
+  const float nudge_;
+};
+
+TEST_F(ModelTest, AttentionGoesThroughItsBackendWithPagesMatchingTheRows) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 120);
+  Sequence ref = model_->NewSequence();
+  absl::StatusOr<std::vector<float>> want = model_->Prefill(ref, prompt, PrefillMode::kCed);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_STREQ(model_->attention_backend(), "cpu");
+  for (float nudge : {0.0f, 1e-3f}) {
+    auto checking = std::make_unique<CheckingAttention>(nudge);
+    const CheckingAttention* seen = checking.get();
+    ModelOptions options;
+    options.chunk_tokens = kChunk;
+    options.attention = std::move(checking);
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(*config_, weights_, std::move(options));
+    ASSERT_TRUE(m.ok()) << m.status();
+    Sequence s = (*m)->NewSequence();
+    absl::StatusOr<std::vector<float>> got = (*m)->Prefill(s, prompt, PrefillMode::kCed);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE((*m)->Decode(s, 7).ok());
+    EXPECT_EQ(std::memcmp(got->data(), want->data(), want->size() * sizeof(float)) == 0,
+              nudge == 0.0f)
+        << "nudge " << nudge;
+    EXPECT_GT(seen->calls.load(), config_->num_hidden_layers);
+    EXPECT_GT(seen->compressed_rows.load(), 0);
+    EXPECT_EQ(seen->mismatched_rows.load(), 0);
+  }
 }
 
 TEST_F(ModelTest, PagesOfAPrefixDoNotDependOnWhatFollows) {

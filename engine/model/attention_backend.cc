@@ -1,0 +1,35 @@
+#include "engine/model/attention_backend.h"
+
+#include "engine/cpu/thread_pool.h"
+#include "engine/model/layer_ops.h"
+
+namespace kvc::model {
+namespace {
+
+class CpuAttention final : public AttentionBackend {
+ public:
+  const char* name() const override { return "cpu"; }
+  void Attend(const AttentionBatch& b) const override {
+    cpu::ThreadPool::Default().ParallelFor(b.queries, 4, [&](int64_t r0, int64_t r1) {
+      std::vector<const float*> keys;
+      for (int64_t r = r0; r < r1; ++r) {
+        keys.clear();
+        for (int32_t k = b.offsets[r]; k < b.offsets[r + 1]; ++k) {
+          const int32_t e = b.entries[k];
+          keys.push_back(e >= 0 ? b.window.data() + static_cast<int64_t>(e) * b.dim
+                                : b.compressed + (-static_cast<int64_t>(e) - 1) * b.dim);
+        }
+        for (int64_t h = 0; h < b.heads; ++h) {
+          const int64_t at = (r * b.heads + h) * b.dim;
+          AttendHead(b.q + at, keys, b.dim, b.sink[h], b.scale, b.out + at);
+        }
+      }
+    });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBackend> MakeCpuAttention() { return std::make_unique<CpuAttention>(); }
+
+}  // namespace kvc::model

@@ -1,0 +1,94 @@
+#include "kernels/cuda_attention.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/cuda_check.h"
+#include "kernels/kv_dequant.h"
+#include "kernels/kv_ops.h"
+#include "kernels/kv_ops_kernel.cuh"
+
+namespace kvc::cuda {
+namespace {
+
+// A device allocation that only grows.
+class Grow {
+ public:
+  ~Grow() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  uint8_t* Reserve(size_t bytes) {
+    if (bytes > n_) {
+      if (p_ != nullptr) CUDA_CHECK(cudaFree(p_));
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes));
+      n_ = bytes;
+    }
+    return p_;
+  }
+
+ private:
+  uint8_t* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class CudaAttention final : public model::AttentionBackend {
+ public:
+  CudaAttention() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~CudaAttention() override { cudaStreamDestroy(stream_); }
+  const char* name() const override { return "cuda"; }
+
+  void Attend(const model::AttentionBatch& b) const override {
+    if (b.queries == 0) return;
+    std::lock_guard lock(mu_);
+    const size_t q_bytes = static_cast<size_t>(b.queries * b.heads * b.dim) * sizeof(float);
+    // The pages up to the last one a listed compressed row is in.
+    int64_t last_row = -1;
+    for (int32_t e : b.entries)
+      last_row = std::max<int64_t>(last_row, -static_cast<int64_t>(e) - 1);
+    PagedMainKv paged;
+    int64_t page_count = 0;
+    if (last_row >= 0) {
+      paged = MainSections(nullptr, *b.layout, b.layer);
+      page_count = last_row / paged.per_page + 1;
+    }
+    const size_t page_bytes = static_cast<size_t>(paged.page_bytes);
+    float* d_q = reinterpret_cast<float*>(q_.Reserve(q_bytes));
+    float* d_o = reinterpret_cast<float*>(o_.Reserve(q_bytes));
+    float* d_w = reinterpret_cast<float*>(window_.Reserve(b.window.size_bytes()));
+    float* d_sink = reinterpret_cast<float*>(sink_.Reserve(b.heads * sizeof(float)));
+    int32_t* d_off = reinterpret_cast<int32_t*>(offsets_.Reserve(b.offsets.size_bytes()));
+    int32_t* d_ent = reinterpret_cast<int32_t*>(entries_.Reserve(b.entries.size_bytes() + 4));
+    uint8_t* d_pages = pages_.Reserve(page_count * page_bytes + 1);
+    Copy(d_q, b.q, q_bytes);
+    Copy(d_w, b.window.data(), b.window.size_bytes());
+    Copy(d_sink, b.sink, b.heads * sizeof(float));
+    Copy(d_off, b.offsets.data(), b.offsets.size_bytes());
+    Copy(d_ent, b.entries.data(), b.entries.size_bytes());
+    for (int64_t p = 0; p < page_count; ++p)
+      Copy(d_pages + p * page_bytes, b.pages[p].data(), page_bytes);
+    paged.pages = d_pages;
+    CUDA_CHECK(LaunchSparseAttention(d_q, b.queries, b.heads, b.dim, d_w, paged, d_off, d_ent,
+                                     d_sink, b.scale, d_o, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(b.out, d_o, q_bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  void Copy(void* dst, const void* src, size_t bytes) const {
+    if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  mutable std::mutex mu_;  // one call at a time on the stream and the buffers
+  cudaStream_t stream_ = nullptr;
+  mutable Grow q_, o_, window_, sink_, offsets_, entries_, pages_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<model::AttentionBackend>> MakeCudaAttention() {
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  return std::make_unique<CudaAttention>();
+}
+
+}  // namespace kvc::cuda
