@@ -86,8 +86,17 @@ TEST(OpsTest, SinkhornGivesADoublyStochasticComb) {
     EXPECT_NEAR(c.post[j], 2 / (1 + std::exp(-(m[4 + j] + base[4 + j]))), 1e-6);
     float row = 0, col = 0;
     for (int k = 0; k < hc; ++k) row += c.comb[j * hc + k], col += c.comb[k * hc + j];
-    EXPECT_NEAR(row, 1.0f, 1e-3);
-    EXPECT_NEAR(col, 1.0f, 1e-5);  // the last step normalizes columns
+    // 20 alternating steps (the reference's count) do not always bring the rows within
+    // 1e-3 (a seed gave 1.05e-3); the last step normalizes the columns exactly.
+    EXPECT_NEAR(row, 1.0f, 0.05);
+    EXPECT_NEAR(col, 1.0f, 1e-5);
+  }
+  // With enough steps the rows converge too: the iteration is Sinkhorn's.
+  const HcCoefficients many = HcFromMixes(m, base, scale, hc, 500, 1e-6);
+  for (int j = 0; j < hc; ++j) {
+    float row = 0;
+    for (int k = 0; k < hc; ++k) row += many.comb[j * hc + k];
+    EXPECT_NEAR(row, 1.0f, 1e-4) << "row " << j;
   }
 }
 
