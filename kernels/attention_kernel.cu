@@ -151,7 +151,8 @@ __global__ void PagedIndexerAtKernel(const float* qi, const float* w, PagedIndex
   LoadQuery(qi, w, qn, heads, dim, qs, ws);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < per_query;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    score[qn * per_query + i] = IndexScore(qs, ws, paged, list[qn * per_query + i], heads, dim);
+    const int32_t t = list[qn * per_query + i];  // −1 pads a query's shorter list
+    score[qn * per_query + i] = t < 0 ? -INFINITY : IndexScore(qs, ws, paged, t, heads, dim);
   }
 }
 

@@ -41,7 +41,8 @@ cudaError_t LaunchPagedIndexerScores(const float* qi, const float* w, PagedIndex
                                      int64_t dim, int64_t positions, float* score,
                                      cudaStream_t stream);
 
-// Reindex: score[q][i] for the positions list[q·per_query + i] (per_query each).
+// Reindex: score[q][i] for the positions list[q·per_query + i] (per_query each; an entry
+// −1 pads a shorter list and scores −inf).
 cudaError_t LaunchPagedIndexerScoresAt(const float* qi, const float* w, PagedIndexKv paged,
                                        const int32_t* list, int64_t queries, int64_t per_query,
                                        int64_t heads, int64_t dim, float* score,

@@ -124,8 +124,9 @@ class ModelImpl {
   std::vector<int64_t> targets;            // DSpark target layers, in order
   DraftWeights draft;
 
-  std::unique_ptr<MatmulBackend> mm;       // where every matrix product runs
-  std::unique_ptr<AttentionBackend> attn;  // where the sparse attention runs
+  std::unique_ptr<MatmulBackend> mm;        // where every matrix product runs
+  std::unique_ptr<AttentionBackend> attn;   // where the sparse attention runs
+  std::unique_ptr<IndexerBackend> indexer;  // where the indexer scores and selects
 
   absl::Status LoadWeights(const SafetensorsFile& f);
   // Every weight matrix, for the matmul backend to keep resident.
@@ -519,50 +520,35 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       const LayerState& ks = s.layers[plan.index_k_layer];
       auto& sel = topk[l];
       sel.assign(rows, {});
-      if (plan.is_candidate_source) pool.assign(rows, {});
-      const int64_t bs = c.candidate_block_size;
-      // q·k for every head and key as one batch-invariant GEMM per block of queries (each
-      // element is the same fma chain over the head dim whatever the block), then the
-      // rectified, weighted head sum per key.
-      const int64_t max_cl = (b) / ratio;
+      const int64_t max_cl = b / ratio;
       KVC_CHECK(max_cl <= ks.entries)
           << "layer " << l << " needs " << max_cl << " index keys, has " << ks.entries;
-      const PackedMatrix keys(std::span<const float>(ks.index_f.data(), max_cl * Id), max_cl, Id);
-      constexpr int64_t kQueryBlock = 64;
-      const int64_t blocks = (rows + kQueryBlock - 1) / kQueryBlock;
-      cpu::ThreadPool::Default().ParallelFor(blocks, 1, [&](int64_t b0, int64_t b1) {
-        std::vector<float> qk, scores;
-        for (int64_t blk = b0; blk < b1; ++blk) {
-          const int64_t r0 = blk * kQueryBlock, r1 = std::min(rows, r0 + kQueryBlock);
-          const int64_t width = (a + r1) / ratio;  // keys the block's last query sees
-          const PackedMatrix* km = &keys;
-          PackedMatrix narrow;
-          if (width < max_cl) {
-            narrow = PackedMatrix(std::span<const float>(ks.index_f.data(), width * Id), width, Id);
-            km = &narrow;
-          }
-          qk.resize((r1 - r0) * IH * width);
-          mm->GemmSerial(&qi[r0 * IH * Id], (r1 - r0) * IH, *km, qk.data());
-          for (int64_t r = r0; r < r1; ++r) {
-            const int64_t cl = (a + r + 1) / ratio;
-            scores.assign(cl, 0.0f);
-            for (int64_t h = 0; h < IH; ++h) {
-              const float* d = &qk[((r - r0) * IH + h) * width];
-              const float wh = wts[r * IH + h];
-              for (int64_t t = 0; t < cl; ++t) scores[t] += std::max(d[t], 0.0f) * wh;
-            }
-            if (plan.is_candidate_source) {
-              pool[r] = CandidateMask(scores, bs, c.candidate_topk_blocks);
-            } else if (plan.candidate_pool_layer >= 0) {
-              const std::vector<uint8_t>& mask = pool[r];
-              for (int64_t t = 0; t < cl; ++t) {
-                if (t >= static_cast<int64_t>(mask.size()) || !mask[t]) scores[t] = kNegInf;
-              }
-            }
-            sel[r] = cpu::TopKAscending(scores, c.index_topk);
-          }
-        }
-      });
+      IndexerBatch ib;
+      ib.queries = rows;
+      ib.heads = IH;
+      ib.dim = Id;
+      ib.qi = qi.data();
+      ib.w = wts.data();
+      ib.first_position = a;
+      ib.ratio = ratio;
+      ib.keys = ks.index_f.data();
+      ib.key_rows = ks.entries;
+      ib.pages = s.pages;
+      ib.layout = &layout;
+      ib.layer = plan.index_k_layer;
+      ib.topk = c.index_topk;
+      ib.block = c.candidate_block_size;
+      ib.topk_blocks = c.candidate_topk_blocks;
+      ib.pool = &pool;
+      ib.selected = &sel;
+      ib.matmul = mm.get();
+      if (plan.is_candidate_source) {
+        ib.pool_use = PoolUse::kProduce;
+        pool.assign(rows, {});
+      } else if (plan.candidate_pool_layer >= 0) {
+        ib.pool_use = PoolUse::kApply;
+      }
+      indexer->Select(ib);
       selected = &sel;
     } else {
       selected = &topk.at(plan.topk_layer);
@@ -913,6 +899,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
 
 const char* Model::matmul_backend() const { return impl_->mm->name(); }
 const char* Model::attention_backend() const { return impl_->attn->name(); }
+const char* Model::indexer_backend() const { return impl_->indexer->name(); }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
                                                    const std::string& weights_path,
@@ -921,6 +908,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
   auto m = std::make_unique<ModelImpl>();
   m->mm = options.matmul ? std::move(options.matmul) : MakeCpuMatmul();
   m->attn = options.attention ? std::move(options.attention) : MakeCpuAttention();
+  m->indexer = options.indexer ? std::move(options.indexer) : MakeCpuIndexer();
   m->c = config;
   absl::StatusOr<LayerSchedule> sched = BuildLayerSchedule(config);
   if (!sched.ok()) return sched.status();

@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/attention_backend.h"
+#include "engine/model/indexer_backend.h"
 #include "engine/model/matmul.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/layer_schedule.h"
@@ -92,6 +93,8 @@ struct ModelOptions {
   std::unique_ptr<MatmulBackend> matmul;
   // Where the sparse attention runs (null: the CPU). Owned by the model.
   std::unique_ptr<AttentionBackend> attention;
+  // Where the indexer scores and selects (null: the CPU). Owned by the model.
+  std::unique_ptr<IndexerBackend> indexer;
 };
 
 class Model {
@@ -107,6 +110,7 @@ class Model {
   ~Model();
   const char* matmul_backend() const;
   const char* attention_backend() const;
+  const char* indexer_backend() const;
 
   const ModelConfig& config() const;
   const LayerSchedule& schedule() const;

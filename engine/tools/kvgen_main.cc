@@ -119,6 +119,7 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   nlohmann::json out;
   out["backend"] = m.matmul_backend();
   out["attention_backend"] = m.attention_backend();
+  out["indexer_backend"] = m.indexer_backend();
   model::Sequence seq = m.NewSequence();
   absl::StatusOr<std::vector<float>> logits;
   Clock::time_point t0;

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #if KVC_WITH_CUDA
 #include "kernels/cuda_attention.h"
+#include "kernels/cuda_indexer.h"
 #include "kernels/cuda_matmul.h"
 #endif
 
@@ -31,6 +32,9 @@ absl::Status SelectBackends(const std::string& name, ModelOptions& options) {
     absl::StatusOr<std::unique_ptr<AttentionBackend>> at = cuda::MakeCudaAttention();
     if (!at.ok()) return at.status();
     options.attention = *std::move(at);
+    absl::StatusOr<std::unique_ptr<IndexerBackend>> ix = cuda::MakeCudaIndexer();
+    if (!ix.ok()) return ix.status();
+    options.indexer = *std::move(ix);
   }
 #endif
   return absl::OkStatus();

@@ -1,7 +1,7 @@
 // The backends a program's --backend flag names: "cpu" (the default), "cuda" (matrix
-// products and attention on the GPU, with the CPU's bits) or "cublas" (products through
-// cuBLAS, attention as for cuda; no exact replay). The GPU ones exist only in builds with
-// the CUDA backend; elsewhere they are a clear error.
+// products, the indexer and attention on the GPU, with the CPU's bits) or "cublas"
+// (products through cuBLAS, the rest as for cuda; no exact replay). The GPU ones exist only in
+// builds with the CUDA backend; elsewhere they are a clear error.
 #pragma once
 
 #include <memory>
@@ -16,7 +16,7 @@ namespace kvc::model {
 // InvalidArgument for an unknown name; FailedPrecondition for a GPU backend without a GPU
 // or in a build without CUDA.
 absl::StatusOr<std::unique_ptr<MatmulBackend>> MakeMatmulBackend(const std::string& name);
-// Sets options.matmul and options.attention for `name` (errors as above).
+// Sets options.matmul, .indexer and .attention for `name` (errors as above).
 absl::Status SelectBackends(const std::string& name, ModelOptions& options);
 
 }  // namespace kvc::model

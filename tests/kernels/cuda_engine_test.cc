@@ -1,4 +1,4 @@
-// The engine with its matrix products and its sparse attention on the GPU against the CPU
+// The engine with its matrix products, indexer and sparse attention on the GPU against the CPU
 // engine, on random inputs (fresh seeds): the device GEMM equals the CPU GEMM bit for bit
 // for odd shapes; the mini model's logits and pages are the CPU's bits through prefill
 // (CED and full depth) and decode; exact resume is bit-identical to a cold run on the GPU. Skipped,
@@ -13,6 +13,7 @@
 #include "engine/model/weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_attention.h"
+#include "kernels/cuda_indexer.h"
 #include "kernels/cuda_matmul.h"
 #include "kernels/kv_dequant.h"
 #include "tests/testing/random.h"
@@ -76,12 +77,16 @@ class CudaEngineTest : public ::testing::Test {
     options.chunk_tokens = kChunk;
     options.matmul = *std::move(mm);
     options.attention = *std::move(at);
+    absl::StatusOr<std::unique_ptr<model::IndexerBackend>> ix = MakeCudaIndexer();
+    ASSERT_TRUE(ix.ok()) << ix.status();
+    options.indexer = *std::move(ix);
     absl::StatusOr<std::unique_ptr<model::Model>> g =
         model::Model::Load(config_, weights_, std::move(options));
     ASSERT_TRUE(g.ok()) << g.status();
     gpu_ = *std::move(g);
     ASSERT_STREQ(gpu_->matmul_backend(), "cuda");
     ASSERT_STREQ(gpu_->attention_backend(), "cuda");
+    ASSERT_STREQ(gpu_->indexer_backend(), "cuda");
   }
   std::vector<uint32_t> Prompt(std::mt19937_64& rng, int64_t n) const {
     std::vector<uint32_t> t(n);

@@ -243,6 +243,60 @@ TEST_F(ModelTest, AttentionGoesThroughItsBackendWithPagesMatchingTheRows) {
   }
 }
 
+// An indexer backend that runs the CPU's and checks what the model hands it: every visible
+// index key equals its FP4 copy in the pages dequantized (the GPU scores from the pages),
+// and the candidate pool is produced by one layer and applied by others.
+class CheckingIndexer final : public IndexerBackend {
+ public:
+  const char* name() const override { return "checking"; }
+  void Select(const IndexerBatch& b) const override {
+    ++calls;
+    (b.pool_use == PoolUse::kProduce ? produced
+     : b.pool_use == PoolUse::kApply ? applied
+                                     : plain)++;
+    const int64_t max_cl = (b.first_position + b.queries) / b.ratio;
+    const ChunkSection& codes = b.layout->Section(b.layer, SectionKind::kIndexCodes);
+    const ChunkSection& scales = b.layout->Section(b.layer, SectionKind::kIndexScales);
+    std::vector<float> row(b.dim);
+    for (int64_t t = 0; t < max_cl; ++t) {
+      const std::vector<uint8_t>& page = b.pages[t / codes.positions];
+      const int64_t local = t % codes.positions;
+      Dequantize(KvFormat::kIndexK,
+                 std::span(page).subspan(codes.offset + local * b.dim / 2, b.dim / 2),
+                 std::span(page).subspan(scales.offset + local * b.dim / 32, b.dim / 32), row);
+      if (std::memcmp(row.data(), b.keys + t * b.dim, b.dim * sizeof(float)) != 0) ++mismatched;
+    }
+    MakeCpuIndexer()->Select(b);
+  }
+  mutable std::atomic<int64_t> calls{0}, produced{0}, applied{0}, plain{0}, mismatched{0};
+};
+
+TEST_F(ModelTest, TheIndexerGoesThroughItsBackendWithPagesMatchingTheKeys) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 120);
+  Sequence ref = model_->NewSequence();
+  absl::StatusOr<std::vector<float>> want = model_->Prefill(ref, prompt, PrefillMode::kFullDepth);
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto checking = std::make_unique<CheckingIndexer>();
+  const CheckingIndexer* seen = checking.get();
+  ModelOptions options;
+  options.chunk_tokens = kChunk;
+  options.indexer = std::move(checking);
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(*config_, weights_, std::move(options));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_STREQ((*m)->indexer_backend(), "checking");
+  Sequence s = (*m)->NewSequence();
+  absl::StatusOr<std::vector<float>> got = (*m)->Prefill(s, prompt, PrefillMode::kFullDepth);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(std::memcmp(got->data(), want->data(), want->size() * sizeof(float)), 0);
+  std::printf("indexer calls: %ld producing the pool, %ld applying it, %ld plain\n",
+              static_cast<long>(seen->produced.load()), static_cast<long>(seen->applied.load()),
+              static_cast<long>(seen->plain.load()));
+  EXPECT_GT(seen->produced.load(), 0);
+  EXPECT_GT(seen->applied.load(), 0);
+  EXPECT_EQ(seen->mismatched.load(), 0);
+}
+
 TEST_F(ModelTest, PagesOfAPrefixDoNotDependOnWhatFollows) {
   std::mt19937_64 rng(testing::FreshSeed());
   const std::vector<uint32_t> prompt = Prompt(rng, 150);
