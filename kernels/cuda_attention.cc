@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kernels/cuda_check.h"
+#include "kernels/device_buffer.h"
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops.h"
 #include "kernels/kv_ops_kernel.cuh"
@@ -13,25 +14,7 @@
 namespace kvc::cuda {
 namespace {
 
-// A device allocation that only grows.
-class Grow {
- public:
-  ~Grow() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  uint8_t* Reserve(size_t bytes) {
-    if (bytes > n_) {
-      if (p_ != nullptr) CUDA_CHECK(cudaFree(p_));
-      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes));
-      n_ = bytes;
-    }
-    return p_;
-  }
-
- private:
-  uint8_t* p_ = nullptr;
-  size_t n_ = 0;
-};
+using Grow = GrowingDeviceBuffer<uint8_t>;
 
 class CudaAttention final : public model::AttentionBackend {
  public:

@@ -9,32 +9,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_check.h"
+#include "kernels/device_buffer.h"
 #include "kernels/gemm_kernel.cuh"
 #include "kernels/kv_dequant.h"
 
 namespace kvc::cuda {
 namespace {
 
-// A device allocation that only grows (per-call scratch).
-class Scratch {
- public:
-  ~Scratch() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  float* Reserve(size_t n) {
-    if (n > n_) {
-      if (p_ != nullptr) CUDA_CHECK(cudaFree(p_));
-      p_ = nullptr;
-      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(float)));
-      n_ = n;
-    }
-    return p_;
-  }
-
- private:
-  float* p_ = nullptr;
-  size_t n_ = 0;
-};
+using Scratch = GrowingDeviceBuffer<float>;
 
 class CudaMatmul final : public model::MatmulBackend {
  public:

@@ -1,5 +1,6 @@
 // DeviceBuffer: a device allocation of n elements, optionally a copy of a host span,
-// freed with the object (host wrappers of the kernels use it for their inputs and outputs).
+// freed with the object (host wrappers of the kernels use it for their inputs and outputs);
+// GrowingDeviceBuffer: reusable scratch for the engine's backends.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,6 +36,33 @@ class DeviceBuffer {
  private:
   size_t n_ = 0;
   T* p_ = nullptr;
+};
+
+// Per-call scratch on the device that only grows: Reserve(n) gives room for n elements,
+// reallocating (contents lost) when more than ever before is asked. The caller makes sure
+// no queued work still uses the old allocation (the backends synchronize every call).
+template <typename T>
+class GrowingDeviceBuffer {
+ public:
+  GrowingDeviceBuffer() = default;
+  ~GrowingDeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  GrowingDeviceBuffer(const GrowingDeviceBuffer&) = delete;
+  GrowingDeviceBuffer& operator=(const GrowingDeviceBuffer&) = delete;
+  T* Reserve(size_t n) {
+    if (n > n_) {
+      if (p_ != nullptr) CUDA_CHECK(cudaFree(p_));
+      p_ = nullptr;
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
 };
 
 }  // namespace kvc::cuda

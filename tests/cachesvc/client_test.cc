@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/cachesvc/daemon.h"
+#include "tests/cachesvc/random_prefix.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
@@ -22,19 +23,8 @@ using ::kvc::testing::Daemon;
 using ::kvc::testing::ReadFile;
 using ::kvc::testing::TempDir;
 
-struct Prefix {
-  std::vector<uint32_t> tokens;
-  std::vector<uint8_t> payloads;
-};
-
-Prefix MakePrefix(std::mt19937_64& rng, const RemoteNamespace& ns, size_t chunks) {
-  Prefix p;
-  for (size_t i = 0; i < chunks * ns.chunk_tokens; ++i)
-    p.tokens.push_back(static_cast<uint32_t>(rng() % 512));
-  p.payloads.resize(chunks * ns.chunk_bytes);
-  for (auto& b : p.payloads) b = static_cast<uint8_t>(rng());
-  return p;
-}
+using ::kvc::testing::MakePrefix;
+using ::kvc::testing::Prefix;
 
 class ClientTest : public ::testing::Test {
  protected:

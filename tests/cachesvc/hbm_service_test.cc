@@ -12,6 +12,7 @@
 #include "cachesvc/client.h"
 #include "cachesvc/service.h"
 #include "gtest/gtest.h"
+#include "tests/cachesvc/random_prefix.h"
 #include "tests/testing/host_arena.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
@@ -77,19 +78,8 @@ std::unique_ptr<CacheClient> Connect(const std::string& address, const std::stri
   return *CacheClient::Connect(o);
 }
 
-struct Prefix {
-  std::vector<uint32_t> tokens;
-  std::vector<uint8_t> payloads;
-};
-
-Prefix MakePrefix(std::mt19937_64& rng, const RemoteNamespace& ns, size_t chunks) {
-  Prefix p;
-  for (size_t i = 0; i < chunks * ns.chunk_tokens; ++i)
-    p.tokens.push_back(static_cast<uint32_t>(rng() % 512));
-  p.payloads.resize(chunks * ns.chunk_bytes);
-  for (uint8_t& b : p.payloads) b = static_cast<uint8_t>(rng());
-  return p;
-}
+using ::kvc::testing::MakePrefix;
+using ::kvc::testing::Prefix;
 
 // The bytes of every leased chunk, read back from the arena at the answer's offsets.
 std::vector<uint8_t> ReadRefs(const storage::HbmTier& hbm, const DeviceRefs& refs) {
