@@ -175,10 +175,15 @@ cudaError_t LaunchIndexerScores(const float* qi, const float* w, const float* ke
                                 int64_t positions, float* score, cudaStream_t stream) {
   if (queries == 0 || positions == 0) return cudaSuccess;
   constexpr int kThreads = 128;
-  const dim3 grid(static_cast<unsigned>((positions + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(queries));
-  IndexerScoresKernel<<<grid, kThreads, 0, stream>>>(qi, w, keys, visible, queries, heads, dim,
-                                                     positions, score);
+  constexpr int64_t kMaxGridY = 65535;  // launches over more queries go in slices
+  for (int64_t q0 = 0; q0 < queries; q0 += kMaxGridY) {
+    const int64_t n = queries - q0 < kMaxGridY ? queries - q0 : kMaxGridY;
+    const dim3 grid(static_cast<unsigned>((positions + kThreads - 1) / kThreads),
+                    static_cast<unsigned>(n));
+    IndexerScoresKernel<<<grid, kThreads, 0, stream>>>(qi + q0 * heads * dim, w + q0 * heads, keys,
+                                                       visible + q0, n, heads, dim, positions,
+                                                       score + q0 * positions);
+  }
   return cudaGetLastError();
 }
 
