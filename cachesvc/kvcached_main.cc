@@ -62,6 +62,7 @@ int Main(int argc, char** argv) {
               metrics_listen, shm_socket, shm_tenants;
   uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0, hbm_bytes = 0;
   int hbm_device = 0;
+  bool hbm_write_through = false;
   int threads = 4;
   uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
   std::string log_level = "info";
@@ -73,6 +74,8 @@ int Main(int argc, char** argv) {
   app.add_option("--hbm-bytes", hbm_bytes,
                  "HBM tier (GPU memory, mapped by co-located engines over CUDA IPC); 0: none")
       ->capture_default_str();
+  app.add_flag("--hbm-write-through", hbm_write_through,
+               "stored chunks also go to the HBM tier at once (else on their first device fetch)");
   app.add_option("--hbm-device", hbm_device, "CUDA device of the HBM tier")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -172,6 +175,7 @@ int Main(int argc, char** argv) {
   }
   ServiceOptions opt;
   opt.hbm = hbm.get();
+  opt.hbm_write_through = hbm_write_through;
   opt.device_tenants = absl::StrSplit(shm_tenants, ',', absl::SkipEmpty());
   opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;

@@ -43,6 +43,7 @@ struct ServiceOptions {
   // `device_tenants` may map it (it holds every tenant's chunks).
   storage::HbmTier* hbm = nullptr;
   std::set<std::string> device_tenants;
+  bool hbm_write_through = false;  // stored chunks also go to T0 at once
 };
 
 // Fetch is a raw method (see service.cc); on the wire it is the proto's Fetch.

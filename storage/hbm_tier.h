@@ -2,9 +2,10 @@
 // the whole arena once (CUDA IPC) and then copy a chunk device-to-device, or read it in
 // place, while they hold a lease on it.
 //
-// T0 is a cache over the store's lower tiers: it only ever holds copies of chunks whose
-// bytes were verified when read from them (the service promotes a chunk after a verified
-// read), never the only copy, so losing it (eviction, restart) loses nothing. Every chunk
+// T0 is a cache over the store's lower tiers: it only holds copies — of chunks whose bytes
+// were verified when read from them (the service promotes a chunk after a verified read),
+// or, written through, of the bytes as they were stored — so losing it (eviction,
+// restart) loses nothing. Every chunk
 // takes one fixed slot; when all slots are taken, the least recently used chunk without a
 // lease goes. A deleted chunk leaves the index at once; its slot is reused only after the
 // last lease on it ends. Thread-safe.

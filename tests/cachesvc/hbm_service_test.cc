@@ -30,7 +30,8 @@ std::string ReadAll(const std::string& path) {
 class InProcessDaemon {
  public:
   InProcessDaemon(const std::string& dir, uint64_t ram_bytes, uint64_t hbm_slots,
-                  const std::string& tokens_file = "", std::set<std::string> device_tenants = {}) {
+                  const std::string& tokens_file = "", std::set<std::string> device_tenants = {},
+                  bool write_through = false) {
     storage::StoreOptions so;
     so.data_dir = dir;
     so.max_chunk_bytes = 1 << 20;
@@ -46,6 +47,7 @@ class InProcessDaemon {
     opt.max_chunk_bytes = so.max_chunk_bytes;
     opt.hbm = hbm_.get();
     opt.device_tenants = std::move(device_tenants);
+    opt.hbm_write_through = write_through;
     service_ = std::make_unique<KvCacheService>(store_.get(), registry_.get(), &auth_, opt);
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
@@ -158,6 +160,23 @@ TEST(HbmServiceTest, DeletesAndMissingChunksEndThePrefixAndFullTiersLeaseWhatFit
   ASSERT_TRUE(refs.ok()) << refs.status();
   EXPECT_EQ(refs->chunks.size(), 0u);
   EXPECT_EQ(refs->lease_id, 0u);
+}
+
+TEST(HbmServiceTest, WriteThroughPutsStoredChunksInHbmAtOnce) {
+  testing::TempDir dir;
+  InProcessDaemon d(dir.File("data"), 64 << 20, 16, "", {}, /*write_through=*/true);
+  auto client = Connect(d.address());
+  const RemoteNamespace ns = *client->RegisterNamespace(ReadAll(kMini), "mini", 64);
+  std::mt19937_64 rng(testing::FreshSeed());
+  const Prefix p = MakePrefix(rng, ns, 5);
+  ASSERT_TRUE(client->Store(ns, std::nullopt, p.tokens, p.payloads).ok());
+  EXPECT_EQ(d.hbm().stats().puts, 5u);
+  absl::StatusOr<DeviceRefs> refs = client->FetchDeviceRefs(ns, client->Keys(ns, p.tokens));
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  EXPECT_EQ(refs->chunks.size(), 5u);
+  EXPECT_EQ(d.hbm().stats().hits, 5u) << "every chunk found in T0, none promoted";
+  EXPECT_EQ(d.hbm().stats().puts, 5u);
+  EXPECT_EQ(ReadRefs(d.hbm(), *refs), p.payloads);
 }
 
 TEST(HbmServiceTest, OnlyTrustedTenantsMayMapTheTier) {
