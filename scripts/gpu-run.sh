@@ -64,6 +64,15 @@ if [ -x "$bin/kvdemo" ] && [ -e "$PWD/docs/storage.md" ]; then
   row "kvdemo --backend cuda (3 turns)" "$([ $rc -eq 0 ] && echo "ok (kvdemo-cuda.json)" || echo "FAILED (rc $rc, kvdemo-cuda.err)")"
 fi
 
+# 2c. The engine's speed on each backend (prefill CED and full depth, decode, resume).
+for b in cpu cuda; do
+  timeout 300 "$bin/kvbench" engine --config "$configs/mini.json" --backend "$b" \
+    --prefill-tokens 2048,8192 --full-depth-max 2048 --resume-prefix 8192 --resume-new 512 \
+    --reps 1 >"$out/engine-$b.txt" 2>&1
+  rc=$?
+  row "kvbench engine --backend $b" "$([ $rc -eq 0 ] && echo "ok (engine-$b.txt)" || echo "FAILED (rc $rc)")"
+done
+
 # 3. Kernel benchmarks (text table into the output; JSON beside it).
 timeout 300 "$bin/kvbench" kernels --config "$configs/deepseek-v4.1-flash.config.json" \
   >"$out/kernels.txt" 2>&1
@@ -92,6 +101,6 @@ else
 fi
 
 echo
-cat "$out/kernels.txt"
+cat "$out/engine-cpu.txt" "$out/engine-cuda.txt" "$out/kernels.txt" 2>/dev/null
 echo
 cat "$out/table.txt"

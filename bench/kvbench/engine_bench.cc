@@ -1,5 +1,7 @@
 #include "bench/kvbench/engine_bench.h"
 
+#include "engine/tools/matmul_select.h"
+
 #include <cblas.h>
 
 #include <chrono>
@@ -68,6 +70,8 @@ nlohmann::json GemmCase(int64_t m, int64_t k, int64_t n, int reps) {
 absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(o.config);
   if (!config.ok()) return config.status();
+  model::ModelOptions options;
+  if (absl::Status st = model::SelectBackends(o.backend, options); !st.ok()) return st;
   std::string weights = o.weights;
   std::filesystem::path tmp;
   if (weights.empty()) {
@@ -78,13 +82,15 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
     if (!s.ok()) return s.status();
     if (absl::Status st = model::WriteRandomWeights(*config, *s, 1, weights); !st.ok()) return st;
   }
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded = model::Model::Load(*config, weights);
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
+      model::Model::Load(*config, weights, std::move(options));
   if (!tmp.empty()) std::filesystem::remove_all(tmp);
   if (!loaded.ok()) return loaded.status();
   const model::Model& m = **loaded;
   const int64_t V = config->vocab_size, W = config->sliding_window;
   nlohmann::json out;
   out["config"] = o.config;
+  out["backend"] = o.backend;
 
   // Prefill: CED vs full depth, alternated.
   out["prefill"] = nlohmann::json::array();
@@ -197,7 +203,8 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
 }
 
 std::string EngineBenchToText(const nlohmann::json& r) {
-  std::string s = absl::StrCat("config ", r["config"].get<std::string>(), "\n\nprefill\n");
+  std::string s = absl::StrCat("config ", r["config"].get<std::string>(), ", backend ",
+                               r.value("backend", std::string("cpu")), "\n\nprefill\n");
   absl::StrAppendFormat(&s, "%8s %10s %12s %12s %10s %10s\n", "tokens", "CED tok/s", "full tok/s",
                         "CED/full", "predicted", "CED s");
   for (const auto& c : r["prefill"]) {

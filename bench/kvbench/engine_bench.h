@@ -14,8 +14,9 @@
 namespace kvc::bench {
 
 struct EngineBenchOptions {
-  std::string config;   // model config (default configs/mini.json)
-  std::string weights;  // safetensors; empty: random weights (seed 1) in a temp file
+  std::string config;           // model config (default configs/mini.json)
+  std::string weights;          // safetensors; empty: random weights (seed 1) in a temp file
+  std::string backend = "cpu";  // where the model's products, indexer and attention run
   std::vector<int64_t> prefill_tokens = {512, 2048, 8192, 32768};
   int64_t full_depth_max = 8192;  // longest prompt also run at full depth
   int64_t decode_tokens = 64;

@@ -4,7 +4,7 @@
 //                   [--config FILE] [--json]
 //   kvbench engine [--config FILE] [--weights FILE] [--prefill-tokens 512,2048,...]
 //                  [--full-depth-max N] [--decode-tokens N] [--resume-prefix N]
-//                  [--resume-new N] [--reps N] [--json]
+//                  [--resume-new N] [--reps N] [--backend cpu|cuda|cublas] [--json]
 //   kvbench e2e [--config FILE] [--prefix-tokens 4096,16384,65536] [--new-tokens N]
 //               [--new-token-sweep 256,4096] [--reps N] [--plot FILE.png] [--json]
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
@@ -111,6 +111,7 @@ int Main(int argc, char** argv) {
   engine->add_option("--reps", eopt.repetitions, "alternated runs per case")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  engine->add_option("--backend", eopt.backend, "cpu, cuda or cublas")->capture_default_str();
   engine->add_flag("--json", json, "print one JSON object");
   CLI::App* e2e = app.add_subcommand(
       "e2e", "TTFT resuming from kvcached (RAM, SSD) vs cold prefill, by prefix and new tokens");
