@@ -9,9 +9,12 @@
 namespace kvc::cuda {
 
 __device__ __forceinline__ float E2M1Value(uint32_t code) {
-  // Magnitudes of codes 0..7; bit 3 is the sign (code 8 is -0).
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kMag[code & 7u];
+  // Magnitudes of codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6: subnormal m·0.5 for m < 2,
+  // else (1 + 0.5·(m & 1))·2^((m >> 1) − 1), built from the bits (a table indexed at run
+  // time would live in local memory). Bit 3 is the sign (code 8 is −0).
+  const uint32_t m = code & 7u;
+  const float v = m < 2u ? 0.5f * static_cast<float>(m)
+                         : __uint_as_float((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
   return (code & 8u) ? -v : v;
 }
 
