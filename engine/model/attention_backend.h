@@ -31,6 +31,11 @@ struct AttentionBatch {
   // values. Unused (null / empty / −1) when no entry is negative.
   const float* compressed = nullptr;
   std::span<const std::vector<uint8_t>> pages;
+  // Per page a number that changes whenever its bytes do, unique across all sequences,
+  // and the sequence's identity: a device backend keeps copies of the pages and uploads
+  // again only those whose version changed.
+  std::span<const uint64_t> page_versions;
+  uint64_t sequence = 0;
   const ChunkLayout* layout = nullptr;
   int64_t layer = -1;
   const float* sink = nullptr;  // heads

@@ -1,6 +1,7 @@
 #include "engine/model/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -80,11 +81,28 @@ struct LayerState {
   std::vector<float> main_f, index_f;
 };
 
+// Globally unique numbers: a sequence's identity, and the version a page gets each time
+// its bytes change (so a device copy tagged with a version is current exactly when the
+// versions match, whatever sequence or page it came from).
+std::atomic<uint64_t> g_next_stamp{1};
+uint64_t NextStamp() { return g_next_stamp.fetch_add(1, std::memory_order_relaxed); }
+
 class SequenceState {
  public:
   std::vector<uint32_t> tokens;
   std::vector<LayerState> layers;
   std::vector<std::vector<uint8_t>> pages;
+  std::vector<uint64_t> page_versions;  // one per page; a new one on every write
+  const uint64_t id = NextStamp();
+  // Page `chunk` (created zeroed if missing) is about to change.
+  std::vector<uint8_t>& WritePage(int64_t chunk, int64_t chunk_bytes) {
+    while (static_cast<int64_t>(pages.size()) <= chunk) {
+      pages.emplace_back(chunk_bytes, uint8_t{0});
+      page_versions.push_back(NextStamp());
+    }
+    page_versions[chunk] = NextStamp();
+    return pages[chunk];
+  }
   ForwardStats stats;
   int64_t chunk_tokens = 0;
   int64_t min_full_tokens() const { return full_tokens_; }
@@ -409,9 +427,7 @@ void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent
   cpu::ApplyRope(k.data(), Id, freqs[l], pos);
   cpu::ApplyRope(latent.data(), hd, freqs[l], pos);
   const int64_t chunk = pos / layout.chunk_tokens;
-  while (static_cast<int64_t>(s.pages.size()) <= chunk)
-    s.pages.emplace_back(layout.chunk_bytes, uint8_t{0});
-  std::vector<uint8_t>& page = s.pages[chunk];
+  std::vector<uint8_t>& page = s.WritePage(chunk, layout.chunk_bytes);
   const int64_t local = j - chunk * (layout.chunk_tokens / ratio);
   const ChunkSection& mc = layout.Section(l, SectionKind::kMainCodes);
   const ChunkSection& ms = layout.Section(l, SectionKind::kMainScales);
@@ -534,6 +550,8 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       ib.keys = ks.index_f.data();
       ib.key_rows = ks.entries;
       ib.pages = s.pages;
+      ib.page_versions = s.page_versions;
+      ib.sequence = s.id;
       ib.layout = &layout;
       ib.layer = plan.index_k_layer;
       ib.topk = c.index_topk;
@@ -581,6 +599,8 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   if (selected != nullptr) {
     batch.compressed = kv_src->main_f.data();
     batch.pages = s.pages;
+    batch.page_versions = s.page_versions;
+    batch.sequence = s.id;
     batch.layout = &layout;
     batch.layer = plan.kv_layer;
   }
@@ -1189,8 +1209,9 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
   // Import: the pages as they are, and the dequantized rows attention reads.
   const int64_t Id = m.c.index_head_dim;
   for (int64_t ch = 0; ch < chunks; ++ch) {
-    s.pages.emplace_back(pages.begin() + ch * m.layout.chunk_bytes,
-                         pages.begin() + (ch + 1) * m.layout.chunk_bytes);
+    std::vector<uint8_t>& page = s.WritePage(ch, m.layout.chunk_bytes);
+    std::copy(pages.begin() + ch * m.layout.chunk_bytes,
+              pages.begin() + (ch + 1) * m.layout.chunk_bytes, page.begin());
   }
   for (int64_t l = 0; l < m.L; ++l) {
     const LayerPlan& plan = m.sched.layers[l];

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <set>
 
@@ -179,15 +181,38 @@ TEST_F(ModelTest, ExactReplayIsRefusedWithABackendThatIsNotBatchInvariant) {
   EXPECT_TRUE((*m)->Resume(bounded, pages, 64, prompt, ReplayMode::kBounded).ok());
 }
 
+// What a device backend's page cache relies on: a page version names one content. Every
+// (version → bytes) seen is remembered; a version seen again must come with the same bytes.
+class VersionLedger {
+ public:
+  void Check(std::span<const std::vector<uint8_t>> pages, std::span<const uint64_t> versions) {
+    std::lock_guard lock(mu_);
+    EXPECT_EQ(pages.size(), versions.size());
+    for (size_t p = 0; p < pages.size() && p < versions.size(); ++p) {
+      uint64_t h = 1469598103934665603ull;  // FNV-1a
+      for (uint8_t b : pages[p]) h = (h ^ b) * 1099511628211ull;
+      auto [it, fresh] = seen_.emplace(versions[p], h);
+      if (!fresh && it->second != h) ++stale;
+      ++checked;
+    }
+  }
+  int64_t stale = 0, checked = 0;
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, uint64_t> seen_;
+};
+
 // An attention backend that runs the CPU's, checks what the model hands it — every listed
 // compressed row equals its FP4 copy in the pages dequantized (the GPU reads the pages) —
 // and adds `nudge` to every output (0: the CPU's bits).
 class CheckingAttention final : public AttentionBackend {
  public:
-  explicit CheckingAttention(float nudge) : nudge_(nudge) {}
+  CheckingAttention(float nudge, VersionLedger* ledger) : nudge_(nudge), ledger_(ledger) {}
   const char* name() const override { return "checking"; }
   void Attend(const AttentionBatch& b) const override {
     ++calls;
+    if (!b.pages.empty()) ledger_->Check(b.pages, b.page_versions);
     for (int32_t e : b.entries) {
       if (e >= 0) {
         EXPECT_LT(static_cast<int64_t>(e + 1) * b.dim, static_cast<int64_t>(b.window.size()) + 1);
@@ -213,6 +238,7 @@ class CheckingAttention final : public AttentionBackend {
 
  private:
   const float nudge_;
+  VersionLedger* ledger_;
 };
 
 TEST_F(ModelTest, AttentionGoesThroughItsBackendWithPagesMatchingTheRows) {
@@ -223,7 +249,8 @@ TEST_F(ModelTest, AttentionGoesThroughItsBackendWithPagesMatchingTheRows) {
   ASSERT_TRUE(want.ok()) << want.status();
   EXPECT_STREQ(model_->attention_backend(), "cpu");
   for (float nudge : {0.0f, 1e-3f}) {
-    auto checking = std::make_unique<CheckingAttention>(nudge);
+    VersionLedger ledger;
+    auto checking = std::make_unique<CheckingAttention>(nudge, &ledger);
     const CheckingAttention* seen = checking.get();
     ModelOptions options;
     options.chunk_tokens = kChunk;
@@ -237,9 +264,17 @@ TEST_F(ModelTest, AttentionGoesThroughItsBackendWithPagesMatchingTheRows) {
     EXPECT_EQ(std::memcmp(got->data(), want->data(), want->size() * sizeof(float)) == 0,
               nudge == 0.0f)
         << "nudge " << nudge;
+    // Resume a second sequence from this one's pages, then decode both: versions stay
+    // unique to one content across sequences, writes and imports.
+    Sequence warm = (*m)->NewSequence();
+    std::vector<uint8_t> pages = Pages(s, 2);
+    ASSERT_TRUE((*m)->Resume(warm, pages, 2 * kChunk, prompt, ReplayMode::kExact).ok());
+    for (uint32_t t : {3u, 9u}) ASSERT_TRUE((*m)->Decode(warm, t).ok() && (*m)->Decode(s, t).ok());
     EXPECT_GT(seen->calls.load(), config_->num_hidden_layers);
     EXPECT_GT(seen->compressed_rows.load(), 0);
     EXPECT_EQ(seen->mismatched_rows.load(), 0);
+    EXPECT_GT(ledger.checked, 0);
+    EXPECT_EQ(ledger.stale, 0) << "a page version came back with other bytes";
   }
 }
 
@@ -248,9 +283,11 @@ TEST_F(ModelTest, AttentionGoesThroughItsBackendWithPagesMatchingTheRows) {
 // and the candidate pool is produced by one layer and applied by others.
 class CheckingIndexer final : public IndexerBackend {
  public:
+  explicit CheckingIndexer(VersionLedger* ledger) : ledger_(ledger) {}
   const char* name() const override { return "checking"; }
   void Select(const IndexerBatch& b) const override {
     ++calls;
+    ledger_->Check(b.pages, b.page_versions);
     (b.pool_use == PoolUse::kProduce ? produced
      : b.pool_use == PoolUse::kApply ? applied
                                      : plain)++;
@@ -269,6 +306,9 @@ class CheckingIndexer final : public IndexerBackend {
     MakeCpuIndexer()->Select(b);
   }
   mutable std::atomic<int64_t> calls{0}, produced{0}, applied{0}, plain{0}, mismatched{0};
+
+ private:
+  VersionLedger* ledger_;
 };
 
 TEST_F(ModelTest, TheIndexerGoesThroughItsBackendWithPagesMatchingTheKeys) {
@@ -277,7 +317,8 @@ TEST_F(ModelTest, TheIndexerGoesThroughItsBackendWithPagesMatchingTheKeys) {
   Sequence ref = model_->NewSequence();
   absl::StatusOr<std::vector<float>> want = model_->Prefill(ref, prompt, PrefillMode::kFullDepth);
   ASSERT_TRUE(want.ok()) << want.status();
-  auto checking = std::make_unique<CheckingIndexer>();
+  VersionLedger ledger;
+  auto checking = std::make_unique<CheckingIndexer>(&ledger);
   const CheckingIndexer* seen = checking.get();
   ModelOptions options;
   options.chunk_tokens = kChunk;
@@ -295,6 +336,9 @@ TEST_F(ModelTest, TheIndexerGoesThroughItsBackendWithPagesMatchingTheKeys) {
   EXPECT_GT(seen->produced.load(), 0);
   EXPECT_GT(seen->applied.load(), 0);
   EXPECT_EQ(seen->mismatched.load(), 0);
+  for (uint32_t t : {3u, 9u, 27u}) ASSERT_TRUE((*m)->Decode(s, t).ok());  // new entries, same pages
+  EXPECT_GT(ledger.checked, 0);
+  EXPECT_EQ(ledger.stale, 0) << "a page version came back with other bytes";
 }
 
 TEST_F(ModelTest, PagesOfAPrefixDoNotDependOnWhatFollows) {
