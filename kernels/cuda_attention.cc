@@ -18,7 +18,9 @@ using Grow = GrowingDeviceBuffer<uint8_t>;
 
 class CudaAttention final : public model::AttentionBackend {
  public:
-  CudaAttention() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  explicit CudaAttention(std::shared_ptr<PageMirror> mirror) : mirror_(std::move(mirror)) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
   ~CudaAttention() override { cudaStreamDestroy(stream_); }
   const char* name() const override { return "cuda"; }
 
@@ -43,15 +45,16 @@ class CudaAttention final : public model::AttentionBackend {
     float* d_sink = reinterpret_cast<float*>(sink_.Reserve(b.heads * sizeof(float)));
     int32_t* d_off = reinterpret_cast<int32_t*>(offsets_.Reserve(b.offsets.size_bytes()));
     int32_t* d_ent = reinterpret_cast<int32_t*>(entries_.Reserve(b.entries.size_bytes() + 4));
-    uint8_t* d_pages = pages_.Reserve(page_count * page_bytes + 1);
     Copy(d_q, b.q, q_bytes);
     Copy(d_w, b.window.data(), b.window.size_bytes());
     Copy(d_sink, b.sink, b.heads * sizeof(float));
     Copy(d_off, b.offsets.data(), b.offsets.size_bytes());
     Copy(d_ent, b.entries.data(), b.entries.size_bytes());
-    for (int64_t p = 0; p < page_count; ++p)
-      Copy(d_pages + p * page_bytes, b.pages[p].data(), page_bytes);
-    paged.pages = d_pages;
+    PageMirror::View view;  // held until the kernel is done with the pages
+    if (page_count > 0) {
+      view = mirror_->Pages(b.sequence, b.pages, b.page_versions, page_count, page_bytes, stream_);
+      paged.pages = view.device;
+    }
     CUDA_CHECK(LaunchSparseAttention(d_q, b.queries, b.heads, b.dim, d_w, paged, d_off, d_ent,
                                      d_sink, b.scale, d_o, stream_));
     CUDA_CHECK(cudaMemcpyAsync(b.out, d_o, q_bytes, cudaMemcpyDeviceToHost, stream_));
@@ -64,14 +67,16 @@ class CudaAttention final : public model::AttentionBackend {
   }
   mutable std::mutex mu_;  // one call at a time on the stream and the buffers
   cudaStream_t stream_ = nullptr;
-  mutable Grow q_, o_, window_, sink_, offsets_, entries_, pages_;
+  const std::shared_ptr<PageMirror> mirror_;
+  mutable Grow q_, o_, window_, sink_, offsets_, entries_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<model::AttentionBackend>> MakeCudaAttention() {
+absl::StatusOr<std::unique_ptr<model::AttentionBackend>> MakeCudaAttention(
+    std::shared_ptr<PageMirror> mirror) {
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
-  return std::make_unique<CudaAttention>();
+  return std::make_unique<CudaAttention>(mirror ? std::move(mirror) : MakePageMirror());
 }
 
 }  // namespace kvc::cuda

@@ -17,6 +17,7 @@ namespace {
 
 class CudaIndexer final : public model::IndexerBackend {
  public:
+  explicit CudaIndexer(std::shared_ptr<PageMirror> mirror) : mirror_(std::move(mirror)) {}
   const char* name() const override { return "cuda"; }
 
   void Select(const model::IndexerBatch& b) const override {
@@ -26,15 +27,16 @@ class CudaIndexer final : public model::IndexerBackend {
     const int64_t a = b.first_position, max_cl = (a + rows) / b.ratio;
     std::vector<int32_t> visible(rows);
     for (int64_t r = 0; r < rows; ++r) visible[r] = static_cast<int32_t>((a + r + 1) / b.ratio);
-    // The pages holding index keys [0, max_cl), back to back as the kernels expect.
+    // The pages holding index keys [0, max_cl), current on the device (the mirror uploads
+    // those written since the last call; the default stream orders them before the kernels).
     PagedIndexKv paged = IndexSections(nullptr, *b.layout, b.layer);
     const int64_t page_count = max_cl == 0 ? 0 : (max_cl - 1) / paged.per_page + 1;
-    std::vector<uint8_t> host_pages(static_cast<size_t>(page_count * paged.page_bytes));
-    for (int64_t p = 0; p < page_count; ++p) {
-      std::copy(b.pages[p].begin(), b.pages[p].end(), host_pages.begin() + p * paged.page_bytes);
+    PageMirror::View view;  // held until the kernels are done with the pages
+    if (page_count > 0) {
+      view = mirror_->Pages(b.sequence, b.pages, b.page_versions, page_count,
+                            static_cast<size_t>(paged.page_bytes), nullptr);
+      paged.pages = view.device;
     }
-    DeviceBuffer<uint8_t> d_pages(host_pages);
-    paged.pages = d_pages.get();
     DeviceBuffer<float> qi(std::span<const float>(b.qi, rows * b.heads * b.dim)),
         w(std::span<const float>(b.w, rows * b.heads));
     DeviceBuffer<int32_t> d_visible(visible);
@@ -108,13 +110,15 @@ class CudaIndexer final : public model::IndexerBackend {
     return picked;
   }
   mutable std::mutex mu_;
+  const std::shared_ptr<PageMirror> mirror_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<model::IndexerBackend>> MakeCudaIndexer() {
+absl::StatusOr<std::unique_ptr<model::IndexerBackend>> MakeCudaIndexer(
+    std::shared_ptr<PageMirror> mirror) {
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
-  return std::make_unique<CudaIndexer>();
+  return std::make_unique<CudaIndexer>(mirror ? std::move(mirror) : MakePageMirror());
 }
 
 }  // namespace kvc::cuda

@@ -29,10 +29,12 @@ absl::Status SelectBackends(const std::string& name, ModelOptions& options) {
   options.matmul = *std::move(mm);
 #if KVC_WITH_CUDA
   if (name != "cpu") {
-    absl::StatusOr<std::unique_ptr<AttentionBackend>> at = cuda::MakeCudaAttention();
+    // One copy of each sequence's pages on the device serves both.
+    const std::shared_ptr<cuda::PageMirror> mirror = cuda::MakePageMirror();
+    absl::StatusOr<std::unique_ptr<AttentionBackend>> at = cuda::MakeCudaAttention(mirror);
     if (!at.ok()) return at.status();
     options.attention = *std::move(at);
-    absl::StatusOr<std::unique_ptr<IndexerBackend>> ix = cuda::MakeCudaIndexer();
+    absl::StatusOr<std::unique_ptr<IndexerBackend>> ix = cuda::MakeCudaIndexer(mirror);
     if (!ix.ok()) return ix.status();
     options.indexer = *std::move(ix);
   }

@@ -71,13 +71,14 @@ class CudaEngineTest : public ::testing::Test {
     cpu_ = *std::move(c);
     absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = MakeCudaMatmul();
     ASSERT_TRUE(mm.ok()) << mm.status();
-    absl::StatusOr<std::unique_ptr<model::AttentionBackend>> at = MakeCudaAttention();
+    const std::shared_ptr<PageMirror> mirror = MakePageMirror();  // shared, as programs do
+    absl::StatusOr<std::unique_ptr<model::AttentionBackend>> at = MakeCudaAttention(mirror);
     ASSERT_TRUE(at.ok()) << at.status();
     model::ModelOptions options;
     options.chunk_tokens = kChunk;
     options.matmul = *std::move(mm);
     options.attention = *std::move(at);
-    absl::StatusOr<std::unique_ptr<model::IndexerBackend>> ix = MakeCudaIndexer();
+    absl::StatusOr<std::unique_ptr<model::IndexerBackend>> ix = MakeCudaIndexer(mirror);
     ASSERT_TRUE(ix.ok()) << ix.status();
     options.indexer = *std::move(ix);
     absl::StatusOr<std::unique_ptr<model::Model>> g =

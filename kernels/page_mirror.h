@@ -1,0 +1,68 @@
+// PageMirror: device copies of sequences' pages for the engine's CUDA indexer and
+// attention backends, so each call uploads only the pages whose bytes changed since the
+// last one (a decode step writes at most one page per Full layer) instead of every page.
+//
+// Per sequence one contiguous device buffer in the chunk layout — what the kernels read —
+// with each page's version as last uploaded; the model gives every page write a version
+// unique across all sequences (engine/model/attention_backend.h), so equal versions mean
+// equal bytes. Buffers grow by doubling (the old contents copied device-to-device); past
+// `budget_bytes` the least recently used other sequences are dropped (ended sequences go
+// that way too). Thread-safe; uploads are queued on the caller's stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace kvc::cuda {
+
+class PageMirror {
+ public:
+  explicit PageMirror(size_t budget_bytes) : budget_(budget_bytes) {}
+  ~PageMirror();
+  PageMirror(const PageMirror&) = delete;
+  PageMirror& operator=(const PageMirror&) = delete;
+
+  // Pages [0, count) of `sequence` on the device, current once `stream` has run the
+  // uploads this call queued. The view holds the mirror (no buffer moves or goes away)
+  // until it is dropped: keep it until the work reading the pages is done.
+  struct View {
+    const uint8_t* device = nullptr;
+    std::unique_lock<std::mutex> hold;
+  };
+  View Pages(uint64_t sequence, std::span<const std::vector<uint8_t>> pages,
+             std::span<const uint64_t> versions, int64_t count, size_t page_bytes,
+             cudaStream_t stream);
+
+  struct Stats {
+    int64_t uploaded_pages = 0, reused_pages = 0, sequences = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Entry {
+    uint8_t* device = nullptr;
+    int64_t capacity = 0;  // pages
+    size_t page_bytes = 0;
+    std::vector<uint64_t> versions;  // as uploaded; 0 = never
+    uint64_t last_use = 0;
+  };
+  void EvictFor(uint64_t keep);  // needs mu_
+
+  const size_t budget_;
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, Entry> seqs_;
+  size_t bytes_ = 0;
+  uint64_t clock_ = 0;
+  Stats stats_;
+};
+
+// A mirror shared by the backends of one model (0: a quarter of the device's memory).
+std::shared_ptr<PageMirror> MakePageMirror(size_t budget_bytes = 0);
+
+}  // namespace kvc::cuda

@@ -1,0 +1,89 @@
+// PageMirror on a GPU: pages read back equal the host's; a second call with the same
+// versions uploads nothing; a changed page (new version) is uploaded alone; growing keeps
+// the pages already there; past the budget the least recently used other sequence goes.
+// Skipped, saying so, where there is no GPU.
+#include "kernels/page_mirror.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+#include "kernels/kv_dequant.h"
+#include "tests/testing/seed.h"
+
+namespace kvc::cuda {
+namespace {
+
+constexpr size_t kPage = 4096 + 512;
+
+std::vector<std::vector<uint8_t>> RandomPages(std::mt19937_64& rng, int n) {
+  std::vector<std::vector<uint8_t>> pages(n, std::vector<uint8_t>(kPage));
+  for (auto& p : pages)
+    for (uint8_t& b : p) b = static_cast<uint8_t>(rng());
+  return pages;
+}
+
+std::vector<uint8_t> Download(const uint8_t* device, int64_t count) {
+  std::vector<uint8_t> out(count * kPage);
+  EXPECT_EQ(cudaMemcpy(out.data(), device, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+std::vector<uint8_t> Flat(const std::vector<std::vector<uint8_t>>& pages, int64_t count) {
+  std::vector<uint8_t> out;
+  for (int64_t p = 0; p < count; ++p) out.insert(out.end(), pages[p].begin(), pages[p].end());
+  return out;
+}
+
+TEST(PageMirrorTest, UploadsOnlyWhatChangedAndKeepsPagesAcrossGrowth) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  std::mt19937_64 rng(testing::FreshSeed());
+  PageMirror mirror(64 * kPage);
+  std::vector<std::vector<uint8_t>> pages = RandomPages(rng, 6);
+  std::vector<uint64_t> versions = {11, 12, 13, 14, 15, 16};
+  {
+    PageMirror::View v = mirror.Pages(7, pages, versions, 3, kPage, nullptr);
+    EXPECT_EQ(Download(v.device, 3), Flat(pages, 3));
+  }
+  EXPECT_EQ(mirror.stats().uploaded_pages, 3);
+  {
+    PageMirror::View v = mirror.Pages(7, pages, versions, 3, kPage, nullptr);
+    EXPECT_EQ(Download(v.device, 3), Flat(pages, 3));
+  }
+  EXPECT_EQ(mirror.stats().uploaded_pages, 3) << "same versions: nothing uploaded";
+  EXPECT_EQ(mirror.stats().reused_pages, 3);
+  pages[1][100] ^= 0xFF;
+  versions[1] = 21;
+  {
+    PageMirror::View v = mirror.Pages(7, pages, versions, 6, kPage, nullptr);  // and grow
+    EXPECT_EQ(Download(v.device, 6), Flat(pages, 6));
+  }
+  EXPECT_EQ(mirror.stats().uploaded_pages, 3 + 1 + 3);  // page 1 again, pages 3..5 new
+}
+
+TEST(PageMirrorTest, PastTheBudgetTheLeastRecentlyUsedOtherSequenceGoes) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  std::mt19937_64 rng(testing::FreshSeed());
+  PageMirror mirror(10 * kPage);
+  const std::vector<std::vector<uint8_t>> a = RandomPages(rng, 4), b = RandomPages(rng, 4),
+                                          c = RandomPages(rng, 4);
+  const std::vector<uint64_t> va = {1, 2, 3, 4}, vb = {5, 6, 7, 8}, vc = {9, 10, 11, 12};
+  { auto v = mirror.Pages(1, a, va, 4, kPage, nullptr); }
+  { auto v = mirror.Pages(2, b, vb, 4, kPage, nullptr); }
+  { auto v = mirror.Pages(1, a, va, 4, kPage, nullptr); }  // 1 is now the more recent
+  {
+    auto v = mirror.Pages(3, c, vc, 4, kPage, nullptr);  // 12 pages > 10: sequence 2 goes
+    EXPECT_EQ(Download(v.device, 4), Flat(c, 4));
+  }
+  EXPECT_EQ(mirror.stats().sequences, 2);
+  const int64_t before = mirror.stats().uploaded_pages;
+  { auto v = mirror.Pages(1, a, va, 4, kPage, nullptr); }
+  EXPECT_EQ(mirror.stats().uploaded_pages, before) << "sequence 1 stayed";
+  {
+    auto v = mirror.Pages(2, b, vb, 4, kPage, nullptr);
+    EXPECT_EQ(Download(v.device, 4), Flat(b, 4));
+  }
+  EXPECT_EQ(mirror.stats().uploaded_pages, before + 4) << "sequence 2 was dropped";
+}
+
+}  // namespace
+}  // namespace kvc::cuda
