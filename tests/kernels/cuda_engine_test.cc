@@ -71,14 +71,14 @@ class CudaEngineTest : public ::testing::Test {
     cpu_ = *std::move(c);
     absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = MakeCudaMatmul();
     ASSERT_TRUE(mm.ok()) << mm.status();
-    const std::shared_ptr<PageMirror> mirror = MakePageMirror();  // shared, as programs do
-    absl::StatusOr<std::unique_ptr<model::AttentionBackend>> at = MakeCudaAttention(mirror);
+    mirror_ = MakePageMirror();  // shared, as programs do
+    absl::StatusOr<std::unique_ptr<model::AttentionBackend>> at = MakeCudaAttention(mirror_);
     ASSERT_TRUE(at.ok()) << at.status();
     model::ModelOptions options;
     options.chunk_tokens = kChunk;
     options.matmul = *std::move(mm);
     options.attention = *std::move(at);
-    absl::StatusOr<std::unique_ptr<model::IndexerBackend>> ix = MakeCudaIndexer(mirror);
+    absl::StatusOr<std::unique_ptr<model::IndexerBackend>> ix = MakeCudaIndexer(mirror_);
     ASSERT_TRUE(ix.ok()) << ix.status();
     options.indexer = *std::move(ix);
     absl::StatusOr<std::unique_ptr<model::Model>> g =
@@ -102,6 +102,7 @@ class CudaEngineTest : public ::testing::Test {
   ModelConfig config_;
   std::string weights_;
   std::unique_ptr<model::Model> cpu_, gpu_;
+  std::shared_ptr<PageMirror> mirror_;
 };
 
 TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
@@ -113,6 +114,7 @@ TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
     absl::StatusOr<std::vector<float>> lb = gpu_->Prefill(b, prompt, mode);
     ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << " " << lb.status();
     EXPECT_TRUE(SameBits(*la, *lb)) << "prefill";
+    const PageMirror::Stats before = mirror_->stats();
     for (int step = 0; step < 4; ++step) {
       const uint32_t next = Argmax(*la);
       la = cpu_->Decode(a, next);
@@ -120,6 +122,10 @@ TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
       ASSERT_TRUE(la.ok() && lb.ok());
       EXPECT_TRUE(SameBits(*la, *lb)) << "decode step " << step;
     }
+    // Decode steps reuse the pages already on the device: far more reused than uploaded.
+    const PageMirror::Stats after = mirror_->stats();
+    EXPECT_GT(after.reused_pages - before.reused_pages,
+              after.uploaded_pages - before.uploaded_pages);
     ASSERT_EQ(a.complete_chunks(), b.complete_chunks());
     for (int64_t c = 0; c < a.complete_chunks(); ++c) {
       EXPECT_TRUE(std::ranges::equal(a.page(c), b.page(c))) << "page " << c;
