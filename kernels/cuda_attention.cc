@@ -14,8 +14,6 @@
 namespace kvc::cuda {
 namespace {
 
-using Grow = GrowingDeviceBuffer<uint8_t>;
-
 class CudaAttention final : public model::AttentionBackend {
  public:
   explicit CudaAttention(std::shared_ptr<PageMirror> mirror) : mirror_(std::move(mirror)) {
@@ -39,12 +37,13 @@ class CudaAttention final : public model::AttentionBackend {
       page_count = last_row / paged.per_page + 1;
     }
     const size_t page_bytes = static_cast<size_t>(paged.page_bytes);
-    float* d_q = reinterpret_cast<float*>(q_.Reserve(q_bytes));
-    float* d_o = reinterpret_cast<float*>(o_.Reserve(q_bytes));
-    float* d_w = reinterpret_cast<float*>(window_.Reserve(b.window.size_bytes()));
-    float* d_sink = reinterpret_cast<float*>(sink_.Reserve(b.heads * sizeof(float)));
-    int32_t* d_off = reinterpret_cast<int32_t*>(offsets_.Reserve(b.offsets.size_bytes()));
-    int32_t* d_ent = reinterpret_cast<int32_t*>(entries_.Reserve(b.entries.size_bytes() + 4));
+    const size_t q_floats = static_cast<size_t>(b.queries * b.heads * b.dim);
+    float* d_q = q_.Reserve(q_floats);
+    float* d_o = o_.Reserve(q_floats);
+    float* d_w = window_.Reserve(b.window.size());
+    float* d_sink = sink_.Reserve(static_cast<size_t>(b.heads));
+    int32_t* d_off = offsets_.Reserve(b.offsets.size());
+    int32_t* d_ent = entries_.Reserve(b.entries.size());
     Copy(d_q, b.q, q_bytes);
     Copy(d_w, b.window.data(), b.window.size_bytes());
     Copy(d_sink, b.sink, b.heads * sizeof(float));
@@ -68,7 +67,8 @@ class CudaAttention final : public model::AttentionBackend {
   mutable std::mutex mu_;  // one call at a time on the stream and the buffers
   cudaStream_t stream_ = nullptr;
   const std::shared_ptr<PageMirror> mirror_;
-  mutable Grow q_, o_, window_, sink_, offsets_, entries_;
+  mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_;
+  mutable GrowingDeviceBuffer<int32_t> offsets_, entries_;
 };
 
 }  // namespace

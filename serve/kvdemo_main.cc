@@ -135,12 +135,8 @@ int Main(int argc, char** argv) {
   if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok())
     return fail(std::string(s.message()));
   model::ModelOptions options;
-  if (absl::Status st = model::SelectBackends(backend, options); !st.ok())
+  if (absl::Status st = model::SelectBackends(backend, replay == "exact", options); !st.ok())
     return fail(std::string(st.message()));
-  if (replay == "exact" && !options.matmul->batch_invariant()) {
-    return fail(absl::StrCat("--replay exact needs a batch-invariant backend; ", backend,
-                             " is not (use --backend cuda, or --replay bounded)"));
-  }
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return fail(std::string(loaded.status().message()));

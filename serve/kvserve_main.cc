@@ -66,12 +66,8 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
   absl::StatusOr<ModelConfig> config = ParseModelConfig(config_text.str(), config_path);
   if (!config.ok()) return config.status();
   model::ModelOptions options;
-  if (absl::Status st = model::SelectBackends(backend, options); !st.ok()) return st;
-  if (replay == "exact" && !options.matmul->batch_invariant()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--replay exact needs a batch-invariant backend; ", backend,
-                     " is not (use --backend cuda, or --replay bounded)"));
-  }
+  if (absl::Status st = model::SelectBackends(backend, replay == "exact", options); !st.ok())
+    return st;
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return loaded.status();

@@ -71,7 +71,8 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(o.config);
   if (!config.ok()) return config.status();
   model::ModelOptions options;
-  if (absl::Status st = model::SelectBackends(o.backend, options); !st.ok()) return st;
+  if (absl::Status st = model::SelectBackends(o.backend, /*exact_replay=*/true, options); !st.ok())
+    return st;
   std::string weights = o.weights;
   std::filesystem::path tmp;
   if (weights.empty()) {

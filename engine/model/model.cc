@@ -513,7 +513,6 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   std::vector<float> qr, q, kv;
   QueriesAndWindowKv(l, a, rows, x, qr, q, kv);
   // Compressed KV and each query's selection of it.
-  const std::vector<int32_t> none;
   std::vector<std::vector<int32_t>>* selected = nullptr;
   const LayerState* kv_src = nullptr;
   if (ratio > 0) {

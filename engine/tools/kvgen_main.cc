@@ -94,7 +94,9 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   if (!config.ok()) return config.status();
   model::ModelOptions options;
   options.chunk_tokens = chunk_tokens;
-  if (absl::Status st = model::SelectBackends(backend, options); !st.ok()) return st;
+  if (absl::Status st = model::SelectBackends(backend, resume_at > 0 && replay == "exact", options);
+      !st.ok())
+    return st;
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(*config, weights_path, std::move(options));
   if (!loaded.ok()) return loaded.status();

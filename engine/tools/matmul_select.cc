@@ -8,6 +8,7 @@
 #endif
 
 namespace kvc::model {
+namespace {
 
 absl::StatusOr<std::unique_ptr<MatmulBackend>> MakeMatmulBackend(const std::string& name) {
   if (name == "cpu") return MakeCpuMatmul();
@@ -23,9 +24,16 @@ absl::StatusOr<std::unique_ptr<MatmulBackend>> MakeMatmulBackend(const std::stri
       absl::StrCat("--backend is \"", name, "\"; use cpu, cuda or cublas"));
 }
 
-absl::Status SelectBackends(const std::string& name, ModelOptions& options) {
+}  // namespace
+
+absl::Status SelectBackends(const std::string& name, bool exact_replay, ModelOptions& options) {
   absl::StatusOr<std::unique_ptr<MatmulBackend>> mm = MakeMatmulBackend(name);
   if (!mm.ok()) return mm.status();
+  if (exact_replay && !(*mm)->batch_invariant()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replay exact needs a batch-invariant backend; ", name,
+                     " is not (use --backend cuda, or --replay bounded)"));
+  }
   options.matmul = *std::move(mm);
 #if KVC_WITH_CUDA
   if (name != "cpu") {

@@ -13,10 +13,9 @@
 
 namespace kvc::model {
 
-// InvalidArgument for an unknown name; FailedPrecondition for a GPU backend without a GPU
-// or in a build without CUDA.
-absl::StatusOr<std::unique_ptr<MatmulBackend>> MakeMatmulBackend(const std::string& name);
-// Sets options.matmul, .indexer and .attention for `name` (errors as above).
-absl::Status SelectBackends(const std::string& name, ModelOptions& options);
+// Sets options.matmul, .indexer and .attention for `name`. InvalidArgument for an unknown
+// name, or for `exact_replay` with a backend that is not batch invariant (cublas);
+// FailedPrecondition for a GPU backend without a GPU or in a build without CUDA.
+absl::Status SelectBackends(const std::string& name, bool exact_replay, ModelOptions& options);
 
 }  // namespace kvc::model
