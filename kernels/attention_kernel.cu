@@ -2,11 +2,11 @@
 
 #include "kernels/attention_kernel.cuh"
 #include "kernels/fp_codes.cuh"
+#include "kernels/query_slices.cuh"
 
 namespace kvc::cuda {
 namespace {
 
-constexpr int64_t kMaxGridY = 65535;    // launches over more queries go in slices
 constexpr int kWarps = 8;               // heads per attention block, one warp each
 constexpr int kMaxPerLane = 32;         // dim / 32 <= 32: dim <= 1024
 constexpr int kStageFloats = 48 * 256;  // 48 KiB of staged key rows per block
@@ -187,13 +187,12 @@ cudaError_t LaunchPagedIndexerScores(const float* qi, const float* w, PagedIndex
     return cudaErrorInvalidValue;
   constexpr int kThreads = 128;
   const int64_t blocks = (positions + kThreads - 1) / kThreads;
-  for (int64_t q0 = 0; q0 < queries; q0 += kMaxGridY) {  // grid.y is at most 65535
-    const int64_t n = queries - q0 < kMaxGridY ? queries - q0 : kMaxGridY;
+  ForEachQuerySlice(queries, [&](int64_t q0, int64_t n) {
     const dim3 grid(static_cast<unsigned>(blocks < 4096 ? blocks : 4096), static_cast<unsigned>(n));
     PagedIndexerKernel<<<grid, kThreads, IndexerSharedBytes(heads, dim), stream>>>(
         qi + q0 * heads * dim, w + q0 * heads, paged, visible + q0, static_cast<int>(heads), dim,
         positions, score + q0 * positions);
-  }
+  });
   return cudaGetLastError();
 }
 
@@ -206,13 +205,12 @@ cudaError_t LaunchPagedIndexerScoresAt(const float* qi, const float* w, PagedInd
     return cudaErrorInvalidValue;
   constexpr int kThreads = 128;
   const int64_t blocks = (per_query + kThreads - 1) / kThreads;
-  for (int64_t q0 = 0; q0 < queries; q0 += kMaxGridY) {
-    const int64_t n = queries - q0 < kMaxGridY ? queries - q0 : kMaxGridY;
+  ForEachQuerySlice(queries, [&](int64_t q0, int64_t n) {
     const dim3 grid(static_cast<unsigned>(blocks < 4096 ? blocks : 4096), static_cast<unsigned>(n));
     PagedIndexerAtKernel<<<grid, kThreads, IndexerSharedBytes(heads, dim), stream>>>(
         qi + q0 * heads * dim, w + q0 * heads, paged, list + q0 * per_query, per_query,
         static_cast<int>(heads), dim, score + q0 * per_query);
-  }
+  });
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 #include "engine/cpu/exp.h"
 #include "kernels/fp_codes.cuh"
 #include "kernels/kv_ops_kernel.cuh"
+#include "kernels/query_slices.cuh"
 
 namespace kvc::cuda {
 namespace {
@@ -175,15 +176,13 @@ cudaError_t LaunchIndexerScores(const float* qi, const float* w, const float* ke
                                 int64_t positions, float* score, cudaStream_t stream) {
   if (queries == 0 || positions == 0) return cudaSuccess;
   constexpr int kThreads = 128;
-  constexpr int64_t kMaxGridY = 65535;  // launches over more queries go in slices
-  for (int64_t q0 = 0; q0 < queries; q0 += kMaxGridY) {
-    const int64_t n = queries - q0 < kMaxGridY ? queries - q0 : kMaxGridY;
+  ForEachQuerySlice(queries, [&](int64_t q0, int64_t n) {
     const dim3 grid(static_cast<unsigned>((positions + kThreads - 1) / kThreads),
                     static_cast<unsigned>(n));
     IndexerScoresKernel<<<grid, kThreads, 0, stream>>>(qi + q0 * heads * dim, w + q0 * heads, keys,
                                                        visible + q0, n, heads, dim, positions,
                                                        score + q0 * positions);
-  }
+  });
   return cudaGetLastError();
 }
 

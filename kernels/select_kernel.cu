@@ -1,5 +1,6 @@
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/query_slices.cuh"
 #include "kernels/select_kernel.cuh"
 
 namespace kvc::cuda {
@@ -147,14 +148,12 @@ cudaError_t LaunchBlockMaxima(const float* scores, int64_t ld, const int32_t* co
   if (queries == 0 || ld == 0) return cudaSuccess;
   if (block <= 0) return cudaErrorInvalidValue;
   const int64_t nblocks = (ld + block - 1) / block;
-  constexpr int64_t kMaxGridY = 65535;  // launches over more queries go in slices
-  for (int64_t q0 = 0; q0 < queries; q0 += kMaxGridY) {
-    const int64_t n = queries - q0 < kMaxGridY ? queries - q0 : kMaxGridY;
+  ForEachQuerySlice(queries, [&](int64_t q0, int64_t n) {
     const dim3 grid(static_cast<unsigned>((nblocks + 255) / 256), static_cast<unsigned>(n));
     BlockMaximaKernel<<<grid, 256, 0, stream>>>(scores + q0 * ld, ld,
                                                 counts != nullptr ? counts + q0 : nullptr, block,
                                                 nblocks, best + q0 * nblocks);
-  }
+  });
   return cudaGetLastError();
 }
 
