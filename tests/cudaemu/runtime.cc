@@ -1,0 +1,343 @@
+// The CUDA runtime calls on the CPU. Every allocation is recorded with its kind so copies
+// can be checked against their direction and kernels against host pointers; device
+// memory starts as 0xFF bytes (NaN floats, −1 integers), never as zeros, so code that
+// reads memory it never wrote shows it.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "cudaemu/runtime.h"
+
+namespace cudaemu {
+namespace {
+
+constexpr size_t kDeviceBytes = size_t{16} << 30;  // what cudaMemGetInfo reports as total
+
+struct Range {
+  size_t bytes;
+  Memory kind;
+  bool owned;  // allocated here (cudaMalloc/cudaMallocHost) rather than registered
+};
+
+std::mutex g_mu;
+std::map<uintptr_t, Range> g_ranges;
+size_t g_device_in_use = 0;
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+cudaError_t Report(cudaError_t e, const char* fmt, auto... args) {
+  std::fprintf(stderr, "cudaemu: ");
+  std::fprintf(stderr, fmt, args...);
+  std::fprintf(stderr, "\n");
+  return e;
+}
+
+// The range holding [p, p + bytes), or end().
+std::map<uintptr_t, Range>::iterator Find(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_ranges.upper_bound(a);
+  if (it == g_ranges.begin()) return g_ranges.end();
+  --it;
+  if (a + bytes > it->first + it->second.bytes) return g_ranges.end();
+  return it;
+}
+
+const char* KindName(Memory m) {
+  switch (m) {
+    case Memory::kDevice:
+      return "device memory";
+    case Memory::kPinnedHost:
+      return "page-locked host memory";
+    case Memory::kOther:
+      return "ordinary host memory";
+  }
+  return "?";
+}
+
+void* Allocate(size_t bytes, Memory kind) {
+  void* p = ::operator new(bytes, std::align_val_t{256}, std::nothrow);
+  if (p == nullptr) return nullptr;
+  std::memset(p, 0xFF, bytes);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_ranges[reinterpret_cast<uintptr_t>(p)] = Range{bytes, kind, true};
+  if (kind == Memory::kDevice) g_device_in_use += bytes;
+  return p;
+}
+
+cudaError_t Release(void* p, Memory kind, const char* call) {
+  if (p == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_ranges.find(reinterpret_cast<uintptr_t>(p));
+    if (it == g_ranges.end() || it->second.kind != kind || !it->second.owned) {
+      return Report(cudaErrorInvalidValue, "%s(%p): not the start of a live allocation of %s",
+                    call, p, KindName(kind));
+    }
+    if (kind == Memory::kDevice) g_device_in_use -= it->second.bytes;
+    g_ranges.erase(it);
+  }
+  ::operator delete(p, std::align_val_t{256});
+  return cudaSuccess;
+}
+
+bool CopyDirectionHolds(const void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                        const char* call) {
+  if (kind == cudaMemcpyDefault) return true;
+  const bool dst_dev = Classify(dst, bytes) == Memory::kDevice;
+  const bool src_dev = Classify(src, bytes) == Memory::kDevice;
+  const bool want_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool want_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (dst_dev == want_dst && src_dev == want_src) return true;
+  static const char* const kKinds[] = {"HostToHost", "HostToDevice", "DeviceToHost",
+                                       "DeviceToDevice"};
+  Report(cudaErrorInvalidValue,
+         "%s %s of %zu bytes: the destination %p is %s and the source %p is %s (a device range "
+         "must lie inside one cudaMalloc allocation)",
+         call, kKinds[kind], bytes, dst, dst_dev ? "device memory" : "not device memory", src,
+         src_dev ? "device memory" : "not device memory");
+  return false;
+}
+
+}  // namespace
+
+Memory Classify(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = Find(p, bytes);
+  return it == g_ranges.end() ? Memory::kOther : it->second.kind;
+}
+
+void SetLastError(cudaError_t e) { g_last_error = e; }
+
+void CheckKernelPointer(const char* kernel, int arg, const void* p) {
+  if (Classify(p, 0) != Memory::kOther) return;
+  std::fprintf(stderr,
+               "cudaemu: kernel %s, argument %d: %p is neither device memory nor page-locked "
+               "host memory (a GPU faults when it reads it)\n",
+               kernel, arg, p);
+  std::abort();
+}
+
+}  // namespace cudaemu
+
+using cudaemu::Memory;
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+  }
+  return "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorNotSupported:
+      return "operation not supported (CPU emulation)";
+    default:
+      return cudaGetErrorName(e);
+  }
+}
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = cudaemu::g_last_error;
+  cudaemu::g_last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() { return cudaemu::g_last_error; }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "CUDA emulated on the CPU (cudaemu)");
+  prop->totalGlobalMem = cudaemu::kDeviceBytes;
+  prop->sharedMemPerBlock = 48 << 10;
+  prop->maxThreadsPerBlock = 1024;
+  prop->multiProcessorCount = 1;
+  prop->major = 9;
+  prop->minor = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(cudaemu::g_mu);
+  *total_bytes = cudaemu::kDeviceBytes;
+  *free_bytes = cudaemu::kDeviceBytes - cudaemu::g_device_in_use;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(cudaemu::g_mu);
+    if (cudaemu::g_device_in_use + bytes > cudaemu::kDeviceBytes) return cudaErrorMemoryAllocation;
+  }
+  *p = cudaemu::Allocate(bytes, Memory::kDevice);
+  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void* p) { return cudaemu::Release(p, Memory::kDevice, "cudaFree"); }
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  *p = cudaemu::Allocate(bytes > 0 ? bytes : 1, Memory::kPinnedHost);
+  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  return cudaemu::Release(p, Memory::kPinnedHost, "cudaFreeHost");
+}
+
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
+  if (p == nullptr || bytes == 0) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(cudaemu::g_mu);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = cudaemu::g_ranges.lower_bound(a);
+  const bool overlaps_next = it != cudaemu::g_ranges.end() && it->first < a + bytes;
+  const bool overlaps_prev =
+      it != cudaemu::g_ranges.begin() && std::prev(it)->first + std::prev(it)->second.bytes > a;
+  if (overlaps_next || overlaps_prev) return cudaErrorHostMemoryAlreadyRegistered;
+  cudaemu::g_ranges[a] = cudaemu::Range{bytes, Memory::kPinnedHost, false};
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* p) {
+  std::lock_guard<std::mutex> lock(cudaemu::g_mu);
+  auto it = cudaemu::g_ranges.find(reinterpret_cast<uintptr_t>(p));
+  if (it == cudaemu::g_ranges.end() || it->second.owned) return cudaErrorHostMemoryNotRegistered;
+  cudaemu::g_ranges.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return cudaSuccess;
+  if (!cudaemu::CopyDirectionHolds(dst, src, bytes, kind, "cudaMemcpy")) {
+    return cudaErrorInvalidValue;
+  }
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  if (cudaemu::Classify(dst, bytes) != Memory::kDevice) {
+    return cudaemu::Report(cudaErrorInvalidValue,
+                           "cudaMemset of %zu bytes at %p: not inside one device allocation", bytes,
+                           dst);
+  }
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(dst, value, bytes);
+}
+
+struct CUstream_st {
+  unsigned flags;
+};
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at;
+  bool recorded = false;
+};
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  *stream = new CUstream_st{flags};
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+
+// Every copy and launch finished when it returned.
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st{};
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  event->at = std::chrono::steady_clock::now();
+  event->recorded = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start->recorded || !end->recorded) return cudaErrorInvalidValue;
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return cudaErrorNotSupported; }
+
+cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned) {
+  return cudaErrorNotSupported;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }
