@@ -58,8 +58,10 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
     for (int i = 0; i < m; ++i) {
       float acc = 0.0f;
       for (int l = 0; l < k; ++l) {
-        const float av = ta ? a[l + static_cast<size_t>(i) * lda] : a[i + static_cast<size_t>(l) * lda];
-        const float bv = tb ? b[j + static_cast<size_t>(l) * ldb] : b[l + static_cast<size_t>(j) * ldb];
+        const float av =
+            ta ? a[l + static_cast<size_t>(i) * lda] : a[i + static_cast<size_t>(l) * lda];
+        const float bv =
+            tb ? b[j + static_cast<size_t>(l) * ldb] : b[l + static_cast<size_t>(j) * ldb];
         acc = std::fma(av, bv, acc);
       }
       float& out = c[i + static_cast<size_t>(j) * ldc];

@@ -1,8 +1,8 @@
 // The CUDA emulation itself: barriers, shuffles, block scans and atomics give CUDA's
 // results on random inputs (fresh seeds); what a GPU rejects or faults on is refused or
 // aborts with a message naming it; a missing barrier changes a kernel's result.
-#include <cub/block/block_scan.cuh>
 #include <cublas_v2.h>
+#include <cub/block/block_scan.cuh>
 
 #include <algorithm>
 #include <random>
@@ -182,8 +182,10 @@ TEST(CudaEmuTest, BlockScanAndAtomicsGiveExactCounts) {
 }
 
 __global__ void DivergentBarrier(int* out) {
-  if (threadIdx.x < 16) __syncthreads();
-  else __syncwarp();
+  if (threadIdx.x < 16)
+    __syncthreads();
+  else
+    __syncwarp();
   out[threadIdx.x] = 1;
 }
 
@@ -197,9 +199,10 @@ __global__ void Touch(float* p) { p[threadIdx.x] = 1.0f; }
 TEST(CudaEmuDeathTest, WhatFaultsOrHangsOnAGpuAbortsNamingIt) {
   int* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(int)), cudaSuccess);
-  EXPECT_DEATH(Launch(DivergentBarrier, "DivergentBarrier", 1, 32)(d), "DivergentBarrier.*deadlock");
-  EXPECT_DEATH(Launch(ShuffleWithAnExitedLane, "ShuffleWithAnExitedLane", 1, 32)(
-                   reinterpret_cast<float*>(d)),
+  EXPECT_DEATH(Launch(DivergentBarrier, "DivergentBarrier", 1, 32)(d),
+               "DivergentBarrier.*deadlock");
+  EXPECT_DEATH(Launch(ShuffleWithAnExitedLane, "ShuffleWithAnExitedLane", 1,
+                      32)(reinterpret_cast<float*>(d)),
                "reads lane 3 in a shuffle that lane did not join");
   std::vector<float> host(32);
   EXPECT_DEATH(Launch(Touch, "Touch", 1, 32)(host.data()),
@@ -264,9 +267,9 @@ TEST(CudaEmuTest, CublasSgemmIsColumnMajor) {
       EXPECT_NEAR(got[i + j * m], want, 1e-5) << i << "," << j;
     }
   }
-  EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a.data(), k, db, k, &zero, dc,
-                        m),
-            CUBLAS_STATUS_INVALID_VALUE);  // A in host memory
+  EXPECT_EQ(
+      cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a.data(), k, db, k, &zero, dc, m),
+      CUBLAS_STATUS_INVALID_VALUE);  // A in host memory
   cublasDestroy(h);
   for (float* p : {da, db, dc}) cudaFree(p);
 }

@@ -57,7 +57,7 @@ const char* KindName(Memory m) {
 }
 
 void* Allocate(size_t bytes, Memory kind) {
-  void* p = ::operator new(bytes, std::align_val_t{256}, std::nothrow);
+  void* p = ::operator new (bytes, std::align_val_t{256}, std::nothrow);
   if (p == nullptr) return nullptr;
   std::memset(p, 0xFF, bytes);
   std::lock_guard<std::mutex> lock(g_mu);
@@ -72,13 +72,13 @@ cudaError_t Release(void* p, Memory kind, const char* call) {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_ranges.find(reinterpret_cast<uintptr_t>(p));
     if (it == g_ranges.end() || it->second.kind != kind || !it->second.owned) {
-      return Report(cudaErrorInvalidValue, "%s(%p): not the start of a live allocation of %s",
-                    call, p, KindName(kind));
+      return Report(cudaErrorInvalidValue, "%s(%p): not the start of a live allocation of %s", call,
+                    p, KindName(kind));
     }
     if (kind == Memory::kDevice) g_device_in_use -= it->second.bytes;
     g_ranges.erase(it);
   }
-  ::operator delete(p, std::align_val_t{256});
+  ::operator delete (p, std::align_val_t{256});
   return cudaSuccess;
 }
 
@@ -183,9 +183,7 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
-}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;

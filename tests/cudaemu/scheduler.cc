@@ -236,9 +236,10 @@ bool Runnable(const Run& r, const Fiber& f) {
     if (f.done) continue;
     (f.wait == Wait::kBlock ? at_block : at_warp) += 1;
   }
-  Fail("kernel %s, block (%u,%u,%u): deadlock — %d threads wait at __syncthreads, %d at a warp "
-       "barrier or shuffle, and none can go on (a barrier in divergent code?)",
-       r.kernel, b.x, b.y, b.z, at_block, at_warp);
+  Fail(
+      "kernel %s, block (%u,%u,%u): deadlock — %d threads wait at __syncthreads, %d at a warp "
+      "barrier or shuffle, and none can go on (a barrier in divergent code?)",
+      r.kernel, b.x, b.y, b.z, at_block, at_warp);
 }
 
 // Written without instrumentation: under AddressSanitizer the section holds redzones
@@ -263,9 +264,9 @@ void RunBlock(Run& r, uint3 b, dim3 grid, dim3 block, uint64_t block_number) {
     Fiber& f = r.fibers[i];
     f = Fiber{};
     f.linear = i;
-    f.ctx.thread_idx = uint3{static_cast<unsigned>(i) % block.x,
-                             (static_cast<unsigned>(i) / block.x) % block.y,
-                             static_cast<unsigned>(i) / (block.x * block.y)};
+    f.ctx.thread_idx =
+        uint3{static_cast<unsigned>(i) % block.x, (static_cast<unsigned>(i) / block.x) % block.y,
+              static_cast<unsigned>(i) / (block.x * block.y)};
     f.ctx.block_idx = b;
     f.ctx.block_dim = block;
     f.ctx.grid_dim = grid;
@@ -356,9 +357,10 @@ uint64_t Shuffle(unsigned mask, uint64_t value, int src) {
   w.slot_gen[slot][lane] = gen + 1;
   WarpBarrier(f, w);
   if (src < 0 || src >= 32 || w.slot_gen[slot][src] != gen + 1) {
-    Fail("kernel %s: lane %d reads lane %d in a shuffle that lane did not join (exited or "
-         "diverged)",
-         g_run->kernel, lane, src);
+    Fail(
+        "kernel %s: lane %d reads lane %d in a shuffle that lane did not join (exited or "
+        "diverged)",
+        g_run->kernel, lane, src);
   }
   return w.slots[slot][src];
 }

@@ -1,8 +1,9 @@
 // The engine with its matrix products, indexer and sparse attention on the GPU against the CPU
 // engine, on random inputs (fresh seeds): the device GEMM equals the CPU GEMM bit for bit
 // for odd shapes; the mini model's logits and pages are the CPU's bits through prefill
-// (CED and full depth) and decode; exact resume is bit-identical to a cold run on the GPU. Skipped,
-// saying so, where there is no GPU.
+// (CED and full depth) and decode; exact resume is bit-identical to a cold run on the GPU.
+// Skipped, saying so, where there is no GPU; the <test>_emu build runs the same checks on
+// the CPU emulation of CUDA (tests/cudaemu).
 #include <cmath>
 #include <cstdio>
 #include <cstring>

@@ -1,4 +1,5 @@
-// CUDA FP4 dequantization against the CPU codec, bit for bit. Skips without a GPU.
+// CUDA FP4 dequantization against the CPU codec, bit for bit. Skips without a GPU; the
+// <test>_emu build runs it on the CPU emulation of CUDA (tests/cudaemu).
 #include "kernels/kv_dequant.h"
 
 #include <cmath>

@@ -1,7 +1,8 @@
 // The global-KV kernels against their CPU twins on random inputs (fresh seeds): FP4
 // quantization and indexer scores bit for bit, sparse attention over window rows and FP4
 // pages within a relative error (CUDA's expf differs from glibc's by up to 2 ulp).
-// Skipped, saying so, where there is no GPU.
+// Skipped, saying so, where there is no GPU;
+// the <test>_emu build runs the same checks on the CPU emulation of CUDA (tests/cudaemu).
 #include "kernels/kv_ops.h"
 
 #include <cmath>

@@ -1,7 +1,8 @@
 // PageMirror on a GPU: pages read back equal the host's; a second call with the same
 // versions uploads nothing; a changed page (new version) is uploaded alone; growing keeps
 // the pages already there; past the budget the least recently used other sequence goes.
-// Skipped, saying so, where there is no GPU.
+// Skipped, saying so, where there is no GPU;
+// the <test>_emu build runs the same checks on the CPU emulation of CUDA (tests/cudaemu).
 #include "kernels/page_mirror.h"
 
 #include <random>

@@ -1,7 +1,8 @@
 // The per-row kernels against their CPU twins on random inputs (fresh seeds): RMSNorm bit
 // for bit (double accumulation both sides), RoPE, compressor pooling and the mHC
 // coefficients within relative errors (CUDA's sin/cos/expf differ from glibc's by ulps).
-// Skipped, saying so, where there is no GPU.
+// Skipped, saying so, where there is no GPU;
+// the <test>_emu build runs the same checks on the CPU emulation of CUDA (tests/cudaemu).
 #include "kernels/row_ops.h"
 
 #include <cmath>
