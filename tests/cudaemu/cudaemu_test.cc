@@ -4,6 +4,9 @@
 #include <cublas_v2.h>
 #include <cub/block/block_scan.cuh>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <random>
 #include <vector>
@@ -244,6 +247,37 @@ TEST(CudaEmuTest, BadLaunchesAndCopiesFailAsOnAGpu) {
   EXPECT_EQ(cudaMemcpy(d + 32, d, 32 * sizeof(float), cudaMemcpyDeviceToDevice), cudaSuccess);
   EXPECT_EQ(cudaFree(d + 1), cudaErrorInvalidValue);
   EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+TEST(CudaEmuTest, IpcSharesADeviceAllocationWithAnotherProcess) {
+  constexpr size_t kBytes = size_t{2} << 20;
+  uint8_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, kBytes), cudaSuccess);
+  cudaIpcMemHandle_t h{};
+  ASSERT_EQ(cudaIpcGetMemHandle(&h, d), cudaSuccess);
+  void* own = nullptr;
+  EXPECT_EQ(cudaIpcOpenMemHandle(&own, h, cudaIpcMemLazyEnablePeerAccess), cudaErrorInvalidValue);
+  uint8_t* small = nullptr;
+  ASSERT_EQ(cudaMalloc(&small, 1024), cudaSuccess);
+  cudaIpcMemHandle_t hs{};
+  EXPECT_EQ(cudaIpcGetMemHandle(&hs, small), cudaErrorNotSupported);
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // map the parent's allocation, fill it, unmap
+    void* p = nullptr;
+    if (cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) _exit(1);
+    if (cudaMemset(p, 0x5A, kBytes) != cudaSuccess) _exit(2);
+    if (cudaIpcCloseMemHandle(p) != cudaSuccess) _exit(3);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  const std::vector<uint8_t> back = ToHost(d, kBytes);
+  EXPECT_EQ(std::count(back.begin(), back.end(), uint8_t{0x5A}), static_cast<long>(kBytes));
+  cudaFree(d);
+  cudaFree(small);
 }
 
 TEST(CudaEmuTest, CublasSgemmIsColumnMajor) {

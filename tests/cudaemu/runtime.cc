@@ -2,6 +2,10 @@
 // can be checked against their direction and kernels against host pointers; device
 // memory starts as 0xFF bytes (NaN floats, −1 integers), never as zeros, so code that
 // reads memory it never wrote shows it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,12 +19,30 @@ namespace cudaemu {
 namespace {
 
 constexpr size_t kDeviceBytes = size_t{16} << 30;  // what cudaMemGetInfo reports as total
+// Device allocations of at least this size live in a memfd mapping, so another process can
+// map them (CUDA IPC: the HBM tier's arena); smaller ones come from the heap, where
+// AddressSanitizer knows their exact size.
+constexpr size_t kShareableBytes = size_t{1} << 20;
+
+enum class Origin { kHeap, kMemfd, kRegistered, kIpcMapping };
 
 struct Range {
   size_t bytes;
   Memory kind;
-  bool owned;  // allocated here (cudaMalloc/cudaMallocHost) rather than registered
+  Origin origin;
+  int fd = -1;  // kMemfd: kept open for cudaIpcGetMemHandle
 };
+
+// What cudaIpcGetMemHandle hands out: the owner's pid and the memfd's descriptor number,
+// which another process of the same user opens through /proc.
+struct IpcHandle {
+  char magic[8];
+  int32_t pid;
+  int32_t fd;
+  uint64_t bytes;
+};
+static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
+constexpr char kIpcMagic[8] = "cudaemu";
 
 std::mutex g_mu;
 std::map<uintptr_t, Range> g_ranges;
@@ -56,29 +78,57 @@ const char* KindName(Memory m) {
   return "?";
 }
 
+void* MapMemfd(size_t bytes, int* fd_out) {
+  const int fd = memfd_create("cudaemu-device", MFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (p == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
+  *fd_out = fd;
+  return p;
+}
+
 void* Allocate(size_t bytes, Memory kind) {
-  void* p = ::operator new (bytes, std::align_val_t{256}, std::nothrow);
+  int fd = -1;
+  void* p = kind == Memory::kDevice && bytes >= kShareableBytes
+                ? MapMemfd(bytes, &fd)
+                : ::operator new (bytes, std::align_val_t{256}, std::nothrow);
   if (p == nullptr) return nullptr;
   std::memset(p, 0xFF, bytes);
   std::lock_guard<std::mutex> lock(g_mu);
-  g_ranges[reinterpret_cast<uintptr_t>(p)] = Range{bytes, kind, true};
+  g_ranges[reinterpret_cast<uintptr_t>(p)] =
+      Range{bytes, kind, fd >= 0 ? Origin::kMemfd : Origin::kHeap, fd};
   if (kind == Memory::kDevice) g_device_in_use += bytes;
   return p;
 }
 
 cudaError_t Release(void* p, Memory kind, const char* call) {
   if (p == nullptr) return cudaSuccess;
+  Range range{};
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_ranges.find(reinterpret_cast<uintptr_t>(p));
-    if (it == g_ranges.end() || it->second.kind != kind || !it->second.owned) {
+    const bool owned = it != g_ranges.end() &&
+                       (it->second.origin == Origin::kHeap || it->second.origin == Origin::kMemfd);
+    if (!owned || it->second.kind != kind) {
       return Report(cudaErrorInvalidValue, "%s(%p): not the start of a live allocation of %s", call,
                     p, KindName(kind));
     }
-    if (kind == Memory::kDevice) g_device_in_use -= it->second.bytes;
+    range = it->second;
+    if (kind == Memory::kDevice) g_device_in_use -= range.bytes;
     g_ranges.erase(it);
   }
-  ::operator delete (p, std::align_val_t{256});
+  if (range.origin == Origin::kMemfd) {
+    munmap(p, range.bytes);
+    close(range.fd);
+  } else {
+    ::operator delete (p, std::align_val_t{256});
+  }
   return cudaSuccess;
 }
 
@@ -149,6 +199,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorLaunchFailure";
     case cudaErrorNotSupported:
       return "cudaErrorNotSupported";
+    case cudaErrorMapBufferObjectFailed:
+      return "cudaErrorMapBufferObjectFailed";
   }
   return "cudaErrorUnknown";
 }
@@ -243,14 +295,16 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned) {
   const bool overlaps_prev =
       it != cudaemu::g_ranges.begin() && std::prev(it)->first + std::prev(it)->second.bytes > a;
   if (overlaps_next || overlaps_prev) return cudaErrorHostMemoryAlreadyRegistered;
-  cudaemu::g_ranges[a] = cudaemu::Range{bytes, Memory::kPinnedHost, false};
+  cudaemu::g_ranges[a] = cudaemu::Range{bytes, Memory::kPinnedHost, cudaemu::Origin::kRegistered};
   return cudaSuccess;
 }
 
 cudaError_t cudaHostUnregister(void* p) {
   std::lock_guard<std::mutex> lock(cudaemu::g_mu);
   auto it = cudaemu::g_ranges.find(reinterpret_cast<uintptr_t>(p));
-  if (it == cudaemu::g_ranges.end() || it->second.owned) return cudaErrorHostMemoryNotRegistered;
+  if (it == cudaemu::g_ranges.end() || it->second.origin != cudaemu::Origin::kRegistered) {
+    return cudaErrorHostMemoryNotRegistered;
+  }
   cudaemu::g_ranges.erase(it);
   return cudaSuccess;
 }
@@ -332,10 +386,68 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 
-cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return cudaErrorNotSupported; }
-
-cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned) {
-  return cudaErrorNotSupported;
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
+  std::lock_guard<std::mutex> lock(cudaemu::g_mu);
+  auto it = cudaemu::g_ranges.find(reinterpret_cast<uintptr_t>(p));
+  if (it == cudaemu::g_ranges.end() || it->second.kind != Memory::kDevice) {
+    return cudaemu::Report(cudaErrorInvalidValue,
+                           "cudaIpcGetMemHandle(%p): not the start of a device allocation", p);
+  }
+  if (it->second.origin != cudaemu::Origin::kMemfd) {
+    return cudaemu::Report(cudaErrorNotSupported,
+                           "cudaIpcGetMemHandle(%p): the emulation shares only allocations of "
+                           "at least %zu bytes",
+                           p, cudaemu::kShareableBytes);
+  }
+  cudaemu::IpcHandle h{};
+  std::memcpy(h.magic, cudaemu::kIpcMagic, sizeof h.magic);
+  h.pid = getpid();
+  h.fd = it->second.fd;
+  h.bytes = it->second.bytes;
+  *handle = cudaIpcMemHandle_t{};
+  std::memcpy(handle->reserved, &h, sizeof h);
+  return cudaSuccess;
 }
 
-cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }
+cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) {
+  cudaemu::IpcHandle h;
+  std::memcpy(&h, handle.reserved, sizeof h);
+  if (std::memcmp(h.magic, cudaemu::kIpcMagic, sizeof h.magic) != 0) {
+    return cudaemu::Report(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: not an IPC handle");
+  }
+  if (h.pid == getpid()) {  // CUDA refuses to map an allocation into its own process
+    return cudaemu::Report(cudaErrorInvalidValue,
+                           "cudaIpcOpenMemHandle: the handle is this process's own");
+  }
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    return cudaemu::Report(cudaErrorMapBufferObjectFailed,
+                           "cudaIpcOpenMemHandle: cannot open %s (the exporting process is gone?)",
+                           path);
+  }
+  void* m = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return cudaErrorMapBufferObjectFailed;
+  std::lock_guard<std::mutex> lock(cudaemu::g_mu);
+  cudaemu::g_ranges[reinterpret_cast<uintptr_t>(m)] =
+      cudaemu::Range{h.bytes, Memory::kDevice, cudaemu::Origin::kIpcMapping};
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* p) {
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(cudaemu::g_mu);
+    auto it = cudaemu::g_ranges.find(reinterpret_cast<uintptr_t>(p));
+    if (it == cudaemu::g_ranges.end() || it->second.origin != cudaemu::Origin::kIpcMapping) {
+      return cudaErrorInvalidValue;
+    }
+    bytes = it->second.bytes;
+    cudaemu::g_ranges.erase(it);
+  }
+  munmap(p, bytes);
+  return cudaSuccess;
+}

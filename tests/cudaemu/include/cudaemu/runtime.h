@@ -17,6 +17,7 @@ enum cudaError {
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorNoDevice = 100,
+  cudaErrorMapBufferObjectFailed = 205,
   cudaErrorInvalidDevice = 101,
   cudaErrorHostMemoryAlreadyRegistered = 712,
   cudaErrorHostMemoryNotRegistered = 713,
@@ -111,7 +112,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
-// CUDA IPC needs a driver shared between processes: not emulated (NotSupported).
+// CUDA IPC between processes of one user: device allocations of 1 MiB and more are memfd
+// mappings, and a handle names the owner's pid and descriptor (opened through /proc).
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p);
 cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned flags);
 cudaError_t cudaIpcCloseMemHandle(void* p);
