@@ -9,55 +9,13 @@
 namespace kvc::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t EncodeE2M1(float x) {
-  if (isnan(x)) return 0;
-  const uint32_t sign = signbit(x) ? 0x8u : 0x0u;
-  const float a = fabsf(x);
-  uint32_t m;
-  if (a <= 0.25f)
-    m = 0;
-  else if (a < 0.75f)
-    m = 1;
-  else if (a <= 1.25f)
-    m = 2;
-  else if (a < 1.75f)
-    m = 3;
-  else if (a <= 2.5f)
-    m = 4;
-  else if (a < 3.5f)
-    m = 5;
-  else if (a <= 5.0f)
-    m = 6;
-  else
-    m = 7;
-  return sign | m;
-}
+using fp::EncodeE2M1;
+using fp::EncodeE4M3;
 
-__device__ __forceinline__ uint32_t EncodeE4M3(float x) {
-  if (isnan(x)) return 0x7Fu;
-  const uint32_t sign = signbit(x) ? 0x80u : 0x00u;
-  const float a = fabsf(x);
-  if (a >= 448.0f) return sign | 0x7Eu;
-  if (a < 0x1p-6f) return sign | static_cast<uint32_t>(nearbyintf(a * 512.0f));
-  int exp2 = 0;
-  frexpf(a, &exp2);
-  int e = exp2 - 1;
-  int m = static_cast<int>(nearbyintf(ldexpf(a, 3 - e)));
-  if (m == 16) {
-    m = 8;
-    ++e;
-  }
-  int code = ((e + 7) << 3) | (m - 8);
-  if (code > 0x7E) code = 0x7E;
-  return sign | static_cast<uint32_t>(code);
-}
-
+// The E8M0 scale code, capped where the format's largest value times the scale is still a
+// finite float (kv_codec.cc's MaxFiniteE8M0Scale).
 __device__ __forceinline__ uint32_t E8M0CeilPow2(float y, int max_code) {
-  if (isinf(y)) return static_cast<uint32_t>(min(254, max_code));
-  const uint32_t bits = __float_as_uint(y);
-  uint32_t e = (bits >> 23) & 0xFF;
-  if ((bits & 0x7FFFFF) != 0) ++e;
-  if (e > 254) e = 254;
+  const uint32_t e = fp::E8M0CeilPow2(y);
   return e > static_cast<uint32_t>(max_code) ? static_cast<uint32_t>(max_code) : e;
 }
 

@@ -12,11 +12,7 @@
 
 #include <math.h>
 
-#if defined(__CUDACC__)
-#define KVC_HOST_DEVICE __host__ __device__
-#else
-#define KVC_HOST_DEVICE
-#endif
+#include "engine/spec/host_device.h"
 
 namespace kvc::cpu {
 namespace exp_detail {

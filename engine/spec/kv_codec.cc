@@ -1,20 +1,17 @@
 #include "engine/spec/kv_codec.h"
 
 #include <algorithm>
-#include <array>
-#include <bit>
 #include <cmath>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/spec/check.h"
+#include "engine/spec/fp_codes.h"
 
 namespace kvc {
 namespace {
 
 constexpr float kE2M1Max = 6.0f;
 constexpr float kE4M3Max = 448.0f;
-constexpr std::array<float, 8> kE2M1Magnitudes = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 constexpr KvFormatSpec kSpecs[] = {
     {"main", 16, 4},
@@ -89,90 +86,19 @@ void CheckCount(KvFormat f, int64_t n) {
 
 }  // namespace
 
-uint8_t EncodeE2M1(float x) {
-  if (std::isnan(x)) return 0;
-  const uint8_t sign = std::signbit(x) ? 0x8 : 0x0;
-  const float a = std::fabs(x);
-  // Midpoints between neighbours; at an exact tie the even code wins (<= vs <).
-  uint8_t m;
-  if (a <= 0.25f)
-    m = 0;
-  else if (a < 0.75f)
-    m = 1;
-  else if (a <= 1.25f)
-    m = 2;
-  else if (a < 1.75f)
-    m = 3;
-  else if (a <= 2.5f)
-    m = 4;
-  else if (a < 3.5f)
-    m = 5;
-  else if (a <= 5.0f)
-    m = 6;
-  else
-    m = 7;  // saturates: everything above 5 (inf included) is 6
-  return sign | m;
-}
+uint8_t EncodeE2M1(float x) { return static_cast<uint8_t>(fp::EncodeE2M1(x)); }
 
-float DecodeE2M1(uint8_t code) {
-  const float v = kE2M1Magnitudes[code & 0x7];
-  return (code & 0x8) ? -v : v;
-}
+float DecodeE2M1(uint8_t code) { return fp::DecodeE2M1(code); }
 
-uint8_t EncodeE4M3(float x) {
-  if (std::isnan(x)) return 0x7F;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const float a = std::fabs(x);
-  if (a >= kE4M3Max) return sign | 0x7E;
-  constexpr float kMinNormal = 0x1p-6f;
-  if (a < kMinNormal) {
-    // Subnormals are multiples of 2^-9; rounding up to 8 · 2^-9 lands exactly on the
-    // smallest normal, whose code is also 8.
-    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
-  }
-  int exp2 = 0;
-  std::frexp(a, &exp2);  // a = f · 2^exp2, f in [0.5, 1)
-  int e = exp2 - 1;      // a in [2^e, 2^(e+1))
-  // 8..16 after rounding: the 3 mantissa bits plus the implicit one. Scaling by a power
-  // of two is exact, and nearbyint rounds to nearest even in the default mode.
-  int m = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));
-  if (m == 16) {
-    m = 8;
-    ++e;
-  }
-  int code = ((e + 7) << 3) | (m - 8);
-  if (code > 0x7E) code = 0x7E;  // would round to 480 (the NaN pattern): saturate
-  return sign | static_cast<uint8_t>(code);
-}
+uint8_t EncodeE4M3(float x) { return static_cast<uint8_t>(fp::EncodeE4M3(x)); }
 
-float DecodeE4M3(uint8_t code) {
-  const int exp = (code >> 3) & 0xF;
-  const int mant = code & 0x7;
-  float v;
-  if (exp == 0xF && mant == 0x7) {
-    v = std::numeric_limits<float>::quiet_NaN();
-  } else if (exp == 0) {
-    v = std::ldexp(static_cast<float>(mant), -9);
-  } else {
-    v = std::ldexp(static_cast<float>(8 + mant), exp - 10);
-  }
-  return (code & 0x80) ? -v : v;
-}
+float DecodeE4M3(uint8_t code) { return fp::DecodeE4M3(code); }
 
-float DecodeE8M0(uint8_t code) {
-  if (code == 0xFF) return std::numeric_limits<float>::quiet_NaN();
-  return std::ldexp(1.0f, static_cast<int>(code) - 127);
-}
+float DecodeE8M0(uint8_t code) { return fp::DecodeE8M0(code); }
 
 uint8_t E8M0CeilPow2(float y) {
   KVC_CHECK(y > 0) << "E8M0 scale of non-positive " << y;
-  if (std::isinf(y)) return 254;
-  // The reference's fast_round_scale: exponent bits, plus one when any mantissa bit is
-  // set. y is always a normal number here (the callers floor it at 2^-126 or more).
-  const uint32_t bits = std::bit_cast<uint32_t>(y);
-  uint32_t e = (bits >> 23) & 0xFF;
-  if ((bits & 0x7FFFFF) != 0) ++e;
-  return static_cast<uint8_t>(e > 254 ? 254 : e);
+  return static_cast<uint8_t>(fp::E8M0CeilPow2(y));
 }
 
 const KvFormatSpec& SpecOf(KvFormat format) { return kSpecs[static_cast<int>(format)]; }
