@@ -98,10 +98,16 @@ struct Fiber {
   void* asan_fake_stack = nullptr;
 };
 
-struct Warp {
+// Threads still running, how many of them wait here, and the generation, which moves on
+// when the last one arrives (a thread that has returned counts as arrived, as on the GPU).
+struct Barrier {
   int live = 0;
   int arrived = 0;
   uint64_t gen = 0;
+};
+
+struct Warp {
+  Barrier barrier;
   uint64_t slots[2][32] = {};
   uint64_t slot_gen[2][32] = {};
 };
@@ -111,9 +117,7 @@ struct Run {
   const std::function<void()>* body = nullptr;
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
-  int live = 0;
-  int arrived = 0;
-  uint64_t gen = 0;
+  Barrier block;
   Fiber* current = nullptr;
   void* scheduler_sp = nullptr;
   const void* scheduler_stack_bottom = nullptr;
@@ -154,22 +158,34 @@ void Yield() {
   AfterSwitchIntoFiber(f);
 }
 
-void ReleaseIfAllArrived(int& arrived, int live, uint64_t& gen) {
-  if (arrived > 0 && arrived == live) {
-    arrived = 0;
-    ++gen;
+void ReleaseIfAllArrived(Barrier& b) {
+  if (b.arrived > 0 && b.arrived == b.live) {
+    b.arrived = 0;
+    ++b.gen;
   }
 }
 
-// A thread that has returned counts as arrived at every later barrier (as on the GPU).
+// The calling fiber waits at b until every live thread has arrived; the last to arrive
+// releases the others and goes on.
+void Arrive(Fiber& f, Barrier& b, Wait kind) {
+  if (++b.arrived == b.live) {
+    b.arrived = 0;
+    ++b.gen;
+    return;
+  }
+  f.wait = kind;
+  f.wait_gen = b.gen;
+  Yield();
+}
+
 void ThreadExit(Fiber* f) {
   Run& r = *g_run;
-  Warp& w = r.warps[f->linear / 32];
+  Barrier& w = r.warps[f->linear / 32].barrier;
   f->done = true;
-  --r.live;
+  --r.block.live;
   --w.live;
-  ReleaseIfAllArrived(r.arrived, r.live, r.gen);
-  ReleaseIfAllArrived(w.arrived, w.live, w.gen);
+  ReleaseIfAllArrived(r.block);
+  ReleaseIfAllArrived(w);
 }
 
 extern "C" void FiberMain(Fiber* f) {
@@ -223,9 +239,9 @@ bool Runnable(const Run& r, const Fiber& f) {
     case Wait::kNone:
       return true;
     case Wait::kBlock:
-      return f.wait_gen != r.gen;
+      return f.wait_gen != r.block.gen;
     case Wait::kWarp:
-      return f.wait_gen != r.warps[f.linear / 32].gen;
+      return f.wait_gen != r.warps[f.linear / 32].barrier.gen;
   }
   return false;
 }
@@ -253,12 +269,10 @@ __attribute__((no_sanitize_address)) void FillSharedWithGarbage(uint8_t* shared,
 void RunBlock(Run& r, uint3 b, dim3 grid, dim3 block, uint64_t block_number) {
   const int n = static_cast<int>(block.x * block.y * block.z);
   FillSharedWithGarbage(r.shared, r.shared_bytes);
-  r.live = n;
-  r.arrived = 0;
-  r.gen = 0;
+  r.block = Barrier{n, 0, 0};
   r.warps.assign((n + 31) / 32, Warp{});
   for (int w = 0; w < static_cast<int>(r.warps.size()); ++w) {
-    r.warps[w].live = std::min(32, n - 32 * w);
+    r.warps[w].barrier.live = std::min(32, n - 32 * w);
   }
   for (int i = 0; i < n; ++i) {
     Fiber& f = r.fibers[i];
@@ -275,7 +289,7 @@ void RunBlock(Run& r, uint3 b, dim3 grid, dim3 block, uint64_t block_number) {
   }
   // Passes alternate direction, and so do blocks: of two threads that touch the same
   // data without a barrier between them, each goes first in some pass or block.
-  for (uint64_t pass = block_number; r.live > 0; ++pass) {
+  for (uint64_t pass = block_number; r.block.live > 0; ++pass) {
     bool moved = false;
     for (int j = 0; j < n; ++j) {
       Fiber& f = r.fibers[pass % 2 == 0 ? j : n - 1 - j];
@@ -304,31 +318,9 @@ void* DynamicShared() {
   return g_run->shared;
 }
 
-void SyncThreads() {
-  Fiber& f = Current("__syncthreads");
-  Run& r = *g_run;
-  if (++r.arrived == r.live) {  // the last to arrive releases the others and goes on
-    r.arrived = 0;
-    ++r.gen;
-    return;
-  }
-  f.wait = Wait::kBlock;
-  f.wait_gen = r.gen;
-  Yield();
-}
+void SyncThreads() { Arrive(Current("__syncthreads"), g_run->block, Wait::kBlock); }
 
 namespace {
-
-void WarpBarrier(Fiber& f, Warp& w) {
-  if (++w.arrived == w.live) {
-    w.arrived = 0;
-    ++w.gen;
-    return;
-  }
-  f.wait = Wait::kWarp;
-  f.wait_gen = w.gen;
-  Yield();
-}
 
 void CheckMask(const Fiber& f, unsigned mask, const char* what) {
   const int lane = f.linear % 32;
@@ -343,7 +335,7 @@ void CheckMask(const Fiber& f, unsigned mask, const char* what) {
 void SyncWarp(unsigned mask) {
   Fiber& f = Current("__syncwarp");
   CheckMask(f, mask, "__syncwarp");
-  WarpBarrier(f, g_run->warps[f.linear / 32]);
+  Arrive(f, g_run->warps[f.linear / 32].barrier, Wait::kWarp);
 }
 
 uint64_t Shuffle(unsigned mask, uint64_t value, int src) {
@@ -351,11 +343,11 @@ uint64_t Shuffle(unsigned mask, uint64_t value, int src) {
   CheckMask(f, mask, "a warp shuffle");
   Warp& w = g_run->warps[f.linear / 32];
   const int lane = f.linear % 32;
-  const uint64_t gen = w.gen;
+  const uint64_t gen = w.barrier.gen;
   const int slot = static_cast<int>(gen & 1);  // two slot sets: no second barrier needed
   w.slots[slot][lane] = value;
   w.slot_gen[slot][lane] = gen + 1;
-  WarpBarrier(f, w);
+  Arrive(f, w.barrier, Wait::kWarp);
   if (src < 0 || src >= 32 || w.slot_gen[slot][src] != gen + 1) {
     Fail(
         "kernel %s: lane %d reads lane %d in a shuffle that lane did not join (exited or "
