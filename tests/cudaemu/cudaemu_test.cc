@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "cudaemu/device.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
 
 namespace {
 
@@ -78,7 +80,18 @@ __global__ void ReadNeighbour(const int* x, int step, bool barrier, int* out) {
   out[blockIdx.x * n + t] = s[(t + step + n) % n];
 }
 
+constexpr bool kUnderThreadSanitizer =
+#if defined(__SANITIZE_THREAD__)
+    true;
+#else
+    false;
+#endif
+
 TEST(CudaEmuTest, AMissingBarrierChangesTheResultWhicheverThreadWritesFirst) {
+  if (kUnderThreadSanitizer && std::getenv("CUDAEMU_EXPECT_RACE") == nullptr) {
+    GTEST_SKIP() << "a deliberate race: ThreadSanitizerReportsAMissingBarrier runs it and "
+                    "expects the report";
+  }
   std::mt19937_64 rng(kvc::testing::FreshSeed());
   constexpr int kThreads = 64;
   std::vector<int> x(2 * kThreads);
@@ -105,6 +118,21 @@ TEST(CudaEmuTest, AMissingBarrierChangesTheResultWhicheverThreadWritesFirst) {
   }
   cudaFree(dx);
   cudaFree(dout);
+}
+
+// Under -DKVC_SANITIZE_THREAD=ON every CUDA thread is a TSan fiber ordered only by
+// barriers: the test above, run in a child process, must be reported as a data race at the
+// kernel's line — the race check on the kernels (scripts/race-check.sh) can fail.
+TEST(CudaEmuTest, ThreadSanitizerReportsAMissingBarrier) {
+  if (!kUnderThreadSanitizer) GTEST_SKIP() << "needs a -DKVC_SANITIZE_THREAD=ON build";
+  setenv("CUDAEMU_EXPECT_RACE", "1", 1);
+  const kvc::testing::ProcessResult r = kvc::testing::RunProgram(
+      "/proc/self/exe",
+      {"--gtest_filter=CudaEmuTest.AMissingBarrierChangesTheResultWhicheverThreadWritesFirst"});
+  unsetenv("CUDAEMU_EXPECT_RACE");
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("ThreadSanitizer: data race"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("in ReadNeighbour"), std::string::npos) << r.err;
 }
 
 // Butterfly sum over a warp, then every lane reads lane 0's and the next lane's value.

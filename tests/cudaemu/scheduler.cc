@@ -22,6 +22,20 @@
 #define CUDAEMU_ASAN 0
 #endif
 
+// Under ThreadSanitizer each CUDA thread is a TSan fiber, switched without synchronizing;
+// only a barrier (release on arrival, acquire on leaving) or the start and end of a launch
+// orders one thread's accesses before another's. So two threads of a block touching the
+// same memory with no barrier between them, one writing, is reported as a data race: the
+// racecheck of a GPU's compute-sanitizer, on the CPU. This file is built without TSan
+// instrumentation (CMake defines CUDAEMU_TSAN instead): the scheduler's own bookkeeping
+// is not the kernels' business.
+#if defined(CUDAEMU_TSAN) && CUDAEMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#else
+#undef CUDAEMU_TSAN
+#define CUDAEMU_TSAN 0
+#endif
+
 extern "C" void cudaemu_switch(void** save_sp, void* load_sp);
 extern "C" void cudaemu_trampoline();
 // The section of all __shared__ variables (device.h), from the linker; absent when no
@@ -95,7 +109,9 @@ struct Fiber {
   bool done = false;
   Wait wait = Wait::kNone;
   uint64_t wait_gen = 0;
+  bool started = false;
   void* asan_fake_stack = nullptr;
+  void* tsan_fiber = nullptr;
 };
 
 // Threads still running, how many of them wait here, and the generation, which moves on
@@ -124,11 +140,13 @@ struct Run {
   size_t scheduler_stack_size = 0;
   uint8_t* shared = nullptr;
   size_t shared_bytes = 0;
+  void* tsan_scheduler = nullptr;
 };
 
 std::mutex g_launch_mu;  // launches from any host thread run one at a time
 Run* g_run = nullptr;
 std::vector<Stack> g_stacks;
+std::vector<void*> g_tsan_fibers;  // one per stack, reused like the stacks
 
 Stack NewStack() {
   void* m = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE,
@@ -154,8 +172,23 @@ void Yield() {
   __sanitizer_start_switch_fiber(&f->asan_fake_stack, g_run->scheduler_stack_bottom,
                                  g_run->scheduler_stack_size);
 #endif
+#if CUDAEMU_TSAN
+  __tsan_switch_to_fiber(g_run->tsan_scheduler, __tsan_switch_to_fiber_no_sync);
+#endif
   cudaemu_switch(&f->sp, g_run->scheduler_sp);
   AfterSwitchIntoFiber(f);
+}
+
+void TsanRelease([[maybe_unused]] Barrier& b) {
+#if CUDAEMU_TSAN
+  __tsan_release(&b);
+#endif
+}
+
+void TsanAcquire([[maybe_unused]] Barrier& b) {
+#if CUDAEMU_TSAN
+  __tsan_acquire(&b);
+#endif
 }
 
 void ReleaseIfAllArrived(Barrier& b) {
@@ -168,14 +201,16 @@ void ReleaseIfAllArrived(Barrier& b) {
 // The calling fiber waits at b until every live thread has arrived; the last to arrive
 // releases the others and goes on.
 void Arrive(Fiber& f, Barrier& b, Wait kind) {
+  TsanRelease(b);
   if (++b.arrived == b.live) {
     b.arrived = 0;
     ++b.gen;
-    return;
+  } else {
+    f.wait = kind;
+    f.wait_gen = b.gen;
+    Yield();
   }
-  f.wait = kind;
-  f.wait_gen = b.gen;
-  Yield();
+  TsanAcquire(b);
 }
 
 void ThreadExit(Fiber* f) {
@@ -184,6 +219,8 @@ void ThreadExit(Fiber* f) {
   f->done = true;
   --r.block.live;
   --w.live;
+  TsanRelease(r.block);
+  TsanRelease(w);
   ReleaseIfAllArrived(r.block);
   ReleaseIfAllArrived(w);
 }
@@ -195,6 +232,12 @@ extern "C" void FiberMain(Fiber* f) {
 #if CUDAEMU_ASAN
   __sanitizer_start_switch_fiber(nullptr, g_run->scheduler_stack_bottom,
                                  g_run->scheduler_stack_size);
+#endif
+#if CUDAEMU_TSAN
+  // Not synchronizing: the block's other threads must not be ordered after this one by the
+  // fibers' run order. ThreadExit released the block barrier, which the scheduler acquires
+  // once the block is done, for the next block and the host.
+  __tsan_switch_to_fiber(g_run->tsan_scheduler, __tsan_switch_to_fiber_no_sync);
 #endif
   void* unused = nullptr;
   cudaemu_switch(&unused, g_run->scheduler_sp);
@@ -226,6 +269,11 @@ void Resume(Run& r, Fiber& f) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack.base, kStackBytes);
 #endif
+#if CUDAEMU_TSAN
+  // A thread's start sees what the host and the scheduler did before it.
+  __tsan_switch_to_fiber(f.tsan_fiber, f.started ? __tsan_switch_to_fiber_no_sync : 0);
+#endif
+  f.started = true;
   cudaemu_switch(&r.scheduler_sp, f.sp);
 #if CUDAEMU_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
@@ -285,6 +333,7 @@ void RunBlock(Run& r, uint3 b, dim3 grid, dim3 block, uint64_t block_number) {
     f.ctx.block_dim = block;
     f.ctx.grid_dim = grid;
     f.stack = g_stacks[i];
+    f.tsan_fiber = g_tsan_fibers[i];
     f.sp = InitialStackPointer(f.stack, &f);
   }
   // Passes alternate direction, and so do blocks: of two threads that touch the same
@@ -300,6 +349,9 @@ void RunBlock(Run& r, uint3 b, dim3 grid, dim3 block, uint64_t block_number) {
     }
     if (!moved) Deadlock(r, b);
   }
+#if CUDAEMU_TSAN
+  __tsan_acquire(&r.block);  // the next block and the host after the launch see this one
+#endif
 }
 
 Fiber& Current(const char* what) {
@@ -377,7 +429,14 @@ bool RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
     return false;
   }
   std::lock_guard<std::mutex> lock(g_launch_mu);
-  while (g_stacks.size() < threads) g_stacks.push_back(NewStack());
+  while (g_stacks.size() < threads) {
+    g_stacks.push_back(NewStack());
+#if CUDAEMU_TSAN
+    g_tsan_fibers.push_back(__tsan_create_fiber(0));
+#else
+    g_tsan_fibers.push_back(nullptr);
+#endif
+  }
   // Dynamic shared memory is exactly as large as asked (so AddressSanitizer sees overruns).
   std::unique_ptr<uint8_t[]> shared(new uint8_t[shared_bytes > 0 ? shared_bytes : 1]);
   Run r;
@@ -385,6 +444,9 @@ bool RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
   r.body = &body;
   r.shared = shared.get();
   r.shared_bytes = shared_bytes;
+#if CUDAEMU_TSAN
+  r.tsan_scheduler = __tsan_get_current_fiber();
+#endif
   r.fibers.resize(threads);
   g_run = &r;
   uint64_t number = 0;

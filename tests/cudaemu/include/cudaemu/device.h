@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -137,35 +138,35 @@ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   return ::cudaemu::ShuffleValue(mask, v, src >= 0 && src / width == lane / width ? src : lane);
 }
 
-// Fibers of one launch never run at the same time, so a read-modify-write is atomic.
+// Fibers of one launch never run at the same time, so any read-modify-write would do;
+// std::atomic_ref (relaxed, as CUDA's atomics are) tells ThreadSanitizer they are atomic.
 template <typename T>
 T atomicAdd(T* p, T v) {
-  const T old = *p;
-  *p = old + v;
-  return old;
+  return std::atomic_ref<T>(*p).fetch_add(v, std::memory_order_relaxed);
+}
+template <typename T>
+T atomicExch(T* p, T v) {
+  return std::atomic_ref<T>(*p).exchange(v, std::memory_order_relaxed);
+}
+template <typename T>
+T atomicCAS(T* p, T expected, T v) {
+  std::atomic_ref<T>(*p).compare_exchange_strong(expected, v, std::memory_order_relaxed);
+  return expected;  // the old value either way
 }
 template <typename T>
 T atomicMax(T* p, T v) {
-  const T old = *p;
-  if (v > old) *p = v;
+  std::atomic_ref<T> a(*p);
+  T old = a.load(std::memory_order_relaxed);
+  while (v > old && !a.compare_exchange_weak(old, v, std::memory_order_relaxed)) {
+  }
   return old;
 }
 template <typename T>
 T atomicMin(T* p, T v) {
-  const T old = *p;
-  if (v < old) *p = v;
-  return old;
-}
-template <typename T>
-T atomicExch(T* p, T v) {
-  const T old = *p;
-  *p = v;
-  return old;
-}
-template <typename T>
-T atomicCAS(T* p, T expected, T v) {
-  const T old = *p;
-  if (old == expected) *p = v;
+  std::atomic_ref<T> a(*p);
+  T old = a.load(std::memory_order_relaxed);
+  while (v < old && !a.compare_exchange_weak(old, v, std::memory_order_relaxed)) {
+  }
   return old;
 }
 
