@@ -17,7 +17,7 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohea
 echo "gpu: $gpu" | tee "$out/gpu.txt"
 
 # 1. Parity suite: one line per test program (passed / failed / skipped, failures named).
-for t in kv_dequant_test kv_ops_test row_ops_test page_mirror_test cuda_engine_test hbm_ipc_test; do
+for t in kv_dequant_test kv_ops_test row_ops_test page_mirror_test cuda_engine_test cuda_programs_test hbm_ipc_test; do
   start=$(date +%s)
   timeout 300 "$tests/$t" >"$out/$t.log" 2>&1
   rc=$?
