@@ -82,39 +82,78 @@ __device__ __forceinline__ float KeyElement(const float* window, const PagedMain
   return E2M1Value((e % 2) ? (byte >> 4) : (byte & 0xFu)) * E4M3Value(sc);
 }
 
-__global__ void SparseAttentionKernel(const float* q, int64_t queries, int64_t heads, int64_t dim,
+constexpr int kAttnThreads = 256;
+constexpr int kAttnPerThread = 4;  // output elements per thread: dim <= 1024
+constexpr int kAttnTile = 4096;    // key weights staged per round (16 KiB)
+
+// The largest score of the block's keys, to every thread (max is exact in any order).
+__device__ float BlockMax(float m, float* scratch) {
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = m;
+  __syncthreads();
+  float all = -INFINITY;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) all = fmaxf(all, scratch[w]);
+  __syncthreads();  // scratch is free again
+  return all;
+}
+
+// One block per (query, head), model::AttendHead's arithmetic exactly, in parallel where
+// it is order-free: each key's dot product is one fma chain over e (a thread per key), the
+// maximum a reduction; the weights e^{σ−m} a thread per key, staged a tile at a time; the
+// denominator one thread's sum in key order; each output element one fma chain over the
+// keys in order (a thread per element). Dot products are computed twice (for the maximum,
+// then per tile), never stored beyond a tile, so any number of keys fits.
+__global__ void SparseAttentionKernel(const float* q, int64_t heads, int64_t dim,
                                       const float* window, PagedMainKv paged,
                                       const int32_t* offsets, const int32_t* list,
                                       const float* sink, float scale, float* o) {
-  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (id >= queries * heads) return;
+  __shared__ float p[kAttnTile];
+  __shared__ float scratch[kAttnThreads / 32];
+  __shared__ float den_total;
+  const int64_t id = blockIdx.x;  // query · heads + head
   const int64_t qn = id / heads, h = id % heads;
   const float* qh = q + id * dim;
   float* oh = o + id * dim;
   const int32_t begin = offsets[qn], end = offsets[qn + 1];
-  // Pass 1: the running maximum of the scores, as the CPU computes them.
-  float mx = -INFINITY;
-  for (int32_t k = begin; k < end; ++k) {
+  if (end == begin) {  // no keys: zeros, as the CPU gives (block-uniform)
+    for (int64_t e = threadIdx.x; e < dim; e += blockDim.x) oh[e] = 0.0f;
+    return;
+  }
+  auto score = [&](int32_t k) {
     float d = 0.0f;
     for (int64_t e = 0; e < dim; ++e)
       d = fmaf(qh[e], KeyElement(window, paged, list[k], dim, e), d);
-    mx = fmaxf(mx, __fmul_rn(d, scale));
+    return __fmul_rn(d, scale);
+  };
+  float m = -INFINITY;
+  for (int32_t k = begin + static_cast<int32_t>(threadIdx.x); k < end; k += blockDim.x)
+    m = fmaxf(m, score(k));
+  const float mx = BlockMax(m, scratch);
+  float acc[kAttnPerThread];
+  for (int i = 0; i < kAttnPerThread; ++i) acc[i] = 0.0f;
+  float den = 0.0f;  // thread 0's
+  for (int32_t t0 = begin; t0 < end; t0 += kAttnTile) {
+    const int n = min(kAttnTile, end - t0);
+    __syncthreads();  // the previous tile's weights are consumed
+    for (int k = threadIdx.x; k < n; k += blockDim.x)
+      p[k] = cpu::ExpF(__fsub_rn(score(t0 + k), mx));
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int k = 0; k < n; ++k) den = __fadd_rn(den, p[k]);
+    for (int i = 0; i < kAttnPerThread; ++i) {
+      const int64_t e = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (e >= dim) break;
+      for (int k = 0; k < n; ++k)
+        acc[i] = fmaf(p[k], KeyElement(window, paged, list[t0 + k], dim, e), acc[i]);
+    }
   }
-  for (int64_t e = 0; e < dim; ++e) oh[e] = 0.0f;
-  if (end == begin) return;
-  // Pass 2: weights and the weighted sum, key by key.
-  float den = 0.0f;
-  for (int32_t k = begin; k < end; ++k) {
-    float d = 0.0f;
-    for (int64_t e = 0; e < dim; ++e)
-      d = fmaf(qh[e], KeyElement(window, paged, list[k], dim, e), d);
-    const float p = cpu::ExpF(__fsub_rn(__fmul_rn(d, scale), mx));
-    den = __fadd_rn(den, p);
-    for (int64_t e = 0; e < dim; ++e)
-      oh[e] = fmaf(p, KeyElement(window, paged, list[k], dim, e), oh[e]);
+  if (threadIdx.x == 0) den_total = __fadd_rn(den, cpu::ExpF(__fsub_rn(sink[h], mx)));
+  __syncthreads();
+  for (int i = 0; i < kAttnPerThread; ++i) {
+    const int64_t e = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (e < dim) oh[e] = __fdiv_rn(acc[i], den_total);
   }
-  den = __fadd_rn(den, cpu::ExpF(__fsub_rn(sink[h], mx)));
-  for (int64_t e = 0; e < dim; ++e) oh[e] /= den;
 }
 
 }  // namespace
@@ -150,10 +189,10 @@ cudaError_t LaunchSparseAttention(const float* q, int64_t queries, int64_t heads
                                   cudaStream_t stream) {
   const int64_t n = queries * heads;
   if (n == 0) return cudaSuccess;
-  constexpr int kThreads = 64;
-  SparseAttentionKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
-                          stream>>>(q, queries, heads, dim, window, paged, offsets, list, sink,
-                                    scale, o);
+  if (dim > static_cast<int64_t>(kAttnThreads) * kAttnPerThread || n > 0x7FFFFFFF)
+    return cudaErrorInvalidValue;
+  SparseAttentionKernel<<<static_cast<unsigned>(n), kAttnThreads, 0, stream>>>(
+      q, heads, dim, window, paged, offsets, list, sink, scale, o);
   return cudaGetLastError();
 }
 

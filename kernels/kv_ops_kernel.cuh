@@ -35,7 +35,7 @@ struct PagedMainKv {
   int64_t main_scales_offset = 0;
 };
 
-// Sparse MQA, one thread per (query, head): keys of query q are the entries
+// Sparse MQA, one block per (query, head), dim <= 1024: keys of query q are the entries
 // list[offsets[q] .. offsets[q+1]); an entry e >= 0 is window row e of `window` (dim
 // floats), e < 0 is compressed row −e−1 read from `paged` and dequantized on the fly.
 // o = Σ e^{σ−m}·k / (Σ e^{σ−m} + e^{sink_h−m}), σ = scale·q·k.
