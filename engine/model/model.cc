@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <set>
@@ -155,6 +156,22 @@ class ModelImpl {
     std::vector<float> y(rows * w.out_features());
     mm->Gemm(x.data(), rows, w, y.data());
     return y;
+  }
+  // Independent products issued as one group (one wait on a device backend); each y is
+  // what Linear gives.
+  struct LinearCall {
+    const std::vector<float>& x;
+    int64_t rows;
+    const PackedMatrix& w;
+    std::vector<float>& y;
+  };
+  void Linears(std::initializer_list<LinearCall> products) const {
+    std::vector<GemmCall> calls;
+    for (const LinearCall& p : products) {
+      p.y.resize(p.rows * p.w.out_features());
+      calls.push_back({p.x.data(), p.rows, &p.w, p.y.data()});
+    }
+    mm->GemmGroup(calls);
   }
 
   // One pass of layers [l0, l1) over positions [a, b). X: (b−a) × hc × D, pre: (b−a) × hc.
@@ -462,9 +479,12 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
   KVC_CHECK(first == done) << "layer " << l << ": compressor gap at " << done;
   const int64_t rows = b - first;
   std::vector<float> xs(x.begin() + (first - a) * D, x.begin() + (b - a) * D);
-  const std::vector<float> kv = Linear(xs, rows, w.c_wkv);
-  std::vector<float> score;
-  if (ratio > 1) score = Linear(xs, rows, w.c_wgate);
+  std::vector<float> kv, score;
+  if (ratio > 1) {
+    Linears({{xs, rows, w.c_wkv, kv}, {xs, rows, w.c_wgate, score}});
+  } else {
+    kv = Linear(xs, rows, w.c_wkv);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     if (ratio == 1) {
       std::vector<float> latent(kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
@@ -489,10 +509,9 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
                                    std::vector<float>& qr, std::vector<float>& q,
                                    std::vector<float>& kv) const {
   const AttentionWeights& w = layers[l].attn;
-  qr = Linear(x, rows, w.wq_a);
+  Linears({{x, rows, w.wq_a, qr}, {x, rows, w.wkv, kv}});  // kv: rows × hd
   NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
   q = Linear(qr, rows, w.wq_b);  // rows × H × hd
-  kv = Linear(x, rows, w.wkv);   // rows × hd
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
     float* k = &kv[r * hd];
@@ -520,8 +539,8 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     kv_src = &s.layers[plan.kv_layer];
     if (plan.runs_indexer()) {
       const int64_t IH = c.index_n_heads, Id = c.index_head_dim;
-      std::vector<float> qi = Linear(qr, rows, w.i_wq_b);  // rows × IH × Id
-      std::vector<float> wts = Linear(x, rows, w.i_weights);
+      std::vector<float> qi, wts;  // qi: rows × IH × Id
+      Linears({{qr, rows, w.i_wq_b, qi}, {x, rows, w.i_weights, wts}});
       const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Id)) /
                                               std::sqrt(static_cast<double>(IH)));
       for (int64_t r = 0; r < rows; ++r) {
@@ -634,14 +653,20 @@ void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::
   // Grouped low-rank output.
   const int64_t G = c.o_groups, gw = H * hd / G, ol = c.o_lora_rank;
   std::vector<float> u(rows * G * ol);
-  std::vector<float> og(rows * gw), ug(rows * ol);
+  std::vector<std::vector<float>> og(G, std::vector<float>(rows * gw)),
+      ug(G, std::vector<float>(rows * ol));
+  std::vector<GemmCall> calls;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = 0; r < rows; ++r)
       std::copy(o.begin() + r * H * hd + g * gw, o.begin() + r * H * hd + (g + 1) * gw,
-                og.begin() + r * gw);
-    mm->Gemm(og.data(), rows, w.wo_a[g], ug.data());
+                og[g].begin() + r * gw);
+    calls.push_back({og[g].data(), rows, &w.wo_a[g], ug[g].data()});
+  }
+  mm->GemmGroup(calls);  // the groups' products together: one wait on a device
+  for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = 0; r < rows; ++r)
-      std::copy(ug.begin() + r * ol, ug.begin() + (r + 1) * ol, u.begin() + r * G * ol + g * ol);
+      std::copy(ug[g].begin() + r * ol, ug[g].begin() + (r + 1) * ol,
+                u.begin() + r * G * ol + g * ol);
   }
   out = Linear(u, rows, w.wo_b);
 }
