@@ -6,8 +6,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -43,6 +45,26 @@ struct IpcHandle {
 };
 static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
 constexpr char kIpcMagic[8] = "cudaemu";
+
+// CUDAEMU_STATS=1: at exit, what the process asked of the "device" — how many launches,
+// waits and copies each way: the host-device round trips a GPU would pay for, counted
+// without one.
+struct Stats {
+  std::atomic<uint64_t> launches{0}, syncs{0}, h2d{0}, d2h{0}, h2d_bytes{0}, d2h_bytes{0};
+  ~Stats() {
+    if (std::getenv("CUDAEMU_STATS") == nullptr) return;
+    std::fprintf(stderr,
+                 "cudaemu stats: %llu launches, %llu stream/device waits, %llu host-to-device "
+                 "copies (%llu bytes), %llu device-to-host copies (%llu bytes)\n",
+                 static_cast<unsigned long long>(launches.load()),
+                 static_cast<unsigned long long>(syncs.load()),
+                 static_cast<unsigned long long>(h2d.load()),
+                 static_cast<unsigned long long>(h2d_bytes.load()),
+                 static_cast<unsigned long long>(d2h.load()),
+                 static_cast<unsigned long long>(d2h_bytes.load()));
+  }
+};
+Stats g_stats;
 
 std::mutex g_mu;
 std::map<uintptr_t, Range> g_ranges;
@@ -160,6 +182,8 @@ Memory Classify(const void* p, size_t bytes) {
 
 void SetLastError(cudaError_t e) { g_last_error = e; }
 
+void CountLaunch() { ++g_stats.launches; }
+
 void CheckKernelPointer(const char* kernel, int arg, const void* p) {
   if (Classify(p, 0) != Memory::kOther) return;
   std::fprintf(stderr,
@@ -255,7 +279,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  ++cudaemu::g_stats.syncs;
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   std::lock_guard<std::mutex> lock(cudaemu::g_mu);
@@ -314,6 +341,15 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (!cudaemu::CopyDirectionHolds(dst, src, bytes, kind, "cudaMemcpy")) {
     return cudaErrorInvalidValue;
   }
+  const bool to_device = cudaemu::Classify(dst, bytes) == Memory::kDevice;
+  const bool from_device = cudaemu::Classify(src, bytes) == Memory::kDevice;
+  if (to_device && !from_device) {
+    ++cudaemu::g_stats.h2d;
+    cudaemu::g_stats.h2d_bytes += bytes;
+  } else if (from_device && !to_device) {
+    ++cudaemu::g_stats.d2h;
+    cudaemu::g_stats.d2h_bytes += bytes;
+  }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -360,7 +396,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 // Every copy and launch finished when it returned.
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++cudaemu::g_stats.syncs;
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st{};
@@ -378,7 +417,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  ++cudaemu::g_stats.syncs;
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!start->recorded || !end->recorded) return cudaErrorInvalidValue;

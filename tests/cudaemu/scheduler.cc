@@ -428,6 +428,7 @@ bool RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
     SetLastError(cudaErrorInvalidConfiguration);
     return false;
   }
+  CountLaunch();
   std::lock_guard<std::mutex> lock(g_launch_mu);
   while (g_stacks.size() < threads) {
     g_stacks.push_back(NewStack());

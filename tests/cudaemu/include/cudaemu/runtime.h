@@ -127,5 +127,7 @@ Memory Classify(const void* p, size_t bytes);
 
 // Records a launch failure for cudaGetLastError on this host thread.
 void SetLastError(cudaError_t e);
+// Counts a launch for the CUDAEMU_STATS report.
+void CountLaunch();
 
 }  // namespace cudaemu
