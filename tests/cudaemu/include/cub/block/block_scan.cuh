@@ -25,7 +25,8 @@ class BlockScan {
   }
 
   void ExclusiveSum(T input, T& output, T& aggregate) {
-    const int i = static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+    const int i =
+        static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
     if (static_cast<int>(blockDim.x * blockDim.y * blockDim.z) != kThreads) {
       ::cudaemu::Self("cub::BlockScan with a block size other than its template's");
     }
