@@ -185,10 +185,12 @@ class ModelImpl {
   void UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
                         const std::vector<float>& main_hidden) const;
   // Low-rank queries (qr, then q rotated per head) and the rows' own window KV
-  // (normalized, rotated, FP8-QAT'd), for positions a, a+1, ….
+  // (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also the
+  // indexer's raw query and weight projections (issued with q's: one wait on a device).
   void QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
-                          std::vector<float>& qr, std::vector<float>& q,
-                          std::vector<float>& kv) const;
+                          std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv,
+                          std::vector<float>* qi = nullptr,
+                          std::vector<float>* wts = nullptr) const;
   void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                       const std::vector<float>& x, std::vector<float>& out) const;
   // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `batch`
@@ -507,11 +509,16 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
 
 void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
                                    std::vector<float>& qr, std::vector<float>& q,
-                                   std::vector<float>& kv) const {
+                                   std::vector<float>& kv, std::vector<float>* qi,
+                                   std::vector<float>* wts) const {
   const AttentionWeights& w = layers[l].attn;
   Linears({{x, rows, w.wq_a, qr}, {x, rows, w.wkv, kv}});  // kv: rows × hd
   NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
-  q = Linear(qr, rows, w.wq_b);  // rows × H × hd
+  if (qi != nullptr) {  // q: rows × H × hd; qi: rows × IH × Id
+    Linears({{qr, rows, w.wq_b, q}, {qr, rows, w.i_wq_b, *qi}, {x, rows, w.i_weights, *wts}});
+  } else {
+    q = Linear(qr, rows, w.wq_b);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
     float* k = &kv[r * hd];
@@ -526,21 +533,20 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                           std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
                           std::vector<std::vector<uint8_t>>& pool) const {
   const LayerPlan& plan = sched.layers[l];
-  const AttentionWeights& w = layers[l].attn;
   LayerState& ls = s.layers[l];
   const int64_t rows = b - a, ratio = plan.compress_ratio;
-  std::vector<float> qr, q, kv;
-  QueriesAndWindowKv(l, a, rows, x, qr, q, kv);
+  const bool runs_indexer = ratio > 0 && plan.runs_indexer();
+  std::vector<float> qr, q, kv, qi, wts;
+  QueriesAndWindowKv(l, a, rows, x, qr, q, kv, runs_indexer ? &qi : nullptr,
+                     runs_indexer ? &wts : nullptr);
   // Compressed KV and each query's selection of it.
   std::vector<std::vector<int32_t>>* selected = nullptr;
   const LayerState* kv_src = nullptr;
   if (ratio > 0) {
     if (plan.mode == AttentionMode::kFull && compress) Compress(s, l, a, b, x);
     kv_src = &s.layers[plan.kv_layer];
-    if (plan.runs_indexer()) {
+    if (runs_indexer) {
       const int64_t IH = c.index_n_heads, Id = c.index_head_dim;
-      std::vector<float> qi, wts;  // qi: rows × IH × Id
-      Linears({{qr, rows, w.i_wq_b, qi}, {x, rows, w.i_weights, wts}});
       const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Id)) /
                                               std::sqrt(static_cast<double>(IH)));
       for (int64_t r = 0; r < rows; ++r) {
