@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 
 #include "kernels/cuda_check.h"
@@ -56,8 +57,11 @@ class CudaAttention final : public model::AttentionBackend {
     }
     CUDA_CHECK(LaunchSparseAttention(d_q, b.queries, b.heads, b.dim, d_w, paged, d_off, d_ent,
                                      d_sink, b.scale, d_o, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(b.out, d_o, q_bytes, cudaMemcpyDeviceToHost, stream_));
+    // Back through page-locked staging: a copy into pageable memory would be a second wait.
+    float* h_o = out_.Reserve(q_floats);
+    CUDA_CHECK(cudaMemcpyAsync(h_o, d_o, q_bytes, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(b.out, h_o, q_bytes);
   }
 
  private:
@@ -68,6 +72,7 @@ class CudaAttention final : public model::AttentionBackend {
   cudaStream_t stream_ = nullptr;
   const std::shared_ptr<PageMirror> mirror_;
   mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_;
+  mutable GrowingPinnedBuffer<float> out_;
   mutable GrowingDeviceBuffer<int32_t> offsets_, entries_;
 };
 

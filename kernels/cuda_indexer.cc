@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <mutex>
+#include <utility>
 
 #include "kernels/attention_kernel.cuh"
 #include "kernels/cuda_check.h"
@@ -61,8 +63,11 @@ class CudaIndexer final : public model::IndexerBackend {
       CUDA_CHECK(LaunchPagedIndexerScoresAt(qi.get(), w.get(), paged, d_list.get(), rows,
                                             static_cast<int64_t>(width), b.heads, b.dim,
                                             scores.get(), nullptr));
-      const std::vector<std::vector<int32_t>> picked =
-          TopK(scores.get(), static_cast<int64_t>(width), d_counts.get(), rows, b.topk);
+      Selection sel(rows, b.topk);
+      sel.Launch(scores.get(), static_cast<int64_t>(width), d_counts.get());
+      std::vector<int32_t> flat, count;
+      ReadBack({{&sel.out, &flat}, {&sel.n, &count}});
+      const std::vector<std::vector<int32_t>> picked = sel.Picked(flat, count);
       for (int64_t r = 0; r < rows; ++r) {  // list indices → positions (both ascending)
         std::vector<int32_t>& out = (*b.selected)[r];
         out.clear();
@@ -87,30 +92,71 @@ class CudaIndexer final : public model::IndexerBackend {
                             ntop.get(), nullptr));
       CUDA_CHECK(LaunchPoolPositions(top.get(), b.topk_blocks, b.block, d_visible.get(), rows,
                                      pos.get(), npos.get(), nullptr));
-      const std::vector<int32_t> flat = pos.ToHost(), count = npos.ToHost();
+      // The selection does not need the pool: both come back with one wait.
+      Selection sel(rows, b.topk);
+      sel.Launch(scores.get(), ld, d_visible.get());
+      std::vector<int32_t> flat, count, sel_flat, sel_count;
+      ReadBack({{&pos, &flat}, {&npos, &count}, {&sel.out, &sel_flat}, {&sel.n, &sel_count}});
       for (int64_t r = 0; r < rows; ++r) {  // positions → the CPU's mask of visible length
         std::vector<uint8_t>& mask = (*b.pool)[r];
         mask.assign(visible[r], 0);
         for (int32_t i = 0; i < count[r]; ++i) mask[flat[r * width + i]] = 1;
       }
+      *b.selected = sel.Picked(sel_flat, sel_count);
+      return;
     }
-    *b.selected = TopK(scores.get(), ld, d_visible.get(), rows, b.topk);
+    Selection sel(rows, b.topk);
+    sel.Launch(scores.get(), ld, d_visible.get());
+    std::vector<int32_t> flat, count;
+    ReadBack({{&sel.out, &flat}, {&sel.n, &count}});
+    *b.selected = sel.Picked(flat, count);
   }
 
  private:
-  // Per row, the top-k positions of `scores` (rows × ld, counts[r] visible) in order.
-  static std::vector<std::vector<int32_t>> TopK(const float* scores, int64_t ld,
-                                                const int32_t* counts, int64_t rows, int64_t k) {
-    DeviceBuffer<int32_t> out(static_cast<size_t>(rows * k)), n(static_cast<size_t>(rows));
-    CUDA_CHECK(LaunchTopK(scores, ld, counts, rows, k, out.get(), n.get(), nullptr));
-    const std::vector<int32_t> flat = out.ToHost(), count = n.ToHost();
-    std::vector<std::vector<int32_t>> picked(rows);
-    for (int64_t r = 0; r < rows; ++r)
-      picked[r].assign(flat.begin() + r * k, flat.begin() + r * k + count[r]);
-    return picked;
+  // Per row, the top-k positions of scores (rows × ld, counts[r] visible) in order: out
+  // holds them (k per row), n how many each row has.
+  struct Selection {
+    Selection(int64_t rows, int64_t topk)
+        : k(topk), out(static_cast<size_t>(rows * topk)), n(static_cast<size_t>(rows)) {}
+    void Launch(const float* scores, int64_t ld, const int32_t* counts) {
+      CUDA_CHECK(LaunchTopK(scores, ld, counts, static_cast<int64_t>(n.size()), k, out.get(),
+                            n.get(), nullptr));
+    }
+    std::vector<std::vector<int32_t>> Picked(const std::vector<int32_t>& flat,
+                                             const std::vector<int32_t>& count) const {
+      std::vector<std::vector<int32_t>> picked(count.size());
+      for (size_t r = 0; r < count.size(); ++r)
+        picked[r].assign(flat.begin() + r * k, flat.begin() + r * k + count[r]);
+      return picked;
+    }
+    int64_t k;
+    DeviceBuffer<int32_t> out, n;
+  };
+  // Device arrays back into host vectors: copies queued after the kernels on the default
+  // stream into page-locked staging, then one wait for all of them.
+  void ReadBack(
+      std::initializer_list<std::pair<const DeviceBuffer<int32_t>*, std::vector<int32_t>*>> parts)
+      const {
+    size_t total = 0;
+    for (const auto& [d, h] : parts) total += d->size();
+    int32_t* staged = staged_.Reserve(total);
+    size_t at = 0;
+    for (const auto& [d, h] : parts) {
+      if (d->size() > 0)
+        CUDA_CHECK(cudaMemcpyAsync(staged + at, d->get(), d->size() * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, nullptr));
+      at += d->size();
+    }
+    CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    at = 0;
+    for (const auto& [d, h] : parts) {
+      h->assign(staged + at, staged + at + d->size());
+      at += d->size();
+    }
   }
   mutable std::mutex mu_;
   const std::shared_ptr<PageMirror> mirror_;
+  mutable GrowingPinnedBuffer<int32_t> staged_;
 };
 
 }  // namespace

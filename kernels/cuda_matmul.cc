@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -17,6 +18,17 @@ namespace kvc::cuda {
 namespace {
 
 using Scratch = GrowingDeviceBuffer<float>;
+
+// The group's results, staged back to back in `staged`, into the callers' outputs.
+void CopyResults(std::span<const model::GemmCall> calls, const float* staged) {
+  size_t at = 0;
+  for (const model::GemmCall& c : calls) {
+    const size_t n = static_cast<size_t>(c.m * c.w->out_features());
+    if (n == 0) continue;
+    std::memcpy(c.y, staged + at, n * sizeof(float));
+    at += n;
+  }
+}
 
 class CudaMatmul final : public model::MatmulBackend {
  public:
@@ -54,6 +66,10 @@ class CudaMatmul final : public model::MatmulBackend {
     float* d_x = x_.Reserve(xs);
     float* d_y = y_.Reserve(ys);
     float* d_t = w_.Reserve(ws);
+    // Inputs and results pass through page-locked staging: the copies are truly
+    // asynchronous, and the group costs one wait however many products it has.
+    float* h_x = hx_.Reserve(xs);
+    float* h_y = hy_.Reserve(ys);
     size_t xo = 0, yo = 0, wo = 0;
     for (const model::GemmCall& c : calls) {
       const int64_t k = c.w->in_features(), n = c.w->out_features();
@@ -68,15 +84,17 @@ class CudaMatmul final : public model::MatmulBackend {
         d_w = d_t + wo;
         wo += packed.size();
       }
-      CUDA_CHECK(cudaMemcpyAsync(d_x + xo, c.x, static_cast<size_t>(c.m * k) * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream_));
+      const size_t x_bytes = static_cast<size_t>(c.m * k) * sizeof(float);
+      std::memcpy(h_x + xo, c.x, x_bytes);
+      CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_bytes, cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(LaunchGemm(d_x + xo, c.m, k, d_w, n, d_y + yo, stream_));
-      CUDA_CHECK(cudaMemcpyAsync(c.y, d_y + yo, static_cast<size_t>(c.m * n) * sizeof(float),
+      CUDA_CHECK(cudaMemcpyAsync(h_y + yo, d_y + yo, static_cast<size_t>(c.m * n) * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream_));
       xo += static_cast<size_t>(c.m * k);
       yo += static_cast<size_t>(c.m * n);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CopyResults(calls, h_y);
   }
   void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
     Gemm(x, m, w, y);
@@ -87,6 +105,7 @@ class CudaMatmul final : public model::MatmulBackend {
   cudaStream_t stream_ = nullptr;
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
   mutable Scratch x_, y_, w_;
+  mutable GrowingPinnedBuffer<float> hx_, hy_;
 };
 
 // W (n × k, row-major [out][in]) back out of the CPU's panel layout, for cuBLAS.
@@ -154,6 +173,10 @@ class CublasMatmul final : public model::MatmulBackend {
     float* d_x = x_.Reserve(xs);
     float* d_y = y_.Reserve(ys);
     float* d_t = w_.Reserve(ws);
+    // Inputs and results pass through page-locked staging: the copies are truly
+    // asynchronous, and the group costs one wait however many products it has.
+    float* h_x = hx_.Reserve(xs);
+    float* h_y = hy_.Reserve(ys);
     size_t xo = 0, yo = 0, wo = 0;
     const float one = 1.0f, zero = 0.0f;
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -170,8 +193,9 @@ class CublasMatmul final : public model::MatmulBackend {
         d_w = d_t + wo;
         wo += transient[i].size();
       }
-      CUDA_CHECK(cudaMemcpyAsync(d_x + xo, c.x, static_cast<size_t>(c.m * k) * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream_));
+      const size_t x_bytes = static_cast<size_t>(c.m * k) * sizeof(float);
+      std::memcpy(h_x + xo, c.x, x_bytes);
+      CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_bytes, cudaMemcpyHostToDevice, stream_));
       if (k == 0) {
         CUDA_CHECK(
             cudaMemsetAsync(d_y + yo, 0, static_cast<size_t>(c.m * n) * sizeof(float), stream_));
@@ -183,12 +207,13 @@ class CublasMatmul final : public model::MatmulBackend {
                         d_x + xo, static_cast<int>(k), &zero, d_y + yo, static_cast<int>(n)),
             "sgemm");
       }
-      CUDA_CHECK(cudaMemcpyAsync(c.y, d_y + yo, static_cast<size_t>(c.m * n) * sizeof(float),
+      CUDA_CHECK(cudaMemcpyAsync(h_y + yo, d_y + yo, static_cast<size_t>(c.m * n) * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream_));
       xo += static_cast<size_t>(c.m * k);
       yo += static_cast<size_t>(c.m * n);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CopyResults(calls, h_y);
   }
 
  private:
@@ -197,6 +222,7 @@ class CublasMatmul final : public model::MatmulBackend {
   cublasHandle_t handle_ = nullptr;
   std::unordered_map<const float*, float*> weights_;  // host panels → device rows
   mutable Scratch x_, y_, w_;
+  mutable GrowingPinnedBuffer<float> hx_, hy_;
 };
 
 }  // namespace

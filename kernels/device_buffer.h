@@ -27,6 +27,7 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   T* get() const { return p_; }
+  size_t size() const { return n_; }
   std::vector<T> ToHost() const {
     std::vector<T> out(n_);
     if (n_ > 0) CUDA_CHECK(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
@@ -55,6 +56,34 @@ class GrowingDeviceBuffer {
       if (p_ != nullptr) CUDA_CHECK(cudaFree(p_));
       p_ = nullptr;
       CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Page-locked host staging that only grows (contents lost when it does), for copies that
+// must not wait: CUDA returns from a device-to-host copy into pageable memory only once it
+// is done, so a backend that copies results into its callers' vectors directly waits once
+// per result; staged here, all results of a call come back with one wait.
+template <typename T>
+class GrowingPinnedBuffer {
+ public:
+  GrowingPinnedBuffer() = default;
+  ~GrowingPinnedBuffer() {
+    if (p_ != nullptr) cudaFreeHost(p_);
+  }
+  GrowingPinnedBuffer(const GrowingPinnedBuffer&) = delete;
+  GrowingPinnedBuffer& operator=(const GrowingPinnedBuffer&) = delete;
+  T* Reserve(size_t n) {
+    if (n > n_) {
+      if (p_ != nullptr) CUDA_CHECK(cudaFreeHost(p_));
+      p_ = nullptr;
+      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)));
       n_ = n;
     }
     return p_;

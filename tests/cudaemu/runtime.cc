@@ -47,14 +47,15 @@ static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
 constexpr char kIpcMagic[8] = "cudaemu";
 
 // CUDAEMU_STATS=1: at exit, what the process asked of the "device" — how many launches,
-// waits and copies each way: the host-device round trips a GPU would pay for, counted
-// without one.
+// waits (stream/device/event synchronizations; copies to the host that return only when
+// done: every cudaMemcpy, and cudaMemcpyAsync into pageable memory) and copies
+// each way: the host-device round trips a GPU would pay for, counted without one.
 struct Stats {
   std::atomic<uint64_t> launches{0}, syncs{0}, h2d{0}, d2h{0}, h2d_bytes{0}, d2h_bytes{0};
   ~Stats() {
     if (std::getenv("CUDAEMU_STATS") == nullptr) return;
     std::fprintf(stderr,
-                 "cudaemu stats: %llu launches, %llu stream/device waits, %llu host-to-device "
+                 "cudaemu stats: %llu launches, %llu waits for the device, %llu host-to-device "
                  "copies (%llu bytes), %llu device-to-host copies (%llu bytes)\n",
                  static_cast<unsigned long long>(launches.load()),
                  static_cast<unsigned long long>(syncs.load()),
@@ -65,6 +66,15 @@ struct Stats {
   }
 };
 Stats g_stats;
+// Whether this host thread queued device work since it last waited: a wait counts as a
+// round trip only then (a synchronize right after a blocking copy costs nothing).
+thread_local bool g_pending = false;
+
+void Queued() { g_pending = true; }
+void Wait() {
+  if (g_pending) ++g_stats.syncs;
+  g_pending = false;
+}
 
 std::mutex g_mu;
 std::map<uintptr_t, Range> g_ranges;
@@ -182,7 +192,10 @@ Memory Classify(const void* p, size_t bytes) {
 
 void SetLastError(cudaError_t e) { g_last_error = e; }
 
-void CountLaunch() { ++g_stats.launches; }
+void CountLaunch() {
+  ++g_stats.launches;
+  Queued();
+}
 
 void CheckKernelPointer(const char* kernel, int arg, const void* p) {
   if (Classify(p, 0) != Memory::kOther) return;
@@ -280,7 +293,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  ++cudaemu::g_stats.syncs;
+  cudaemu::Wait();
   return cudaSuccess;
 }
 
@@ -336,27 +349,40 @@ cudaError_t cudaHostUnregister(void* p) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+namespace cudaemu {
+namespace {
+
+cudaError_t Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, bool blocking,
+                 const char* call) {
   if (bytes == 0) return cudaSuccess;
-  if (!cudaemu::CopyDirectionHolds(dst, src, bytes, kind, "cudaMemcpy")) {
-    return cudaErrorInvalidValue;
-  }
-  const bool to_device = cudaemu::Classify(dst, bytes) == Memory::kDevice;
-  const bool from_device = cudaemu::Classify(src, bytes) == Memory::kDevice;
+  if (!CopyDirectionHolds(dst, src, bytes, kind, call)) return cudaErrorInvalidValue;
+  const bool to_device = Classify(dst, bytes) == Memory::kDevice;
+  const bool from_device = Classify(src, bytes) == Memory::kDevice;
+  Queued();
   if (to_device && !from_device) {
-    ++cudaemu::g_stats.h2d;
-    cudaemu::g_stats.h2d_bytes += bytes;
+    ++g_stats.h2d;
+    g_stats.h2d_bytes += bytes;
   } else if (from_device && !to_device) {
-    ++cudaemu::g_stats.d2h;
-    cudaemu::g_stats.d2h_bytes += bytes;
+    ++g_stats.d2h;
+    g_stats.d2h_bytes += bytes;
+    // cudaMemcpy to the host waits for the device, and so does cudaMemcpyAsync into
+    // pageable memory (CUDA returns only once such a copy is done).
+    if (blocking || Classify(dst, bytes) != Memory::kPinnedHost) Wait();
   }
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
+}  // namespace
+}  // namespace cudaemu
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return cudaemu::Copy(dst, src, bytes, kind, /*blocking=*/true, "cudaMemcpy");
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+  return cudaemu::Copy(dst, src, bytes, kind, /*blocking=*/false, "cudaMemcpyAsync");
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
@@ -366,6 +392,7 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
                            "cudaMemset of %zu bytes at %p: not inside one device allocation", bytes,
                            dst);
   }
+  cudaemu::Queued();
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
@@ -397,7 +424,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 // Every copy and launch finished when it returned.
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  ++cudaemu::g_stats.syncs;
+  cudaemu::Wait();
   return cudaSuccess;
 }
 
@@ -418,7 +445,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t) {
-  ++cudaemu::g_stats.syncs;
+  cudaemu::Wait();
   return cudaSuccess;
 }
 
