@@ -65,9 +65,7 @@ class CudaIndexer final : public model::IndexerBackend {
                                             scores.get(), nullptr));
       Selection sel(rows, b.topk);
       sel.Launch(scores.get(), static_cast<int64_t>(width), d_counts.get());
-      std::vector<int32_t> flat, count;
-      ReadBack({{&sel.out, &flat}, {&sel.n, &count}});
-      const std::vector<std::vector<int32_t>> picked = sel.Picked(flat, count);
+      const std::vector<std::vector<int32_t>> picked = Read(sel);
       for (int64_t r = 0; r < rows; ++r) {  // list indices → positions (both ascending)
         std::vector<int32_t>& out = (*b.selected)[r];
         out.clear();
@@ -107,9 +105,7 @@ class CudaIndexer final : public model::IndexerBackend {
     }
     Selection sel(rows, b.topk);
     sel.Launch(scores.get(), ld, d_visible.get());
-    std::vector<int32_t> flat, count;
-    ReadBack({{&sel.out, &flat}, {&sel.n, &count}});
-    *b.selected = sel.Picked(flat, count);
+    *b.selected = Read(sel);
   }
 
  private:
@@ -153,6 +149,11 @@ class CudaIndexer final : public model::IndexerBackend {
       h->assign(staged + at, staged + at + d->size());
       at += d->size();
     }
+  }
+  std::vector<std::vector<int32_t>> Read(const Selection& sel) const {
+    std::vector<int32_t> flat, count;
+    ReadBack({{&sel.out, &flat}, {&sel.n, &count}});
+    return sel.Picked(flat, count);
   }
   mutable std::mutex mu_;
   const std::shared_ptr<PageMirror> mirror_;
