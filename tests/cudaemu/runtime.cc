@@ -192,6 +192,11 @@ Memory Classify(const void* p, size_t bytes) {
 
 void SetLastError(cudaError_t e) { g_last_error = e; }
 
+Counts CountsSoFar() {
+  return Counts{g_stats.launches.load(), g_stats.syncs.load(), g_stats.h2d.load(),
+                g_stats.d2h.load()};
+}
+
 void CountLaunch() {
   ++g_stats.launches;
   Queued();

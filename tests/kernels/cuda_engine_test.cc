@@ -20,6 +20,9 @@
 #include "tests/testing/random.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
+#if defined(KVC_CUDA_EMULATED)
+#include "cudaemu/runtime.h"
+#endif
 
 namespace kvc::cuda {
 namespace {
@@ -105,6 +108,34 @@ class CudaEngineTest : public ::testing::Test {
   std::unique_ptr<model::Model> cpu_, gpu_;
   std::shared_ptr<PageMirror> mirror_;
 };
+
+#if defined(KVC_CUDA_EMULATED)
+// On the emulation the host-device round trips can be counted: a decode step must not
+// wait for the device more than 12 times per layer (11.25 now: the products of a layer go
+// in groups, results come back through page-locked staging — a result copied into
+// pageable memory would be one wait per product, twice as many).
+TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostTwelveTimesPerLayer) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  model::Sequence b = gpu_->NewSequence();
+  absl::StatusOr<std::vector<float>> lb =
+      gpu_->Prefill(b, Prompt(rng, 300), model::PrefillMode::kCed);
+  ASSERT_TRUE(lb.ok()) << lb.status();
+  constexpr int kSteps = 8;
+  const cudaemu::Counts before = cudaemu::CountsSoFar();
+  for (int step = 0; step < kSteps; ++step) {
+    lb = gpu_->Decode(b, Argmax(*lb));
+    ASSERT_TRUE(lb.ok()) << lb.status();
+  }
+  const cudaemu::Counts after = cudaemu::CountsSoFar();
+  const double waits = static_cast<double>(after.waits - before.waits) / kSteps;
+  const int64_t layers = config_.num_hidden_layers;
+  std::printf("decode step: %.1f waits for the device, %.1f launches (%lld layers)\n", waits,
+              static_cast<double>(after.launches - before.launches) / kSteps,
+              static_cast<long long>(layers));
+  EXPECT_GT(waits, 0.0);
+  EXPECT_LE(waits, 12.0 * static_cast<double>(layers));
+}
+#endif
 
 TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
   std::mt19937_64 rng(testing::FreshSeed());

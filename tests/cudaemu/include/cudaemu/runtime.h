@@ -130,4 +130,12 @@ void SetLastError(cudaError_t e);
 // Counts a launch for the CUDAEMU_STATS report.
 void CountLaunch();
 
+// The process's totals so far (what CUDAEMU_STATS=1 prints at exit): waits are the host
+// blocking on the device after queued work — synchronizations, and copies to the host that
+// return only when done.
+struct Counts {
+  uint64_t launches = 0, waits = 0, host_to_device = 0, device_to_host = 0;
+};
+Counts CountsSoFar();
+
 }  // namespace cudaemu
