@@ -1,6 +1,6 @@
 // DeviceBuffer: a device allocation of n elements, optionally a copy of a host span,
 // freed with the object (host wrappers of the kernels use it for their inputs and outputs);
-// GrowingDeviceBuffer: reusable scratch for the engine's backends.
+// GrowingDeviceBuffer / GrowingPinnedBuffer: reusable scratch for the engine's backends.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,59 +39,48 @@ class DeviceBuffer {
   T* p_ = nullptr;
 };
 
-// Per-call scratch on the device that only grows: Reserve(n) gives room for n elements,
-// reallocating (contents lost) when more than ever before is asked. The caller makes sure
-// no queued work still uses the old allocation (the backends synchronize every call).
-template <typename T>
-class GrowingDeviceBuffer {
+// Per-call scratch that only grows: Reserve(n) gives room for n elements, reallocating
+// (contents lost) when more than ever before is asked. The caller makes sure no queued
+// work still uses the old allocation (the backends synchronize every call).
+//   - GrowingDeviceBuffer: device memory.
+//   - GrowingPinnedBuffer: page-locked host staging, for copies that must not wait. CUDA
+//     returns from a device-to-host copy into pageable memory only once it is done, so a
+//     backend copying results into its callers' vectors directly waits once per result;
+//     staged here, all results of a call come back with one wait.
+enum class ScratchMemory { kDevice, kPinnedHost };
+
+template <typename T, ScratchMemory kWhere>
+class GrowingBuffer {
  public:
-  GrowingDeviceBuffer() = default;
-  ~GrowingDeviceBuffer() {
-    if (p_ != nullptr) cudaFree(p_);
+  GrowingBuffer() = default;
+  ~GrowingBuffer() {  // not checked: at process exit the CUDA runtime may be gone first
+    if (p_ != nullptr) (void)Release();
   }
-  GrowingDeviceBuffer(const GrowingDeviceBuffer&) = delete;
-  GrowingDeviceBuffer& operator=(const GrowingDeviceBuffer&) = delete;
+  GrowingBuffer(const GrowingBuffer&) = delete;
+  GrowingBuffer& operator=(const GrowingBuffer&) = delete;
   T* Reserve(size_t n) {
     if (n > n_) {
-      if (p_ != nullptr) CUDA_CHECK(cudaFree(p_));
+      if (p_ != nullptr) CUDA_CHECK(Release());
       p_ = nullptr;
-      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)));
+      void** at = reinterpret_cast<void**>(&p_);
+      CUDA_CHECK(kWhere == ScratchMemory::kDevice ? cudaMalloc(at, n * sizeof(T))
+                                                  : cudaMallocHost(at, n * sizeof(T)));
       n_ = n;
     }
     return p_;
   }
 
  private:
+  cudaError_t Release() {
+    return kWhere == ScratchMemory::kDevice ? cudaFree(p_) : cudaFreeHost(p_);
+  }
   T* p_ = nullptr;
   size_t n_ = 0;
 };
 
-// Page-locked host staging that only grows (contents lost when it does), for copies that
-// must not wait: CUDA returns from a device-to-host copy into pageable memory only once it
-// is done, so a backend that copies results into its callers' vectors directly waits once
-// per result; staged here, all results of a call come back with one wait.
 template <typename T>
-class GrowingPinnedBuffer {
- public:
-  GrowingPinnedBuffer() = default;
-  ~GrowingPinnedBuffer() {
-    if (p_ != nullptr) cudaFreeHost(p_);
-  }
-  GrowingPinnedBuffer(const GrowingPinnedBuffer&) = delete;
-  GrowingPinnedBuffer& operator=(const GrowingPinnedBuffer&) = delete;
-  T* Reserve(size_t n) {
-    if (n > n_) {
-      if (p_ != nullptr) CUDA_CHECK(cudaFreeHost(p_));
-      p_ = nullptr;
-      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)));
-      n_ = n;
-    }
-    return p_;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
+using GrowingDeviceBuffer = GrowingBuffer<T, ScratchMemory::kDevice>;
+template <typename T>
+using GrowingPinnedBuffer = GrowingBuffer<T, ScratchMemory::kPinnedHost>;
 
 }  // namespace kvc::cuda
