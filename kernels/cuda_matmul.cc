@@ -17,97 +17,6 @@
 namespace kvc::cuda {
 namespace {
 
-using Scratch = GrowingDeviceBuffer<float>;
-
-// The group's results, staged back to back in `staged`, into the callers' outputs.
-void CopyResults(std::span<const model::GemmCall> calls, const float* staged) {
-  size_t at = 0;
-  for (const model::GemmCall& c : calls) {
-    const size_t n = static_cast<size_t>(c.m * c.w->out_features());
-    if (n == 0) continue;
-    std::memcpy(c.y, staged + at, n * sizeof(float));
-    at += n;
-  }
-}
-
-class CudaMatmul final : public model::MatmulBackend {
- public:
-  CudaMatmul() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~CudaMatmul() override {
-    for (auto& [key, p] : weights_) cudaFree(p);
-    cudaStreamDestroy(stream_);
-  }
-  const char* name() const override { return "cuda"; }
-
-  void Register(const cpu::PackedMatrix& w) override {
-    std::lock_guard lock(mu_);
-    const std::span<const float> packed = w.packed();
-    if (packed.empty() || weights_.contains(packed.data())) return;
-    float* d = nullptr;
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), packed.size_bytes()));
-    CUDA_CHECK(cudaMemcpy(d, packed.data(), packed.size_bytes(), cudaMemcpyHostToDevice));
-    weights_.emplace(packed.data(), d);
-  }
-
-  void Gemm(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
-    const model::GemmCall call{x, m, &w, y};
-    GemmGroup(std::span(&call, 1));
-  }
-  // Copies every input up, launches every product and copies every result back on one
-  // stream, then waits once.
-  void GemmGroup(std::span<const model::GemmCall> calls) const override {
-    std::lock_guard lock(mu_);
-    size_t xs = 0, ys = 0, ws = 0;
-    for (const model::GemmCall& c : calls) {
-      xs += static_cast<size_t>(c.m * c.w->in_features());
-      ys += static_cast<size_t>(c.m * c.w->out_features());
-      if (!weights_.contains(c.w->packed().data())) ws += c.w->packed().size();
-    }
-    float* d_x = x_.Reserve(xs);
-    float* d_y = y_.Reserve(ys);
-    float* d_t = w_.Reserve(ws);
-    // Inputs and results pass through page-locked staging: the copies are truly
-    // asynchronous, and the group costs one wait however many products it has.
-    float* h_x = hx_.Reserve(xs);
-    float* h_y = hy_.Reserve(ys);
-    size_t xo = 0, yo = 0, wo = 0;
-    for (const model::GemmCall& c : calls) {
-      const int64_t k = c.w->in_features(), n = c.w->out_features();
-      if (c.m == 0 || n == 0) continue;
-      const std::span<const float> packed = c.w->packed();
-      const float* d_w = nullptr;
-      if (auto it = weights_.find(packed.data()); it != weights_.end()) {
-        d_w = it->second;
-      } else {  // transient (e.g. the indexer's keys): copied up for this call
-        CUDA_CHECK(cudaMemcpyAsync(d_t + wo, packed.data(), packed.size_bytes(),
-                                   cudaMemcpyHostToDevice, stream_));
-        d_w = d_t + wo;
-        wo += packed.size();
-      }
-      const size_t x_bytes = static_cast<size_t>(c.m * k) * sizeof(float);
-      std::memcpy(h_x + xo, c.x, x_bytes);
-      CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_bytes, cudaMemcpyHostToDevice, stream_));
-      CUDA_CHECK(LaunchGemm(d_x + xo, c.m, k, d_w, n, d_y + yo, stream_));
-      CUDA_CHECK(cudaMemcpyAsync(h_y + yo, d_y + yo, static_cast<size_t>(c.m * n) * sizeof(float),
-                                 cudaMemcpyDeviceToHost, stream_));
-      xo += static_cast<size_t>(c.m * k);
-      yo += static_cast<size_t>(c.m * n);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CopyResults(calls, h_y);
-  }
-  void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
-    Gemm(x, m, w, y);
-  }
-
- private:
-  mutable std::mutex mu_;  // one call at a time on the stream and the scratch buffers
-  cudaStream_t stream_ = nullptr;
-  std::unordered_map<const float*, float*> weights_;  // host panels → device copy
-  mutable Scratch x_, y_, w_;
-  mutable GrowingPinnedBuffer<float> hx_, hy_;
-};
-
 // W (n × k, row-major [out][in]) back out of the CPU's panel layout, for cuBLAS.
 std::vector<float> Unpack(const cpu::PackedMatrix& w) {
   const int64_t n = w.out_features(), k = w.in_features(), P = cpu::PackedMatrix::kPanel;
@@ -126,28 +35,27 @@ void CublasCheck(cublasStatus_t s, const char* what) {
   }
 }
 
-class CublasMatmul final : public model::MatmulBackend {
+// What both device backends share: weights resident on the device (in the layout the
+// product wants), and groups of products run on one stream with inputs and results passing
+// through page-locked staging — the copies are truly asynchronous, and a group costs one
+// wait however many products it has. A subclass says how a weight is laid out and how one
+// product is launched.
+class DeviceMatmul : public model::MatmulBackend {
  public:
-  CublasMatmul() {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CublasCheck(cublasCreate(&handle_), "create");
-    CublasCheck(cublasSetStream(handle_, stream_), "set stream");
-  }
-  ~CublasMatmul() override {
+  DeviceMatmul() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~DeviceMatmul() override {
     for (auto& [key, p] : weights_) cudaFree(p);
-    cublasDestroy(handle_);
     cudaStreamDestroy(stream_);
   }
-  const char* name() const override { return "cublas"; }
-  bool batch_invariant() const override { return false; }
 
   void Register(const cpu::PackedMatrix& w) override {
     std::lock_guard lock(mu_);
     if (w.out_features() == 0 || weights_.contains(w.packed().data())) return;
-    const std::vector<float> rows = Unpack(w);
+    std::vector<float> storage;
+    const std::span<const float> layout = Layout(w, storage);
     float* d = nullptr;
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), rows.size() * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(d, rows.data(), rows.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), layout.size_bytes()));
+    CUDA_CHECK(cudaMemcpy(d, layout.data(), layout.size_bytes(), cudaMemcpyHostToDevice));
     weights_.emplace(w.packed().data(), d);
   }
   void Gemm(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
@@ -157,28 +65,29 @@ class CublasMatmul final : public model::MatmulBackend {
   void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
     Gemm(x, m, w, y);
   }
+  // Copies every input up, launches every product, copies all results back at once, then
+  // waits once.
   void GemmGroup(std::span<const model::GemmCall> calls) const override {
     std::lock_guard lock(mu_);
+    // Weights not registered (e.g. the indexer's keys) are copied up for this call.
+    std::vector<std::vector<float>> storage(calls.size());
+    std::vector<std::span<const float>> transient(calls.size());
     size_t xs = 0, ys = 0, ws = 0;
-    std::vector<std::vector<float>> transient(calls.size());
     for (size_t i = 0; i < calls.size(); ++i) {
       const model::GemmCall& c = calls[i];
       xs += static_cast<size_t>(c.m * c.w->in_features());
       ys += static_cast<size_t>(c.m * c.w->out_features());
-      if (!weights_.contains(c.w->packed().data()) && c.w->out_features() > 0) {
-        transient[i] = Unpack(*c.w);
+      if (c.w->out_features() > 0 && !weights_.contains(c.w->packed().data())) {
+        transient[i] = Layout(*c.w, storage[i]);
         ws += transient[i].size();
       }
     }
     float* d_x = x_.Reserve(xs);
     float* d_y = y_.Reserve(ys);
     float* d_t = w_.Reserve(ws);
-    // Inputs and results pass through page-locked staging: the copies are truly
-    // asynchronous, and the group costs one wait however many products it has.
     float* h_x = hx_.Reserve(xs);
     float* h_y = hy_.Reserve(ys);
     size_t xo = 0, yo = 0, wo = 0;
-    const float one = 1.0f, zero = 0.0f;
     for (size_t i = 0; i < calls.size(); ++i) {
       const model::GemmCall& c = calls[i];
       const int64_t k = c.w->in_features(), n = c.w->out_features();
@@ -187,42 +96,97 @@ class CublasMatmul final : public model::MatmulBackend {
       if (transient[i].empty()) {
         d_w = weights_.at(c.w->packed().data());
       } else {
-        CUDA_CHECK(cudaMemcpyAsync(d_t + wo, transient[i].data(),
-                                   transient[i].size() * sizeof(float), cudaMemcpyHostToDevice,
-                                   stream_));
+        CUDA_CHECK(cudaMemcpyAsync(d_t + wo, transient[i].data(), transient[i].size_bytes(),
+                                   cudaMemcpyHostToDevice, stream_));
         d_w = d_t + wo;
         wo += transient[i].size();
       }
       const size_t x_bytes = static_cast<size_t>(c.m * k) * sizeof(float);
       std::memcpy(h_x + xo, c.x, x_bytes);
       CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_bytes, cudaMemcpyHostToDevice, stream_));
-      if (k == 0) {
-        CUDA_CHECK(
-            cudaMemsetAsync(d_y + yo, 0, static_cast<size_t>(c.m * n) * sizeof(float), stream_));
-      } else {
-        // Row-major y (m × n) = x · Wᵀ is column-major yᵀ = W · xᵀ.
-        CublasCheck(
-            cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
-                        static_cast<int>(c.m), static_cast<int>(k), &one, d_w, static_cast<int>(k),
-                        d_x + xo, static_cast<int>(k), &zero, d_y + yo, static_cast<int>(n)),
-            "sgemm");
-      }
-      CUDA_CHECK(cudaMemcpyAsync(h_y + yo, d_y + yo, static_cast<size_t>(c.m * n) * sizeof(float),
-                                 cudaMemcpyDeviceToHost, stream_));
+      Launch(d_x + xo, c.m, k, d_w, n, d_y + yo);
       xo += static_cast<size_t>(c.m * k);
       yo += static_cast<size_t>(c.m * n);
     }
+    // The results lie back to back in d_y: one copy, one wait, then out to the callers.
+    if (yo > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(h_y, d_y, yo * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CopyResults(calls, h_y);
+    yo = 0;
+    for (const model::GemmCall& c : calls) {
+      const size_t n = static_cast<size_t>(c.m * c.w->out_features());
+      if (n == 0) continue;
+      std::memcpy(c.y, h_y + yo, n * sizeof(float));
+      yo += n;
+    }
+  }
+
+ protected:
+  // w in the device layout the product reads: a view of w itself or of `storage`.
+  virtual std::span<const float> Layout(const cpu::PackedMatrix& w,
+                                        std::vector<float>& storage) const = 0;
+  // Queues d_y (m × n) = d_x (m × k) · Wᵀ on stream_.
+  virtual void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
+                      float* d_y) const = 0;
+  cudaStream_t stream_ = nullptr;
+
+ private:
+  mutable std::mutex mu_;  // one group at a time on the stream and the scratch buffers
+  std::unordered_map<const float*, float*> weights_;  // host panels → device copy
+  mutable GrowingDeviceBuffer<float> x_, y_, w_;
+  mutable GrowingPinnedBuffer<float> hx_, hy_;
+};
+
+// Our batch-invariant GEMM kernel over the CPU's panel layout.
+class CudaMatmul final : public DeviceMatmul {
+ public:
+  const char* name() const override { return "cuda"; }
+
+ protected:
+  std::span<const float> Layout(const cpu::PackedMatrix& w, std::vector<float>&) const override {
+    return w.packed();
+  }
+  void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
+              float* d_y) const override {
+    CUDA_CHECK(LaunchGemm(d_x, m, k, d_w, n, d_y, stream_));
+  }
+};
+
+// cuBLAS SGEMM over row-major weights: faster, not batch invariant.
+class CublasMatmul final : public DeviceMatmul {
+ public:
+  CublasMatmul() {
+    CublasCheck(cublasCreate(&handle_), "create");
+    CublasCheck(cublasSetStream(handle_, stream_), "set stream");
+  }
+  ~CublasMatmul() override { cublasDestroy(handle_); }
+  const char* name() const override { return "cublas"; }
+  bool batch_invariant() const override { return false; }
+
+ protected:
+  std::span<const float> Layout(const cpu::PackedMatrix& w,
+                                std::vector<float>& storage) const override {
+    storage = Unpack(w);
+    return storage;
+  }
+  void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
+              float* d_y) const override {
+    if (k == 0) {
+      CUDA_CHECK(cudaMemsetAsync(d_y, 0, static_cast<size_t>(m * n) * sizeof(float), stream_));
+      return;
+    }
+    // Row-major y (m × n) = x · Wᵀ is column-major yᵀ = W · xᵀ.
+    const float one = 1.0f, zero = 0.0f;
+    CublasCheck(
+        cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                    static_cast<int>(k), &one, d_w, static_cast<int>(k), d_x, static_cast<int>(k),
+                    &zero, d_y, static_cast<int>(n)),
+        "sgemm");
   }
 
  private:
-  mutable std::mutex mu_;
-  cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
-  std::unordered_map<const float*, float*> weights_;  // host panels → device rows
-  mutable Scratch x_, y_, w_;
-  mutable GrowingPinnedBuffer<float> hx_, hy_;
 };
 
 }  // namespace
