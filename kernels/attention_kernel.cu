@@ -129,31 +129,21 @@ __device__ void LoadQuery(const float* qi, const float* w, int64_t qn, int heads
   __syncthreads();
 }
 
+// Scores of query blockIdx.y at its positions: with a list, entry i is position
+// list[qn·per_query + i] (−1 pads a shorter list: −inf); without, entry i is position i,
+// visible below visible[qn] (−inf past it).
 __global__ void PagedIndexerKernel(const float* qi, const float* w, PagedIndexKv paged,
-                                   const int32_t* visible, int heads, int64_t dim,
-                                   int64_t positions, float* score) {
-  extern __shared__ float qs[];
-  float* ws = qs + heads * dim;
-  const int64_t qn = blockIdx.y;
-  LoadQuery(qi, w, qn, heads, dim, qs, ws);
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < positions;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    score[qn * positions + t] =
-        t < visible[qn] ? IndexScore(qs, ws, paged, t, heads, dim) : -INFINITY;
-  }
-}
-
-__global__ void PagedIndexerAtKernel(const float* qi, const float* w, PagedIndexKv paged,
-                                     const int32_t* list, int64_t per_query, int heads, int64_t dim,
-                                     float* score) {
+                                   const int32_t* visible, const int32_t* list, int64_t per_query,
+                                   int heads, int64_t dim, float* score) {
   extern __shared__ float qs[];
   float* ws = qs + heads * dim;
   const int64_t qn = blockIdx.y;
   LoadQuery(qi, w, qn, heads, dim, qs, ws);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < per_query;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t t = list[qn * per_query + i];  // −1 pads a query's shorter list
-    score[qn * per_query + i] = t < 0 ? -INFINITY : IndexScore(qs, ws, paged, t, heads, dim);
+    const int64_t t = list != nullptr ? list[qn * per_query + i] : i;
+    const bool scored = list != nullptr ? t >= 0 : t < visible[qn];
+    score[qn * per_query + i] = scored ? IndexScore(qs, ws, paged, t, heads, dim) : -INFINITY;
   }
 }
 
@@ -178,28 +168,13 @@ cudaError_t LaunchSparseAttentionTiled(const float* q, int64_t queries, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchPagedIndexerScores(const float* qi, const float* w, PagedIndexKv paged,
-                                     const int32_t* visible, int64_t queries, int64_t heads,
-                                     int64_t dim, int64_t positions, float* score,
-                                     cudaStream_t stream) {
-  if (queries == 0 || positions == 0) return cudaSuccess;
-  if (heads > 64 || dim % 32 != 0 || IndexerSharedBytes(heads, dim) > 48 * 1024)
-    return cudaErrorInvalidValue;
-  constexpr int kThreads = 128;
-  const int64_t blocks = (positions + kThreads - 1) / kThreads;
-  ForEachQuerySlice(queries, [&](int64_t q0, int64_t n) {
-    const dim3 grid(static_cast<unsigned>(blocks < 4096 ? blocks : 4096), static_cast<unsigned>(n));
-    PagedIndexerKernel<<<grid, kThreads, IndexerSharedBytes(heads, dim), stream>>>(
-        qi + q0 * heads * dim, w + q0 * heads, paged, visible + q0, static_cast<int>(heads), dim,
-        positions, score + q0 * positions);
-  });
-  return cudaGetLastError();
-}
+namespace {
 
-cudaError_t LaunchPagedIndexerScoresAt(const float* qi, const float* w, PagedIndexKv paged,
-                                       const int32_t* list, int64_t queries, int64_t per_query,
-                                       int64_t heads, int64_t dim, float* score,
-                                       cudaStream_t stream) {
+// Both indexer launchers: per_query scores for each of `queries` queries.
+cudaError_t LaunchPagedIndexer(const float* qi, const float* w, PagedIndexKv paged,
+                               const int32_t* visible, const int32_t* list, int64_t queries,
+                               int64_t per_query, int64_t heads, int64_t dim, float* score,
+                               cudaStream_t stream) {
   if (queries == 0 || per_query == 0) return cudaSuccess;
   if (heads > 64 || dim % 32 != 0 || IndexerSharedBytes(heads, dim) > 48 * 1024)
     return cudaErrorInvalidValue;
@@ -207,11 +182,30 @@ cudaError_t LaunchPagedIndexerScoresAt(const float* qi, const float* w, PagedInd
   const int64_t blocks = (per_query + kThreads - 1) / kThreads;
   ForEachQuerySlice(queries, [&](int64_t q0, int64_t n) {
     const dim3 grid(static_cast<unsigned>(blocks < 4096 ? blocks : 4096), static_cast<unsigned>(n));
-    PagedIndexerAtKernel<<<grid, kThreads, IndexerSharedBytes(heads, dim), stream>>>(
-        qi + q0 * heads * dim, w + q0 * heads, paged, list + q0 * per_query, per_query,
-        static_cast<int>(heads), dim, score + q0 * per_query);
+    PagedIndexerKernel<<<grid, kThreads, IndexerSharedBytes(heads, dim), stream>>>(
+        qi + q0 * heads * dim, w + q0 * heads, paged, visible != nullptr ? visible + q0 : nullptr,
+        list != nullptr ? list + q0 * per_query : nullptr, per_query, static_cast<int>(heads), dim,
+        score + q0 * per_query);
   });
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchPagedIndexerScores(const float* qi, const float* w, PagedIndexKv paged,
+                                     const int32_t* visible, int64_t queries, int64_t heads,
+                                     int64_t dim, int64_t positions, float* score,
+                                     cudaStream_t stream) {
+  return LaunchPagedIndexer(qi, w, paged, visible, nullptr, queries, positions, heads, dim, score,
+                            stream);
+}
+
+cudaError_t LaunchPagedIndexerScoresAt(const float* qi, const float* w, PagedIndexKv paged,
+                                       const int32_t* list, int64_t queries, int64_t per_query,
+                                       int64_t heads, int64_t dim, float* score,
+                                       cudaStream_t stream) {
+  return LaunchPagedIndexer(qi, w, paged, nullptr, list, queries, per_query, heads, dim, score,
+                            stream);
 }
 
 }  // namespace kvc::cuda
