@@ -7,9 +7,9 @@
 namespace kvc::cuda {
 namespace {
 
-constexpr int kWarps = 8;               // heads per attention block, one warp each
-constexpr int kMaxPerLane = 32;         // dim / 32 <= 32: dim <= 1024
-constexpr int kStageFloats = 48 * 256;  // 48 KiB of staged key rows per block
+constexpr int kWarps = 8;                           // heads per attention block, one warp each
+constexpr int kMaxPerLane = kMaxAttentionDim / 32;  // a lane's elements of a head
+constexpr int kStageFloats = 48 * 256;              // 48 KiB of staged key rows per block
 
 // Stages rows [k0, k0 + n) of a query's key list as floats in `rows` (n × dim).
 __device__ void StageRows(const float* window, const PagedMainKv& p, const int32_t* list,
@@ -159,7 +159,7 @@ cudaError_t LaunchSparseAttentionTiled(const float* q, int64_t queries, int64_t 
                                        const float* sink, float scale, float* o,
                                        cudaStream_t stream) {
   if (queries == 0 || heads == 0) return cudaSuccess;
-  if (dim % 32 != 0 || dim > 32 * kMaxPerLane) return cudaErrorInvalidValue;
+  if (dim % 32 != 0 || dim > kMaxAttentionDim) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(queries),
                   static_cast<unsigned>((heads + kWarps - 1) / kWarps));
   const size_t smem = static_cast<size_t>(kStageFloats / dim * dim) * sizeof(float);

@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -25,6 +27,11 @@ class CudaAttention final : public model::AttentionBackend {
 
   void Attend(const model::AttentionBatch& b) const override {
     if (b.queries == 0) return;
+    if (b.dim > kMaxAttentionDim) {
+      std::fprintf(stderr, "CUDA attention: head_dim %lld is over the kernel's %lld\n",
+                   static_cast<long long>(b.dim), static_cast<long long>(kMaxAttentionDim));
+      std::abort();
+    }
     std::lock_guard lock(mu_);
     const size_t q_bytes = static_cast<size_t>(b.queries * b.heads * b.dim) * sizeof(float);
     // The pages up to the last one a listed compressed row is in.

@@ -102,10 +102,18 @@ absl::Status CheckAttentionShapes(std::span<const float> q, int64_t heads, int64
                                   std::span<const int32_t> offsets, std::span<const int32_t> list,
                                   std::span<const float> sink) {
   const int64_t queries = static_cast<int64_t>(offsets.size()) - 1;
+  if (dim <= 0 || dim % 16 != 0 || dim > kMaxAttentionDim) {
+    return absl::InvalidArgumentError(absl::StrCat("attention head dimension ", dim,
+                                                   ": the kernels take multiples of 16 up to ",
+                                                   kMaxAttentionDim));
+  }
   if (queries < 0 || static_cast<int64_t>(q.size()) != queries * heads * dim ||
-      static_cast<int64_t>(sink.size()) != heads || dim % 16 != 0 ||
+      static_cast<int64_t>(sink.size()) != heads ||
       offsets.back() != static_cast<int32_t>(list.size())) {
-    return absl::InvalidArgumentError("attention inputs do not fit together");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention inputs do not fit together: ", q.size(), " query values for ", queries,
+        " queries × ", heads, " heads × ", dim, ", ", sink.size(), " sinks, offsets ending at ",
+        offsets.empty() ? 0 : offsets.back(), " for ", list.size(), " list entries"));
   }
   return absl::OkStatus();
 }

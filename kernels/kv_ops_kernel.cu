@@ -83,8 +83,9 @@ __device__ __forceinline__ float KeyElement(const float* window, const PagedMain
 }
 
 constexpr int kAttnThreads = 256;
-constexpr int kAttnPerThread = 4;  // output elements per thread: dim <= 1024
-constexpr int kAttnTile = 4096;    // key weights staged per round (16 KiB)
+constexpr int kAttnPerThread = 4;  // output elements per thread
+static_assert(kAttnThreads * kAttnPerThread >= kMaxAttentionDim);
+constexpr int kAttnTile = 4096;  // key weights staged per round (16 KiB)
 
 // The largest score of the block's keys, to every thread (max is exact in any order).
 __device__ float BlockMax(float m, float* scratch) {
@@ -189,8 +190,7 @@ cudaError_t LaunchSparseAttention(const float* q, int64_t queries, int64_t heads
                                   cudaStream_t stream) {
   const int64_t n = queries * heads;
   if (n == 0) return cudaSuccess;
-  if (dim > static_cast<int64_t>(kAttnThreads) * kAttnPerThread || n > 0x7FFFFFFF)
-    return cudaErrorInvalidValue;
+  if (dim > kMaxAttentionDim || n > 0x7FFFFFFF) return cudaErrorInvalidValue;
   SparseAttentionKernel<<<static_cast<unsigned>(n), kAttnThreads, 0, stream>>>(
       q, heads, dim, window, paged, offsets, list, sink, scale, o);
   return cudaGetLastError();

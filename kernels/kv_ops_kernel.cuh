@@ -35,7 +35,11 @@ struct PagedMainKv {
   int64_t main_scales_offset = 0;
 };
 
-// Sparse MQA, one block per (query, head), dim <= 1024: keys of query q are the entries
+// The largest head dimension the attention kernels take (both keep a query's slice of
+// the output in registers).
+constexpr int64_t kMaxAttentionDim = 1024;
+
+// Sparse MQA, one block per (query, head), dim <= kMaxAttentionDim: keys of query q are the entries
 // list[offsets[q] .. offsets[q+1]); an entry e >= 0 is window row e of `window` (dim
 // floats), e < 0 is compressed row −e−1 read from `paged` and dequantized on the fly.
 // o = Σ e^{σ−m}·k / (Σ e^{σ−m} + e^{sink_h−m}), σ = scale·q·k.

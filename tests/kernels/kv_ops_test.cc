@@ -324,6 +324,14 @@ TEST(KvOpsCudaArgsTest, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);  // not whole chunks
+  // A head dimension over the kernels' limit is refused, naming it.
+  const int64_t big = kMaxAttentionDim + 16;
+  const std::vector<int32_t> offsets = {0, 0};
+  const absl::StatusOr<std::vector<float>> a =
+      SparseAttentionOnDevice(std::vector<float>(big), 1, big, std::vector<float>(), pages, layout,
+                              layer, offsets, std::vector<int32_t>(), std::vector<float>(1), 1.0f);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(a.status().message().find(std::to_string(big)), std::string::npos) << a.status();
 }
 
 }  // namespace
