@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
 #include "kernels/kv_dequant.h"
@@ -25,11 +27,20 @@ class CudaAttention final : public model::AttentionBackend {
   ~CudaAttention() override { cudaStreamDestroy(stream_); }
   const char* name() const override { return "cuda"; }
 
+  absl::Status CheckShape(int64_t heads, int64_t dim) const override {
+    if (heads <= 0 || dim <= 0 || dim > kMaxAttentionDim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the CUDA attention backend takes head_dim 1..", kMaxAttentionDim,
+                       " and at least one head; the config has head_dim ", dim, " and ", heads,
+                       " heads (use --backend cpu)"));
+    }
+    return absl::OkStatus();
+  }
+
   void Attend(const model::AttentionBatch& b) const override {
     if (b.queries == 0) return;
-    if (b.dim > kMaxAttentionDim) {
-      std::fprintf(stderr, "CUDA attention: head_dim %lld is over the kernel's %lld\n",
-                   static_cast<long long>(b.dim), static_cast<long long>(kMaxAttentionDim));
+    if (absl::Status shape = CheckShape(b.heads, b.dim); !shape.ok()) {  // Model::Load asked
+      std::fprintf(stderr, "%s\n", std::string(shape.message()).c_str());
       std::abort();
     }
     std::lock_guard lock(mu_);

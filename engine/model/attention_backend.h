@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "engine/spec/chunk_layout.h"
 
 namespace kvc::model {
@@ -47,6 +48,14 @@ class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
   virtual const char* name() const = 0;
+  // Whether the backend can attend with `heads` query heads of `dim` each; Model::Load
+  // asks before anything runs, so a config the device cannot serve is refused there
+  // (InvalidArgument naming the value) instead of failing at the first call.
+  virtual absl::Status CheckShape(int64_t heads, int64_t dim) const {
+    (void)heads;
+    (void)dim;
+    return absl::OkStatus();
+  }
   virtual void Attend(const AttentionBatch& batch) const = 0;
 };
 

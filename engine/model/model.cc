@@ -959,6 +959,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
   m->mm = options.matmul ? std::move(options.matmul) : MakeCpuMatmul();
   m->attn = options.attention ? std::move(options.attention) : MakeCpuAttention();
   m->indexer = options.indexer ? std::move(options.indexer) : MakeCpuIndexer();
+  if (absl::Status shape = m->attn->CheckShape(config.num_attention_heads, config.head_dim);
+      !shape.ok()) {
+    return shape;
+  }
   m->c = config;
   absl::StatusOr<LayerSchedule> sched = BuildLayerSchedule(config);
   if (!sched.ok()) return sched.status();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "engine/cpu/gemm.h"
 #include "engine/model/model.h"
 #include "engine/model/weights.h"
@@ -17,6 +18,7 @@
 #include "kernels/cuda_indexer.h"
 #include "kernels/cuda_matmul.h"
 #include "kernels/kv_dequant.h"
+#include "kernels/kv_ops_kernel.cuh"
 #include "tests/testing/random.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
@@ -57,6 +59,24 @@ TEST(CudaGemmTest, EqualsTheCpuGemmBitForBit) {
       }
     }
   }
+}
+
+TEST(CudaAttentionTest, AHeadDimensionOverTheKernelsIsRefusedAtLoad) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  ModelConfig config = *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+  const int64_t big = kMaxAttentionDim + 16;
+  config.head_dim = big;
+  absl::StatusOr<std::unique_ptr<model::AttentionBackend>> at = MakeCudaAttention();
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_TRUE((*at)->CheckShape(config.num_attention_heads, kMaxAttentionDim).ok());
+  model::ModelOptions options;
+  options.attention = *std::move(at);
+  absl::StatusOr<std::unique_ptr<model::Model>> m =
+      model::Model::Load(config, "/nonexistent/weights.safetensors", std::move(options));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find(absl::StrCat("head_dim ", big)), std::string::npos)
+      << m.status();
 }
 
 class CudaEngineTest : public ::testing::Test {

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
 #include "engine/spec/kv_codec.h"
@@ -179,6 +180,31 @@ TEST_F(ModelTest, ExactReplayIsRefusedWithABackendThatIsNotBatchInvariant) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("batch-invariant"), std::string::npos) << r.status();
   EXPECT_TRUE((*m)->Resume(bounded, pages, 64, prompt, ReplayMode::kBounded).ok());
+}
+
+// An attention backend that serves no shape: Model::Load must pass its refusal on before
+// it reads any weight.
+class RefusingAttention final : public AttentionBackend {
+ public:
+  const char* name() const override { return "refusing"; }
+  absl::Status CheckShape(int64_t heads, int64_t dim) const override {
+    return absl::InvalidArgumentError(absl::StrCat("no room for ", heads, " heads of ", dim));
+  }
+  void Attend(const AttentionBatch&) const override { ADD_FAILURE() << "attended"; }
+};
+
+TEST_F(ModelTest, AShapeTheAttentionBackendCannotServeIsRefusedAtLoad) {
+  ModelOptions options;
+  options.chunk_tokens = kChunk;
+  options.attention = std::make_unique<RefusingAttention>();
+  absl::StatusOr<std::unique_ptr<Model>> m =
+      Model::Load(*config_, "/nonexistent/weights.safetensors", std::move(options));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find(
+                absl::StrCat(config_->num_attention_heads, " heads of ", config_->head_dim)),
+            std::string::npos)
+      << m.status();
 }
 
 // What a device backend's page cache relies on: a page version names one content. Every
