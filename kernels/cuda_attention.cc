@@ -10,11 +10,15 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/ops.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_matmul.h"
 #include "kernels/device_buffer.h"
+#include "kernels/gemm_kernel.cuh"
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops.h"
 #include "kernels/kv_ops_kernel.cuh"
+#include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
 namespace {
@@ -39,12 +43,91 @@ class CudaAttention final : public model::AttentionBackend {
 
   void Attend(const model::AttentionBatch& b) const override {
     if (b.queries == 0) return;
+    GuardShape(b);
+    std::lock_guard lock(mu_);
+    PageMirror::View view;  // held until the kernel is done with the pages
+    const float* d_o = QueueAttention(b, view);
+    Return(d_o, static_cast<size_t>(b.queries * b.heads * b.dim), b.out);
+  }
+
+  // Attention, inverse RoPE, the groups' products and wo_b queued on one stream: one wait
+  // and one copy back (the rows × dim of the layer's output) instead of one per step.
+  bool AttendAndProject(const model::AttentionBatch& b, const model::OutputPath& p,
+                        float* out) const override {
+    const auto* resident = dynamic_cast<const ResidentPanels*>(p.matmul);
+    if (resident == nullptr) return false;  // products elsewhere (cuBLAS, the CPU)
+    const int64_t G = static_cast<int64_t>(p.wo_a.size()), width = b.heads * b.dim;
+    const int64_t half = static_cast<int64_t>(p.rope_freqs->size());
+    const int64_t gw = G > 0 ? width / G : 0, ol = G > 0 ? p.wo_a[0].out_features() : 0;
+    const int64_t out_dim = p.wo_b->out_features();
+    bool fits = G > 0 && gw * G == width && 2 * half <= b.dim && p.wo_b->in_features() == G * ol;
+    std::vector<const float*> wo_a(G);
+    for (int64_t g = 0; g < G && fits; ++g) {
+      fits = p.wo_a[g].in_features() == gw && p.wo_a[g].out_features() == ol;
+      wo_a[g] = resident->DevicePanels(p.wo_a[g]);
+    }
+    const float* wo_b = resident->DevicePanels(*p.wo_b);
+    if (!fits) {
+      std::fprintf(stderr,
+                   "CUDA attention: output path of %lld groups does not fit %lld heads × %lld\n",
+                   static_cast<long long>(G), static_cast<long long>(b.heads),
+                   static_cast<long long>(b.dim));
+      std::abort();
+    }
+    if (wo_b == nullptr || std::find(wo_a.begin(), wo_a.end(), nullptr) != wo_a.end())
+      return false;  // weights the matmul backend does not hold
+    const int64_t rows = b.queries;
+    if (rows == 0) return true;
+    GuardShape(b);
+    // The CPU's angles, so the turn is its bits (CUDA's sin/cos may differ in the last bit).
+    std::vector<float> turns(static_cast<size_t>(rows * half * 2));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < half; ++i) {
+        const cpu::RopeTurn t = cpu::RopeTurnAt((*p.rope_freqs)[i], p.first_position + r, true);
+        turns[(r * half + i) * 2] = t.cos;
+        turns[(r * half + i) * 2 + 1] = t.sin;
+      }
+    }
+    std::lock_guard lock(mu_);
+    PageMirror::View view;
+    float* d_o = QueueAttention(b, view);  // rows × heads × dim
+    float* d_turns = turns_.Reserve(turns.size());
+    Copy(d_turns, turns.data(), turns.size() * sizeof(float));
+    CUDA_CHECK(LaunchTurnTails(d_o, rows, b.heads, b.dim, d_turns, half, stream_));
+    // Group g's input is columns [g·gw, (g+1)·gw) of each row: rows × G × gw → G × rows × gw
+    // (the same array when there is one row or one group).
+    const bool reshuffle = rows > 1 && G > 1;
+    float* d_og = d_o;
+    if (reshuffle) {
+      d_og = og_.Reserve(static_cast<size_t>(rows * width));
+      CUDA_CHECK(LaunchSwapOuterAxes(d_o, rows, G, gw, d_og, stream_));
+    }
+    float* d_ug = ug_.Reserve(static_cast<size_t>(G * rows * ol));
+    for (int64_t g = 0; g < G; ++g) {
+      CUDA_CHECK(
+          LaunchGemm(d_og + g * rows * gw, rows, gw, wo_a[g], ol, d_ug + g * rows * ol, stream_));
+    }
+    float* d_u = d_ug;  // rows × G × ol, the groups' results side by side
+    if (reshuffle) {
+      d_u = u_.Reserve(static_cast<size_t>(rows * G * ol));
+      CUDA_CHECK(LaunchSwapOuterAxes(d_ug, G, rows, ol, d_u, stream_));
+    }
+    float* d_y = y_.Reserve(static_cast<size_t>(rows * out_dim));
+    CUDA_CHECK(LaunchGemm(d_u, rows, G * ol, wo_b, out_dim, d_y, stream_));
+    Return(d_y, static_cast<size_t>(rows * out_dim), out);
+    return true;
+  }
+
+ private:
+  void GuardShape(const model::AttentionBatch& b) const {
     if (absl::Status shape = CheckShape(b.heads, b.dim); !shape.ok()) {  // Model::Load asked
       std::fprintf(stderr, "%s\n", std::string(shape.message()).c_str());
       std::abort();
     }
-    std::lock_guard lock(mu_);
-    const size_t q_bytes = static_cast<size_t>(b.queries * b.heads * b.dim) * sizeof(float);
+  }
+  // Queues the uploads and the attention kernel; returns the output on the device
+  // (queries × heads × dim). `view` holds the pages until the caller has waited. Needs mu_.
+  float* QueueAttention(const model::AttentionBatch& b, PageMirror::View& view) const {
     // The pages up to the last one a listed compressed row is in.
     int64_t last_row = -1;
     for (int32_t e : b.entries)
@@ -55,7 +138,6 @@ class CudaAttention final : public model::AttentionBackend {
       paged = MainSections(nullptr, *b.layout, b.layer);
       page_count = last_row / paged.per_page + 1;
     }
-    const size_t page_bytes = static_cast<size_t>(paged.page_bytes);
     const size_t q_floats = static_cast<size_t>(b.queries * b.heads * b.dim);
     float* d_q = q_.Reserve(q_floats);
     float* d_o = o_.Reserve(q_floats);
@@ -63,33 +145,35 @@ class CudaAttention final : public model::AttentionBackend {
     float* d_sink = sink_.Reserve(static_cast<size_t>(b.heads));
     int32_t* d_off = offsets_.Reserve(b.offsets.size());
     int32_t* d_ent = entries_.Reserve(b.entries.size());
-    Copy(d_q, b.q, q_bytes);
+    Copy(d_q, b.q, q_floats * sizeof(float));
     Copy(d_w, b.window.data(), b.window.size_bytes());
     Copy(d_sink, b.sink, b.heads * sizeof(float));
     Copy(d_off, b.offsets.data(), b.offsets.size_bytes());
     Copy(d_ent, b.entries.data(), b.entries.size_bytes());
-    PageMirror::View view;  // held until the kernel is done with the pages
     if (page_count > 0) {
-      view = mirror_->Pages(b.sequence, b.pages, b.page_versions, page_count, page_bytes, stream_);
+      view = mirror_->Pages(b.sequence, b.pages, b.page_versions, page_count,
+                            static_cast<size_t>(paged.page_bytes), stream_);
       paged.pages = view.device;
     }
     CUDA_CHECK(LaunchSparseAttention(d_q, b.queries, b.heads, b.dim, d_w, paged, d_off, d_ent,
                                      d_sink, b.scale, d_o, stream_));
-    // Back through page-locked staging: a copy into pageable memory would be a second wait.
-    float* h_o = out_.Reserve(q_floats);
-    CUDA_CHECK(cudaMemcpyAsync(h_o, d_o, q_bytes, cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::memcpy(b.out, h_o, q_bytes);
+    return d_o;
   }
-
- private:
+  // Copies n floats at d back to `out` and waits: through page-locked staging, since a
+  // copy into pageable memory would be a second wait.
+  void Return(const float* d, size_t n, float* out) const {
+    float* h = out_.Reserve(n);
+    CUDA_CHECK(cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(out, h, n * sizeof(float));
+  }
   void Copy(void* dst, const void* src, size_t bytes) const {
     if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   }
   mutable std::mutex mu_;  // one call at a time on the stream and the buffers
   cudaStream_t stream_ = nullptr;
   const std::shared_ptr<PageMirror> mirror_;
-  mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_;
+  mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_, turns_, og_, ug_, u_, y_;
   mutable GrowingPinnedBuffer<float> out_;
   mutable GrowingDeviceBuffer<int32_t> offsets_, entries_;
 };

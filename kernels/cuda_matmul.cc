@@ -129,6 +129,11 @@ class DeviceMatmul : public model::MatmulBackend {
   // Queues d_y (m × n) = d_x (m × k) · Wᵀ on stream_.
   virtual void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
                       float* d_y) const = 0;
+  const float* Resident(const cpu::PackedMatrix& w) const {
+    std::lock_guard lock(mu_);
+    auto it = weights_.find(w.packed().data());
+    return it == weights_.end() ? nullptr : it->second;
+  }
   cudaStream_t stream_ = nullptr;
 
  private:
@@ -139,9 +144,10 @@ class DeviceMatmul : public model::MatmulBackend {
 };
 
 // Our batch-invariant GEMM kernel over the CPU's panel layout.
-class CudaMatmul final : public DeviceMatmul {
+class CudaMatmul final : public DeviceMatmul, public ResidentPanels {
  public:
   const char* name() const override { return "cuda"; }
+  const float* DevicePanels(const cpu::PackedMatrix& w) const override { return Resident(w); }
 
  protected:
   std::span<const float> Layout(const cpu::PackedMatrix& w, std::vector<float>&) const override {

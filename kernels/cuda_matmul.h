@@ -15,6 +15,19 @@
 
 namespace kvc::cuda {
 
+// What another CUDA backend needs to run the engine's products on data already on the
+// device, with MakeCudaMatmul's bits: the device copy of a registered weight, in the panel
+// layout LaunchGemm (gemm_kernel.cuh) reads. MakeCudaMatmul's backend is one (cuBLAS's
+// keeps row-major copies, and its bits are its own).
+class ResidentPanels {
+ public:
+  // Null when `w` was not registered. Valid as long as the backend lives.
+  virtual const float* DevicePanels(const cpu::PackedMatrix& w) const = 0;
+
+ protected:
+  ~ResidentPanels() = default;
+};
+
 // FailedPrecondition without a GPU.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<model::MatmulBackend>> MakeCudaMatmul();
 

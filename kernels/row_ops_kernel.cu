@@ -60,6 +60,26 @@ __global__ void ExpFKernel(const float* x, int64_t n, float* out) {
   if (i < n) out[i] = cpu::ExpF(x[i]);
 }
 
+__global__ void TurnTailsKernel(float* x, int64_t rows, int64_t heads, int64_t dim,
+                                const float* turns, int64_t half) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * heads * half) return;
+  const int64_t i = id % half, rh = id / half, r = rh / heads;
+  float* t = x + rh * dim + dim - 2 * half;
+  const float c = turns[(r * half + i) * 2], s = turns[(r * half + i) * 2 + 1];
+  const float a = t[2 * i], b = t[2 * i + 1];
+  t[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  t[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
+__global__ void SwapOuterKernel(const float* x, int64_t outer, int64_t middle, int64_t inner,
+                                float* y) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= outer * middle * inner) return;
+  const int64_t c = id % inner, b = (id / inner) % middle, a = id / (inner * middle);
+  y[(b * outer + a) * inner + c] = x[id];
+}
+
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __global__ void HcKernel(const float* m, const float* base, const float* scale, int64_t rows,
@@ -115,6 +135,23 @@ cudaError_t LaunchRope(float* x, int64_t rows, int64_t dim, const double* freqs,
                        const int64_t* pos, bool inverse, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   RopeKernel<<<Blocks(rows), kThreads, 0, stream>>>(x, rows, dim, freqs, half, pos, inverse);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTurnTails(float* x, int64_t rows, int64_t heads, int64_t dim, const float* turns,
+                            int64_t half, cudaStream_t stream) {
+  if (half < 0 || 2 * half > dim) return cudaErrorInvalidValue;
+  if (rows * heads * half == 0) return cudaSuccess;
+  TurnTailsKernel<<<Blocks(rows * heads * half), kThreads, 0, stream>>>(x, rows, heads, dim, turns,
+                                                                        half);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwapOuterAxes(const float* x, int64_t outer, int64_t middle, int64_t inner,
+                                float* y, cudaStream_t stream) {
+  if (outer * middle * inner == 0) return cudaSuccess;
+  SwapOuterKernel<<<Blocks(outer * middle * inner), kThreads, 0, stream>>>(x, outer, middle, inner,
+                                                                           y);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,9 @@
 // Device launchers for the engine's per-row ops: RMSNorm, RoPE on the tail dims, the
-// ratio-r compressor pooling and the mHC coefficients (Sinkhorn). One thread per row, the
-// CPU twin's operation order (engine/cpu/ops.h, engine/model/layer_ops.h); transcendental
-// functions (exp, sin, cos) are CUDA's, so parity is by relative error except RMSNorm.
+// ratio-r compressor pooling and the mHC coefficients (Sinkhorn), and the reshuffle the
+// output projection needs. The CPU twin's operation order (engine/cpu/ops.h,
+// engine/model/layer_ops.h); where a kernel calls a transcendental function (exp, sin,
+// cos) it is CUDA's, so parity is by relative error — RMSNorm, TurnTails (the CPU's
+// angles handed in) and the reshuffle are bit for bit.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +18,15 @@ cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t 
 // Rotates pairs of the last 2·half dims of each row of `dim` by pos[r]·freqs[i].
 cudaError_t LaunchRope(float* x, int64_t rows, int64_t dim, const double* freqs, int64_t half,
                        const int64_t* pos, bool inverse, cudaStream_t stream);
+// RoPE with the host's angles (cpu::RopeTurnAt), so the bits are the CPU's: row r·heads + h
+// (of `dim`) has its last 2·half dims turned by turns[r][i] = (cos, sin), pair i. One
+// thread per pair.
+cudaError_t LaunchTurnTails(float* x, int64_t rows, int64_t heads, int64_t dim, const float* turns,
+                            int64_t half, cudaStream_t stream);
+// y[b][a][c] = x[a][b][c] for x of outer × middle × inner (e.g. rows × groups × width ↔
+// groups × rows × width). One thread per value.
+cudaError_t LaunchSwapOuterAxes(const float* x, int64_t outer, int64_t middle, int64_t inner,
+                                float* y, cudaStream_t stream);
 // out[g] = Σ_t kv[g][t] ⊙ softmax_t(score[g][t]) per channel, groups of `ratio` rows.
 cudaError_t LaunchPoolGroups(const float* kv, const float* score, int64_t groups, int64_t ratio,
                              int64_t dim, float* out, cudaStream_t stream);

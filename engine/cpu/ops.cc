@@ -38,12 +38,16 @@ std::vector<double> RopeFrequencies(int64_t rope_dim, double base, int64_t origi
   return f;
 }
 
+RopeTurn RopeTurnAt(double freq, int64_t pos, bool inverse) {
+  const double angle = static_cast<double>(pos) * freq * (inverse ? -1.0 : 1.0);
+  return {static_cast<float>(std::cos(angle)), static_cast<float>(std::sin(angle))};
+}
+
 void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t pos, bool inverse) {
   const int64_t rd = static_cast<int64_t>(freqs.size()) * 2;
   float* t = x + dim - rd;
   for (size_t i = 0; i < freqs.size(); ++i) {
-    const double angle = static_cast<double>(pos) * freqs[i] * (inverse ? -1.0 : 1.0);
-    const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+    const auto [c, s] = RopeTurnAt(freqs[i], pos, inverse);
     const float a = t[2 * i], b = t[2 * i + 1];
     t[2 * i] = a * c - b * s;
     t[2 * i + 1] = a * s + b * c;

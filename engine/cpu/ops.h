@@ -16,6 +16,12 @@ void RmsNorm(const float* x, const float* w, int64_t n, double eps, float* y);
 // original_seq_len > 0 (notes §6).
 std::vector<double> RopeFrequencies(int64_t rope_dim, double base, int64_t original_seq_len,
                                     double factor, double beta_fast, double beta_slow);
+struct RopeTurn {
+  float cos = 1.0f, sin = 0.0f;
+};
+// cos and sin, as floats, of the angle ApplyRope turns a pair by: pos·freq (inverse:
+// −pos·freq). One definition, so a device can rotate with the CPU's exact values.
+RopeTurn RopeTurnAt(double freq, int64_t pos, bool inverse);
 // Rotates the pairs (x[2i], x[2i+1]) of the last rope_dim dims of x by pos·f_i
 // (inverse: by −pos·f_i).
 void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t pos,

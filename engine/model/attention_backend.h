@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/cpu/gemm.h"
+#include "engine/model/matmul.h"
 #include "engine/spec/chunk_layout.h"
 
 namespace kvc::model {
@@ -44,6 +46,18 @@ struct AttentionBatch {
   float* out = nullptr;  // queries × heads × dim
 };
 
+// What follows attention in a layer: each head's output turned back by the inverse RoPE
+// at its query's position, then the grouped low-rank output projection — the heads'
+// columns cut into wo_a.size() equal groups, group g through wo_a[g], the groups' results
+// side by side through wo_b.
+struct OutputPath {
+  int64_t first_position = 0;  // query r sits at first_position + r
+  const std::vector<double>* rope_freqs = nullptr;
+  std::span<const cpu::PackedMatrix> wo_a;
+  const cpu::PackedMatrix* wo_b = nullptr;
+  const MatmulBackend* matmul = nullptr;  // the model's, which holds wo_a and wo_b
+};
+
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
@@ -57,6 +71,18 @@ class AttentionBackend {
     return absl::OkStatus();
   }
   virtual void Attend(const AttentionBatch& batch) const = 0;
+  // Attend, then `path`, into out (queries × path.wo_b->out_features()), for a device that
+  // keeps the attention output where it is instead of handing it back between the steps.
+  // The bits are those of Attend followed by the path on the CPU (cpu::ApplyRope, the
+  // matmul backend's products). Returns false, touching nothing, when the backend cannot
+  // (the default, or a matmul backend it cannot work with): the model then runs the steps.
+  virtual bool AttendAndProject(const AttentionBatch& batch, const OutputPath& path,
+                                float* out) const {
+    (void)batch;
+    (void)path;
+    (void)out;
+    return false;
+  }
 };
 
 // model::AttendHead on the CPU thread pool.

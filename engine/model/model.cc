@@ -641,13 +641,22 @@ void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::
                                  AttentionBatch batch, std::vector<float>& out) const {
   const AttentionWeights& w = layers[l].attn;
   // Sparse MQA: the same row is key and value; the sink enters the denominator only.
-  std::vector<float> o(rows * H * hd);
   batch.queries = rows;
   batch.heads = H;
   batch.dim = hd;
   batch.q = q.data();
   batch.sink = w.sink.data();
   batch.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // A device backend may run the whole path below where the attention output already is.
+  OutputPath path;
+  path.first_position = a;
+  path.rope_freqs = &freqs[l];
+  path.wo_a = w.wo_a;
+  path.wo_b = &w.wo_b;
+  path.matmul = mm.get();
+  out.resize(rows * w.wo_b.out_features());
+  if (attn->AttendAndProject(batch, path, out.data())) return;
+  std::vector<float> o(rows * H * hd);
   batch.out = o.data();
   attn->Attend(batch);
   cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {

@@ -131,10 +131,11 @@ class CudaEngineTest : public ::testing::Test {
 
 #if defined(KVC_CUDA_EMULATED)
 // On the emulation the host-device round trips can be counted: a decode step must not
-// wait for the device more than 12 times per layer (11.25 now: the products of a layer go
+// wait for the device more than 10 times per layer (9.25 now: the products of a layer go
 // in groups, results come back through page-locked staging — a result copied into
-// pageable memory would be one wait per product, twice as many).
-TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostTwelveTimesPerLayer) {
+// pageable memory would be one wait per product — and attention's output stays on the
+// device through the inverse RoPE and the output projection, 2 waits fewer).
+TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostTenTimesPerLayer) {
   std::mt19937_64 rng(testing::FreshSeed());
   model::Sequence b = gpu_->NewSequence();
   absl::StatusOr<std::vector<float>> lb =
@@ -153,7 +154,7 @@ TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostTwelveTimesPerLayer) {
               static_cast<double>(after.launches - before.launches) / kSteps,
               static_cast<long long>(layers));
   EXPECT_GT(waits, 0.0);
-  EXPECT_LE(waits, 12.0 * static_cast<double>(layers));
+  EXPECT_LE(waits, 10.0 * static_cast<double>(layers));
 }
 #endif
 
