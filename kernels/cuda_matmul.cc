@@ -9,10 +9,12 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "engine/spec/check.h"
 #include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
 #include "kernels/gemm_kernel.cuh"
 #include "kernels/kv_dequant.h"
+#include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
 namespace {
@@ -66,7 +68,7 @@ class DeviceMatmul : public model::MatmulBackend {
     Gemm(x, m, w, y);
   }
   // Copies every input up, launches every product, copies all results back at once, then
-  // waits once.
+  // waits once. A chained input is normalized on the device from the earlier result.
   void GemmGroup(std::span<const model::GemmCall> calls) const override {
     std::lock_guard lock(mu_);
     // Weights not registered (e.g. the indexer's keys) are copied up for this call.
@@ -75,7 +77,10 @@ class DeviceMatmul : public model::MatmulBackend {
     size_t xs = 0, ys = 0, ws = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
       const model::GemmCall& c = calls[i];
-      xs += static_cast<size_t>(c.m * c.w->in_features());
+      const int64_t k = c.w->in_features();
+      xs += static_cast<size_t>(c.m * k);
+      model::CheckChain(calls, i);
+      if (c.input_of >= 0) xs += static_cast<size_t>(k);  // the norm's weight
       ys += static_cast<size_t>(c.m * c.w->out_features());
       if (c.w->out_features() > 0 && !weights_.contains(c.w->packed().data())) {
         transient[i] = Layout(*c.w, storage[i]);
@@ -87,10 +92,12 @@ class DeviceMatmul : public model::MatmulBackend {
     float* d_t = w_.Reserve(ws);
     float* h_x = hx_.Reserve(xs);
     float* h_y = hy_.Reserve(ys);
+    std::vector<size_t> y_at(calls.size()), x_at(calls.size());
     size_t xo = 0, yo = 0, wo = 0;
     for (size_t i = 0; i < calls.size(); ++i) {
       const model::GemmCall& c = calls[i];
       const int64_t k = c.w->in_features(), n = c.w->out_features();
+      y_at[i] = yo;
       if (c.m == 0 || n == 0) continue;
       const float* d_w = nullptr;
       if (transient[i].empty()) {
@@ -101,11 +108,28 @@ class DeviceMatmul : public model::MatmulBackend {
         d_w = d_t + wo;
         wo += transient[i].size();
       }
-      const size_t x_bytes = static_cast<size_t>(c.m * k) * sizeof(float);
-      std::memcpy(h_x + xo, c.x, x_bytes);
-      CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_bytes, cudaMemcpyHostToDevice, stream_));
+      const size_t x_floats = static_cast<size_t>(c.m * k);
+      if (const size_t j = SameChain(calls, i); j < i) {  // normalized already
+        Launch(d_x + x_at[j], c.m, k, d_w, n, d_y + yo);
+        yo += static_cast<size_t>(c.m * n);
+        continue;
+      }
+      x_at[i] = xo;
+      if (c.input_of >= 0) {
+        float* d_norm = d_x + xo + x_floats;
+        std::memcpy(h_x + xo + x_floats, c.norm_weight, static_cast<size_t>(k) * sizeof(float));
+        CUDA_CHECK(cudaMemcpyAsync(d_norm, h_x + xo + x_floats,
+                                   static_cast<size_t>(k) * sizeof(float), cudaMemcpyHostToDevice,
+                                   stream_));
+        CUDA_CHECK(
+            LaunchRmsNorm(d_y + y_at[c.input_of], d_norm, c.m, k, c.norm_eps, d_x + xo, stream_));
+      } else {
+        std::memcpy(h_x + xo, c.x, x_floats * sizeof(float));
+        CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_floats * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream_));
+      }
       Launch(d_x + xo, c.m, k, d_w, n, d_y + yo);
-      xo += static_cast<size_t>(c.m * k);
+      xo += x_floats + (c.input_of >= 0 ? static_cast<size_t>(k) : 0);
       yo += static_cast<size_t>(c.m * n);
     }
     // The results lie back to back in d_y: one copy, one wait, then out to the callers.
@@ -113,16 +137,27 @@ class DeviceMatmul : public model::MatmulBackend {
       CUDA_CHECK(cudaMemcpyAsync(h_y, d_y, yo * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    yo = 0;
-    for (const model::GemmCall& c : calls) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const model::GemmCall& c = calls[i];
       const size_t n = static_cast<size_t>(c.m * c.w->out_features());
-      if (n == 0) continue;
-      std::memcpy(c.y, h_y + yo, n * sizeof(float));
-      yo += n;
+      if (n > 0) std::memcpy(c.y, h_y + y_at[i], n * sizeof(float));
     }
   }
 
  protected:
+  // The first call before calls[i] whose chained input is the same (same earlier result,
+  // norm weight and eps), or i: the normalized rows on the device serve both.
+  static size_t SameChain(std::span<const model::GemmCall> calls, size_t i) {
+    const model::GemmCall& c = calls[i];
+    if (c.input_of < 0) return i;
+    for (size_t j = static_cast<size_t>(c.input_of) + 1; j < i; ++j) {
+      const model::GemmCall& o = calls[j];
+      if (o.input_of == c.input_of && o.norm_weight == c.norm_weight && o.norm_eps == c.norm_eps &&
+          o.m > 0 && o.w->out_features() > 0)
+        return j;
+    }
+    return i;
+  }
   // w in the device layout the product reads: a view of w itself or of `storage`.
   virtual std::span<const float> Layout(const cpu::PackedMatrix& w,
                                         std::vector<float>& storage) const = 0;

@@ -1,5 +1,8 @@
 #include "engine/model/matmul.h"
 
+#include "engine/cpu/ops.h"
+#include "engine/spec/check.h"
+
 namespace kvc::model {
 namespace {
 
@@ -16,6 +19,28 @@ class CpuMatmul final : public MatmulBackend {
 };
 
 }  // namespace
+
+void CheckChain(std::span<const GemmCall> calls, size_t i) {
+  const GemmCall& c = calls[i];
+  if (c.input_of < 0) return;
+  const int64_t k = c.w->in_features();
+  KVC_CHECK(static_cast<size_t>(c.input_of) < i && calls[c.input_of].m == c.m &&
+            calls[c.input_of].w->out_features() == k && c.norm_weight != nullptr)
+      << "product " << i << " of a group chains product " << c.input_of
+      << ", which is not an earlier one of " << c.m << " rows × " << k
+      << " (or has no norm weight)";
+}
+
+const float* HostInput(std::span<const GemmCall> calls, size_t i, std::vector<float>& storage) {
+  const GemmCall& c = calls[i];
+  if (c.input_of < 0) return c.x;
+  CheckChain(calls, i);
+  const int64_t k = c.w->in_features();
+  storage.resize(static_cast<size_t>(c.m * k));
+  for (int64_t r = 0; r < c.m; ++r)
+    cpu::RmsNorm(calls[c.input_of].y + r * k, c.norm_weight, k, c.norm_eps, &storage[r * k]);
+  return storage.data();
+}
 
 std::unique_ptr<MatmulBackend> MakeCpuMatmul() { return std::make_unique<CpuMatmul>(); }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "engine/cpu/gemm.h"
 
@@ -24,7 +25,21 @@ struct GemmCall {
   int64_t m = 0;
   const cpu::PackedMatrix* w = nullptr;
   float* y = nullptr;
+  // A chained input: when input_of >= 0, x is unused and the input is the result of an
+  // earlier call of the group, calls[input_of] (m rows of w.in_features()), each row
+  // RMS-normalized first — cpu::RmsNorm(row, norm_weight, w.in_features(), norm_eps). A
+  // device backend normalizes it where it already is: the chain costs no round trip.
+  int64_t input_of = -1;
+  const float* norm_weight = nullptr;
+  double norm_eps = 0.0;
 };
+
+// Aborts, naming the call, when calls[i] chains an input that does not fit: input_of not
+// an earlier call, or one of other rows or width. Nothing for an unchained call.
+void CheckChain(std::span<const GemmCall> calls, size_t i);
+// The input of calls[i], chained or not, on the host; `storage` holds a chained input's
+// normalized rows.
+const float* HostInput(std::span<const GemmCall> calls, size_t i, std::vector<float>& storage);
 
 class MatmulBackend {
  public:
@@ -41,10 +56,13 @@ class MatmulBackend {
   // The same, called from inside one of the CPU thread pool's parallel loops.
   virtual void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w,
                           float* y) const = 0;
-  // Independent products issued together (the MoE's experts): a device backend can copy
-  // and launch them all before waiting once. Each result is what Gemm would give.
+  // Products issued together (the MoE's experts; a layer's query projections): a device
+  // backend can copy and launch them all before waiting once. Each result is what Gemm
+  // would give on its input; calls run in order, so a chained input is ready.
   virtual void GemmGroup(std::span<const GemmCall> calls) const {
-    for (const GemmCall& c : calls) Gemm(c.x, c.m, *c.w, c.y);
+    std::vector<float> storage;
+    for (size_t i = 0; i < calls.size(); ++i)
+      Gemm(HostInput(calls, i, storage), calls[i].m, *calls[i].w, calls[i].y);
   }
 };
 

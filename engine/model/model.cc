@@ -184,11 +184,12 @@ class ModelImpl {
   // Writes the drafter's rings for positions [a, b) from their main hidden states.
   void UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
                         const std::vector<float>& main_hidden) const;
-  // Low-rank queries (qr, then q rotated per head) and the rows' own window KV
-  // (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also the
-  // indexer's raw query and weight projections (issued with q's: one wait on a device).
+  // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
+  // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
+  // the indexer's raw query and weight projections. All products go as one group, the
+  // up-projections chained on the normalized low-rank query: one wait on a device.
   void QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
-                          std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv,
+                          std::vector<float>& q, std::vector<float>& kv,
                           std::vector<float>* qi = nullptr,
                           std::vector<float>* wts = nullptr) const;
   void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
@@ -508,17 +509,26 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
 }
 
 void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
-                                   std::vector<float>& qr, std::vector<float>& q,
-                                   std::vector<float>& kv, std::vector<float>* qi,
-                                   std::vector<float>* wts) const {
+                                   std::vector<float>& q, std::vector<float>& kv,
+                                   std::vector<float>* qi, std::vector<float>* wts) const {
   const AttentionWeights& w = layers[l].attn;
-  Linears({{x, rows, w.wq_a, qr}, {x, rows, w.wkv, kv}});  // kv: rows × hd
-  NormRows(qr, rows, c.q_lora_rank, w.q_norm, c.rms_norm_eps);
-  if (qi != nullptr) {  // q: rows × H × hd; qi: rows × IH × Id
-    Linears({{qr, rows, w.wq_b, q}, {qr, rows, w.i_wq_b, *qi}, {x, rows, w.i_weights, *wts}});
-  } else {
-    q = Linear(qr, rows, w.wq_b);
+  // qr (rows × q_lora_rank), kv (rows × hd), then from qr RMS-normalized: q (rows × H ×
+  // hd) and the indexer's qi (rows × IH × Id); wts from x.
+  std::vector<float> qr(rows * w.wq_a.out_features());
+  kv.resize(rows * w.wkv.out_features());
+  q.resize(rows * w.wq_b.out_features());
+  std::vector<GemmCall> calls = {
+      {x.data(), rows, &w.wq_a, qr.data()},
+      {x.data(), rows, &w.wkv, kv.data()},
+      {nullptr, rows, &w.wq_b, q.data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps}};
+  if (qi != nullptr) {
+    qi->resize(rows * w.i_wq_b.out_features());
+    wts->resize(rows * w.i_weights.out_features());
+    calls.push_back(
+        {nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps});
+    calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
   }
+  mm->GemmGroup(calls);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
     float* k = &kv[r * hd];
@@ -536,8 +546,8 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   LayerState& ls = s.layers[l];
   const int64_t rows = b - a, ratio = plan.compress_ratio;
   const bool runs_indexer = ratio > 0 && plan.runs_indexer();
-  std::vector<float> qr, q, kv, qi, wts;
-  QueriesAndWindowKv(l, a, rows, x, qr, q, kv, runs_indexer ? &qi : nullptr,
+  std::vector<float> q, kv, qi, wts;
+  QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
                      runs_indexer ? &wts : nullptr);
   // Compressed KV and each query's selection of it.
   std::vector<std::vector<int32_t>>* selected = nullptr;
@@ -690,8 +700,8 @@ void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b
                                const std::vector<float>& x, std::vector<float>& out) const {
   const LayerState& ls = s.layers[l];
   const int64_t rows = b - a;
-  std::vector<float> qr, q, kv;  // kv: the draft block's own rows, never stored
-  QueriesAndWindowKv(l, a, rows, x, qr, q, kv);
+  std::vector<float> q, kv;  // kv: the draft block's own rows, never stored
+  QueriesAndWindowKv(l, a, rows, x, q, kv);
   // Every draft query sees the main model's window (accepted positions, from the ring, in
   // position order) and the whole draft block: attention inside the block is bidirectional.
   std::vector<float> window(ls.ring);
