@@ -187,11 +187,12 @@ class ModelImpl {
   // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
   // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
   // the indexer's raw query and weight projections. All products go as one group, the
-  // up-projections chained on the normalized low-rank query: one wait on a device.
+  // up-projections chained on the normalized low-rank query, with `also` (the
+  // compressor's): one wait on a device.
   void QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
                           std::vector<float>& q, std::vector<float>& kv,
-                          std::vector<float>* qi = nullptr,
-                          std::vector<float>* wts = nullptr) const;
+                          std::vector<float>* qi = nullptr, std::vector<float>* wts = nullptr,
+                          std::span<const GemmCall> also = {}) const;
   void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                       const std::vector<float>& x, std::vector<float>& out) const;
   // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `batch`
@@ -215,8 +216,20 @@ class ModelImpl {
                  bool compress, std::vector<float>& out,
                  std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
                  std::vector<std::vector<uint8_t>>& pool) const;
+  // The compressor of Full layer l over the pass [a, b) with input x: the products for the
+  // positions it has not consumed yet go into `calls` (results in `in`), and Compress
+  // consumes them once they are done — so the products can join another group (the query
+  // path's: one wait on a device).
+  struct CompressorInput {
+    int64_t first = 0, rows = 0;  // positions [first, first + rows)
+    std::vector<float> kv, score;
+  };
+  void CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                       const std::vector<float>& x, CompressorInput& in,
+                       std::vector<GemmCall>& calls) const;
+  void Compress(SequenceState& s, int64_t l, const CompressorInput& in) const;
   void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
-                const std::vector<float>& x) const;
+                const std::vector<float>& x) const;  // the products on their own
   void EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent) const;
   void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out) const;
   std::unique_ptr<SequenceState> NewState() const;
@@ -471,23 +484,40 @@ void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent
   ++ls.entries;
 }
 
-void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
-                         const std::vector<float>& x) const {
-  LayerState& ls = s.layers[l];
+void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                                const std::vector<float>& x, CompressorInput& in,
+                                std::vector<GemmCall>& calls) const {
+  const LayerState& ls = s.layers[l];
   const AttentionWeights& w = layers[l].attn;
   const int64_t ratio = sched.layers[l].compress_ratio;
   const int64_t done = ls.entries * ratio + ls.pend_rows;  // positions already consumed
-  const int64_t first = std::max(a, done);
-  if (first >= b) return;
-  KVC_CHECK(first == done) << "layer " << l << ": compressor gap at " << done;
-  const int64_t rows = b - first;
-  std::vector<float> xs(x.begin() + (first - a) * D, x.begin() + (b - a) * D);
-  std::vector<float> kv, score;
+  in.first = std::max(a, done);
+  in.rows = std::max<int64_t>(0, b - in.first);
+  if (in.rows == 0) return;
+  KVC_CHECK(in.first == done) << "layer " << l << ": compressor gap at " << done;
+  const float* xs = x.data() + (in.first - a) * D;
+  in.kv.resize(in.rows * w.c_wkv.out_features());
+  calls.push_back({xs, in.rows, &w.c_wkv, in.kv.data()});
   if (ratio > 1) {
-    Linears({{xs, rows, w.c_wkv, kv}, {xs, rows, w.c_wgate, score}});
-  } else {
-    kv = Linear(xs, rows, w.c_wkv);
+    in.score.resize(in.rows * w.c_wgate.out_features());
+    calls.push_back({xs, in.rows, &w.c_wgate, in.score.data()});
   }
+}
+
+void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                         const std::vector<float>& x) const {
+  CompressorInput in;
+  std::vector<GemmCall> calls;
+  CompressorCalls(s, l, a, b, x, in, calls);
+  mm->GemmGroup(calls);
+  Compress(s, l, in);
+}
+
+void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in) const {
+  LayerState& ls = s.layers[l];
+  const AttentionWeights& w = layers[l].attn;
+  const int64_t ratio = sched.layers[l].compress_ratio, rows = in.rows;
+  const std::vector<float>&kv = in.kv, &score = in.score;
   for (int64_t r = 0; r < rows; ++r) {
     if (ratio == 1) {
       std::vector<float> latent(kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
@@ -510,7 +540,8 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
 
 void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
                                    std::vector<float>& q, std::vector<float>& kv,
-                                   std::vector<float>* qi, std::vector<float>* wts) const {
+                                   std::vector<float>* qi, std::vector<float>* wts,
+                                   std::span<const GemmCall> also) const {
   const AttentionWeights& w = layers[l].attn;
   // qr (rows × q_lora_rank), kv (rows × hd), then from qr RMS-normalized: q (rows × H ×
   // hd) and the indexer's qi (rows × IH × Id); wts from x.
@@ -528,6 +559,7 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
         {nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps});
     calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
   }
+  calls.insert(calls.end(), also.begin(), also.end());
   mm->GemmGroup(calls);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
@@ -547,13 +579,17 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   const int64_t rows = b - a, ratio = plan.compress_ratio;
   const bool runs_indexer = ratio > 0 && plan.runs_indexer();
   std::vector<float> q, kv, qi, wts;
+  CompressorInput compressor;
+  std::vector<GemmCall> compressor_calls;
+  const bool compresses = ratio > 0 && plan.mode == AttentionMode::kFull && compress;
+  if (compresses) CompressorCalls(s, l, a, b, x, compressor, compressor_calls);
   QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
-                     runs_indexer ? &wts : nullptr);
+                     runs_indexer ? &wts : nullptr, compressor_calls);
   // Compressed KV and each query's selection of it.
   std::vector<std::vector<int32_t>>* selected = nullptr;
   const LayerState* kv_src = nullptr;
   if (ratio > 0) {
-    if (plan.mode == AttentionMode::kFull && compress) Compress(s, l, a, b, x);
+    if (compresses) Compress(s, l, compressor);
     kv_src = &s.layers[plan.kv_layer];
     if (runs_indexer) {
       const int64_t IH = c.index_n_heads, Id = c.index_head_dim;
