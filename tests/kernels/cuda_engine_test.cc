@@ -165,11 +165,11 @@ class CudaEngineTest : public ::testing::Test {
 
 #if defined(KVC_CUDA_EMULATED)
 // On the emulation the host-device round trips can be counted: a decode step must not
-// wait for the device more than 9 times per layer (8.0 now: the products of a layer go
-// in groups (the compressor's with the query path's), results come back through page-locked staging — a result copied into
-// pageable memory would be one wait per product —, the query up-projections are chained
-// on the device to the low-rank query, and attention's output stays on the device through
-// the inverse RoPE and the output projection).
+// wait for the device more than 9 times per layer (8.0 now). A layer's products go in
+// groups (the compressor's with the query path's; the up-projections chained on the
+// normalized low-rank query), results come back through page-locked staging (a copy into
+// pageable memory is one more wait), and attention's output stays on the device through
+// the inverse RoPE and the output projection.
 TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostNineTimesPerLayer) {
   std::mt19937_64 rng(testing::FreshSeed());
   model::Sequence b = gpu_->NewSequence();
