@@ -80,14 +80,9 @@ class CudaAttention final : public model::AttentionBackend {
     if (rows == 0) return true;
     GuardShape(b);
     // The CPU's angles, so the turn is its bits (CUDA's sin/cos may differ in the last bit).
-    std::vector<float> turns(static_cast<size_t>(rows * half * 2));
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t i = 0; i < half; ++i) {
-        const cpu::RopeTurn t = cpu::RopeTurnAt((*p.rope_freqs)[i], p.first_position + r, true);
-        turns[(r * half + i) * 2] = t.cos;
-        turns[(r * half + i) * 2 + 1] = t.sin;
-      }
-    }
+    std::vector<int64_t> positions(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) positions[r] = p.first_position + r;
+    const std::vector<float> turns = cpu::RopeTurns(*p.rope_freqs, positions, /*inverse=*/true);
     std::lock_guard lock(mu_);
     PageMirror::View view;
     float* d_o = QueueAttention(b, view);  // rows × heads × dim

@@ -1,5 +1,7 @@
 #include "kernels/row_ops.h"
 
+#include "engine/cpu/ops.h"
+
 #include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
 #include "kernels/kv_dequant.h"
@@ -21,18 +23,26 @@ absl::StatusOr<std::vector<float>> RmsNormOnDevice(std::span<const float> x,
 absl::StatusOr<std::vector<float>> RopeOnDevice(std::span<const float> x, int64_t dim,
                                                 std::span<const double> freqs,
                                                 std::span<const int64_t> pos, bool inverse) {
-  const int64_t half = static_cast<int64_t>(freqs.size());
-  if (dim <= 0 || 2 * half > dim ||
-      static_cast<int64_t>(x.size()) != dim * static_cast<int64_t>(pos.size())) {
+  const int64_t half = static_cast<int64_t>(freqs.size()), rows = static_cast<int64_t>(pos.size());
+  if (dim <= 0 || 2 * half > dim || static_cast<int64_t>(x.size()) != dim * rows) {
     return absl::InvalidArgumentError("rope: rows × dim must match the positions");
   }
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
-  DeviceBuffer<float> dx(x);
-  DeviceBuffer<double> df(freqs);
-  DeviceBuffer<int64_t> dp(pos);
-  CUDA_CHECK(LaunchRope(dx.get(), static_cast<int64_t>(pos.size()), dim, df.get(), half, dp.get(),
-                        inverse, nullptr));
+  DeviceBuffer<float> dx(x), dt(cpu::RopeTurns(freqs, pos, inverse));
+  CUDA_CHECK(LaunchTurnTails(dx.get(), rows, 1, dim, dt.get(), half, nullptr));
   return dx.ToHost();
+}
+
+absl::StatusOr<std::vector<float>> SwapOuterAxesOnDevice(std::span<const float> x, int64_t outer,
+                                                         int64_t middle) {
+  if (outer <= 0 || middle <= 0 || x.size() % (outer * middle) != 0) {
+    return absl::InvalidArgumentError("swap: x must be outer × middle × inner values");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t inner = static_cast<int64_t>(x.size()) / (outer * middle);
+  DeviceBuffer<float> dx(x), out(x.size());
+  CUDA_CHECK(LaunchSwapOuterAxes(dx.get(), outer, middle, inner, out.get(), nullptr));
+  return out.ToHost();
 }
 
 absl::StatusOr<std::vector<float>> PoolGroupsOnDevice(std::span<const float> kv,

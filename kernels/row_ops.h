@@ -21,6 +21,10 @@ struct HcOnDevice {
                                                               std::span<const double> freqs,
                                                               std::span<const int64_t> pos,
                                                               bool inverse);
+// y[b][a][c] = x[a][b][c] for x of outer × middle × (x.size() / (outer · middle)).
+[[nodiscard]] absl::StatusOr<std::vector<float>> SwapOuterAxesOnDevice(std::span<const float> x,
+                                                                       int64_t outer,
+                                                                       int64_t middle);
 [[nodiscard]] absl::StatusOr<std::vector<float>> PoolGroupsOnDevice(std::span<const float> kv,
                                                                     std::span<const float> score,
                                                                     int64_t ratio, int64_t dim);

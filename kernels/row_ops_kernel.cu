@@ -21,20 +21,6 @@ __global__ void RmsNormKernel(const float* x, const float* w, int64_t rows, int6
   for (int64_t i = 0; i < n; ++i) y[r * n + i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
-__global__ void RopeKernel(float* x, int64_t rows, int64_t dim, const double* freqs, int64_t half,
-                           const int64_t* pos, bool inverse) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  float* t = x + r * dim + dim - 2 * half;
-  for (int64_t i = 0; i < half; ++i) {
-    const double angle = static_cast<double>(pos[r]) * freqs[i] * (inverse ? -1.0 : 1.0);
-    const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
-    const float a = t[2 * i], b = t[2 * i + 1];
-    t[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    t[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-  }
-}
-
 __global__ void PoolGroupsKernel(const float* kv, const float* score, int64_t groups, int64_t ratio,
                                  int64_t dim, float* out) {
   const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -128,13 +114,6 @@ cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t 
                           float* y, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   RmsNormKernel<<<Blocks(rows), kThreads, 0, stream>>>(x, w, rows, n, eps, y);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchRope(float* x, int64_t rows, int64_t dim, const double* freqs, int64_t half,
-                       const int64_t* pos, bool inverse, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  RopeKernel<<<Blocks(rows), kThreads, 0, stream>>>(x, rows, dim, freqs, half, pos, inverse);
   return cudaGetLastError();
 }
 

@@ -1,9 +1,9 @@
 // Device launchers for the engine's per-row ops: RMSNorm, RoPE on the tail dims, the
 // ratio-r compressor pooling and the mHC coefficients (Sinkhorn), and the reshuffle the
 // output projection needs. The CPU twin's operation order (engine/cpu/ops.h,
-// engine/model/layer_ops.h); where a kernel calls a transcendental function (exp, sin,
-// cos) it is CUDA's, so parity is by relative error — RMSNorm, TurnTails (the CPU's
-// angles handed in) and the reshuffle are bit for bit.
+// engine/model/layer_ops.h). RMSNorm, RoPE (TurnTails: the CPU's cos/sin handed in, as
+// CUDA's may differ in the last bit), pooling (the shared cpu::ExpF) and the reshuffle are
+// bit for bit; the mHC coefficients use CUDA's expf, so their parity is by relative error.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,9 +15,6 @@ namespace kvc::cuda {
 // y[r] = x[r] · rsqrt(mean(x[r]²) + eps) · w, rows of n (double accumulation, as the CPU).
 cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t n, double eps,
                           float* y, cudaStream_t stream);
-// Rotates pairs of the last 2·half dims of each row of `dim` by pos[r]·freqs[i].
-cudaError_t LaunchRope(float* x, int64_t rows, int64_t dim, const double* freqs, int64_t half,
-                       const int64_t* pos, bool inverse, cudaStream_t stream);
 // RoPE with the host's angles (cpu::RopeTurnAt), so the bits are the CPU's: row r·heads + h
 // (of `dim`) has its last 2·half dims turned by turns[r][i] = (cos, sin), pair i. One
 // thread per pair.

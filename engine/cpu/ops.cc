@@ -43,6 +43,20 @@ RopeTurn RopeTurnAt(double freq, int64_t pos, bool inverse) {
   return {static_cast<float>(std::cos(angle)), static_cast<float>(std::sin(angle))};
 }
 
+std::vector<float> RopeTurns(std::span<const double> freqs, std::span<const int64_t> positions,
+                             bool inverse) {
+  const size_t half = freqs.size();
+  std::vector<float> turns(positions.size() * half * 2);
+  for (size_t r = 0; r < positions.size(); ++r) {
+    for (size_t i = 0; i < half; ++i) {
+      const RopeTurn t = RopeTurnAt(freqs[i], positions[r], inverse);
+      turns[(r * half + i) * 2] = t.cos;
+      turns[(r * half + i) * 2 + 1] = t.sin;
+    }
+  }
+  return turns;
+}
+
 void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t pos, bool inverse) {
   const int64_t rd = static_cast<int64_t>(freqs.size()) * 2;
   float* t = x + dim - rd;

@@ -22,6 +22,9 @@ struct RopeTurn {
 // cos and sin, as floats, of the angle ApplyRope turns a pair by: pos·freq (inverse:
 // −pos·freq). One definition, so a device can rotate with the CPU's exact values.
 RopeTurn RopeTurnAt(double freq, int64_t pos, bool inverse);
+// The table of them for rows at `positions`: [row][i] = (cos, sin) of pair i.
+std::vector<float> RopeTurns(std::span<const double> freqs, std::span<const int64_t> positions,
+                             bool inverse);
 // Rotates the pairs (x[2i], x[2i+1]) of the last rope_dim dims of x by pos·f_i
 // (inverse: by −pos·f_i).
 void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t pos,

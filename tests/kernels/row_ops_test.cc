@@ -41,7 +41,7 @@ TEST_F(RowOpsCudaTest, RmsNormMatchesTheCpuBitForBit) {
   EXPECT_EQ(*got, want);
 }
 
-TEST_F(RowOpsCudaTest, RopeMatchesTheCpu) {
+TEST_F(RowOpsCudaTest, RopeMatchesTheCpuBitForBit) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int64_t rows = 20, dim = 64;
   const std::vector<double> f = cpu::RopeFrequencies(16, 160000, 1024, 4, 32, 1);
@@ -53,9 +53,23 @@ TEST_F(RowOpsCudaTest, RopeMatchesTheCpu) {
     ASSERT_TRUE(got.ok()) << got.status();
     std::vector<float> want = x;
     for (int64_t r = 0; r < rows; ++r) cpu::ApplyRope(&want[r * dim], dim, f, pos[r], inverse);
-    for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR((*got)[i], want[i], 1e-6f * (1 + std::abs(want[i])));
+    EXPECT_EQ(*got, want) << "inverse " << inverse;
+    EXPECT_NE(*got, x);
   }
+}
+
+TEST_F(RowOpsCudaTest, SwapOuterAxesTransposesTheTwoOuterAxes) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t outer = 3, middle = 5, inner = 7;
+  const std::vector<float> x = NormalFloats(rng, outer * middle * inner, 1.0f);
+  absl::StatusOr<std::vector<float>> got = SwapOuterAxesOnDevice(x, outer, middle);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<float> want(x.size());
+  for (int64_t a = 0; a < outer; ++a)
+    for (int64_t b = 0; b < middle; ++b)
+      for (int64_t c = 0; c < inner; ++c)
+        want[(b * outer + a) * inner + c] = x[(a * middle + b) * inner + c];
+  EXPECT_EQ(*got, want);
 }
 
 // The engine's exp has the same bits on both sides: a sweep of every 1021st float (NaNs,
@@ -124,6 +138,7 @@ TEST(RowOpsCudaArgsTest, BadShapesAreRefused) {
   std::vector<float> x(10), w(3);
   EXPECT_EQ(RmsNormOnDevice(x, w, 1e-6).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PoolGroupsOnDevice(x, w, 2, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwapOuterAxesOnDevice(x, 3, 2).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
