@@ -14,7 +14,6 @@
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_matmul.h"
 #include "kernels/device_buffer.h"
-#include "kernels/gemm_kernel.cuh"
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops.h"
 #include "kernels/kv_ops_kernel.cuh"
@@ -54,19 +53,18 @@ class CudaAttention final : public model::AttentionBackend {
   // and one copy back (the rows × dim of the layer's output) instead of one per step.
   bool AttendAndProject(const model::AttentionBatch& b, const model::OutputPath& p,
                         float* out) const override {
-    const auto* resident = dynamic_cast<const ResidentPanels*>(p.matmul);
-    if (resident == nullptr) return false;  // products elsewhere (cuBLAS, the CPU)
+    const auto* products = dynamic_cast<const DeviceProducts*>(p.matmul);
+    if (products == nullptr) return false;  // products on the CPU
     const int64_t G = static_cast<int64_t>(p.wo_a.size()), width = b.heads * b.dim;
     const int64_t half = static_cast<int64_t>(p.rope_freqs->size());
     const int64_t gw = G > 0 ? width / G : 0, ol = G > 0 ? p.wo_a[0].out_features() : 0;
     const int64_t out_dim = p.wo_b->out_features();
     bool fits = G > 0 && gw * G == width && 2 * half <= b.dim && p.wo_b->in_features() == G * ol;
-    std::vector<const float*> wo_a(G);
+    bool held = products->Holds(*p.wo_b);
     for (int64_t g = 0; g < G && fits; ++g) {
       fits = p.wo_a[g].in_features() == gw && p.wo_a[g].out_features() == ol;
-      wo_a[g] = resident->DevicePanels(p.wo_a[g]);
+      held = held && products->Holds(p.wo_a[g]);
     }
-    const float* wo_b = resident->DevicePanels(*p.wo_b);
     if (!fits) {
       std::fprintf(stderr,
                    "CUDA attention: output path of %lld groups does not fit %lld heads × %lld\n",
@@ -74,8 +72,7 @@ class CudaAttention final : public model::AttentionBackend {
                    static_cast<long long>(b.dim));
       std::abort();
     }
-    if (wo_b == nullptr || std::find(wo_a.begin(), wo_a.end(), nullptr) != wo_a.end())
-      return false;  // weights the matmul backend does not hold
+    if (!held) return false;  // weights the matmul backend does not hold
     const int64_t rows = b.queries;
     if (rows == 0) return true;
     GuardShape(b);
@@ -98,17 +95,15 @@ class CudaAttention final : public model::AttentionBackend {
       CUDA_CHECK(LaunchSwapOuterAxes(d_o, rows, G, gw, d_og, stream_));
     }
     float* d_ug = ug_.Reserve(static_cast<size_t>(G * rows * ol));
-    for (int64_t g = 0; g < G; ++g) {
-      CUDA_CHECK(
-          LaunchGemm(d_og + g * rows * gw, rows, gw, wo_a[g], ol, d_ug + g * rows * ol, stream_));
-    }
+    for (int64_t g = 0; g < G; ++g)
+      products->QueueProduct(d_og + g * rows * gw, rows, p.wo_a[g], d_ug + g * rows * ol, stream_);
     float* d_u = d_ug;  // rows × G × ol, the groups' results side by side
     if (reshuffle) {
       d_u = u_.Reserve(static_cast<size_t>(rows * G * ol));
       CUDA_CHECK(LaunchSwapOuterAxes(d_ug, G, rows, ol, d_u, stream_));
     }
     float* d_y = y_.Reserve(static_cast<size_t>(rows * out_dim));
-    CUDA_CHECK(LaunchGemm(d_u, rows, G * ol, wo_b, out_dim, d_y, stream_));
+    products->QueueProduct(d_u, rows, *p.wo_b, d_y, stream_);
     Return(d_y, static_cast<size_t>(rows * out_dim), out);
     return true;
   }

@@ -3,9 +3,10 @@
 // rows are brought up to date in a PageMirror (only pages written since the last call),
 // the CPU-twin kernel (kv_ops_kernel.cuh: AttendHead's arithmetic, the shared ExpF) reads
 // the compressed rows from the FP4 pages, and the outputs come back — the CPU's bits.
-// With MakeCudaMatmul's backend as the model's matmul, AttendAndProject keeps the output on
-// the device through the inverse RoPE and the output projection (on the matmul backend's
-// resident weights): one wait per layer instead of three, the same bits.
+// With a device matmul backend (cuda or cublas) as the model's, AttendAndProject keeps the
+// output on the device through the inverse RoPE and the output projection (on the matmul
+// backend's resident weights, DeviceProducts): one wait instead of three, the same bits as
+// the steps one by one.
 #pragma once
 
 #include <memory>

@@ -42,7 +42,7 @@ void CublasCheck(cublasStatus_t s, const char* what) {
 // through page-locked staging — the copies are truly asynchronous, and a group costs one
 // wait however many products it has. A subclass says how a weight is laid out and how one
 // product is launched.
-class DeviceMatmul : public model::MatmulBackend {
+class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
  public:
   DeviceMatmul() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
   ~DeviceMatmul() override {
@@ -67,6 +67,18 @@ class DeviceMatmul : public model::MatmulBackend {
   void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
     Gemm(x, m, w, y);
   }
+  bool Holds(const cpu::PackedMatrix& w) const override {
+    std::lock_guard lock(mu_);
+    return weights_.contains(w.packed().data());
+  }
+  void QueueProduct(const float* d_x, int64_t m, const cpu::PackedMatrix& w, float* d_y,
+                    cudaStream_t stream) const override {
+    std::lock_guard lock(mu_);
+    auto it = weights_.find(w.packed().data());
+    KVC_CHECK(it != weights_.end()) << "a device product with a weight the backend does not hold";
+    if (m > 0) Launch(d_x, m, w.in_features(), it->second, w.out_features(), d_y, stream);
+  }
+
   // Copies every input up, launches every product, copies all results back at once, then
   // waits once. A chained input is normalized on the device from the earlier result.
   void GemmGroup(std::span<const model::GemmCall> calls) const override {
@@ -110,7 +122,7 @@ class DeviceMatmul : public model::MatmulBackend {
       }
       const size_t x_floats = static_cast<size_t>(c.m * k);
       if (const size_t j = SameChain(calls, i); j < i) {  // normalized already
-        Launch(d_x + x_at[j], c.m, k, d_w, n, d_y + yo);
+        Launch(d_x + x_at[j], c.m, k, d_w, n, d_y + yo, stream_);
         yo += static_cast<size_t>(c.m * n);
         continue;
       }
@@ -128,7 +140,7 @@ class DeviceMatmul : public model::MatmulBackend {
         CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_floats * sizeof(float),
                                    cudaMemcpyHostToDevice, stream_));
       }
-      Launch(d_x + xo, c.m, k, d_w, n, d_y + yo);
+      Launch(d_x + xo, c.m, k, d_w, n, d_y + yo, stream_);
       xo += x_floats + (c.input_of >= 0 ? static_cast<size_t>(k) : 0);
       yo += static_cast<size_t>(c.m * n);
     }
@@ -161,14 +173,9 @@ class DeviceMatmul : public model::MatmulBackend {
   // w in the device layout the product reads: a view of w itself or of `storage`.
   virtual std::span<const float> Layout(const cpu::PackedMatrix& w,
                                         std::vector<float>& storage) const = 0;
-  // Queues d_y (m × n) = d_x (m × k) · Wᵀ on stream_.
+  // Queues d_y (m × n) = d_x (m × k) · Wᵀ on `stream`. Called with mu_ held.
   virtual void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
-                      float* d_y) const = 0;
-  const float* Resident(const cpu::PackedMatrix& w) const {
-    std::lock_guard lock(mu_);
-    auto it = weights_.find(w.packed().data());
-    return it == weights_.end() ? nullptr : it->second;
-  }
+                      float* d_y, cudaStream_t stream) const = 0;
   cudaStream_t stream_ = nullptr;
 
  private:
@@ -179,18 +186,17 @@ class DeviceMatmul : public model::MatmulBackend {
 };
 
 // Our batch-invariant GEMM kernel over the CPU's panel layout.
-class CudaMatmul final : public DeviceMatmul, public ResidentPanels {
+class CudaMatmul final : public DeviceMatmul {
  public:
   const char* name() const override { return "cuda"; }
-  const float* DevicePanels(const cpu::PackedMatrix& w) const override { return Resident(w); }
 
  protected:
   std::span<const float> Layout(const cpu::PackedMatrix& w, std::vector<float>&) const override {
     return w.packed();
   }
-  void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
-              float* d_y) const override {
-    CUDA_CHECK(LaunchGemm(d_x, m, k, d_w, n, d_y, stream_));
+  void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n, float* d_y,
+              cudaStream_t stream) const override {
+    CUDA_CHECK(LaunchGemm(d_x, m, k, d_w, n, d_y, stream));
   }
 };
 
@@ -211,12 +217,14 @@ class CublasMatmul final : public DeviceMatmul {
     storage = Unpack(w);
     return storage;
   }
-  void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
-              float* d_y) const override {
+  void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n, float* d_y,
+              cudaStream_t stream) const override {
     if (k == 0) {
-      CUDA_CHECK(cudaMemsetAsync(d_y, 0, static_cast<size_t>(m * n) * sizeof(float), stream_));
+      CUDA_CHECK(cudaMemsetAsync(d_y, 0, static_cast<size_t>(m * n) * sizeof(float), stream));
       return;
     }
+    // The handle is bound to stream_; another stream only for this product (mu_ is held).
+    if (stream != stream_) CublasCheck(cublasSetStream(handle_, stream), "set stream");
     // Row-major y (m × n) = x · Wᵀ is column-major yᵀ = W · xᵀ.
     const float one = 1.0f, zero = 0.0f;
     CublasCheck(
@@ -224,6 +232,7 @@ class CublasMatmul final : public DeviceMatmul {
                     static_cast<int>(k), &one, d_w, static_cast<int>(k), d_x, static_cast<int>(k),
                     &zero, d_y, static_cast<int>(n)),
         "sgemm");
+    if (stream != stream_) CublasCheck(cublasSetStream(handle_, stream_), "set stream");
   }
 
  private:

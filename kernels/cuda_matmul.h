@@ -5,6 +5,8 @@
 // where the matrices are large.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <memory>
 #include <span>
 #include <vector>
@@ -16,16 +18,20 @@
 namespace kvc::cuda {
 
 // What another CUDA backend needs to run the engine's products on data already on the
-// device, with MakeCudaMatmul's bits: the device copy of a registered weight, in the panel
-// layout LaunchGemm (gemm_kernel.cuh) reads. MakeCudaMatmul's backend is one (cuBLAS's
-// keeps row-major copies, and its bits are its own).
-class ResidentPanels {
+// device: a product with a weight the matmul backend holds, queued on the caller's stream
+// (the attention backend runs the output projection so). Both device backends are one,
+// each with its bits: MakeCudaMatmul's the CPU's, cuBLAS's its own.
+class DeviceProducts {
  public:
-  // Null when `w` was not registered. Valid as long as the backend lives.
-  virtual const float* DevicePanels(const cpu::PackedMatrix& w) const = 0;
+  // Whether `w` was registered (its device copy is resident).
+  virtual bool Holds(const cpu::PackedMatrix& w) const = 0;
+  // Queues y (m × w.out_features()) = x (m × w.in_features()) · Wᵀ on `stream`, x and y in
+  // device memory; w must be held.
+  virtual void QueueProduct(const float* d_x, int64_t m, const cpu::PackedMatrix& w, float* d_y,
+                            cudaStream_t stream) const = 0;
 
  protected:
-  ~ResidentPanels() = default;
+  ~DeviceProducts() = default;
 };
 
 // FailedPrecondition without a GPU.

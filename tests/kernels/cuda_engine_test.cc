@@ -258,6 +258,13 @@ TEST_F(CudaEngineTest, CublasBackendIsCloseAndRefusesExactReplay) {
   model::ModelOptions options;
   options.chunk_tokens = kChunk;
   options.matmul = *std::move(mm);
+  // As `--backend cublas` has them: attention (with its output projection queued on
+  // cuBLAS) and the indexer on the device too.
+  absl::StatusOr<std::unique_ptr<model::AttentionBackend>> at = MakeCudaAttention(mirror_);
+  absl::StatusOr<std::unique_ptr<model::IndexerBackend>> ix = MakeCudaIndexer(mirror_);
+  ASSERT_TRUE(at.ok() && ix.ok());
+  options.attention = *std::move(at);
+  options.indexer = *std::move(ix);
   absl::StatusOr<std::unique_ptr<model::Model>> blas =
       model::Model::Load(config_, weights_, std::move(options));
   ASSERT_TRUE(blas.ok()) << blas.status();
