@@ -206,8 +206,14 @@ class CublasMatmul final : public DeviceMatmul {
   CublasMatmul() {
     CublasCheck(cublasCreate(&handle_), "create");
     CublasCheck(cublasSetStream(handle_, stream_), "set stream");
+    CUDA_CHECK(cudaEventCreate(&input_ready_));
+    CUDA_CHECK(cudaEventCreate(&result_ready_));
   }
-  ~CublasMatmul() override { cublasDestroy(handle_); }
+  ~CublasMatmul() override {
+    cudaEventDestroy(input_ready_);
+    cudaEventDestroy(result_ready_);
+    cublasDestroy(handle_);
+  }
   const char* name() const override { return "cublas"; }
   bool batch_invariant() const override { return false; }
 
@@ -223,8 +229,13 @@ class CublasMatmul final : public DeviceMatmul {
       CUDA_CHECK(cudaMemsetAsync(d_y, 0, static_cast<size_t>(m * n) * sizeof(float), stream));
       return;
     }
-    // The handle is bound to stream_; another stream only for this product (mu_ is held).
-    if (stream != stream_) CublasCheck(cublasSetStream(handle_, stream), "set stream");
+    // The handle stays on stream_ (its workspace must not serve two streams at once): a
+    // product for another stream runs on stream_ between two event waits, in that stream's
+    // order all the same.
+    if (stream != stream_) {
+      CUDA_CHECK(cudaEventRecord(input_ready_, stream));
+      CUDA_CHECK(cudaStreamWaitEvent(stream_, input_ready_, 0));
+    }
     // Row-major y (m × n) = x · Wᵀ is column-major yᵀ = W · xᵀ.
     const float one = 1.0f, zero = 0.0f;
     CublasCheck(
@@ -232,11 +243,15 @@ class CublasMatmul final : public DeviceMatmul {
                     static_cast<int>(k), &one, d_w, static_cast<int>(k), d_x, static_cast<int>(k),
                     &zero, d_y, static_cast<int>(n)),
         "sgemm");
-    if (stream != stream_) CublasCheck(cublasSetStream(handle_, stream_), "set stream");
+    if (stream != stream_) {
+      CUDA_CHECK(cudaEventRecord(result_ready_, stream_));
+      CUDA_CHECK(cudaStreamWaitEvent(stream, result_ready_, 0));
+    }
   }
 
  private:
   cublasHandle_t handle_ = nullptr;
+  cudaEvent_t input_ready_ = nullptr, result_ready_ = nullptr;  // used with mu_ held
 };
 
 }  // namespace
