@@ -193,8 +193,10 @@ class ModelImpl {
                           std::vector<float>& q, std::vector<float>& kv,
                           std::vector<float>* qi = nullptr, std::vector<float>* wts = nullptr,
                           std::span<const GemmCall> also = {}) const;
+  // `also`: products issued with the sublayer's first group (the next mixes).
   void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
-                      const std::vector<float>& x, std::vector<float>& out) const;
+                      const std::vector<float>& x, std::vector<float>& out,
+                      std::span<const GemmCall> also = {}) const;
   // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `batch`
   // lists for each query (window, entries, compressed rows), then the inverse RoPE and the
   // grouped low-rank output projection.
@@ -215,7 +217,8 @@ class ModelImpl {
   void Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
                  bool compress, std::vector<float>& out,
                  std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
-                 std::vector<std::vector<uint8_t>>& pool) const;
+                 std::vector<std::vector<uint8_t>>& pool,
+                 std::span<const GemmCall> also = {}) const;
   // The compressor of Full layer l over the pass [a, b) with input x: the products for the
   // positions it has not consumed yet go into `calls` (results in `in`), and Compress
   // consumes them once they are done — so the products can join another group (the query
@@ -231,7 +234,8 @@ class ModelImpl {
   void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
                 const std::vector<float>& x) const;  // the products on their own
   void EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent) const;
-  void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out) const;
+  void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
+           std::span<const GemmCall> also = {}) const;
   std::unique_ptr<SequenceState> NewState() const;
 };
 
@@ -573,18 +577,19 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
 void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                           const std::vector<float>& x, bool compress, std::vector<float>& out,
                           std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
-                          std::vector<std::vector<uint8_t>>& pool) const {
+                          std::vector<std::vector<uint8_t>>& pool,
+                          std::span<const GemmCall> also) const {
   const LayerPlan& plan = sched.layers[l];
   LayerState& ls = s.layers[l];
   const int64_t rows = b - a, ratio = plan.compress_ratio;
   const bool runs_indexer = ratio > 0 && plan.runs_indexer();
   std::vector<float> q, kv, qi, wts;
   CompressorInput compressor;
-  std::vector<GemmCall> compressor_calls;
+  std::vector<GemmCall> others(also.begin(), also.end());  // with the query path's group
   const bool compresses = ratio > 0 && plan.mode == AttentionMode::kFull && compress;
-  if (compresses) CompressorCalls(s, l, a, b, x, compressor, compressor_calls);
+  if (compresses) CompressorCalls(s, l, a, b, x, compressor, others);
   QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
-                     runs_indexer ? &wts : nullptr, compressor_calls);
+                     runs_indexer ? &wts : nullptr, others);
   // Compressed KV and each query's selection of it.
   std::vector<std::vector<int32_t>>* selected = nullptr;
   const LayerState* kv_src = nullptr;
@@ -733,11 +738,12 @@ void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::
 }
 
 void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
-                               const std::vector<float>& x, std::vector<float>& out) const {
+                               const std::vector<float>& x, std::vector<float>& out,
+                               std::span<const GemmCall> also) const {
   const LayerState& ls = s.layers[l];
   const int64_t rows = b - a;
   std::vector<float> q, kv;  // kv: the draft block's own rows, never stored
-  QueriesAndWindowKv(l, a, rows, x, q, kv);
+  QueriesAndWindowKv(l, a, rows, x, q, kv, nullptr, nullptr, also);
   // Every draft query sees the main model's window (accepted positions, from the ring, in
   // position order) and the whole draft block: attention inside the block is bidirectional.
   std::vector<float> window(ls.ring);
@@ -783,13 +789,16 @@ void ModelImpl::UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
   }
 }
 
-void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows,
-                    std::vector<float>& out) const {
+void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
+                    std::span<const GemmCall> also) const {
   const LayerWeights& w = layers[l];
   const int64_t E_ = static_cast<int64_t>(w.experts.size()), k = w.experts_per_token,
                 I = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
-  const std::vector<float> logits = Linear(x, rows, w.gate);
+  std::vector<float> logits(rows * w.gate.out_features());
+  std::vector<GemmCall> gate = {{x.data(), rows, &w.gate, logits.data()}};
+  gate.insert(gate.end(), also.begin(), also.end());
+  mm->GemmGroup(gate);
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(E_);  // (row, weight)
   for (int64_t r = 0; r < rows; ++r) {
     for (const auto& [e, weight] : RouteToken(Row(logits, r, E_), w.gate_bias, k, c.norm_topk_prob,
@@ -884,16 +893,23 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   std::vector<cpu::HcCoefficients> coef(rows);
   std::vector<float> a1(rows * hc);
   // The mixes of one sublayer for every row: m = (fn · vec X) · rsqrt(mean(vec X²) + 1e-20).
-  auto mixes = [&](const LayerWeights& w, int sub) {
-    std::vector<float> m = Linear(X, rows, w.hc_fn[sub]);
+  // The product fn · vec X needs only X, and the sublayer's input mixes with the previous
+  // sublayer's coefficients, so it goes with the sublayer's first group of products (one
+  // wait fewer on a device); `coefficients` finishes once that group is done, before X
+  // changes.
+  std::vector<float> mixes(rows * mix);
+  auto mixes_product = [&](const LayerWeights& w, int sub) {
+    return GemmCall{X.data(), rows, &w.hc_fn[sub], mixes.data()};
+  };
+  auto coefficients = [&](const LayerWeights& w, int sub) {
     for (int64_t r = 0; r < rows; ++r) {
       double ss = 0.0;
       for (int64_t i = 0; i < hc * D; ++i)
         ss += static_cast<double>(X[r * hc * D + i]) * X[r * hc * D + i];
       const float rs =
           static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hc * D) + 1e-20));
-      for (int64_t j = 0; j < mix; ++j) m[r * mix + j] *= rs;
-      coef[r] = cpu::HcFromMixes(Row(m, r, mix), w.hc_base[sub], w.hc_scale[sub], hc,
+      for (int64_t j = 0; j < mix; ++j) mixes[r * mix + j] *= rs;
+      coef[r] = cpu::HcFromMixes(Row(mixes, r, mix), w.hc_base[sub], w.hc_scale[sub], hc,
                                  c.hc_sinkhorn_iters, c.hc_eps);
     }
   };
@@ -914,27 +930,30 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     }
     // Attention sublayer: its input mixes with the previous sublayer's coefficients.
     R = X;
-    mixes(w, 0);
     for (int64_t r = 0; r < rows; ++r) {
       cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
       cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
-      std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
     }
+    const GemmCall attn_mixes = mixes_product(w, 0);
     if (l < L) {
-      Attention(s, l, a, b, xin, compress, y, topk, pool);
+      Attention(s, l, a, b, xin, compress, y, topk, pool, std::span(&attn_mixes, 1));
     } else {
-      DraftAttention(s, l, a, b, xin, y);
+      DraftAttention(s, l, a, b, xin, y, std::span(&attn_mixes, 1));
     }
-    for (int64_t r = 0; r < rows; ++r)
+    coefficients(w, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
       cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
+    }
     // MoE sublayer.
     R = X;
-    mixes(w, 1);
     for (int64_t r = 0; r < rows; ++r) {
       cpu::HcPre(&X[r * hc * D], &a1[r * hc], hc, D, &xin[r * D]);
       cpu::RmsNorm(&xin[r * D], w.ffn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
     }
-    Moe(l, xin, rows, y);
+    const GemmCall ffn_mixes = mixes_product(w, 1);
+    Moe(l, xin, rows, y, std::span(&ffn_mixes, 1));
+    coefficients(w, 1);
     for (int64_t r = 0; r < rows; ++r) {
       cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
       std::copy(coef[r].pre.begin(), coef[r].pre.end(), pre.begin() + r * hc);

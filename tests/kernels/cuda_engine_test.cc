@@ -165,12 +165,13 @@ class CudaEngineTest : public ::testing::Test {
 
 #if defined(KVC_CUDA_EMULATED)
 // On the emulation the host-device round trips can be counted: a decode step must not
-// wait for the device more than 9 times per layer (8.0 now). A layer's products go in
-// groups (the compressor's with the query path's; the up-projections chained on the
-// normalized low-rank query), results come back through page-locked staging (a copy into
-// pageable memory is one more wait), and attention's output stays on the device through
-// the inverse RoPE and the output projection.
-TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostNineTimesPerLayer) {
+// wait for the device more than 7 times per layer (6.0 now). A layer's products go in
+// groups (the query path's with the compressor's and the mixes'; the up-projections
+// chained on the normalized low-rank query; the MoE gate with the next mixes), results
+// come back through page-locked staging (a copy into pageable memory is one more wait),
+// and attention's output stays on the device through the inverse RoPE and the output
+// projection.
+TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostSevenTimesPerLayer) {
   std::mt19937_64 rng(testing::FreshSeed());
   model::Sequence b = gpu_->NewSequence();
   absl::StatusOr<std::vector<float>> lb =
@@ -189,7 +190,7 @@ TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostNineTimesPerLayer) {
               static_cast<double>(after.launches - before.launches) / kSteps,
               static_cast<long long>(layers));
   EXPECT_GT(waits, 0.0);
-  EXPECT_LE(waits, 9.0 * static_cast<double>(layers));
+  EXPECT_LE(waits, 7.0 * static_cast<double>(layers));
 }
 #endif
 
