@@ -233,7 +233,10 @@ class ModelImpl {
   void Compress(SequenceState& s, int64_t l, const CompressorInput& in) const;
   void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
                 const std::vector<float>& x) const;  // the products on their own
-  void EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent) const;
+  void EmitEntry(SequenceState& s, int64_t l, std::span<float> latent, std::span<float> k) const;
+  // Appends compressed entries to Full layer l: `latents` (entries × hd, normalized,
+  // RoPE-free), their index keys from one product (one wait on a device however many).
+  void EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents) const;
   void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
            std::span<const GemmCall> also = {}) const;
   std::unique_ptr<SequenceState> NewState() const;
@@ -450,16 +453,26 @@ void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_
   }
 }
 
-void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::vector<float> latent) const {
+void ModelImpl::EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents) const {
+  const int64_t n = static_cast<int64_t>(latents.size()) / hd;
+  if (n == 0) return;
+  const AttentionWeights& a = layers[l].attn;
+  const int64_t Id = c.index_head_dim;
+  std::vector<float> keys = Linear(latents, n, a.i_wk);  // from the RoPE-free latents
+  for (int64_t e = 0; e < n; ++e)
+    EmitEntry(s, l, std::span<float>(latents.data() + e * hd, hd),
+              std::span<float>(keys.data() + e * Id, Id));
+}
+
+void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::span<float> latent,
+                          std::span<float> k) const {
   LayerState& ls = s.layers[l];
   const AttentionWeights& a = layers[l].attn;
   const int64_t ratio = sched.layers[l].compress_ratio, Id = c.index_head_dim;
   const int64_t j = ls.entries;
   const int64_t pos = j * ratio;
-  // Index key from the RoPE-free latent, then the latent itself rotated; both quantized
-  // straight into the page (the float copies are their dequantized values).
-  std::vector<float> k(Id);
-  mm->GemmSerial(latent.data(), 1, a.i_wk, k.data());
+  // The index key normalized and rotated, the latent rotated; both quantized straight into
+  // the page (the float copies are their dequantized values).
   cpu::RmsNorm(k.data(), a.i_k_norm.data(), Id, c.rms_norm_eps, k.data());
   cpu::ApplyRope(k.data(), Id, freqs[l], pos);
   cpu::ApplyRope(latent.data(), hd, freqs[l], pos);
@@ -522,11 +535,12 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in)
   const AttentionWeights& w = layers[l].attn;
   const int64_t ratio = sched.layers[l].compress_ratio, rows = in.rows;
   const std::vector<float>&kv = in.kv, &score = in.score;
+  std::vector<float> latents;  // the pass's new entries, emitted together
   for (int64_t r = 0; r < rows; ++r) {
     if (ratio == 1) {
-      std::vector<float> latent(kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
-      cpu::RmsNorm(latent.data(), w.c_norm.data(), hd, c.rms_norm_eps, latent.data());
-      EmitEntry(s, l, std::move(latent));
+      latents.insert(latents.end(), kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
+      float* latent = latents.data() + latents.size() - hd;
+      cpu::RmsNorm(latent, w.c_norm.data(), hd, c.rms_norm_eps, latent);
       continue;
     }
     ls.pend_kv.insert(ls.pend_kv.end(), kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
@@ -538,8 +552,9 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in)
     ls.pend_kv.clear();
     ls.pend_score.clear();
     ls.pend_rows = 0;
-    EmitEntry(s, l, std::move(latent));
+    latents.insert(latents.end(), latent.begin(), latent.end());
   }
+  EmitEntries(s, l, std::move(latents));
 }
 
 void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
