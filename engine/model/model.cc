@@ -187,8 +187,9 @@ class ModelImpl {
   // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
   // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
   // the indexer's raw query and weight projections. All products go as one group, the
-  // up-projections chained on the normalized low-rank query, with `also` (the
-  // compressor's): one wait on a device.
+  // up-projections chained on the normalized low-rank query, with `also` (the mixes', the
+  // compressor's; a chained input in `also` counts from its first call): one wait on a
+  // device.
   void QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
                           std::vector<float>& q, std::vector<float>& kv,
                           std::vector<float>* qi = nullptr, std::vector<float>* wts = nullptr,
@@ -226,6 +227,8 @@ class ModelImpl {
   struct CompressorInput {
     int64_t first = 0, rows = 0;  // positions [first, first + rows)
     std::vector<float> kv, score;
+    // Ratio 1 (an entry per position): the entries' index keys, chained on kv normalized.
+    std::vector<float> keys;
   };
   void CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                        const std::vector<float>& x, CompressorInput& in,
@@ -236,7 +239,9 @@ class ModelImpl {
   void EmitEntry(SequenceState& s, int64_t l, std::span<float> latent, std::span<float> k) const;
   // Appends compressed entries to Full layer l: `latents` (entries × hd, normalized,
   // RoPE-free), their index keys from one product (one wait on a device however many).
-  void EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents) const;
+  // `keys` (entries × index_head_dim) when the product is done already.
+  void EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents,
+                   std::vector<float> keys = {}) const;
   void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
            std::span<const GemmCall> also = {}) const;
   std::unique_ptr<SequenceState> NewState() const;
@@ -247,6 +252,15 @@ namespace {
 template <typename T>
 std::span<const T> Row(const std::vector<T>& v, int64_t row, int64_t width) {
   return std::span<const T>(v.data() + row * width, width);
+}
+
+// Appends `also` to a group; a chained input in `also` counts from the first of `also`.
+void AppendToGroup(std::vector<GemmCall>& calls, std::span<const GemmCall> also) {
+  const int64_t base = static_cast<int64_t>(calls.size());
+  for (GemmCall c : also) {
+    if (c.input_of >= 0) c.input_of += base;
+    calls.push_back(c);
+  }
 }
 
 void NormRows(std::vector<float>& x, int64_t rows, int64_t width, const std::vector<float>& w,
@@ -453,12 +467,15 @@ void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_
   }
 }
 
-void ModelImpl::EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents) const {
+void ModelImpl::EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents,
+                            std::vector<float> keys) const {
   const int64_t n = static_cast<int64_t>(latents.size()) / hd;
   if (n == 0) return;
   const AttentionWeights& a = layers[l].attn;
   const int64_t Id = c.index_head_dim;
-  std::vector<float> keys = Linear(latents, n, a.i_wk);  // from the RoPE-free latents
+  if (keys.empty()) keys = Linear(latents, n, a.i_wk);  // from the RoPE-free latents
+  KVC_CHECK(static_cast<int64_t>(keys.size()) == n * Id)
+      << "layer " << l << ": keys for " << keys.size() / Id << " of " << n;
   for (int64_t e = 0; e < n; ++e)
     EmitEntry(s, l, std::span<float>(latents.data() + e * hd, hd),
               std::span<float>(keys.data() + e * Id, Id));
@@ -514,7 +531,13 @@ void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, in
   KVC_CHECK(in.first == done) << "layer " << l << ": compressor gap at " << done;
   const float* xs = x.data() + (in.first - a) * D;
   in.kv.resize(in.rows * w.c_wkv.out_features());
+  const int64_t kv_call = static_cast<int64_t>(calls.size());
   calls.push_back({xs, in.rows, &w.c_wkv, in.kv.data()});
+  if (ratio == 1) {  // each row an entry: its latent is the row normalized
+    in.keys.resize(in.rows * w.i_wk.out_features());
+    calls.push_back(
+        {nullptr, in.rows, &w.i_wk, in.keys.data(), kv_call, w.c_norm.data(), c.rms_norm_eps});
+  }
   if (ratio > 1) {
     in.score.resize(in.rows * w.c_wgate.out_features());
     calls.push_back({xs, in.rows, &w.c_wgate, in.score.data()});
@@ -540,7 +563,7 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in)
     if (ratio == 1) {
       latents.insert(latents.end(), kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
       float* latent = latents.data() + latents.size() - hd;
-      cpu::RmsNorm(latent, w.c_norm.data(), hd, c.rms_norm_eps, latent);
+      cpu::RmsNorm(latent, w.c_norm.data(), hd, c.rms_norm_eps, latent);  // as the keys' input
       continue;
     }
     ls.pend_kv.insert(ls.pend_kv.end(), kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
@@ -554,7 +577,7 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in)
     ls.pend_rows = 0;
     latents.insert(latents.end(), latent.begin(), latent.end());
   }
-  EmitEntries(s, l, std::move(latents));
+  EmitEntries(s, l, std::move(latents), ratio == 1 ? in.keys : std::vector<float>());
 }
 
 void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
@@ -578,7 +601,7 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
         {nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps});
     calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
   }
-  calls.insert(calls.end(), also.begin(), also.end());
+  AppendToGroup(calls, also);
   mm->GemmGroup(calls);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
@@ -812,7 +835,7 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::v
   const float limit = static_cast<float>(c.swiglu_limit);
   std::vector<float> logits(rows * w.gate.out_features());
   std::vector<GemmCall> gate = {{x.data(), rows, &w.gate, logits.data()}};
-  gate.insert(gate.end(), also.begin(), also.end());
+  AppendToGroup(gate, also);
   mm->GemmGroup(gate);
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(E_);  // (row, weight)
   for (int64_t r = 0; r < rows; ++r) {
