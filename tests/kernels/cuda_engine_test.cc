@@ -165,7 +165,7 @@ class CudaEngineTest : public ::testing::Test {
 
 #if defined(KVC_CUDA_EMULATED)
 // On the emulation the host-device round trips can be counted: a decode step must not
-// wait for the device more than 7 times per layer (6.0 now). A layer's products go in
+// wait for the device more than 7 times per layer (5.9 now). A layer's products go in
 // groups (the query path's with the compressor's and the mixes'; the up-projections
 // chained on the normalized low-rank query; the MoE gate with the next mixes), results
 // come back through page-locked staging (a copy into pageable memory is one more wait),
