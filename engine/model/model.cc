@@ -157,22 +157,6 @@ class ModelImpl {
     mm->Gemm(x.data(), rows, w, y.data());
     return y;
   }
-  // Independent products issued as one group (one wait on a device backend); each y is
-  // what Linear gives.
-  struct LinearCall {
-    const std::vector<float>& x;
-    int64_t rows;
-    const PackedMatrix& w;
-    std::vector<float>& y;
-  };
-  void Linears(std::initializer_list<LinearCall> products) const {
-    std::vector<GemmCall> calls;
-    for (const LinearCall& p : products) {
-      p.y.resize(p.rows * p.w.out_features());
-      calls.push_back({p.x.data(), p.rows, &p.w, p.y.data()});
-    }
-    mm->GemmGroup(calls);
-  }
 
   // One pass of layers [l0, l1) over positions [a, b). X: (b−a) × hc × D, pre: (b−a) × hc.
   // `compress`: Full layers run their compressor on positions not yet compressed.
