@@ -54,20 +54,24 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
       !OnDevice(b, tb ? n : k, tb ? k : n, ldb, "B") || !OnDevice(c, m, n, ldc, "C")) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      for (int l = 0; l < k; ++l) {
-        const float av =
-            ta ? a[l + static_cast<size_t>(i) * lda] : a[i + static_cast<size_t>(l) * lda];
-        const float bv =
-            tb ? b[j + static_cast<size_t>(l) * ldb] : b[l + static_cast<size_t>(j) * ldb];
-        acc = std::fma(av, bv, acc);
+  // alpha and beta are read now (host pointer mode), the matrices when the stream runs.
+  const float alpha_v = *alpha, beta_v = *beta;
+  cudaemu::Enqueue(handle->stream, [=] {
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (int l = 0; l < k; ++l) {
+          const float av =
+              ta ? a[l + static_cast<size_t>(i) * lda] : a[i + static_cast<size_t>(l) * lda];
+          const float bv =
+              tb ? b[j + static_cast<size_t>(l) * ldb] : b[l + static_cast<size_t>(j) * ldb];
+          acc = std::fma(av, bv, acc);
+        }
+        float& out = c[i + static_cast<size_t>(j) * ldc];
+        // beta == 0: C is not read (it may hold NaN), as cuBLAS specifies.
+        out = beta_v == 0.0f ? alpha_v * acc : alpha_v * acc + beta_v * out;
       }
-      float& out = c[i + static_cast<size_t>(j) * ldc];
-      // beta == 0: C is not read (it may hold NaN), as cuBLAS specifies.
-      out = *beta == 0.0f ? *alpha * acc : *alpha * acc + *beta * out;
     }
-  }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -230,11 +230,19 @@ __global__ void Touch(float* p) { p[threadIdx.x] = 1.0f; }
 TEST(CudaEmuDeathTest, WhatFaultsOrHangsOnAGpuAbortsNamingIt) {
   int* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(int)), cudaSuccess);
-  EXPECT_DEATH(Launch(DivergentBarrier, "DivergentBarrier", 1, 32)(d),
-               "DivergentBarrier.*deadlock");
-  EXPECT_DEATH(Launch(ShuffleWithAnExitedLane, "ShuffleWithAnExitedLane", 1,
-                      32)(reinterpret_cast<float*>(d)),
-               "reads lane 3 in a shuffle that lane did not join");
+  EXPECT_DEATH(
+      {
+        Launch(DivergentBarrier, "DivergentBarrier", 1, 32)(d);
+        cudaDeviceSynchronize();
+      },
+      "DivergentBarrier.*deadlock");
+  EXPECT_DEATH(
+      {
+        Launch(ShuffleWithAnExitedLane, "ShuffleWithAnExitedLane", 1,
+               32)(reinterpret_cast<float*>(d));
+        cudaDeviceSynchronize();
+      },
+      "reads lane 3 in a shuffle that lane did not join");
   std::vector<float> host(32);
   EXPECT_DEATH(Launch(Touch, "Touch", 1, 32)(host.data()),
                "kernel Touch, argument 0: .* neither device memory nor page-locked");
@@ -248,9 +256,57 @@ TEST(CudaEmuTest, PageLockedHostMemoryIsReachableFromKernels) {
   EXPECT_EQ(cudaHostRegister(host.data() + 4, 4, cudaHostRegisterDefault),
             cudaErrorHostMemoryAlreadyRegistered);
   Launch(Touch, "Touch", 1, 32)(host.data());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (float v : host) EXPECT_EQ(v, 1.0f);
   EXPECT_EQ(cudaHostUnregister(host.data()), cudaSuccess);
   EXPECT_EQ(cudaHostUnregister(host.data()), cudaErrorHostMemoryNotRegistered);
+}
+
+// Work on a stream runs when something waits for it, as a GPU may run it that late: a
+// result read before the wait, or used on another stream without an event, is wrong here.
+TEST(CudaEmuTest, StreamWorkIsSeenOnlyAfterAWaitForIt) {
+  const bool was = cudaemu::SetDeferredStreams(true);  // the default; CUDAEMU_STREAMS may differ
+  std::vector<float> host(32, 0.0f);
+  ASSERT_EQ(cudaHostRegister(host.data(), host.size() * sizeof(float), cudaHostRegisterDefault),
+            cudaSuccess);
+  cudaStream_t a = nullptr, b = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  Launch(Touch, "Touch", 1, 32, 0, a)(host.data());
+  EXPECT_EQ(host[0], 0.0f);  // not waited for yet
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(host[0], 0.0f);  // another stream's synchronization does not reach it
+  ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  EXPECT_EQ(host[0], 1.0f);
+  // Across streams: b copies what a produces; without an event b reads the old bytes.
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 32 * sizeof(float)), cudaSuccess);
+  std::vector<float> out(32, -1.0f);
+  ASSERT_EQ(cudaHostRegister(out.data(), out.size() * sizeof(float), cudaHostRegisterDefault),
+            cudaSuccess);
+  Launch(Touch, "Touch", 1, 32, 0, a)(d);
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(float), cudaMemcpyDeviceToHost, b),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_TRUE(std::isnan(out[0])) << out[0];  // fresh device memory: a ran later
+  ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  cudaEvent_t done = nullptr;
+  ASSERT_EQ(cudaEventCreate(&done), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d, 0, 32 * sizeof(float), a), cudaSuccess);
+  Launch(Touch, "Touch", 1, 32, 0, a)(d);
+  ASSERT_EQ(cudaEventRecord(done, a), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(b, done, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(float), cudaMemcpyDeviceToHost, b),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(out[0], 1.0f);  // the event ordered a's work first
+  cudaEventDestroy(done);
+  cudaFree(d);
+  cudaHostUnregister(out.data());
+  cudaHostUnregister(host.data());
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  cudaemu::SetDeferredStreams(was);
 }
 
 TEST(CudaEmuTest, BadLaunchesAndCopiesFailAsOnAGpu) {

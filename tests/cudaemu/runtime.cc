@@ -11,11 +11,27 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <new>
+#include <string_view>
+#include <vector>
 
 #include "cudaemu/runtime.h"
+
+struct CUstream_st {
+  unsigned flags;
+};
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at;
+  bool recorded = false;
+  // Deferred streams: the stream it was last recorded on, and how many of that stream's
+  // queued items must have run for it to be reached.
+  cudaStream_t stream = nullptr;
+  uint64_t mark = 0;
+};
 
 namespace cudaemu {
 namespace {
@@ -74,6 +90,46 @@ void Queued() { g_pending = true; }
 void Wait() {
   if (g_pending) ++g_stats.syncs;
   g_pending = false;
+}
+
+// Each stream's work waits in its queue, in order, until something waits for it (Drain);
+// with CUDAEMU_STREAMS=immediate (or SetDeferredStreams(false)) work runs when queued.
+std::atomic<bool> g_defer{[] {
+  const char* v = std::getenv("CUDAEMU_STREAMS");
+  return v == nullptr || std::string_view(v) != "immediate";
+}()};
+bool DeferStreams() { return g_defer.load(std::memory_order_relaxed); }
+struct Queue {
+  std::deque<std::function<void()>> work;
+  uint64_t queued = 0, done = 0;
+};
+std::recursive_mutex g_queue_mu;  // held while queued work runs (it may drain another stream)
+std::map<cudaStream_t, Queue> g_queues;
+
+// Runs `stream`'s queued work until `upto` items of it have run.
+void Drain(cudaStream_t stream, uint64_t upto = UINT64_MAX) {
+  std::lock_guard<std::recursive_mutex> lock(g_queue_mu);
+  auto it = g_queues.find(stream);
+  if (it == g_queues.end()) return;
+  Queue& q = it->second;
+  while (q.done < upto && !q.work.empty()) {
+    std::function<void()> w = std::move(q.work.front());
+    q.work.pop_front();
+    ++q.done;
+    w();
+  }
+}
+void DrainAll() {
+  std::lock_guard<std::recursive_mutex> lock(g_queue_mu);
+  for (auto& [stream, q] : g_queues) Drain(stream);
+}
+// What a blocking call (cudaMemcpy, cudaMemset) waits for: the legacy default stream and
+// the streams created without cudaStreamNonBlocking.
+void DrainBlocking() {
+  std::lock_guard<std::recursive_mutex> lock(g_queue_mu);
+  for (auto& [stream, q] : g_queues) {
+    if (stream == nullptr || (stream->flags & cudaStreamNonBlocking) == 0) Drain(stream);
+  }
 }
 
 std::mutex g_mu;
@@ -141,6 +197,7 @@ void* Allocate(size_t bytes, Memory kind) {
 
 cudaError_t Release(void* p, Memory kind, const char* call) {
   if (p == nullptr) return cudaSuccess;
+  DrainAll();  // freeing synchronizes the device
   Range range{};
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -197,6 +254,22 @@ Counts CountsSoFar() {
                 g_stats.d2h.load()};
 }
 
+bool SetDeferredStreams(bool deferred) {
+  DrainAll();
+  return g_defer.exchange(deferred);
+}
+
+void Enqueue(cudaStream_t stream, std::function<void()> work) {
+  if (!DeferStreams()) {
+    work();
+    return;
+  }
+  std::lock_guard<std::recursive_mutex> lock(g_queue_mu);
+  Queue& q = g_queues[stream];
+  q.work.push_back(std::move(work));
+  ++q.queued;
+}
+
 void CountLaunch() {
   ++g_stats.launches;
   Queued();
@@ -233,6 +306,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice:
       return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
     case cudaErrorHostMemoryAlreadyRegistered:
       return "cudaErrorHostMemoryAlreadyRegistered";
     case cudaErrorHostMemoryNotRegistered:
@@ -298,6 +373,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  cudaemu::DrainAll();
   cudaemu::Wait();
   return cudaSuccess;
 }
@@ -357,8 +433,8 @@ cudaError_t cudaHostUnregister(void* p) {
 namespace cudaemu {
 namespace {
 
-cudaError_t Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, bool blocking,
-                 const char* call) {
+cudaError_t Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream,
+                 bool blocking, const char* call) {
   if (bytes == 0) return cudaSuccess;
   if (!CopyDirectionHolds(dst, src, bytes, kind, call)) return cudaErrorInvalidValue;
   const bool to_device = Classify(dst, bytes) == Memory::kDevice;
@@ -374,7 +450,27 @@ cudaError_t Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
     // pageable memory (CUDA returns only once such a copy is done).
     if (blocking || Classify(dst, bytes) != Memory::kPinnedHost) Wait();
   }
-  std::memmove(dst, src, bytes);
+  if (blocking) {
+    DrainBlocking();
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  if (!to_device && !from_device) {  // host to host: done before the call returns
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  if (!from_device && Classify(src, bytes) != Memory::kPinnedHost) {
+    // From pageable memory CUDA stages the bytes before returning: the caller may reuse
+    // its buffer at once. (Page-locked sources are read when the copy runs.)
+    std::vector<uint8_t> staged(static_cast<const uint8_t*>(src),
+                                static_cast<const uint8_t*>(src) + bytes);
+    Enqueue(stream,
+            [dst, staged = std::move(staged)] { std::memcpy(dst, staged.data(), staged.size()); });
+  } else {
+    Enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+  // Into pageable memory CUDA returns only once the copy is done.
+  if (!to_device && Classify(dst, bytes) != Memory::kPinnedHost) Drain(stream);
   return cudaSuccess;
 }
 
@@ -382,15 +478,17 @@ cudaError_t Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
 }  // namespace cudaemu
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return cudaemu::Copy(dst, src, bytes, kind, /*blocking=*/true, "cudaMemcpy");
+  return cudaemu::Copy(dst, src, bytes, kind, nullptr, /*blocking=*/true, "cudaMemcpy");
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
-  return cudaemu::Copy(dst, src, bytes, kind, /*blocking=*/false, "cudaMemcpyAsync");
+                            cudaStream_t stream) {
+  return cudaemu::Copy(dst, src, bytes, kind, stream, /*blocking=*/false, "cudaMemcpyAsync");
 }
 
-cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+namespace {
+
+cudaError_t Memset(void* dst, int value, size_t bytes, cudaStream_t stream, bool blocking) {
   if (bytes == 0) return cudaSuccess;
   if (cudaemu::Classify(dst, bytes) != Memory::kDevice) {
     return cudaemu::Report(cudaErrorInvalidValue,
@@ -398,22 +496,24 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
                            dst);
   }
   cudaemu::Queued();
-  std::memset(dst, value, bytes);
+  if (blocking) {  // after the work a blocking call waits for, and done when it returns
+    cudaemu::DrainBlocking();
+    std::memset(dst, value, bytes);
+    return cudaSuccess;
+  }
+  cudaemu::Enqueue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
   return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
-  return cudaMemset(dst, value, bytes);
+}  // namespace
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  return Memset(dst, value, bytes, nullptr, /*blocking=*/true);
 }
 
-struct CUstream_st {
-  unsigned flags;
-};
-
-struct CUevent_st {
-  std::chrono::steady_clock::time_point at;
-  bool recorded = false;
-};
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  return Memset(dst, value, bytes, stream, /*blocking=*/false);
+}
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
@@ -423,12 +523,17 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  {  // its queued work still runs, as on a GPU
+    std::lock_guard<std::recursive_mutex> lock(cudaemu::g_queue_mu);
+    cudaemu::Drain(stream);
+    cudaemu::g_queues.erase(stream);
+  }
   delete stream;
   return cudaSuccess;
 }
 
-// Every copy and launch finished when it returned.
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  cudaemu::Drain(stream);
   cudaemu::Wait();
   return cudaSuccess;
 }
@@ -439,30 +544,40 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  cudaemu::Drain(event->stream, event->mark);  // its record still runs; then it is gone
   delete event;
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
-  event->at = std::chrono::steady_clock::now();
-  event->recorded = true;
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return cudaErrorInvalidValue;
+  std::lock_guard<std::recursive_mutex> lock(cudaemu::g_queue_mu);
+  event->recorded = false;
+  event->stream = stream;
+  event->mark = cudaemu::g_queues[stream].queued + 1;
+  cudaemu::Enqueue(stream, [event] {
+    event->at = std::chrono::steady_clock::now();
+    event->recorded = true;
+  });
   return cudaSuccess;
 }
 
-// Work runs when it is queued here, so whatever the event marks has run: nothing to wait
-// for, and no wait on the host (a GPU does not make the host wait either).
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int flags) {
+// `stream`'s later work runs only after the work the event marks on its stream.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   if (event == nullptr || flags != 0) return cudaErrorInvalidValue;
+  cudaemu::Enqueue(stream, [on = event->stream, mark = event->mark] { cudaemu::Drain(on, mark); });
   return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event == nullptr) return cudaErrorInvalidValue;
+  cudaemu::Drain(event->stream, event->mark);
   cudaemu::Wait();
   return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (!start->recorded || !end->recorded) return cudaErrorInvalidValue;
+  if (!start->recorded || !end->recorded) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;
 }
@@ -519,6 +634,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned) 
 }
 
 cudaError_t cudaIpcCloseMemHandle(void* p) {
+  cudaemu::DrainAll();  // nothing queued may touch the mapping once it is gone
   size_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(cudaemu::g_mu);

@@ -409,8 +409,7 @@ uint64_t Shuffle(unsigned mask, uint64_t value, int src) {
   return w.slots[slot][src];
 }
 
-bool RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
-             const std::function<void()>& body) {
+bool CheckGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   const char* bad = nullptr;
   if (threads == 0 || threads > kMaxThreads || block.z > 64) {
@@ -428,7 +427,12 @@ bool RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
     SetLastError(cudaErrorInvalidConfiguration);
     return false;
   }
-  CountLaunch();
+  return true;
+}
+
+void RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
+             const std::function<void()>& body) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   std::lock_guard<std::mutex> lock(g_launch_mu);
   while (g_stacks.size() < threads) {
     g_stacks.push_back(NewStack());
@@ -457,7 +461,6 @@ bool RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
     }
   }
   g_run = nullptr;
-  return true;
 }
 
 }  // namespace cudaemu

@@ -47,9 +47,11 @@ uint64_t Shuffle(unsigned mask, uint64_t value, int src);
 int Lane();
 void* DynamicShared();
 
-// Runs body once per thread of every block; false (with the error recorded for
-// cudaGetLastError) when the configuration is one a GPU rejects.
-bool RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
+// False (with the error recorded for cudaGetLastError, and a message) when the launch
+// configuration is one a GPU rejects.
+bool CheckGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes);
+// Runs body once per thread of every block of a checked configuration.
+void RunGrid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes,
              const std::function<void()>& body);
 
 // Aborts, naming the kernel and the argument, when a pointer argument points neither into
@@ -63,7 +65,7 @@ T* DynamicSharedAs() {
 
 template <typename... P>
 auto Launch(void (*kernel)(P...), const char* name, dim3 grid, dim3 block, size_t shared_bytes = 0,
-            cudaStream_t = nullptr) {
+            cudaStream_t stream = nullptr) {
   return [=](auto&&... args) {
     static_assert(sizeof...(args) == sizeof...(P), "kernel argument count");
     const std::tuple<P...> params(static_cast<P>(args)...);
@@ -80,7 +82,10 @@ auto Launch(void (*kernel)(P...), const char* name, dim3 grid, dim3 block, size_
               ...);
         },
         params);
-    RunGrid(name, grid, block, shared_bytes, [&] { std::apply(kernel, params); });
+    if (!CheckGrid(name, grid, block, shared_bytes)) return;
+    CountLaunch();
+    Enqueue(stream,
+            [=] { RunGrid(name, grid, block, shared_bytes, [&] { std::apply(kernel, params); }); });
   };
 }
 

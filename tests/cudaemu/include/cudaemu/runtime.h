@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 enum cudaError {
   cudaSuccess = 0,
@@ -19,6 +20,7 @@ enum cudaError {
   cudaErrorNoDevice = 100,
   cudaErrorMapBufferObjectFailed = 205,
   cudaErrorInvalidDevice = 101,
+  cudaErrorNotReady = 600,
   cudaErrorHostMemoryAlreadyRegistered = 712,
   cudaErrorHostMemoryNotRegistered = 713,
   cudaErrorLaunchFailure = 719,
@@ -125,6 +127,17 @@ namespace cudaemu {
 // (cudaMallocHost/cudaHostRegister: a kernel may read it), or elsewhere.
 enum class Memory { kDevice, kPinnedHost, kOther };
 Memory Classify(const void* p, size_t bytes);
+
+// Device work queued on `stream` (a launch, an async copy or memset, a cuBLAS product):
+// held in the stream's queue, in order, until something waits for it — a synchronization
+// of that stream or of the device, an event recorded after it (cudaEventSynchronize, or a
+// stream that cudaStreamWaitEvent made wait), a blocking copy or memset for the legacy and
+// blocking streams, a free. So results read before they are waited for, or used on
+// another stream without an event, are wrong here as they can be on a GPU. With
+// CUDAEMU_STREAMS=immediate every piece of work runs when it is queued.
+void Enqueue(cudaStream_t stream, std::function<void()> work);
+// Switches between the two (tests); runs what is queued first. Returns the previous mode.
+bool SetDeferredStreams(bool deferred);
 
 // Records a launch failure for cudaGetLastError on this host thread.
 void SetLastError(cudaError_t e);
