@@ -265,6 +265,9 @@ TEST(CudaEmuTest, PageLockedHostMemoryIsReachableFromKernels) {
 // Work on a stream runs when something waits for it, as a GPU may run it that late: a
 // result read before the wait, or used on another stream without an event, is wrong here.
 TEST(CudaEmuTest, StreamWorkIsSeenOnlyAfterAWaitForIt) {
+  if (const char* m = std::getenv("CUDAEMU_STREAMS");
+      m != nullptr && std::string(m).starts_with("eager"))
+    GTEST_SKIP() << "CUDAEMU_STREAMS=" << m << " runs some streams' work when it is queued";
   const bool was = cudaemu::SetDeferredStreams(true);  // the default; CUDAEMU_STREAMS may differ
   std::vector<float> host(32, 0.0f);
   ASSERT_EQ(cudaHostRegister(host.data(), host.size() * sizeof(float), cudaHostRegisterDefault),

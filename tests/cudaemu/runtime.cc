@@ -22,6 +22,7 @@
 
 struct CUstream_st {
   unsigned flags;
+  bool eager = false;  // CUDAEMU_STREAMS=eager-even/odd: this stream's work runs when queued
 };
 
 struct CUevent_st {
@@ -94,10 +95,21 @@ void Wait() {
 
 // Each stream's work waits in its queue, in order, until something waits for it (Drain);
 // with CUDAEMU_STREAMS=immediate (or SetDeferredStreams(false)) work runs when queued.
+// CUDAEMU_STREAMS=eager-even (eager-odd): streams created 0th, 2nd, 4th… (1st, 3rd…) run
+// their work when it is queued and the others lazily — a consumer stream can then run
+// before its producer, so a missing cross-stream wait before a product shows too.
 std::atomic<bool> g_defer{[] {
   const char* v = std::getenv("CUDAEMU_STREAMS");
   return v == nullptr || std::string_view(v) != "immediate";
 }()};
+const int g_eager_parity = [] {
+  const char* v = std::getenv("CUDAEMU_STREAMS");
+  if (v == nullptr) return -1;
+  if (std::string_view(v) == "eager-even") return 0;
+  if (std::string_view(v) == "eager-odd") return 1;
+  return -1;
+}();
+std::atomic<uint64_t> g_streams_created{0};
 bool DeferStreams() { return g_defer.load(std::memory_order_relaxed); }
 struct Queue {
   std::deque<std::function<void()>> work;
@@ -260,7 +272,7 @@ bool SetDeferredStreams(bool deferred) {
 }
 
 void Enqueue(cudaStream_t stream, std::function<void()> work) {
-  if (!DeferStreams()) {
+  if (!DeferStreams() || (stream != nullptr && stream->eager)) {
     work();
     return;
   }
@@ -518,7 +530,9 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
-  *stream = new CUstream_st{flags};
+  const uint64_t n = cudaemu::g_streams_created++;
+  *stream = new CUstream_st{
+      flags, cudaemu::g_eager_parity >= 0 && static_cast<int>(n % 2) == cudaemu::g_eager_parity};
   return cudaSuccess;
 }
 
