@@ -101,13 +101,16 @@ TEST_F(KvOpsCudaTest, QuantizeMatchesTheCpuCodecByteForByte) {
   }
 }
 
-TEST_F(KvOpsCudaTest, IndexerScoresMatchTheCpuBitForBit) {
-  std::mt19937_64 rng(testing::FreshSeed());
-  const int64_t queries = 37, heads = 4, dim = 32, positions = 300;
+// Scores of `queries` random queries (heads × dim) against `positions` random keys, FP4
+// rounded as the pages hold them when `fp4`, each the CPU's bits.
+void ExpectIndexerScoresAreTheCpus(std::mt19937_64& rng, int64_t queries, int64_t heads,
+                                   int64_t dim, int64_t positions, bool fp4) {
   std::vector<float> keys = NormalFloats(rng, positions * dim, 1.0f);
-  FakeQuantize(KvFormat::kIndexK, keys);  // what the pages hold
   std::vector<float> qi = NormalFloats(rng, queries * heads * dim, 1.0f);
-  FakeQuantize(KvFormat::kIndexK, qi);
+  if (fp4) {
+    FakeQuantize(KvFormat::kIndexK, keys);
+    FakeQuantize(KvFormat::kIndexK, qi);
+  }
   const std::vector<float> w = NormalFloats(rng, queries * heads, 0.2f);
   std::vector<int32_t> visible(queries);
   for (int32_t& v : visible) v = static_cast<int32_t>(rng() % (positions + 1));
@@ -122,26 +125,19 @@ TEST_F(KvOpsCudaTest, IndexerScoresMatchTheCpuBitForBit) {
   }
 }
 
+TEST_F(KvOpsCudaTest, IndexerScoresMatchTheCpuBitForBit) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  ExpectIndexerScoresAreTheCpus(rng, /*queries=*/37, /*heads=*/4, /*dim=*/32, /*positions=*/300,
+                                /*fp4=*/true);
+}
+
 // A prefill of more than 65535 queries is more than one launch can count in grid.y: the
 // launchers go in slices, and every query — those past the first slice included — gets
 // its own scores (small heads and keys keep this quick).
 TEST_F(KvOpsCudaTest, ALaunchOfMoreQueriesThanGridYHoldsCoversEveryQuery) {
   std::mt19937_64 rng(testing::FreshSeed());
-  const int64_t queries = 65535 + 700, heads = 1, dim = 4, positions = 3;
-  const std::vector<float> keys = NormalFloats(rng, positions * dim, 1.0f);
-  const std::vector<float> qi = NormalFloats(rng, queries * heads * dim, 1.0f);
-  const std::vector<float> w = NormalFloats(rng, queries * heads, 1.0f);
-  std::vector<int32_t> visible(queries);
-  for (int32_t& v : visible) v = static_cast<int32_t>(rng() % (positions + 1));
-  absl::StatusOr<std::vector<float>> got = IndexerScoresOnDevice(qi, w, keys, visible, heads, dim);
-  ASSERT_TRUE(got.ok()) << got.status();
-  for (int64_t q = 0; q < queries; ++q) {
-    for (int64_t t = 0; t < positions; ++t) {
-      const float want =
-          t < visible[q] ? ReferenceIndexScore(qi, w, q, &keys[t * dim], heads, dim) : -INFINITY;
-      ASSERT_EQ(std::memcmp(&(*got)[q * positions + t], &want, 4), 0) << q << "," << t;
-    }
-  }
+  ExpectIndexerScoresAreTheCpus(rng, /*queries=*/65535 + 700, /*heads=*/1, /*dim=*/4,
+                                /*positions=*/3, /*fp4=*/false);
 }
 
 TEST_F(KvOpsCudaTest, SparseAttentionOverWindowAndFp4PagesMatchesTheCpu) {
