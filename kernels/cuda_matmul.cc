@@ -121,7 +121,7 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
         wo += transient[i].size();
       }
       const size_t x_floats = static_cast<size_t>(c.m * k);
-      if (const size_t j = SameChain(calls, i); j < i) {  // normalized already
+      if (const size_t j = model::SameChainedInput(calls, i); j < i) {  // normalized already
         Launch(d_x + x_at[j], c.m, k, d_w, n, d_y + yo, stream_);
         yo += static_cast<size_t>(c.m * n);
         continue;
@@ -157,19 +157,6 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   }
 
  protected:
-  // The first call before calls[i] whose chained input is the same (same earlier result,
-  // norm weight and eps), or i: the normalized rows on the device serve both.
-  static size_t SameChain(std::span<const model::GemmCall> calls, size_t i) {
-    const model::GemmCall& c = calls[i];
-    if (c.input_of < 0) return i;
-    for (size_t j = static_cast<size_t>(c.input_of) + 1; j < i; ++j) {
-      const model::GemmCall& o = calls[j];
-      if (o.input_of == c.input_of && o.norm_weight == c.norm_weight && o.norm_eps == c.norm_eps &&
-          o.m > 0 && o.w->out_features() > 0)
-        return j;
-    }
-    return i;
-  }
   // w in the device layout the product reads: a view of w itself or of `storage`.
   virtual std::span<const float> Layout(const cpu::PackedMatrix& w,
                                         std::vector<float>& storage) const = 0;

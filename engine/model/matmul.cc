@@ -31,6 +31,18 @@ void CheckChain(std::span<const GemmCall> calls, size_t i) {
       << " (or has no norm weight)";
 }
 
+size_t SameChainedInput(std::span<const GemmCall> calls, size_t i) {
+  const GemmCall& c = calls[i];
+  if (c.input_of < 0) return i;
+  for (size_t j = static_cast<size_t>(c.input_of) + 1; j < i; ++j) {
+    const GemmCall& o = calls[j];
+    if (o.input_of == c.input_of && o.norm_weight == c.norm_weight && o.norm_eps == c.norm_eps &&
+        o.m > 0 && o.w->out_features() > 0)
+      return j;
+  }
+  return i;
+}
+
 const float* HostInput(std::span<const GemmCall> calls, size_t i, std::vector<float>& storage) {
   const GemmCall& c = calls[i];
   if (c.input_of < 0) return c.x;

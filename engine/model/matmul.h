@@ -37,8 +37,11 @@ struct GemmCall {
 // Aborts, naming the call, when calls[i] chains an input that does not fit: input_of not
 // an earlier call, or one of other rows or width. Nothing for an unchained call.
 void CheckChain(std::span<const GemmCall> calls, size_t i);
+// The first call before calls[i] whose chained input is the same (same earlier result,
+// norm weight and eps, and a product that runs), or i: one normalization serves both.
+size_t SameChainedInput(std::span<const GemmCall> calls, size_t i);
 // The input of calls[i], chained or not, on the host; `storage` holds a chained input's
-// normalized rows.
+// normalized rows (kept for a later call with the same chained input).
 const float* HostInput(std::span<const GemmCall> calls, size_t i, std::vector<float>& storage);
 
 class MatmulBackend {
@@ -61,8 +64,18 @@ class MatmulBackend {
   // would give on its input; calls run in order, so a chained input is ready.
   virtual void GemmGroup(std::span<const GemmCall> calls) const {
     std::vector<float> storage;
-    for (size_t i = 0; i < calls.size(); ++i)
-      Gemm(HostInput(calls, i, storage), calls[i].m, *calls[i].w, calls[i].y);
+    size_t normalized_for = calls.size();  // the call whose chained input `storage` holds
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const size_t first = SameChainedInput(calls, i);
+      const float* x = nullptr;
+      if (first < i && first == normalized_for) {
+        x = storage.data();  // normalized already
+      } else {
+        x = HostInput(calls, i, storage);
+        if (calls[i].input_of >= 0) normalized_for = first;
+      }
+      Gemm(x, calls[i].m, *calls[i].w, calls[i].y);
+    }
   }
 };
 
