@@ -96,17 +96,15 @@ void ArenaSocketServer::Answer(int conn) {
     (void)sendmsg(conn, &msg, MSG_NOSIGNAL);
   };
   if (!ReadLine(conn, &token)) return reply("ERR expected a token line\n", -1);
-  if (arena_fd_ < 0) return reply("ERR this server has no RAM tier\n", -1);
-  if (auth_->enabled()) {
-    absl::StatusOr<std::string> tenant = auth_->TenantFor("Bearer " + token);
-    if (!tenant.ok()) return reply("ERR unknown bearer token\n", -1);
-    if (!allowed_.contains(*tenant)) return reply("ERR tenant may not map the shared arena\n", -1);
-  }
-  reply(absl::StrCat("OK ", arena_bytes_, "\n"), arena_fd_);
+  absl::StatusOr<std::string> tenant = auth_->TenantFor("Bearer " + token);
+  if (!tenant.ok()) return reply("ERR unknown bearer token\n", -1);
+  absl::StatusOr<SharedArena> arena = arena_for_(*tenant);
+  if (!arena.ok()) return reply(absl::StrCat("ERR ", arena.status().message(), "\n"), -1);
+  reply(absl::StrCat("OK ", arena->bytes, "\n"), arena->fd);
 }
 
-absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
-                                     const std::string& bearer_token) {
+absl::StatusOr<ReceivedArena> ReceiveArenaFd(const std::string& socket_path,
+                                             const std::string& bearer_token) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket");
   const sockaddr_un a = Address(socket_path);
@@ -145,11 +143,18 @@ absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
     while (!reason.empty() && reason.back() == '\n') reason.pop_back();
     return absl::PermissionDeniedError(absl::StrCat("shared arena refused: ", reason));
   }
-  void* base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, arena_fd, 0);
-  const uint64_t id = ArenaIdentity(arena_fd);
-  close(arena_fd);  // the mapping keeps the memory alive
+  return ReceivedArena{arena_fd, bytes};
+}
+
+absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
+                                     const std::string& bearer_token) {
+  absl::StatusOr<ReceivedArena> received = ReceiveArenaFd(socket_path, bearer_token);
+  if (!received.ok()) return received.status();
+  void* base = mmap(nullptr, received->bytes, PROT_READ, MAP_SHARED, received->fd, 0);
+  const uint64_t id = ArenaIdentity(received->fd);
+  close(received->fd);  // the mapping keeps the memory alive
   if (base == MAP_FAILED) return Errno("mmap shared arena");
-  return MappedArena{static_cast<const uint8_t*>(base), bytes, id};
+  return MappedArena{static_cast<const uint8_t*>(base), received->bytes, id};
 }
 
 uint64_t ArenaIdentity(int fd) {

@@ -65,6 +65,7 @@ int Main(int argc, char** argv) {
   bool hbm_write_through = false;
   int threads = 4;
   uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
+  size_t max_leases_per_tenant = ServiceOptions{}.max_ref_leases;
   std::string log_level = "info";
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
@@ -87,14 +88,17 @@ int Main(int argc, char** argv) {
   app.add_option("--threads", threads, "storage worker threads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option(
-      "--shm-socket", shm_socket,
-      "Unix socket handing the RAM arena to co-located clients (default DATA_DIR/kvcached.sock; "
-      "\"off\" disables it)");
+  app.add_option("--shm-socket", shm_socket,
+                 "Unix socket handing a tenant's RAM arena to its co-located clients (default "
+                 "DATA_DIR/kvcached.sock; \"off\" disables it)");
   app.add_option("--shm-tenants", shm_tenants,
-                 "with --auth-tokens: comma-separated tenants allowed to map the arena (it holds "
-                 "every tenant's "
-                 "chunks)");
+                 "with --auth-tokens: NAME[=BYTES],... tenants that use shared memory; each gets "
+                 "a RAM pool of its own, carved out of --ram-bytes (default: an equal share), "
+                 "that only it maps");
+  app.add_option("--max-leases-per-tenant", max_leases_per_tenant,
+                 "shared-memory leases (FetchRefs, FetchDeviceRefs) one tenant holds at once")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus /metrics on HOST:PORT (port 0: any)");
   app.add_option("--max-calls-per-tenant", max_calls_per_tenant,
@@ -139,10 +143,17 @@ int Main(int argc, char** argv) {
     if (!a.ok()) return Fail(std::string(a.status().message()));
     auth = *std::move(a);
   }
+  absl::StatusOr<ShmAccess> shm = ShmAccess::Plan(shm_tenants, auth.enabled(), ram_bytes);
+  if (!shm.ok()) return Fail(std::string(shm.status().message()));
+  if (!auth.enabled() && !shm_tenants.empty()) {
+    LogLine(LogLevel::kInfo, "shm_tenants_ignored")
+        .Str("why", "without --auth-tokens every caller is one tenant and maps its own arena");
+  }
   storage::StoreOptions so;
   so.data_dir = data_dir;
   so.max_chunk_bytes = max_chunk_bytes;
-  so.ram_bytes = ram_bytes;
+  so.ram_bytes = shm->default_pool_bytes();
+  so.ram_pool_bytes = shm->private_pool_bytes();
   so.ssd_bytes = ssd_bytes;
   // Slabs are zero-filled before first use (see docs/storage.md); do it ahead of the
   // writes so that a put rarely waits for a slab to be laid out.
@@ -176,12 +187,13 @@ int Main(int argc, char** argv) {
   ServiceOptions opt;
   opt.hbm = hbm.get();
   opt.hbm_write_through = hbm_write_through;
-  opt.device_tenants = absl::StrSplit(shm_tenants, ',', absl::SkipEmpty());
+  opt.device_tenants = shm->tenants();
+  opt.shm = *shm;
+  opt.max_ref_leases = max_leases_per_tenant;
   opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
-  if ((*store)->ram_arena_fd() >= 0) opt.arena_id = ArenaIdentity((*store)->ram_arena_fd());
   auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -205,10 +217,16 @@ int Main(int argc, char** argv) {
   // window updates. Start each stream with room for several chunks.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   std::unique_ptr<ArenaSocketServer> arena_socket;
-  if (shm_socket != "off" && (*store)->ram_arena_fd() >= 0) {
-    const std::set<std::string> allowed = absl::StrSplit(shm_tenants, ',', absl::SkipEmpty());
-    arena_socket = std::make_unique<ArenaSocketServer>(&auth, allowed, (*store)->ram_arena_fd(),
-                                                       (*store)->ram_arena_bytes());
+  if (shm_socket != "off" && (*store)->ram_pool_count() > 0) {
+    storage::ChunkStore* chunks = store->get();
+    arena_socket = std::make_unique<ArenaSocketServer>(
+        &auth, [chunks, access = *shm](const std::string& tenant) -> absl::StatusOr<SharedArena> {
+          const std::optional<storage::RamPoolId> pool = access.PoolOf(tenant);
+          if (!pool) return absl::PermissionDeniedError("tenant may not map shared memory");
+          if (chunks->ram_arena_fd(*pool) < 0)
+            return absl::FailedPreconditionError("this server has no RAM for the tenant");
+          return SharedArena{chunks->ram_arena_fd(*pool), chunks->ram_arena_bytes(*pool)};
+        });
     if (shm_socket.empty()) shm_socket = data_dir + "/kvcached.sock";
     if (absl::Status s = arena_socket->Start(shm_socket); !s.ok())
       return Fail(std::string(s.message()));

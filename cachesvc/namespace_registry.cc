@@ -107,4 +107,12 @@ std::optional<NamespaceInfo> NamespaceRegistry::Get(uint32_t id, const std::stri
   return it->second;
 }
 
+std::vector<NamespaceInfo> NamespaceRegistry::All() const {
+  std::lock_guard lk(mu_);
+  std::vector<NamespaceInfo> out;
+  out.reserve(by_id_.size());
+  for (const auto& [id, info] : by_id_) out.push_back(info);
+  return out;
+}
+
 }  // namespace kvc::cachesvc

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "storage/chunk_key.h"
@@ -34,6 +35,8 @@ class NamespaceRegistry {
   // The namespace if it exists and belongs to `tenant` (another tenant's: nullopt, so its
   // existence does not leak).
   std::optional<NamespaceInfo> Get(uint32_t id, const std::string& tenant) const;
+  // Every namespace, in id order.
+  std::vector<NamespaceInfo> All() const;
 
  private:
   explicit NamespaceRegistry(std::string path) : path_(std::move(path)) {}

@@ -6,9 +6,11 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/arena_socket.h"
 #include "cachesvc/log.h"
 #include "cachesvc/prefix_hash.h"
 #include "cachesvc/status.h"
+#include "engine/spec/check.h"
 #include "engine/spec/chunk_layout.h"
 
 namespace kvc::cachesvc {
@@ -75,6 +77,30 @@ class KvCacheService::Impl {
         limiter(o.max_calls_per_tenant),
         executor(o.executor_threads, o.executor_queue) {
     if (o.hbm != nullptr) hbm_handle = o.hbm->arena().ExportHandle();
+    for (size_t pool = 0; pool < s->ram_pool_count(); ++pool) {
+      const int fd = s->ram_arena_fd(static_cast<storage::RamPoolId>(pool));
+      arena_ids.push_back(fd >= 0 ? ArenaIdentity(fd) : 0);
+    }
+    // Namespaces of tenants with a RAM pool of their own keep their chunks there.
+    for (const NamespaceInfo& ns : r->All()) AssignRamPool(ns);
+  }
+
+  void AssignRamPool(const NamespaceInfo& ns) {
+    const std::optional<storage::RamPoolId> pool = opt.shm.PoolOf(ns.tenant);
+    if (pool && *pool != 0 && *pool < store->ram_pool_count()) {
+      absl::Status s = store->SetRamPool(ns.id, *pool);
+      KVC_CHECK(s.ok()) << "namespace " << ns.id << ": " << s;
+    }
+  }
+
+  // The RAM pool a tenant's shared-memory calls use: PermissionDenied when it has none.
+  absl::StatusOr<storage::RamPoolId> ShmPoolOf(const std::string& tenant) const {
+    const std::optional<storage::RamPoolId> pool = opt.shm.PoolOf(tenant);
+    if (!pool || store->ram_arena_fd(*pool) < 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "tenant ", tenant, " may not use shared memory (see kvcached --shm-tenants)"));
+    }
+    return *pool;
   }
 
   // Records a finished call in the metrics (if any) and the log: successes at debug,
@@ -170,6 +196,7 @@ class KvCacheService::Impl {
     absl::StatusOr<NamespaceInfo> ns = registry->FindOrAdd(info);
     if (!ns.ok()) return ns.status();
     if (absl::Status s = store->RegisterNamespace(ns->id, ns->chunk_bytes); !s.ok()) return s;
+    AssignRamPool(*ns);
     resp->set_namespace_id(ns->id);
     resp->set_chunk_bytes(ns->chunk_bytes);
     resp->set_chunk_tokens(ns->chunk_tokens);
@@ -251,12 +278,14 @@ class KvCacheService::Impl {
     const auto now = std::chrono::steady_clock::now();
     std::lock_guard lk(leases_mu);
     for (auto it = ref_leases.begin(); it != ref_leases.end();) {
-      it = it->second.expires <= now ? ref_leases.erase(it) : std::next(it);
+      it = it->second.expires <= now ? Forget(it) : std::next(it);
     }
   }
 
   absl::Status DoFetchRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
                            pb::FetchRefsResponse* resp) {
+    absl::StatusOr<storage::RamPoolId> pool = ShmPoolOf(tenant);
+    if (!pool.ok()) return pool.status();
     auto nk = NamespaceAndKeys(tenant, req);
     if (!nk.ok()) return nk.status();
     for (uint64_t done : req.release_lease_ids())
@@ -265,12 +294,14 @@ class KvCacheService::Impl {
     const uint32_t ms =
         std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
     resp->set_lease_ms(ms);
-    resp->set_arena_id(opt.arena_id);
+    resp->set_arena_id(arena_ids.at(*pool));
     RefLease lease{
         tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
     for (const ChunkKey& key : nk->second) {
       absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->first.id, key);
-      if (!l.ok()) break;  // the leading chunks only; the client fetches the rest over gRPC
+      // The leading chunks only; the client fetches the rest over gRPC. A chunk in another
+      // pool (stored before the tenant had its own) is not in the caller's mapping.
+      if (!l.ok() || l->pool() != *pool) break;
       pb::ChunkRef* ref = resp->add_refs();
       ref->set_chunk_key(KeyBytes(key));
       ref->set_arena_offset(l->arena_offset());
@@ -285,11 +316,13 @@ class KvCacheService::Impl {
   template <typename Response>
   absl::Status Hold(RefLease lease, Response* resp) {
     std::lock_guard lk(leases_mu);
-    if (ref_leases.size() >= opt.max_ref_leases) {
+    size_t& held = leases_held[lease.tenant];
+    if (held >= opt.max_ref_leases) {
       resp->clear_refs();
-      return absl::ResourceExhaustedError(
-          absl::StrCat(opt.max_ref_leases, " shared-memory leases are held already"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", lease.tenant, " holds ", held, " shared-memory leases already (the limit)"));
     }
+    ++held;
     const uint64_t id = ++next_lease_id;
     ref_leases.emplace(id, std::move(lease));
     resp->set_lease_id(id);
@@ -304,7 +337,7 @@ class KvCacheService::Impl {
       return absl::FailedPreconditionError(
           "this kvcached has no HBM tier (start it with --hbm-bytes on a machine with a GPU)");
     }
-    if (auth->enabled() && !opt.device_tenants.contains(tenant)) {
+    if (auth->enabled() && !opt.device_tenants.contains(tenant)) {  // before any work
       return absl::PermissionDeniedError(
           absl::StrCat("tenant ", tenant, " may not map the HBM tier (see --shm-tenants)"));
     }
@@ -346,8 +379,17 @@ class KvCacheService::Impl {
     if (it == ref_leases.end() || it->second.tenant != tenant) {
       return absl::NotFoundError(absl::StrCat("lease ", id, " not found (released or expired)"));
     }
-    ref_leases.erase(it);
+    Forget(it);
     return absl::OkStatus();
+  }
+
+  // Ends a held lease (under leases_mu).
+  std::map<uint64_t, RefLease>::iterator Forget(std::map<uint64_t, RefLease>::iterator it) {
+    auto held = leases_held.find(it->second.tenant);
+    KVC_CHECK(held != leases_held.end() && held->second > 0)
+        << "tenant " << it->second.tenant << " releases a lease it does not hold";
+    if (--held->second == 0) leases_held.erase(held);
+    return ref_leases.erase(it);
   }
 
   storage::ChunkStore* store;
@@ -358,7 +400,9 @@ class KvCacheService::Impl {
   std::string hbm_handle;  // the HBM arena's IPC handle, exported once
   std::mutex leases_mu;
   std::map<uint64_t, RefLease> ref_leases;
+  std::map<std::string, size_t> leases_held;  // per tenant
   uint64_t next_lease_id = 0;
+  std::vector<uint64_t> arena_ids;  // ArenaIdentity per RAM pool (0: no slots)
   Executor executor;  // declared last: its threads stop before the state they use goes away
 };
 

@@ -19,6 +19,7 @@
 #include "cachesvc/executor.h"
 #include "cachesvc/metrics.h"
 #include "cachesvc/namespace_registry.h"
+#include "cachesvc/shm_access.h"
 #include "cachesvc/tenant_limits.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_store.h"
@@ -34,10 +35,12 @@ struct ServiceOptions {
   int executor_threads = 4;
   size_t executor_queue = 4096;
   ServiceMetrics* metrics = nullptr;  // optional; not owned
-  size_t max_ref_leases = 4096;       // FetchRefs leases held at once
+  // Who maps which RAM pool (FetchRefs, and the arena socket); the default is the
+  // single-tenant rule of a server without authentication.
+  ShmAccess shm;
+  size_t max_ref_leases = 4096;  // FetchRefs / FetchDeviceRefs leases one tenant holds at once
   uint32_t default_lease_ms = 10000;
   uint32_t max_lease_ms = 60000;
-  uint64_t arena_id = 0;  // ArenaIdentity of the RAM arena, sent with every FetchRefs answer
   uint32_t max_calls_per_tenant = 256;  // in flight at once (streams for their whole life)
   // T0 (FetchDeviceRefs); null: none. Not owned. With authentication on, only
   // `device_tenants` may map it (it holds every tenant's chunks).

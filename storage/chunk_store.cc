@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "storage/chunk_index.h"
 #include "storage/eviction.h"
-#include "storage/ram_arena.h"
+#include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 #include "storage/ssd_tier.h"
 
@@ -37,16 +37,6 @@ const char* TierName(Tier t) {
 
 class ChunkStore::Impl {
  public:
-  struct RamEntry {
-    NamespaceId ns = 0;
-    uint32_t slot = 0;
-    uint32_t len = 0;
-    std::optional<ChunkKey> parent;
-    int64_t expires_s = 0;
-    bool dirty = false;     // accepted with memory durability, not yet on SSD
-    bool flushing = false;  // being written to SSD right now
-  };
-
   explicit Impl(StoreOptions o) : opt(std::move(o)) {
     if (!opt.now_s) {
       opt.now_s = [] {
@@ -99,6 +89,8 @@ class ChunkStore::Impl {
   }
 
   int64_t NowS() const { return opt.now_s(); }
+  // Whether the namespace's RAM pool has any slot.
+  bool HasRam(NamespaceId ns) const { return ram && ram->arena(ram->PoolOf(ns)) != nullptr; }
   int64_t NextAccess() { return ++access_clock; }
   std::string Where(const ChunkKey& key) const { return absl::StrCat("chunk ", key.Hex()); }
 
@@ -116,33 +108,48 @@ class ChunkStore::Impl {
 
   // ---- RAM tier (all under mu) ----
   void DropRam(const ChunkKey& key) {
-    auto it = ram.find(key);
-    if (it == ram.end()) return;
-    const uint32_t slot = it->second.slot;
-    ram.erase(it);
-    ram_order.Remove(key);
-    if (ram_refs[slot] == 0) {
-      ram_free.push_back(slot);
-    } else {
-      ram_free_on_release[slot] = true;
-    }
+    if (!ram || !ram->Contains(key)) return;
+    ram->Remove(key);
     if (!ssd_map.contains(key)) LeftStore(key);
+  }
+
+  // A RAM copy whose bytes no longer match their checksum (memory corruption): a miss,
+  // counted, and the copy is dropped. Never handed out.
+  void DropCorruptRam(const ChunkKey& key) {
+    ++stats.checksum_failures;
+    ++stats.ram_checksum_failures;
+    RamEntry* e = ram->Find(key);
+    if (e == nullptr) return;
+    // Still dirty: the only copy is bad, nothing to write to SSD.
+    e->dirty = false;
+    DropRam(key);
+  }
+
+  bool RamCopyVerifies(std::span<const uint8_t> bytes, uint64_t checksum) const {
+    return PayloadChecksum(bytes) == checksum;
   }
 
   // `key` is in neither tier any more: the chunks after it can no longer be reached by
   // a lookup, so they are the first to go.
   void LeftStore(const ChunkKey& key) {
-    ram_order.MarkOrphansOf(key);
+    if (ram) ram->MarkOrphansOf(key);
     ssd_order.MarkOrphansOf(key);
   }
 
-  // A free RAM slot, evicting as needed. With allow_writeback, dirty victims are written
-  // to SSD first (demotion); without, the call gives up instead of waiting on I/O.
-  absl::StatusOr<uint32_t> AllocRamSlot(std::unique_lock<std::mutex>& lk, bool allow_writeback) {
-    while (ram_free.empty()) {
-      std::optional<ChunkKey> victim = ram_order.PickVictim(NowS());
-      if (!victim) return absl::ResourceExhaustedError("RAM tier is full");
-      RamEntry& e = ram.at(*victim);
+  // A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
+  // dirty victims are written to SSD first (demotion); without, the call gives up instead
+  // of waiting on I/O.
+  absl::StatusOr<uint32_t> AllocRamSlot(std::unique_lock<std::mutex>& lk, RamPoolId pool,
+                                        bool allow_writeback) {
+    while (true) {
+      if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool)) return *slot;
+      std::optional<ChunkKey> victim = ram->PickVictim(pool, NowS());
+      if (!victim) {
+        return absl::ResourceExhaustedError(pool == 0
+                                                ? std::string("RAM tier is full")
+                                                : absl::StrCat("RAM pool ", pool, " is full"));
+      }
+      RamEntry& e = *ram->Find(*victim);
       if (e.dirty && ssd) {
         if (!allow_writeback)
           return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
@@ -151,8 +158,8 @@ class ChunkStore::Impl {
           continue;
         }
         FlushLocked(lk, {*victim}, /*sync_index=*/false);
-        auto again = ram.find(*victim);
-        if (again != ram.end() && again->second.dirty && !again->second.flushing) {
+        const RamEntry* again = ram->Find(*victim);
+        if (again != nullptr && again->dirty && !again->flushing) {
           return absl::InternalError(absl::StrCat("cannot demote ", Where(*victim), " to SSD"));
         }
         ++stats.demotions;
@@ -161,28 +168,37 @@ class ChunkStore::Impl {
       DropRam(*victim);
       ++stats.ram_evictions;
     }
-    const uint32_t slot = ram_free.back();
-    ram_free.pop_back();
-    return slot;
   }
 
-  // Copies bytes into a fresh RAM slot and publishes it. The copy runs without the lock:
-  // the reserved slot is in neither the free list nor the map, so nobody else sees it.
+  // Copies bytes into a fresh slot of the namespace's RAM pool and publishes it. The copy
+  // runs without the lock: the reserved slot is in neither the free list nor the map, so
+  // nobody else sees it. `checksum` is the payload's, if the caller knows it (0: computed
+  // here from the copy).
   absl::Status InsertRam(std::unique_lock<std::mutex>& lk, NamespaceId ns, const ChunkKey& key,
                          const std::optional<ChunkKey>& parent, std::span<const uint8_t> bytes,
-                         bool dirty, int64_t expires_s, bool allow_writeback) {
-    absl::StatusOr<uint32_t> slot = AllocRamSlot(lk, allow_writeback);
+                         uint64_t checksum, bool dirty, int64_t expires_s, bool allow_writeback) {
+    const RamPoolId pool = ram->PoolOf(ns);
+    absl::StatusOr<uint32_t> slot = AllocRamSlot(lk, pool, allow_writeback);
     if (!slot.ok()) return slot.status();
     lk.unlock();
-    std::memcpy(arena->slot(*slot), bytes.data(), bytes.size());
+    uint8_t* dst = ram->SlotData(pool, *slot);
+    std::memcpy(dst, bytes.data(), bytes.size());
+    if (checksum == 0) checksum = PayloadChecksum(std::span<const uint8_t>(dst, bytes.size()));
     lk.lock();
-    if (ram.contains(key)) {  // another writer won the race
-      ram_free.push_back(*slot);
+    if (ram->Contains(key)) {  // another writer won the race
+      ram->ReturnSlot(pool, *slot);
       return absl::AlreadyExistsError(Where(key));
     }
-    ram[key] =
-        RamEntry{ns, *slot, static_cast<uint32_t>(bytes.size()), parent, expires_s, dirty, false};
-    ram_order.Add(key, parent, NextAccess(), 0, expires_s);
+    RamEntry e;
+    e.ns = ns;
+    e.pool = pool;
+    e.slot = *slot;
+    e.len = static_cast<uint32_t>(bytes.size());
+    e.checksum = checksum;
+    e.parent = parent;
+    e.expires_s = expires_s;
+    e.dirty = dirty;
+    ram->Publish(key, e, NextAccess());
     if (dirty) {
       dirty_queue.push_back(key);
       work.notify_one();
@@ -207,7 +223,7 @@ class ChunkStore::Impl {
     ssd_order.Remove(key);
     FreeSsdSlot(slot);
     // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
-    if (!ram.contains(key)) LeftStore(key);
+    if (!ram || !ram->Contains(key)) LeftStore(key);
   }
 
   uint64_t GlobalSlot(const IndexRecord& r) const {
@@ -238,6 +254,9 @@ class ChunkStore::Impl {
     std::span<const uint8_t> payload;
     size_t result_index = 0;
     absl::Status status;
+    // The checksum the payload must have (a RAM copy's), or 0: a copy that no longer
+    // matches it was corrupted in memory and is not written.
+    uint64_t expected_checksum = 0;
   };
 
   // Writes chunks to SSD and commits their index entries, then publishes them. Called
@@ -284,6 +303,12 @@ class ChunkStore::Impl {
         FreeSsdSlot(slot_writes[k].slot);
         continue;
       }
+      if (w.expected_checksum != 0 && w.record.checksum != w.expected_checksum) {
+        w.status = absl::DataLossError(
+            absl::StrCat(Where(w.key), ": the RAM copy no longer matches its checksum"));
+        FreeSsdSlot(slot_writes[k].slot);
+        continue;
+      }
       if (ssd_map.contains(w.key)) {  // a concurrent writer stored it first
         w.status = absl::AlreadyExistsError(Where(w.key));
         FreeSsdSlot(slot_writes[k].slot);
@@ -313,44 +338,44 @@ class ChunkStore::Impl {
   void FlushLocked(std::unique_lock<std::mutex>& lk, const std::vector<ChunkKey>& keys,
                    bool sync_index) {
     std::vector<PendingWrite> writes;
-    std::vector<uint32_t> leased;
+    std::vector<std::pair<RamPoolId, uint32_t>> leased;
     for (const ChunkKey& key : keys) {
-      auto it = ram.find(key);
-      if (it == ram.end() || !it->second.dirty || it->second.flushing) continue;
-      RamEntry& e = it->second;
-      e.flushing = true;
-      ++ram_refs[e.slot];
-      leased.push_back(e.slot);
+      RamEntry* e = ram->Find(key);
+      if (e == nullptr || !e->dirty || e->flushing) continue;
+      e->flushing = true;
+      ram->Ref(e->pool, e->slot);
+      leased.emplace_back(e->pool, e->slot);
       IndexRecord r;
-      r.namespace_id = e.ns;
-      r.parent = e.parent;
+      r.namespace_id = e->ns;
+      r.parent = e->parent;
       r.created_s = r.last_access_s = NowS();
-      r.expires_s = e.expires_s;
-      writes.push_back({key, r, std::span<const uint8_t>(arena->slot(e.slot), e.len), 0, {}});
+      r.expires_s = e->expires_s;
+      writes.push_back({key,
+                        r,
+                        std::span<const uint8_t>(ram->SlotData(e->pool, e->slot), e->len),
+                        0,
+                        {},
+                        e->checksum});
     }
     if (writes.empty()) return;
     ++flushes_in_progress;
     WriteToSsd(lk, writes, sync_index);
     for (const PendingWrite& w : writes) {
-      auto it = ram.find(w.key);
-      if (it == ram.end()) continue;
-      it->second.flushing = false;
+      RamEntry* e = ram->Find(w.key);
+      if (e == nullptr) continue;
+      e->flushing = false;
       // Stored, or already there: either way the SSD holds it now.
-      if (w.status.ok() || absl::IsAlreadyExists(w.status))
-        it->second.dirty = false;
-      else
+      if (w.status.ok() || absl::IsAlreadyExists(w.status)) {
+        e->dirty = false;
+      } else if (absl::IsDataLoss(w.status)) {
+        DropCorruptRam(w.key);
+      } else {
         dirty_queue.push_back(w.key);  // retried by the writer
+      }
     }
-    for (uint32_t slot : leased) ReleaseRamLocked(slot);
+    for (const auto& [pool, slot] : leased) ram->Unref(pool, slot);
     --flushes_in_progress;
     flush_done.notify_all();
-  }
-
-  void ReleaseRamLocked(uint32_t slot) {
-    if (--ram_refs[slot] == 0 && ram_free_on_release[slot]) {
-      ram_free_on_release[slot] = false;
-      ram_free.push_back(slot);
-    }
   }
 
   void WriterLoop() {
@@ -380,7 +405,7 @@ class ChunkStore::Impl {
   uint64_t slots_per_slab = 0;
   std::unique_ptr<ChunkIndex> index;
   std::unique_ptr<SsdTier> ssd;
-  std::unique_ptr<RamArena> arena;
+  std::unique_ptr<RamTier> ram;  // null without a RAM tier
 
   mutable std::mutex mu;
   std::condition_variable work;        // the writer has something to do
@@ -388,12 +413,6 @@ class ChunkStore::Impl {
   std::unordered_map<NamespaceId, uint64_t> namespaces;
   std::unordered_map<ChunkKey, int64_t, ChunkKeyHash> pins;
   int64_t access_clock = 0;
-
-  std::unordered_map<ChunkKey, RamEntry, ChunkKeyHash> ram;
-  std::vector<uint32_t> ram_free;
-  std::vector<int> ram_refs;
-  std::vector<bool> ram_free_on_release;
-  EvictionOrder ram_order;
 
   std::unordered_map<ChunkKey, IndexRecord, ChunkKeyHash> ssd_map;
   std::vector<uint64_t> ssd_free;
@@ -564,22 +583,16 @@ absl::Status ChunkStore::Impl::Open() {
     if (!used[s]) ssd_free.push_back(s);  // lowest slot on top: slabs fill in order
   }
 
-  const uint64_t ram_slot_bytes = (opt.max_chunk_bytes + 4095) / 4096 * 4096;
-  const uint64_t ram_slots = opt.ram_bytes / ram_slot_bytes;
-  if (ram_slots > 0) {
-    absl::StatusOr<std::unique_ptr<RamArena>> a =
-        RamArena::Create(ram_slot_bytes, static_cast<uint32_t>(ram_slots));
-    if (!a.ok()) return a.status();
-    arena = *std::move(a);
-    ram_refs.assign(ram_slots, 0);
-    ram_free_on_release.assign(ram_slots, false);
-    for (uint32_t s = static_cast<uint32_t>(ram_slots); s-- > 0;) ram_free.push_back(s);
-  }
-  if (!ssd && !arena)
+  std::vector<uint64_t> pool_bytes{opt.ram_bytes};
+  pool_bytes.insert(pool_bytes.end(), opt.ram_pool_bytes.begin(), opt.ram_pool_bytes.end());
+  absl::StatusOr<std::unique_ptr<RamTier>> tier = RamTier::Create(opt.max_chunk_bytes, pool_bytes);
+  if (!tier.ok()) return tier.status();
+  if (!(*tier)->empty_capacity()) ram = *std::move(tier);
+  if (!ssd && !ram)
     return absl::InvalidArgumentError("neither a RAM nor an SSD tier has room for one chunk");
 
   stats.slot_bytes = slot_bytes;
-  stats.ram_capacity_chunks = ram_slots;
+  stats.ram_capacity_chunks = ram ? ram->capacity_slots() : 0;
   stats.ssd_capacity_chunks = capacity_slots;
   if (ssd) {
     stats.io_backend = ssd->backend_name();
@@ -613,8 +626,9 @@ void ChunkStore::Impl::Close() {
 
 RamLease& RamLease::operator=(RamLease&& o) noexcept {
   if (this != &o) {
-    if (store_ != nullptr) store_->ReleaseRamSlot(slot_);
+    if (store_ != nullptr) store_->ReleaseRamSlot(pool_, slot_);
     store_ = std::exchange(o.store_, nullptr);
+    pool_ = o.pool_;
     slot_ = o.slot_;
     offset_ = o.offset_;
     bytes_ = o.bytes_;
@@ -623,7 +637,7 @@ RamLease& RamLease::operator=(RamLease&& o) noexcept {
 }
 
 RamLease::~RamLease() {
-  if (store_ != nullptr) store_->ReleaseRamSlot(slot_);
+  if (store_ != nullptr) store_->ReleaseRamSlot(pool_, slot_);
 }
 
 ChunkStore::ChunkStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -679,12 +693,6 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   std::unique_lock lk(s.mu);
   const int64_t now = s.NowS();
   const int64_t expires = options.ttl_s > 0 ? now + options.ttl_s : 0;
-  const bool durable = options.durability == Durability::kDurable || !s.arena;
-  if (durable && !s.ssd) {
-    for (auto& r : results)
-      r = absl::FailedPreconditionError("durable store asked of a store with no SSD tier");
-    return results;
-  }
   std::vector<Impl::PendingWrite> writes;
   std::vector<size_t> memory_puts;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -693,12 +701,19 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
       results[i] = st;
       continue;
     }
+    const bool durable = options.durability == Durability::kDurable || !s.HasRam(r.namespace_id);
+    if (durable && !s.ssd) {
+      results[i] = absl::FailedPreconditionError(
+          s.ram ? "durable store asked of a store with no SSD tier"
+                : absl::StrCat("namespace ", r.namespace_id, " has no RAM and no SSD tier"));
+      continue;
+    }
     auto on_ssd = s.ssd_map.find(r.key);
-    auto in_ram = s.ram.find(r.key);
-    const bool present = on_ssd != s.ssd_map.end() || (in_ram != s.ram.end() && !durable);
+    const RamEntry* in_ram = s.ram ? s.ram->Find(r.key) : nullptr;
+    const bool present = on_ssd != s.ssd_map.end() || (in_ram != nullptr && !durable);
     if (present) {
       const NamespaceId owner =
-          on_ssd != s.ssd_map.end() ? on_ssd->second.namespace_id : in_ram->second.ns;
+          on_ssd != s.ssd_map.end() ? on_ssd->second.namespace_id : in_ram->ns;
       if (owner != r.namespace_id) {
         results[i] =
             absl::AlreadyExistsError(absl::StrCat(s.Where(r.key), " exists in another namespace"));
@@ -710,14 +725,13 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     if (durable) {
       // A chunk only in RAM (memory-acknowledged) is written to SSD now, and reported as
       // already present: the cache had it.
-      if (in_ram != s.ram.end() && in_ram->second.ns == r.namespace_id)
-        results[i] = PutResult{true};
+      if (in_ram != nullptr && in_ram->ns == r.namespace_id) results[i] = PutResult{true};
       IndexRecord rec;
       rec.namespace_id = r.namespace_id;
       rec.parent = r.parent;
       rec.created_s = rec.last_access_s = now;
       rec.expires_s = expires;
-      writes.push_back({r.key, rec, r.payload, i, {}});
+      writes.push_back({r.key, rec, r.payload, i, {}, 0});
     } else {
       memory_puts.push_back(i);
     }
@@ -729,22 +743,22 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
         results[w.result_index] = PutResult{true};
       } else if (!w.status.ok()) {
         results[w.result_index] = w.status;
-      } else if (s.arena) {
+      } else if (s.HasRam(w.record.namespace_id)) {
         // Keep a clean copy in RAM too (write-through); skipped if RAM is busy.
         // (results[w.result_index] keeps already_present for a chunk that was in RAM.)
-        auto in_ram = s.ram.find(w.key);
-        if (in_ram != s.ram.end()) {
-          in_ram->second.dirty = false;
+        if (RamEntry* in_ram = s.ram->Find(w.key)) {
+          in_ram->dirty = false;
         } else {
           const PutRequest& r = requests[w.result_index];
-          (void)s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload, false, expires, false);
+          (void)s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload, w.record.checksum,
+                            false, expires, false);
         }
       }
     }
   }
   for (size_t i : memory_puts) {
     const PutRequest& r = requests[i];
-    absl::Status st = s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload,
+    absl::Status st = s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload, 0,
                                   /*dirty=*/s.ssd != nullptr, expires, /*allow_writeback=*/true);
     if (absl::IsAlreadyExists(st)) {
       results[i] = PutResult{true};
@@ -770,7 +784,13 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
   }
   std::vector<SlotRead> reads;
   std::vector<size_t> read_index;
-  std::vector<std::pair<size_t, uint32_t>> ram_hits;  // (key index, leased slot)
+  struct RamHit {
+    size_t index;
+    RamPoolId pool;
+    uint32_t slot;
+    uint64_t checksum;
+  };
+  std::vector<RamHit> ram_hits;
   std::unique_lock lk(s.mu);
   const int64_t now = s.NowS();
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -778,13 +798,12 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
       status[i] = st;
       continue;
     }
-    auto r = s.ram.find(keys[i]);
-    if (r != s.ram.end() && r->second.ns == ns) {
-      ++s.ram_refs[r->second.slot];
+    if (RamEntry* r = s.ram ? s.ram->FindIn(ns, keys[i]) : nullptr) {
+      s.ram->Ref(r->pool, r->slot);
       const int64_t tick = s.NextAccess();
-      s.ram_order.Touch(keys[i], tick);
+      s.ram->Touch(keys[i], tick);
       s.ssd_order.Touch(keys[i], tick);
-      ram_hits.emplace_back(i, r->second.slot);
+      ram_hits.push_back({i, r->pool, r->slot, r->checksum});
       continue;
     }
     auto d = s.ssd_map.find(keys[i]);
@@ -806,16 +825,27 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
     read_index.push_back(i);
   }
   lk.unlock();
-  for (const auto& [i, slot] : ram_hits) {
-    std::memcpy(outs[i].data(), s.arena->slot(slot), outs[i].size());
+  std::vector<size_t> corrupt;  // ram_hits entries whose copy did not verify
+  for (size_t h = 0; h < ram_hits.size(); ++h) {
+    const RamHit& hit = ram_hits[h];
+    std::memcpy(outs[hit.index].data(), s.ram->SlotData(hit.pool, hit.slot),
+                outs[hit.index].size());
+    if (!s.RamCopyVerifies(outs[hit.index], hit.checksum)) corrupt.push_back(h);
   }
   std::vector<absl::Status> io;
   if (!reads.empty()) io = s.ssd->Read(reads);
   lk.lock();
-  for (const auto& [i, slot] : ram_hits) {
-    s.ReleaseRamLocked(slot);
-    ++s.stats.ram_hits;
+  for (const RamHit& hit : ram_hits) s.ram->Unref(hit.pool, hit.slot);
+  for (size_t h : corrupt) {
+    const RamHit& hit = ram_hits[h];
+    status[hit.index] = absl::NotFoundError(absl::StrCat(
+        s.Where(keys[hit.index]), " in RAM does not match its checksum; copy dropped"));
+    ++s.stats.misses;
+    const RamEntry* e = s.ram->FindIn(ns, keys[hit.index]);
+    if (e != nullptr && e->pool == hit.pool && e->slot == hit.slot)
+      s.DropCorruptRam(keys[hit.index]);
   }
+  s.stats.ram_hits += ram_hits.size() - corrupt.size();
   std::vector<ChunkKey> dropped;
   for (size_t k = 0; k < reads.size(); ++k) {
     const size_t i = read_index[k];
@@ -850,15 +880,16 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
     lk.lock();
   }
   // Promote SSD hits into RAM (clean copies; never waits on a write-back).
-  if (s.opt.promote_on_ssd_hit && s.arena) {
+  if (s.opt.promote_on_ssd_hit && s.HasRam(ns)) {
     for (size_t k = 0; k < reads.size(); ++k) {
       const size_t i = read_index[k];
-      if (!status[i].ok() || s.ram.contains(keys[i])) continue;
+      if (!status[i].ok() || s.ram->Contains(keys[i])) continue;
       auto d = s.ssd_map.find(keys[i]);
       if (d == s.ssd_map.end()) continue;
       const std::optional<ChunkKey> parent = d->second.parent;
       const int64_t expires = d->second.expires_s;
-      if (s.InsertRam(lk, ns, keys[i], parent, outs[i], false, expires, false).ok())
+      const uint64_t checksum = d->second.checksum;
+      if (s.InsertRam(lk, ns, keys[i], parent, outs[i], checksum, false, expires, false).ok())
         ++s.stats.promotions;
     }
   }
@@ -867,31 +898,64 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
 
 absl::StatusOr<RamLease> ChunkStore::LeaseRam(NamespaceId ns, const ChunkKey& key) {
   Impl& s = *impl_;
-  std::lock_guard lk(s.mu);
-  auto r = s.ram.find(key);
-  if (r == s.ram.end() || r->second.ns != ns) {
-    return absl::NotFoundError(absl::StrCat(s.Where(key), " is not in RAM"));
-  }
-  ++s.ram_refs[r->second.slot];
-  s.ram_order.Touch(key, s.NextAccess());
-  ++s.stats.ram_hits;
+  std::unique_lock lk(s.mu);
+  RamEntry* r = s.ram ? s.ram->FindIn(ns, key) : nullptr;
+  if (r == nullptr) return absl::NotFoundError(absl::StrCat(s.Where(key), " is not in RAM"));
+  s.ram->Ref(r->pool, r->slot);
+  s.ram->Touch(key, s.NextAccess());
   RamLease lease;
   lease.store_ = this;
-  lease.slot_ = r->second.slot;
-  lease.offset_ = s.arena->slot_offset(r->second.slot);
-  lease.bytes_ = std::span<const uint8_t>(s.arena->slot(r->second.slot), r->second.len);
+  lease.pool_ = r->pool;
+  lease.slot_ = r->slot;
+  lease.offset_ = s.ram->SlotOffset(r->pool, r->slot);
+  lease.bytes_ = std::span<const uint8_t>(s.ram->SlotData(r->pool, r->slot), r->len);
+  const uint64_t checksum = r->checksum;
+  // Verified outside the lock; the lease keeps the slot, and no client can write it
+  // (ram_arena.h), so what verifies here is what the holder reads.
+  lk.unlock();
+  const bool verifies = s.RamCopyVerifies(lease.bytes_, checksum);
+  lk.lock();
+  if (!verifies) {
+    const RamEntry* e = s.ram->FindIn(ns, key);
+    if (e != nullptr && e->pool == lease.pool_ && e->slot == lease.slot_) s.DropCorruptRam(key);
+    ++s.stats.misses;
+    lk.unlock();  // the lease's release takes the lock
+    lease = RamLease();
+    return absl::NotFoundError(
+        absl::StrCat(s.Where(key), " in RAM does not match its checksum; copy dropped"));
+  }
+  ++s.stats.ram_hits;
   return lease;
 }
 
-void ChunkStore::ReleaseRamSlot(uint32_t slot) {
+void ChunkStore::ReleaseRamSlot(RamPoolId pool, uint32_t slot) {
   std::lock_guard lk(impl_->mu);
-  impl_->ReleaseRamLocked(slot);
+  impl_->ram->Unref(pool, slot);
 }
 
-int ChunkStore::ram_arena_fd() const { return impl_->arena ? impl_->arena->fd() : -1; }
+absl::Status ChunkStore::SetRamPool(NamespaceId ns, RamPoolId pool) {
+  std::lock_guard lk(impl_->mu);
+  if (!impl_->ram) return absl::FailedPreconditionError("this store has no RAM tier");
+  return impl_->ram->SetPool(ns, pool);
+}
 
-uint64_t ChunkStore::ram_arena_bytes() const {
-  return impl_->arena ? impl_->arena->slot_bytes() * impl_->arena->slots() : 0;
+RamPoolId ChunkStore::RamPoolOf(NamespaceId ns) const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->ram ? impl_->ram->PoolOf(ns) : 0;
+}
+
+size_t ChunkStore::ram_pool_count() const { return impl_->ram ? impl_->ram->pool_count() : 0; }
+
+int ChunkStore::ram_arena_fd(RamPoolId pool) const {
+  const RamArena* a =
+      impl_->ram && pool < impl_->ram->pool_count() ? impl_->ram->arena(pool) : nullptr;
+  return a ? a->read_only_fd() : -1;
+}
+
+uint64_t ChunkStore::ram_arena_bytes(RamPoolId pool) const {
+  const RamArena* a =
+      impl_->ram && pool < impl_->ram->pool_count() ? impl_->ram->arena(pool) : nullptr;
+  return a ? a->bytes() : 0;
 }
 
 Tier ChunkStore::Contains(NamespaceId ns, const ChunkKey& key) const {
@@ -903,8 +967,8 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
   std::lock_guard lk(s.mu);
   std::vector<Tier> tiers(keys.size(), Tier::kNone);
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto r = s.ram.find(keys[i]);
-    if (r != s.ram.end() && r->second.ns == ns) {
+    const RamEntry* r = s.ram ? s.ram->Find(keys[i]) : nullptr;
+    if (r != nullptr && r->ns == ns) {
       tiers[i] = Tier::kRam;
       continue;
     }
@@ -927,12 +991,11 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
   for (size_t i = 0; i < keys.size(); ++i) {
     const ChunkKey& key = keys[i];
     s.flush_done.wait(lk, [&] {
-      auto r = s.ram.find(key);
-      return r == s.ram.end() || !r->second.flushing;
+      const RamEntry* r = s.ram ? s.ram->Find(key) : nullptr;
+      return r == nullptr || !r->flushing;
     });
     bool found = false;
-    auto r = s.ram.find(key);
-    if (r != s.ram.end() && r->second.ns == ns) {
+    if (s.ram && s.ram->FindIn(ns, key) != nullptr) {
       s.DropRam(key);
       found = true;
     }
@@ -945,7 +1008,7 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
       deletes.push_back(key);
       found = true;
     }
-    if (found && !s.ram.contains(key) && !s.ssd_map.contains(key)) s.LeftStore(key);
+    if (found && !(s.ram && s.ram->Contains(key)) && !s.ssd_map.contains(key)) s.LeftStore(key);
     if (found) {
       s.pins.erase(key);
     } else {
@@ -977,9 +1040,8 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
   std::unique_lock lk(s.mu);
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto r = s.ram.find(keys[i]);
     auto d = s.ssd_map.find(keys[i]);
-    const bool in_ram = r != s.ram.end() && r->second.ns == ns;
+    const bool in_ram = s.ram && s.ram->FindIn(ns, keys[i]) != nullptr;
     const bool on_ssd = d != s.ssd_map.end() && d->second.namespace_id == ns;
     if (!in_ram && !on_ssd) {
       status[i] = absl::NotFoundError(absl::StrCat(s.Where(keys[i]), " is not cached"));
@@ -1028,7 +1090,7 @@ std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
 StoreStats ChunkStore::Stats() const {
   std::lock_guard lk(impl_->mu);
   StoreStats st = impl_->stats;
-  st.ram_chunks = impl_->ram.size();
+  st.ram_chunks = impl_->ram ? impl_->ram->size() : 0;
   st.ssd_chunks = impl_->ssd_map.size();
   st.pending_write_behind = impl_->dirty_queue.size();
   return st;

@@ -2,15 +2,18 @@
 //
 // Chunks are fixed-size byte strings keyed by a 16-byte ChunkKey within a namespace
 // whose chunk size is fixed (RegisterNamespace). Two tiers:
-//   T1 host RAM — a shared-memory arena of fixed slots (RamArena), zero-copy leases;
+//   T1 host RAM — sealed shared-memory arenas of fixed slots (ram_tier.h), one per RAM
+//                 pool, zero-copy leases; a namespace's chunks live in its pool
+//                 (SetRamPool), so a pool can be handed to one tenant alone;
 //   T2 SSD      — preallocated O_DIRECT slab files driven by io_uring (SsdTier), indexed
 //                 in RocksDB (ChunkIndex), surviving restarts and crashes.
 // Put with Durability::kDurable acknowledges after the SSD write, its fdatasync and the
 // synced index commit; kMemory acknowledges once the chunk is in RAM and a background
 // writer copies it to SSD. Data is always durable before its index entry commits, so
 // after any crash every indexed chunk reads back byte-exact; slots without an entry are
-// free. Every SSD read verifies the chunk's checksum; a mismatch is a miss (NotFound),
-// counted, and the entry is dropped — bad bytes are never handed out.
+// free. Every read verifies the chunk's checksum — from SSD, and from RAM too (Get,
+// LeaseRam; a RAM copy is also checked before it is written to SSD); a mismatch is a miss
+// (NotFound), counted, and the copy is dropped — bad bytes are never handed out.
 //
 // Capacity limits are hard. Eviction is prefix-aware (eviction.h): leaves before their
 // ancestors, least recently used first, expired TTLs first, pinned chunks never. RAM
@@ -37,6 +40,7 @@
 #include "storage/chunk_key.h"
 #include "storage/fault_injection.h"
 #include "storage/io_engine.h"
+#include "storage/ram_tier.h"
 
 namespace kvc::storage {
 
@@ -50,7 +54,10 @@ struct StoreOptions {
   // The largest chunk any namespace may use; 0 reopens an existing folder with its own slot
   // size and capacity (RAM tier off), as tools do.
   uint64_t max_chunk_bytes = 0;
-  uint64_t ram_bytes = 0;            // T1 capacity; 0 = no RAM tier
+  uint64_t ram_bytes = 0;  // T1 capacity of RAM pool 0 (the default pool)
+  // Further RAM pools (ids 1, 2, …), each its own arena of this many bytes, for the
+  // namespaces assigned to it with SetRamPool.
+  std::vector<uint64_t> ram_pool_bytes;
   uint64_t ssd_bytes = 0;            // T2 capacity; 0 = no SSD tier
   uint64_t slab_bytes = 1ull << 30;  // size of each slab file (rounded down to whole slots)
   IoBackend io_backend = IoBackend::kAuto;
@@ -87,11 +94,13 @@ class RamLease {
   RamLease& operator=(RamLease&& o) noexcept;
   ~RamLease();
   std::span<const uint8_t> bytes() const { return bytes_; }
+  RamPoolId pool() const { return pool_; }           // whose arena the offset is in
   uint64_t arena_offset() const { return offset_; }  // for a process that mapped the arena
 
  private:
   friend class ChunkStore;
   class ChunkStore* store_ = nullptr;
+  RamPoolId pool_ = 0;
   uint32_t slot_ = 0;
   uint64_t offset_ = 0;
   std::span<const uint8_t> bytes_;
@@ -105,6 +114,7 @@ struct StoreStats {
   uint64_t slot_bytes = 0;
   uint64_t ram_hits = 0, ssd_hits = 0, misses = 0;
   uint64_t checksum_failures = 0, read_errors = 0, write_errors = 0;
+  uint64_t ram_checksum_failures = 0;  // of checksum_failures, those of RAM copies
   uint64_t ram_evictions = 0, ssd_evictions = 0, demotions = 0, promotions = 0;
   uint64_t pending_write_behind = 0;
 };
@@ -127,10 +137,20 @@ class ChunkStore {
   // One status per key; SSD reads of the whole batch go out in one submission.
   std::vector<absl::Status> GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                      std::span<const std::span<uint8_t>> outs);
-  // Zero-copy read of a chunk in RAM; NotFound if it is not in RAM.
+  // Zero-copy read of a chunk in RAM, its bytes verified against its checksum; NotFound
+  // if it is not in RAM (or its copy did not verify, and was dropped).
   absl::StatusOr<RamLease> LeaseRam(NamespaceId ns, const ChunkKey& key);
-  int ram_arena_fd() const;
-  uint64_t ram_arena_bytes() const;  // 0 without a RAM tier
+
+  // RAM pools. A namespace's chunks go to its pool from now on (not durable: set it at
+  // every start, before the namespace is used). InvalidArgument for an unknown pool,
+  // FailedPrecondition without a RAM tier.
+  [[nodiscard]] absl::Status SetRamPool(NamespaceId ns, RamPoolId pool);
+  RamPoolId RamPoolOf(NamespaceId ns) const;
+  size_t ram_pool_count() const;  // 0 without a RAM tier
+  // A read-only fd of the pool's sealed arena (owned by the store; -1 if the pool has no
+  // slots), and its size in bytes.
+  int ram_arena_fd(RamPoolId pool = 0) const;
+  uint64_t ram_arena_bytes(RamPoolId pool = 0) const;
 
   // The highest tier holding each chunk (kNone if absent or in another namespace).
   Tier Contains(NamespaceId ns, const ChunkKey& key) const;
@@ -156,7 +176,7 @@ class ChunkStore {
  private:
   friend class RamLease;
   explicit ChunkStore(std::unique_ptr<Impl> impl);
-  void ReleaseRamSlot(uint32_t slot);
+  void ReleaseRamSlot(RamPoolId pool, uint32_t slot);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,11 +1,19 @@
-// RamArena: the host-RAM tier's memory, one shared-memory file (memfd) of fixed slots.
-// A co-located process can map fd() and read a slot without a copy; the store hands out
-// leases so a slot being read is never reused under the reader. The arena itself is just
-// memory: bookkeeping lives in the store.
+// RamArena: one pool of the host-RAM tier's memory, a shared-memory file (memfd) of fixed
+// slots. A co-located process can map the arena and read a slot without a copy; the store
+// hands out leases so a slot being read is never reused under the reader. The arena itself
+// is just memory: bookkeeping lives in the store (ram_tier.h).
+//
+// Sealed against its readers: once created, the memfd carries F_SEAL_FUTURE_WRITE,
+// F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL. This process keeps the one writable mapping
+// it made before sealing; nobody — holder of read_only_fd(), of a /proc/PID/fd reopen of
+// it, or this process itself — can make another writable mapping, write(2) it, punch holes
+// in it, or resize it. So a client that maps the arena can read it but never change a
+// chunk under the server or under another reader.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 
@@ -13,22 +21,27 @@ namespace kvc::storage {
 
 class RamArena {
  public:
-  // InternalError with errno text if memfd_create, ftruncate or mmap fail.
-  static absl::StatusOr<std::unique_ptr<RamArena>> Create(uint64_t slot_bytes, uint32_t slots);
+  // InternalError with errno text if memfd_create, ftruncate, mmap or sealing fail.
+  static absl::StatusOr<std::unique_ptr<RamArena>> Create(uint64_t slot_bytes, uint32_t slots,
+                                                          const std::string& name);
   ~RamArena();
   RamArena(const RamArena&) = delete;
   RamArena& operator=(const RamArena&) = delete;
 
-  int fd() const { return fd_; }
+  // An fd opened read-only on the sealed memfd: what is handed to co-located clients.
+  int read_only_fd() const { return read_only_fd_; }
+  uint64_t bytes() const { return slot_bytes_ * slots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint32_t slots() const { return slots_; }
+  // The store's own (writable) view of slot i.
   uint8_t* slot(uint32_t i) const { return base_ + static_cast<uint64_t>(i) * slot_bytes_; }
   uint64_t slot_offset(uint32_t i) const { return static_cast<uint64_t>(i) * slot_bytes_; }
 
  private:
-  RamArena(int fd, uint8_t* base, uint64_t slot_bytes, uint32_t slots)
-      : fd_(fd), base_(base), slot_bytes_(slot_bytes), slots_(slots) {}
+  RamArena(int fd, int read_only_fd, uint8_t* base, uint64_t slot_bytes, uint32_t slots)
+      : fd_(fd), read_only_fd_(read_only_fd), base_(base), slot_bytes_(slot_bytes), slots_(slots) {}
   int fd_;
+  int read_only_fd_;
   uint8_t* base_;
   uint64_t slot_bytes_;
   uint32_t slots_;

@@ -1,0 +1,101 @@
+#include "cachesvc/shm_access.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+absl::StatusOr<uint64_t> ParseBytes(absl::string_view item, absl::string_view text) {
+  uint64_t scale = 1;
+  if (!text.empty()) {
+    switch (absl::ascii_toupper(text.back())) {
+      case 'K':
+        scale = 1ull << 10;
+        break;
+      case 'M':
+        scale = 1ull << 20;
+        break;
+      case 'G':
+        scale = 1ull << 30;
+        break;
+      case 'T':
+        scale = 1ull << 40;
+        break;
+      default:
+        break;
+    }
+    if (scale != 1) text.remove_suffix(1);
+  }
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n == 0 || n > UINT64_MAX / scale) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm-tenants item '", item, "': the size must be a positive number of bytes"));
+  }
+  return n * scale;
+}
+
+}  // namespace
+
+absl::StatusOr<ShmAccess> ShmAccess::Plan(absl::string_view flag, bool auth_enabled,
+                                          uint64_t ram_bytes) {
+  ShmAccess a;
+  a.auth_enabled_ = auth_enabled;
+  a.default_pool_bytes_ = ram_bytes;
+  if (!auth_enabled) return a;  // one tenant: pool 0 is its own
+  std::vector<std::optional<uint64_t>> sizes;
+  for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    const std::string name(absl::StripAsciiWhitespace(kv.first));
+    if (name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shm-tenants item '", item, "' names no tenant"));
+    }
+    if (a.pools_.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shm-tenants names tenant '", name, "' twice"));
+    }
+    std::optional<uint64_t> size;
+    if (item.find('=') != absl::string_view::npos) {
+      absl::StatusOr<uint64_t> b = ParseBytes(item, absl::StripAsciiWhitespace(kv.second));
+      if (!b.ok()) return b.status();
+      size = *b;
+    }
+    a.pools_[name] = static_cast<storage::RamPoolId>(sizes.size() + 1);
+    sizes.push_back(size);
+  }
+  uint64_t sized = 0;
+  uint64_t unsized = 1;  // pool 0 takes a share too
+  for (const auto& s : sizes) {
+    if (s) {
+      sized += *s;
+    } else {
+      ++unsized;
+    }
+  }
+  if (sized > ram_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm-tenants asks for ", sized, " bytes of RAM pools; --ram-bytes is ", ram_bytes));
+  }
+  const uint64_t share = (ram_bytes - sized) / unsized;
+  for (const auto& s : sizes) a.private_pool_bytes_.push_back(s ? *s : share);
+  a.default_pool_bytes_ = ram_bytes - sized - share * (unsized - 1);
+  return a;
+}
+
+std::optional<storage::RamPoolId> ShmAccess::PoolOf(const std::string& tenant) const {
+  if (!auth_enabled_) return storage::RamPoolId{0};
+  auto it = pools_.find(tenant);
+  if (it == pools_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::set<std::string> ShmAccess::tenants() const {
+  std::set<std::string> out;
+  for (const auto& [name, pool] : pools_) out.insert(name);
+  return out;
+}
+
+}  // namespace kvc::cachesvc

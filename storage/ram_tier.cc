@@ -1,0 +1,137 @@
+#include "storage/ram_tier.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/spec/check.h"
+
+namespace kvc::storage {
+
+absl::StatusOr<std::unique_ptr<RamTier>> RamTier::Create(uint64_t slot_bytes,
+                                                         std::span<const uint64_t> pool_bytes) {
+  auto tier = std::make_unique<RamTier>();
+  const uint64_t rounded = (slot_bytes + 4095) / 4096 * 4096;
+  tier->pools_.resize(pool_bytes.size());
+  for (size_t i = 0; i < pool_bytes.size(); ++i) {
+    const uint64_t slots = rounded == 0 ? 0 : pool_bytes[i] / rounded;
+    if (slots == 0) continue;
+    if (slots > UINT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RAM pool ", i, " of ", pool_bytes[i], " bytes has too many slots"));
+    }
+    absl::StatusOr<std::unique_ptr<RamArena>> arena = RamArena::Create(
+        rounded, static_cast<uint32_t>(slots), absl::StrCat("kvcache-ram-pool-", i));
+    if (!arena.ok()) return arena.status();
+    Pool& p = tier->pools_[i];
+    p.arena = *std::move(arena);
+    p.refs.assign(slots, 0);
+    p.state.assign(slots, kFree);
+    for (uint32_t s = static_cast<uint32_t>(slots); s-- > 0;) p.free.push_back(s);
+    tier->capacity_slots_ += slots;
+  }
+  return tier;
+}
+
+absl::Status RamTier::SetPool(NamespaceId ns, RamPoolId pool) {
+  if (pool >= pools_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RAM pool ", pool, " does not exist (", pools_.size(), " pools)"));
+  }
+  pool_of_[ns] = pool;
+  return absl::OkStatus();
+}
+
+RamPoolId RamTier::PoolOf(NamespaceId ns) const {
+  auto it = pool_of_.find(ns);
+  return it == pool_of_.end() ? 0 : it->second;
+}
+
+RamEntry* RamTier::Find(const ChunkKey& key) {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+const RamEntry* RamTier::Find(const ChunkKey& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+RamEntry* RamTier::FindIn(NamespaceId ns, const ChunkKey& key) {
+  RamEntry* e = Find(key);
+  return e != nullptr && e->ns == ns ? e : nullptr;
+}
+
+std::optional<uint32_t> RamTier::TakeFreeSlot(RamPoolId pool) {
+  Pool& p = pools_.at(pool);
+  if (p.free.empty()) return std::nullopt;
+  const uint32_t slot = p.free.back();
+  p.free.pop_back();
+  KVC_CHECK(p.state[slot] == kFree) << "RAM pool " << pool << " slot " << slot
+                                    << " was on the free list in state " << int{p.state[slot]};
+  p.state[slot] = kReserved;
+  return slot;
+}
+
+void RamTier::ReturnSlot(RamPoolId pool, uint32_t slot) {
+  Pool& p = pools_.at(pool);
+  KVC_CHECK(p.state.at(slot) == kReserved)
+      << "RAM pool " << pool << " slot " << slot << " returned but not reserved";
+  Free(p, slot);
+}
+
+std::optional<ChunkKey> RamTier::PickVictim(RamPoolId pool, int64_t now_s) const {
+  return pools_.at(pool).order.PickVictim(now_s);
+}
+
+void RamTier::Publish(const ChunkKey& key, const RamEntry& entry, int64_t access_us) {
+  Pool& p = pools_.at(entry.pool);
+  KVC_CHECK(p.state.at(entry.slot) == kReserved)
+      << "RAM pool " << entry.pool << " slot " << entry.slot << " published but not reserved";
+  KVC_CHECK(!entries_.contains(key)) << "chunk " << key.Hex() << " published twice";
+  p.state[entry.slot] = kUsed;
+  entries_[key] = entry;
+  p.order.Add(key, entry.parent, access_us, 0, entry.expires_s);
+}
+
+void RamTier::Remove(const ChunkKey& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  Pool& p = pools_[it->second.pool];
+  const uint32_t slot = it->second.slot;
+  p.order.Remove(key);
+  entries_.erase(it);
+  KVC_CHECK(p.state[slot] == kUsed) << "RAM slot " << slot << " of a chunk was not in use";
+  if (p.refs[slot] == 0) {
+    Free(p, slot);
+  } else {
+    p.state[slot] = kFreeOnRelease;
+  }
+}
+
+void RamTier::Touch(const ChunkKey& key, int64_t access_us) {
+  if (const RamEntry* e = Find(key)) pools_[e->pool].order.Touch(key, access_us);
+}
+
+void RamTier::MarkOrphansOf(const ChunkKey& parent) {
+  for (Pool& p : pools_) p.order.MarkOrphansOf(parent);
+}
+
+void RamTier::Ref(RamPoolId pool, uint32_t slot) {
+  Pool& p = pools_.at(pool);
+  KVC_CHECK(p.state.at(slot) == kUsed) << "lease taken on RAM pool " << pool << " slot " << slot
+                                       << " in state " << int{p.state[slot]};
+  ++p.refs[slot];
+}
+
+void RamTier::Unref(RamPoolId pool, uint32_t slot) {
+  Pool& p = pools_.at(pool);
+  KVC_CHECK(p.refs.at(slot) > 0) << "RAM pool " << pool << " slot " << slot
+                                 << " released more often than leased";
+  if (--p.refs[slot] == 0 && p.state[slot] == kFreeOnRelease) Free(p, slot);
+}
+
+void RamTier::Free(Pool& p, uint32_t slot) {
+  KVC_CHECK(p.state[slot] != kFree) << "RAM slot " << slot << " freed twice";
+  p.state[slot] = kFree;
+  p.free.push_back(slot);
+}
+
+}  // namespace kvc::storage

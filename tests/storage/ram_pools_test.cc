@@ -1,0 +1,190 @@
+// The RAM tier against a hostile reader and against memory corruption: an arena handed to
+// a co-located client cannot be written, resized or hole-punched by it, whatever fd it
+// holds; a namespace in its own RAM pool keeps its chunks in that pool's arena only (and
+// is never evicted by another pool's traffic); a RAM copy that no longer matches its
+// checksum is a counted miss, never handed out.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "storage/chunk_store.h"
+#include "storage/slot_format.h"
+#include "tests/storage/store_testing.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::storage {
+namespace {
+
+using ::kvc::testing::KeyOf;
+using ::kvc::testing::PayloadOf;
+using ::kvc::testing::TempDir;
+
+constexpr uint64_t kChunk = 20000;  // slot = 20480 in RAM
+constexpr uint64_t kRamSlot = 20480;
+constexpr NamespaceId kNsA = 3, kNsB = 4;
+
+std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t pool0_chunks,
+                                 std::vector<uint64_t> pool_chunks, uint64_t ssd_chunks) {
+  StoreOptions o;
+  o.data_dir = dir;
+  o.max_chunk_bytes = kChunk;
+  o.ram_bytes = pool0_chunks * kRamSlot;
+  for (uint64_t n : pool_chunks) o.ram_pool_bytes.push_back(n * kRamSlot);
+  o.ssd_bytes = ssd_chunks * SlotBytesFor(kChunk);
+  o.slab_bytes = 16 * SlotBytesFor(kChunk);
+  o.queue_depth = 8;
+  o.io_lanes = 2;
+  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return nullptr;
+  EXPECT_TRUE((*s)->RegisterNamespace(kNsA, kChunk).ok());
+  EXPECT_TRUE((*s)->RegisterNamespace(kNsB, kChunk).ok());
+  return *std::move(s);
+}
+
+absl::Status PutMemory(ChunkStore& s, NamespaceId ns, const ChunkKey& key) {
+  const std::vector<uint8_t> p = PayloadOf(key, kChunk);
+  return s.Put({ns, key, std::nullopt, p}, {Durability::kMemory, 0}).status();
+}
+
+// Whether `needle` occurs anywhere in the fd's first `bytes` bytes.
+bool FdHolds(int fd, uint64_t bytes, std::span<const uint8_t> needle) {
+  std::vector<uint8_t> all(bytes);
+  EXPECT_EQ(pread(fd, all.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  return std::search(all.begin(), all.end(), needle.begin(), needle.end()) != all.end();
+}
+
+TEST(RamArenaSealTest, NoFdAClientCanGetWritesResizesOrPunchesTheArena) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 4, {}, 0);
+  const ChunkKey a = KeyOf(seed, 1);
+  ASSERT_TRUE(PutMemory(*store, kNsA, a).ok());
+  const int fd = store->ram_arena_fd();
+  const uint64_t bytes = store->ram_arena_bytes();
+  ASSERT_GE(fd, 0);
+
+  // The fd handed out is read-only…
+  EXPECT_EQ(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+  EXPECT_LT(pwrite(fd, "x", 1, 0), 0);
+  // …and so is every fd a client can reopen from it: the memfd is sealed.
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const int rw = open(self.c_str(), O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {  // the reopen itself may succeed; nothing done with it may write
+    EXPECT_EQ(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_LT(pwrite(rw, "x", 1, 0), 0);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_NE(ftruncate(rw, 0), 0);
+    EXPECT_NE(ftruncate(rw, static_cast<off_t>(2 * bytes)), 0);
+    EXPECT_NE(fallocate(rw, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), 0);
+    EXPECT_NE(fcntl(rw, F_ADD_SEALS, F_SEAL_WRITE), 0) << "seals can be changed";
+    close(rw);
+  }
+  // A read-only shared mapping cannot be made writable later.
+  void* ro = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  EXPECT_NE(mprotect(ro, bytes, PROT_READ | PROT_WRITE), 0);
+  // A private mapping may be written, but the writes stay in the writer's own copy.
+  void* priv = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  ASSERT_NE(priv, MAP_FAILED);
+  std::memset(priv, 0x5A, bytes);
+  munmap(priv, bytes);
+  munmap(ro, bytes);
+
+  std::vector<uint8_t> out(kChunk);
+  ASSERT_TRUE(store->Get(kNsA, a, out).ok());
+  EXPECT_EQ(out, PayloadOf(a, kChunk));
+  EXPECT_EQ(store->Stats().checksum_failures, 0u);
+}
+
+TEST(RamPoolTest, ANamespaceInItsOwnPoolIsInThatArenaOnlyAndKeepsItsSlots) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 2, {3}, 0);
+  ASSERT_EQ(store->ram_pool_count(), 2u);
+  ASSERT_TRUE(store->SetRamPool(kNsB, 1).ok());
+  EXPECT_EQ(store->RamPoolOf(kNsB), 1u);
+  EXPECT_EQ(store->RamPoolOf(kNsA), 0u);
+  EXPECT_TRUE(absl::IsInvalidArgument(store->SetRamPool(kNsA, 2)));
+  std::vector<ChunkKey> b_keys;
+  for (uint64_t i = 0; i < 3; ++i) {
+    b_keys.push_back(KeyOf(seed, 100 + i));
+    ASSERT_TRUE(PutMemory(*store, kNsB, b_keys.back()).ok());
+  }
+  // A's traffic fills and churns pool 0; B's chunks stay where they are.
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(PutMemory(*store, kNsA, KeyOf(seed, i)).ok());
+  for (const ChunkKey& k : b_keys) EXPECT_EQ(store->Contains(kNsB, k), Tier::kRam);
+  EXPECT_EQ(store->Stats().ram_chunks, 5u);
+  // B's bytes are in pool 1's arena, at the leased offset, and nowhere in pool 0's.
+  for (const ChunkKey& k : b_keys) {
+    absl::StatusOr<RamLease> lease = store->LeaseRam(kNsB, k);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_EQ(lease->pool(), 1u);
+    std::vector<uint8_t> at(kChunk);
+    ASSERT_EQ(
+        pread(store->ram_arena_fd(1), at.data(), kChunk, static_cast<off_t>(lease->arena_offset())),
+        static_cast<ssize_t>(kChunk));
+    EXPECT_EQ(at, PayloadOf(k, kChunk));
+    const std::vector<uint8_t> needle(at.begin(), at.begin() + 64);
+    EXPECT_FALSE(FdHolds(store->ram_arena_fd(0), store->ram_arena_bytes(0), needle));
+  }
+  // A full pool makes room from its own chunks; pool 0's stay.
+  std::vector<ChunkKey> a_in_ram;
+  for (uint64_t i = 0; i < 8; ++i) {
+    if (store->Contains(kNsA, KeyOf(seed, i)) == Tier::kRam) a_in_ram.push_back(KeyOf(seed, i));
+  }
+  ASSERT_EQ(a_in_ram.size(), 2u);
+  ASSERT_TRUE(PutMemory(*store, kNsB, KeyOf(seed, 200)).ok());
+  EXPECT_EQ(store->Contains(kNsB, KeyOf(seed, 200)), Tier::kRam);
+  EXPECT_EQ(store->Contains(kNsB, b_keys[0]), Tier::kNone);  // B's least recent
+  for (const ChunkKey& k : a_in_ram) EXPECT_EQ(store->Contains(kNsA, k), Tier::kRam);
+}
+
+TEST(RamChecksumTest, ACorruptedRamCopyIsACountedMissNeverHandedOut) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 4, {}, 0);  // RAM only: the copy is the only one
+  const ChunkKey a = KeyOf(seed, 1), b = KeyOf(seed, 2);
+  ASSERT_TRUE(PutMemory(*store, kNsA, a).ok());
+  ASSERT_TRUE(PutMemory(*store, kNsA, b).ok());
+  {
+    // The server's own mapping stands in for a memory fault: flip one bit of a.
+    absl::StatusOr<RamLease> lease = store->LeaseRam(kNsA, a);
+    ASSERT_TRUE(lease.ok());
+    const size_t at = seed % kChunk;
+    const_cast<uint8_t*>(lease->bytes().data())[at] ^= 1u << (seed % 8);
+    std::printf("flipped byte %zu\n", at);
+  }
+  std::vector<uint8_t> out(kChunk);
+  absl::Status got = store->Get(kNsA, a, out);
+  EXPECT_TRUE(absl::IsNotFound(got)) << got;
+  EXPECT_NE(got.message().find("checksum"), std::string::npos) << got;
+  EXPECT_EQ(store->Contains(kNsA, a), Tier::kNone);  // dropped
+  EXPECT_TRUE(absl::IsNotFound(store->LeaseRam(kNsA, a).status()));
+  ASSERT_TRUE(store->Get(kNsA, b, out).ok());  // its neighbour is untouched
+  EXPECT_EQ(out, PayloadOf(b, kChunk));
+  const StoreStats st = store->Stats();
+  EXPECT_EQ(st.checksum_failures, 1u);
+  EXPECT_EQ(st.ram_checksum_failures, 1u);
+
+  // The same through a lease (the path gRPC Fetch and shared memory take).
+  {
+    absl::StatusOr<RamLease> lease = store->LeaseRam(kNsA, b);
+    ASSERT_TRUE(lease.ok());
+    const_cast<uint8_t*>(lease->bytes().data())[kChunk - 1] ^= 0x80;
+  }
+  absl::StatusOr<RamLease> again = store->LeaseRam(kNsA, b);
+  EXPECT_TRUE(absl::IsNotFound(again.status())) << again.status();
+  EXPECT_EQ(store->Stats().ram_checksum_failures, 2u);
+  EXPECT_EQ(store->Stats().ram_chunks, 0u);
+}
+
+}  // namespace
+}  // namespace kvc::storage
