@@ -4,6 +4,7 @@
 //   kvctl stats
 //   kvctl register --config F --model-id M [--chunk-tokens C]
 //   kvctl hash     --config F --model-id M [--chunk-tokens C] --tokens-file F
+//   kvctl lookup   --config F --model-id M [--chunk-tokens C] --tokens-file F
 //   kvctl put      --config F --model-id M [--chunk-tokens C] --tokens-file F --payload-file P
 //   [--memory] [--ttl S] kvctl get      --config F --model-id M [--chunk-tokens C] --tokens-file F
 //   --out P kvctl pin|unpin|evict --config F --model-id M [--chunk-tokens C] --tokens-file F [--ttl
@@ -152,6 +153,12 @@ absl::Status Run(const std::string& cmd, const Args& a) {
   if (!tokens.ok()) return tokens.status();
   absl::StatusOr<LookupResult> found = (*client)->Lookup(*ns, *tokens);
   if (!found.ok()) return found.status();
+  if (cmd == "lookup") {
+    std::printf("matched %u of %zu chunks (%llu tokens)\n", found->matched_chunks,
+                found->keys.size(),
+                static_cast<unsigned long long>(found->matched_chunks) * ns->chunk_tokens);
+    return absl::OkStatus();
+  }
   if (cmd == "hash") {
     for (size_t i = 0; i < found->keys.size(); ++i) {
       std::printf("%zu %s %s\n", i, found->keys[i].Hex().c_str(),
@@ -211,7 +218,7 @@ int Main(int argc, char** argv) {
   };
   app.add_subcommand("stats", "service statistics");
   model(app.add_subcommand("register", "register (or find) a model's namespace"));
-  for (const char* name : {"hash", "put", "get", "pin", "unpin", "evict"}) {
+  for (const char* name : {"hash", "lookup", "put", "get", "pin", "unpin", "evict"}) {
     CLI::App* s = app.add_subcommand(name, std::string(name) + " the chunks of a token file");
     model(s);
     s->add_option("--tokens-file", a.tokens_file, "whitespace-separated token ids")->required();

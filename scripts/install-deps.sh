@@ -16,6 +16,8 @@ packages=(
   fio redis-server libhiredis-dev
   # benchmark plots (PNG)
   gnuplot-nox
+  # the Python client (python/): its stubs, runtime and tests
+  python3 python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-pip python3-venv
   # tests: a throwaway TLS certificate
   openssl
 )

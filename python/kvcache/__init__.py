@@ -1,0 +1,24 @@
+"""kvcache: the Python client of kvcached, the tiered KV-cache service.
+
+    from kvcache import Client
+    with Client("127.0.0.1:50051", token="...") as c:
+        ns = c.register_namespace(open("config.json").read(), "my-model", chunk_tokens=256)
+        match = c.lookup(ns, prompt_tokens)
+        got = c.fetch(ns, match.matched_keys, out=page_buffer)
+
+See python/README.md.
+"""
+from ._common import Fetched, Match, StoreResult
+from .aio import AsyncClient
+from .client import Client
+from .errors import (AlreadyExistsError, DataLossError, FailedPreconditionError, InternalError,
+                     InvalidArgumentError, KvcacheError, NotFoundError, PermissionDeniedError,
+                     ResourceExhaustedError, UnavailableError)
+from .hashing import Namespace, chunk_keys
+
+__all__ = [
+    "AsyncClient", "Client", "Fetched", "Match", "Namespace", "StoreResult", "chunk_keys",
+    "AlreadyExistsError", "DataLossError", "FailedPreconditionError", "InternalError",
+    "InvalidArgumentError", "KvcacheError", "NotFoundError", "PermissionDeniedError",
+    "ResourceExhaustedError", "UnavailableError",
+]

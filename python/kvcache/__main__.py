@@ -1,0 +1,65 @@
+"""python -m kvcache: the questions a worker asks, answered as kvctl answers them.
+
+    python -m kvcache [--server HOST:PORT] [--token T] stats
+    python -m kvcache [--server …] hash   --config F --model-id M [--chunk-tokens C] --tokens-file F
+    python -m kvcache [--server …] lookup --config F --model-id M [--chunk-tokens C] --tokens-file F
+
+The output is byte for byte that of `kvctl` with the same arguments.
+"""
+import argparse
+import sys
+
+from .client import Client
+from .errors import KvcacheError
+
+
+def _tokens(path):
+    with open(path) as f:
+        words = f.read().split()
+    out = []
+    for i, w in enumerate(words):
+        if not w.isdigit() or int(w) >= 2**32:
+            raise KvcacheError(f'"{path}": token {i} is "{w}", not a token id')
+        out.append(int(w))
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kvcache", description=__doc__.splitlines()[0])
+    p.add_argument("--server", default="127.0.0.1:50051", help="kvcached address")
+    p.add_argument("--token", default="", help="bearer token")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("stats", help="service statistics")
+    for name in ("hash", "lookup"):
+        s = sub.add_parser(name, help=f"{name} the chunks of a token file")
+        s.add_argument("--config", required=True, help="model config.json")
+        s.add_argument("--model-id", required=True)
+        s.add_argument("--chunk-tokens", type=int, default=0, help="0: the server default")
+        s.add_argument("--tokens-file", required=True, help="whitespace-separated token ids")
+    a = p.parse_args(argv)
+    try:
+        with Client(a.server, token=a.token or None, timeout_s=60.0, shm_socket="") as c:
+            if a.cmd == "stats":
+                s = c.stats()
+                print(f"ram  {s['ram_chunks']} / {s['ram_capacity_chunks']} chunks\n"
+                      f"ssd  {s['ssd_chunks']} / {s['ssd_capacity_chunks']} chunks\n"
+                      f"hits ram {s['ram_hits']}, ssd {s['ssd_hits']}; misses {s['misses']}\n"
+                      f"checksum failures {s['checksum_failures']}, evictions {s['evictions']}, "
+                      f"io {s['io_backend']}")
+                return 0
+            with open(a.config) as f:
+                ns = c.register_namespace(f.read(), a.model_id, a.chunk_tokens)
+            m = c.lookup(ns, _tokens(a.tokens_file))
+            if a.cmd == "lookup":
+                print(f"matched {m.matched_chunks} of {len(m.keys)} chunks ({m.matched_tokens} tokens)")
+            else:
+                for i, k in enumerate(m.keys):
+                    print(f"{i} {k.hex()} {m.tiers[i] if i < m.matched_chunks else '-'}")
+        return 0
+    except (KvcacheError, OSError) as e:
+        print(f"kvcache: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""What the blocking and the asyncio clients share: argument checks, request building,
+answer checking and the copies out of the shared arena. No I/O here."""
+import json
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from . import _wire
+from .errors import DataLossError, InvalidArgumentError, KvcacheError, NotFoundError
+from .hashing import Namespace, as_tokens, chunk_keys
+from .shm import MappedArena
+from .v1 import kvcache_pb2 as pb
+
+_TIERS = {pb.TIER_HBM: "hbm", pb.TIER_RAM: "ram", pb.TIER_SSD: "ssd"}
+_MAX_MESSAGE = 256 << 20
+# A call that meets a connection the daemon just dropped (a restart) is retried: every
+# call of the API is idempotent (a stored chunk is already_present the second time).
+_RETRY = json.dumps({"methodConfig": [{
+    "name": [{"service": "kvcache.v1.KVCache"}],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "1s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                   ("grpc.max_send_message_length", _MAX_MESSAGE),
+                   ("grpc.http2.lookahead_bytes", 8 << 20),
+                   ("grpc.enable_retries", 1),
+                   ("grpc.service_config", _RETRY)]
+FETCH_METHOD = "/kvcache.v1.KVCache/Fetch"
+STORE_METHOD = "/kvcache.v1.KVCache/Store"
+
+
+@dataclass(frozen=True)
+class Match:
+    """A Lookup answer: the keys of every whole chunk, how many leading ones are cached,
+    and the tier of each of those ("hbm", "ram", "ssd")."""
+    matched_chunks: int
+    keys: List[bytes]
+    tiers: List[str]
+    chunk_tokens: int
+
+    @property
+    def matched_tokens(self):
+        return self.matched_chunks * self.chunk_tokens
+
+    @property
+    def matched_keys(self):
+        return self.keys[:self.matched_chunks]
+
+
+@dataclass
+class Fetched:
+    """A fetch: `chunks` leading chunks are in `buffer` (the caller's `out`, or a new
+    bytearray), `shm_chunks` of them copied from the shared arena."""
+    chunks: int
+    buffer: object
+    chunk_bytes: int
+    shm_chunks: int = 0
+
+    @property
+    def nbytes(self):
+        return self.chunks * self.chunk_bytes
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    stored: int
+    already_present: int
+    keys: List[bytes] = field(default_factory=list)
+
+
+def check_keys(keys):
+    out = []
+    for i, k in enumerate(keys):
+        k = bytes(k)
+        if len(k) != 16:
+            raise InvalidArgumentError(f"keys[{i}] is {len(k)} bytes; keys are 16 bytes")
+        out.append(k)
+    return out
+
+
+def writable_view(out, need_bytes):
+    """`out` as a flat writable byte view of at least need_bytes, without a copy."""
+    try:
+        view = memoryview(out)
+    except TypeError as e:
+        raise InvalidArgumentError(f"out ({type(out).__name__}) has no buffer protocol") from e
+    if view.readonly:
+        raise InvalidArgumentError("out is read-only")
+    if not view.c_contiguous:
+        raise InvalidArgumentError("out must be C-contiguous")
+    if view.nbytes == 0:
+        view = memoryview(bytearray(0))
+    elif view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if view.nbytes < need_bytes:
+        raise InvalidArgumentError(
+            f"out holds {view.nbytes} bytes; the chunks asked for need {need_bytes}")
+    return view
+
+
+def chunk_payloads(ns, payloads, chunks):
+    """Per-chunk byte views of `payloads`: one buffer of chunks × chunk_bytes, or a
+    sequence of chunk-sized buffers. InvalidArgumentError naming the wrong size."""
+    if isinstance(payloads, (list, tuple)):
+        if len(payloads) != chunks:
+            raise InvalidArgumentError(f"{len(payloads)} payloads for {chunks} whole chunks of tokens")
+        views = [memoryview(p).cast("B") for p in payloads]
+        for i, v in enumerate(views):
+            if v.nbytes != ns.chunk_bytes:
+                raise InvalidArgumentError(
+                    f"payloads[{i}] is {v.nbytes} bytes; namespace {ns.id} expects {ns.chunk_bytes}")
+        return views
+    view = memoryview(payloads)
+    if not view.c_contiguous:
+        raise InvalidArgumentError("payloads must be C-contiguous")
+    view = view.cast("B")
+    if view.nbytes != chunks * ns.chunk_bytes:
+        raise InvalidArgumentError(
+            f"payloads are {view.nbytes} bytes; {chunks} chunks of namespace {ns.id} are "
+            f"{chunks * ns.chunk_bytes}")
+    return [view[i * ns.chunk_bytes:(i + 1) * ns.chunk_bytes] for i in range(chunks)]
+
+
+class Common:
+    """State and pure logic of a client; subclasses make the calls."""
+
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000):
+        if not target:
+            raise InvalidArgumentError("target is empty (HOST:PORT or unix:PATH)")
+        self.target = target
+        self.timeout_s = timeout_s
+        self.lease_ms = lease_ms
+        self._token = token
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._shm_socket = shm_socket if shm_socket is not None else os.environ.get(
+            "KVCACHE_SHM_SOCKET", "")
+        self._arena = None
+        self.shm_error = ""
+        self._pending_release = []
+        if self._shm_socket:
+            self._map_arena()
+        else:
+            self.shm_error = "no shared-memory socket given (shm_socket or $KVCACHE_SHM_SOCKET)"
+
+    # ---- shared memory ----
+    @property
+    def shared_memory(self):
+        return self._arena is not None
+
+    def _map_arena(self):
+        try:
+            self._arena = MappedArena(self._shm_socket, self._token)
+            self.shm_error = ""
+        except KvcacheError as e:
+            self._arena = None
+            self.shm_error = e.message
+
+    def _drop_arena(self, why):
+        if self._arena is not None:
+            self._arena.close()
+        self._arena = None
+        self.shm_error = why
+
+    def refs_request(self, ns, keys):
+        req = pb.FetchRefsRequest(namespace_id=ns.id, chunk_keys=keys, lease_ms=self.lease_ms,
+                                  release_lease_ids=self._pending_release)
+        self._pending_release = []
+        return req
+
+    def copy_refs(self, ns, keys, resp, out_view):
+        """Copies the leased chunks of a FetchRefs answer out of the mapping; returns how
+        many leading chunks it copied. A ref that does not match the request is DataLoss."""
+        if resp.lease_id:
+            self._pending_release.append(resp.lease_id)
+        arena = self._arena
+        for i, ref in enumerate(resp.refs):
+            if (i >= len(keys) or ref.chunk_key != keys[i] or ref.length != ns.chunk_bytes
+                    or ref.arena_offset + ref.length > arena.bytes):
+                raise DataLossError(f"FetchRefs answer {i} does not match the request")
+            at = i * ns.chunk_bytes
+            out_view[at:at + ns.chunk_bytes] = arena.view[ref.arena_offset:ref.arena_offset + ref.length]
+        return len(resp.refs)
+
+    # ---- namespaces, lookups ----
+    @staticmethod
+    def register_request(model_config_json, model_id, chunk_tokens):
+        if not model_id:
+            raise InvalidArgumentError("model_id is empty")
+        if isinstance(model_config_json, dict):
+            model_config_json = json.dumps(model_config_json)
+        return pb.RegisterNamespaceRequest(model_config_json=model_config_json,
+                                           model_id=model_id, chunk_tokens=chunk_tokens)
+
+    @staticmethod
+    def namespace_from(req, resp):
+        vocab = None
+        try:  # a Hugging Face config keeps the text model's fields under text_config
+            config = json.loads(req.model_config_json)
+            vocab = int(config.get("text_config", config).get("vocab_size"))
+        except (ValueError, TypeError, AttributeError):
+            pass
+        return Namespace(resp.namespace_id, bytes(resp.root_key), resp.chunk_bytes,
+                         resp.chunk_tokens, resp.kv_layout_version, vocab)
+
+    def chunk_keys(self, ns, tokens):
+        """The keys of every whole chunk of tokens in ns, computed here."""
+        return chunk_keys(ns.root_key, as_tokens(tokens, ns.vocab_size), ns.chunk_tokens)
+
+    @staticmethod
+    def lookup_request(ns, tokens):
+        return pb.LookupRequest(namespace_id=ns.id, tokens=as_tokens(tokens, ns.vocab_size).tolist())
+
+    @staticmethod
+    def match_from(ns, resp):
+        return Match(resp.matched_chunks, [bytes(k) for k in resp.chunk_keys],
+                     [_TIERS.get(t, "none") for t in resp.tiers], ns.chunk_tokens)
+
+    @staticmethod
+    def stats_from(resp):
+        return {f.name: getattr(resp, f.name) for f in resp.DESCRIPTOR.fields}
+
+    # ---- fetch ----
+    @staticmethod
+    def fetch_target(ns, keys, out):
+        keys = check_keys(keys)
+        need = len(keys) * ns.chunk_bytes
+        if out is None:
+            out = bytearray(need)
+        return keys, out, writable_view(out, need)
+
+    @staticmethod
+    def take_chunk(ns, key, raw, index):
+        """The payload view of one raw FetchResponse, checked against the request."""
+        got_key, payload = _wire.split_fetch_response(raw)
+        if bytes(got_key) != key:
+            raise DataLossError(f"Fetch answer {index} is another chunk than asked for")
+        if payload.nbytes != ns.chunk_bytes:
+            raise DataLossError(
+                f"Fetch answer {index} is {payload.nbytes} bytes; namespace {ns.id} chunks are "
+                f"{ns.chunk_bytes}")
+        return payload
+
+    @staticmethod
+    def ends_fetch(error):
+        """A NOT_FOUND naming a chunk ends a fetch after the leading chunks (not an error);
+        a missing namespace is."""
+        return isinstance(error, NotFoundError) and "namespace" not in error.message
+
+    # ---- store ----
+    def store_requests(self, ns, tokens, payloads, durable, ttl_s, parent):
+        arr = as_tokens(tokens, ns.vocab_size)
+        chunks = arr.size // ns.chunk_tokens
+        if arr.size % ns.chunk_tokens:
+            raise InvalidArgumentError(
+                f"{arr.size} tokens are not whole chunks of {ns.chunk_tokens}")
+        if ttl_s < 0 or ttl_s >= 2**32:
+            raise InvalidArgumentError(f"ttl_s is {ttl_s}")
+        views = chunk_payloads(ns, payloads, chunks)
+        parent = b"" if parent is None else bytes(parent)
+        if parent and len(parent) != 16:
+            raise InvalidArgumentError(f"parent is {len(parent)} bytes; keys are 16 bytes")
+        durability = pb.DURABILITY_DURABLE if durable else pb.DURABILITY_MEMORY
+        keys = chunk_keys(parent or ns.root_key, arr, ns.chunk_tokens)
+        requests = []
+        for i in range(chunks):
+            requests.append(_wire.store_request(
+                ns.id, parent if i == 0 else keys[i - 1],
+                arr[i * ns.chunk_tokens:(i + 1) * ns.chunk_tokens], views[i], durability, ttl_s))
+        return requests
+
+    @staticmethod
+    def pin_request(ns, keys, ttl_s):
+        if ttl_s <= 0 or ttl_s >= 2**32:
+            raise InvalidArgumentError(f"ttl_s is {ttl_s}; a pin needs a positive TTL")
+        return pb.PinRequest(namespace_id=ns.id, chunk_keys=check_keys(keys), ttl_seconds=ttl_s)
+
+    @staticmethod
+    def unpin_request(ns, keys):
+        return pb.UnpinRequest(namespace_id=ns.id, chunk_keys=check_keys(keys))
+
+    @staticmethod
+    def delete_request(ns, keys):
+        return pb.DeleteRequest(namespace_id=ns.id, chunk_keys=check_keys(keys))
+
+    @staticmethod
+    def store_result(resp):
+        return StoreResult(resp.stored, resp.already_present, [bytes(k) for k in resp.chunk_keys])

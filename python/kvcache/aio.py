@@ -1,0 +1,132 @@
+"""The asyncio client (grpc.aio): the same methods as Client, as coroutines."""
+import grpc
+import grpc.aio
+
+from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
+                      StoreResult)
+from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
+from .v1 import kvcache_pb2 as pb
+from .v1 import kvcache_pb2_grpc as pb_grpc
+
+
+class AsyncClient(Common):
+    """Like Client (see there), for asyncio. Create it inside the event loop that uses it;
+    `await client.close()` (or `async with`) when done."""
+
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000):
+        super().__init__(target, token, timeout_s, shm_socket, lease_ms)
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.KVCacheStub(self._channel)
+        self._fetch = self._channel.unary_stream(
+            FETCH_METHOD, request_serializer=pb.FetchRequest.SerializeToString,
+            response_deserializer=None)
+        self._store = self._channel.stream_unary(
+            STORE_METHOD, request_serializer=None,
+            response_deserializer=pb.StoreResponse.FromString)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self):
+        if self._pending_release and self._arena is not None:
+            for lease in self._pending_release:
+                try:
+                    await self._call(self._stub.ReleaseRefs, pb.ReleaseRefsRequest(lease_id=lease))
+                except KvcacheError:
+                    pass  # it ends on time anyway
+            self._pending_release = []
+        self._drop_arena("closed")
+        await self._channel.close()
+
+    async def _call(self, method, request):
+        try:
+            return await method(request, timeout=self.timeout_s, metadata=self._metadata,
+                                wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def register_namespace(self, model_config_json, model_id, chunk_tokens=0):
+        req = self.register_request(model_config_json, model_id, chunk_tokens)
+        return self.namespace_from(req, await self._call(self._stub.RegisterNamespace, req))
+
+    async def lookup(self, ns, tokens) -> Match:
+        return self.match_from(
+            ns, await self._call(self._stub.Lookup, self.lookup_request(ns, tokens)))
+
+    async def fetch(self, ns, keys, out=None) -> Fetched:
+        keys, out, view = self.fetch_target(ns, keys, out)
+        got = shm = 0
+        if self._arena is not None and keys:
+            shm = got = await self._fetch_shared(ns, keys, view)
+        if got < len(keys):
+            streamed = 0
+            async for i, payload in self._stream(ns, keys[got:]):
+                at = (got + i) * ns.chunk_bytes
+                view[at:at + ns.chunk_bytes] = payload
+                streamed = i + 1
+            got += streamed
+        return Fetched(got, out, ns.chunk_bytes, shm)
+
+    async def fetch_iter(self, ns, keys):
+        keys = self.fetch_target(ns, keys, bytearray(0) if not keys else None)[0]
+        async for i, payload in self._stream(ns, keys):
+            yield i, keys[i], payload
+
+    async def _stream(self, ns, keys):
+        try:
+            call = self._fetch(pb.FetchRequest(namespace_id=ns.id, chunk_keys=keys),
+                               timeout=self.timeout_s, metadata=self._metadata,
+                               wait_for_ready=True)
+            i = 0
+            async for raw in call:
+                yield i, self.take_chunk(ns, keys[i], raw, i)
+                i += 1
+        except grpc.RpcError as e:
+            error = from_rpc_error(e)
+            if not self.ends_fetch(error):
+                raise error from None
+
+    async def _fetch_shared(self, ns, keys, view):
+        for attempt in range(2):
+            try:
+                resp = await self._call(self._stub.FetchRefs, self.refs_request(ns, keys))
+            except PermissionDeniedError as e:
+                self._drop_arena(e.message)
+                return 0
+            except ResourceExhaustedError:
+                return 0  # this tenant holds all the leases it may: gRPC this time
+            if resp.arena_id == self._arena.id:
+                return self.copy_refs(ns, keys, resp, view)
+            self._pending_release = []
+            self._drop_arena("the shared arena's identity does not match kvcached's answers")
+            if attempt == 0:
+                self._map_arena()
+            if self._arena is None:
+                return 0
+        return 0
+
+    async def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
+        requests = self.store_requests(ns, tokens, payloads, durable, ttl_s, parent)
+        if not requests:
+            return StoreResult(0, 0, [])
+        try:
+            resp = await self._store(iter(requests), timeout=self.timeout_s,
+                                     metadata=self._metadata, wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return self.store_result(resp)
+
+    async def pin(self, ns, keys, ttl_s):
+        return (await self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s))).pinned
+
+    async def unpin(self, ns, keys):
+        return (await self._call(self._stub.Unpin, self.unpin_request(ns, keys))).unpinned
+
+    async def delete(self, ns, keys):
+        return (await self._call(self._stub.Delete, self.delete_request(ns, keys))).deleted
+
+    async def stats(self):
+        return self.stats_from(await self._call(self._stub.Stats, pb.StatsRequest()))

@@ -1,0 +1,148 @@
+"""The blocking client."""
+import grpc
+
+from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
+                      StoreResult)
+from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
+from .v1 import kvcache_pb2 as pb
+from .v1 import kvcache_pb2_grpc as pb_grpc
+
+__all__ = ["Client", "Fetched", "Match", "StoreResult"]
+
+
+class Client(Common):
+    """A connection to kvcached.
+
+    target: "HOST:PORT" or "unix:PATH". token: the tenant's bearer token. Every call waits
+    up to timeout_s, also for the server to come (back) up, so a client outlives a daemon
+    restart. shm_socket (default: $KVCACHE_SHM_SOCKET): the daemon's Unix socket for the
+    co-located path; when the handshake succeeds, fetch copies RAM chunks out of the
+    tenant's shared arena instead of receiving them over gRPC (`shared_memory`,
+    `shm_error` say whether and why not). Not thread-safe; use one per thread.
+    """
+
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000):
+        super().__init__(target, token, timeout_s, shm_socket, lease_ms)
+        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.KVCacheStub(self._channel)
+        self._fetch = self._channel.unary_stream(
+            FETCH_METHOD, request_serializer=pb.FetchRequest.SerializeToString,
+            response_deserializer=None)
+        self._store = self._channel.stream_unary(
+            STORE_METHOD, request_serializer=None,
+            response_deserializer=pb.StoreResponse.FromString)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        if self._pending_release and self._arena is not None:
+            for lease in self._pending_release:
+                try:
+                    self._call(self._stub.ReleaseRefs, pb.ReleaseRefsRequest(lease_id=lease))
+                except KvcacheError:
+                    pass  # it ends on time anyway
+            self._pending_release = []
+        self._drop_arena("closed")
+        self._channel.close()
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.timeout_s, metadata=self._metadata,
+                          wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def register_namespace(self, model_config_json, model_id, chunk_tokens=0):
+        """The namespace of a model (config.json text or dict) for this tenant."""
+        req = self.register_request(model_config_json, model_id, chunk_tokens)
+        return self.namespace_from(req, self._call(self._stub.RegisterNamespace, req))
+
+    def lookup(self, ns, tokens) -> Match:
+        return self.match_from(ns, self._call(self._stub.Lookup, self.lookup_request(ns, tokens)))
+
+    def fetch(self, ns, keys, out=None) -> Fetched:
+        """The leading chunks of `keys` that are cached, copied into `out` (any writable
+        buffer: bytearray, memoryview, numpy array; a new bytearray if None) back to back.
+        Stops at the first chunk not cached."""
+        keys, out, view = self.fetch_target(ns, keys, out)
+        got = shm = 0
+        if self._arena is not None and keys:
+            shm = got = self._fetch_shared(ns, keys, view)
+        if got < len(keys):
+            streamed = 0
+            for i, payload in self._stream(ns, keys[got:]):
+                at = (got + i) * ns.chunk_bytes
+                view[at:at + ns.chunk_bytes] = payload
+                streamed = i + 1
+            got += streamed
+        return Fetched(got, out, ns.chunk_bytes, shm)
+
+    def fetch_iter(self, ns, keys):
+        """Yields (index, key, payload) per chunk as it arrives over gRPC; payload is a
+        read-only memoryview valid until the next item. Stops at the first missing chunk."""
+        keys = self.fetch_target(ns, keys, bytearray(0) if not keys else None)[0]
+        for i, payload in self._stream(ns, keys):
+            yield i, keys[i], payload
+
+    def _stream(self, ns, keys):
+        try:
+            call = self._fetch(pb.FetchRequest(namespace_id=ns.id, chunk_keys=keys),
+                               timeout=self.timeout_s, metadata=self._metadata,
+                               wait_for_ready=True)
+            for i, raw in enumerate(call):
+                yield i, self.take_chunk(ns, keys[i], raw, i)
+        except grpc.RpcError as e:
+            error = from_rpc_error(e)
+            if not self.ends_fetch(error):
+                raise error from None
+
+    def _fetch_shared(self, ns, keys, view):
+        for attempt in range(2):
+            try:
+                resp = self._call(self._stub.FetchRefs, self.refs_request(ns, keys))
+            except PermissionDeniedError as e:
+                self._drop_arena(e.message)
+                return 0
+            except ResourceExhaustedError:
+                return 0  # this tenant holds all the leases it may: gRPC this time
+            if resp.arena_id == self._arena.id:
+                return self.copy_refs(ns, keys, resp, view)
+            # kvcached restarted: its offsets are into a new arena. Map that one.
+            self._pending_release = []
+            self._drop_arena("the shared arena's identity does not match kvcached's answers")
+            if attempt == 0:
+                self._map_arena()
+            if self._arena is None:
+                return 0
+        return 0
+
+    def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
+        """Stores the whole chunks of `tokens` with their payloads (one buffer of chunks ×
+        chunk_bytes, or one buffer per chunk). `parent`: the key of the chunk before
+        tokens[0] (None: tokens start the prefix). durable=False acknowledges once in RAM."""
+        requests = self.store_requests(ns, tokens, payloads, durable, ttl_s, parent)
+        if not requests:
+            return StoreResult(0, 0, [])
+        try:
+            resp = self._store(iter(requests), timeout=self.timeout_s, metadata=self._metadata,
+                               wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return self.store_result(resp)
+
+    def pin(self, ns, keys, ttl_s):
+        """Keeps the chunks (and so their prefix) from eviction for ttl_s; how many found."""
+        return self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s)).pinned
+
+    def unpin(self, ns, keys):
+        return self._call(self._stub.Unpin, self.unpin_request(ns, keys)).unpinned
+
+    def delete(self, ns, keys):
+        return self._call(self._stub.Delete, self.delete_request(ns, keys)).deleted
+
+    def stats(self):
+        return self.stats_from(self._call(self._stub.Stats, pb.StatsRequest()))

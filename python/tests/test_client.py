@@ -1,0 +1,258 @@
+"""The Python client against the real kvcached on loopback."""
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import _wire
+from conftest import BIN_DIR, MINI_CONFIG, SOURCE_DIR, run
+
+
+def random_prefix(rng, ns, chunks):
+    tokens = rng.integers(0, ns.vocab_size, chunks * ns.chunk_tokens)
+    payloads = rng.integers(0, 256, chunks * ns.chunk_bytes, dtype=np.uint8)
+    return tokens, payloads
+
+
+def test_keys_match_the_published_vectors():
+    with open(os.path.join(SOURCE_DIR, "tests/cachesvc/prefix_hash_vectors.json")) as f:
+        vectors = json.load(f)["vectors"]
+    assert vectors
+    for v in vectors:
+        keys = kvcache.chunk_keys(bytes.fromhex(v["root_key"]), v["tokens"], v["chunk_tokens"])
+        assert [k.hex() for k in keys] == v["chunk_keys"]
+
+
+def test_prefix_round_trips_byte_exact_into_any_buffer(daemon, seed, mini_config):
+    rng = np.random.default_rng(seed)
+    with kvcache.Client(daemon.address) as c:
+        ns = c.register_namespace(mini_config, "mini", 64)
+        assert ns.vocab_size == 512 and ns.chunk_tokens == 64 and len(ns.root_key) == 16
+        tokens, payloads = random_prefix(rng, ns, 5)
+        r = c.store(ns, tokens, payloads)
+        assert (r.stored, r.already_present) == (5, 0)
+        assert r.keys == c.chunk_keys(ns, tokens)
+        m = c.lookup(ns, tokens)
+        assert m.matched_chunks == 5 and m.keys == r.keys and m.matched_tokens == 320
+        assert set(m.tiers) <= {"ram", "ssd"}
+        want = payloads.tobytes()
+        got = c.fetch(ns, m.keys)  # a new bytearray
+        assert got.chunks == 5 and bytes(got.buffer) == want
+        for out in (bytearray(len(want)), np.zeros(len(want), np.uint8),
+                    np.zeros((5, ns.chunk_bytes), np.uint8), memoryview(bytearray(len(want) + 7))):
+            got = c.fetch(ns, m.keys, out=out)
+            assert got.buffer is out and got.chunks == 5
+            assert bytes(memoryview(out).cast("B")[:len(want)]) == want
+        streamed = [(i, k, bytes(p)) for i, k, p in c.fetch_iter(ns, m.keys)]
+        assert [s[1] for s in streamed] == m.keys
+        assert b"".join(s[2] for s in streamed) == want
+        # Stored again: already present, nothing changes.
+        assert c.store(ns, tokens, payloads).already_present == 5
+        # A chunk missing in the middle ends the fetch after the leading ones.
+        assert c.delete(ns, m.keys[2:3]) == 1
+        assert c.fetch(ns, m.keys).chunks == 2
+        assert c.lookup(ns, tokens).matched_chunks == 2
+
+
+def test_keys_and_answers_equal_kvctl(daemon, seed, mini_config, tmp_path):
+    rng = np.random.default_rng(seed)
+    with kvcache.Client(daemon.address) as c:
+        ns = c.register_namespace(mini_config, "mini", 64)
+        tokens, payloads = random_prefix(rng, ns, 3)
+        c.store(ns, tokens[:128], payloads[:2 * ns.chunk_bytes])
+    tokens_file = tmp_path / "tokens.txt"
+    tokens_file.write_text(" ".join(map(str, tokens)) + " 7")  # and a partial chunk
+    common = ["--config", MINI_CONFIG, "--model-id", "mini", "--chunk-tokens", "64",
+              "--tokens-file", str(tokens_file)]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    for cmd in (["hash"] + common, ["lookup"] + common, ["stats"]):
+        ours = run([sys.executable, "-m", "kvcache", "--server", daemon.address] + cmd, env=env)
+        theirs = run([os.path.join(BIN_DIR, "kvctl"), "--server", daemon.address] + cmd)
+        assert ours.returncode == 0, ours.stderr
+        assert theirs.returncode == 0, theirs.stderr
+        assert ours.stdout == theirs.stdout, cmd[0]
+    lines = ours.stdout  # stats
+    assert "ram " in lines
+    hashed = run([sys.executable, "-m", "kvcache", "--server", daemon.address, "hash"] + common,
+                 env=env).stdout.split("\n")
+    assert [line.split()[1] for line in hashed if line] == [k.hex() for k in
+                                                           kvcache.chunk_keys(ns.root_key, tokens, 64)]
+    assert hashed[0].endswith((" ram", " ssd")) and hashed[2].endswith(" -")
+
+
+def test_tenants_are_isolated(make_daemon, seed, mini_config, tmp_path):
+    rng = np.random.default_rng(seed)
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text("tok-a acme\ntok-b globex\n")
+    d = make_daemon(["--auth-tokens", str(tokens_file)])
+    with kvcache.Client(d.address, token="tok-a") as a, \
+            kvcache.Client(d.address, token="tok-b") as b:
+        ns_a = a.register_namespace(mini_config, "mini", 64)
+        ns_b = b.register_namespace(mini_config, "mini", 64)
+        assert ns_a.root_key != ns_b.root_key
+        tokens, payloads = random_prefix(rng, ns_a, 2)
+        a.store(ns_a, tokens, payloads)
+        assert b.lookup(ns_b, tokens).matched_chunks == 0
+        assert b.fetch(ns_b, a.chunk_keys(ns_a, tokens)).chunks == 0
+        if ns_a.id != ns_b.id:  # another tenant's namespace id is as good as missing
+            with pytest.raises(kvcache.NotFoundError):
+                b.lookup(ns_a, tokens)
+        with pytest.raises(kvcache.PermissionDeniedError) as e:
+            kvcache.Client(d.address, token="wrong").stats()
+        assert "unknown bearer token" in e.value.message
+
+
+def test_each_failure_has_its_class(make_daemon, mini_config, tmp_path):
+    d = make_daemon(["--ssd-bytes", "0", "--max-calls-per-tenant", "1"])
+    with kvcache.Client(d.address, timeout_s=20) as c:
+        ns = c.register_namespace(mini_config, "mini", 64)
+        with pytest.raises(kvcache.InvalidArgumentError) as e:
+            c.register_namespace(mini_config, "mini", 3)  # not a multiple of the ratios
+        assert "chunk" in e.value.message
+        with pytest.raises(kvcache.NotFoundError):
+            c.lookup(kvcache.Namespace(999, ns.root_key, ns.chunk_bytes, 64, 1), [1] * 64)
+        payload = np.ones(ns.chunk_bytes, np.uint8)
+        with pytest.raises(kvcache.FailedPreconditionError):  # durable, and no SSD tier
+            c.store(ns, [1] * 64, payload, durable=True)
+        assert c.store(ns, [1] * 64, payload, durable=False).stored == 1
+        # One call in flight per tenant: a second call while a store stream is open.
+        first = c.store_requests(ns, [2] * 64, payload, False, 0, None)[0]
+        go_on = threading.Event()
+
+        def held_open():
+            yield first
+            go_on.wait(20)
+
+        call = c._store.future(held_open(), timeout=20)
+        time.sleep(0.3)
+        with pytest.raises(kvcache.ResourceExhaustedError) as e:
+            c.stats()
+        assert "in flight" in e.value.message
+        go_on.set()
+        assert call.result().stored == 1
+    with pytest.raises(kvcache.UnavailableError):
+        kvcache.Client(f"127.0.0.1:{d.port + 1 if d.port < 65535 else 1}", timeout_s=0.5).stats()
+    with pytest.raises(kvcache.DataLossError):
+        _wire.split_fetch_response(b"\x0a\x10" + b"k" * 4)  # a key field past the end
+
+
+def test_bad_arguments_are_refused_before_any_call(mini_config):
+    # Nobody listens there: a call would be UnavailableError, not InvalidArgumentError.
+    c = kvcache.Client("127.0.0.1:1", timeout_s=0.5)
+    ns = kvcache.Namespace(1, bytes(16), 100, 4, 1, vocab_size=512)
+    with pytest.raises(kvcache.InvalidArgumentError, match="payloads are 99 bytes"):
+        c.store(ns, [1, 2, 3, 4], bytes(99))
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"tokens\[2\] is 512"):
+        c.store(ns, [1, 2, 512, 4], bytes(100))
+    with pytest.raises(kvcache.InvalidArgumentError, match="not whole chunks"):
+        c.store(ns, [1, 2, 3], bytes(100))
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"tokens\[0\] is -1"):
+        c.lookup(ns, [-1, 2, 3, 4])
+    with pytest.raises(kvcache.InvalidArgumentError, match="16 bytes"):
+        c.fetch(ns, [b"short"])
+    with pytest.raises(kvcache.InvalidArgumentError, match="read-only"):
+        c.fetch(ns, [bytes(16)], out=bytes(100))
+    with pytest.raises(kvcache.InvalidArgumentError, match="need 200"):
+        c.fetch(ns, [bytes(16), bytes(16)], out=bytearray(100))
+    with pytest.raises(ValueError):  # InvalidArgumentError is a ValueError too
+        c.pin(ns, [bytes(16)], 0)
+    c.close()
+
+
+def test_shared_memory_path_is_taken_and_equals_grpc(daemon, seed, mini_config):
+    rng = np.random.default_rng(seed)
+    with kvcache.Client(daemon.address, shm_socket=daemon.socket) as local, \
+            kvcache.Client(daemon.address, shm_socket="") as remote:
+        assert local.shared_memory, local.shm_error
+        assert not remote.shared_memory
+        ns = local.register_namespace(mini_config, "mini", 64)
+        tokens, payloads = random_prefix(rng, ns, 4)
+        local.store(ns, tokens, payloads)
+        keys = local.chunk_keys(ns, tokens)
+        hits = remote.stats()["ram_hits"]
+        via_shm = local.fetch(ns, keys)
+        assert via_shm.chunks == 4 and via_shm.shm_chunks == 4
+        assert remote.stats()["ram_hits"] == hits + 4  # leased by the server, not streamed
+        via_grpc = remote.fetch(ns, keys)
+        assert via_grpc.shm_chunks == 0
+        assert bytes(via_shm.buffer) == bytes(via_grpc.buffer) == payloads.tobytes()
+
+
+def test_a_refused_tenant_falls_back_to_grpc(make_daemon, seed, mini_config, tmp_path):
+    rng = np.random.default_rng(seed)
+    (tmp_path / "tokens").write_text("tok-a acme\ntok-b globex\n")
+    d = make_daemon(["--auth-tokens", str(tmp_path / "tokens"), "--shm-tenants", "acme"])
+    with kvcache.Client(d.address, token="tok-b", shm_socket=d.socket) as b:
+        assert not b.shared_memory and "may not" in b.shm_error
+        ns = b.register_namespace(mini_config, "mini", 64)
+        tokens, payloads = random_prefix(rng, ns, 2)
+        b.store(ns, tokens, payloads)
+        got = b.fetch(ns, b.chunk_keys(ns, tokens))
+        assert got.chunks == 2 and got.shm_chunks == 0 and bytes(got.buffer) == payloads.tobytes()
+
+
+def test_a_client_outlives_a_daemon_restart(daemon, seed, mini_config):
+    rng = np.random.default_rng(seed)
+    with kvcache.Client(daemon.address, shm_socket=daemon.socket, lease_ms=300) as c:
+        ns = c.register_namespace(mini_config, "mini", 64)
+        tokens, payloads = random_prefix(rng, ns, 3)
+        c.store(ns, tokens, payloads)  # durable: survives the restart
+        keys = c.chunk_keys(ns, tokens)
+        assert c.fetch(ns, keys).shm_chunks == 3
+        arena = c._arena.id
+        daemon.restart(signal.SIGKILL)
+        assert c.lookup(ns, tokens).matched_chunks == 3
+        got = c.fetch(ns, keys)  # SSD → RAM over gRPC, then a new arena for next time
+        assert got.chunks == 3 and bytes(got.buffer) == payloads.tobytes()
+        got = c.fetch(ns, keys)
+        assert got.chunks == 3 and bytes(got.buffer) == payloads.tobytes()
+        assert c.shared_memory and c._arena.id != arena and got.shm_chunks == 3
+
+
+def test_async_client_does_what_the_blocking_one_does(daemon, seed, mini_config):
+    rng = np.random.default_rng(seed)
+
+    async def session():
+        async with kvcache.AsyncClient(daemon.address, shm_socket=daemon.socket) as c:
+            assert c.shared_memory, c.shm_error
+            ns = await c.register_namespace(mini_config, "mini", 64)
+            tokens, payloads = random_prefix(rng, ns, 4)
+            r = await c.store(ns, tokens, payloads, durable=False, ttl_s=3600)
+            assert r.stored == 4
+            m = await c.lookup(ns, tokens)
+            assert m.matched_chunks == 4
+            out = np.zeros(payloads.size, np.uint8)
+            got = await c.fetch(ns, m.keys, out=out)
+            assert got.chunks == 4 and got.shm_chunks == 4 and np.array_equal(out, payloads)
+            streamed = b"".join([bytes(p) async for _, _, p in c.fetch_iter(ns, m.keys)])
+            assert streamed == payloads.tobytes()
+            assert await c.pin(ns, m.keys, 60) == 4
+            assert await c.unpin(ns, m.keys) == 4
+            assert await c.delete(ns, m.keys[3:]) == 1
+            assert (await c.fetch(ns, m.keys)).chunks == 3
+            assert (await c.stats())["ram_chunks"] >= 3
+            with pytest.raises(kvcache.NotFoundError):
+                await c.lookup(kvcache.Namespace(999, ns.root_key, ns.chunk_bytes, 64, 1), [1] * 64)
+
+    asyncio.run(session())
+
+
+def test_the_worker_example_reuses_its_prefix(daemon, seed):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    r = run([sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                          "examples", "worker.py"),
+             "--server", daemon.address, "--shm-socket", daemon.socket, "--config", MINI_CONFIG,
+             "--model-id", "mini", "--chunk-tokens", "64", "--turns", "3", "--seed",
+             str(seed % 2**32)], env=env)
+    assert r.returncode == 0, r.stderr
+    turns = [line for line in r.stdout.splitlines() if line.startswith("turn")]
+    assert len(turns) == 3
+    assert "reused 0 " in turns[0]
+    assert "reused 640 (10 chunks from shared memory)" in turns[1], turns[1]
