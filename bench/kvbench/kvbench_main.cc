@@ -84,6 +84,14 @@ int Main(int argc, char** argv) {
   service->add_option("--chunks-per-call", sopt.chunks_per_call, "chunks per fetch call (a prefix)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  sopt.python_dir = std::string(KVC_SOURCE_DIR) + "/python";
+  sopt.python_fetch_script = std::string(KVC_SOURCE_DIR) + "/bench/kvbench/python_fetch.py";
+  service
+      ->add_option("--python-dir", sopt.python_dir,
+                   "the kvcache Python package's folder (python-grpc, python-shm systems)")
+      ->capture_default_str();
+  bool no_python = false;
+  service->add_flag("--no-python", no_python, "skip the Python client's systems");
   service->add_flag("--json", json, "print one JSON object");
   CLI::App* engine = app.add_subcommand(
       "engine", "CPU engine: CED vs full-depth prefill, DSpark vs plain decode, resume vs cold");
@@ -218,6 +226,7 @@ int Main(int argc, char** argv) {
     sopt.model_config_json = text.str();
     sopt.kvcached =
         (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    if (no_python) sopt.python_dir.clear();
     absl::StatusOr<std::vector<bench::ServiceCase>> cases = bench::RunServiceBench(sopt);
     if (!cases.ok()) {
       std::cerr << "kvbench: error: " << cases.status().message() << "\n";

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/kvbench/harness.h"
+#include "bench/kvbench/python_clients.h"
 #include "cachesvc/client.h"
 #include "serve/kvcached_process.h"
 
@@ -226,7 +228,29 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     };
   };
 
-  const std::vector<std::string> systems = {"kvcache-grpc", "kvcache-shm", "redis", "memcpy"};
+  // The Python client's processes, warm for the whole benchmark.
+  std::map<std::string, std::unique_ptr<PythonClients>> python;
+  std::vector<std::string> systems = {"kvcache-grpc", "kvcache-shm", "redis", "memcpy"};
+  if (!opt.python_dir.empty()) {
+    PythonClientsOptions po;
+    po.package_dir = opt.python_dir;
+    po.script = opt.python_fetch_script;
+    po.target = address;
+    po.per_call = per_call;
+    po.config_file = opt.dir + "/config.json";
+    po.keys_file = opt.dir + "/keys.txt";
+    std::ofstream(po.config_file) << opt.model_config_json;
+    std::ofstream key_lines(po.keys_file);
+    for (const storage::ChunkKey& k : keys) key_lines << k.Hex() << "\n";
+    key_lines.close();
+    for (const std::string system : {"python-grpc", "python-shm"}) {
+      po.shm_socket = system == "python-shm" ? daemon.shm_socket() : "";
+      absl::StatusOr<std::unique_ptr<PythonClients>> p = PythonClients::Start(po, max_clients);
+      if (!p.ok()) return p.status();
+      python[system] = *std::move(p);
+      systems.push_back(system);
+    }
+  }
   std::vector<ServiceCase> cases;
   for (const std::string op : {"fetch", "store"}) {
     for (int n : opt.clients) {
@@ -234,13 +258,19 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (const std::string& system : systems) {
           if (system == "kvcache-shm" && op == "store") continue;  // stores go over gRPC
+          if (python.contains(system) && op == "store") continue;  // fetches only
           std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n,
                        rep + 1);
-          const auto fn = system == "redis"    ? peer(op)
-                          : system == "memcpy" ? copy(op)
-                                               : ours(op, system == "kvcache-shm");
           const uint64_t bytes_per_call = op == "fetch" ? per_call * chunk : chunk;
-          absl::StatusOr<Sample> s = LoopThreads(opt.seconds, n, bytes_per_call, fn);
+          absl::StatusOr<Sample> s;
+          if (python.contains(system)) {
+            s = python[system]->Run(n, opt.seconds, bytes_per_call);
+          } else {
+            const auto fn = system == "redis"    ? peer(op)
+                            : system == "memcpy" ? copy(op)
+                                                 : ours(op, system == "kvcache-shm");
+            s = LoopThreads(opt.seconds, n, bytes_per_call, fn);
+          }
           if (!s.ok())
             return absl::Status(s.status().code(),
                                 absl::StrCat(system, " ", op, ": ", s.status().message()));
@@ -261,6 +291,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       }
     }
   }
+  python.clear();
   for (redisContext* r : redis_clients) redisFree(r);
   clients.clear();
   shm_clients.clear();
@@ -299,6 +330,8 @@ std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
   for (const ServiceCase& c : cases) {
     const char* peer = c.system == "kvcache-grpc"  ? "redis"
                        : c.system == "kvcache-shm" ? "memcpy"
+                       : c.system == "python-grpc" ? "kvcache-grpc"
+                       : c.system == "python-shm"  ? "kvcache-shm"
                                                    : nullptr;
     if (peer == nullptr) continue;
     const double p = gbps[{c.op, c.clients, peer}];

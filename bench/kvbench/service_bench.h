@@ -1,5 +1,6 @@
 // kvbench service: fetch and store of whole chunks through kvcached — over gRPC on
-// loopback, and through the shared RAM arena for a co-located client — beside Redis on
+// loopback, and through the shared RAM arena for a co-located client, with the C++ client
+// and (fetches) the Python one — beside Redis on
 // loopback (same values, same number of clients) and memcpy, in the same run,
 // alternating ours and the peers and reporting medians.
 #pragma once
@@ -24,10 +25,16 @@ struct ServiceBenchOptions {
   // kvcache-shm keeps leases between fetches (the client's default); off, every fetch
   // pays a FetchRefs round trip.
   bool shm_lease_cache = true;
+  // python/ of the source tree: also measure the Python client (python-grpc, python-shm
+  // fetches, bench/kvbench/python_fetch.py beside it). Empty: skip them.
+  std::string python_dir;
+  std::string python_fetch_script;
 };
 
 struct ServiceCase {
-  std::string system, op;  // system: kvcache-grpc or redis; op: fetch or store
+  // system: kvcache-grpc, kvcache-shm, python-grpc, python-shm, redis or memcpy; op: fetch
+  // or store
+  std::string system, op;
   int clients = 0;
   int chunks_per_call = 1;
   double gbps = 0, p50_us = 0, p99_us = 0;

@@ -2,6 +2,7 @@
 answer checking and the copies out of the shared arena. No I/O here."""
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -123,7 +124,8 @@ def chunk_payloads(ns, payloads, chunks):
 class Common:
     """State and pure logic of a client; subclasses make the calls."""
 
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000):
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
+                 lease_cache=True, max_held_chunks=1024):
         if not target:
             raise InvalidArgumentError("target is empty (HOST:PORT or unix:PATH)")
         self.target = target
@@ -136,6 +138,12 @@ class Common:
         self._arena = None
         self.shm_error = ""
         self._pending_release = []
+        # The lease cache: chunks leased by earlier fetches stay readable until a quarter
+        # of their lease is left, so fetching them again is a copy with no call at all.
+        self._lease_cache = lease_cache
+        self._max_held = max_held_chunks
+        self._held_refs = {}    # key -> (lease id, arena offset)
+        self._held_leases = {}  # lease id -> [usable until (monotonic s), chunks held]
         if self._shm_socket:
             self._map_arena()
         else:
@@ -158,27 +166,85 @@ class Common:
         if self._arena is not None:
             self._arena.close()
         self._arena = None
+        self._held_refs.clear()
+        self._held_leases.clear()
         self.shm_error = why
 
+    def copy_from_held(self, ns, keys, out_view):
+        """Copies every key from held leases (all or nothing); False if one is missing or
+        its lease is about to end."""
+        if not self._lease_cache:
+            return False
+        now = time.monotonic()
+        offsets = []
+        for k in keys:
+            held = self._held_refs.get(k)
+            if held is None or self._held_leases[held[0]][0] <= now:
+                return False
+            offsets.append(held[1])
+        view, n = self._arena.view, ns.chunk_bytes
+        for i, off in enumerate(offsets):
+            out_view[i * n:(i + 1) * n] = view[off:off + n]
+        return True
+
+    def _leases_to_release(self):
+        now = time.monotonic()
+        done = [lid for lid, (until, refs) in self._held_leases.items() if refs == 0 or until <= now]
+        for lid in done:
+            del self._held_leases[lid]
+        if done:
+            self._held_refs = {k: v for k, v in self._held_refs.items() if v[0] in self._held_leases}
+        out, self._pending_release = self._pending_release + done, []
+        return out
+
+    def forget_held(self, keys):
+        """Chunks this client deleted leave its held leases at once."""
+        for k in keys:
+            held = self._held_refs.pop(bytes(k), None)
+            if held is not None:
+                self._held_leases[held[0]][1] -= 1
+
     def refs_request(self, ns, keys):
-        req = pb.FetchRefsRequest(namespace_id=ns.id, chunk_keys=keys, lease_ms=self.lease_ms,
-                                  release_lease_ids=self._pending_release)
-        self._pending_release = []
-        return req
+        self.refs_sent = time.monotonic()
+        return pb.FetchRefsRequest(namespace_id=ns.id, chunk_keys=keys, lease_ms=self.lease_ms,
+                                   release_lease_ids=self._leases_to_release())
 
     def copy_refs(self, ns, keys, resp, out_view):
-        """Copies the leased chunks of a FetchRefs answer out of the mapping; returns how
-        many leading chunks it copied. A ref that does not match the request is DataLoss."""
-        if resp.lease_id:
-            self._pending_release.append(resp.lease_id)
+        """Copies the leased chunks of a FetchRefs answer out of the mapping and holds the
+        lease (or releases it with the next call); returns how many leading chunks it
+        copied. A ref that does not match the request is DataLossError."""
         arena = self._arena
+        offsets = []
         for i, ref in enumerate(resp.refs):
             if (i >= len(keys) or ref.chunk_key != keys[i] or ref.length != ns.chunk_bytes
                     or ref.arena_offset + ref.length > arena.bytes):
+                if resp.lease_id:
+                    self._pending_release.append(resp.lease_id)
                 raise DataLossError(f"FetchRefs answer {i} does not match the request")
             at = i * ns.chunk_bytes
             out_view[at:at + ns.chunk_bytes] = arena.view[ref.arena_offset:ref.arena_offset + ref.length]
-        return len(resp.refs)
+            offsets.append(ref.arena_offset)
+        if resp.lease_id:
+            if self._lease_cache:
+                # The lease started after the request left; stop using it a quarter early.
+                until = self.refs_sent + resp.lease_ms * 0.75e-3
+                self._hold(resp.lease_id, until, keys[:len(offsets)], offsets)
+            else:
+                self._pending_release.append(resp.lease_id)
+        return len(offsets)
+
+    def _hold(self, lease_id, until, keys, offsets):
+        self._held_leases[lease_id] = [until, 0]
+        for k, off in zip(keys, offsets):
+            old = self._held_refs.get(k)
+            if old is not None:
+                self._held_leases[old[0]][1] -= 1
+            self._held_refs[k] = (lease_id, off)
+            self._held_leases[lease_id][1] += 1
+        while len(self._held_refs) > self._max_held and len(self._held_leases) > 1:
+            oldest = next(iter(self._held_leases))  # dicts keep insertion order
+            self._held_leases[oldest][1] = 0
+            self._held_refs = {k: v for k, v in self._held_refs.items() if v[0] != oldest}
 
     # ---- namespaces, lookups ----
     @staticmethod
@@ -231,7 +297,7 @@ class Common:
     def take_chunk(ns, key, raw, index):
         """The payload view of one raw FetchResponse, checked against the request."""
         got_key, payload = _wire.split_fetch_response(raw)
-        if bytes(got_key) != key:
+        if got_key != key:
             raise DataLossError(f"Fetch answer {index} is another chunk than asked for")
         if payload.nbytes != ns.chunk_bytes:
             raise DataLossError(

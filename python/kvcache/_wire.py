@@ -36,6 +36,11 @@ def _read_varint(view, pos):
 def split_fetch_response(raw):
     """(chunk_key, payload) of a serialized FetchResponse, as memoryviews into `raw`."""
     view = memoryview(raw)
+    # kvcached's own framing: key field (16 bytes), then the payload field.
+    if len(view) > 19 and view[0] == 0x0A and view[1] == 16 and view[18] == 0x12:
+        length, pos = _read_varint(view, 19)
+        if pos + length == len(view):
+            return view[2:18], view[pos:]
     fields = {}
     pos = 0
     while pos < len(view):

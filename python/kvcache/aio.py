@@ -13,8 +13,10 @@ class AsyncClient(Common):
     """Like Client (see there), for asyncio. Create it inside the event loop that uses it;
     `await client.close()` (or `async with`) when done."""
 
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000):
-        super().__init__(target, token, timeout_s, shm_socket, lease_ms)
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
+                 lease_cache=True, max_held_chunks=1024):
+        super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
+                         max_held_chunks)
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.KVCacheStub(self._channel)
         self._fetch = self._channel.unary_stream(
@@ -31,8 +33,8 @@ class AsyncClient(Common):
         await self.close()
 
     async def close(self):
-        if self._pending_release and self._arena is not None:
-            for lease in self._pending_release:
+        if self._arena is not None:
+            for lease in self._leases_to_release() + list(self._held_leases):
                 try:
                     await self._call(self._stub.ReleaseRefs, pb.ReleaseRefsRequest(lease_id=lease))
                 except KvcacheError:
@@ -60,6 +62,8 @@ class AsyncClient(Common):
         keys, out, view = self.fetch_target(ns, keys, out)
         got = shm = 0
         if self._arena is not None and keys:
+            if self.copy_from_held(ns, keys, view):
+                return Fetched(len(keys), out, ns.chunk_bytes, len(keys))
             shm = got = await self._fetch_shared(ns, keys, view)
         if got < len(keys):
             streamed = 0
@@ -100,7 +104,6 @@ class AsyncClient(Common):
                 return 0  # this tenant holds all the leases it may: gRPC this time
             if resp.arena_id == self._arena.id:
                 return self.copy_refs(ns, keys, resp, view)
-            self._pending_release = []
             self._drop_arena("the shared arena's identity does not match kvcached's answers")
             if attempt == 0:
                 self._map_arena()
@@ -126,7 +129,9 @@ class AsyncClient(Common):
         return (await self._call(self._stub.Unpin, self.unpin_request(ns, keys))).unpinned
 
     async def delete(self, ns, keys):
-        return (await self._call(self._stub.Delete, self.delete_request(ns, keys))).deleted
+        req = self.delete_request(ns, keys)
+        self.forget_held(req.chunk_keys)
+        return (await self._call(self._stub.Delete, req)).deleted
 
     async def stats(self):
         return self.stats_from(await self._call(self._stub.Stats, pb.StatsRequest()))

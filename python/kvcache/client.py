@@ -1,5 +1,6 @@
 """The blocking client."""
 import grpc
+import grpc.experimental
 
 from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
                       StoreResult)
@@ -21,9 +22,14 @@ class Client(Common):
     `shm_error` say whether and why not). Not thread-safe; use one per thread.
     """
 
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000):
-        super().__init__(target, token, timeout_s, shm_socket, lease_ms)
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
+                 lease_cache=True, max_held_chunks=1024):
+        super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
+                         max_held_chunks)
+        # Fetch streams run on the calling thread: without this, every message is handed
+        # over from gRPC's polling thread (futexes, ~3x the CPU per chunk, measured).
+        self._channel = grpc.insecure_channel(
+            target, options=CHANNEL_OPTIONS + [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
         self._stub = pb_grpc.KVCacheStub(self._channel)
         self._fetch = self._channel.unary_stream(
             FETCH_METHOD, request_serializer=pb.FetchRequest.SerializeToString,
@@ -39,8 +45,8 @@ class Client(Common):
         self.close()
 
     def close(self):
-        if self._pending_release and self._arena is not None:
-            for lease in self._pending_release:
+        if self._arena is not None:
+            for lease in self._leases_to_release() + list(self._held_leases):
                 try:
                     self._call(self._stub.ReleaseRefs, pb.ReleaseRefsRequest(lease_id=lease))
                 except KvcacheError:
@@ -71,6 +77,8 @@ class Client(Common):
         keys, out, view = self.fetch_target(ns, keys, out)
         got = shm = 0
         if self._arena is not None and keys:
+            if self.copy_from_held(ns, keys, view):
+                return Fetched(len(keys), out, ns.chunk_bytes, len(keys))
             shm = got = self._fetch_shared(ns, keys, view)
         if got < len(keys):
             streamed = 0
@@ -112,7 +120,6 @@ class Client(Common):
             if resp.arena_id == self._arena.id:
                 return self.copy_refs(ns, keys, resp, view)
             # kvcached restarted: its offsets are into a new arena. Map that one.
-            self._pending_release = []
             self._drop_arena("the shared arena's identity does not match kvcached's answers")
             if attempt == 0:
                 self._map_arena()
@@ -142,7 +149,9 @@ class Client(Common):
         return self._call(self._stub.Unpin, self.unpin_request(ns, keys)).unpinned
 
     def delete(self, ns, keys):
-        return self._call(self._stub.Delete, self.delete_request(ns, keys)).deleted
+        req = self.delete_request(ns, keys)
+        self.forget_held(req.chunk_keys)
+        return self._call(self._stub.Delete, req).deleted
 
     def stats(self):
         return self.stats_from(self._call(self._stub.Stats, pb.StatsRequest()))

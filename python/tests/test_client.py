@@ -180,6 +180,14 @@ def test_shared_memory_path_is_taken_and_equals_grpc(daemon, seed, mini_config):
         via_shm = local.fetch(ns, keys)
         assert via_shm.chunks == 4 and via_shm.shm_chunks == 4
         assert remote.stats()["ram_hits"] == hits + 4  # leased by the server, not streamed
+        # Fetched again within the lease: a copy from held leases, no call to the server.
+        again = local.fetch(ns, keys, out=bytearray(len(via_shm.buffer)))
+        assert again.shm_chunks == 4 and again.buffer == via_shm.buffer
+        assert remote.stats()["ram_hits"] == hits + 4
+        # Deleted by this client: gone from its held leases at once.
+        assert local.delete(ns, keys[3:]) == 1
+        assert local.fetch(ns, keys).chunks == 3
+        local.store(ns, tokens, payloads)
         via_grpc = remote.fetch(ns, keys)
         assert via_grpc.shm_chunks == 0
         assert bytes(via_shm.buffer) == bytes(via_grpc.buffer) == payloads.tobytes()
@@ -208,6 +216,7 @@ def test_a_client_outlives_a_daemon_restart(daemon, seed, mini_config):
         assert c.fetch(ns, keys).shm_chunks == 3
         arena = c._arena.id
         daemon.restart(signal.SIGKILL)
+        time.sleep(0.4)  # the leases this client holds in the old arena end
         assert c.lookup(ns, tokens).matched_chunks == 3
         got = c.fetch(ns, keys)  # SSD → RAM over gRPC, then a new arena for next time
         assert got.chunks == 3 and bytes(got.buffer) == payloads.tobytes()
