@@ -7,6 +7,8 @@
 //                  [--resume-new N] [--reps N] [--backend cpu|cuda|cublas] [--json]
 //   kvbench e2e [--config FILE] [--prefix-tokens 4096,16384,65536] [--new-tokens N]
 //               [--new-token-sweep 256,4096] [--reps N] [--plot FILE.png] [--json]
+//   kvbench trace --trace FILE [--config FILE] [--chunk-tokens C] [--limit N] [--speedup X]
+//                 [--concurrency N] [--ram-bytes B] [--ssd-bytes B] [--json]
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
 //                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
@@ -24,6 +26,7 @@
 #include "bench/kvbench/kernels_bench.h"
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/storage_bench.h"
+#include "bench/kvbench/trace_bench.h"
 #include "engine/spec/chunk_layout.h"
 
 namespace kvc {
@@ -145,6 +148,30 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   e2e->add_option("--plot", xopt.plot, "write a PNG of TTFT vs prefix (needs gnuplot)");
   e2e->add_flag("--json", json, "print one JSON object");
+  CLI::App* trace = app.add_subcommand(
+      "trace", "a request trace replayed against kvcached, beside the simulator's hit rate");
+  bench::TraceBenchOptions topt;
+  std::string trace_config = config;
+  topt.dir = "/tmp/kvbench-trace";
+  trace->add_option("--trace", topt.trace, "Mooncake trace or agent-session JSON lines")
+      ->required();
+  trace->add_option("--config", trace_config, "model config (the chunk size)")
+      ->capture_default_str();
+  trace->add_option("--dir", topt.dir, "scratch folder (emptied)")->capture_default_str();
+  trace->add_option("--chunk-tokens", topt.chunk_tokens, "tokens per chunk")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  trace->add_option("--limit", topt.limit, "the first N requests only")
+      ->check(CLI::NonNegativeNumber);
+  trace->add_option("--speedup", topt.speedup, "arrival times divided by X; 0: back to back")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  trace->add_option("--concurrency", topt.concurrency, "requests in flight at once")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  trace->add_option("--ram-bytes", topt.ram_bytes, "kvcached's RAM tier")->capture_default_str();
+  trace->add_option("--ssd-bytes", topt.ssd_bytes, "kvcached's SSD tier")->capture_default_str();
+  trace->add_flag("--json", json, "print one JSON object");
   CLI::App* kernels = app.add_subcommand(
       "kernels",
       "GPU: attention and indexer vs copy bandwidth, page uploads vs pinned memcpy, "
@@ -193,6 +220,25 @@ int Main(int argc, char** argv) {
                  "without it (nvcc not found)\n";
     return 1;
 #endif
+  }
+  if (trace->parsed()) {
+    std::ifstream in(trace_config);
+    if (!in) {
+      std::cerr << "kvbench: error: cannot open model config \"" << trace_config << "\"\n";
+      return 1;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    topt.model_config_json = text.str();
+    topt.kvcached =
+        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    absl::StatusOr<nlohmann::json> r = bench::RunTraceBench(topt);
+    if (!r.ok()) {
+      std::cerr << "kvbench: error: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cout << (json ? r->dump(2) + "\n" : bench::TraceBenchToText(*r));
+    return 0;
   }
   if (e2e->parsed()) {
     xopt.kvcached =

@@ -99,6 +99,13 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const ModelConfig& config, const Workl
       absl::StrFormat("per-layer K and V for all %d heads in %s, %d layers",
                       config.num_attention_heads, config.dtype, config.num_hidden_layers),
       mha);
+  alt("mla-style",
+      absl::StrFormat("per layer, one latent row of %d plus a %d-wide RoPE key in %s, as "
+                      "DeepSeek-V3's MLA caches, %d layers",
+                      config.head_dim, config.qk_rope_head_dim, config.dtype,
+                      config.num_hidden_layers),
+      static_cast<double>((config.head_dim + config.qk_rope_head_dim) *
+                          config.activation_dtype_bytes() * config.num_hidden_layers));
   return p;
 }
 

@@ -2,11 +2,14 @@
 //
 //   kvplan --config FILE [--context-tokens N] [--sessions N] [--hbm GiB] [--ram GiB]
 //          [--ssd TiB] [--chunk-tokens C] [--json]
+//   kvplan simulate --trace FILE --config FILE [--hbm GiB] [--ram GiB] [--ssd GiB]
+//          [--chunk-tokens C] [--limit N] [--target-hit-rate R] [--curve-points N] [--json]
 #include <cstdio>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
 #include "bench/kvplan/capacity.h"
+#include "bench/kvplan/simulate.h"
 
 namespace kvc {
 namespace {
@@ -18,7 +21,7 @@ int Main(int argc, char** argv) {
   double sessions_per_day = 10000, hbm_gib = 64, ram_gib = 512, ssd_tib = 8;
   int64_t chunk_tokens = kDefaultChunkTokens;
   bool json = false;
-  app.add_option("--config", config_path, "model config.json (Hugging Face format)")->required();
+  app.add_option("--config", config_path, "model config.json (Hugging Face format)");
   app.add_option("--context-tokens", context_tokens,
                  "tokens per session (default: the config's max_position_embeddings)")
       ->check(CLI::PositiveNumber);
@@ -38,6 +41,33 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object");
+  CLI::App* simulate = app.add_subcommand(
+      "simulate", "replay a request trace through the cache's tiers at given sizes");
+  SimulateOptions so;
+  std::string sim_config;
+  simulate->add_option("--trace", so.trace, "Mooncake trace or agent-session JSON lines")
+      ->required();
+  simulate->add_option("--config", sim_config, "model config.json")->required();
+  simulate->add_option("--hbm", so.hbm_gib, "GPU memory, GiB (negative: unlimited)")
+      ->capture_default_str();
+  simulate->add_option("--ram", so.ram_gib, "host RAM, GiB (negative: unlimited)")
+      ->capture_default_str();
+  simulate->add_option("--ssd", so.ssd_gib, "SSD, GiB (negative: unlimited)")
+      ->capture_default_str();
+  simulate->add_option("--chunk-tokens", so.chunk_tokens, "tokens per cached chunk")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  simulate->add_option("--limit", so.limit, "the first N requests only")
+      ->check(CLI::NonNegativeNumber);
+  simulate
+      ->add_option("--target-hit-rate", so.target_hit_rate,
+                   "also find the smallest RAM (no SSD) and SSD (beside --ram) reaching it")
+      ->check(CLI::Range(0.0, 1.0));
+  simulate
+      ->add_option("--curve-points", so.curve_points,
+                   "also the hit rate at N RAM and N SSD sizes (for plots)")
+      ->check(CLI::NonNegativeNumber);
+  simulate->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -47,6 +77,21 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
+  if (simulate->parsed()) {
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(sim_config);
+    absl::StatusOr<nlohmann::json> r =
+        config.ok() ? RunSimulate(*config, so) : absl::StatusOr<nlohmann::json>(config.status());
+    if (!r.ok()) {
+      std::cerr << "kvplan: error: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cout << (json ? r->dump(2) + "\n" : SimulateToText(*r));
+    return 0;
+  }
+  if (config_path.empty()) {
+    std::cerr << "kvplan: error: --config is required (run kvplan --help)\n";
+    return 2;
+  }
   absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
   if (!config.ok()) {
     std::cerr << "kvplan: error: " << config.status().message() << "\n";
