@@ -12,8 +12,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -54,6 +56,32 @@ std::string ReadAll(const std::string& path) {
 int Fail(const std::string& message) {
   std::cerr << "kvcached: error: " << message << "\n";
   return 1;
+}
+
+// Every tenant's KV is in the data folder: only the daemon's user may read it. New files
+// are made 0600 and folders 0700 (umask); a folder made by an older kvcached is tightened
+// the same way here, before anything is served from it. Returns how many entries changed.
+absl::StatusOr<int> KeepDataPrivate(const std::string& data_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(data_dir, ec);
+  if (ec) return absl::InternalError("cannot create the data folder: " + ec.message());
+  int changed = 0;
+  const auto tighten = [&](const fs::path& p) {
+    const fs::perms mode = fs::symlink_status(p, ec).permissions();
+    if (ec || fs::is_symlink(fs::symlink_status(p, ec))) return;
+    const fs::perms open = fs::perms::group_all | fs::perms::others_all;
+    if ((mode & open) == fs::perms::none) return;
+    fs::permissions(p, open, fs::perm_options::remove, ec);
+    if (!ec) ++changed;
+  };
+  tighten(data_dir);
+  for (auto it = fs::recursive_directory_iterator(data_dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    tighten(it->path());
+  }
+  if (ec) return absl::InternalError("cannot walk the data folder: " + ec.message());
+  return changed;
 }
 
 int Main(int argc, char** argv) {
@@ -131,6 +159,16 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  umask(0077);
+  absl::StatusOr<int> tightened = KeepDataPrivate(data_dir);
+  if (!tightened.ok()) return Fail(std::string(tightened.status().message()));
+  if (*tightened > 0) {
+    LogLine(LogLevel::kInfo, "data_dir_private")
+        .Str("data_dir", data_dir)
+        .Int("entries_tightened", *tightened)
+        .Str("why", "files 0600, folders 0700: every tenant's KV is in them");
+  }
 
   if (max_chunk_bytes == 0) {
     absl::StatusOr<uint64_t> ref = ReferenceChunkBytes();

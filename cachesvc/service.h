@@ -49,9 +49,11 @@ struct ServiceOptions {
   bool hbm_write_through = false;  // stored chunks also go to T0 at once
 };
 
-// Fetch is a raw method (see service.cc); on the wire it is the proto's Fetch.
+// Fetch and Store are raw methods (fetch_reactor.cc, store_reactor.cc); on the wire they
+// are the proto's.
 class KvCacheService final : public kvcache::v1::KVCache::WithRawCallbackMethod_Fetch<
-                                 kvcache::v1::KVCache::CallbackService> {
+                                 kvcache::v1::KVCache::WithRawCallbackMethod_Store<
+                                     kvcache::v1::KVCache::CallbackService>> {
  public:
   KvCacheService(storage::ChunkStore* store, NamespaceRegistry* registry, const Authenticator* auth,
                  ServiceOptions options);
@@ -65,8 +67,8 @@ class KvCacheService final : public kvcache::v1::KVCache::WithRawCallbackMethod_
                                    kvcache::v1::LookupResponse* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
                                                     const grpc::ByteBuffer* req) override;
-  grpc::ServerReadReactor<kvcache::v1::StoreRequest>* Store(
-      grpc::CallbackServerContext* ctx, kvcache::v1::StoreResponse* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Store(grpc::CallbackServerContext* ctx,
+                                                   grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx,
                                 const kvcache::v1::PinRequest* req,
                                 kvcache::v1::PinResponse* resp) override;

@@ -61,7 +61,8 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
   }
   EXPECT_EQ(seen,
             (std::set<std::string>{"kvcache-grpc/fetch", "kvcache-grpc/store", "kvcache-shm/fetch",
-                                   "redis/fetch", "redis/store", "memcpy/fetch", "memcpy/store"}));
+                                   "python-grpc/fetch", "python-shm/fetch", "redis/fetch",
+                                   "redis/store", "memcpy/fetch", "memcpy/store"}));
 }
 
 TEST(KvbenchTest, EngineJsonHasEveryCase) {

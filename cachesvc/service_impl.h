@@ -1,0 +1,421 @@
+// The service's internals, shared by service.cc (the calls), fetch_reactor.cc and
+// store_reactor.cc (the two streams): admission (auth, per-tenant limits), namespaces,
+// shared-memory leases, and the executor. Not a public header.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cachesvc/arena_socket.h"
+#include "cachesvc/log.h"
+#include "cachesvc/prefix_hash.h"
+#include "cachesvc/service.h"
+#include "cachesvc/status.h"
+#include "engine/spec/check.h"
+#include "engine/spec/chunk_layout.h"
+
+namespace kvc::cachesvc {
+
+namespace pb = ::kvcache::v1;
+using storage::ChunkKey;
+
+inline int64_t NowS() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline pb::Tier ToProto(storage::Tier t) {
+  switch (t) {
+    case storage::Tier::kRam:
+      return pb::TIER_RAM;
+    case storage::Tier::kSsd:
+      return pb::TIER_SSD;
+    default:
+      return pb::TIER_NONE;
+  }
+}
+
+inline std::optional<std::string> Authorization(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
+inline absl::StatusOr<std::vector<ChunkKey>> ParseKeys(
+    const google::protobuf::RepeatedPtrField<std::string>& raw, uint32_t max_keys) {
+  if (raw.size() > static_cast<int>(max_keys)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(raw.size(), " chunk keys in one call; the limit is ", max_keys));
+  }
+  std::vector<ChunkKey> keys(raw.size());
+  for (int i = 0; i < raw.size(); ++i) {
+    if (raw[i].size() != 16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk_keys[", i, "] is ", raw[i].size(), " bytes; keys are 16 bytes"));
+    }
+    std::memcpy(keys[i].bytes.data(), raw[i].data(), 16);
+  }
+  return keys;
+}
+
+inline std::string KeyBytes(const ChunkKey& k) {
+  return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16);
+}
+
+class KvCacheService::Impl {
+ public:
+  Impl(storage::ChunkStore* s, NamespaceRegistry* r, const Authenticator* a, ServiceOptions o)
+      : store(s),
+        registry(r),
+        auth(a),
+        opt(o),
+        limiter(o.max_calls_per_tenant),
+        executor(o.executor_threads, o.executor_queue) {
+    if (o.hbm != nullptr) hbm_handle = o.hbm->arena().ExportHandle();
+    for (size_t pool = 0; pool < s->ram_pool_count(); ++pool) {
+      const int fd = s->ram_arena_fd(static_cast<storage::RamPoolId>(pool));
+      arena_ids.push_back(fd >= 0 ? ArenaIdentity(fd) : 0);
+    }
+    // Namespaces of tenants with a RAM pool of their own keep their chunks there.
+    for (const NamespaceInfo& ns : r->All()) AssignRamPool(ns);
+  }
+
+  void AssignRamPool(const NamespaceInfo& ns) {
+    const std::optional<storage::RamPoolId> pool = opt.shm.PoolOf(ns.tenant);
+    if (pool && *pool != 0 && *pool < store->ram_pool_count()) {
+      absl::Status s = store->SetRamPool(ns.id, *pool);
+      KVC_CHECK(s.ok()) << "namespace " << ns.id << ": " << s;
+    }
+  }
+
+  // The RAM pool a tenant's shared-memory calls use: PermissionDenied when it has none.
+  absl::StatusOr<storage::RamPoolId> ShmPoolOf(const std::string& tenant) const {
+    const std::optional<storage::RamPoolId> pool = opt.shm.PoolOf(tenant);
+    if (!pool || store->ram_arena_fd(*pool) < 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "tenant ", tenant, " may not use shared memory (see kvcached --shm-tenants)"));
+    }
+    return *pool;
+  }
+
+  // Records a finished call in the metrics (if any) and the log: successes at debug,
+  // the caller's mistakes at info, the server's own failures at error.
+  void Observe(const char* method, absl::string_view tenant, const grpc::Status& s,
+               std::chrono::steady_clock::time_point start) const {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (opt.metrics != nullptr) opt.metrics->ObserveCall(method, s.error_code(), seconds);
+    const LogLevel level = s.ok()                          ? LogLevel::kDebug
+                           : IsServerFault(s.error_code()) ? LogLevel::kError
+                                                           : LogLevel::kInfo;
+    if (!LogEnabled(level)) return;
+    LogLine line(level, "call");
+    line.Str("method", method)
+        .Str("tenant", tenant)
+        .Str("code", StatusCodeName(s.error_code()))
+        .Num("ms", seconds * 1e3);
+    if (!s.ok()) line.Str("error", s.error_message());
+  }
+
+  // Authenticates a call and takes one of its tenant's in-flight slots. `tenant` is set
+  // once known (for the log); callers start it as "-".
+  absl::StatusOr<TenantLimiter::Slot> Admit(const grpc::CallbackServerContext* ctx,
+                                            std::string* tenant) {
+    absl::StatusOr<std::string> t = auth->TenantFor(Authorization(ctx));
+    if (!t.ok()) return t.status();
+    *tenant = *t;
+    return limiter.Acquire(*t);
+  }
+
+  // Runs `work` on the executor (or right here when `inline_work`: short, never blocking
+  // on I/O) and finishes the unary call with its status.
+  template <typename Work>
+  grpc::ServerUnaryReactor* Unary(const char* method, grpc::CallbackServerContext* ctx, Work work,
+                                  bool inline_work = false) {
+    const auto start = std::chrono::steady_clock::now();
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    std::string tenant(1, '-');
+    absl::StatusOr<TenantLimiter::Slot> admitted = Admit(ctx, &tenant);
+    if (!admitted.ok()) {
+      Observe(method, tenant, ToGrpc(admitted.status()), start);
+      reactor->Finish(ToGrpc(admitted.status()));
+      return reactor;
+    }
+    // The slot is held until the call finishes.
+    auto slot = std::make_shared<TenantLimiter::Slot>(*std::move(admitted));
+    auto finish = [this, reactor, method, start, slot](const grpc::Status& s) {
+      slot->Release();
+      Observe(method, slot->tenant(), s, start);
+      reactor->Finish(s);
+    };
+    if (inline_work) {
+      finish(ToGrpc(work(slot->tenant())));
+    } else if (!executor.Submit(
+                   [finish, work, slot]() mutable { finish(ToGrpc(work(slot->tenant()))); })) {
+      finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+    }
+    return reactor;
+  }
+
+  absl::StatusOr<NamespaceInfo> Namespace(uint32_t id, const std::string& tenant) const {
+    std::optional<NamespaceInfo> ns = registry->Get(id, tenant);
+    if (!ns) return absl::NotFoundError(absl::StrCat("namespace ", id, " not found"));
+    return *ns;
+  }
+
+  absl::Status Register(const std::string& tenant, const pb::RegisterNamespaceRequest& req,
+                        pb::RegisterNamespaceResponse* resp) {
+    if (req.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
+    absl::StatusOr<ModelConfig> config =
+        ParseModelConfig(req.model_config_json(), "model_config_json");
+    if (!config.ok()) return config.status();
+    absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
+    if (!schedule.ok()) return schedule.status();
+    const uint32_t chunk_tokens =
+        req.chunk_tokens() ? req.chunk_tokens() : opt.default_chunk_tokens;
+    absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(*config, *schedule, chunk_tokens);
+    if (!layout.ok()) return layout.status();
+    if (static_cast<uint64_t>(layout->chunk_bytes) > opt.max_chunk_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a chunk of ", chunk_tokens, " tokens is ", layout->chunk_bytes,
+                       " bytes; this server stores chunks of at most ", opt.max_chunk_bytes));
+    }
+    NamespaceInfo info;
+    info.tenant = tenant;
+    info.model_id = req.model_id();
+    info.chunk_tokens = chunk_tokens;
+    info.chunk_bytes = static_cast<uint64_t>(layout->chunk_bytes);
+    info.vocab_size = static_cast<uint64_t>(config->vocab_size);
+    info.root = NamespaceRoot(tenant, ModelFingerprint(req.model_id(), *layout), kKvLayoutVersion,
+                              chunk_tokens);
+    absl::StatusOr<NamespaceInfo> ns = registry->FindOrAdd(info);
+    if (!ns.ok()) return ns.status();
+    if (absl::Status s = store->RegisterNamespace(ns->id, ns->chunk_bytes); !s.ok()) return s;
+    AssignRamPool(*ns);
+    resp->set_namespace_id(ns->id);
+    resp->set_chunk_bytes(ns->chunk_bytes);
+    resp->set_chunk_tokens(ns->chunk_tokens);
+    resp->set_root_key(KeyBytes(ns->root));
+    resp->set_kv_layout_version(kKvLayoutVersion);
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckTokens(const NamespaceInfo& ns,
+                           const google::protobuf::RepeatedField<uint32_t>& tokens) const {
+    for (int i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] >= ns.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokens[", i, "] is ", tokens[i], ", outside the vocabulary of ", ns.vocab_size));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoLookup(const std::string& tenant, const pb::LookupRequest& req,
+                        pb::LookupResponse* resp) {
+    absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
+    if (!ns.ok()) return ns.status();
+    if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
+    }
+    if (absl::Status s = CheckTokens(*ns, req.tokens()); !s.ok()) return s;
+    const std::vector<ChunkKey> keys =
+        ChunkKeys(ns->root, std::span(req.tokens().data(), req.tokens().size()), ns->chunk_tokens);
+    const std::vector<storage::Tier> tiers = store->Lookup(ns->id, keys);
+    uint32_t matched = 0;
+    while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
+    resp->set_matched_chunks(matched);
+    for (const ChunkKey& k : keys) resp->add_chunk_keys(KeyBytes(k));
+    for (uint32_t i = 0; i < matched; ++i) resp->add_tiers(ToProto(tiers[i]));
+    return absl::OkStatus();
+  }
+
+  template <typename Req>
+  absl::StatusOr<std::pair<NamespaceInfo, std::vector<ChunkKey>>> NamespaceAndKeys(
+      const std::string& tenant, const Req& req) {
+    absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
+    if (!ns.ok()) return ns.status();
+    absl::StatusOr<std::vector<ChunkKey>> keys = ParseKeys(req.chunk_keys(), opt.max_keys_per_call);
+    if (!keys.ok()) return keys.status();
+    return std::pair{*ns, *keys};
+  }
+
+  // Counts the OK statuses; the first error other than NotFound fails the call.
+  static absl::StatusOr<uint32_t> CountOk(const std::vector<absl::Status>& statuses) {
+    uint32_t ok = 0;
+    for (const absl::Status& s : statuses) {
+      if (s.ok())
+        ++ok;
+      else if (!absl::IsNotFound(s))
+        return s;
+    }
+    return ok;
+  }
+
+  absl::StatusOr<uint32_t> DoPin(const std::string& tenant, const pb::PinRequest& req,
+                                 int64_t until) {
+    auto nk = NamespaceAndKeys(tenant, req);
+    if (!nk.ok()) return nk.status();
+    return CountOk(store->PinBatch(nk->first.id, nk->second, until));
+  }
+
+  // ---- leases of RAM slots handed to co-located clients (FetchRefs) ----
+  struct RefLease {
+    std::string tenant;
+    std::vector<storage::RamLease> leases;
+    std::chrono::steady_clock::time_point expires;
+    std::vector<storage::HbmLease> hbm;  // FetchDeviceRefs
+  };
+
+  // Drops leases past their time; called on every FetchRefs and by the reaper thread.
+  void ReapLeases() {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lk(leases_mu);
+    for (auto it = ref_leases.begin(); it != ref_leases.end();) {
+      it = it->second.expires <= now ? Forget(it) : std::next(it);
+    }
+  }
+
+  absl::Status DoFetchRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
+                           pb::FetchRefsResponse* resp) {
+    absl::StatusOr<storage::RamPoolId> pool = ShmPoolOf(tenant);
+    if (!pool.ok()) return pool.status();
+    auto nk = NamespaceAndKeys(tenant, req);
+    if (!nk.ok()) return nk.status();
+    for (uint64_t done : req.release_lease_ids())
+      (void)DoReleaseRefs(tenant, done);  // saves a call
+    ReapLeases();
+    const uint32_t ms =
+        std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
+    resp->set_lease_ms(ms);
+    resp->set_arena_id(arena_ids.at(*pool));
+    RefLease lease{
+        tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
+    for (const ChunkKey& key : nk->second) {
+      absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->first.id, key);
+      // The leading chunks only; the client fetches the rest over gRPC. A chunk in another
+      // pool (stored before the tenant had its own) is not in the caller's mapping.
+      if (!l.ok() || l->pool() != *pool) break;
+      pb::ChunkRef* ref = resp->add_refs();
+      ref->set_chunk_key(KeyBytes(key));
+      ref->set_arena_offset(l->arena_offset());
+      ref->set_length(l->bytes().size());
+      lease.leases.push_back(*std::move(l));
+    }
+    if (lease.leases.empty()) return absl::OkStatus();
+    return Hold(std::move(lease), resp);
+  }
+
+  // Keeps `lease` until released or expired; its id goes into resp.
+  template <typename Response>
+  absl::Status Hold(RefLease lease, Response* resp) {
+    std::lock_guard lk(leases_mu);
+    size_t& held = leases_held[lease.tenant];
+    if (held >= opt.max_ref_leases) {
+      resp->clear_refs();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", lease.tenant, " holds ", held, " shared-memory leases already (the limit)"));
+    }
+    ++held;
+    const uint64_t id = ++next_lease_id;
+    ref_leases.emplace(id, std::move(lease));
+    resp->set_lease_id(id);
+    return absl::OkStatus();
+  }
+
+  // T0: leases the leading chunks in HBM, first copying into it those read (and so
+  // verified) from RAM or SSD.
+  absl::Status DoFetchDeviceRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
+                                 pb::FetchDeviceRefsResponse* resp) {
+    if (opt.hbm == nullptr) {
+      return absl::FailedPreconditionError(
+          "this kvcached has no HBM tier (start it with --hbm-bytes on a machine with a GPU)");
+    }
+    if (auth->enabled() && !opt.device_tenants.contains(tenant)) {  // before any work
+      return absl::PermissionDeniedError(
+          absl::StrCat("tenant ", tenant, " may not map the HBM tier (see --shm-tenants)"));
+    }
+    auto nk = NamespaceAndKeys(tenant, req);
+    if (!nk.ok()) return nk.status();
+    for (uint64_t done : req.release_lease_ids()) (void)DoReleaseRefs(tenant, done);
+    ReapLeases();
+    const uint32_t ms =
+        std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
+    resp->set_lease_ms(ms);
+    resp->set_ipc_handle(hbm_handle);
+    resp->set_device(opt.hbm->arena().device());
+    resp->set_arena_id(opt.hbm->arena().id());
+    RefLease lease{
+        tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
+    const storage::NamespaceId ns = nk->first.id;
+    std::vector<uint8_t> staged;
+    for (const ChunkKey& key : nk->second) {
+      absl::StatusOr<storage::HbmLease> l = opt.hbm->Lease(ns, key);
+      if (!l.ok()) {
+        staged.resize(nk->first.chunk_bytes);
+        if (!store->Get(ns, key, staged).ok()) break;  // missing (or failed its checksum)
+        l = opt.hbm->PutAndLease(ns, key, staged);
+        if (!l.ok()) break;  // every slot leased: the prefix ends here
+      }
+      pb::ChunkRef* ref = resp->add_refs();
+      ref->set_chunk_key(KeyBytes(key));
+      ref->set_arena_offset(l->offset());
+      ref->set_length(l->length());
+      lease.hbm.push_back(*std::move(l));
+    }
+    if (lease.hbm.empty()) return absl::OkStatus();
+    return Hold(std::move(lease), resp);
+  }
+
+  absl::Status DoReleaseRefs(const std::string& tenant, uint64_t id) {
+    std::lock_guard lk(leases_mu);
+    auto it = ref_leases.find(id);
+    if (it == ref_leases.end() || it->second.tenant != tenant) {
+      return absl::NotFoundError(absl::StrCat("lease ", id, " not found (released or expired)"));
+    }
+    Forget(it);
+    return absl::OkStatus();
+  }
+
+  // Ends a held lease (under leases_mu).
+  std::map<uint64_t, RefLease>::iterator Forget(std::map<uint64_t, RefLease>::iterator it) {
+    auto held = leases_held.find(it->second.tenant);
+    KVC_CHECK(held != leases_held.end() && held->second > 0)
+        << "tenant " << it->second.tenant << " releases a lease it does not hold";
+    if (--held->second == 0) leases_held.erase(held);
+    return ref_leases.erase(it);
+  }
+
+  storage::ChunkStore* store;
+  NamespaceRegistry* registry;
+  const Authenticator* auth;
+  ServiceOptions opt;
+  TenantLimiter limiter;
+  std::string hbm_handle;  // the HBM arena's IPC handle, exported once
+  std::mutex leases_mu;
+  std::map<uint64_t, RefLease> ref_leases;
+  std::map<std::string, size_t> leases_held;  // per tenant
+  uint64_t next_lease_id = 0;
+  std::vector<uint64_t> arena_ids;  // ArenaIdentity per RAM pool (0: no slots)
+  Executor executor;  // declared last: its threads stop before the state they use goes away
+};
+
+// The two streaming calls, each served by a reactor of its own (fetch_reactor.cc,
+// store_reactor.cc), started once the call is admitted.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(KvCacheService::Impl* svc,
+                                                       TenantLimiter::Slot slot, NamespaceInfo ns,
+                                                       std::vector<ChunkKey> keys);
+grpc::ServerReadReactor<grpc::ByteBuffer>* StartStore(KvCacheService::Impl* svc,
+                                                      TenantLimiter::Slot slot,
+                                                      grpc::ByteBuffer* response);
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,148 @@
+// Store: read one message, handle it on the executor, read the next.
+//
+// Store is a raw method: each message arrives as bytes and is parsed here, so a message
+// that is not a StoreRequest fails the call with INVALID_ARGUMENT naming it (a typed
+// reactor would see it as the end of the stream and answer OK with what came before).
+// The messages before a bad one stay stored; the bad one and those after it change
+// nothing.
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+
+#include "cachesvc/service_impl.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  StoreReactor(KvCacheService::Impl* svc, TenantLimiter::Slot slot, grpc::ByteBuffer* response)
+      : svc_(svc), slot_(std::move(slot)), tenant_(slot_.tenant()), response_(response) {
+    StartRead(&raw_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending (or went away): answer with what was stored
+      Done(grpc::Status::OK);
+      return;
+    }
+    if (!svc_->executor.Submit([this] { Handle(); })) {
+      Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Done(const grpc::Status& s) {
+    slot_.Release();
+    svc_->Observe("Store", tenant_, s, start_);
+    if (s.ok()) {
+      bool own_buffer = false;
+      grpc::Status serialized = grpc::GenericSerialize<grpc::ProtoBufferWriter, pb::StoreResponse>(
+          resp_, response_, &own_buffer);
+      if (!serialized.ok()) {
+        Finish(serialized);
+        return;
+      }
+    }
+    Finish(s);
+  }
+  void Handle() {
+    absl::Status s = Parse();
+    if (s.ok()) s = StoreOne();
+    raw_.Clear();
+    if (!s.ok()) {
+      Done(ToGrpc(absl::Status(s.code(), absl::StrCat("message ", index_, ": ", s.message()))));
+      return;
+    }
+    if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/true, req_.payload().size());
+    ++index_;
+    StartRead(&raw_);
+  }
+
+  absl::Status Parse() {
+    grpc::ProtoBufferReader reader(&raw_);
+    if (!req_.ParseFromZeroCopyStream(&reader)) {
+      return absl::InvalidArgumentError("not a StoreRequest (the bytes do not parse)");
+    }
+    if (!pb::Durability_IsValid(req_.durability())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("durability is ", req_.durability(), "; it must be ", pb::DURABILITY_MEMORY,
+                       " (memory) or ", pb::DURABILITY_DURABLE, " (durable)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StoreOne() {
+    absl::StatusOr<NamespaceInfo> ns = svc_->Namespace(req_.namespace_id(), tenant_);
+    if (!ns.ok()) return ns.status();
+    if (static_cast<uint32_t>(req_.tokens_size()) != ns->chunk_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk has ", req_.tokens_size(),
+                                                     " tokens; namespace ", ns->id, " uses ",
+                                                     ns->chunk_tokens));
+    }
+    if (absl::Status s = svc_->CheckTokens(*ns, req_.tokens()); !s.ok()) return s;
+    if (req_.payload().size() != ns->chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
+                                                     " bytes, namespace ", ns->id, " expects ",
+                                                     ns->chunk_bytes));
+    }
+    std::optional<ChunkKey> parent;
+    ChunkKey chain = ns->root;
+    if (!req_.parent_key().empty()) {
+      if (req_.parent_key().size() != 16) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parent_key is ", req_.parent_key().size(), " bytes; keys are 16"));
+      }
+      std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
+      // A chunk is only reachable through its prefix: refuse orphans (and keys chained
+      // from another namespace's chunks).
+      if (svc_->store->Contains(ns->id, chain) == storage::Tier::kNone) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("parent chunk ", chain.Hex(), " is not cached in namespace ", ns->id));
+      }
+      parent = chain;
+    }
+    const ChunkKey key = NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
+    const auto durability = req_.durability() == pb::DURABILITY_DURABLE
+                                ? storage::Durability::kDurable
+                                : storage::Durability::kMemory;
+    absl::StatusOr<storage::PutResult> put = svc_->store->Put(
+        {ns->id, key, parent,
+         std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()), req_.payload().size())},
+        {durability, static_cast<int64_t>(req_.ttl_seconds())});
+    if (!put.ok()) return put.status();
+    if (svc_->opt.hbm != nullptr && svc_->opt.hbm_write_through) {
+      // The next turn's FetchDeviceRefs then finds it in T0 (a cache: a full tier only
+      // means the chunk is promoted later).
+      (void)svc_->opt.hbm->Put(ns->id, key,
+                               std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()),
+                                         req_.payload().size()));
+    }
+    if (put->already_present) {
+      resp_.set_already_present(resp_.already_present() + 1);
+    } else {
+      resp_.set_stored(resp_.stored() + 1);
+    }
+    resp_.add_chunk_keys(KeyBytes(key));
+    return absl::OkStatus();
+  }
+
+  KvCacheService::Impl* svc_;
+  TenantLimiter::Slot slot_;
+  const std::string tenant_;
+  grpc::ByteBuffer* response_;
+  pb::StoreResponse resp_;
+  grpc::ByteBuffer raw_;
+  pb::StoreRequest req_;
+  uint32_t index_ = 0;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* StartStore(KvCacheService::Impl* svc,
+                                                      TenantLimiter::Slot slot,
+                                                      grpc::ByteBuffer* response) {
+  return new StoreReactor(svc, std::move(slot), response);
+}
+
+}  // namespace kvc::cachesvc

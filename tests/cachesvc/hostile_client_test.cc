@@ -1,0 +1,136 @@
+// kvcached against what a hostile or broken client sends, on the real daemon: a Store
+// stream with a message that does not parse, an enum value the protocol does not have,
+// and a local user reading the data folder.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
+#include <grpcpp/support/sync_stream.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "cachesvc/client.h"
+#include "gtest/gtest.h"
+#include "tests/cachesvc/daemon.h"
+#include "tests/cachesvc/random_prefix.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+namespace pb = ::kvcache::v1;
+using ::kvc::testing::Daemon;
+using ::kvc::testing::MakePrefix;
+using ::kvc::testing::Prefix;
+using ::kvc::testing::ReadFile;
+using ::kvc::testing::TempDir;
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Sends each element as one raw message of a Store stream; the call's status.
+grpc::Status RawStore(const std::string& address, const std::vector<std::string>& messages) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::ByteBuffer response;
+  const grpc::internal::RpcMethod method("/kvcache.v1.KVCache/Store",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                    &response));
+  for (const std::string& m : messages) {
+    if (!writer->Write(Bytes(m))) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+std::string StoreMessage(const RemoteNamespace& ns, const Prefix& p, size_t chunk,
+                         const std::vector<storage::ChunkKey>& keys, int durability) {
+  pb::StoreRequest r;
+  r.set_namespace_id(ns.id);
+  if (chunk > 0)
+    r.set_parent_key(std::string(reinterpret_cast<const char*>(keys[chunk - 1].bytes.data()), 16));
+  for (uint32_t t = 0; t < ns.chunk_tokens; ++t)
+    r.add_tokens(p.tokens[chunk * ns.chunk_tokens + t]);
+  r.set_payload(std::string(
+      reinterpret_cast<const char*>(p.payloads.data()) + chunk * ns.chunk_bytes, ns.chunk_bytes));
+  r.set_durability(static_cast<pb::Durability>(durability));
+  return r.SerializeAsString();
+}
+
+class HostileClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    rng_.seed(testing::FreshSeed());
+    daemon_ = std::make_unique<Daemon>(dir_.File("data"));
+    ClientOptions o;
+    o.address = daemon_->address();
+    client_ = *CacheClient::Connect(o);
+    ns_ = *client_->RegisterNamespace(ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"),
+                                      "mini", 64);
+  }
+  std::mt19937_64 rng_;
+  TempDir dir_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<CacheClient> client_;
+  RemoteNamespace ns_;
+};
+
+TEST_F(HostileClientTest, AStoreMessageThatDoesNotParseFailsTheCallNamingIt) {
+  const Prefix p = MakePrefix(rng_, ns_, 3);
+  const std::vector<storage::ChunkKey> keys = client_->Keys(ns_, p.tokens);
+  const grpc::Status s =
+      RawStore(daemon_->address(), {StoreMessage(ns_, p, 0, keys, pb::DURABILITY_DURABLE),
+                                    std::string("\xff\xff\xff\xff\x0f", 5),
+                                    StoreMessage(ns_, p, 1, keys, pb::DURABILITY_DURABLE)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("message 1: not a StoreRequest"), std::string::npos)
+      << s.error_message();
+  // The message before the bad one is stored; the bad one and the one after change nothing.
+  absl::StatusOr<LookupResult> l = client_->Lookup(ns_, p.tokens);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->matched_chunks, 1u);
+}
+
+TEST_F(HostileClientTest, AnUnknownDurabilityIsRefused) {
+  const Prefix p = MakePrefix(rng_, ns_, 1);
+  const std::vector<storage::ChunkKey> keys = client_->Keys(ns_, p.tokens);
+  const grpc::Status s = RawStore(daemon_->address(), {StoreMessage(ns_, p, 0, keys, 7)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("durability is 7"), std::string::npos) << s.error_message();
+  EXPECT_EQ(client_->Lookup(ns_, p.tokens)->matched_chunks, 0u);
+  // A well-formed stream still works.
+  EXPECT_TRUE(RawStore(daemon_->address(), {StoreMessage(ns_, p, 0, keys, 1)}).ok());
+  EXPECT_EQ(client_->Lookup(ns_, p.tokens)->matched_chunks, 1u);
+}
+
+TEST_F(HostileClientTest, NoOtherLocalUserCanReadTheDataFolder) {
+  const Prefix p = MakePrefix(rng_, ns_, 4);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  // An older kvcached left a world-readable file: the next start closes it.
+  const std::string stray = dir_.File("data") + "/index/LOG.old.readable";
+  std::ofstream(stray) << "x";
+  ::chmod(stray.c_str(), 0644);
+  daemon_->Restart(SIGTERM);
+  size_t files = 0;
+  namespace fs = std::filesystem;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir_.File("data"))) {
+    if (e.is_symlink() || e.is_socket()) continue;
+    const fs::perms open =
+        e.status().permissions() & (fs::perms::group_all | fs::perms::others_all);
+    EXPECT_EQ(open, fs::perms::none) << e.path();
+    files += e.is_regular_file();
+  }
+  EXPECT_GT(files, 5u);  // the index, the slabs, the registry
+  const fs::perms top = fs::status(dir_.File("data")).permissions();
+  EXPECT_EQ(top & (fs::perms::group_all | fs::perms::others_all), fs::perms::none);
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
