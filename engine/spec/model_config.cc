@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <initializer_list>
+#include <set>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -189,9 +190,28 @@ int64_t ModelConfig::activation_dtype_bytes() const {
 
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                              absl::string_view source) {
-  Json root = Json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  // JSON lets a key appear twice in one object and keeps the last; a config where a
+  // field is given twice is ambiguous (which one did its author mean?), so it is refused.
+  std::vector<std::set<std::string>> keys_seen;
+  std::string duplicate;
+  const Json::parser_callback_t no_duplicates = [&](int, Json::parse_event_t event, Json& value) {
+    if (event == Json::parse_event_t::object_start) {
+      keys_seen.emplace_back();
+    } else if (event == Json::parse_event_t::object_end && !keys_seen.empty()) {
+      keys_seen.pop_back();
+    } else if (event == Json::parse_event_t::key && !keys_seen.empty() &&
+               !keys_seen.back().insert(value.get<std::string>()).second && duplicate.empty()) {
+      duplicate = value.get<std::string>();
+    }
+    return true;
+  };
+  Json root = Json::parse(json_text, no_duplicates, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  }
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": key \"", duplicate, "\" appears twice in one object"));
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": top level must be a JSON object"));

@@ -150,6 +150,23 @@ TEST(ModelConfigTest, MismatchedEngramListsAreRejected) {
   ExpectRejected(j, {"engram_num_embeddings", "3 entries", "engram_layer_ids", "2"});
 }
 
+TEST(ModelConfigTest, AKeyGivenTwiceIsRefusedNamingIt) {
+  // The reference config with one field repeated (inner object) — JSON parsers keep the
+  // last value, so which one its author meant is unknown.
+  std::string text = LoadJson(kReferenceConfig()).dump();
+  const size_t at = text.find("\"vocab_size\"");
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at, "\"vocab_size\": 7, ");
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(text, "cfg.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("cfg.json: key \"vocab_size\" appears twice"),
+            std::string::npos)
+      << c.status();
+  // The same key in two different objects is fine.
+  EXPECT_TRUE(ParseModelConfig(LoadJson(kReferenceConfig()).dump(), "cfg.json").ok());
+}
+
 TEST(ModelConfigTest, GarbageInputIsAnErrorNotACrash) {
   for (const char* text : {"", "{", "[1,2,3]", "null", "{\"text_config\": {}}", "\xff\xfe"}) {
     absl::StatusOr<ModelConfig> c = ParseModelConfig(text, "cfg.json");
