@@ -94,6 +94,7 @@ int Main(int argc, char** argv) {
   int threads = 4;
   uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
   size_t max_leases_per_tenant = ServiceOptions{}.max_ref_leases;
+  size_t max_namespaces_per_tenant = 256;
   std::string log_level = "info";
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
@@ -123,6 +124,9 @@ int Main(int argc, char** argv) {
                  "with --auth-tokens: NAME[=BYTES],... tenants that use shared memory; each gets "
                  "a RAM pool of its own, carved out of --ram-bytes (default: an equal share), "
                  "that only it maps");
+  app.add_option("--max-namespaces-per-tenant", max_namespaces_per_tenant,
+                 "namespaces one tenant may register (0: no limit)")
+      ->capture_default_str();
   app.add_option("--max-leases-per-tenant", max_leases_per_tenant,
                  "shared-memory leases (FetchRefs, FetchDeviceRefs) one tenant holds at once")
       ->check(CLI::PositiveNumber)
@@ -198,7 +202,8 @@ int Main(int argc, char** argv) {
   so.preallocate_ssd_background = true;
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(so);
   if (!store.ok()) return Fail(std::string(store.status().message()));
-  absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry = NamespaceRegistry::Open(data_dir);
+  absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry =
+      NamespaceRegistry::Open(data_dir, max_namespaces_per_tenant);
   if (!registry.ok()) return Fail(std::string(registry.status().message()));
 
   ServiceMetrics metrics(store->get());

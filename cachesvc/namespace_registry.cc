@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -14,7 +15,8 @@
 namespace kvc::cachesvc {
 namespace {
 
-std::string Hex(const storage::ChunkKey& k) { return k.Hex(); }
+constexpr char kLog[] = "/namespaces.jsonl";
+constexpr char kOldArray[] = "/namespaces.json";  // before the log
 
 bool FromHex(const std::string& s, storage::ChunkKey* k) {
   if (s.size() != 32) return false;
@@ -26,77 +28,158 @@ bool FromHex(const std::string& s, storage::ChunkKey* k) {
   return true;
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(
-    const std::string& data_dir) {
-  std::unique_ptr<NamespaceRegistry> r(new NamespaceRegistry(data_dir + "/namespaces.json"));
-  std::ifstream in(r->path_);
-  if (!in) return r;  // none yet
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_array()) {
-    return absl::DataLossError(absl::StrCat(r->path_, " is not a JSON array of namespaces"));
-  }
-  for (const auto& e : j) {
-    NamespaceInfo n;
-    try {
-      n.id = e.at("id");
-      n.tenant = e.at("tenant");
-      n.model_id = e.at("model_id");
-      n.chunk_tokens = e.at("chunk_tokens");
-      n.chunk_bytes = e.at("chunk_bytes");
-      n.vocab_size = e.at("vocab_size");
-      if (!FromHex(e.at("root_key"), &n.root)) throw std::runtime_error("root_key");
-    } catch (const std::exception& ex) {
-      return absl::DataLossError(
-          absl::StrCat(r->path_, ": bad namespace entry ", e.dump(), ": ", ex.what()));
-    }
-    r->by_id_[n.id] = n;
-  }
-  return r;
+nlohmann::json ToJson(const NamespaceInfo& n) {
+  return {{"id", n.id},
+          {"tenant", n.tenant},
+          {"model_id", n.model_id},
+          {"chunk_tokens", n.chunk_tokens},
+          {"chunk_bytes", n.chunk_bytes},
+          {"vocab_size", n.vocab_size},
+          {"root_key", n.root.Hex()}};
 }
 
-absl::Status NamespaceRegistry::Save() const {
-  nlohmann::json j = nlohmann::json::array();
-  for (const auto& [id, n] : by_id_) {
-    j.push_back({{"id", n.id},
-                 {"tenant", n.tenant},
-                 {"model_id", n.model_id},
-                 {"chunk_tokens", n.chunk_tokens},
-                 {"chunk_bytes", n.chunk_bytes},
-                 {"vocab_size", n.vocab_size},
-                 {"root_key", Hex(n.root)}});
+absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::string& where) {
+  NamespaceInfo n;
+  try {
+    n.id = e.at("id");
+    n.tenant = e.at("tenant");
+    n.model_id = e.at("model_id");
+    n.chunk_tokens = e.at("chunk_tokens");
+    n.chunk_bytes = e.at("chunk_bytes");
+    n.vocab_size = e.at("vocab_size");
+    if (!FromHex(e.at("root_key"), &n.root)) throw std::runtime_error("root_key");
+  } catch (const std::exception& ex) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": bad namespace entry ", e.dump(), ": ", ex.what()));
   }
-  const std::string tmp = path_ + ".tmp", text = j.dump(1);
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", tmp, ": ", strerror(errno)));
-  const bool ok =
-      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
-  close(fd);
-  if (!ok || rename(tmp.c_str(), path_.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("write ", path_, ": ", strerror(errno)));
-  }
-  const std::string dir = path_.substr(0, path_.rfind('/'));
-  if (const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
-    fsync(d);
-    close(d);
+  return n;
+}
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0) return Errno("open " + dir);
+  const int rc = fsync(d);
+  close(d);
+  return rc == 0 ? absl::OkStatus() : Errno("fsync " + dir);
+}
+
+absl::Status WriteAll(int fd, const std::string& text, const std::string& path) {
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Errno("write " + path);
+    done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(
+    const std::string& data_dir, size_t max_per_tenant) {
+  std::unique_ptr<NamespaceRegistry> r(new NamespaceRegistry(data_dir, max_per_tenant));
+  if (absl::Status s = r->Load(); !s.ok()) return s;
+  return r;
+}
+
+NamespaceRegistry::~NamespaceRegistry() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status NamespaceRegistry::Load() {
+  const std::string log = dir_ + kLog, old = dir_ + kOldArray;
+  std::vector<NamespaceInfo> entries;
+  size_t good_bytes = 0;  // the log's length up to its last whole line
+  if (std::ifstream in(log); in) {
+    std::string line;
+    size_t n = 0, at = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      const bool whole = !in.eof();  // a line without its newline was torn by a crash
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!whole || j.is_discarded()) {
+        if (!whole && in.peek() == EOF) break;  // the torn tail: dropped below
+        return absl::DataLossError(absl::StrCat(log, ":", n, " is not a namespace entry"));
+      }
+      absl::StatusOr<NamespaceInfo> e = FromJson(j, absl::StrCat(log, ":", n));
+      if (!e.ok()) return e.status();
+      entries.push_back(*e);
+      at += line.size() + 1;
+      good_bytes = at;
+    }
+  } else if (std::ifstream in_old(old); in_old) {
+    // An older kvcached's array: its entries become the log's first lines (below).
+    std::stringstream text;
+    text << in_old.rdbuf();
+    const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+    if (j.is_discarded() || !j.is_array()) {
+      return absl::DataLossError(absl::StrCat(old, " is not a JSON array of namespaces"));
+    }
+    for (const auto& e : j) {
+      absl::StatusOr<NamespaceInfo> n = FromJson(e, old);
+      if (!n.ok()) return n.status();
+      entries.push_back(*n);
+    }
+    std::string lines;
+    for (const NamespaceInfo& n : entries) lines += ToJson(n).dump() + "\n";
+    const std::string tmp = log + ".tmp";
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return Errno("open " + tmp);
+    absl::Status w = WriteAll(fd, lines, tmp);
+    if (w.ok() && fsync(fd) != 0) w = Errno("fsync " + tmp);
+    close(fd);
+    if (!w.ok()) return w;
+    if (rename(tmp.c_str(), log.c_str()) != 0) return Errno("rename " + tmp);
+    if (absl::Status s = SyncDir(dir_); !s.ok()) return s;
+    unlink(old.c_str());
+    good_bytes = lines.size();
+  }
+  for (const NamespaceInfo& n : entries) {
+    by_id_[n.id] = n;
+    by_root_[{n.tenant, n.root}] = n.id;
+    ++per_tenant_[n.tenant];
+  }
+  fd_ = open(log.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd_ < 0) return Errno("open " + log);
+  // Drop a torn tail, so the next entry starts on a line of its own.
+  if (ftruncate(fd_, static_cast<off_t>(good_bytes)) != 0) return Errno("truncate " + log);
+  if (lseek(fd_, 0, SEEK_END) < 0) return Errno("seek " + log);
+  return absl::OkStatus();
+}
+
+absl::Status NamespaceRegistry::Append(const NamespaceInfo& n) {
+  const std::string log = dir_ + kLog;
+  const off_t before = lseek(fd_, 0, SEEK_END);
+  absl::Status s = WriteAll(fd_, ToJson(n).dump() + "\n", log);
+  if (s.ok() && fdatasync(fd_) != 0) s = Errno("fdatasync " + log);
+  if (!s.ok() && before >= 0) {
+    (void)ftruncate(fd_, before);  // a failed append must not leave half a line
+    (void)lseek(fd_, before, SEEK_SET);
+  }
+  // The log's first line also needs its directory entry to be durable.
+  if (s.ok() && before == 0) s = SyncDir(dir_);
+  return s;
+}
+
 absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
   std::lock_guard lk(mu_);
-  for (const auto& [id, n] : by_id_) {
-    if (n.tenant == info.tenant && n.root == info.root) return n;
+  if (auto it = by_root_.find({info.tenant, info.root}); it != by_root_.end()) {
+    return by_id_.at(it->second);
+  }
+  if (max_per_tenant_ > 0 && per_tenant_[info.tenant] >= max_per_tenant_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", info.tenant, " has registered ", per_tenant_[info.tenant],
+        " namespaces; the limit is ", max_per_tenant_, " (kvcached --max-namespaces-per-tenant)"));
   }
   info.id = by_id_.empty() ? 1 : by_id_.rbegin()->first + 1;
+  if (absl::Status s = Append(info); !s.ok()) return s;
   by_id_[info.id] = info;
-  if (absl::Status s = Save(); !s.ok()) {
-    by_id_.erase(info.id);
-    return s;
-  }
+  by_root_[{info.tenant, info.root}] = info.id;
+  ++per_tenant_[info.tenant];
   return info;
 }
 

@@ -1,7 +1,11 @@
 // NamespaceRegistry: the durable list of namespaces, each owned by one tenant.
 // Registering the same (tenant, model, layout, chunk size) again returns the same id.
-// Kept as a JSON file in the data folder, replaced atomically (write, fsync, rename).
-// Thread-safe.
+//
+// Kept as an append-only log in the data folder (namespaces.jsonl, one JSON object per
+// line): a registration appends one line and syncs it, so its cost does not grow with the
+// number of namespaces. A line torn by a crash is the last one and is dropped at the next
+// open; damage anywhere else is DataLoss. A folder from an older kvcached (namespaces.json,
+// one JSON array) is converted on open. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,9 +33,13 @@ struct NamespaceInfo {
 
 class NamespaceRegistry {
  public:
-  static absl::StatusOr<std::unique_ptr<NamespaceRegistry>> Open(const std::string& data_dir);
+  // `max_per_tenant`: namespaces one tenant may register (0: no limit).
+  static absl::StatusOr<std::unique_ptr<NamespaceRegistry>> Open(const std::string& data_dir,
+                                                                 size_t max_per_tenant = 0);
+  ~NamespaceRegistry();
 
   // The existing namespace with info's tenant and root, or a new one with a fresh id.
+  // ResourceExhausted naming the tenant and the limit when it has registered its quota.
   absl::StatusOr<NamespaceInfo> FindOrAdd(NamespaceInfo info);
   // The namespace if it exists and belongs to `tenant` (another tenant's: nullopt, so its
   // existence does not leak).
@@ -39,12 +48,18 @@ class NamespaceRegistry {
   std::vector<NamespaceInfo> All() const;
 
  private:
-  explicit NamespaceRegistry(std::string path) : path_(std::move(path)) {}
-  absl::Status Save() const;  // under mu_
+  NamespaceRegistry(std::string dir, size_t max_per_tenant)
+      : dir_(std::move(dir)), max_per_tenant_(max_per_tenant) {}
+  absl::Status Load();
+  absl::Status Append(const NamespaceInfo& n);  // under mu_
 
-  std::string path_;
+  std::string dir_;
+  size_t max_per_tenant_;
+  int fd_ = -1;  // the log, open for appending
   mutable std::mutex mu_;
   std::map<uint32_t, NamespaceInfo> by_id_;
+  std::map<std::pair<std::string, storage::ChunkKey>, uint32_t> by_root_;
+  std::map<std::string, size_t> per_tenant_;
 };
 
 }  // namespace kvc::cachesvc
