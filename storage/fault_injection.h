@@ -26,6 +26,7 @@ struct FaultRates {
   uint32_t flip_bit_on_write = 0;  // the stored bytes differ from what was given
   uint32_t flip_bit_on_read = 0;   // the returned bytes differ from what is stored
   uint32_t sync_eio = 0;
+  uint32_t new_slab_sync_eio = 0;  // the fsync that makes a new slab file durable
 };
 
 class FaultPlan {

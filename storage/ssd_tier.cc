@@ -172,14 +172,32 @@ absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
   return fd;
 }
 
+absl::Status SsdTier::SyncNewFile(int fd, const std::string& path) {
+  if (options_.faults && options_.faults->Draw(&FaultRates::new_slab_sync_eio)) {
+    ++options_.faults->injected;
+    return absl::InternalError(absl::StrCat("fsync ", path, ": injected EIO"));
+  }
+  if (fsync(fd) != 0)
+    return absl::InternalError(absl::StrCat("fsync ", path, ": ", strerror(errno)));
+  const int dir = open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0)
+    return absl::InternalError(absl::StrCat("open ", options_.dir, ": ", strerror(errno)));
+  const int rc = fsync(dir);
+  const int err = errno;
+  close(dir);
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("fsync ", options_.dir, ": ", strerror(err)));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> SsdTier::CreateSlab(uint64_t slab) {
   const std::string path = absl::StrFormat("%s/slab-%06d.dat", options_.dir, slab);
   const bool existed = access(path.c_str(), F_OK) == 0;
   int flags = O_RDWR | O_CREAT | O_CLOEXEC;
-  int fd = direct_io_ ? open(path.c_str(), flags | O_DIRECT, 0644) : -1;
+  int fd = direct_io_ ? open(path.c_str(), flags | O_DIRECT, 0600) : -1;
   if (fd < 0 && (!direct_io_ || errno == EINVAL)) {
     direct_io_ = false;  // e.g. tmpfs: no O_DIRECT, the page cache it is
-    fd = open(path.c_str(), flags, 0644);
+    fd = open(path.c_str(), flags, 0600);
   }
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
   // The last slab holds only the slots the capacity reaches; it grows if capacity does.
@@ -199,12 +217,13 @@ absl::StatusOr<int> SsdTier::CreateSlab(uint64_t slab) {
     }
   }
   if (!existed) {
-    // The new file's directory entry must be durable before any chunk in it is indexed.
-    fsync(fd);
-    const int dir = open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-      fsync(dir);
-      close(dir);
+    // The new file's directory entry must be durable before any chunk in it is indexed:
+    // a sync that fails fails the slab, and so every write waiting for it.
+    absl::Status synced = SyncNewFile(fd, path);
+    if (!synced.ok()) {
+      close(fd);
+      unlink(path.c_str());  // laid out again by the next write that needs it
+      return synced;
     }
   }
   return fd;

@@ -90,6 +90,8 @@ class SsdTier {
   absl::Status Init();
   absl::StatusOr<int> SlabFd(uint64_t slab);      // opens or creates (preallocated) the slab
   absl::StatusOr<int> CreateSlab(uint64_t slab);  // open + zero fill + sync; no lock held
+  // fsync of a new slab file and of its folder (the entry); either failing is an error.
+  absl::Status SyncNewFile(int fd, const std::string& path);
   // The I/O of one slot (header + payload, whole sectors) through staging buffer i of a lane.
   absl::StatusOr<IoOp> SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
                               const Lane& lane, size_t staging_index);

@@ -96,6 +96,18 @@ TEST_F(FaultTest, FailedSyncIsNotAcknowledged) {
   ExpectEarlyChunksIntact();
 }
 
+TEST_F(FaultTest, AFailedSyncOfANewSlabFailsTheWriteThatNeedsIt) {
+  for (uint64_t i = 8; i < 64; ++i) ASSERT_TRUE(Put(i).ok());  // slab 0 is full
+  plan_->set_rates({.new_slab_sync_eio = 1});
+  absl::Status st = Put(64);  // the first chunk of slab 1
+  EXPECT_TRUE(absl::IsInternal(st)) << st;
+  EXPECT_NE(st.message().find("fsync"), std::string::npos) << st;
+  EXPECT_EQ(store_->Contains(kNs, KeyOf(seed_, 64)), Tier::kNone);
+  ExpectEarlyChunksIntact();
+  ASSERT_TRUE(Put(64).ok()) << "the slab is laid out again";
+  EXPECT_TRUE(GetChecked(64).ok());
+}
+
 TEST_F(FaultTest, ReadEioAndShortReadsAreErrorsThatKeepTheEntry) {
   for (FaultRates rates : {FaultRates{.read_eio = 1}, FaultRates{.short_read = 1}}) {
     plan_->set_rates(rates);
