@@ -28,6 +28,7 @@
 #include "cachesvc/log.h"
 #include "cachesvc/service.h"
 #include "engine/spec/chunk_layout.h"
+#include "storage/disk_space.h"
 #if KVC_WITH_CUDA
 #include "kernels/hbm_arena.h"
 #endif
@@ -190,6 +191,20 @@ int Main(int argc, char** argv) {
   if (!auth.enabled() && !shm_tenants.empty()) {
     LogLine(LogLevel::kInfo, "shm_tenants_ignored")
         .Str("why", "without --auth-tokens every caller is one tenant and maps its own arena");
+  }
+  // Never lay out more slab than the disk holds (the background zero-fill would fill it).
+  absl::StatusOr<storage::DiskSpace> disk = storage::MeasureDiskSpace(data_dir);
+  if (!disk.ok()) return Fail(std::string(disk.status().message()));
+  if (const uint64_t fits = storage::FitSsdBytes(ssd_bytes, *disk); fits < ssd_bytes) {
+    LogLine(LogLevel::kWarn, "ssd_sized_to_free_space")
+        .Int("requested_bytes", static_cast<int64_t>(ssd_bytes))
+        .Int("granted_bytes", static_cast<int64_t>(fits))
+        .Int("free_bytes", static_cast<int64_t>(disk->free_bytes))
+        .Int("slab_bytes", static_cast<int64_t>(disk->slab_bytes))
+        .Int("reserved_bytes", static_cast<int64_t>(storage::ReservedBytes(*disk)));
+    std::fprintf(stderr, "kvcached: --ssd-bytes %llu does not fit on the disk; using %llu\n",
+                 static_cast<unsigned long long>(ssd_bytes), static_cast<unsigned long long>(fits));
+    ssd_bytes = fits;
   }
   storage::StoreOptions so;
   so.data_dir = data_dir;

@@ -1,14 +1,19 @@
-// Unit tests of the storage building blocks: slot format, index records, eviction order.
+// Unit tests of the storage building blocks: slot format, index records, eviction order,
+// disk space.
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "engine/spec/chunk_layout.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_index.h"
+#include "storage/disk_space.h"
 #include "storage/eviction.h"
 #include "storage/slot_format.h"
 #include "tests/engine/spec/config_fixtures.h"
 #include "tests/storage/store_testing.h"
 #include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
 
 namespace kvc::storage {
 namespace {
@@ -149,6 +154,45 @@ TEST(EvictionOrderTest, OrphansGoBeforeReachableLeavesAndComeBackWithTheirParent
   order.MarkOrphansOf(a);
   order.SetPin(b, 100);
   EXPECT_EQ(order.PickVictim(50), old);  // a pinned orphan stays
+}
+
+}  // namespace
+}  // namespace kvc::storage
+
+namespace kvc::storage {
+namespace {
+
+TEST(DiskSpaceTest, TheSsdTierIsSizedToWhatFitsAndNeverBelowItsSlabs) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  const DiskSpace d{.total_bytes = 100 * kGiB, .free_bytes = 20 * kGiB, .slab_bytes = 8 * kGiB};
+  EXPECT_EQ(ReservedBytes(d), 5 * kGiB);                        // 5 % of the file system
+  EXPECT_EQ(FitSsdBytes(10 * kGiB, d), 10 * kGiB);              // fits: unchanged
+  EXPECT_EQ(FitSsdBytes(1000 * kGiB, d), (8 + 20 - 5) * kGiB);  // slabs + free - reserve
+  // A fuller disk than the slabs already hold: the slabs stay, nothing more is laid out.
+  const DiskSpace full{.total_bytes = 100 * kGiB, .free_bytes = kGiB, .slab_bytes = 8 * kGiB};
+  EXPECT_EQ(FitSsdBytes(1000 * kGiB, full), 8 * kGiB);
+  // A small file system still keeps 1 GiB.
+  const DiskSpace small{.total_bytes = 4 * kGiB, .free_bytes = 3 * kGiB, .slab_bytes = 0};
+  EXPECT_EQ(FitSsdBytes(1000 * kGiB, small), 2 * kGiB);
+}
+
+TEST(DiskSpaceTest, MeasuresTheFileSystemAndTheSlabsAllocated) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/slabs");
+  {
+    std::ofstream f(dir.path() + "/slabs/slab-000000.dat", std::ios::binary);
+    const std::string block(1 << 20, 'x');
+    f << block;
+  }
+  absl::StatusOr<DiskSpace> d = MeasureDiskSpace(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_GT(d->total_bytes, d->free_bytes);
+  EXPECT_GE(d->slab_bytes, 1u << 20);
+  // A folder not made yet is measured on its parent's file system.
+  absl::StatusOr<DiskSpace> fresh = MeasureDiskSpace(dir.path() + "/not/yet");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->total_bytes, d->total_bytes);
+  EXPECT_EQ(fresh->slab_bytes, 0u);
 }
 
 }  // namespace
