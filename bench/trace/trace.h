@@ -24,6 +24,9 @@
 namespace kvc::trace {
 
 inline constexpr int64_t kMooncakeBlockTokens = 512;
+// The longest prompt a request may have (a session's history included): 2^28 tokens,
+// far past any model's context, small enough that its token ids fit in memory.
+inline constexpr int64_t kMaxPromptTokens = int64_t{1} << 28;
 
 struct Request {
   double arrival_s = 0;
@@ -35,7 +38,8 @@ struct Request {
 
 // Reads either format (told apart by the first line's fields). InvalidArgument naming the
 // file, line and field for anything malformed: a missing or negative field, too few or
-// too many hash ids for input_length, a turn out of order, times going backwards.
+// too many hash ids for input_length, a prompt over kMaxPromptTokens, a turn out of
+// order, times going backwards.
 // `limit` > 0 keeps the first `limit` requests (by arrival).
 absl::StatusOr<std::vector<Request>> ReadTrace(const std::string& path, int64_t limit = 0);
 
