@@ -60,8 +60,8 @@ absl::Status ReadMooncake(const nlohmann::json& j, const std::string& where, Req
     return absl::InvalidArgumentError(absl::StrCat(where, ": \"hash_ids\" must be an array"));
   }
   if (*in > kMaxPromptTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": input_length ", *in,
-                                                   " is over the limit of ", kMaxPromptTokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": input_length ", *in, " is over the limit of ", kMaxPromptTokens));
   }
   const int64_t blocks = (*in + kMooncakeBlockTokens - 1) / kMooncakeBlockTokens;
   if (static_cast<int64_t>(ids->size()) != blocks) {
@@ -109,8 +109,8 @@ absl::Status ReadAgentTurn(const nlohmann::json& j, const std::string& where,
         absl::StrCat(where, ": session \"", name, "\" turn ", *turn, " follows turn ", state.turn));
   }
   if (*appended > kMaxPromptTokens - state.tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": session \"", name, "\" grows past ",
-                                                   kMaxPromptTokens, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": session \"", name, "\" grows past ", kMaxPromptTokens, " tokens"));
   }
   state.turn = *turn;
   state.tokens += *appended;

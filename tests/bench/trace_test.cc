@@ -117,6 +117,12 @@ TEST(TraceReaderTest, MalformedTracesAreRefusedNamingTheLine) {
   EXPECT_NE(refused(R"({"session": "s", "turn": 1, "tokens": -5})").find("\"tokens\""),
             std::string::npos);
   EXPECT_NE(refused("not json\n").find("not a JSON object"), std::string::npos);
+  // Lengths no prompt has (their token ids would not fit in memory).
+  EXPECT_NE(refused(R"({"session": "s", "turn": 1, "tokens": 1000000000000})").find("grows past"),
+            std::string::npos);
+  EXPECT_NE(refused(R"({"timestamp": 0, "input_length": 1000000000000, "hash_ids": []})")
+                .find("over the limit"),
+            std::string::npos);
   EXPECT_TRUE(absl::IsNotFound(ReadTrace(dir.File("missing")).status()));
 }
 
