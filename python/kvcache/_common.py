@@ -233,6 +233,16 @@ class Common:
                 self._pending_release.append(resp.lease_id)
         return len(offsets)
 
+    def take_refs(self, ns, keys, resp, out_view, attempt):
+        """A FetchRefs answer: the chunks copied, or None to ask again (the daemon
+        restarted, its offsets are into a new arena, which is now mapped)."""
+        if resp.arena_id == self._arena.id:
+            return self.copy_refs(ns, keys, resp, out_view)
+        self._drop_arena("the shared arena's identity does not match kvcached's answers")
+        if attempt == 0:
+            self._map_arena()
+        return None if self._arena is not None and attempt == 0 else 0
+
     def _hold(self, lease_id, until, keys, offsets):
         self._held_leases[lease_id] = [until, 0]
         for k, off in zip(keys, offsets):

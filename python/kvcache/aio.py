@@ -102,13 +102,9 @@ class AsyncClient(Common):
                 return 0
             except ResourceExhaustedError:
                 return 0  # this tenant holds all the leases it may: gRPC this time
-            if resp.arena_id == self._arena.id:
-                return self.copy_refs(ns, keys, resp, view)
-            self._drop_arena("the shared arena's identity does not match kvcached's answers")
-            if attempt == 0:
-                self._map_arena()
-            if self._arena is None:
-                return 0
+            got = self.take_refs(ns, keys, resp, view, attempt)
+            if got is not None:
+                return got
         return 0
 
     async def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
