@@ -270,7 +270,11 @@ int Main(int argc, char** argv) {
       std::max<uint64_t>(max_chunk_bytes + (1 << 20), opt.max_lookup_tokens * 5 + (1 << 20)));
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 256);
+  // Room on one connection for more streams than a tenant may have calls: a call past the
+  // tenant's limit then reaches the service and is refused at once, instead of waiting in
+  // the client's transport for a free stream until its deadline.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(std::max<uint32_t>(256, max_calls_per_tenant + 64)));
   // Chunks are ~220 KiB: a 64 KiB initial HTTP/2 window would stall every message on
   // window updates. Start each stream with room for several chunks.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);

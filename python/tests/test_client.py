@@ -265,3 +265,35 @@ def test_the_worker_example_reuses_its_prefix(daemon, seed):
     assert len(turns) == 3
     assert "reused 0 " in turns[0]
     assert "reused 640 (10 chunks from shared memory)" in turns[1], turns[1]
+
+
+def test_a_call_past_the_tenant_limit_is_refused_at_once(make_daemon, mini_config):
+    # More calls held open than one HTTP/2 connection used to allow (256): the next call
+    # must reach the daemon and be refused, not wait in the transport for its deadline.
+    d = make_daemon(["--max-calls-per-tenant", "300"])
+    with kvcache.Client(d.address, timeout_s=30) as c:
+        c.register_namespace(mini_config, "mini", 64)
+        go_on = threading.Event()
+
+        def held_open():
+            go_on.wait(60)
+            return
+            yield  # a request stream that sends nothing until released
+
+        calls = [c._store.future(held_open(), timeout=90) for _ in range(300)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until all 300 hold their slot
+            time.sleep(0.2)
+            try:
+                c.stats()
+            except kvcache.ResourceExhaustedError:
+                break
+        started = time.monotonic()
+        with pytest.raises(kvcache.ResourceExhaustedError) as e:
+            c.stats()
+        assert time.monotonic() - started < 5
+        assert "300" in e.value.message
+        go_on.set()
+        for call in calls:
+            assert call.result().stored == 0
+

@@ -1,0 +1,283 @@
+// The RAM and SSD tiers under the store's mutex: placement, eviction, demotion (write-back)
+// and the write-behind writer.
+#include <cstring>
+
+#include "storage/chunk_store_impl.h"
+
+namespace kvc::storage {
+
+// ---- RAM tier (all under mu) ----
+void ChunkStore::Impl::DropRam(const ChunkKey& key) {
+  if (!ram || !ram->Contains(key)) return;
+  ram->Remove(key);
+  if (!ssd_map.contains(key)) LeftStore(key);
+}
+
+// A RAM copy whose bytes no longer match their checksum (memory corruption): a miss,
+// counted, and the copy is dropped. Never handed out.
+void ChunkStore::Impl::DropCorruptRam(const ChunkKey& key) {
+  ++stats.checksum_failures;
+  ++stats.ram_checksum_failures;
+  RamEntry* e = ram->Find(key);
+  if (e == nullptr) return;
+  // Still dirty: the only copy is bad, nothing to write to SSD.
+  e->dirty = false;
+  DropRam(key);
+}
+
+// `key` is in neither tier any more: the chunks after it can no longer be reached by
+// a lookup, so they are the first to go.
+void ChunkStore::Impl::LeftStore(const ChunkKey& key) {
+  if (ram) ram->MarkOrphansOf(key);
+  ssd_order.MarkOrphansOf(key);
+}
+
+// A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
+// dirty victims are written to SSD first (demotion); without, the call gives up instead
+// of waiting on I/O.
+absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(std::unique_lock<std::mutex>& lk,
+                                                        RamPoolId pool, bool allow_writeback) {
+  while (true) {
+    if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool)) return *slot;
+    std::optional<ChunkKey> victim = ram->PickVictim(pool, NowS());
+    if (!victim) {
+      return absl::ResourceExhaustedError(pool == 0 ? std::string("RAM tier is full")
+                                                    : absl::StrCat("RAM pool ", pool, " is full"));
+    }
+    RamEntry& e = *ram->Find(*victim);
+    if (e.dirty && ssd) {
+      if (!allow_writeback)
+        return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
+      if (e.flushing) {
+        flush_done.wait(lk);
+        continue;
+      }
+      FlushLocked(lk, {*victim}, /*sync_index=*/false);
+      const RamEntry* again = ram->Find(*victim);
+      if (again != nullptr && again->dirty && !again->flushing) {
+        return absl::InternalError(absl::StrCat("cannot demote ", Where(*victim), " to SSD"));
+      }
+      ++stats.demotions;
+      continue;
+    }
+    DropRam(*victim);
+    ++stats.ram_evictions;
+  }
+}
+
+// Copies bytes into a fresh slot of the namespace's RAM pool and publishes it. The copy
+// runs without the lock: the reserved slot is in neither the free list nor the map, so
+// nobody else sees it. `checksum` is the payload's, if the caller knows it (0: computed
+// here from the copy).
+absl::Status ChunkStore::Impl::InsertRam(std::unique_lock<std::mutex>& lk, NamespaceId ns,
+                                         const ChunkKey& key, const std::optional<ChunkKey>& parent,
+                                         std::span<const uint8_t> bytes, uint64_t checksum,
+                                         bool dirty, int64_t expires_s, bool allow_writeback) {
+  const RamPoolId pool = ram->PoolOf(ns);
+  absl::StatusOr<uint32_t> slot = AllocRamSlot(lk, pool, allow_writeback);
+  if (!slot.ok()) return slot.status();
+  lk.unlock();
+  uint8_t* dst = ram->SlotData(pool, *slot);
+  std::memcpy(dst, bytes.data(), bytes.size());
+  if (checksum == 0) checksum = PayloadChecksum(std::span<const uint8_t>(dst, bytes.size()));
+  lk.lock();
+  if (ram->Contains(key)) {  // another writer won the race
+    ram->ReturnSlot(pool, *slot);
+    return absl::AlreadyExistsError(Where(key));
+  }
+  RamEntry e;
+  e.ns = ns;
+  e.pool = pool;
+  e.slot = *slot;
+  e.len = static_cast<uint32_t>(bytes.size());
+  e.checksum = checksum;
+  e.parent = parent;
+  e.expires_s = expires_s;
+  e.dirty = dirty;
+  ram->Publish(key, e, NextAccess());
+  if (dirty) {
+    dirty_queue.push_back(key);
+    work.notify_one();
+  }
+  return absl::OkStatus();
+}
+
+// ---- SSD tier (all under mu) ----
+void ChunkStore::Impl::FreeSsdSlot(uint64_t slot) {
+  if (ssd_readers.contains(slot)) {
+    ssd_free_on_release.insert(slot);
+  } else {
+    ssd_free.push_back(slot);
+  }
+}
+
+void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
+  auto it = ssd_map.find(key);
+  if (it == ssd_map.end()) return;
+  const uint64_t slot = GlobalSlot(it->second);
+  ssd_map.erase(it);
+  ssd_order.Remove(key);
+  FreeSsdSlot(slot);
+  // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
+  if (!ram || !ram->Contains(key)) LeftStore(key);
+}
+
+// A free SSD slot. Victims are removed from memory at once and their keys appended to
+// `evicted`; the caller commits those deletions (synced) before writing the slot, so a
+// crash can never leave an index entry pointing at another chunk's bytes.
+absl::StatusOr<uint64_t> ChunkStore::Impl::AllocSsdSlot(std::vector<ChunkKey>* evicted) {
+  while (ssd_free.empty()) {
+    std::optional<ChunkKey> victim = ssd_order.PickVictim(NowS());
+    if (!victim) return absl::ResourceExhaustedError("SSD tier is full of pinned chunks");
+    RemoveSsd(*victim);
+    evicted->push_back(*victim);
+    ++stats.ssd_evictions;
+    if (!ssd_free.empty()) break;
+  }
+  const uint64_t slot = ssd_free.back();
+  ssd_free.pop_back();
+  return slot;
+}
+
+// Writes chunks to SSD and commits their index entries, then publishes them. Called
+// with the lock held; releases it during I/O and commits. Fills each status.
+void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
+                                  std::vector<PendingWrite>& writes, bool sync_index) {
+  std::vector<ChunkKey> evicted;
+  std::vector<SlotWrite> slot_writes;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    absl::StatusOr<uint64_t> slot = AllocSsdSlot(&evicted);
+    if (!slot.ok()) {
+      writes[i].status = slot.status();
+      continue;
+    }
+    IndexRecord& r = writes[i].record;
+    r.slab = static_cast<uint32_t>(*slot / slots_per_slab);
+    r.slot = static_cast<uint32_t>(*slot % slots_per_slab);
+    r.sequence = next_sequence++;
+    r.payload_bytes = static_cast<uint32_t>(writes[i].payload.size());
+    r.checksum = 0;  // computed by the SSD tier from the staged copy
+    slot_writes.push_back(
+        {*slot, SlotHeader{r.namespace_id, r.payload_bytes, writes[i].key, 0, r.sequence},
+         writes[i].payload});
+    which.push_back(i);
+  }
+  lk.unlock();
+  absl::Status evict_status = index->Commit({}, evicted, /*sync=*/true);
+  std::vector<absl::Status> io(slot_writes.size(), evict_status);
+  if (evict_status.ok()) io = ssd->Write(slot_writes);
+  for (size_t k = 0; k < slot_writes.size(); ++k) {
+    writes[which[k]].record.checksum = slot_writes[k].header.payload_checksum;
+  }
+  lk.lock();
+  // Publish what reached the disk; readers may find it before the commit, which is safe:
+  // the bytes are there and verify. A failed commit unpublishes it again.
+  std::vector<std::pair<ChunkKey, IndexRecord>> puts;
+  std::set<uint64_t> slabs;
+  for (size_t k = 0; k < slot_writes.size(); ++k) {
+    PendingWrite& w = writes[which[k]];
+    if (!io[k].ok()) {
+      w.status = io[k];
+      ++stats.write_errors;
+      FreeSsdSlot(slot_writes[k].slot);
+      continue;
+    }
+    if (w.expected_checksum != 0 && w.record.checksum != w.expected_checksum) {
+      w.status = absl::DataLossError(
+          absl::StrCat(Where(w.key), ": the RAM copy no longer matches its checksum"));
+      FreeSsdSlot(slot_writes[k].slot);
+      continue;
+    }
+    if (ssd_map.contains(w.key)) {  // a concurrent writer stored it first
+      w.status = absl::AlreadyExistsError(Where(w.key));
+      FreeSsdSlot(slot_writes[k].slot);
+      continue;
+    }
+    auto pin = pins.find(w.key);
+    w.record.pin_until_s = pin == pins.end() ? 0 : pin->second;
+    ssd_map[w.key] = w.record;
+    ssd_order.Add(w.key, w.record.parent, NextAccess(), w.record.pin_until_s, w.record.expires_s);
+    puts.emplace_back(w.key, w.record);
+    slabs.insert(w.record.slab);
+  }
+  lk.unlock();
+  absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts, sync_index);
+  lk.lock();
+  if (!commit.ok()) {
+    for (auto& [key, rec] : puts) {
+      RemoveSsd(key);
+      for (PendingWrite& w : writes) {
+        if (w.key == key) w.status = commit;
+      }
+    }
+  }
+}
+
+// Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.
+void ChunkStore::Impl::FlushLocked(std::unique_lock<std::mutex>& lk,
+                                   const std::vector<ChunkKey>& keys, bool sync_index) {
+  std::vector<PendingWrite> writes;
+  std::vector<std::pair<RamPoolId, uint32_t>> leased;
+  for (const ChunkKey& key : keys) {
+    RamEntry* e = ram->Find(key);
+    if (e == nullptr || !e->dirty || e->flushing) continue;
+    e->flushing = true;
+    ram->Ref(e->pool, e->slot);
+    leased.emplace_back(e->pool, e->slot);
+    IndexRecord r;
+    r.namespace_id = e->ns;
+    r.parent = e->parent;
+    r.created_s = r.last_access_s = NowS();
+    r.expires_s = e->expires_s;
+    writes.push_back({key,
+                      r,
+                      std::span<const uint8_t>(ram->SlotData(e->pool, e->slot), e->len),
+                      0,
+                      {},
+                      e->checksum});
+  }
+  if (writes.empty()) return;
+  ++flushes_in_progress;
+  WriteToSsd(lk, writes, sync_index);
+  for (const PendingWrite& w : writes) {
+    RamEntry* e = ram->Find(w.key);
+    if (e == nullptr) continue;
+    e->flushing = false;
+    // Stored, or already there: either way the SSD holds it now.
+    if (w.status.ok() || absl::IsAlreadyExists(w.status)) {
+      e->dirty = false;
+    } else if (absl::IsDataLoss(w.status)) {
+      DropCorruptRam(w.key);
+    } else {
+      dirty_queue.push_back(w.key);  // retried by the writer
+    }
+  }
+  for (const auto& [pool, slot] : leased) ram->Unref(pool, slot);
+  --flushes_in_progress;
+  flush_done.notify_all();
+}
+
+void ChunkStore::Impl::WriterLoop() {
+  std::unique_lock lk(mu);
+  while (true) {
+    work.wait(lk, [&] { return stopping || !dirty_queue.empty(); });
+    if (dirty_queue.empty() && stopping) break;
+    std::vector<ChunkKey> batch;
+    while (!dirty_queue.empty() && batch.size() < opt.queue_depth) {
+      batch.push_back(dirty_queue.front());
+      dirty_queue.pop_front();
+    }
+    const uint64_t errors_before = stats.write_errors;
+    FlushLocked(lk, batch, /*sync_index=*/false);
+    if (stats.write_errors != errors_before && !stopping) {
+      // Back off on a failing disk instead of spinning on it.
+      work.wait_for(lk, std::chrono::milliseconds(50));
+    }
+    if (stopping && stats.write_errors - errors_before > 0) {
+      dirty_queue.clear();  // shutting down on a failing disk: give up on these
+    }
+  }
+}
+
+}  // namespace kvc::storage

@@ -1,0 +1,38 @@
+#include "storage/group_commit.h"
+
+namespace kvc::storage {
+
+absl::Status GroupCommit::Commit(const std::set<uint64_t>& slabs,
+                                 const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
+                                 bool sync_index) {
+  Request me{&slabs, &puts, sync_index, absl::OkStatus(), false};
+  std::unique_lock lk(mu_);
+  queue_.push_back(&me);
+  cv_.wait(lk, [&] { return me.done || !leader_active_; });
+  if (me.done) return me.result;
+  leader_active_ = true;
+  std::vector<Request*> group;
+  group.swap(queue_);
+  lk.unlock();
+  std::set<uint64_t> all_slabs;
+  std::vector<std::pair<ChunkKey, IndexRecord>> all_puts;
+  bool sync = false;
+  for (Request* r : group) {
+    all_slabs.insert(r->slabs->begin(), r->slabs->end());
+    all_puts.insert(all_puts.end(), r->puts->begin(), r->puts->end());
+    sync |= r->sync_index;
+  }
+  absl::Status status = ssd_->SyncSlabs(all_slabs);
+  if (status.ok()) status = index_->Commit(all_puts, {}, sync);
+  lk.lock();
+  for (Request* r : group) {
+    r->result = status;
+    r->done = true;
+  }
+  leader_active_ = false;
+  lk.unlock();
+  cv_.notify_all();
+  return me.result;
+}
+
+}  // namespace kvc::storage
