@@ -85,6 +85,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // to the executor, which only SSD reads need.
     if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.id, keys_[next_]);
         lease.ok()) {
+      svc_->CountFetch(slot_.tenant(), 1, 0, 0);
       const std::span<const uint8_t> bytes = lease->bytes();
       resp_ = FetchResponseFrame(keys_[next_], bytes, new PayloadOwner{*std::move(lease), {}});
       Write();
@@ -100,6 +101,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     owner->heap = std::make_unique_for_overwrite<uint8_t[]>(ns_.chunk_bytes);
     const std::span<uint8_t> payload(owner->heap.get(), ns_.chunk_bytes);
     absl::Status s = svc_->store->Get(ns_.id, key, payload);
+    svc_->CountFetch(slot_.tenant(), 0, s.ok() ? 1 : 0, absl::IsNotFound(s) ? 1 : 0);
     if (!s.ok()) {
       Done(ToGrpc(absl::Status(s.code(), absl::StrCat("chunk_keys[", next_, "]: ", s.message()))));
       return;

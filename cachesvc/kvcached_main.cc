@@ -88,7 +88,7 @@ absl::StatusOr<int> KeepDataPrivate(const std::string& data_dir) {
 int Main(int argc, char** argv) {
   CLI::App app{"kvcached: tiered, persistent KV-cache service for DeepSeek V4.1 Flash prefixes"};
   std::string data_dir = "kvcached-data", listen = "127.0.0.1:50051", auth_file, tls_cert, tls_key,
-              metrics_listen, shm_socket, shm_tenants;
+              metrics_listen, shm_socket, shm_tenants, admin_tenants;
   uint64_t ram_bytes = 1ull << 30, ssd_bytes = 8ull << 30, max_chunk_bytes = 0, hbm_bytes = 0;
   int hbm_device = 0;
   bool hbm_write_through = false;
@@ -125,6 +125,9 @@ int Main(int argc, char** argv) {
                  "with --auth-tokens: NAME[=BYTES],... tenants that use shared memory; each gets "
                  "a RAM pool of its own, carved out of --ram-bytes (default: an equal share), "
                  "that only it maps");
+  app.add_option("--admin-tenants", admin_tenants,
+                 "with --auth-tokens: comma-separated tenants whose Stats show the daemon's "
+                 "totals (others see their own chunks and hits only)");
   app.add_option("--max-namespaces-per-tenant", max_namespaces_per_tenant,
                  "namespaces one tenant may register (0: no limit)")
       ->capture_default_str();
@@ -247,6 +250,7 @@ int Main(int argc, char** argv) {
   opt.hbm_write_through = hbm_write_through;
   opt.device_tenants = shm->tenants();
   opt.shm = *shm;
+  opt.admin_tenants = absl::StrSplit(admin_tenants, ',', absl::SkipEmpty());
   opt.max_ref_leases = max_leases_per_tenant;
   opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;

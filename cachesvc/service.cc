@@ -156,22 +156,39 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
                                                 const pb::StatsRequest*, pb::StatsResponse* resp) {
-  return impl_->Unary("Stats", ctx, [this, resp](const std::string&) {
+  return impl_->Unary("Stats", ctx, [this, resp](const std::string& tenant) {
     const storage::StoreStats s = impl_->store->Stats();
-    resp->set_ram_chunks(s.ram_chunks);
+    // The tiers' sizes and the I/O backend say nothing about any tenant.
     resp->set_ram_capacity_chunks(s.ram_capacity_chunks);
-    resp->set_ssd_chunks(s.ssd_chunks);
     resp->set_ssd_capacity_chunks(s.ssd_capacity_chunks);
+    resp->set_io_backend(s.io_backend);
+    if (impl_->opt.hbm != nullptr) resp->set_hbm_capacity_chunks(impl_->opt.hbm->stats().slots);
+    if (!impl_->SeesTotals(tenant)) {
+      // Only the caller's own chunks and fetches: another tenant's activity is not its
+      // business (nor a side channel).
+      std::set<storage::NamespaceId> own;
+      for (const NamespaceInfo& ns : impl_->registry->All()) {
+        if (ns.tenant == tenant) own.insert(ns.id);
+      }
+      const storage::ChunkStore::ChunkCounts n = impl_->store->CountChunks(own);
+      const KvCacheService::Impl::TenantCounters c = impl_->CountersOf(tenant);
+      resp->set_ram_chunks(n.ram);
+      resp->set_ssd_chunks(n.ssd);
+      resp->set_ram_hits(c.ram_hits);
+      resp->set_ssd_hits(c.ssd_hits);
+      resp->set_misses(c.misses);
+      return absl::OkStatus();
+    }
+    resp->set_ram_chunks(s.ram_chunks);
+    resp->set_ssd_chunks(s.ssd_chunks);
     resp->set_ram_hits(s.ram_hits);
     resp->set_ssd_hits(s.ssd_hits);
     resp->set_misses(s.misses);
     resp->set_checksum_failures(s.checksum_failures);
     resp->set_evictions(s.ram_evictions + s.ssd_evictions);
-    resp->set_io_backend(s.io_backend);
     if (impl_->opt.hbm != nullptr) {
       const storage::HbmStats h = impl_->opt.hbm->stats();
       resp->set_hbm_chunks(h.used);
-      resp->set_hbm_capacity_chunks(h.slots);
       resp->set_hbm_hits(h.hits);
     }
     return absl::OkStatus();

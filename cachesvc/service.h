@@ -47,6 +47,9 @@ struct ServiceOptions {
   storage::HbmTier* hbm = nullptr;
   std::set<std::string> device_tenants;
   bool hbm_write_through = false;  // stored chunks also go to T0 at once
+  // With authentication on, Stats shows these tenants the daemon's totals; every other
+  // tenant sees its own chunks and hits only (and the tiers' capacities).
+  std::set<std::string> admin_tenants;
 };
 
 // Fetch and Store are raw methods (fetch_reactor.cc, store_reactor.cc); on the wire they

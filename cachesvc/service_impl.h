@@ -305,6 +305,7 @@ class KvCacheService::Impl {
       // The leading chunks only; the client fetches the rest over gRPC. A chunk in another
       // pool (stored before the tenant had its own) is not in the caller's mapping.
       if (!l.ok() || l->pool() != *pool) break;
+      CountFetch(tenant, 1, 0, 0);
       pb::ChunkRef* ref = resp->add_refs();
       ref->set_chunk_key(KeyBytes(key));
       ref->set_arena_offset(l->arena_offset());
@@ -395,6 +396,27 @@ class KvCacheService::Impl {
     return ref_leases.erase(it);
   }
 
+  // ---- what Stats tells a tenant about itself ----
+  struct TenantCounters {
+    uint64_t ram_hits = 0, ssd_hits = 0, misses = 0;
+  };
+  void CountFetch(const std::string& tenant, uint64_t ram_hits, uint64_t ssd_hits,
+                  uint64_t misses) {
+    std::lock_guard lk(counters_mu);
+    TenantCounters& c = counters[tenant];
+    c.ram_hits += ram_hits;
+    c.ssd_hits += ssd_hits;
+    c.misses += misses;
+  }
+  TenantCounters CountersOf(const std::string& tenant) {
+    std::lock_guard lk(counters_mu);
+    auto it = counters.find(tenant);
+    return it == counters.end() ? TenantCounters{} : it->second;
+  }
+  bool SeesTotals(const std::string& tenant) const {
+    return !auth->enabled() || opt.admin_tenants.contains(tenant);
+  }
+
   storage::ChunkStore* store;
   NamespaceRegistry* registry;
   const Authenticator* auth;
@@ -406,6 +428,8 @@ class KvCacheService::Impl {
   std::map<std::string, size_t> leases_held;  // per tenant
   uint64_t next_lease_id = 0;
   std::vector<uint64_t> arena_ids;  // ArenaIdentity per RAM pool (0: no slots)
+  std::mutex counters_mu;
+  std::map<std::string, TenantCounters> counters;  // per tenant
   Executor executor;  // declared last: its threads stop before the state they use goes away
 };
 

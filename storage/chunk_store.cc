@@ -488,6 +488,14 @@ absl::Status ChunkStore::Flush() {
   return absl::OkStatus();
 }
 
+ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& namespaces) const {
+  std::lock_guard lk(impl_->mu);
+  ChunkCounts c;
+  if (impl_->ram) c.ram = impl_->ram->CountIn(namespaces);
+  for (const auto& [key, rec] : impl_->ssd_map) c.ssd += namespaces.contains(rec.namespace_id);
+  return c;
+}
+
 std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
   std::lock_guard lk(impl_->mu);
   std::vector<std::pair<NamespaceId, ChunkKey>> out;

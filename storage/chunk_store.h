@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -163,6 +164,12 @@ class ChunkStore {
   [[nodiscard]] absl::Status Pin(NamespaceId ns, const ChunkKey& key, int64_t pin_until_s);
   std::vector<absl::Status> PinBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                      int64_t pin_until_s);
+
+  // How many chunks of these namespaces each tier holds (a walk over every chunk).
+  struct ChunkCounts {
+    uint64_t ram = 0, ssd = 0;
+  };
+  ChunkCounts CountChunks(const std::set<NamespaceId>& namespaces) const;
 
   // Every chunk on SSD as (namespace, key), in no particular order (for tools).
   std::vector<std::pair<NamespaceId, ChunkKey>> ListSsd() const;

@@ -106,6 +106,12 @@ void RamTier::Remove(const ChunkKey& key) {
   }
 }
 
+uint64_t RamTier::CountIn(const std::set<NamespaceId>& namespaces) const {
+  uint64_t n = 0;
+  for (const auto& [key, e] : entries_) n += namespaces.contains(e.ns);
+  return n;
+}
+
 void RamTier::Touch(const ChunkKey& key, int64_t access_us) {
   if (const RamEntry* e = Find(key)) pools_[e->pool].order.Touch(key, access_us);
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -55,6 +56,8 @@ class RamTier {
   // Null for a pool without slots.
   const RamArena* arena(RamPoolId pool) const { return pools_.at(pool).arena.get(); }
   size_t size() const { return entries_.size(); }
+  // Chunks of the given namespaces (a walk over every chunk: for occasional questions).
+  uint64_t CountIn(const std::set<NamespaceId>& namespaces) const;
 
   // Namespaces not assigned stay in pool 0. InvalidArgument for a pool that does not exist.
   [[nodiscard]] absl::Status SetPool(NamespaceId ns, RamPoolId pool);

@@ -132,5 +132,39 @@ TEST_F(HostileClientTest, NoOtherLocalUserCanReadTheDataFolder) {
   EXPECT_EQ(top & (fs::perms::group_all | fs::perms::others_all), fs::perms::none);
 }
 
+TEST(TenantStatsTest, ATenantSeesItsOwnCountsOnlyAndAnAdminSeesTotals) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "tok-a acme\ntok-b globex\ntok-o ops\n";
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--admin-tenants", "ops"});
+  const auto connect = [&](const std::string& token) {
+    ClientOptions o;
+    o.address = d.address();
+    o.bearer_token = token;
+    return *CacheClient::Connect(o);
+  };
+  std::unique_ptr<CacheClient> a = connect("tok-a"), b = connect("tok-b"), ops = connect("tok-o");
+  const std::string config = ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+  const RemoteNamespace na = *a->RegisterNamespace(config, "mini", 64);
+  const RemoteNamespace nb = *b->RegisterNamespace(config, "mini", 64);
+  const Prefix pa = MakePrefix(rng, na, 3), pb = MakePrefix(rng, nb, 1);
+  ASSERT_TRUE(a->Store(na, std::nullopt, pa.tokens, pa.payloads).ok());
+  ASSERT_TRUE(b->Store(nb, std::nullopt, pb.tokens, pb.payloads).ok());
+  std::vector<uint8_t> out(pa.payloads.size());
+  ASSERT_EQ(*a->Fetch(na, a->Keys(na, pa.tokens), out), 3u);
+  const pb::StatsResponse sa = *a->Stats(), sb = *b->Stats(), so = *ops->Stats();
+  EXPECT_EQ(sa.ram_chunks(), 3u);
+  EXPECT_EQ(sa.ssd_chunks(), 3u);
+  EXPECT_EQ(sa.ram_hits() + sa.ssd_hits(), 3u);
+  EXPECT_EQ(sb.ram_chunks(), 1u);
+  EXPECT_EQ(sb.ssd_chunks(), 1u);
+  EXPECT_EQ(sb.ram_hits() + sb.ssd_hits(), 0u) << "globex sees acme's fetches";
+  EXPECT_EQ(so.ram_chunks(), 4u);  // the admin: every tenant's
+  EXPECT_EQ(so.ssd_chunks(), 4u);
+  EXPECT_GE(so.ram_hits() + so.ssd_hits(), 3u);
+  EXPECT_EQ(sa.ram_capacity_chunks(), so.ram_capacity_chunks());
+  EXPECT_GT(sa.ram_capacity_chunks(), 0u);
+}
+
 }  // namespace
 }  // namespace kvc::cachesvc
