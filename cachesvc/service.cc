@@ -28,47 +28,57 @@ KvCacheService::~KvCacheService() {
 }
 
 grpc::ServerUnaryReactor* KvCacheService::FetchRefs(grpc::CallbackServerContext* ctx,
-                                                    const pb::FetchRefsRequest* req,
-                                                    pb::FetchRefsResponse* resp) {
+                                                    const grpc::ByteBuffer* raw_req,
+                                                    grpc::ByteBuffer* raw_resp) {
   // In-memory bookkeeping only: answered on the gRPC thread, saving a hop per fetch.
-  return impl_->Unary(
-      "FetchRefs", ctx,
-      [this, req, resp](const std::string& t) { return impl_->DoFetchRefs(t, *req, resp); },
+  return impl_->RawUnary<pb::FetchRefsRequest, pb::FetchRefsResponse>(
+      "FetchRefs", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::FetchRefsRequest* req, pb::FetchRefsResponse* resp) {
+        return impl_->DoFetchRefs(t, *req, resp);
+      },
       /*inline_work=*/true);
 }
 
 grpc::ServerUnaryReactor* KvCacheService::FetchDeviceRefs(grpc::CallbackServerContext* ctx,
-                                                          const pb::FetchRefsRequest* req,
-                                                          pb::FetchDeviceRefsResponse* resp) {
+                                                          const grpc::ByteBuffer* raw_req,
+                                                          grpc::ByteBuffer* raw_resp) {
   // On the executor: a promotion reads from SSD and copies into device memory.
-  return impl_->Unary("FetchDeviceRefs", ctx, [this, req, resp](const std::string& t) {
-    return impl_->DoFetchDeviceRefs(t, *req, resp);
-  });
+  return impl_->RawUnary<pb::FetchRefsRequest, pb::FetchDeviceRefsResponse>(
+      "FetchDeviceRefs", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::FetchRefsRequest* req,
+             pb::FetchDeviceRefsResponse* resp) {
+        return impl_->DoFetchDeviceRefs(t, *req, resp);
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReleaseRefs(grpc::CallbackServerContext* ctx,
-                                                      const pb::ReleaseRefsRequest* req,
-                                                      pb::ReleaseRefsResponse*) {
-  return impl_->Unary(
-      "ReleaseRefs", ctx,
-      [this, req](const std::string& t) { return impl_->DoReleaseRefs(t, req->lease_id()); },
+                                                      const grpc::ByteBuffer* raw_req,
+                                                      grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::ReleaseRefsRequest, pb::ReleaseRefsResponse>(
+      "ReleaseRefs", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::ReleaseRefsRequest* req, pb::ReleaseRefsResponse*) {
+        return impl_->DoReleaseRefs(t, req->lease_id());
+      },
       /*inline_work=*/true);
 }
 
 grpc::ServerUnaryReactor* KvCacheService::RegisterNamespace(grpc::CallbackServerContext* ctx,
-                                                            const pb::RegisterNamespaceRequest* req,
-                                                            pb::RegisterNamespaceResponse* resp) {
-  return impl_->Unary("RegisterNamespace", ctx, [this, req, resp](const std::string& t) {
-    return impl_->Register(t, *req, resp);
-  });
+                                                            const grpc::ByteBuffer* raw_req,
+                                                            grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::RegisterNamespaceRequest, pb::RegisterNamespaceResponse>(
+      "RegisterNamespace", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::RegisterNamespaceRequest* req,
+             pb::RegisterNamespaceResponse* resp) { return impl_->Register(t, *req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
-                                                 const pb::LookupRequest* req,
-                                                 pb::LookupResponse* resp) {
-  return impl_->Unary("Lookup", ctx, [this, req, resp](const std::string& t) {
-    return impl_->DoLookup(t, *req, resp);
-  });
+                                                 const grpc::ByteBuffer* raw_req,
+                                                 grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::LookupRequest, pb::LookupResponse>(
+      "Lookup", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::LookupRequest* req, pb::LookupResponse* resp) {
+        return impl_->DoLookup(t, *req, resp);
+      });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Fetch(grpc::CallbackServerContext* ctx,
@@ -114,85 +124,100 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Store(grpc::CallbackS
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
-                                              const pb::PinRequest* req, pb::PinResponse* resp) {
-  return impl_->Unary("Pin", ctx, [this, req, resp](const std::string& t) -> absl::Status {
-    if (req->ttl_seconds() == 0)
-      return absl::InvalidArgumentError("ttl_seconds must be positive (use Unpin to unpin)");
-    absl::StatusOr<uint32_t> n = impl_->DoPin(t, *req, NowS() + req->ttl_seconds());
-    if (!n.ok()) return n.status();
-    resp->set_pinned(*n);
-    return absl::OkStatus();
-  });
+                                              const grpc::ByteBuffer* raw_req,
+                                              grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::PinRequest, pb::PinResponse>(
+      "Pin", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::PinRequest* req,
+             pb::PinResponse* resp) -> absl::Status {
+        if (req->ttl_seconds() == 0)
+          return absl::InvalidArgumentError("ttl_seconds must be positive (use Unpin to unpin)");
+        absl::StatusOr<uint32_t> n = impl_->DoPin(t, *req, NowS() + req->ttl_seconds());
+        if (!n.ok()) return n.status();
+        resp->set_pinned(*n);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx,
-                                                const pb::UnpinRequest* req,
-                                                pb::UnpinResponse* resp) {
-  return impl_->Unary("Unpin", ctx, [this, req, resp](const std::string& t) -> absl::Status {
-    auto nk = impl_->NamespaceAndKeys(t, *req);
-    if (!nk.ok()) return nk.status();
-    absl::StatusOr<uint32_t> n = Impl::CountOk(impl_->store->PinBatch(nk->first.id, nk->second, 0));
-    if (!n.ok()) return n.status();
-    resp->set_unpinned(*n);
-    return absl::OkStatus();
-  });
+                                                const grpc::ByteBuffer* raw_req,
+                                                grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::UnpinRequest, pb::UnpinResponse>(
+      "Unpin", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::UnpinRequest* req,
+             pb::UnpinResponse* resp) -> absl::Status {
+        auto nk = impl_->NamespaceAndKeys(t, *req);
+        if (!nk.ok()) return nk.status();
+        absl::StatusOr<uint32_t> n =
+            Impl::CountOk(impl_->store->PinBatch(nk->first.id, nk->second, 0));
+        if (!n.ok()) return n.status();
+        resp->set_unpinned(*n);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ctx,
-                                                 const pb::DeleteRequest* req,
-                                                 pb::DeleteResponse* resp) {
-  return impl_->Unary("Delete", ctx, [this, req, resp](const std::string& t) -> absl::Status {
-    auto nk = impl_->NamespaceAndKeys(t, *req);
-    if (!nk.ok()) return nk.status();
-    if (impl_->opt.hbm != nullptr) {
-      for (const ChunkKey& key : nk->second) impl_->opt.hbm->Erase(nk->first.id, key);
-    }
-    absl::StatusOr<uint32_t> n = Impl::CountOk(impl_->store->EraseBatch(nk->first.id, nk->second));
-    if (!n.ok()) return n.status();
-    resp->set_deleted(*n);
-    return absl::OkStatus();
-  });
+                                                 const grpc::ByteBuffer* raw_req,
+                                                 grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::DeleteRequest, pb::DeleteResponse>(
+      "Delete", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::DeleteRequest* req,
+             pb::DeleteResponse* resp) -> absl::Status {
+        auto nk = impl_->NamespaceAndKeys(t, *req);
+        if (!nk.ok()) return nk.status();
+        if (impl_->opt.hbm != nullptr) {
+          for (const ChunkKey& key : nk->second) impl_->opt.hbm->Erase(nk->first.id, key);
+        }
+        absl::StatusOr<uint32_t> n =
+            Impl::CountOk(impl_->store->EraseBatch(nk->first.id, nk->second));
+        if (!n.ok()) return n.status();
+        resp->set_deleted(*n);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
-                                                const pb::StatsRequest*, pb::StatsResponse* resp) {
-  return impl_->Unary("Stats", ctx, [this, resp](const std::string& tenant) {
-    const storage::StoreStats s = impl_->store->Stats();
-    // The tiers' sizes and the I/O backend say nothing about any tenant.
-    resp->set_ram_capacity_chunks(s.ram_capacity_chunks);
-    resp->set_ssd_capacity_chunks(s.ssd_capacity_chunks);
-    resp->set_io_backend(s.io_backend);
-    if (impl_->opt.hbm != nullptr) resp->set_hbm_capacity_chunks(impl_->opt.hbm->stats().slots);
-    if (!impl_->SeesTotals(tenant)) {
-      // Only the caller's own chunks and fetches: another tenant's activity is not its
-      // business (nor a side channel).
-      std::set<storage::NamespaceId> own;
-      for (const NamespaceInfo& ns : impl_->registry->All()) {
-        if (ns.tenant == tenant) own.insert(ns.id);
-      }
-      const storage::ChunkStore::ChunkCounts n = impl_->store->CountChunks(own);
-      const KvCacheService::Impl::TenantCounters c = impl_->CountersOf(tenant);
-      resp->set_ram_chunks(n.ram);
-      resp->set_ssd_chunks(n.ssd);
-      resp->set_ram_hits(c.ram_hits);
-      resp->set_ssd_hits(c.ssd_hits);
-      resp->set_misses(c.misses);
-      return absl::OkStatus();
-    }
-    resp->set_ram_chunks(s.ram_chunks);
-    resp->set_ssd_chunks(s.ssd_chunks);
-    resp->set_ram_hits(s.ram_hits);
-    resp->set_ssd_hits(s.ssd_hits);
-    resp->set_misses(s.misses);
-    resp->set_checksum_failures(s.checksum_failures);
-    resp->set_evictions(s.ram_evictions + s.ssd_evictions);
-    if (impl_->opt.hbm != nullptr) {
-      const storage::HbmStats h = impl_->opt.hbm->stats();
-      resp->set_hbm_chunks(h.used);
-      resp->set_hbm_hits(h.hits);
-    }
-    return absl::OkStatus();
-  });
+                                                const grpc::ByteBuffer* raw_req,
+                                                grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::StatsRequest, pb::StatsResponse>(
+      "Stats", ctx, raw_req, raw_resp,
+      [this](const std::string& tenant, const pb::StatsRequest*, pb::StatsResponse* resp) {
+        const storage::StoreStats s = impl_->store->Stats();
+        // The tiers' sizes and the I/O backend say nothing about any tenant.
+        resp->set_ram_capacity_chunks(s.ram_capacity_chunks);
+        resp->set_ssd_capacity_chunks(s.ssd_capacity_chunks);
+        resp->set_io_backend(s.io_backend);
+        if (impl_->opt.hbm != nullptr) resp->set_hbm_capacity_chunks(impl_->opt.hbm->stats().slots);
+        if (!impl_->SeesTotals(tenant)) {
+          // Only the caller's own chunks and fetches: another tenant's activity is not its
+          // business (nor a side channel).
+          std::set<storage::NamespaceId> own;
+          for (const NamespaceInfo& ns : impl_->registry->All()) {
+            if (ns.tenant == tenant) own.insert(ns.id);
+          }
+          const storage::ChunkStore::ChunkCounts n = impl_->store->CountChunks(own);
+          const KvCacheService::Impl::TenantCounters c = impl_->CountersOf(tenant);
+          resp->set_ram_chunks(n.ram);
+          resp->set_ssd_chunks(n.ssd);
+          resp->set_ram_hits(c.ram_hits);
+          resp->set_ssd_hits(c.ssd_hits);
+          resp->set_misses(c.misses);
+          return absl::OkStatus();
+        }
+        resp->set_ram_chunks(s.ram_chunks);
+        resp->set_ssd_chunks(s.ssd_chunks);
+        resp->set_ram_hits(s.ram_hits);
+        resp->set_ssd_hits(s.ssd_hits);
+        resp->set_misses(s.misses);
+        resp->set_checksum_failures(s.checksum_failures);
+        resp->set_evictions(s.ram_evictions + s.ssd_evictions);
+        if (impl_->opt.hbm != nullptr) {
+          const storage::HbmStats h = impl_->opt.hbm->stats();
+          resp->set_hbm_chunks(h.used);
+          resp->set_hbm_hits(h.hits);
+        }
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace kvc::cachesvc

@@ -52,47 +52,55 @@ struct ServiceOptions {
   std::set<std::string> admin_tenants;
 };
 
-// Fetch and Store are raw methods (fetch_reactor.cc, store_reactor.cc); on the wire they
-// are the proto's.
-class KvCacheService final : public kvcache::v1::KVCache::WithRawCallbackMethod_Fetch<
-                                 kvcache::v1::KVCache::WithRawCallbackMethod_Store<
-                                     kvcache::v1::KVCache::CallbackService>> {
+// Every method is raw: requests are parsed by the service after authentication (a request
+// that does not parse is INVALID_ARGUMENT, logged), and Fetch and Store frame payloads
+// themselves (fetch_reactor.cc, store_reactor.cc). On the wire they are the proto's.
+namespace service_internal {
+using Base = kvcache::v1::KVCache::WithRawCallbackMethod_RegisterNamespace<
+    kvcache::v1::KVCache::WithRawCallbackMethod_Lookup<
+        kvcache::v1::KVCache::WithRawCallbackMethod_Fetch<
+            kvcache::v1::KVCache::WithRawCallbackMethod_Store<
+                kvcache::v1::KVCache::WithRawCallbackMethod_Pin<
+                    kvcache::v1::KVCache::WithRawCallbackMethod_Unpin<
+                        kvcache::v1::KVCache::WithRawCallbackMethod_Delete<
+                            kvcache::v1::KVCache::WithRawCallbackMethod_Stats<
+                                kvcache::v1::KVCache::WithRawCallbackMethod_FetchRefs<
+                                    kvcache::v1::KVCache::WithRawCallbackMethod_FetchDeviceRefs<
+                                        kvcache::v1::KVCache::WithRawCallbackMethod_ReleaseRefs<
+                                            kvcache::v1::KVCache::CallbackService>>>>>>>>>>>;
+}  // namespace service_internal
+
+class KvCacheService final : public service_internal::Base {
  public:
   KvCacheService(storage::ChunkStore* store, NamespaceRegistry* registry, const Authenticator* auth,
                  ServiceOptions options);
   ~KvCacheService() override;
 
-  grpc::ServerUnaryReactor* RegisterNamespace(
-      grpc::CallbackServerContext* ctx, const kvcache::v1::RegisterNamespaceRequest* req,
-      kvcache::v1::RegisterNamespaceResponse* resp) override;
-  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx,
-                                   const kvcache::v1::LookupRequest* req,
-                                   kvcache::v1::LookupResponse* resp) override;
+  grpc::ServerUnaryReactor* RegisterNamespace(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req,
+                                              grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
                                                     const grpc::ByteBuffer* req) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* Store(grpc::CallbackServerContext* ctx,
                                                    grpc::ByteBuffer* resp) override;
-  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx,
-                                const kvcache::v1::PinRequest* req,
-                                kvcache::v1::PinResponse* resp) override;
-  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx,
-                                  const kvcache::v1::UnpinRequest* req,
-                                  kvcache::v1::UnpinResponse* resp) override;
-  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
-                                   const kvcache::v1::DeleteRequest* req,
-                                   kvcache::v1::DeleteResponse* resp) override;
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
-                                  const kvcache::v1::StatsRequest* req,
-                                  kvcache::v1::StatsResponse* resp) override;
-  grpc::ServerUnaryReactor* FetchRefs(grpc::CallbackServerContext* ctx,
-                                      const kvcache::v1::FetchRefsRequest* req,
-                                      kvcache::v1::FetchRefsResponse* resp) override;
+  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* FetchRefs(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* FetchDeviceRefs(grpc::CallbackServerContext* ctx,
-                                            const kvcache::v1::FetchRefsRequest* req,
-                                            kvcache::v1::FetchDeviceRefsResponse* resp) override;
+                                            const grpc::ByteBuffer* req,
+                                            grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ReleaseRefs(grpc::CallbackServerContext* ctx,
-                                        const kvcache::v1::ReleaseRefsRequest* req,
-                                        kvcache::v1::ReleaseRefsResponse* resp) override;
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
 
   class Impl;
 

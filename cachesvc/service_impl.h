@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+
 #include "absl/strings/str_cat.h"
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/log.h"
@@ -163,6 +166,38 @@ class KvCacheService::Impl {
       finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
     return reactor;
+  }
+
+  // A unary call served as a raw method: authenticated and admitted first, then the
+  // request parsed (a request that does not parse is INVALID_ARGUMENT, logged like any
+  // other failed call), then `work(tenant, &request, &response)`, then the response
+  // serialized.
+  template <typename Req, typename Resp, typename Work>
+  grpc::ServerUnaryReactor* RawUnary(const char* method, grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* raw_request,
+                                     grpc::ByteBuffer* raw_response, Work work,
+                                     bool inline_work = false) {
+    return Unary(
+        method, ctx,
+        [method, raw_request, raw_response, work](const std::string& tenant) mutable {
+          grpc::ByteBuffer bytes(*raw_request);  // shares the slices
+          grpc::ProtoBufferReader reader(&bytes);
+          Req request;
+          if (!request.ParseFromZeroCopyStream(&reader)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                method, ": the request does not parse as ", Req::descriptor()->name()));
+          }
+          Resp response;
+          if (absl::Status s = work(tenant, &request, &response); !s.ok()) return s;
+          bool own_buffer = false;
+          if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, Resp>(response, raw_response,
+                                                                     &own_buffer)
+                   .ok()) {
+            return absl::InternalError(absl::StrCat(method, ": the response does not serialize"));
+          }
+          return absl::OkStatus();
+        },
+        inline_work);
   }
 
   absl::StatusOr<NamespaceInfo> Namespace(uint32_t id, const std::string& tenant) const {

@@ -50,6 +50,19 @@ grpc::Status RawStore(const std::string& address, const std::vector<std::string>
   return writer->Finish();
 }
 
+// One raw unary call; its status (and the answer's bytes in *response).
+grpc::Status RawUnary(const std::string& address, const std::string& method,
+                      const std::string& token, const std::string& request,
+                      grpc::ByteBuffer* response) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  const grpc::internal::RpcMethod m(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC, channel);
+  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel.get(), m, &ctx, Bytes(request), response);
+}
+
 std::string StoreMessage(const RemoteNamespace& ns, const Prefix& p, size_t chunk,
                          const std::vector<storage::ChunkKey>& keys, int durability) {
   pb::StoreRequest r;
@@ -130,6 +143,33 @@ TEST_F(HostileClientTest, NoOtherLocalUserCanReadTheDataFolder) {
   EXPECT_GT(files, 5u);  // the index, the slabs, the registry
   const fs::perms top = fs::status(dir_.File("data")).permissions();
   EXPECT_EQ(top & (fs::perms::group_all | fs::perms::others_all), fs::perms::none);
+}
+
+TEST(UnaryCallTest, GarbageIsInvalidArgumentAfterAuthenticationNeverBefore) {
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "tok-a acme\n";
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens")});
+  const std::string garbage("\xff\xff\xff\xff\x0f", 5);
+  for (const char* method :
+       {"Lookup", "RegisterNamespace", "Pin", "Delete", "Stats", "FetchRefs", "ReleaseRefs"}) {
+    const std::string path = std::string("/kvcache.v1.KVCache/") + method;
+    grpc::ByteBuffer response;
+    // Without a valid token: refused as unauthenticated, whatever the bytes.
+    grpc::Status s = RawUnary(d.address(), path, "wrong", garbage, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << method << ": " << s.error_message();
+    // With one: the bytes are the caller's mistake, named.
+    s = RawUnary(d.address(), path, "tok-a", garbage, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find("does not parse"), std::string::npos) << s.error_message();
+  }
+  // A well-formed raw request still gets its answer.
+  grpc::ByteBuffer response;
+  ASSERT_TRUE(RawUnary(d.address(), "/kvcache.v1.KVCache/Stats", "tok-a", "", &response).ok());
+  pb::StatsResponse stats;
+  ASSERT_TRUE(grpc::SerializationTraits<pb::StatsResponse>::Deserialize(&response, &stats).ok());
+  EXPECT_GT(stats.ram_capacity_chunks(), 0u);
 }
 
 TEST(TenantStatsTest, ATenantSeesItsOwnCountsOnlyAndAnAdminSeesTotals) {
