@@ -12,7 +12,8 @@
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
 //                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
-//                   [--dataset-chunks N] [--depths 1,8,32] [--ops fetch,store] [--no-fio]
+//                   [--dataset-chunks N | --dataset-bytes B] [--depths 1,8,32]
+//                   [--ops fetch,store] [--no-fio]
 //                   [--json]
 #include <iostream>
 
@@ -55,6 +56,9 @@ int Main(int argc, char** argv) {
   storage->add_option("--dataset-chunks", opt.dataset_chunks, "chunks each system reads from")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  uint64_t dataset_bytes = 0;
+  storage->add_option("--dataset-bytes", dataset_bytes,
+                      "the data set in bytes instead (large enough to defeat the disk's caches)");
   storage->add_option("--depths", opt.depths, "queue depths")
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
@@ -301,6 +305,8 @@ int Main(int argc, char** argv) {
     }
     opt.chunk_bytes = static_cast<uint64_t>(l->chunk_bytes);
   }
+  if (dataset_bytes > 0)
+    opt.dataset_chunks = std::max<uint64_t>(1, dataset_bytes / opt.chunk_bytes);
   absl::StatusOr<std::vector<bench::BenchCase>> cases = bench::RunStorageBench(opt);
   if (!cases.ok()) {
     std::cerr << "kvbench: error: " << cases.status().message() << "\n";

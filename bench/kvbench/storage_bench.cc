@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/kvbench/block_device.h"
 #include "bench/kvbench/harness.h"
 #include "storage/chunk_store.h"
 #include "storage/slot_format.h"
@@ -421,15 +423,29 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
     }
   }
 
+  const std::optional<BlockDevice> device = BlockDevice::For(opt.dir);
+  std::fprintf(stderr, "kvbench: block device under %s: %s\n", opt.dir.c_str(),
+               device ? device->name().c_str() : "none (its counters are not reported)");
   std::vector<BenchCase> cases;
   for (const std::string& op : opt.ops) {
     for (int depth : opt.depths) {
       std::map<std::string, std::vector<Sample>> runs;
+      std::map<std::string, std::vector<std::array<double, 3>>> device_runs;  // r, w GB/s; amp
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (auto& s : systems) {  // A B C … A B C …: the disk's drift hits everyone alike
           std::fprintf(stderr, "kvbench: %s (%s) %s depth %d run %d\n", s->name().c_str(),
                        s->mode().c_str(), op.c_str(), depth, rep + 1);
+          const std::optional<DeviceBytes> before = device ? device->Read() : std::nullopt;
           absl::StatusOr<Sample> sample = s->Run(op, depth, opt.seconds);
+          const std::optional<DeviceBytes> after = device ? device->Read() : std::nullopt;
+          if (sample.ok() && before && after && sample->seconds > 0) {
+            const double r = static_cast<double>(after->read - before->read);
+            const double w = static_cast<double>(after->written - before->written);
+            device_runs[s->name() + "/" + s->mode()].push_back(
+                {r / sample->seconds / 1e9, w / sample->seconds / 1e9,
+                 sample->bytes > 0 ? (op == "fetch" ? r : w) / static_cast<double>(sample->bytes)
+                                   : 0});
+          }
           if (!sample.ok()) {
             return absl::Status(sample.status().code(),
                                 absl::StrCat(s->name(), " ", op, ": ", sample.status().message()));
@@ -445,7 +461,19 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
           p50.push_back(x.p50_us);
           p99.push_back(x.p99_us);
         }
-        cases.push_back({s->name(), s->mode(), op, depth, Median(gbps), Median(p50), Median(p99)});
+        BenchCase c{s->name(), s->mode(), op, depth, Median(gbps), Median(p50), Median(p99)};
+        if (const auto& d = device_runs[s->name() + "/" + s->mode()]; !d.empty()) {
+          std::vector<double> rd, wr, amp;
+          for (const auto& x : d) {
+            rd.push_back(x[0]);
+            wr.push_back(x[1]);
+            amp.push_back(x[2]);
+          }
+          c.device_read_gbps = Median(rd);
+          c.device_write_gbps = Median(wr);
+          c.device_amplification = Median(amp);
+        }
+        cases.push_back(c);
       }
     }
   }
@@ -464,18 +492,28 @@ nlohmann::json CasesToJson(const std::vector<BenchCase>& cases) {
                           {"depth", c.depth},
                           {"gbps", c.gbps},
                           {"p50_us", c.p50_us},
-                          {"p99_us", c.p99_us}});
+                          {"p99_us", c.p99_us},
+                          {"device_read_gbps", c.device_read_gbps},
+                          {"device_write_gbps", c.device_write_gbps},
+                          {"device_amplification", c.device_amplification}});
   }
   return j;
 }
 
 std::string CasesToText(const std::vector<BenchCase>& cases) {
-  std::string out = absl::StrFormat("%-6s %5s  %-15s %-10s %9s %10s %10s\n", "op", "depth",
-                                    "system", "mode", "GB/s", "p50 us", "p99 us");
+  std::string out =
+      absl::StrFormat("%-6s %5s  %-15s %-10s %9s %10s %10s %9s %9s %6s\n", "op", "depth", "system",
+                      "mode", "GB/s", "p50 us", "p99 us", "dev rd", "dev wr", "amp");
   std::map<std::tuple<std::string, int, std::string, std::string>, double> gbps;
   for (const BenchCase& c : cases) {
-    absl::StrAppendFormat(&out, "%-6s %5d  %-15s %-10s %9.3f %10.1f %10.1f\n", c.op, c.depth,
+    absl::StrAppendFormat(&out, "%-6s %5d  %-15s %-10s %9.3f %10.1f %10.1f", c.op, c.depth,
                           c.system, c.mode, c.gbps, c.p50_us, c.p99_us);
+    if (c.device_amplification >= 0) {
+      absl::StrAppendFormat(&out, " %9.3f %9.3f %6.2f\n", c.device_read_gbps, c.device_write_gbps,
+                            c.device_amplification);
+    } else {
+      out += "         -         -      -\n";
+    }
     gbps[{c.op, c.depth, c.system, c.mode}] = c.gbps;
   }
   out += "\nratios (medians of alternated runs):\n";

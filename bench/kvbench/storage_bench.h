@@ -24,7 +24,7 @@ struct StorageBenchOptions {
   int repetitions = 3;       // runs per (system, op, depth), alternated
   std::vector<int> depths = {1, 8, 32};
   std::vector<std::string> ops = {"fetch", "store"};
-  uint64_t dataset_chunks = 512;  // chunks each system reads from
+  uint64_t dataset_chunks = 512;  // chunks each system reads from (more defeats caches)
   bool run_fio = true;
 };
 
@@ -35,6 +35,9 @@ struct BenchCase {
   std::string system, mode, op;
   int depth = 0;
   double gbps = 0, p50_us = 0, p99_us = 0;
+  // What the block device under --dir did meanwhile (medians; -1 without a block device):
+  // its bytes per second, and its bytes per payload byte (amplification).
+  double device_read_gbps = -1, device_write_gbps = -1, device_amplification = -1;
 };
 
 // Runs every case; the folder is left empty. Errors name the system that failed.
