@@ -287,10 +287,8 @@ int Main(int argc, char** argv) {
     storage::ChunkStore* chunks = store->get();
     arena_socket = std::make_unique<ArenaSocketServer>(
         &auth, [chunks, access = *shm](const std::string& tenant) -> absl::StatusOr<SharedArena> {
-          const std::optional<storage::RamPoolId> pool = access.PoolOf(tenant);
-          if (!pool) return absl::PermissionDeniedError("tenant may not map shared memory");
-          if (chunks->ram_arena_fd(*pool) < 0)
-            return absl::FailedPreconditionError("this server has no RAM for the tenant");
+          absl::StatusOr<storage::RamPoolId> pool = access.MappablePool(tenant, *chunks);
+          if (!pool.ok()) return pool.status();
           return SharedArena{chunks->ram_arena_fd(*pool), chunks->ram_arena_bytes(*pool)};
         });
     if (shm_socket.empty()) shm_socket = data_dir + "/kvcached.sock";

@@ -99,16 +99,6 @@ class KvCacheService::Impl {
     }
   }
 
-  // The RAM pool a tenant's shared-memory calls use: PermissionDenied when it has none.
-  absl::StatusOr<storage::RamPoolId> ShmPoolOf(const std::string& tenant) const {
-    const std::optional<storage::RamPoolId> pool = opt.shm.PoolOf(tenant);
-    if (!pool || store->ram_arena_fd(*pool) < 0) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "tenant ", tenant, " may not use shared memory (see kvcached --shm-tenants)"));
-    }
-    return *pool;
-  }
-
   // Records a finished call in the metrics (if any) and the log: successes at debug,
   // the caller's mistakes at info, the server's own failures at error.
   void Observe(const char* method, absl::string_view tenant, const grpc::Status& s,
@@ -322,7 +312,7 @@ class KvCacheService::Impl {
 
   absl::Status DoFetchRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
                            pb::FetchRefsResponse* resp) {
-    absl::StatusOr<storage::RamPoolId> pool = ShmPoolOf(tenant);
+    absl::StatusOr<storage::RamPoolId> pool = opt.shm.MappablePool(tenant, *store);
     if (!pool.ok()) return pool.status();
     auto nk = NamespaceAndKeys(tenant, req);
     if (!nk.ok()) return nk.status();

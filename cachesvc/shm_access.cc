@@ -92,6 +92,20 @@ std::optional<storage::RamPoolId> ShmAccess::PoolOf(const std::string& tenant) c
   return it->second;
 }
 
+absl::StatusOr<storage::RamPoolId> ShmAccess::MappablePool(const std::string& tenant,
+                                                           const storage::ChunkStore& store) const {
+  const std::optional<storage::RamPoolId> pool = PoolOf(tenant);
+  if (!pool) {
+    return absl::PermissionDeniedError(absl::StrCat("tenant may not map shared memory: ", tenant,
+                                                    " is not in kvcached --shm-tenants"));
+  }
+  if (store.ram_arena_fd(*pool) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("RAM pool ", *pool, " of tenant ", tenant, " has no slots"));
+  }
+  return *pool;
+}
+
 std::set<std::string> ShmAccess::tenants() const {
   std::set<std::string> out;
   for (const auto& [name, pool] : pools_) out.insert(name);

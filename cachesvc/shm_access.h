@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "storage/chunk_store.h"
 #include "storage/ram_tier.h"
 
 namespace kvc::cachesvc {
@@ -37,6 +38,11 @@ class ShmAccess {
 
   // The pool the tenant maps, or nullopt if it may not use shared memory.
   std::optional<storage::RamPoolId> PoolOf(const std::string& tenant) const;
+  // The same, for a call that needs the pool's arena now (the socket handshake, FetchRefs):
+  // PermissionDenied naming the tenant if it may not, FailedPrecondition if its pool has
+  // no slots in `store`.
+  absl::StatusOr<storage::RamPoolId> MappablePool(const std::string& tenant,
+                                                  const storage::ChunkStore& store) const;
   // Bytes of pool 0 and of the private pools 1, 2, … (StoreOptions::ram_bytes and
   // ram_pool_bytes).
   uint64_t default_pool_bytes() const { return default_pool_bytes_; }

@@ -22,11 +22,10 @@ HbmLease::~HbmLease() {
 
 absl::StatusOr<std::unique_ptr<HbmTier>> HbmTier::Create(std::unique_ptr<DeviceArena> arena,
                                                          uint64_t slot_bytes) {
-  constexpr uint64_t kAlign = 512;  // CUDA IPC and copy-friendly slot starts
   if (arena == nullptr || slot_bytes == 0) {
     return absl::InvalidArgumentError("HBM tier: no arena or a zero slot size");
   }
-  slot_bytes = (slot_bytes + kAlign - 1) / kAlign * kAlign;
+  slot_bytes = HbmSlotBytes(slot_bytes);
   const uint64_t slots = arena->bytes() / slot_bytes;
   if (slots == 0 || slots > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("HBM tier: ", arena->bytes(),

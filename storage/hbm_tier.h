@@ -25,6 +25,10 @@
 
 namespace kvc::storage {
 
+// The HBM slot a chunk of payload_bytes takes: rounded up to 512 B (CUDA IPC and
+// copy-friendly slot starts).
+inline uint64_t HbmSlotBytes(uint64_t payload_bytes) { return (payload_bytes + 511) / 512 * 512; }
+
 class HbmTier;
 
 // A chunk's place in the device arena; the slot keeps these bytes while the lease lives.

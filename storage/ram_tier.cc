@@ -8,7 +8,7 @@ namespace kvc::storage {
 absl::StatusOr<std::unique_ptr<RamTier>> RamTier::Create(uint64_t slot_bytes,
                                                          std::span<const uint64_t> pool_bytes) {
   auto tier = std::make_unique<RamTier>();
-  const uint64_t rounded = (slot_bytes + 4095) / 4096 * 4096;
+  const uint64_t rounded = RamSlotBytes(slot_bytes);
   tier->pools_.resize(pool_bytes.size());
   for (size_t i = 0; i < pool_bytes.size(); ++i) {
     const uint64_t slots = rounded == 0 ? 0 : pool_bytes[i] / rounded;

@@ -31,6 +31,11 @@ namespace kvc::storage {
 
 using RamPoolId = uint32_t;
 
+// The RAM slot a chunk of payload_bytes takes: the payload rounded up to 4 KiB (pages).
+inline uint64_t RamSlotBytes(uint64_t payload_bytes) {
+  return (payload_bytes + 4095) / 4096 * 4096;
+}
+
 struct RamEntry {
   NamespaceId ns = 0;
   RamPoolId pool = 0;

@@ -13,11 +13,16 @@ double Micros(SteadyClock::duration d) {
 
 }  // namespace
 
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
 void Sample::Percentiles() {
   if (p50_us >= 0 || lat_us.empty()) return;
-  std::sort(lat_us.begin(), lat_us.end());
-  p50_us = lat_us[lat_us.size() / 2];
-  p99_us = lat_us[std::min(lat_us.size() - 1, lat_us.size() * 99 / 100)];
+  p50_us = Percentile(lat_us, 0.5);
+  p99_us = Percentile(lat_us, 0.99);
 }
 
 absl::StatusOr<Sample> Loop(double seconds, uint64_t bytes_per_call,

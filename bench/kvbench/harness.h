@@ -31,5 +31,7 @@ absl::StatusOr<Sample> LoopThreads(double seconds, int threads, uint64_t bytes_p
                                    const std::function<absl::Status(int, uint64_t)>& op);
 
 double Median(std::vector<double> v);
+// The q-quantile (0 ≤ q ≤ 1) of v by the rule Sample::Percentiles uses; 0 for no values.
+double Percentile(std::vector<double> v, double q);
 
 }  // namespace kvc::bench

@@ -27,20 +27,11 @@ using Clock = std::chrono::steady_clock;
 
 // A chunk's payload, derived from its key (distinct per chunk, checkable on fetch).
 void FillPayload(const storage::ChunkKey& key, uint8_t* out, size_t bytes) {
-  uint64_t x = key.Prefix64();
+  const uint64_t base = key.Prefix64();
   for (size_t i = 0; i < bytes; i += 8) {
-    x += 0x9E3779B97F4A7C15ull;
-    uint64_t z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = trace::Mix(base + i);
     std::memcpy(out + i, &z, std::min<size_t>(8, bytes - i));
   }
-}
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
 struct Totals {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/kvplan/capacity.h"
 #include "bench/trace/tier_sim.h"
+#include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 
 namespace kvc {
@@ -87,7 +88,7 @@ absl::StatusOr<nlohmann::json> RunSimulate(const ModelConfig& config, const Simu
          {"ssd_write_bytes_per_day", r.ssd_write_bytes_per_day},
          {"working_set_bytes", static_cast<double>(distinct) * static_cast<double>(chunk)}});
   }
-  const double ram_slot = static_cast<double>((ours_chunk + 4095) / 4096 * 4096);
+  const double ram_slot = static_cast<double>(storage::RamSlotBytes(ours_chunk));
   const double ssd_slot = static_cast<double>(storage::SlotBytesFor(ours_chunk));
   if (o.target_hit_rate) {
     const double target = *o.target_hit_rate;

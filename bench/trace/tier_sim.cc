@@ -3,6 +3,8 @@
 #include <limits>
 
 #include "cachesvc/prefix_hash.h"
+#include "storage/hbm_tier.h"
+#include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 
 namespace kvc::trace {
@@ -13,13 +15,11 @@ int64_t Slots(double bytes, uint64_t slot_bytes) {
   return static_cast<int64_t>(bytes / static_cast<double>(slot_bytes));
 }
 
-uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
 }  // namespace
 
 TierSimulator::TierSimulator(const SimConfig& config) : config_(config) {
-  hbm_.capacity = Slots(config.hbm_bytes, RoundUp(config.chunk_bytes, 512));
-  ram_.capacity = Slots(config.ram_bytes, RoundUp(config.chunk_bytes, 4096));
+  hbm_.capacity = Slots(config.hbm_bytes, storage::HbmSlotBytes(config.chunk_bytes));
+  ram_.capacity = Slots(config.ram_bytes, storage::RamSlotBytes(config.chunk_bytes));
   ssd_.capacity = Slots(config.ssd_bytes, storage::SlotBytesFor(config.chunk_bytes));
   for (Tier* t : {&hbm_, &ram_, &ssd_}) t->counters.capacity_chunks = t->capacity;
 }

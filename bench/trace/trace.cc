@@ -8,7 +8,6 @@
 #include "nlohmann/json.hpp"
 
 namespace kvc::trace {
-namespace {
 
 uint64_t Mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -16,6 +15,8 @@ uint64_t Mix(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
+
+namespace {
 
 uint64_t HashName(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then mixed

@@ -43,6 +43,9 @@ struct Request {
 // `limit` > 0 keeps the first `limit` requests (by arrival).
 absl::StatusOr<std::vector<Request>> ReadTrace(const std::string& path, int64_t limit = 0);
 
+// SplitMix64's finalizer: a well-mixed 64-bit value for each input.
+uint64_t Mix(uint64_t x);
+
 // The id of token j of a block (or of a session at position j), below vocab_size.
 uint32_t TokenOf(uint64_t id, uint64_t j, uint32_t vocab_size);
 

@@ -3,7 +3,7 @@ import grpc
 import grpc.aio
 
 from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
-                      StoreResult)
+                      StoreResult, check_keys)
 from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
 from .v1 import kvcache_pb2_grpc as pb_grpc
@@ -75,7 +75,7 @@ class AsyncClient(Common):
         return Fetched(got, out, ns.chunk_bytes, shm)
 
     async def fetch_iter(self, ns, keys):
-        keys = self.fetch_target(ns, keys, bytearray(0) if not keys else None)[0]
+        keys = check_keys(keys)
         async for i, payload in self._stream(ns, keys):
             yield i, keys[i], payload
 

@@ -3,7 +3,7 @@ import grpc
 import grpc.experimental
 
 from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
-                      StoreResult)
+                      StoreResult, check_keys)
 from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
 from .v1 import kvcache_pb2_grpc as pb_grpc
@@ -92,7 +92,7 @@ class Client(Common):
     def fetch_iter(self, ns, keys):
         """Yields (index, key, payload) per chunk as it arrives over gRPC; payload is a
         read-only memoryview valid until the next item. Stops at the first missing chunk."""
-        keys = self.fetch_target(ns, keys, bytearray(0) if not keys else None)[0]
+        keys = check_keys(keys)
         for i, payload in self._stream(ns, keys):
             yield i, keys[i], payload
 

@@ -10,6 +10,7 @@
 #include "bench/trace/trace.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "storage/ram_tier.h"
 #include "tests/testing/subprocess.h"
 
 namespace kvc::trace {
@@ -60,7 +61,9 @@ TEST(TraceSimulatorTest, WithUnlimitedCapacityTheHitRateIsTheTracesOwn) {
     EXPECT_GT(r.hit_rate, 0.3);  // not a vacuous match
     EXPECT_EQ(r.ram.evictions + r.ssd.evictions, 0u);
     // Limited RAM and no SSD: evictions, and never more reuse than the trace has.
-    const SimReport small = Simulate(*requests, {chunk, 227840, 0, 2000.0 * 229376, 0}, 129280, {});
+    const double two_thousand_slots = 2000.0 * static_cast<double>(storage::RamSlotBytes(227840));
+    const SimReport small =
+        Simulate(*requests, {chunk, 227840, 0, two_thousand_slots, 0}, 129280, {});
     EXPECT_GT(small.ram.evictions, 0u);
     EXPECT_LT(small.hit_tokens, want);
     EXPECT_GT(small.hit_tokens, 0u);
