@@ -78,20 +78,25 @@ def check_keys(keys):
     return out
 
 
+def byte_view(obj, what):
+    """`obj` as a flat byte memoryview, without a copy; InvalidArgumentError naming `what`
+    for an object without the buffer protocol or with gaps in its memory."""
+    try:
+        view = memoryview(obj)
+    except TypeError as e:
+        raise InvalidArgumentError(f"{what} ({type(obj).__name__}) has no buffer protocol") from e
+    if not view.c_contiguous:
+        raise InvalidArgumentError(f"{what} must be C-contiguous")
+    if view.nbytes == 0:
+        return memoryview(bytearray(0)) if not view.readonly else memoryview(b"")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 def writable_view(out, need_bytes):
     """`out` as a flat writable byte view of at least need_bytes, without a copy."""
-    try:
-        view = memoryview(out)
-    except TypeError as e:
-        raise InvalidArgumentError(f"out ({type(out).__name__}) has no buffer protocol") from e
+    view = byte_view(out, "out")
     if view.readonly:
         raise InvalidArgumentError("out is read-only")
-    if not view.c_contiguous:
-        raise InvalidArgumentError("out must be C-contiguous")
-    if view.nbytes == 0:
-        view = memoryview(bytearray(0))
-    elif view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
     if view.nbytes < need_bytes:
         raise InvalidArgumentError(
             f"out holds {view.nbytes} bytes; the chunks asked for need {need_bytes}")
@@ -104,16 +109,13 @@ def chunk_payloads(ns, payloads, chunks):
     if isinstance(payloads, (list, tuple)):
         if len(payloads) != chunks:
             raise InvalidArgumentError(f"{len(payloads)} payloads for {chunks} whole chunks of tokens")
-        views = [memoryview(p).cast("B") for p in payloads]
+        views = [byte_view(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
         for i, v in enumerate(views):
             if v.nbytes != ns.chunk_bytes:
                 raise InvalidArgumentError(
                     f"payloads[{i}] is {v.nbytes} bytes; namespace {ns.id} expects {ns.chunk_bytes}")
         return views
-    view = memoryview(payloads)
-    if not view.c_contiguous:
-        raise InvalidArgumentError("payloads must be C-contiguous")
-    view = view.cast("B")
+    view = byte_view(payloads, "payloads")
     if view.nbytes != chunks * ns.chunk_bytes:
         raise InvalidArgumentError(
             f"payloads are {view.nbytes} bytes; {chunks} chunks of namespace {ns.id} are "

@@ -157,6 +157,10 @@ def test_bad_arguments_are_refused_before_any_call(mini_config):
         c.lookup(ns, [-1, 2, 3, 4])
     with pytest.raises(kvcache.InvalidArgumentError, match="16 bytes"):
         c.fetch(ns, [b"short"])
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"payloads\[0\] must be C-contiguous"):
+        c.store(ns, [1, 2, 3, 4], [np.zeros(200, np.uint8)[::2]])
+    with pytest.raises(kvcache.InvalidArgumentError, match="has no buffer protocol"):
+        c.fetch(ns, [bytes(16)], out=[0] * 100)
     with pytest.raises(kvcache.InvalidArgumentError, match="read-only"):
         c.fetch(ns, [bytes(16)], out=bytes(100))
     with pytest.raises(kvcache.InvalidArgumentError, match="need 200"):
