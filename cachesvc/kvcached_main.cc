@@ -69,12 +69,13 @@ absl::StatusOr<int> KeepDataPrivate(const std::string& data_dir) {
   if (ec) return absl::InternalError("cannot create the data folder: " + ec.message());
   int changed = 0;
   const auto tighten = [&](const fs::path& p) {
-    const fs::perms mode = fs::symlink_status(p, ec).permissions();
-    if (ec || fs::is_symlink(fs::symlink_status(p, ec))) return;
+    std::error_code own;  // one entry's trouble must not end the walk
+    const fs::file_status st = fs::symlink_status(p, own);
+    if (own || fs::is_symlink(st)) return;
     const fs::perms open = fs::perms::group_all | fs::perms::others_all;
-    if ((mode & open) == fs::perms::none) return;
-    fs::permissions(p, open, fs::perm_options::remove, ec);
-    if (!ec) ++changed;
+    if ((st.permissions() & open) == fs::perms::none) return;
+    fs::permissions(p, open, fs::perm_options::remove, own);
+    if (!own) ++changed;
   };
   tighten(data_dir);
   for (auto it = fs::recursive_directory_iterator(data_dir, ec);
