@@ -25,8 +25,8 @@ using ::kvc::testing::KeyOf;
 using ::kvc::testing::PayloadOf;
 using ::kvc::testing::TempDir;
 
-constexpr uint64_t kChunk = 20000;  // slot = 20480 in RAM
-constexpr uint64_t kRamSlot = 20480;
+constexpr uint64_t kChunk = 20000;
+const uint64_t kRamSlot = RamSlotBytes(kChunk);
 constexpr NamespaceId kNsA = 3, kNsB = 4;
 
 std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t pool0_chunks,
