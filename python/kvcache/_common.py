@@ -130,6 +130,10 @@ class Common:
                  lease_cache=True, max_held_chunks=1024):
         if not target:
             raise InvalidArgumentError("target is empty (HOST:PORT or unix:PATH)")
+        if target.startswith("etcd://"):
+            raise InvalidArgumentError(
+                f"target {target}: cluster routing through etcd is not built yet; give one "
+                "kvcached as HOST:PORT or unix:PATH")
         self.target = target
         self.timeout_s = timeout_s
         self.lease_ms = lease_ms
