@@ -4,6 +4,7 @@
 //   kvcached [--data-dir DIR] [--listen HOST:PORT] [--ram-bytes N] [--ssd-bytes N]
 //            [--auth-tokens FILE] [--max-chunk-bytes N] [--tls-cert F --tls-key F]
 //            [--max-calls-per-tenant N] [--log-level debug|info|warn|error]
+//            [--cluster etcd://H:P[,H:P…] [--advertise H:P] [--node-id NAME]]
 //
 // Human-readable lines on stdout (the first says where it listens); structured logs
 // (JSON lines, see cachesvc/log.h) on stderr.
@@ -18,12 +19,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cachesvc/arena_socket.h"
+#include "cachesvc/cluster_node.h"
 #include "cachesvc/embedded_config.h"
 #include "cachesvc/log.h"
 #include "cachesvc/service.h"
@@ -98,6 +101,8 @@ int Main(int argc, char** argv) {
   size_t max_leases_per_tenant = ServiceOptions{}.max_ref_leases;
   size_t max_namespaces_per_tenant = 256;
   std::string log_level = "info";
+  std::string cluster_url, advertise, node_id;
+  int lease_seconds = 5;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
       ->capture_default_str();
@@ -147,6 +152,18 @@ int Main(int argc, char** argv) {
                  "start, stop), warn, error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
+  app.add_option("--cluster", cluster_url,
+                 "join the cluster whose membership is in this etcd (etcd://H:P[,H:P…]); "
+                 "docs/cluster.md");
+  app.add_option("--advertise", advertise,
+                 "with --cluster: the HOST:PORT other machines reach this node at (default: "
+                 "the address it listens on)");
+  app.add_option("--node-id", node_id,
+                 "with --cluster: this node's id (default: the data folder's, else a new one)");
+  app.add_option("--cluster-lease-seconds", lease_seconds,
+                 "with --cluster: a node that stops answering etcd leaves after this long")
+      ->check(CLI::Range(1, 600))
+      ->capture_default_str();
   app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
   app.add_option("--tls-key", tls_key, "PEM private key for --tls-cert");
   try {
@@ -158,6 +175,14 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
+  std::string etcd_endpoints;
+  if (!cluster_url.empty()) {
+    absl::StatusOr<std::string> eps = cluster::ParseEtcdUrl(cluster_url);
+    if (!eps.ok()) return Fail(absl::StrCat("--cluster: ", eps.status().message()));
+    etcd_endpoints = *eps;
+  } else if (!advertise.empty() || !node_id.empty()) {
+    return Fail("--advertise and --node-id only mean something with --cluster");
+  }
   LogLevel level = LogLevel::kInfo;
   ParseLogLevel(log_level, &level);  // checked by the flag parser
   SetLogLevel(level);
@@ -221,8 +246,15 @@ int Main(int argc, char** argv) {
   so.preallocate_ssd_background = true;
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(so);
   if (!store.ok()) return Fail(std::string(store.status().message()));
+  std::optional<cluster::NodeInfo> node;
+  if (!etcd_endpoints.empty()) {
+    absl::StatusOr<cluster::NodeInfo> n = LoadNodeIdentity(data_dir, node_id);
+    if (!n.ok()) return Fail(std::string(n.status().message()));
+    node = *std::move(n);
+  }
   absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry =
-      NamespaceRegistry::Open(data_dir, max_namespaces_per_tenant);
+      NamespaceRegistry::Open(data_dir, max_namespaces_per_tenant,
+                              node ? NamespaceIds::kDerived : NamespaceIds::kSequential);
   if (!registry.ok()) return Fail(std::string(registry.status().message()));
 
   ServiceMetrics metrics(store->get());
@@ -257,6 +289,7 @@ int Main(int argc, char** argv) {
   opt.max_chunk_bytes = max_chunk_bytes;
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
+  opt.cluster = node.has_value();
   auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -312,6 +345,36 @@ int Main(int argc, char** argv) {
     std::printf("kvcached: HBM tier on CUDA device %d (%llu chunks)\n", hbm_device,
                 static_cast<unsigned long long>(hbm->stats().slots));
   }
+  std::unique_ptr<cluster::NodeRegistration> registration;
+  if (node) {
+    node->address = advertise.empty() ? absl::StrCat(host, ":", port) : advertise;
+    if (node->address.rfind("0.0.0.0:", 0) == 0 || node->address.rfind("[::]:", 0) == 0) {
+      return Fail(
+          "--cluster: listening on every interface; say with --advertise which address "
+          "other machines reach this node at");
+    }
+    node->ram_bytes = ram_bytes;
+    node->ssd_bytes = ssd_bytes;
+    node->hbm_bytes = hbm_bytes;
+    cluster::NodeRegistration::Options ro;
+    ro.endpoints = etcd_endpoints;
+    ro.node = *node;
+    ro.lease_seconds = lease_seconds;
+    ro.log = [](const std::string& event, const std::string& detail) {
+      LogLine(event == "cluster_etcd_unreachable" || event == "cluster_register_failed"
+                  ? LogLevel::kWarn
+                  : LogLevel::kInfo,
+              event)
+          .Str("detail", detail);
+    };
+    absl::StatusOr<std::unique_ptr<cluster::NodeRegistration>> r =
+        cluster::NodeRegistration::Start(std::move(ro));
+    if (!r.ok()) return Fail(absl::StrCat("--cluster: ", r.status().message()));
+    registration = *std::move(r);
+    std::printf("kvcached: node %s (generation %llu) in cluster %s as %s%s\n", node->id.c_str(),
+                static_cast<unsigned long long>(node->generation), cluster_url.c_str(),
+                node->address.c_str(), registration->registered() ? "" : " (etcd not reached yet)");
+  }
   std::fflush(stdout);
   LogLine(LogLevel::kInfo, "start")
       .Str("listen", absl::StrCat(host, ":", port))
@@ -328,6 +391,7 @@ int Main(int argc, char** argv) {
   std::printf("kvcached: signal %d: draining\n", sig);
   std::fflush(stdout);
   LogLine(LogLevel::kInfo, "drain").Int("signal", sig);
+  registration.reset();  // leave the cluster first: clients stop routing here at once
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
   LogLine(LogLevel::kDebug, "server_stopped");

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -79,9 +80,16 @@ absl::Status WriteAll(int fd, const std::string& text, const std::string& path) 
 
 }  // namespace
 
+uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& root) {
+  std::string buf = tenant;
+  buf.push_back('\0');
+  buf.append(reinterpret_cast<const char*>(root.bytes.data()), root.bytes.size());
+  return 1 + static_cast<uint32_t>(XXH3_64bits(buf.data(), buf.size()) % 0x7FFFFFFFu);
+}
+
 absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(
-    const std::string& data_dir, size_t max_per_tenant) {
-  std::unique_ptr<NamespaceRegistry> r(new NamespaceRegistry(data_dir, max_per_tenant));
+    const std::string& data_dir, size_t max_per_tenant, NamespaceIds ids) {
+  std::unique_ptr<NamespaceRegistry> r(new NamespaceRegistry(data_dir, max_per_tenant, ids));
   if (absl::Status s = r->Load(); !s.ok()) return s;
   return r;
 }
@@ -175,7 +183,18 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
         "tenant ", info.tenant, " has registered ", per_tenant_[info.tenant],
         " namespaces; the limit is ", max_per_tenant_, " (kvcached --max-namespaces-per-tenant)"));
   }
-  info.id = by_id_.empty() ? 1 : by_id_.rbegin()->first + 1;
+  if (ids_ == NamespaceIds::kDerived) {
+    info.id = DerivedNamespaceId(info.tenant, info.root);
+    if (auto it = by_id_.find(info.id); it != by_id_.end()) {
+      // Two namespaces on one 31-bit id (about n²/2³² for n namespaces): refuse rather
+      // than let the nodes of a cluster disagree on which one an id names.
+      return absl::AlreadyExistsError(absl::StrCat(
+          "namespace id ", info.id, " derived for model ", info.model_id,
+          " is already taken by model ", it->second.model_id, " of tenant ", it->second.tenant));
+    }
+  } else {
+    info.id = by_id_.empty() ? 1 : by_id_.rbegin()->first + 1;
+  }
   if (absl::Status s = Append(info); !s.ok()) return s;
   by_id_[info.id] = info;
   by_root_[{info.tenant, info.root}] = info.id;

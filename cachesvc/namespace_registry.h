@@ -31,11 +31,23 @@ struct NamespaceInfo {
   storage::ChunkKey root;
 };
 
+// How a new namespace gets its id.
+enum class NamespaceIds {
+  kSequential,  // 1, 2, 3, … in registration order (a single daemon)
+  // From (tenant, root key), so every node of a cluster gives the same namespace the same
+  // id without talking to the others (DerivedNamespaceId; docs/cluster.md).
+  kDerived,
+};
+
+// 1 + XXH3-64(tenant ‖ 0x00 ‖ root key bytes) mod (2^31 − 1).
+uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& root);
+
 class NamespaceRegistry {
  public:
   // `max_per_tenant`: namespaces one tenant may register (0: no limit).
-  static absl::StatusOr<std::unique_ptr<NamespaceRegistry>> Open(const std::string& data_dir,
-                                                                 size_t max_per_tenant = 0);
+  static absl::StatusOr<std::unique_ptr<NamespaceRegistry>> Open(
+      const std::string& data_dir, size_t max_per_tenant = 0,
+      NamespaceIds ids = NamespaceIds::kSequential);
   ~NamespaceRegistry();
 
   // The existing namespace with info's tenant and root, or a new one with a fresh id.
@@ -48,13 +60,14 @@ class NamespaceRegistry {
   std::vector<NamespaceInfo> All() const;
 
  private:
-  NamespaceRegistry(std::string dir, size_t max_per_tenant)
-      : dir_(std::move(dir)), max_per_tenant_(max_per_tenant) {}
+  NamespaceRegistry(std::string dir, size_t max_per_tenant, NamespaceIds ids)
+      : dir_(std::move(dir)), max_per_tenant_(max_per_tenant), ids_(ids) {}
   absl::Status Load();
   absl::Status Append(const NamespaceInfo& n);  // under mu_
 
   std::string dir_;
   size_t max_per_tenant_;
+  NamespaceIds ids_;
   int fd_ = -1;  // the log, open for appending
   mutable std::mutex mu_;
   std::map<uint32_t, NamespaceInfo> by_id_;

@@ -50,6 +50,9 @@ struct ServiceOptions {
   // With authentication on, Stats shows these tenants the daemon's totals; every other
   // tenant sees its own chunks and hits only (and the tiers' capacities).
   std::set<std::string> admin_tenants;
+  // A node of a cluster (docs/cluster.md): a chunk's parent may live on another node, so
+  // Store does not require it here.
+  bool cluster = false;
 };
 
 // Every method is raw: requests are parsed by the service after authentication (a request

@@ -260,7 +260,8 @@ class KvCacheService::Impl {
     while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
     resp->set_matched_chunks(matched);
     for (const ChunkKey& k : keys) resp->add_chunk_keys(KeyBytes(k));
-    for (uint32_t i = 0; i < matched; ++i) resp->add_tiers(ToProto(tiers[i]));
+    const size_t reported = req.every_chunk() ? tiers.size() : matched;
+    for (size_t i = 0; i < reported; ++i) resp->add_tiers(ToProto(tiers[i]));
     return absl::OkStatus();
   }
 

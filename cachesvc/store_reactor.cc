@@ -93,13 +93,15 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             absl::StrCat("parent_key is ", req_.parent_key().size(), " bytes; keys are 16"));
       }
       std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
+      const bool parent_here = svc_->store->Contains(ns->id, chain) != storage::Tier::kNone;
       // A chunk is only reachable through its prefix: refuse orphans (and keys chained
-      // from another namespace's chunks).
-      if (svc_->store->Contains(ns->id, chain) == storage::Tier::kNone) {
+      // from another namespace's chunks). In a cluster the parent is usually on another
+      // node (placement is per chunk); the chunk is then a root of this node's eviction.
+      if (!parent_here && !svc_->opt.cluster) {
         return absl::FailedPreconditionError(
             absl::StrCat("parent chunk ", chain.Hex(), " is not cached in namespace ", ns->id));
       }
-      parent = chain;
+      if (parent_here) parent = chain;
     }
     const ChunkKey key = NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
     const auto durability = req_.durability() == pb::DURABILITY_DURABLE

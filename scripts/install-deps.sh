@@ -22,6 +22,8 @@ packages=(
   python3-matplotlib
   # fuzzing (scripts/fuzz.sh): clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
+  # cluster mode (cluster/): etcd, and the .proto files of its v3 API
+  etcd-server golang-etcd-server-dev
   # tests: a throwaway TLS certificate
   openssl
 )

@@ -1,0 +1,212 @@
+#include "cluster/etcd.h"
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+
+namespace kvc::cluster {
+namespace epb = ::etcdserverpb;
+
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat("etcd ", what, ": ", s.error_message()));
+}
+
+// The smallest key above every key that starts with `prefix` (etcd's range_end).
+std::string PrefixEnd(std::string prefix) {
+  while (!prefix.empty()) {
+    if (static_cast<uint8_t>(prefix.back()) < 0xff) {
+      prefix.back() = static_cast<char>(static_cast<uint8_t>(prefix.back()) + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ParseEtcdUrl(const std::string& url) {
+  const std::string kScheme = "etcd://";
+  if (!absl::StartsWith(url, kScheme)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster address \"", url, "\" does not start with etcd://"));
+  }
+  std::vector<std::string> eps = absl::StrSplit(url.substr(kScheme.size()), ',', absl::SkipEmpty());
+  if (eps.empty()) return absl::InvalidArgumentError("etcd:// names no endpoint");
+  for (const std::string& e : eps) {
+    const size_t colon = e.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == e.size() ||
+        e.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd endpoint \"", e, "\" is not HOST:PORT (in ", url, ")"));
+    }
+  }
+  return absl::StrJoin(eps, ",");
+}
+
+struct Etcd::Stubs {
+  std::unique_ptr<epb::KV::Stub> kv;
+  std::unique_ptr<epb::Lease::Stub> lease;
+  std::unique_ptr<epb::Watch::Stub> watch;
+};
+
+Etcd::Etcd(std::string endpoints, std::shared_ptr<grpc::Channel> channel)
+    : endpoints_(std::move(endpoints)), channel_(std::move(channel)), stubs_(new Stubs) {
+  stubs_->kv = epb::KV::NewStub(channel_);
+  stubs_->lease = epb::Lease::NewStub(channel_);
+  stubs_->watch = epb::Watch::NewStub(channel_);
+}
+
+Etcd::~Etcd() = default;
+
+absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints) {
+  std::vector<std::string> eps = absl::StrSplit(endpoints, ',', absl::SkipEmpty());
+  if (eps.empty()) return absl::InvalidArgumentError("no etcd endpoint");
+  std::string target = eps[0];
+  if (eps.size() > 1) {
+    // gRPC's ipv4: scheme takes a list of addresses and fails over between them.
+    for (const std::string& e : eps) {
+      in_addr a{};
+      if (inet_pton(AF_INET, e.substr(0, e.rfind(':')).c_str(), &a) != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "etcd endpoint \"", e, "\": with several endpoints give IPv4 addresses"));
+      }
+    }
+    target = "ipv4:" + endpoints;
+  }
+  grpc::ChannelArguments args;
+  // Reconnect soon after etcd comes back (the default backoff grows to 2 minutes).
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<Etcd>(new Etcd(endpoints, std::move(channel)));
+}
+
+std::unique_ptr<grpc::ClientContext> Etcd::Context() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(call_timeout_ms));
+  return ctx;
+}
+
+absl::StatusOr<int64_t> Etcd::GrantLease(int ttl_seconds) {
+  epb::LeaseGrantRequest req;
+  req.set_ttl(ttl_seconds);
+  epb::LeaseGrantResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stubs_->lease->LeaseGrant(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s, "LeaseGrant");
+  if (!resp.error().empty()) return absl::UnavailableError("etcd LeaseGrant: " + resp.error());
+  return resp.id();
+}
+
+absl::StatusOr<int64_t> Etcd::KeepAlive(int64_t lease) {
+  auto ctx = Context();
+  auto stream = stubs_->lease->LeaseKeepAlive(ctx.get());
+  epb::LeaseKeepAliveRequest req;
+  req.set_id(lease);
+  epb::LeaseKeepAliveResponse resp;
+  const bool ok = stream->Write(req) && stream->Read(&resp);
+  stream->WritesDone();
+  grpc::Status s = stream->Finish();
+  if (!ok || !s.ok()) return FromGrpc(s.ok() ? grpc::Status(grpc::UNAVAILABLE, "stream ended") : s,
+                                      "LeaseKeepAlive");
+  if (resp.ttl() <= 0) return absl::NotFoundError(absl::StrCat("etcd lease ", lease, " expired"));
+  return resp.ttl();
+}
+
+absl::Status Etcd::RevokeLease(int64_t lease) {
+  epb::LeaseRevokeRequest req;
+  req.set_id(lease);
+  epb::LeaseRevokeResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stubs_->lease->LeaseRevoke(ctx.get(), req, &resp);
+  return s.ok() ? absl::OkStatus() : FromGrpc(s, "LeaseRevoke");
+}
+
+absl::Status Etcd::Put(const std::string& key, const std::string& value, int64_t lease) {
+  epb::PutRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  req.set_lease(lease);
+  epb::PutResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stubs_->kv->Put(ctx.get(), req, &resp);
+  return s.ok() ? absl::OkStatus() : FromGrpc(s, "Put");
+}
+
+absl::StatusOr<Etcd::RangeResult> Etcd::RangePrefix(const std::string& prefix) {
+  epb::RangeRequest req;
+  req.set_key(prefix);
+  req.set_range_end(PrefixEnd(prefix));
+  epb::RangeResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stubs_->kv->Range(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpc(s, "Range");
+  RangeResult r;
+  r.revision = resp.header().revision();
+  for (const auto& kv : resp.kvs()) r.kvs.push_back({kv.key(), kv.value()});
+  return r;
+}
+
+absl::Status Etcd::WatchPrefix(const std::string& prefix, int64_t start_revision,
+                               const std::function<void(bool, const KeyValue&)>& on_event) {
+  grpc::ClientContext ctx;  // no deadline: a watch lasts until it breaks or is cancelled
+  {
+    std::lock_guard lk(watch_mu_);
+    if (cancelled_) return absl::CancelledError("etcd watch cancelled");
+    watches_.insert(&ctx);
+  }
+  auto stream = stubs_->watch->Watch(&ctx);
+  epb::WatchRequest req;
+  auto* create = req.mutable_create_request();
+  create->set_key(prefix);
+  create->set_range_end(PrefixEnd(prefix));
+  create->set_start_revision(start_revision);
+  absl::Status ended = absl::OkStatus();
+  if (stream->Write(req)) {
+    epb::WatchResponse resp;
+    while (stream->Read(&resp)) {
+      if (resp.compact_revision() > 0) {
+        ended = absl::OutOfRangeError(
+            absl::StrCat("etcd compacted the history to revision ", resp.compact_revision()));
+        break;
+      }
+      if (resp.canceled()) {
+        ended = absl::AbortedError("etcd cancelled the watch: " + resp.cancel_reason());
+        break;
+      }
+      for (const auto& ev : resp.events()) {
+        on_event(ev.type() == ::mvccpb::Event::PUT, {ev.kv().key(), ev.kv().value()});
+      }
+    }
+  }
+  ctx.TryCancel();
+  grpc::Status s = stream->Finish();
+  {
+    std::lock_guard lk(watch_mu_);
+    watches_.erase(&ctx);
+    if (cancelled_) return absl::CancelledError("etcd watch cancelled");
+  }
+  if (!ended.ok()) return ended;
+  return s.ok() ? absl::UnavailableError("etcd watch stream ended") : FromGrpc(s, "Watch");
+}
+
+void Etcd::CancelWatches() {
+  std::lock_guard lk(watch_mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* c : watches_) c->TryCancel();
+}
+
+}  // namespace kvc::cluster

@@ -1,0 +1,240 @@
+#include "cluster/membership.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace kvc::cluster {
+
+std::string NodeInfo::ToJson() const {
+  nlohmann::json j = {{"id", id},
+                      {"address", address},
+                      {"generation", generation},
+                      {"ram_bytes", ram_bytes},
+                      {"ssd_bytes", ssd_bytes},
+                      {"hbm_bytes", hbm_bytes},
+                      {"started_unix", started_unix},
+                      {"placement", kPlacementRuleName}};
+  return j.dump();
+}
+
+absl::StatusOr<NodeInfo> NodeInfo::FromJson(const std::string& json) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("id") || !j["id"].is_string() || !j.contains("address") ||
+      !j["address"].is_string()) {
+    return absl::InvalidArgumentError("node record is not an object with id and address");
+  }
+  NodeInfo n;
+  n.id = j["id"].get<std::string>();
+  n.address = j["address"].get<std::string>();
+  const auto u64 = [&](const char* k) -> uint64_t {
+    return j.contains(k) && j[k].is_number_unsigned() ? j[k].get<uint64_t>() : 0;
+  };
+  n.generation = u64("generation");
+  n.ram_bytes = u64("ram_bytes");
+  n.ssd_bytes = u64("ssd_bytes");
+  n.hbm_bytes = u64("hbm_bytes");
+  n.started_unix = static_cast<int64_t>(u64("started_unix"));
+  if (absl::Status s = CheckNodeId(n.id); !s.ok()) return s;
+  return n;
+}
+
+absl::Status CheckNodeId(const std::string& id) {
+  if (id.empty() || id.size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node id \"", id, "\" must be 1 to 64 characters"));
+  }
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node id \"", id, "\" may hold only letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --- NodeRegistration ---------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<NodeRegistration>> NodeRegistration::Start(Options options) {
+  if (absl::Status s = CheckNodeId(options.node.id); !s.ok()) return s;
+  if (options.lease_seconds < 1) return absl::InvalidArgumentError("lease_seconds must be ≥ 1");
+  if (!options.log) options.log = [](const std::string&, const std::string&) {};
+  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(options.endpoints);
+  if (!etcd.ok()) return etcd.status();
+  std::unique_ptr<NodeRegistration> r(new NodeRegistration(std::move(options)));
+  r->etcd_ = *std::move(etcd);
+  r->Register();
+  r->thread_ = std::thread([p = r.get()] { p->Loop(); });
+  return r;
+}
+
+bool NodeRegistration::Register() {
+  absl::StatusOr<int64_t> lease = etcd_->GrantLease(opt_.lease_seconds);
+  absl::Status s = lease.status();
+  if (s.ok()) s = etcd_->Put(kNodesPrefix + opt_.node.id, opt_.node.ToJson(), *lease);
+  if (!s.ok()) {
+    opt_.log("cluster_register_failed", std::string(s.message()));
+    return false;
+  }
+  std::lock_guard lk(mu_);
+  lease_ = *lease;
+  opt_.log("cluster_registered", absl::StrCat("node ", opt_.node.id, " at ", opt_.node.address,
+                                              ", generation ", opt_.node.generation, ", lease ",
+                                              *lease, " (", opt_.lease_seconds, " s)"));
+  return true;
+}
+
+void NodeRegistration::Loop() {
+  // Refresh three times per lease period: one lost refresh does not drop the node.
+  const auto period = std::chrono::milliseconds(opt_.lease_seconds * 1000 / 3);
+  bool etcd_down = false;
+  while (true) {
+    int64_t lease;
+    {
+      std::unique_lock lk(mu_);
+      if (cv_.wait_for(lk, lease_ == 0 ? std::chrono::milliseconds(500) : period,
+                       [&] { return stop_; })) {
+        break;
+      }
+      lease = lease_;
+    }
+    if (lease == 0) {
+      Register();
+      continue;
+    }
+    absl::StatusOr<int64_t> ttl = etcd_->KeepAlive(lease);
+    if (ttl.ok()) {
+      if (etcd_down) opt_.log("cluster_etcd_back", "lease kept");
+      etcd_down = false;
+      continue;
+    }
+    if (absl::IsNotFound(ttl.status())) {  // expired while etcd or this node was away
+      opt_.log("cluster_lease_expired", std::string(ttl.status().message()));
+      std::lock_guard lk(mu_);
+      lease_ = 0;
+      continue;
+    }
+    if (!etcd_down) opt_.log("cluster_etcd_unreachable", std::string(ttl.status().message()));
+    etcd_down = true;  // keep the lease id: etcd restores leases when it comes back
+  }
+}
+
+bool NodeRegistration::registered() const {
+  std::lock_guard lk(mu_);
+  return lease_ != 0;
+}
+
+NodeRegistration::~NodeRegistration() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (lease_ != 0) {
+    absl::Status s = etcd_->RevokeLease(lease_);
+    opt_.log(s.ok() ? "cluster_left" : "cluster_leave_failed",
+             s.ok() ? "lease revoked" : std::string(s.message()));
+  }
+}
+
+// --- MembershipView -----------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<MembershipView>> MembershipView::Open(const std::string& endpoints) {
+  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(endpoints);
+  if (!etcd.ok()) return etcd.status();
+  std::unique_ptr<MembershipView> v(new MembershipView());
+  v->etcd_ = *std::move(etcd);
+  v->current_ = std::make_shared<Snapshot>();
+  if (absl::Status s = v->Reload(); !s.ok()) return s;
+  v->thread_ = std::thread([p = v.get()] { p->Loop(); });
+  return v;
+}
+
+MembershipView::~MembershipView() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  etcd_->CancelWatches();
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<const MembershipView::Snapshot> MembershipView::Current() const {
+  std::lock_guard lk(mu_);
+  return current_;
+}
+
+absl::Status MembershipView::Reload() {
+  absl::StatusOr<Etcd::RangeResult> r = etcd_->RangePrefix(kNodesPrefix);
+  if (!r.ok()) return r.status();
+  auto snap = std::make_shared<Snapshot>();
+  for (const Etcd::KeyValue& kv : r->kvs) {
+    absl::StatusOr<NodeInfo> n = NodeInfo::FromJson(kv.value);
+    if (n.ok()) snap->nodes.push_back(*std::move(n));  // a foreign record is not a node
+  }
+  std::sort(snap->nodes.begin(), snap->nodes.end(),
+            [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });
+  snap->revision = r->revision;
+  std::lock_guard lk(mu_);
+  snap->version = current_->version + 1;
+  current_ = std::move(snap);
+  return absl::OkStatus();
+}
+
+void MembershipView::Apply(bool put, const Etcd::KeyValue& kv) {
+  const std::string id = kv.key.substr(std::string(kNodesPrefix).size());
+  std::lock_guard lk(mu_);
+  auto snap = std::make_shared<Snapshot>(*current_);
+  auto it = std::find_if(snap->nodes.begin(), snap->nodes.end(),
+                         [&](const NodeInfo& n) { return n.id == id; });
+  if (it != snap->nodes.end()) snap->nodes.erase(it);
+  if (put) {
+    absl::StatusOr<NodeInfo> n = NodeInfo::FromJson(kv.value);
+    if (n.ok() && n->id == id) {
+      snap->nodes.insert(std::lower_bound(snap->nodes.begin(), snap->nodes.end(), *n,
+                                          [](const NodeInfo& a, const NodeInfo& b) {
+                                            return a.id < b.id;
+                                          }),
+                         *n);
+    }
+  }
+  ++snap->version;
+  current_ = std::move(snap);
+}
+
+void MembershipView::MarkStale(const std::string& why) {
+  std::lock_guard lk(mu_);
+  if (current_->stale) return;
+  auto snap = std::make_shared<Snapshot>(*current_);
+  snap->stale = true;
+  snap->stale_reason = why;
+  current_ = std::move(snap);
+}
+
+void MembershipView::Loop() {
+  while (true) {
+    int64_t from;
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) return;
+      from = current_->revision + 1;
+    }
+    absl::Status s = etcd_->WatchPrefix(
+        kNodesPrefix, from, [this](bool put, const Etcd::KeyValue& kv) { Apply(put, kv); });
+    if (absl::IsCancelled(s)) return;
+    MarkStale(std::string(s.message()));
+    // Back off, then read the whole membership again (it may have changed while away).
+    while (true) {
+      std::unique_lock lk(mu_);
+      if (cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_; })) return;
+      lk.unlock();
+      if (Reload().ok()) break;
+    }
+  }
+}
+
+}  // namespace kvc::cluster

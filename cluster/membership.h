@@ -1,0 +1,101 @@
+// Membership: which kvcached nodes form the cluster, kept in etcd.
+//
+// Each node puts one key, kNodesPrefix + its id, whose value is its NodeInfo (JSON),
+// under an etcd lease it keeps alive (NodeRegistration): a node that dies drops out when
+// its lease expires (lease_seconds), one that stops cleanly revokes the lease and leaves at
+// once. Clients read the prefix and watch it (MembershipView); when etcd cannot be reached
+// they keep the membership they last saw and say it is stale. docs/cluster.md.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cluster/etcd.h"
+#include "cluster/placement.h"
+
+namespace kvc::cluster {
+
+inline constexpr char kNodesPrefix[] = "/kvcache/v1/nodes/";
+
+struct NodeInfo {
+  std::string id;       // stable across restarts (the data folder keeps it)
+  std::string address;  // HOST:PORT clients dial
+  uint64_t generation = 0;  // +1 at every start of the node
+  uint64_t ram_bytes = 0, ssd_bytes = 0, hbm_bytes = 0;
+  int64_t started_unix = 0;
+
+  std::string ToJson() const;
+  static absl::StatusOr<NodeInfo> FromJson(const std::string& json);
+};
+
+// A node id: 1–64 of [A-Za-z0-9._-]. InvalidArgument naming what is wrong.
+absl::Status CheckNodeId(const std::string& id);
+
+// Called with an event name and a detail for the daemon's log.
+using MembershipLog = std::function<void(const std::string& event, const std::string& detail)>;
+
+class NodeRegistration {
+ public:
+  struct Options {
+    std::string endpoints;  // "H:P[,H:P…]"
+    NodeInfo node;
+    int lease_seconds = 5;
+    MembershipLog log;
+  };
+  // Registers at once if etcd answers (else logs and keeps trying in the background).
+  static absl::StatusOr<std::unique_ptr<NodeRegistration>> Start(Options options);
+  // Leaves the cluster: revokes the lease, so clients drop the node at once.
+  ~NodeRegistration();
+  bool registered() const;
+
+ private:
+  explicit NodeRegistration(Options o) : opt_(std::move(o)) {}
+  void Loop();
+  bool Register();  // under no lock; true on success
+
+  Options opt_;
+  std::unique_ptr<Etcd> etcd_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int64_t lease_ = 0;  // 0: not registered
+  std::thread thread_;
+};
+
+class MembershipView {
+ public:
+  struct Snapshot {
+    std::vector<NodeInfo> nodes;  // by id
+    bool stale = false;           // etcd unreachable: the last membership seen
+    std::string stale_reason;
+    int64_t revision = 0;
+    uint64_t version = 0;  // +1 at every change of `nodes`
+  };
+  // Reads the membership once (an error if etcd does not answer), then watches it.
+  static absl::StatusOr<std::unique_ptr<MembershipView>> Open(const std::string& endpoints);
+  ~MembershipView();
+  std::shared_ptr<const Snapshot> Current() const;
+
+ private:
+  MembershipView() = default;
+  void Loop();
+  absl::Status Reload();
+  void Apply(bool put, const Etcd::KeyValue& kv);
+  void MarkStale(const std::string& why);
+
+  std::unique_ptr<Etcd> etcd_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::shared_ptr<const Snapshot> current_;
+  std::thread thread_;
+};
+
+}  // namespace kvc::cluster

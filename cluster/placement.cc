@@ -1,0 +1,37 @@
+#include "cluster/placement.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+namespace kvc::cluster {
+
+uint64_t RendezvousWeight(const storage::ChunkKey& key, const std::string& node_id) {
+  // One contiguous buffer: key bytes, then the id (ids are short; no allocation for most).
+  uint8_t buf[16 + 256];
+  if (node_id.size() <= 256) {
+    std::copy(key.bytes.begin(), key.bytes.end(), buf);
+    std::copy(node_id.begin(), node_id.end(), buf + 16);
+    return XXH3_64bits(buf, 16 + node_id.size());
+  }
+  std::string long_buf(reinterpret_cast<const char*>(key.bytes.data()), 16);
+  long_buf += node_id;
+  return XXH3_64bits(long_buf.data(), long_buf.size());
+}
+
+std::vector<size_t> RankNodes(const storage::ChunkKey& key,
+                              std::span<const std::string> node_ids) {
+  std::vector<std::pair<uint64_t, size_t>> w;
+  w.reserve(node_ids.size());
+  for (size_t i = 0; i < node_ids.size(); ++i) w.emplace_back(RendezvousWeight(key, node_ids[i]), i);
+  std::sort(w.begin(), w.end(), [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return node_ids[a.second] < node_ids[b.second];
+  });
+  std::vector<size_t> order;
+  order.reserve(w.size());
+  for (const auto& [weight, i] : w) order.push_back(i);
+  return order;
+}
+
+}  // namespace kvc::cluster

@@ -1,0 +1,28 @@
+// Placement: which nodes of a cluster hold a chunk.
+//
+// Rendezvous (highest random weight) hashing, rule "kvcache-rendezvous-v1": every node
+// gets the weight XXH3-64 (seed 0) of the chunk's 16 key bytes followed by the node id's
+// UTF-8 bytes; nodes are ranked by weight, highest first (equal weights: the smaller id
+// first), and a chunk's owners are the first R of the ranking. A node joining or leaving
+// moves only the chunks it gains or loses a top-R place for. The rule is public, with test
+// vectors in docs/cluster.md, so any client computes the same owners.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "storage/chunk_key.h"
+
+namespace kvc::cluster {
+
+inline constexpr char kPlacementRuleName[] = "kvcache-rendezvous-v1";
+
+// The weight of `node_id` for `key`.
+uint64_t RendezvousWeight(const storage::ChunkKey& key, const std::string& node_id);
+
+// Indices into `node_ids`, best owner first (the whole ranking).
+std::vector<size_t> RankNodes(const storage::ChunkKey& key, std::span<const std::string> node_ids);
+
+}  // namespace kvc::cluster
