@@ -179,16 +179,28 @@ absl::StatusOr<RemoteNamespace> CacheClient::RegisterNamespace(const std::string
   return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), *root};
 }
 
-std::vector<ChunkKey> CacheClient::Keys(const RemoteNamespace& ns,
-                                        std::span<const uint32_t> tokens) const {
+std::vector<ChunkKey> CacheApi::Keys(const RemoteNamespace& ns,
+                                     std::span<const uint32_t> tokens) const {
   return ChunkKeys(ns.root, tokens, ns.chunk_tokens);
 }
 
 absl::StatusOr<LookupResult> CacheClient::Lookup(const RemoteNamespace& ns,
                                                  std::span<const uint32_t> tokens) {
+  return LookupImpl(ns, tokens, /*every_chunk=*/false);
+}
+
+absl::StatusOr<LookupResult> CacheClient::LookupEvery(const RemoteNamespace& ns,
+                                                      std::span<const uint32_t> tokens) {
+  return LookupImpl(ns, tokens, /*every_chunk=*/true);
+}
+
+absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
+                                                     std::span<const uint32_t> tokens,
+                                                     bool every_chunk) {
   pb::LookupRequest req;
   req.set_namespace_id(ns.id);
   req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  req.set_every_chunk(every_chunk);
   pb::LookupResponse resp;
   if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, &resp)); !s.ok()) return s;
   LookupResult r;
@@ -199,6 +211,11 @@ absl::StatusOr<LookupResult> CacheClient::Lookup(const RemoteNamespace& ns,
     r.keys.push_back(*key);
   }
   for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
+  if (r.tiers.size() != (every_chunk ? r.keys.size() : r.matched_chunks)) {
+    return absl::InternalError(absl::StrCat("Lookup answered ", r.tiers.size(), " tiers for ",
+                                            r.keys.size(), " chunks (", r.matched_chunks,
+                                            " matched): the daemon predates every_chunk?"));
+  }
   return r;
 }
 
@@ -296,21 +313,41 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
         tokens.size(), " tokens and ", payloads.size(), " payload bytes are not whole chunks of ",
         ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
   }
+  std::vector<ChunkToStore> each(chunks);
+  std::optional<ChunkKey> prev = parent;
+  for (size_t i = 0; i < chunks; ++i) {
+    each[i].parent = prev;
+    each[i].tokens = tokens.subspan(i * ns.chunk_tokens, ns.chunk_tokens);
+    each[i].payload = payloads.subspan(i * ns.chunk_bytes, ns.chunk_bytes);
+    prev = NextChunkKey(prev ? *prev : ns.root, each[i].tokens);
+  }
+  return StoreChunks(ns, each, durability, ttl_seconds);
+}
+
+absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
+                                                     std::span<const ChunkToStore> chunks,
+                                                     pb::Durability durability,
+                                                     uint32_t ttl_seconds) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].tokens.size() != ns.chunk_tokens || chunks[i].payload.size() != ns.chunk_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", i, " has ", chunks[i].tokens.size(), " tokens and ",
+                       chunks[i].payload.size(), " payload bytes; the namespace's chunks are ",
+                       ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
+    }
+  }
   pb::StoreResponse resp;
   auto ctx = Context();
   auto writer = stub_->Store(ctx.get(), &resp);
-  std::optional<ChunkKey> prev = parent;
-  for (size_t i = 0; i < chunks; ++i) {
+  for (const ChunkToStore& c : chunks) {
     pb::StoreRequest req;
     req.set_namespace_id(ns.id);
-    if (prev) req.set_parent_key(KeyBytes(*prev));
-    const std::span<const uint32_t> t = tokens.subspan(i * ns.chunk_tokens, ns.chunk_tokens);
-    req.mutable_tokens()->Add(t.begin(), t.end());
-    req.set_payload(payloads.data() + i * ns.chunk_bytes, ns.chunk_bytes);
+    if (c.parent) req.set_parent_key(KeyBytes(*c.parent));
+    req.mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
+    req.set_payload(c.payload.data(), c.payload.size());
     req.set_durability(durability);
     req.set_ttl_seconds(ttl_seconds);
     if (!writer->Write(req)) break;  // the server ended the call: Finish says why
-    prev = NextChunkKey(prev ? *prev : ns.root, t);
   }
   writer->WritesDone();
   if (absl::Status s = FromGrpc(writer->Finish()); !s.ok()) return s;

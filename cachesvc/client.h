@@ -21,41 +21,11 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/arena_socket.h"
+#include "cachesvc/cache_api.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_key.h"
 
 namespace kvc::cachesvc {
-
-struct ClientOptions {
-  std::string address = "127.0.0.1:50051";
-  std::string bearer_token;  // empty: no authorization metadata
-  int timeout_ms = 30000;
-  std::string tls_ca_file;  // set: TLS, trusting this CA bundle
-  // Set (co-located with the daemon): map its RAM arena through this Unix socket, and
-  // Fetch copies chunks found in RAM straight from shared memory. If the socket refuses
-  // or is absent, the client uses gRPC only.
-  std::string shm_socket;
-  // With shared memory: keep the leases of fetched chunks until shortly before they end
-  // (at most `max_held_chunks` chunks in all), so fetching a prefix again within a lease (the
-  // next turn of an agent session, a shared system prompt) is a copy with no RPC at all.
-  // A leased slot is never reused by the server, so the bytes cannot change under it.
-  bool shm_lease_cache = true;
-  uint32_t lease_ms = 10000;
-  uint32_t max_held_chunks = 1024;
-};
-
-struct RemoteNamespace {
-  uint32_t id = 0;
-  uint64_t chunk_bytes = 0;
-  uint32_t chunk_tokens = 0;
-  storage::ChunkKey root;
-};
-
-struct LookupResult {
-  uint32_t matched_chunks = 0;
-  std::vector<storage::ChunkKey> keys;   // every whole chunk of the tokens
-  std::vector<kvcache::v1::Tier> tiers;  // one per matched chunk
-};
 
 // Chunks leased in the daemon's HBM tier: map the arena with ipc_handle on `device` (once
 // per arena_id; kernels/hbm_arena.h) and copy or read them until the lease ends.
@@ -72,42 +42,38 @@ struct DeviceRefs {
   std::vector<Chunk> chunks;  // the leading chunks of the request, in order
 };
 
-struct StoreResult {
-  uint32_t stored = 0;
-  uint32_t already_present = 0;
-  std::vector<storage::ChunkKey> keys;
-};
-
-class CacheClient {
+class CacheClient final : public CacheApi {
  public:
   static absl::StatusOr<std::unique_ptr<CacheClient>> Connect(const ClientOptions& options);
 
   absl::StatusOr<RemoteNamespace> RegisterNamespace(const std::string& model_config_json,
                                                     const std::string& model_id,
-                                                    uint32_t chunk_tokens = 0);
-  // Keys of every whole chunk of `tokens` (no RPC).
-  std::vector<storage::ChunkKey> Keys(const RemoteNamespace& ns,
-                                      std::span<const uint32_t> tokens) const;
-  absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns, std::span<const uint32_t> tokens);
-  // Fetches keys in order into `out` (keys.size() × chunk_bytes). Returns how many leading
-  // chunks arrived; a chunk missing mid-way (evicted since Lookup, or dropped because it
-  // failed its checksum) ends the stream there, so a caller can use the chunks before it;
-  // `short_reason` (optional) then gets the server's word on that chunk.
+                                                    uint32_t chunk_tokens = 0) override;
+  absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns,
+                                      std::span<const uint32_t> tokens) override;
+  // Every whole chunk's tier on this daemon (TIER_NONE where it has none), not only the
+  // leading run's: what a cluster client merges across nodes.
+  absl::StatusOr<LookupResult> LookupEvery(const RemoteNamespace& ns,
+                                           std::span<const uint32_t> tokens);
   absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
-                               std::span<uint8_t> out, std::string* short_reason = nullptr);
-  // Stores the whole chunks of `tokens` with their payloads (chunk_bytes each), chained
-  // after `parent` (nullopt: the prefix starts here).
+                               std::span<uint8_t> out,
+                               std::string* short_reason = nullptr) override;
   absl::StatusOr<StoreResult> Store(
       const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
       std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
       kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
-      uint32_t ttl_seconds = 0);
+      uint32_t ttl_seconds = 0) override;
+  // Stores chunks that need not follow one another (each names its own parent), in one
+  // stream: what a cluster client sends each node (its share of a prefix).
+  absl::StatusOr<StoreResult> StoreChunks(const RemoteNamespace& ns,
+                                          std::span<const ChunkToStore> chunks,
+                                          kvcache::v1::Durability durability, uint32_t ttl_seconds);
   absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
-                               uint32_t ttl_seconds);
+                               uint32_t ttl_seconds) override;
   absl::StatusOr<uint32_t> Unpin(const RemoteNamespace& ns,
-                                 std::span<const storage::ChunkKey> keys);
+                                 std::span<const storage::ChunkKey> keys) override;
   absl::StatusOr<uint32_t> Delete(const RemoteNamespace& ns,
-                                  std::span<const storage::ChunkKey> keys);
+                                  std::span<const storage::ChunkKey> keys) override;
   absl::StatusOr<kvcache::v1::StatsResponse> Stats();
   // Co-located engines on the daemon's GPU: leases the leading chunks of `keys` in its HBM
   // tier (the daemon first copies there those in RAM or on SSD). FailedPrecondition when
@@ -151,6 +117,8 @@ class CacheClient {
   void HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
                  std::span<const storage::ChunkKey> keys, const std::vector<uint64_t>& offsets);
 
+  absl::StatusOr<LookupResult> LookupImpl(const RemoteNamespace& ns,
+                                          std::span<const uint32_t> tokens, bool every_chunk);
   absl::StatusOr<size_t> FetchImpl(const RemoteNamespace& ns,
                                    std::span<const storage::ChunkKey> keys, std::span<uint8_t> out,
                                    std::string* short_reason, bool may_remap);

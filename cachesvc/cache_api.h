@@ -1,0 +1,110 @@
+// CacheApi: what a worker asks of the cache, whether it is one kvcached (CacheClient,
+// client.h) or a cluster of them found through etcd (ClusterClient, cluster_client.h).
+// ConnectCache picks by the address: "etcd://H:P[,H:P…]" is a cluster, "H:P" one daemon.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvcache/v1/kvcache.pb.h"
+#include "storage/chunk_key.h"
+
+namespace kvc::cachesvc {
+
+struct ClientOptions {
+  // "H:P": one kvcached. "etcd://H:P[,H:P…]": the cluster whose membership is in that etcd.
+  std::string address = "127.0.0.1:50051";
+  std::string bearer_token;  // empty: no authorization metadata
+  int timeout_ms = 30000;
+  std::string tls_ca_file;  // set: TLS, trusting this CA bundle
+  // Set (co-located with the daemon): map its RAM arena through this Unix socket, and
+  // Fetch copies chunks found in RAM straight from shared memory. If the socket refuses
+  // or is absent, the client uses gRPC only. (One daemon only.)
+  std::string shm_socket;
+  // With shared memory: keep the leases of fetched chunks until shortly before they end
+  // (at most `max_held_chunks` chunks in all), so fetching a prefix again within a lease (the
+  // next turn of an agent session, a shared system prompt) is a copy with no RPC at all.
+  // A leased slot is never reused by the server, so the bytes cannot change under it.
+  bool shm_lease_cache = true;
+  uint32_t lease_ms = 10000;
+  uint32_t max_held_chunks = 1024;
+  // A cluster: copies of each chunk (0: 2 when the cluster has ≥ 2 nodes, else 1).
+  uint32_t replicas = 0;
+  // A cluster: a node that failed a call is skipped for this long (it is also dropped
+  // from the membership when its etcd lease expires).
+  int node_backoff_ms = 2000;
+};
+
+struct RemoteNamespace {
+  uint32_t id = 0;
+  uint64_t chunk_bytes = 0;
+  uint32_t chunk_tokens = 0;
+  storage::ChunkKey root;
+};
+
+struct LookupResult {
+  uint32_t matched_chunks = 0;
+  std::vector<storage::ChunkKey> keys;   // every whole chunk of the tokens
+  std::vector<kvcache::v1::Tier> tiers;  // one per matched chunk
+  // A cluster: the node that serves each matched chunk (its best-ranked holder).
+  std::vector<std::string> nodes;
+};
+
+struct StoreResult {
+  uint32_t stored = 0;
+  uint32_t already_present = 0;
+  std::vector<storage::ChunkKey> keys;
+};
+
+// One chunk of a StoreChunks stream.
+struct ChunkToStore {
+  std::optional<storage::ChunkKey> parent;  // none: the first chunk of a prefix
+  std::span<const uint32_t> tokens;         // chunk_tokens ids
+  std::span<const uint8_t> payload;         // chunk_bytes
+};
+
+class CacheApi {
+ public:
+  virtual ~CacheApi() = default;
+
+  virtual absl::StatusOr<RemoteNamespace> RegisterNamespace(const std::string& model_config_json,
+                                                            const std::string& model_id,
+                                                            uint32_t chunk_tokens = 0) = 0;
+  // Keys of every whole chunk of `tokens` (no RPC).
+  std::vector<storage::ChunkKey> Keys(const RemoteNamespace& ns,
+                                      std::span<const uint32_t> tokens) const;
+  virtual absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns,
+                                              std::span<const uint32_t> tokens) = 0;
+  // Fetches keys in order into `out` (keys.size() × chunk_bytes). Returns how many leading
+  // chunks arrived; a chunk missing mid-way (evicted since Lookup, or dropped because it
+  // failed its checksum) ends the prefix there, so a caller can use the chunks before it;
+  // `short_reason` (optional) then gets the server's word on that chunk.
+  virtual absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns,
+                                       std::span<const storage::ChunkKey> keys,
+                                       std::span<uint8_t> out,
+                                       std::string* short_reason = nullptr) = 0;
+  // Stores the whole chunks of `tokens` with their payloads (chunk_bytes each), chained
+  // after `parent` (nullopt: the prefix starts here).
+  virtual absl::StatusOr<StoreResult> Store(
+      const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
+      std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
+      kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
+      uint32_t ttl_seconds = 0) = 0;
+  virtual absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns,
+                                       std::span<const storage::ChunkKey> keys,
+                                       uint32_t ttl_seconds) = 0;
+  virtual absl::StatusOr<uint32_t> Unpin(const RemoteNamespace& ns,
+                                         std::span<const storage::ChunkKey> keys) = 0;
+  virtual absl::StatusOr<uint32_t> Delete(const RemoteNamespace& ns,
+                                          std::span<const storage::ChunkKey> keys) = 0;
+};
+
+// One daemon or a cluster, by `options.address` (see ClientOptions::address).
+absl::StatusOr<std::unique_ptr<CacheApi>> ConnectCache(const ClientOptions& options);
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,540 @@
+#include "cachesvc/cluster_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cachesvc/prefix_hash.h"
+#include "cluster/etcd.h"
+#include "cluster/placement.h"
+
+namespace kvc::cachesvc {
+namespace pb = ::kvcache::v1;
+using storage::ChunkKey;
+
+struct ClusterClient::Node {
+  cluster::NodeInfo info;
+  std::shared_ptr<CacheClient> client;
+  std::mutex mu;
+  std::set<uint32_t> namespaces;          // registered on this node
+  std::atomic<int64_t> skip_until_ms{0};  // steady clock
+};
+
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Runs f(0..n-1) on a thread each (the calls are network round trips; nodes are few).
+template <typename F>
+void ParallelFor(size_t n, F f) {
+  if (n == 1) {
+    f(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back([&f, i] { f(i); });
+  for (std::thread& t : threads) t.join();
+}
+
+// A node's failure worth skipping it for: it did not answer, not a refusal of the request.
+bool NodeTrouble(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) ||
+         absl::IsAborted(s) || absl::IsInternal(s) || absl::IsUnknown(s);
+}
+
+// Node indices by rendezvous rank for `key`.
+std::vector<size_t> Rank(const ChunkKey& key, const std::vector<std::string>& ids) {
+  return cluster::RankNodes(key, ids);
+}
+
+std::vector<std::string> Ids(const std::vector<std::shared_ptr<ClusterClient::Node>>& nodes) {
+  std::vector<std::string> ids;
+  ids.reserve(nodes.size());
+  for (const auto& n : nodes) ids.push_back(n->info.id);
+  return ids;
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CacheApi>> ConnectCache(const ClientOptions& options) {
+  if (absl::StartsWith(options.address, "etcd://")) {
+    absl::StatusOr<std::unique_ptr<ClusterClient>> c = ClusterClient::Connect(options);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<CacheApi>(*std::move(c));
+  }
+  absl::StatusOr<std::unique_ptr<CacheClient>> c = CacheClient::Connect(options);
+  if (!c.ok()) return c.status();
+  return std::unique_ptr<CacheApi>(*std::move(c));
+}
+
+absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
+    const ClientOptions& options) {
+  absl::StatusOr<std::string> endpoints = cluster::ParseEtcdUrl(options.address);
+  if (!endpoints.ok()) return endpoints.status();
+  if (!options.shm_socket.empty()) {
+    return absl::InvalidArgumentError(
+        "shared memory maps one daemon's arena; a cluster client uses gRPC to every node");
+  }
+  std::unique_ptr<ClusterClient> c(new ClusterClient(options));
+  absl::StatusOr<std::unique_ptr<cluster::MembershipView>> view =
+      cluster::MembershipView::Open(*endpoints);
+  if (!view.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot read the cluster membership from ",
+                                               options.address, ": ", view.status().message()));
+  }
+  c->view_ = *std::move(view);
+  return c;
+}
+
+ClusterClient::~ClusterClient() = default;
+
+uint32_t ClusterClient::ReplicasFor(size_t members) const {
+  const uint32_t want = options_.replicas > 0 ? options_.replicas : (members >= 2 ? 2 : 1);
+  return static_cast<uint32_t>(std::min<size_t>(want, members));
+}
+
+uint32_t ClusterClient::replicas() const { return ReplicasFor(membership()->nodes.size()); }
+
+std::vector<std::string> ClusterClient::Owners(const ChunkKey& key) const {
+  std::shared_ptr<const Membership> m = membership();
+  std::vector<std::string> ids;
+  for (const auto& n : m->nodes) ids.push_back(n.id);
+  std::vector<std::string> owners;
+  for (size_t i : Rank(key, ids)) {
+    if (owners.size() == ReplicasFor(ids.size())) break;
+    owners.push_back(ids[i]);
+  }
+  return owners;
+}
+
+std::vector<std::shared_ptr<ClusterClient::Node>> ClusterClient::Members() {
+  std::shared_ptr<const Membership> m = membership();
+  std::vector<std::shared_ptr<Node>> out;
+  std::lock_guard lk(mu_);
+  for (const cluster::NodeInfo& info : m->nodes) {
+    std::shared_ptr<Node>& n = nodes_[info.id];
+    if (!n || n->info.address != info.address || n->info.generation != info.generation) {
+      ClientOptions o = options_;
+      o.address = info.address;
+      o.shm_socket.clear();
+      absl::StatusOr<std::unique_ptr<CacheClient>> client = CacheClient::Connect(o);
+      if (!client.ok()) continue;  // a bad CA file fails every node alike, at Connect
+      auto fresh = std::make_shared<Node>();
+      fresh->info = info;
+      fresh->client = *std::move(client);
+      n = std::move(fresh);
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+bool ClusterClient::Skipped(const Node& node) const { return node.skip_until_ms.load() > NowMs(); }
+
+void ClusterClient::MarkFailed(Node& node, const absl::Status& why) {
+  std::lock_guard lk(mu_);
+  ++counters_.nodes[node.info.id].failures;
+  if (NodeTrouble(why)) node.skip_until_ms.store(NowMs() + options_.node_backoff_ms);
+}
+
+absl::Status ClusterClient::EnsureNamespace(Node& node, const RemoteNamespace& ns) {
+  Registration reg;
+  {
+    std::lock_guard lk(node.mu);
+    if (node.namespaces.count(ns.id) > 0) return absl::OkStatus();
+  }
+  {
+    std::lock_guard lk(mu_);
+    auto it = namespaces_.find(ns.id);
+    if (it == namespaces_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("namespace ", ns.id, " was not registered through this cluster client"));
+    }
+    reg = it->second;
+  }
+  absl::StatusOr<RemoteNamespace> got =
+      node.client->RegisterNamespace(reg.model_config_json, reg.model_id, reg.chunk_tokens);
+  if (!got.ok()) return got.status();
+  if (got->id != ns.id || got->root != ns.root || got->chunk_bytes != ns.chunk_bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node.info.id, " gives the namespace id ", got->id, " (expected ",
+                     ns.id, "): is it running with --cluster?"));
+  }
+  std::lock_guard lk(node.mu);
+  node.namespaces.insert(ns.id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
+    const std::string& model_config_json, const std::string& model_id, uint32_t chunk_tokens) {
+  std::vector<std::shared_ptr<Node>> nodes = Members();
+  if (nodes.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("the cluster at ", options_.address, " has no nodes"));
+  }
+  std::vector<absl::StatusOr<RemoteNamespace>> got(nodes.size(), absl::UnknownError("not asked"));
+  ParallelFor(nodes.size(), [&](size_t i) {
+    got[i] = nodes[i]->client->RegisterNamespace(model_config_json, model_id, chunk_tokens);
+  });
+  std::optional<RemoteNamespace> ns;
+  absl::Status first_error = absl::OkStatus();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!got[i].ok()) {
+      if (first_error.ok()) {
+        first_error =
+            absl::Status(got[i].status().code(),
+                         absl::StrCat("node ", nodes[i]->info.id, ": ", got[i].status().message()));
+      }
+      if (NodeTrouble(got[i].status())) MarkFailed(*nodes[i], got[i].status());
+      continue;
+    }
+    if (!ns) {
+      ns = *got[i];
+    } else if (got[i]->id != ns->id || got[i]->root != ns->root ||
+               got[i]->chunk_bytes != ns->chunk_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "nodes disagree on the namespace: node ", nodes[i]->info.id, " gives id ", got[i]->id,
+          ", another ", ns->id, " (is every node running with --cluster?)"));
+    }
+  }
+  // A request every node refuses (a bad config) is the caller's error; a node that is down
+  // learns the namespace when it is next used.
+  if (!ns) return first_error;
+  {
+    std::lock_guard lk(mu_);
+    namespaces_[ns->id] = {model_config_json, model_id, chunk_tokens, *ns};
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!got[i].ok()) continue;
+    std::lock_guard lk(nodes[i]->mu);
+    nodes[i]->namespaces.insert(ns->id);
+  }
+  return *ns;
+}
+
+absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
+                                                   std::span<const uint32_t> tokens) {
+  std::vector<std::shared_ptr<Node>> nodes = Members();
+  LookupResult r;
+  r.keys = Keys(ns, tokens);
+  if (nodes.empty()) return r;
+  std::vector<absl::StatusOr<LookupResult>> per(nodes.size(), absl::UnknownError("not asked"));
+  ParallelFor(nodes.size(), [&](size_t i) {
+    if (Skipped(*nodes[i])) {
+      per[i] = absl::UnavailableError("skipped after a recent failure");
+      return;
+    }
+    absl::Status s = EnsureNamespace(*nodes[i], ns);
+    if (!s.ok()) {
+      per[i] = s;
+      return;
+    }
+    per[i] = nodes[i]->client->LookupEvery(ns, tokens);
+  });
+  size_t answered = 0;
+  absl::Status first_error = absl::OkStatus();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (per[i].ok() && per[i]->tiers.size() == r.keys.size()) {
+      ++answered;
+      continue;
+    }
+    if (!per[i].ok()) {
+      if (first_error.ok()) first_error = per[i].status();
+      if (!absl::StrContains(per[i].status().message(), "skipped")) {
+        MarkFailed(*nodes[i], per[i].status());
+      }
+    }
+  }
+  if (answered == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("no node of the cluster answered Lookup: ", first_error.message()));
+  }
+  const std::vector<std::string> ids = Ids(nodes);
+  std::lock_guard lk(mu_);
+  if (holders_.size() > (1u << 16)) holders_.clear();  // a hint cache, bounded
+  for (size_t c = 0; c < r.keys.size(); ++c) {
+    std::vector<std::string> holders;
+    pb::Tier tier = pb::TIER_NONE;
+    for (size_t i : Rank(r.keys[c], ids)) {
+      if (!per[i].ok() || per[i]->tiers.size() != r.keys.size()) continue;
+      if (per[i]->tiers[c] == pb::TIER_NONE) continue;
+      if (holders.empty()) tier = per[i]->tiers[c];
+      holders.push_back(ids[i]);
+    }
+    if (holders.empty()) {
+      holders_.erase(r.keys[c]);
+      continue;
+    }
+    if (r.matched_chunks == c) {
+      ++r.matched_chunks;
+      r.tiers.push_back(tier);
+      r.nodes.push_back(holders.front());
+    }
+    holders_[r.keys[c]] = std::move(holders);
+  }
+  return r;
+}
+
+absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
+                                            std::span<const ChunkKey> keys, std::span<uint8_t> out,
+                                            std::string* short_reason) {
+  if (out.size() != keys.size() * ns.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("output buffer is ", out.size(), " bytes; ",
+                                                   keys.size(), " chunks need ",
+                                                   keys.size() * ns.chunk_bytes));
+  }
+  std::vector<std::shared_ptr<Node>> nodes = Members();
+  const std::vector<std::string> ids = Ids(nodes);
+  // Each chunk's candidates, in the order to ask them: the holders a recent Lookup saw,
+  // then every other member by rank; nodes being skipped go last.
+  std::vector<std::vector<size_t>> cands(keys.size());
+  {
+    std::lock_guard lk(mu_);
+    for (size_t c = 0; c < keys.size(); ++c) {
+      std::vector<size_t> order;
+      if (auto it = holders_.find(keys[c]); it != holders_.end()) {
+        for (const std::string& id : it->second) {
+          auto pos = std::find(ids.begin(), ids.end(), id);
+          if (pos != ids.end()) order.push_back(pos - ids.begin());
+        }
+      }
+      for (size_t i : Rank(keys[c], ids)) {
+        if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
+      }
+      std::stable_partition(order.begin(), order.end(),
+                            [&](size_t i) { return !Skipped(*nodes[i]); });
+      cands[c] = std::move(order);
+    }
+  }
+  std::vector<size_t> next(keys.size(), 0);  // index into cands[c] of the node to ask
+  std::vector<bool> done(keys.size(), false);
+  std::string first_missing_reason;
+  uint64_t failovers = 0;
+  std::map<std::string, uint64_t> served;
+  while (true) {
+    // Only the leading run is useful: stop at the first chunk no node is left to ask for.
+    size_t limit = keys.size();
+    for (size_t c = 0; c < keys.size(); ++c) {
+      if (!done[c] && next[c] >= cands[c].size()) {
+        limit = c;
+        break;
+      }
+    }
+    std::map<size_t, std::vector<size_t>> share;  // node → chunk indices, in order
+    for (size_t c = 0; c < limit; ++c) {
+      if (!done[c]) share[cands[c][next[c]]].push_back(c);
+    }
+    if (share.empty()) break;
+    std::vector<std::pair<size_t, std::vector<size_t>>> work(share.begin(), share.end());
+    std::vector<absl::StatusOr<size_t>> got(work.size(), absl::UnknownError("not asked"));
+    std::vector<std::string> reasons(work.size());
+    ParallelFor(work.size(), [&](size_t w) {
+      Node& node = *nodes[work[w].first];
+      const std::vector<size_t>& idx = work[w].second;
+      if (absl::Status s = EnsureNamespace(node, ns); !s.ok()) {
+        got[w] = s;
+        return;
+      }
+      std::vector<ChunkKey> sub;
+      sub.reserve(idx.size());
+      for (size_t c : idx) sub.push_back(keys[c]);
+      // Chunks of one node are rarely adjacent in the prefix: fetch into a scratch
+      // buffer and place each where it belongs.
+      std::vector<uint8_t> scratch(idx.size() * ns.chunk_bytes);
+      got[w] = node.client->Fetch(ns, sub, scratch, &reasons[w]);
+      if (!got[w].ok()) return;
+      for (size_t j = 0; j < *got[w]; ++j) {
+        std::memcpy(out.data() + idx[j] * ns.chunk_bytes, scratch.data() + j * ns.chunk_bytes,
+                    ns.chunk_bytes);
+      }
+    });
+    for (size_t w = 0; w < work.size(); ++w) {
+      Node& node = *nodes[work[w].first];
+      const std::vector<size_t>& idx = work[w].second;
+      if (!got[w].ok()) {
+        MarkFailed(node, got[w].status());
+        for (size_t c : idx) ++next[c];  // ask the next node for all of them
+        continue;
+      }
+      const size_t n = *got[w];
+      for (size_t j = 0; j < n; ++j) {
+        done[idx[j]] = true;
+        if (next[idx[j]] > 0) ++failovers;
+      }
+      served[node.info.id] += n;
+      if (n < idx.size()) {  // idx[n] is not on this node; those after it were not asked
+        ++next[idx[n]];
+        if (first_missing_reason.empty()) first_missing_reason = reasons[w];
+      }
+    }
+  }
+  size_t leading = 0;
+  while (leading < keys.size() && done[leading]) ++leading;
+  if (leading < keys.size() && short_reason != nullptr) {
+    *short_reason =
+        absl::StrCat("chunk ", leading, " (", keys[leading].Hex(), ") is on no reachable node",
+                     first_missing_reason.empty() ? "" : ": ", first_missing_reason);
+  }
+  {
+    std::lock_guard lk(mu_);
+    counters_.fetch_failovers += failovers;
+    for (const auto& [id, n] : served) counters_.nodes[id].chunks_fetched += n;
+  }
+  return leading;
+}
+
+absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
+                                                 std::optional<ChunkKey> parent,
+                                                 std::span<const uint32_t> tokens,
+                                                 std::span<const uint8_t> payloads,
+                                                 pb::Durability durability, uint32_t ttl_seconds) {
+  const size_t chunks = tokens.size() / ns.chunk_tokens;
+  if (tokens.size() % ns.chunk_tokens != 0 || payloads.size() != chunks * ns.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tokens.size(), " tokens and ", payloads.size(), " payload bytes are not whole chunks of ",
+        ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
+  }
+  std::vector<std::shared_ptr<Node>> nodes = Members();
+  if (nodes.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("the cluster at ", options_.address, " has no nodes"));
+  }
+  const std::vector<std::string> ids = Ids(nodes);
+  const uint32_t want = ReplicasFor(nodes.size());
+  std::vector<ChunkToStore> each(chunks);
+  StoreResult r;
+  std::vector<std::vector<size_t>> order(chunks);  // each chunk's nodes by rank
+  std::optional<ChunkKey> prev = parent;
+  for (size_t c = 0; c < chunks; ++c) {
+    each[c].parent = prev;
+    each[c].tokens = tokens.subspan(c * ns.chunk_tokens, ns.chunk_tokens);
+    each[c].payload = payloads.subspan(c * ns.chunk_bytes, ns.chunk_bytes);
+    const ChunkKey key = NextChunkKey(prev ? *prev : ns.root, each[c].tokens);
+    r.keys.push_back(key);
+    order[c] = Rank(key, ids);
+    // The owners are the first `want` by rank; one being skipped is stood in for by the
+    // next node (its copy is found by the reads' fallback along the ranking).
+    std::stable_partition(order[c].begin(), order[c].end(),
+                          [&](size_t i) { return !Skipped(*nodes[i]); });
+    prev = key;
+  }
+  std::vector<uint32_t> copies(chunks, 0);
+  std::vector<size_t> next(chunks, 0);
+  absl::Status last_error = absl::OkStatus();
+  while (true) {
+    std::map<size_t, std::vector<size_t>> share;
+    for (size_t c = 0; c < chunks; ++c) {
+      // Ask as many more nodes as copies are missing.
+      for (uint32_t asked = copies[c]; asked < want && next[c] < order[c].size(); ++asked) {
+        share[order[c][next[c]++]].push_back(c);
+      }
+    }
+    if (share.empty()) break;
+    std::vector<std::pair<size_t, std::vector<size_t>>> work(share.begin(), share.end());
+    std::vector<absl::StatusOr<StoreResult>> got(work.size(), absl::UnknownError("not asked"));
+    ParallelFor(work.size(), [&](size_t w) {
+      Node& node = *nodes[work[w].first];
+      if (absl::Status s = EnsureNamespace(node, ns); !s.ok()) {
+        got[w] = s;
+        return;
+      }
+      std::vector<ChunkToStore> sub;
+      for (size_t c : work[w].second) sub.push_back(each[c]);
+      got[w] = node.client->StoreChunks(ns, sub, durability, ttl_seconds);
+    });
+    for (size_t w = 0; w < work.size(); ++w) {
+      Node& node = *nodes[work[w].first];
+      if (!got[w].ok()) {
+        MarkFailed(node, got[w].status());
+        last_error = absl::Status(got[w].status().code(), absl::StrCat("node ", node.info.id, ": ",
+                                                                       got[w].status().message()));
+        if (!NodeTrouble(got[w].status())) return last_error;  // the request is wrong
+        continue;
+      }
+      for (size_t c : work[w].second) ++copies[c];
+      r.stored += got[w]->stored;
+      r.already_present += got[w]->already_present;
+      std::lock_guard lk(mu_);
+      counters_.nodes[node.info.id].chunks_stored += got[w]->stored + got[w]->already_present;
+    }
+  }
+  for (size_t c = 0; c < chunks; ++c) {
+    if (copies[c] < want) {
+      return absl::UnavailableError(absl::StrCat("chunk ", c, " has ", copies[c], " of ", want,
+                                                 " copies: ", last_error.message()));
+    }
+  }
+  return r;
+}
+
+namespace {
+// Runs `call` on every member that is not being skipped and sums the counts.
+template <typename Call>
+absl::StatusOr<uint32_t> OnEveryNode(const std::vector<std::shared_ptr<ClusterClient::Node>>& nodes,
+                                     Call call) {
+  std::vector<absl::StatusOr<uint32_t>> got(nodes.size(), 0u);
+  ParallelFor(nodes.size(), [&](size_t i) { got[i] = call(*nodes[i]); });
+  uint32_t sum = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!got[i].ok()) {
+      return absl::Status(got[i].status().code(), absl::StrCat("node ", nodes[i]->info.id, ": ",
+                                                               got[i].status().message()));
+    }
+    sum += *got[i];
+  }
+  return sum;
+}
+}  // namespace
+
+absl::StatusOr<uint32_t> ClusterClient::Pin(const RemoteNamespace& ns,
+                                            std::span<const ChunkKey> keys, uint32_t ttl_seconds) {
+  return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
+    if (absl::Status s = EnsureNamespace(n, ns); !s.ok()) return s;
+    return n.client->Pin(ns, keys, ttl_seconds);
+  });
+}
+
+absl::StatusOr<uint32_t> ClusterClient::Unpin(const RemoteNamespace& ns,
+                                              std::span<const ChunkKey> keys) {
+  return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
+    if (absl::Status s = EnsureNamespace(n, ns); !s.ok()) return s;
+    return n.client->Unpin(ns, keys);
+  });
+}
+
+absl::StatusOr<uint32_t> ClusterClient::Delete(const RemoteNamespace& ns,
+                                               std::span<const ChunkKey> keys) {
+  {
+    std::lock_guard lk(mu_);
+    for (const ChunkKey& k : keys) holders_.erase(k);
+  }
+  return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
+    if (absl::Status s = EnsureNamespace(n, ns); !s.ok()) return s;
+    return n.client->Delete(ns, keys);
+  });
+}
+
+ClusterClient::Counters ClusterClient::counters() const {
+  std::lock_guard lk(mu_);
+  return counters_;
+}
+
+std::vector<ClusterClient::NodeStats> ClusterClient::Stats() {
+  std::vector<std::shared_ptr<Node>> nodes = Members();
+  std::vector<NodeStats> out(nodes.size());
+  ParallelFor(nodes.size(), [&](size_t i) {
+    out[i].node = nodes[i]->info;
+    out[i].stats = nodes[i]->client->Stats();
+  });
+  return out;
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,115 @@
+// ClusterClient: the cache as many kvcached nodes whose membership is in etcd
+// (docs/cluster.md). Every chunk lives on its R best-ranked nodes by rendezvous hashing
+// (cluster/placement.h); the client computes the ranking itself and talks to the nodes
+// directly, all of them in parallel:
+// - Lookup asks every node which chunks it holds and merges: the prefix is the leading
+//   run of chunks that some node holds.
+// - Fetch pulls each chunk from its best-ranked holder, every node's share at once; a node
+//   that fails or misses a chunk is skipped and the next one in the ranking is asked.
+// - Store writes each chunk to its R owners and is acknowledged when all R have it (with
+//   the durability asked for); an owner that fails is replaced by the next in the ranking.
+// Membership comes from a watch on etcd; when etcd is unreachable the client keeps the
+// last membership it saw and says it is stale (membership()). Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cachesvc/cache_api.h"
+#include "cachesvc/client.h"
+#include "cluster/membership.h"
+
+namespace kvc::cachesvc {
+
+class ClusterClient final : public CacheApi {
+ public:
+  // `options.address`: "etcd://H:P[,H:P…]". Fails if etcd does not answer.
+  static absl::StatusOr<std::unique_ptr<ClusterClient>> Connect(const ClientOptions& options);
+  ~ClusterClient() override;
+
+  absl::StatusOr<RemoteNamespace> RegisterNamespace(const std::string& model_config_json,
+                                                    const std::string& model_id,
+                                                    uint32_t chunk_tokens = 0) override;
+  absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns,
+                                      std::span<const uint32_t> tokens) override;
+  absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
+                               std::span<uint8_t> out,
+                               std::string* short_reason = nullptr) override;
+  // `stored` and `already_present` count copies (up to R per chunk).
+  absl::StatusOr<StoreResult> Store(
+      const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
+      std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
+      kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
+      uint32_t ttl_seconds = 0) override;
+  // Pin, Unpin and Delete go to every node and count copies.
+  absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
+                               uint32_t ttl_seconds) override;
+  absl::StatusOr<uint32_t> Unpin(const RemoteNamespace& ns,
+                                 std::span<const storage::ChunkKey> keys) override;
+  absl::StatusOr<uint32_t> Delete(const RemoteNamespace& ns,
+                                  std::span<const storage::ChunkKey> keys) override;
+
+  using Membership = cluster::MembershipView::Snapshot;
+  std::shared_ptr<const Membership> membership() const { return view_->Current(); }
+  // Copies per chunk with the current membership.
+  uint32_t replicas() const;
+  // The owners of `key` (node ids, best first) under the current membership: its first
+  // replicas() ranked nodes.
+  std::vector<std::string> Owners(const storage::ChunkKey& key) const;
+
+  // What this client did, per node id.
+  struct NodeCounters {
+    uint64_t chunks_fetched = 0;  // chunks this node served
+    uint64_t chunks_stored = 0;   // copies written to it
+    uint64_t failures = 0;        // calls that failed (the node was then skipped)
+  };
+  struct Counters {
+    std::map<std::string, NodeCounters> nodes;
+    uint64_t fetch_failovers = 0;  // chunks fetched from other than the first node asked
+  };
+  Counters counters() const;
+
+  struct NodeStats {
+    cluster::NodeInfo node;
+    absl::StatusOr<kvcache::v1::StatsResponse> stats;
+  };
+  // Every member's Stats, in parallel.
+  std::vector<NodeStats> Stats();
+
+ public:
+  struct Node;  // a member's connection (cluster_client.cc)
+
+ private:
+  explicit ClusterClient(ClientOptions o) : options_(std::move(o)) {}
+  // Handles for the current members, by id (clients are made on first sight of a node and
+  // made again when its address or generation changes).
+  std::vector<std::shared_ptr<Node>> Members();
+  // The node knows `ns` (registered there on first use, with the same id everywhere).
+  absl::Status EnsureNamespace(Node& node, const RemoteNamespace& ns);
+  void MarkFailed(Node& node, const absl::Status& why);
+  bool Skipped(const Node& node) const;
+  uint32_t ReplicasFor(size_t members) const;
+
+  ClientOptions options_;
+  std::unique_ptr<cluster::MembershipView> view_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Node>> nodes_;
+  struct Registration {
+    std::string model_config_json, model_id;
+    uint32_t chunk_tokens = 0;
+    RemoteNamespace ns;
+  };
+  std::map<uint32_t, Registration> namespaces_;
+  // Which nodes a recent Lookup found each chunk on: Fetch asks those first.
+  std::unordered_map<storage::ChunkKey, std::vector<std::string>, storage::ChunkKeyHash> holders_;
+  Counters counters_;
+};
+
+}  // namespace kvc::cachesvc

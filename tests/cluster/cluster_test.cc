@@ -1,0 +1,329 @@
+// The cluster on real processes: etcd from Debian and three kvcached nodes on loopback,
+// each with its own data folder. A prefix stored through one cluster client is found and
+// fetched byte-exact by another and sits on exactly its ranked owners, node by node; a
+// node killed during fetches is routed around (R = 2) or shortens the prefix (R = 1)
+// and serves again after a restart; with etcd stopped nodes keep serving and clients say
+// their membership is stale; tenants stay apart.
+#include "cachesvc/cluster_client.h"
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "cluster/placement.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/cachesvc/daemon.h"
+#include "tests/cachesvc/random_prefix.h"
+#include "tests/cluster/etcd_process.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+namespace pb = ::kvcache::v1;
+using ::kvc::testing::Daemon;
+using ::kvc::testing::EtcdProcess;
+using ::kvc::testing::MakePrefix;
+using ::kvc::testing::Prefix;
+using ::kvc::testing::ReadFile;
+using ::kvc::testing::TempDir;
+using storage::ChunkKey;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kTokenA[] = "token-of-alice";
+constexpr char kTokenB[] = "token-of-bob";
+
+// Polls `done` every 50 ms for up to `seconds`.
+template <typename F>
+bool WaitFor(F done, double seconds) {
+  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+  while (!done()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(access(testing::kEtcdBinary, X_OK), 0)
+        << testing::kEtcdBinary << " is missing: install etcd-server (scripts/install-deps.sh)";
+    seed_ = testing::FreshSeed();
+    rng_.seed(seed_);
+    std::ofstream(dir_.File("tokens")) << kTokenA << " alice\n" << kTokenB << " bob\n";
+    etcd_ = std::make_unique<EtcdProcess>(dir_.File("etcd"));
+    for (int i = 0; i < 3; ++i) {
+      nodes_.push_back(std::make_unique<Daemon>(
+          dir_.File("node" + std::to_string(i)),
+          std::vector<std::string>{"--cluster", etcd_->url(), "--node-id", NodeId(i),
+                                   "--cluster-lease-seconds", "2", "--auth-tokens",
+                                   dir_.File("tokens")}));
+    }
+    client_ = Connect(kTokenA, 2);
+    config_ = ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+    absl::StatusOr<RemoteNamespace> ns = client_->RegisterNamespace(config_, "mini", 64);
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    ns_ = *ns;
+  }
+
+  static std::string NodeId(int i) { return "n" + std::to_string(i); }
+
+  std::unique_ptr<ClusterClient> Connect(const std::string& token, uint32_t replicas) {
+    ClientOptions o;
+    o.address = etcd_->url();
+    o.bearer_token = token;
+    o.timeout_ms = 5000;
+    o.replicas = replicas;
+    absl::StatusOr<std::unique_ptr<ClusterClient>> c = ClusterClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return nullptr;
+    EXPECT_TRUE(WaitFor([&] { return (*c)->membership()->nodes.size() == nodes_.size(); }, 10))
+        << "the client sees " << (*c)->membership()->nodes.size() << " nodes";
+    return *std::move(c);
+  }
+
+  // A direct client of node i (no cluster routing), to look at what it holds.
+  std::unique_ptr<CacheClient> Direct(int i) {
+    ClientOptions o;
+    o.address = nodes_[i]->address();
+    o.bearer_token = kTokenA;
+    return *CacheClient::Connect(o);
+  }
+
+  void ExpectFetchExact(ClusterClient& c, const Prefix& p, size_t expect_chunks) {
+    const std::vector<ChunkKey> keys = c.Keys(ns_, p.tokens);
+    std::vector<uint8_t> out(keys.size() * ns_.chunk_bytes);
+    std::string why;
+    absl::StatusOr<size_t> n = c.Fetch(ns_, keys, out, &why);
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(*n, expect_chunks) << why;
+    const size_t bytes = std::min(*n, expect_chunks) * ns_.chunk_bytes;
+    EXPECT_TRUE(std::equal(out.begin(), out.begin() + bytes, p.payloads.begin()))
+        << "fetched bytes differ from the stored ones";
+  }
+
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+  TempDir dir_;
+  std::unique_ptr<EtcdProcess> etcd_;
+  std::vector<std::unique_ptr<Daemon>> nodes_;
+  std::unique_ptr<ClusterClient> client_;
+  std::string config_;
+  RemoteNamespace ns_;
+};
+
+TEST_F(ClusterTest, PrefixSitsOnItsRankedOwnersAndAnotherClientFetchesIt) {
+  const Prefix p = MakePrefix(rng_, ns_, 64);
+  absl::StatusOr<StoreResult> st = client_->Store(ns_, std::nullopt, p.tokens, p.payloads);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->stored, 64u * 2) << "R = 2: two copies of each chunk";
+
+  std::unique_ptr<ClusterClient> other = Connect(kTokenA, 2);
+  absl::StatusOr<RemoteNamespace> ns2 = other->RegisterNamespace(config_, "mini", 64);
+  ASSERT_TRUE(ns2.ok()) << ns2.status();
+  EXPECT_EQ(ns2->id, ns_.id) << "the same namespace has the same id on every node";
+  absl::StatusOr<LookupResult> look = other->Lookup(ns_, p.tokens);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->matched_chunks, 64u);
+  ExpectFetchExact(*other, p, 64);
+
+  // Node by node: chunk c is on node i exactly when i is one of its two ranked owners.
+  std::vector<std::vector<pb::Tier>> held(nodes_.size());
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    absl::StatusOr<LookupResult> l = Direct(i)->LookupEvery(ns_, p.tokens);
+    ASSERT_TRUE(l.ok()) << l.status();
+    held[i] = l->tiers;
+  }
+  int misplaced = 0, served_by_every_node = 0;
+  std::set<std::string> serving;
+  for (size_t c = 0; c < 64; ++c) {
+    const std::vector<std::string> owners = client_->Owners(look->keys[c]);
+    ASSERT_EQ(owners.size(), 2u);
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      const bool owner = std::find(owners.begin(), owners.end(), NodeId(i)) != owners.end();
+      if (owner != (held[i][c] != pb::TIER_NONE)) ++misplaced;
+    }
+    EXPECT_EQ(look->nodes[c], owners[0]) << "chunk " << c << " is served by its first owner";
+    serving.insert(look->nodes[c]);
+  }
+  EXPECT_EQ(misplaced, 0);
+  served_by_every_node = static_cast<int>(serving.size());
+  EXPECT_EQ(served_by_every_node, 3) << "a 64-chunk prefix streams from every node";
+  const ClusterClient::Counters counters = other->counters();
+  uint64_t fetched = 0;
+  for (const auto& [id, n] : counters.nodes) fetched += n.chunks_fetched;
+  EXPECT_EQ(fetched, 64u);
+}
+
+TEST_F(ClusterTest, KilledNodeIsRoutedAroundAndServesAgainAfterRestart) {
+  const Prefix two = MakePrefix(rng_, ns_, 64);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, two.tokens, two.payloads).ok());
+  std::unique_ptr<ClusterClient> single = Connect(kTokenA, 1);
+  ASSERT_TRUE(single->RegisterNamespace(config_, "mini", 64).ok());
+  const Prefix one = MakePrefix(rng_, ns_, 64);
+  absl::StatusOr<StoreResult> st1 = single->Store(ns_, std::nullopt, one.tokens, one.payloads);
+  ASSERT_TRUE(st1.ok()) << st1.status();
+  EXPECT_EQ(st1->stored, 64u) << "R = 1: one copy each";
+  // With R = 1 the prefix ends at the first chunk owned by the node about to die.
+  const std::vector<ChunkKey> one_keys = single->Keys(ns_, one.tokens);
+  size_t first_on_victim = one_keys.size();
+  for (size_t c = 0; c < one_keys.size() && first_on_victim == one_keys.size(); ++c) {
+    if (single->Owners(one_keys[c])[0] == NodeId(1)) first_on_victim = c;
+  }
+  ASSERT_LT(first_on_victim, one_keys.size()) << "seed " << seed_;
+
+  // Fetch in a loop while node 1 is killed: every fetch is whole and byte-exact.
+  std::unique_ptr<ClusterClient> reader = Connect(kTokenA, 2);
+  ASSERT_TRUE(reader->RegisterNamespace(config_, "mini", 64).ok());
+  std::atomic<bool> stop{false}, killed{false};
+  std::atomic<int> fetches{0}, after_kill{0}, bad{0};
+  std::thread loop([&] {
+    const std::vector<ChunkKey> keys = reader->Keys(ns_, two.tokens);
+    std::vector<uint8_t> out(keys.size() * ns_.chunk_bytes);
+    while (!stop) {
+      const bool was_killed = killed;
+      absl::StatusOr<size_t> n = reader->Fetch(ns_, keys, out);
+      if (!n.ok() || *n != keys.size() || out != two.payloads) ++bad;
+      ++fetches;
+      if (was_killed) ++after_kill;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  nodes_[1]->Stop(SIGKILL);
+  killed = true;
+  ASSERT_TRUE(WaitFor([&] { return after_kill >= 5; }, 20));
+  stop = true;
+  loop.join();
+  EXPECT_EQ(bad, 0) << "of " << fetches << " fetches, " << after_kill << " after the kill";
+  EXPECT_GT(reader->counters().fetch_failovers + reader->counters().nodes["n1"].failures, 0u)
+      << "the dead node was asked and skipped";
+
+  // R = 1: the lookup reports the shorter prefix and the fetch stops there, bytes right.
+  absl::StatusOr<LookupResult> look = single->Lookup(ns_, one.tokens);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->matched_chunks, first_on_victim);
+  ExpectFetchExact(*single, one, first_on_victim);
+
+  // The node drops out of the membership when its lease expires, and comes back.
+  EXPECT_TRUE(WaitFor([&] { return single->membership()->nodes.size() == 2; }, 10));
+  nodes_[1]->Start();
+  ASSERT_TRUE(WaitFor([&] { return single->membership()->nodes.size() == 3; }, 10));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<LookupResult> l = single->Lookup(ns_, one.tokens);
+        return l.ok() && l->matched_chunks == 64;
+      },
+      10))
+      << "the restarted node serves its SSD chunks again";
+  ExpectFetchExact(*single, one, 64);
+}
+
+TEST_F(ClusterTest, NodesKeepServingWithoutEtcdAndRegisterAgainWhenItReturns) {
+  const Prefix p = MakePrefix(rng_, ns_, 32);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  etcd_->Stop();
+  ASSERT_TRUE(WaitFor([&] { return client_->membership()->stale; }, 10))
+      << "a client says when its membership may be out of date";
+  EXPECT_EQ(client_->membership()->nodes.size(), 3u) << "it keeps the last membership seen";
+  EXPECT_FALSE(client_->membership()->stale_reason.empty());
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // longer than the nodes' leases
+  ExpectFetchExact(*client_, p, 32);
+  const Prefix q = MakePrefix(rng_, ns_, 8);
+  absl::StatusOr<StoreResult> st = client_->Store(ns_, std::nullopt, q.tokens, q.payloads);
+  EXPECT_TRUE(st.ok()) << "stores go on with the last membership: " << st.status();
+
+  etcd_->Start();
+  ASSERT_TRUE(WaitFor([&] { return !client_->membership()->stale; }, 15));
+  EXPECT_TRUE(WaitFor([&] { return client_->membership()->nodes.size() == 3; }, 15))
+      << "every node registers again";
+  std::unique_ptr<ClusterClient> fresh = Connect(kTokenA, 2);
+  ASSERT_TRUE(fresh->RegisterNamespace(config_, "mini", 64).ok());
+  ExpectFetchExact(*fresh, p, 32);
+}
+
+TEST_F(ClusterTest, TenantsNeverSeeEachOthersChunks) {
+  const Prefix p = MakePrefix(rng_, ns_, 16);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  std::unique_ptr<ClusterClient> bob = Connect(kTokenB, 2);
+  absl::StatusOr<RemoteNamespace> bob_ns = bob->RegisterNamespace(config_, "mini", 64);
+  ASSERT_TRUE(bob_ns.ok()) << bob_ns.status();
+  EXPECT_NE(bob_ns->id, ns_.id) << "a namespace belongs to its tenant";
+  absl::StatusOr<LookupResult> look = bob->Lookup(*bob_ns, p.tokens);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->matched_chunks, 0u);
+  const std::vector<ChunkKey> keys = client_->Keys(ns_, p.tokens);
+  std::vector<uint8_t> out(keys.size() * bob_ns->chunk_bytes);
+  absl::StatusOr<size_t> n = bob->Fetch(*bob_ns, keys, out);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 0u) << "alice's keys under bob's namespace fetch nothing";
+  // Alice's namespace id used by bob is not found on any node.
+  absl::StatusOr<LookupResult> foreign = bob->Lookup(ns_, p.tokens);
+  EXPECT_FALSE(foreign.ok() && foreign->matched_chunks > 0);
+  absl::StatusOr<uint32_t> deleted = bob->Delete(*bob_ns, keys);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted, 0u);
+  ExpectFetchExact(*client_, p, 16);
+}
+
+TEST(ClusterPlacement, RankingMatchesThePublishedVectors) {
+  // Computed independently (Python's xxhash) and published in docs/cluster.md.
+  std::ifstream in(std::string(KVC_SOURCE_DIR) + "/tests/cluster/placement_vectors.json");
+  ASSERT_TRUE(in);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc["rule"], cluster::kPlacementRuleName);
+  const std::vector<std::string> nodes = doc["nodes"];
+  ASSERT_GE(doc["vectors"].size(), 4u);
+  for (const auto& v : doc["vectors"]) {
+    ChunkKey key;
+    const std::string hex = v["key"];
+    for (size_t i = 0; i < 16; ++i) key.bytes[i] = std::stoi(hex.substr(2 * i, 2), nullptr, 16);
+    std::vector<std::string> ranking;
+    for (size_t i : cluster::RankNodes(key, nodes)) ranking.push_back(nodes[i]);
+    EXPECT_EQ(ranking, v["ranking"].get<std::vector<std::string>>()) << hex;
+    for (const std::string& n : nodes) {
+      char w[17];
+      std::snprintf(w, sizeof w, "%016llx",
+                    static_cast<unsigned long long>(cluster::RendezvousWeight(key, n)));
+      EXPECT_EQ(w, v["weights"][n].get<std::string>()) << hex << " " << n;
+    }
+  }
+}
+
+TEST(ClusterPlacement, AJoiningNodeTakesOnlyItsShare) {
+  // Rendezvous hashing moves only the keys the new node wins: about 1/(n+1) of them.
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> before = {"a", "b", "c"};
+  const std::vector<std::string> after = {"a", "b", "c", "d"};
+  int moved = 0, wrong = 0;
+  const int n = 20000;
+  for (int k = 0; k < n; ++k) {
+    ChunkKey key;
+    for (uint8_t& b : key.bytes) b = static_cast<uint8_t>(rng());
+    const std::string first_before = before[cluster::RankNodes(key, before)[0]];
+    const std::string first_after = after[cluster::RankNodes(key, after)[0]];
+    if (first_before != first_after) {
+      ++moved;
+      if (first_after != "d") ++wrong;  // a key moved between old nodes
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_NEAR(moved / static_cast<double>(n), 0.25, 0.02) << "seed " << seed;
+}
+
+TEST(ClusterUrl, BadAddressesAreNamed) {
+  EXPECT_TRUE(cluster::ParseEtcdUrl("etcd://127.0.0.1:2379,127.0.0.2:2379").ok());
+  for (const char* bad : {"http://127.0.0.1:2379", "etcd://", "etcd://host", "etcd://h:x"}) {
+    absl::StatusOr<std::string> e = cluster::ParseEtcdUrl(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(e.status())) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
