@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,8 +21,8 @@ double Ms(Clock::time_point a) {
 std::unique_ptr<CacheConnector> CacheConnector::Create(const model::Model& model,
                                                        ConnectorOptions o) {
   std::unique_ptr<CacheConnector> c(new CacheConnector(model, std::move(o)));
-  absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> client =
-      cachesvc::CacheClient::Connect(c->opt_.client);
+  absl::StatusOr<std::unique_ptr<cachesvc::CacheApi>> client =
+      cachesvc::ConnectCache(c->opt_.client);
   if (!client.ok()) {
     c->connect_error_ = std::string(client.status().message());
   } else {
@@ -86,6 +87,11 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
         ssd |= t == kvcache::v1::TIER_SSD;
       }
       r->tier = ram && ssd ? "ram+ssd" : ram ? "ram" : ssd ? "ssd" : "none";
+      std::map<std::string, int> per_node;
+      for (const std::string& node : look->nodes) ++per_node[node];
+      for (const auto& [node, count] : per_node) {
+        absl::StrAppend(&r->nodes, r->nodes.empty() ? "" : " ", node, ":", count);
+      }
       pages.resize(keys.size() * model_.layout().chunk_bytes);
       // Fetch on another thread while the engine runs the layers that read no page.
       std::string short_reason;

@@ -22,14 +22,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cachesvc/client.h"
+#include "cachesvc/cache_api.h"
 #include "engine/model/model.h"
 
 namespace kvc::serve {
 
 struct ConnectorOptions {
-  cachesvc::ClientOptions client;
-  std::string model_config_json;  // registered as the namespace's config
+  cachesvc::ClientOptions client;  // address "H:P" (one kvcached) or "etcd://H:P" (a cluster)
+  std::string model_config_json;   // registered as the namespace's config
   std::string model_id = "kvcache-engine";
   model::ReplayMode replay = model::ReplayMode::kBounded;
   model::PrefillMode cold_mode = model::PrefillMode::kCed;
@@ -43,6 +43,8 @@ struct TurnReport {
   int64_t reused_tokens = 0;   // cached tokens the engine resumed from
   int64_t matched_tokens = 0;  // what Lookup said was cached (reused may be fewer)
   std::string tier = "none";   // where the reused chunks were: none, ram, ssd, ram+ssd
+  // A cluster: the nodes that served the reused chunks, with how many each ("n0:12 n2:9").
+  std::string nodes;
   int64_t replayed_tokens = 0;
   int64_t encoder_tokens = 0, decoder_tokens = 0;
   double lookup_ms = 0, fetch_ms = 0, compute_ms = 0, ttft_ms = 0;
@@ -71,7 +73,7 @@ class CacheConnector {
   int64_t Drain();
   bool connected() const { return ns_.has_value(); }
   const std::string& connect_error() const { return connect_error_; }
-  cachesvc::CacheClient* client() { return client_.get(); }
+  cachesvc::CacheApi* client() { return client_.get(); }
   const cachesvc::RemoteNamespace* ns() const { return ns_ ? &*ns_ : nullptr; }
 
  private:
@@ -80,7 +82,7 @@ class CacheConnector {
 
   const model::Model& model_;
   ConnectorOptions opt_;
-  std::unique_ptr<cachesvc::CacheClient> client_;
+  std::unique_ptr<cachesvc::CacheApi> client_;
   std::optional<cachesvc::RemoteNamespace> ns_;
   std::string connect_error_;
 

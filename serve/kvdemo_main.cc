@@ -4,8 +4,13 @@
 // the TTFT comparison. Starts its own kvcached on a scratch folder and removes both at the
 // end.
 //
+// With --nodes N (≥ 2) the cache is a cluster instead: etcd and N kvcached nodes on
+// loopback (docs/cluster.md), chunks on 2 nodes each; halfway one node is killed with
+// SIGKILL for a turn and then restarted on its folder, and the table says which nodes
+// served each turn.
+//
 //   kvdemo [--turns N] [--initial-tokens N] [--tool-tokens N] [--generate N]
-//          [--replay bounded|exact]
+//          [--replay bounded|exact] [--nodes N]
 //          [--source-dir DIR] [--keep] [--json]
 //
 // The session's text is real: a system prompt, then this repository's source files (read
@@ -34,6 +39,7 @@
 #include "nlohmann/json.hpp"
 #include "serve/embedded_mini_config.h"
 #include "serve/kvcached_process.h"
+#include "serve/local_cluster.h"
 #include "serve/session.h"
 
 namespace kvc::serve {
@@ -77,7 +83,7 @@ const char kSystemPrompt[] =
 
 int Main(int argc, char** argv) {
   CLI::App app{"kvdemo: a multi-day coding-agent session resumed from kvcached"};
-  int turns = 6;
+  int turns = 6, nodes = 1;
   int64_t tool_tokens = 2048, generate = 128, initial_tokens = 12288;
   std::string replay = "bounded", source_dir, backend = "cpu";
   bool keep = false, json = false;
@@ -98,6 +104,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"bounded", "exact"}))
       ->capture_default_str();
   app.add_option("--source-dir", source_dir, "repository whose files make up the session");
+  app.add_option("--nodes", nodes, "1: one kvcached; N ≥ 2: a cluster of N nodes on etcd")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas")
       ->capture_default_str();
   app.add_flag("--keep", keep, "keep the scratch folder (weights, kvcached data and log)");
@@ -147,16 +156,28 @@ int Main(int argc, char** argv) {
                       config->num_hidden_layers, m.layout().bytes_per_token(),
                       m.layout().chunk_tokens, work.string()));
 
-  KvcachedProcess daemon((bin / "kvcached").string(), (work / "kvcached").string(),
-                         {"--ram-bytes", "268435456", "--ssd-bytes", "1073741824"});
-  if (absl::Status s = daemon.Start(); !s.ok()) return fail(std::string(s.message()));
-  say(absl::StrCat("kvdemo: kvcached on ", daemon.address(), "\n"));
+  const std::vector<std::string> capacity = {"--ram-bytes", "268435456", "--ssd-bytes",
+                                             "1073741824"};
+  KvcachedProcess daemon((bin / "kvcached").string(), (work / "kvcached").string(), capacity);
+  std::vector<std::string> node_flags = capacity;
+  node_flags.insert(node_flags.end(), {"--cluster-lease-seconds", "2"});
+  LocalCluster cluster((bin / "kvcached").string(), (work / "cluster").string(), nodes, node_flags);
   ConnectorOptions copt;
   copt.model_config_json = kEmbeddedMiniConfig;
   copt.model_id = "mini-seed1";
   copt.replay = replay == "exact" ? model::ReplayMode::kExact : model::ReplayMode::kBounded;
-  copt.client.address = daemon.address();
-  copt.client.shm_socket = (work / "kvcached" / "kvcached.sock").string();
+  if (nodes > 1) {
+    std::filesystem::create_directories(work / "cluster");
+    if (absl::Status s = cluster.Start(); !s.ok()) return fail(std::string(s.message()));
+    say(absl::StrCat("kvdemo: etcd and ", nodes, " kvcached nodes (", cluster.url(),
+                     "), each chunk on 2 of them\n"));
+    copt.client.address = cluster.url();
+  } else {
+    if (absl::Status s = daemon.Start(); !s.ok()) return fail(std::string(s.message()));
+    say(absl::StrCat("kvdemo: kvcached on ", daemon.address(), "\n"));
+    copt.client.address = daemon.address();
+    copt.client.shm_socket = (work / "kvcached" / "kvcached.sock").string();
+  }
   std::unique_ptr<CacheConnector> cache = CacheConnector::Create(m, copt);
   if (!cache->connected()) return fail(cache->connect_error());
 
@@ -173,7 +194,8 @@ int Main(int argc, char** argv) {
   nlohmann::json out;
   out["turns"] = nlohmann::json::array();
   say(absl::StrFormat("\n%4s %9s %8s %6s %-7s %10s %10s %8s %s\n", "turn", "context", "reused",
-                      "new", "tier", "TTFT warm", "TTFT cold", "speedup", ""));
+                      "new", "tier", "TTFT warm", "TTFT cold", "speedup",
+                      nodes > 1 ? "served by (node:chunks)" : ""));
   for (int turn = 1; turn <= turns; ++turn) {
     if (turn > 1) {
       // The tool result: the next file, cut to the turn's budget.
@@ -183,7 +205,11 @@ int Main(int argc, char** argv) {
       context.insert(context.end(), t.begin(), t.end());
     }
     const bool after_restart = turn == restart_after + 1;
-    if (after_restart) {
+    if (after_restart && nodes > 1) {
+      cluster.node(1).Stop(SIGKILL);
+      say(absl::StrCat("---- node ", LocalCluster::NodeId(1),
+                       " killed (SIGKILL): its chunks come from their other copy ----\n"));
+    } else if (after_restart) {
       cache->Drain();
       cache.reset();
       daemon.Stop(SIGTERM);
@@ -192,6 +218,13 @@ int Main(int argc, char** argv) {
       copt.client.address = daemon.address();
       cache = CacheConnector::Create(m, copt);
       if (!cache->connected()) return fail(cache->connect_error());
+    }
+    if (nodes > 1 && turn == restart_after + 2) {
+      if (absl::Status s = cluster.node(1).Start(); !s.ok()) return fail(std::string(s.message()));
+      if (absl::Status s = cluster.WaitForMembers(nodes, 10); !s.ok())
+        return fail(std::string(s.message()));
+      say(absl::StrCat("---- node ", LocalCluster::NodeId(1),
+                       " restarted on its folder: it serves its SSD chunks again ----\n"));
     }
     absl::StatusOr<TurnResult> warm = RunTurn(m, *cache, context, generate);
     if (!warm.ok()) return fail(std::string(warm.status().message()));
@@ -214,13 +247,16 @@ int Main(int argc, char** argv) {
     say(absl::StrFormat("%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens,
                         r.reused_tokens, r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms,
                         cold_ms, cold_ms / r.ttft_ms,
-                        after_restart ? "(from SSD after restart)" : ""));
+                        nodes > 1       ? r.nodes
+                        : after_restart ? "(from SSD after restart)"
+                                        : ""));
     context.insert(context.end(), warm->generated.begin(), warm->generated.end());
   }
   const int64_t stored = cache->Drain();
   cache.reset();
   daemon.Stop(SIGTERM);
   out["replay"] = replay;
+  out["nodes"] = nodes;
   out["chunk_tokens"] = m.layout().chunk_tokens;
   out["chunk_bytes"] = m.layout().chunk_bytes;
   say(absl::StrFormat(

@@ -139,7 +139,8 @@ int Main(int argc, char** argv) {
               text, tokens_file, replay = "bounded", shm_socket, token, backend = "cpu";
   int64_t max_new = 64;
   bool json = false;
-  app.add_option("--cache", cache, "kvcached address")->capture_default_str();
+  app.add_option("--cache", cache, "kvcached address (HOST:PORT), or a cluster (etcd://H:P[,H:P…])")
+      ->capture_default_str();
   app.add_option("--config", config, "model config.json")->required();
   app.add_option("--weights", weights, "safetensors weights")->required();
   app.add_option("--state-dir", state_dir, "where session histories live")->capture_default_str();

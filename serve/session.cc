@@ -34,6 +34,7 @@ nlohmann::json TurnJson(const TurnResult& t) {
           {"reused_tokens", r.reused_tokens},
           {"new_tokens", r.prompt_tokens - r.reused_tokens},
           {"tier", r.tier},
+          {"nodes", r.nodes},
           {"prefilled_tokens", {{"encoder", r.encoder_tokens}, {"decoder", r.decoder_tokens}}},
           {"replayed_tokens", r.replayed_tokens},
           {"fetched_bytes", r.fetched_bytes},

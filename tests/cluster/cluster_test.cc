@@ -16,9 +16,9 @@
 #include "cluster/placement.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "serve/local_cluster.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/cachesvc/random_prefix.h"
-#include "tests/cluster/etcd_process.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
@@ -26,8 +26,8 @@ namespace kvc::cachesvc {
 namespace {
 
 namespace pb = ::kvcache::v1;
+using ::kvc::serve::EtcdProcess;
 using ::kvc::testing::Daemon;
-using ::kvc::testing::EtcdProcess;
 using ::kvc::testing::MakePrefix;
 using ::kvc::testing::Prefix;
 using ::kvc::testing::ReadFile;
@@ -52,12 +52,11 @@ bool WaitFor(F done, double seconds) {
 class ClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(access(testing::kEtcdBinary, X_OK), 0)
-        << testing::kEtcdBinary << " is missing: install etcd-server (scripts/install-deps.sh)";
     seed_ = testing::FreshSeed();
     rng_.seed(seed_);
     std::ofstream(dir_.File("tokens")) << kTokenA << " alice\n" << kTokenB << " bob\n";
     etcd_ = std::make_unique<EtcdProcess>(dir_.File("etcd"));
+    ASSERT_TRUE(etcd_->Start().ok());
     for (int i = 0; i < 3; ++i) {
       nodes_.push_back(std::make_unique<Daemon>(
           dir_.File("node" + std::to_string(i)),
@@ -238,7 +237,7 @@ TEST_F(ClusterTest, NodesKeepServingWithoutEtcdAndRegisterAgainWhenItReturns) {
   absl::StatusOr<StoreResult> st = client_->Store(ns_, std::nullopt, q.tokens, q.payloads);
   EXPECT_TRUE(st.ok()) << "stores go on with the last membership: " << st.status();
 
-  etcd_->Start();
+  ASSERT_TRUE(etcd_->Start().ok());
   ASSERT_TRUE(WaitFor([&] { return !client_->membership()->stale; }, 15));
   EXPECT_TRUE(WaitFor([&] { return client_->membership()->nodes.size() == 3; }, 15))
       << "every node registers again";

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "cachesvc/client.h"
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
 #include "gtest/gtest.h"
@@ -277,7 +278,8 @@ TEST_F(ConnectorTest, SessionsSharingASystemPromptShareItsChunks) {
     EXPECT_EQ(t->report.reused_tokens, session == 0 ? 0 : 512) << "session " << session;
   }
   // Two sessions of 3 chunks each (2 shared + 1 own): 4 chunks in the cache, not 6.
-  const kvcache::v1::StatsResponse st = *cache->client()->Stats();
+  const kvcache::v1::StatsResponse st =
+      *dynamic_cast<cachesvc::CacheClient&>(*cache->client()).Stats();
   EXPECT_EQ(st.ram_chunks(), 4u);
 }
 

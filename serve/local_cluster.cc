@@ -1,0 +1,136 @@
+#include "serve/local_cluster.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/etcd.h"
+#include "cluster/membership.h"
+
+namespace kvc::serve {
+namespace {
+
+// A free loopback TCP port (bound, read back, released).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+EtcdProcess::EtcdProcess(std::string data_dir, std::string binary)
+    : dir_(std::move(data_dir)), binary_(std::move(binary)) {
+  client_port_ = FreePort();
+  do {
+    peer_port_ = FreePort();
+  } while (peer_port_ == client_port_);
+}
+
+EtcdProcess::~EtcdProcess() { Stop(); }
+
+std::string EtcdProcess::endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
+
+absl::Status EtcdProcess::Start() {
+  if (access(binary_.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(binary_, " is missing: install etcd-server (scripts/install-deps.sh)"));
+  }
+  const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
+  const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
+  std::vector<std::string> args = {binary_,
+                                   "--name=local",
+                                   "--data-dir=" + dir_,
+                                   "--listen-client-urls=" + client,
+                                   "--advertise-client-urls=" + client,
+                                   "--listen-peer-urls=" + peer,
+                                   "--initial-advertise-peer-urls=" + peer,
+                                   "--initial-cluster=local=" + peer,
+                                   "--log-level=error"};
+  pid_ = fork();
+  if (pid_ < 0) return absl::InternalError("fork");
+  if (pid_ == 0) {
+    if (FILE* log = std::fopen((dir_ + ".log").c_str(), "a"); log != nullptr) {
+      dup2(fileno(log), STDOUT_FILENO);
+      dup2(fileno(log), STDERR_FILENO);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary_.c_str(), argv.data());
+    _exit(127);
+  }
+  // Ready when it answers a read, on a fresh connection each time (etcd accepts
+  // connections before it serves them).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (true) {
+    absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(endpoint());
+    if (!etcd.ok()) return etcd.status();
+    (*etcd)->call_timeout_ms = 300;
+    const absl::Status s = (*etcd)->RangePrefix("/").status();
+    if (s.ok()) return absl::OkStatus();
+    if (std::chrono::steady_clock::now() > until) {
+      Stop();
+      return absl::UnavailableError(
+          absl::StrCat("etcd did not start (", s.message(), "; its log: ", dir_, ".log)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void EtcdProcess::Stop() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+LocalCluster::LocalCluster(std::string kvcached_binary, std::string dir, int nodes,
+                           std::vector<std::string> extra)
+    : binary_(std::move(kvcached_binary)), dir_(std::move(dir)), extra_(std::move(extra)) {
+  etcd_ = std::make_unique<EtcdProcess>(dir_ + "/etcd");
+  for (int i = 0; i < nodes; ++i) {
+    std::vector<std::string> args = extra_;
+    args.insert(args.end(), {"--cluster", etcd_->url(), "--node-id", NodeId(i)});
+    nodes_.push_back(std::make_unique<KvcachedProcess>(binary_, dir_ + "/" + NodeId(i), args));
+  }
+}
+
+absl::Status LocalCluster::Start() {
+  if (absl::Status s = etcd_->Start(); !s.ok()) return s;
+  for (auto& n : nodes_) {
+    if (absl::Status s = n->Start(); !s.ok()) return s;
+  }
+  return WaitForMembers(nodes_.size(), 10);
+}
+
+absl::Status LocalCluster::WaitForMembers(size_t count, double seconds) {
+  absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(etcd_->endpoint());
+  if (!etcd.ok()) return etcd.status();
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  size_t seen = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    absl::StatusOr<cluster::Etcd::RangeResult> r = (*etcd)->RangePrefix(cluster::kNodesPrefix);
+    if (r.ok() && (seen = r->kvs.size()) == count) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(seen, " of ", count, " nodes registered in etcd after ", seconds, " s"));
+}
+
+}  // namespace kvc::serve
