@@ -1,7 +1,7 @@
 // kvctl: the kvcache admin CLI.
 //
-// Against a running kvcached (--server ADDR, --token T):
-//   kvctl stats
+// Against a running kvcached (--server ADDR, --token T) or a cluster (--server etcd://H:P):
+//   kvctl stats [--cluster etcd://H:P]   (a cluster: membership, then every node's tiers)
 //   kvctl register --config F --model-id M [--chunk-tokens C]
 //   kvctl hash     --config F --model-id M [--chunk-tokens C] --tokens-file F
 //   kvctl lookup   --config F --model-id M [--chunk-tokens C] --tokens-file F
@@ -21,7 +21,9 @@
 #include <sstream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "cachesvc/client.h"
+#include "cachesvc/cluster_client.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::cachesvc {
@@ -78,11 +80,42 @@ void Progress(size_t done, size_t total) {
 }
 
 struct Args {
-  std::string server = "127.0.0.1:50051", token, config, model_id, tokens_file, payload_file, out,
-              data_dir;
+  std::string server = "127.0.0.1:50051", cluster, token, config, model_id, tokens_file,
+              payload_file, out, data_dir;
   uint32_t chunk_tokens = 0, ttl = 0;
   bool memory = false;
 };
+
+// The membership as etcd has it, then one line per node: its tiers and how its reads went.
+absl::Status PrintClusterStats(ClusterClient& c) {
+  const std::shared_ptr<const ClusterClient::Membership> m = c.membership();
+  std::printf("cluster: %zu nodes, %u copies per chunk, membership %s%s%s\n", m->nodes.size(),
+              c.replicas(), m->stale ? "STALE (etcd unreachable: " : "current",
+              m->stale ? m->stale_reason.c_str() : "", m->stale ? ")" : "");
+  std::printf("%-16s %-22s %4s %15s %15s %8s %8s %8s %6s\n", "node", "address", "gen", "ram chunks",
+              "ssd chunks", "ram hits", "ssd hits", "misses", "hit %");
+  size_t down = 0;
+  for (const ClusterClient::NodeStats& n : c.Stats()) {
+    if (!n.stats.ok()) {
+      ++down;
+      std::printf("%-16s %-22s %4llu  unreachable: %s\n", n.node.id.c_str(), n.node.address.c_str(),
+                  (unsigned long long)n.node.generation,
+                  std::string(n.stats.status().message()).c_str());
+      continue;
+    }
+    const pb::StatsResponse& s = *n.stats;
+    const uint64_t hits = s.ram_hits() + s.ssd_hits() + s.hbm_hits();
+    const uint64_t asked = hits + s.misses();
+    std::printf("%-16s %-22s %4llu %7llu/%-7llu %7llu/%-7llu %8llu %8llu %8llu %6.1f\n",
+                n.node.id.c_str(), n.node.address.c_str(), (unsigned long long)n.node.generation,
+                (unsigned long long)s.ram_chunks(), (unsigned long long)s.ram_capacity_chunks(),
+                (unsigned long long)s.ssd_chunks(), (unsigned long long)s.ssd_capacity_chunks(),
+                (unsigned long long)s.ram_hits(), (unsigned long long)s.ssd_hits(),
+                (unsigned long long)s.misses(), asked ? 100.0 * hits / asked : 0.0);
+  }
+  if (down > 0) return absl::UnavailableError(absl::StrCat(down, " nodes did not answer Stats"));
+  return absl::OkStatus();
+}
 
 absl::Status Run(const std::string& cmd, const Args& a) {
   if (cmd == "ls" || cmd == "verify") {
@@ -119,15 +152,17 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     return bad == 0 ? absl::OkStatus()
                     : absl::DataLossError(std::to_string(bad) + " chunks failed verification");
   }
-  absl::StatusOr<std::unique_ptr<CacheClient>> client =
-      CacheClient::Connect({.address = a.server,
-                            .bearer_token = a.token,
-                            .timeout_ms = 60000,
-                            .tls_ca_file = "",
-                            .shm_socket = ""});
+  ClientOptions options;
+  options.address = a.cluster.empty() ? a.server : a.cluster;
+  options.bearer_token = a.token;
+  options.timeout_ms = 60000;
+  absl::StatusOr<std::unique_ptr<CacheApi>> client = ConnectCache(options);
   if (!client.ok()) return client.status();
   if (cmd == "stats") {
-    absl::StatusOr<pb::StatsResponse> s = (*client)->Stats();
+    if (auto* cluster = dynamic_cast<ClusterClient*>(client->get()); cluster != nullptr) {
+      return PrintClusterStats(*cluster);
+    }
+    absl::StatusOr<pb::StatsResponse> s = dynamic_cast<CacheClient&>(**client).Stats();
     if (!s.ok()) return s.status();
     std::printf(
         "ram  %llu / %llu chunks\nssd  %llu / %llu chunks\nhits ram %llu, ssd %llu; misses %llu\n"
@@ -209,14 +244,16 @@ int Main(int argc, char** argv) {
   CLI::App app{"kvctl: kvcache admin CLI"};
   app.require_subcommand(1);
   Args a;
-  app.add_option("--server", a.server, "kvcached address")->capture_default_str();
+  app.add_option("--server", a.server, "kvcached address, or a cluster's etcd://H:P[,H:P…]")
+      ->capture_default_str();
   app.add_option("--token", a.token, "bearer token");
   auto model = [&](CLI::App* s) {
     s->add_option("--config", a.config, "model config.json")->required();
     s->add_option("--model-id", a.model_id, "model id")->required();
     s->add_option("--chunk-tokens", a.chunk_tokens, "tokens per chunk (0: server default)");
   };
-  app.add_subcommand("stats", "service statistics");
+  app.add_subcommand("stats", "service statistics (a cluster: every node's)")
+      ->add_option("--cluster", a.cluster, "the cluster's etcd://H:P[,H:P…] (instead of --server)");
   model(app.add_subcommand("register", "register (or find) a model's namespace"));
   for (const char* name : {"hash", "lookup", "put", "get", "pin", "unpin", "evict"}) {
     CLI::App* s = app.add_subcommand(name, std::string(name) + " the chunks of a token file");

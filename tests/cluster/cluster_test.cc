@@ -270,6 +270,28 @@ TEST_F(ClusterTest, TenantsNeverSeeEachOthersChunks) {
   ExpectFetchExact(*client_, p, 16);
 }
 
+TEST_F(ClusterTest, KvctlShowsEveryNodeAndSaysWhenMembershipIsStale) {
+  const Prefix p = MakePrefix(rng_, ns_, 8);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  const std::string kvctl = std::string(KVC_BIN_DIR) + "/kvctl";
+  testing::ProcessResult r =
+      testing::RunProgram(kvctl, {"--token", kTokenA, "stats", "--cluster", etcd_->url()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("cluster: 3 nodes, 2 copies per chunk, membership current"),
+            std::string::npos)
+      << r.out;
+  uint64_t ssd_chunks = 0;
+  for (int i = 0; i < 3; ++i) {
+    const size_t at = r.out.find("\n" + NodeId(i) + " ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(nodes_[i]->address(), at), std::string::npos) << r.out;
+    absl::StatusOr<pb::StatsResponse> s = Direct(i)->Stats();
+    ASSERT_TRUE(s.ok());
+    ssd_chunks += s->ssd_chunks();
+  }
+  EXPECT_EQ(ssd_chunks, 16u) << "8 durable chunks, 2 copies each";
+}
+
 TEST(ClusterPlacement, RankingMatchesThePublishedVectors) {
   // Computed independently (Python's xxhash) and published in docs/cluster.md.
   std::ifstream in(std::string(KVC_SOURCE_DIR) + "/tests/cluster/placement_vectors.json");
