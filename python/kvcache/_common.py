@@ -132,8 +132,8 @@ class Common:
             raise InvalidArgumentError("target is empty (HOST:PORT or unix:PATH)")
         if target.startswith("etcd://"):
             raise InvalidArgumentError(
-                f"target {target}: cluster routing through etcd is not built yet; give one "
-                "kvcached as HOST:PORT or unix:PATH")
+                f"target {target}: AsyncClient talks to one kvcached (HOST:PORT or unix:PATH); "
+                "for a cluster use Client(\"etcd://...\"), a ClusterClient")
         self.target = target
         self.timeout_s = timeout_s
         self.lease_ms = lease_ms

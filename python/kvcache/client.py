@@ -22,10 +22,20 @@ class Client(Common):
     `shm_error` say whether and why not). Not thread-safe; use one per thread.
     """
 
+    def __new__(cls, target=None, *args, **kwargs):
+        # "etcd://H:P[,H:P...]" names a cluster: the same API, routed across its nodes.
+        if cls is Client and isinstance(target, str) and target.startswith("etcd://"):
+            from .cluster import ClusterClient
+            return ClusterClient(target, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
-                 lease_cache=True, max_held_chunks=1024):
+                 lease_cache=True, max_held_chunks=1024, wait_for_ready=True):
         super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
                          max_held_chunks)
+        # False (a cluster's node clients): a node that is down fails the call at once, so
+        # the next node in the ranking is asked instead.
+        self._wait = wait_for_ready
         # Fetch streams run on the calling thread: without this, every message is handed
         # over from gRPC's polling thread (futexes, ~3x the CPU per chunk, measured).
         self._channel = grpc.insecure_channel(
@@ -58,7 +68,7 @@ class Client(Common):
     def _call(self, method, request):
         try:
             return method(request, timeout=self.timeout_s, metadata=self._metadata,
-                          wait_for_ready=True)
+                          wait_for_ready=self._wait)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
@@ -100,7 +110,7 @@ class Client(Common):
         try:
             call = self._fetch(pb.FetchRequest(namespace_id=ns.id, chunk_keys=keys),
                                timeout=self.timeout_s, metadata=self._metadata,
-                               wait_for_ready=True)
+                               wait_for_ready=self._wait)
             for i, raw in enumerate(call):
                 yield i, self.take_chunk(ns, keys[i], raw, i)
         except grpc.RpcError as e:
@@ -126,15 +136,24 @@ class Client(Common):
         """Stores the whole chunks of `tokens` with their payloads (one buffer of chunks ×
         chunk_bytes, or one buffer per chunk). `parent`: the key of the chunk before
         tokens[0] (None: tokens start the prefix). durable=False acknowledges once in RAM."""
-        requests = self.store_requests(ns, tokens, payloads, durable, ttl_s, parent)
+        return self._send_store(self.store_requests(ns, tokens, payloads, durable, ttl_s, parent))
+
+    def _send_store(self, requests):
         if not requests:
             return StoreResult(0, 0, [])
         try:
             resp = self._store(iter(requests), timeout=self.timeout_s, metadata=self._metadata,
-                               wait_for_ready=True)
+                               wait_for_ready=self._wait)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return self.store_result(resp)
+
+    def _lookup_every(self, ns, tokens) -> Match:
+        """Like lookup, with `tiers` for every whole chunk ("none" where this daemon has
+        none): what a cluster client merges across nodes."""
+        req = self.lookup_request(ns, tokens)
+        req.every_chunk = True
+        return self.match_from(ns, self._call(self._stub.Lookup, req))
 
     def pin(self, ns, keys, ttl_s):
         """Keeps the chunks (and so their prefix) from eviction for ttl_s; how many found."""

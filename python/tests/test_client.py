@@ -165,8 +165,10 @@ def test_bad_arguments_are_refused_before_any_call(mini_config):
         c.fetch(ns, [bytes(16)], out=bytes(100))
     with pytest.raises(kvcache.InvalidArgumentError, match="need 200"):
         c.fetch(ns, [bytes(16), bytes(16)], out=bytearray(100))
-    with pytest.raises(kvcache.InvalidArgumentError, match="etcd://h:1: cluster routing"):
-        kvcache.Client("etcd://h:1")
+    with pytest.raises(kvcache.InvalidArgumentError, match="etcd endpoint 'h' is not HOST:PORT"):
+        kvcache.Client("etcd://h")
+    with pytest.raises(kvcache.UnavailableError, match="etcd at 127.0.0.1:1"):
+        kvcache.Client("etcd://127.0.0.1:1", timeout_s=1)
     with pytest.raises(ValueError):  # InvalidArgumentError is a ValueError too
         c.pin(ns, [bytes(16)], 0)
     c.close()

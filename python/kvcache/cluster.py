@@ -1,0 +1,502 @@
+"""The cache as many kvcached nodes whose membership is in etcd (docs/cluster.md).
+
+    from kvcache import Client
+    with Client("etcd://127.0.0.1:2379", token="...") as c:   # a ClusterClient
+        ns = c.register_namespace(config, "my-model", chunk_tokens=256)
+        match = c.lookup(ns, prompt_tokens)
+        got = c.fetch(ns, match.matched_keys, out=page_buffer)
+
+Each chunk lives on its R best-ranked nodes by rendezvous hashing (rank_nodes, the rule
+"kvcache-rendezvous-v1" shared with the C++ client). lookup asks every node and merges;
+fetch pulls each chunk from a node that holds it, every node's share in parallel, and
+asks the next node in the ranking when one fails; store writes each chunk to its R owners
+and returns once all R hold it. The membership is read from etcd's v3 JSON gateway and
+watched; when etcd cannot be reached the last membership seen is kept and
+`membership.stale` says so. Not thread-safe; use one per thread.
+"""
+import base64
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import xxhash
+
+from ._common import Fetched, Match, StoreResult, check_keys, chunk_payloads, writable_view
+from . import _wire
+from .errors import InvalidArgumentError, KvcacheError, UnavailableError
+from .hashing import as_tokens, chunk_keys
+from .v1 import kvcache_pb2 as pb
+
+PLACEMENT_RULE = "kvcache-rendezvous-v1"
+NODES_PREFIX = b"/kvcache/v1/nodes/"
+
+
+def rendezvous_weight(key, node_id):
+    """XXH3-64 (seed 0) of the 16 key bytes followed by the node id's UTF-8 bytes."""
+    return xxhash.xxh3_64_intdigest(bytes(key) + node_id.encode())
+
+
+def rank_nodes(key, node_ids):
+    """node_ids ordered best owner first: highest weight, then the smaller id."""
+    return sorted(node_ids, key=lambda n: (-rendezvous_weight(key, n), n))
+
+
+def parse_etcd_url(url):
+    """"etcd://H:P[,H:P...]" -> ["H:P", ...]; InvalidArgumentError naming what is wrong."""
+    if not url.startswith("etcd://"):
+        raise InvalidArgumentError(f"cluster address {url!r} does not start with etcd://")
+    eps = [e for e in url[len("etcd://"):].split(",") if e]
+    if not eps:
+        raise InvalidArgumentError("etcd:// names no endpoint")
+    for e in eps:
+        host, _, port = e.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidArgumentError(f"etcd endpoint {e!r} is not HOST:PORT (in {url})")
+    return eps
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    address: str
+    generation: int = 0
+    ram_bytes: int = 0
+    ssd_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Membership:
+    nodes: List[Node]  # by id
+    stale: bool = False
+    stale_reason: str = ""
+    revision: int = 0
+
+
+def _b64(b):
+    return base64.b64encode(b).decode()
+
+
+def _prefix_end(prefix):
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def _node_from(value):
+    try:
+        d = json.loads(base64.b64decode(value))
+        return Node(d["id"], d["address"], int(d.get("generation", 0)),
+                    int(d.get("ram_bytes", 0)), int(d.get("ssd_bytes", 0)))
+    except (ValueError, KeyError, TypeError):
+        return None  # a record that is not a node
+
+
+class _MembershipWatch:
+    """Reads the node records from etcd's JSON gateway, then watches them on a thread."""
+
+    def __init__(self, endpoints, timeout_s):
+        self._endpoints = endpoints
+        self._timeout_s = timeout_s
+        self._stop = False
+        self._lock = threading.Lock()
+        self._nodes: Dict[str, Node] = {}
+        self.current = self._reload()  # raises UnavailableError if etcd does not answer
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _post(self, path, body, timeout):
+        last = None
+        for ep in self._endpoints:
+            req = urllib.request.Request(f"http://{ep}{path}", data=json.dumps(body).encode(),
+                                         method="POST")
+            try:
+                return urllib.request.urlopen(req, timeout=timeout)
+            except (urllib.error.URLError, OSError) as e:
+                last = e
+        raise UnavailableError(f"etcd at {','.join(self._endpoints)}: {last}")
+
+    def _reload(self):
+        body = {"key": _b64(NODES_PREFIX), "range_end": _b64(_prefix_end(NODES_PREFIX))}
+        with self._post("/v3/kv/range", body, self._timeout_s) as r:
+            resp = json.load(r)
+        nodes = {}
+        for kv in resp.get("kvs", []):
+            n = _node_from(kv.get("value", ""))
+            if n is not None:
+                nodes[n.id] = n
+        with self._lock:
+            self._nodes = nodes
+            self.current = Membership(sorted(nodes.values(), key=lambda n: n.id), False, "",
+                                      int(resp["header"]["revision"]))
+        return self.current
+
+    def _watch(self):
+        start = self.current.revision + 1
+        body = {"create_request": {"key": _b64(NODES_PREFIX),
+                                   "range_end": _b64(_prefix_end(NODES_PREFIX)),
+                                   "start_revision": str(start)}}
+        # A read timeout only means nothing changed: the watch is then opened again.
+        with self._post("/v3/watch", body, 5.0) as r:
+            for line in r:
+                if self._stop:
+                    return
+                result = json.loads(line).get("result", {})
+                if result.get("compact_revision") or result.get("canceled"):
+                    raise UnavailableError("etcd ended the watch")
+                for ev in result.get("events", []):
+                    kv = ev["kv"]
+                    node_id = base64.b64decode(kv["key"])[len(NODES_PREFIX):].decode()
+                    with self._lock:
+                        self._nodes.pop(node_id, None)
+                        if ev.get("type", "PUT") == "PUT":
+                            n = _node_from(kv.get("value", ""))
+                            if n is not None and n.id == node_id:
+                                self._nodes[node_id] = n
+                        self.current = Membership(sorted(self._nodes.values(), key=lambda n: n.id),
+                                                  False, "", int(kv.get("mod_revision", 0)))
+
+    def _loop(self):
+        while not self._stop:
+            try:
+                self._watch()
+            except TimeoutError:
+                continue
+            except (KvcacheError, OSError, ValueError) as e:
+                if "timed out" in str(e):
+                    continue
+                with self._lock:
+                    c = self.current
+                    self.current = Membership(c.nodes, True, str(e), c.revision)
+                while not self._stop:
+                    time.sleep(0.5)
+                    try:
+                        self._reload()
+                        break
+                    except (KvcacheError, OSError, ValueError):
+                        pass
+
+    def close(self):
+        self._stop = True
+
+
+@dataclass
+class _NodeClient:
+    node: Node
+    client: object
+    namespaces: set = field(default_factory=set)
+    skip_until: float = 0.0
+
+
+class ClusterClient:
+    """A cluster of kvcached nodes found through etcd; the API of Client.
+
+    target: "etcd://H:P[,H:P...]". replicas: copies of each chunk (0: 2 when the cluster
+    has at least 2 nodes). A node that fails a call is skipped for node_backoff_s.
+    store's `stored` and `already_present` count copies (up to R per chunk).
+    """
+
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, replicas=0,
+                 node_backoff_s=2.0, **_ignored):
+        if shm_socket:
+            raise InvalidArgumentError(
+                "shared memory maps one daemon's arena; a cluster client uses gRPC to every node")
+        self.target = target
+        self.timeout_s = timeout_s
+        self._token = token
+        self._replicas = replicas
+        self._backoff = node_backoff_s
+        self._watch = _MembershipWatch(parse_etcd_url(target), min(timeout_s, 5.0))
+        self._nodes: Dict[str, _NodeClient] = {}
+        self._registrations = {}  # namespace id -> (config json, model id, chunk tokens)
+        self._holders = {}  # key -> node ids a recent lookup found it on
+        self._pool = ThreadPoolExecutor(max_workers=16)
+        self.fetched_from: Dict[str, int] = {}  # node id -> chunks it served
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self._watch.close()
+        self._pool.shutdown(wait=True)
+        for nc in self._nodes.values():
+            nc.client.close()
+        self._nodes.clear()
+
+    @property
+    def membership(self) -> Membership:
+        return self._watch.current
+
+    @property
+    def replicas(self):
+        n = len(self.membership.nodes)
+        return min(self._replicas or (2 if n >= 2 else 1), n)
+
+    def owners(self, key):
+        """The node ids that hold `key` under the current membership."""
+        return rank_nodes(key, [n.id for n in self.membership.nodes])[:self.replicas]
+
+    def _members(self):
+        from .client import Client
+        out = []
+        for n in self.membership.nodes:
+            nc = self._nodes.get(n.id)
+            if nc is None or nc.node.address != n.address or nc.node.generation != n.generation:
+                if nc is not None:
+                    nc.client.close()
+                nc = _NodeClient(n, Client(n.address, token=self._token, timeout_s=self.timeout_s,
+                                           shm_socket="", wait_for_ready=False))
+                self._nodes[n.id] = nc
+            out.append(nc)
+        return out
+
+    def _failed(self, nc, error):
+        if isinstance(error, UnavailableError) or error.code is not None and error.code.name in (
+                "UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "INTERNAL", "UNKNOWN"):
+            nc.skip_until = time.monotonic() + self._backoff
+
+    def _ensure_namespace(self, nc, ns):
+        if ns.id in nc.namespaces:
+            return
+        reg = self._registrations.get(ns.id)
+        if reg is None:
+            raise InvalidArgumentError(
+                f"namespace {ns.id} was not registered through this cluster client")
+        got = nc.client.register_namespace(*reg)
+        if got.id != ns.id or got.root_key != ns.root_key:
+            raise InvalidArgumentError(
+                f"node {nc.node.id} gives the namespace id {got.id} (expected {ns.id}): is it "
+                "running with --cluster?")
+        nc.namespaces.add(ns.id)
+
+    def _on_nodes(self, work):
+        """Runs fn(node_client) for each (node_client, fn) in parallel; (result or error)."""
+        futures = [self._pool.submit(fn, nc) for nc, fn in work]
+        out = []
+        for f in futures:
+            try:
+                out.append((f.result(), None))
+            except KvcacheError as e:
+                out.append((None, e))
+        return out
+
+    def register_namespace(self, model_config_json, model_id, chunk_tokens=0):
+        nodes = self._members()
+        if not nodes:
+            raise UnavailableError(f"the cluster at {self.target} has no nodes")
+        results = self._on_nodes(
+            [(nc, lambda nc: nc.client.register_namespace(model_config_json, model_id,
+                                                          chunk_tokens)) for nc in nodes])
+        ns = None
+        first_error = None
+        for nc, (got, err) in zip(nodes, results):
+            if err is not None:
+                first_error = first_error or err
+                self._failed(nc, err)
+                continue
+            if ns is None:
+                ns = got
+            elif got.id != ns.id or got.root_key != ns.root_key:
+                raise InvalidArgumentError(
+                    f"nodes disagree on the namespace: node {nc.node.id} gives id {got.id}, "
+                    f"another {ns.id} (is every node running with --cluster?)")
+            nc.namespaces.add(got.id)
+        if ns is None:
+            raise first_error
+        self._registrations[ns.id] = (model_config_json, model_id, chunk_tokens)
+        return ns
+
+    def chunk_keys(self, ns, tokens):
+        return chunk_keys(ns.root_key, as_tokens(tokens, ns.vocab_size), ns.chunk_tokens)
+
+    def lookup(self, ns, tokens) -> Match:
+        nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
+        keys = self.chunk_keys(ns, tokens)
+
+        def ask(nc):
+            self._ensure_namespace(nc, ns)
+            return nc.client._lookup_every(ns, tokens)
+        results = self._on_nodes([(nc, ask) for nc in nodes])
+        answered = {}
+        for nc, (m, err) in zip(nodes, results):
+            if err is None and len(m.tiers) == len(keys):
+                answered[nc.node.id] = m.tiers
+            elif err is not None:
+                self._failed(nc, err)
+        if nodes and not answered:
+            raise UnavailableError(f"no node of the cluster answered lookup: {results[0][1]}")
+        ids = [nc.node.id for nc in nodes]
+        matched, tiers = 0, []
+        for c, key in enumerate(keys):
+            holders = [n for n in rank_nodes(key, ids)
+                       if n in answered and answered[n][c] != "none"]
+            if holders:
+                self._holders[key] = holders
+                if matched == c:
+                    matched += 1
+                    tiers.append(answered[holders[0]][c])
+            else:
+                self._holders.pop(key, None)
+        if len(self._holders) > 65536:
+            self._holders.clear()
+        return Match(matched, keys, tiers, ns.chunk_tokens)
+
+    def fetch(self, ns, keys, out=None) -> Fetched:
+        """The leading chunks of `keys` that some node holds, copied into `out` back to
+        back (a new bytearray if None)."""
+        keys = check_keys(keys)
+        need = len(keys) * ns.chunk_bytes
+        if out is None:
+            out = bytearray(need)
+        view = writable_view(out, need)
+        nodes = {nc.node.id: nc for nc in self._members()}
+        ids = sorted(nodes)
+        now = time.monotonic()
+        cands = []
+        for k in keys:
+            order = [n for n in self._holders.get(k, []) if n in nodes]
+            order += [n for n in rank_nodes(k, ids) if n not in order]
+            order.sort(key=lambda n: nodes[n].skip_until > now)  # stable: skipped ones last
+            cands.append(order)
+        nxt = [0] * len(keys)
+        done = [False] * len(keys)
+        while True:
+            limit = next((c for c in range(len(keys)) if not done[c] and nxt[c] >= len(cands[c])),
+                         len(keys))
+            share = {}
+            for c in range(limit):
+                if not done[c]:
+                    share.setdefault(cands[c][nxt[c]], []).append(c)
+            if not share:
+                break
+
+            def pull(nc, idx=None):
+                self._ensure_namespace(nc, ns)
+                return nc.client.fetch(ns, [keys[c] for c in idx])
+            work = [(nodes[n], lambda nc, idx=idx: pull(nc, idx)) for n, idx in share.items()]
+            for (n, idx), (got, err) in zip(share.items(), self._on_nodes(work)):
+                if err is not None:
+                    self._failed(nodes[n], err)
+                    for c in idx:
+                        nxt[c] += 1
+                    continue
+                src = memoryview(got.buffer)
+                for j in range(got.chunks):
+                    c = idx[j]
+                    view[c * ns.chunk_bytes:(c + 1) * ns.chunk_bytes] = \
+                        src[j * ns.chunk_bytes:(j + 1) * ns.chunk_bytes]
+                    done[c] = True
+                self.fetched_from[n] = self.fetched_from.get(n, 0) + got.chunks
+                if got.chunks < len(idx):
+                    nxt[idx[got.chunks]] += 1  # not on this node; those after it not asked
+        leading = 0
+        while leading < len(keys) and done[leading]:
+            leading += 1
+        return Fetched(leading, out, ns.chunk_bytes, 0)
+
+    def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
+        """Stores the whole chunks of `tokens` on each chunk's R owners; returns once all R
+        hold every chunk (UnavailableError naming the first chunk with fewer copies)."""
+        arr = as_tokens(tokens, ns.vocab_size)
+        if arr.size % ns.chunk_tokens:
+            raise InvalidArgumentError(f"{arr.size} tokens are not whole chunks of {ns.chunk_tokens}")
+        chunks = arr.size // ns.chunk_tokens
+        views = chunk_payloads(ns, payloads, chunks)
+        parent = b"" if parent is None else bytes(parent)
+        if parent and len(parent) != 16:
+            raise InvalidArgumentError(f"parent is {len(parent)} bytes; keys are 16 bytes")
+        if ttl_s < 0 or ttl_s >= 2**32:
+            raise InvalidArgumentError(f"ttl_s is {ttl_s}")
+        nodes = {nc.node.id: nc for nc in self._members()}
+        if not nodes:
+            raise UnavailableError(f"the cluster at {self.target} has no nodes")
+        want = self.replicas
+        keys = chunk_keys(parent or ns.root_key, arr, ns.chunk_tokens)
+        durability = pb.DURABILITY_DURABLE if durable else pb.DURABILITY_MEMORY
+        now = time.monotonic()
+        order = []
+        for k in keys:
+            o = rank_nodes(k, sorted(nodes))
+            o.sort(key=lambda n: nodes[n].skip_until > now)
+            order.append(o)
+        copies, nxt = [0] * chunks, [0] * chunks
+        stored = present = 0
+        last_error = None
+        while True:
+            share = {}
+            for c in range(chunks):
+                asked = copies[c]
+                while asked < want and nxt[c] < len(order[c]):
+                    share.setdefault(order[c][nxt[c]], []).append(c)
+                    nxt[c] += 1
+                    asked += 1
+            if not share:
+                break
+
+            def put(nc, idx=None):
+                self._ensure_namespace(nc, ns)
+                reqs = [_wire.store_request(
+                    ns.id, parent if c == 0 else keys[c - 1],
+                    arr[c * ns.chunk_tokens:(c + 1) * ns.chunk_tokens], views[c], durability,
+                    ttl_s) for c in idx]
+                return nc.client._send_store(reqs)
+            work = [(nodes[n], lambda nc, idx=idx: put(nc, idx)) for n, idx in share.items()]
+            for (n, idx), (got, err) in zip(share.items(), self._on_nodes(work)):
+                if err is not None:
+                    self._failed(nodes[n], err)
+                    last_error = err
+                    if err.code is not None and err.code.name in ("INVALID_ARGUMENT", "NOT_FOUND",
+                                                                  "PERMISSION_DENIED"):
+                        raise err
+                    continue
+                for c in idx:
+                    copies[c] += 1
+                stored += got.stored
+                present += got.already_present
+        for c in range(chunks):
+            if copies[c] < want:
+                raise UnavailableError(f"chunk {c} has {copies[c]} of {want} copies: {last_error}")
+        return StoreResult(stored, present, keys)
+
+    def _everywhere(self, ns, call):
+        nodes = self._members()
+
+        def run(nc):
+            self._ensure_namespace(nc, ns)
+            return call(nc.client)
+        total = 0
+        for nc, (n, err) in zip(nodes, self._on_nodes([(nc, run) for nc in nodes])):
+            if err is not None:
+                raise type(err)(f"node {nc.node.id}: {err.message}", err.code)
+            total += n
+        return total
+
+    def pin(self, ns, keys, ttl_s):
+        """Pins every copy; returns the copies pinned."""
+        return self._everywhere(ns, lambda c: c.pin(ns, keys, ttl_s))
+
+    def unpin(self, ns, keys):
+        return self._everywhere(ns, lambda c: c.unpin(ns, keys))
+
+    def delete(self, ns, keys):
+        """Deletes every copy; returns the copies deleted."""
+        for k in check_keys(keys):
+            self._holders.pop(k, None)
+        return self._everywhere(ns, lambda c: c.delete(ns, keys))
+
+    def stats(self):
+        """{"membership": ..., "nodes": {id: stats dict or {"error": message}}}."""
+        nodes = self._members()
+        per = {}
+        for nc, (s, err) in zip(nodes, self._on_nodes([(nc, lambda nc: nc.client.stats())
+                                                        for nc in nodes])):
+            per[nc.node.id] = s if err is None else {"error": err.message}
+        m = self.membership
+        return {"membership": {"nodes": [n.__dict__ for n in m.nodes], "stale": m.stale,
+                               "stale_reason": m.stale_reason, "replicas": self.replicas},
+                "nodes": per, "fetched_from": dict(self.fetched_from)}
