@@ -7,6 +7,7 @@
 //                  [--resume-new N] [--reps N] [--backend cpu|cuda|cublas] [--json]
 //   kvbench e2e [--config FILE] [--prefix-tokens 4096,16384,65536] [--new-tokens N]
 //               [--new-token-sweep 256,4096] [--reps N] [--plot FILE.png] [--json]
+//   kvbench cluster [--nodes 1,3] [--clients 1,4] [--seconds S] [--reps N] [--json]
 //   kvbench trace --trace FILE [--config FILE] [--chunk-tokens C] [--limit N] [--speedup X]
 //                 [--concurrency N] [--ram-bytes B] [--ssd-bytes B] [--json]
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
@@ -22,6 +23,7 @@
 #include <sstream>
 #include "CLI/CLI.hpp"
 
+#include "bench/kvbench/cluster_bench.h"
 #include "bench/kvbench/e2e_bench.h"
 #include "bench/kvbench/engine_bench.h"
 #include "bench/kvbench/kernels_bench.h"
@@ -100,6 +102,35 @@ int Main(int argc, char** argv) {
   bool no_python = false;
   service->add_flag("--no-python", no_python, "skip the Python client's systems");
   service->add_flag("--json", json, "print one JSON object");
+  CLI::App* cluster = app.add_subcommand(
+      "cluster", "prefix fetch, resume and store through the cluster client vs one node");
+  bench::ClusterBenchOptions copt;
+  copt.dir = "/tmp/kvbench-cluster";
+  std::string cluster_config = config;
+  cluster->add_option("--dir", copt.dir, "scratch folder (emptied)")->capture_default_str();
+  cluster->add_option("--nodes", copt.nodes, "node counts (1: one kvcached, the peer)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cluster->add_option("--clients", copt.clients, "concurrent fetching clients")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cluster->add_option("--seconds", copt.seconds, "seconds per measured run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cluster->add_option("--reps", copt.repetitions, "runs per case")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cluster->add_option("--chunks-per-call", copt.chunks_per_call, "chunks per fetch (a prefix)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cluster->add_option("--resume-tokens", copt.resume_tokens, "tokens of the resumed prefix")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cluster->add_option("--config", cluster_config, "model config (the chunk size)")
+      ->capture_default_str();
+  cluster->add_flag("--json", json, "print one JSON object");
   CLI::App* engine = app.add_subcommand(
       "engine", "CPU engine: CED vs full-depth prefill, DSpark vs plain decode, resume vs cold");
   bench::EngineBenchOptions eopt;
@@ -224,6 +255,25 @@ int Main(int argc, char** argv) {
                  "without it (nvcc not found)\n";
     return 1;
 #endif
+  }
+  if (cluster->parsed()) {
+    std::ifstream in(cluster_config);
+    if (!in) {
+      std::cerr << "kvbench: error: cannot open model config \"" << cluster_config << "\"\n";
+      return 1;
+    }
+    std::stringstream s;
+    s << in.rdbuf();
+    copt.model_config_json = s.str();
+    copt.kvcached =
+        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    absl::StatusOr<nlohmann::json> r = bench::RunClusterBench(copt);
+    if (!r.ok()) {
+      std::cerr << "kvbench: error: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cout << (json ? r->dump(2) + "\n" : bench::ClusterBenchToText(*r));
+    return 0;
   }
   if (trace->parsed()) {
     std::ifstream in(trace_config);

@@ -72,6 +72,27 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
                                    "redis/store", "memcpy/fetch", "memcpy/store"}));
 }
 
+TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
+  TempDir dir;
+  auto r =
+      RunProgram(kKvbench, {"cluster", "--dir", dir.File("scratch"), "--seconds", "0.2", "--reps",
+                            "1", "--clients", "2", "--resume-tokens", "4096", "--config",
+                            std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["systems"].size(), 2u) << r.out;
+  EXPECT_EQ(j["systems"][0]["system"], "single");
+  const nlohmann::json& c = j["systems"][1];
+  EXPECT_EQ(c["system"], "cluster-3");
+  EXPECT_GT(c["prefix_fetch"][0]["gbps"].get<double>(), 0);
+  EXPECT_GT(c["prefix_fetch"][0]["vs_single"].get<double>(), 0);
+  EXPECT_EQ(c["resume"]["chunks"].get<int>(), 4096 / 256);
+  ASSERT_EQ(c["store"].size(), 2u);
+  EXPECT_EQ(c["store"][1]["replicas"].get<int>(), 2);
+  EXPECT_GT(c["store"][1]["vs_r1"].get<double>(), 0);
+}
+
 TEST(KvbenchTest, EngineJsonHasEveryCase) {
   auto r = RunProgram(
       kKvbench, {"engine", "--config", std::string(KVC_SOURCE_DIR) + "/configs/mini.json",

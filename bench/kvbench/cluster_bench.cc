@@ -1,0 +1,270 @@
+#include "bench/kvbench/cluster_bench.h"
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/kvbench/harness.h"
+#include "cachesvc/cluster_client.h"
+#include "serve/kvcached_process.h"
+#include "serve/local_cluster.h"
+
+namespace kvc::bench {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ::kvcache::v1;
+using cachesvc::CacheApi;
+using Clock = std::chrono::steady_clock;
+
+const std::vector<std::string> kNodeFlags = {
+    "--ram-bytes", "1073741824", "--ssd-bytes", "1073741824", "--cluster-lease-seconds", "2"};
+
+// One system under test: a single kvcached, or a local cluster of N.
+struct System {
+  int nodes = 1;
+  std::unique_ptr<serve::KvcachedProcess> single;
+  std::unique_ptr<serve::LocalCluster> cluster;
+  std::string address;
+  std::string name() const { return nodes == 1 ? "single" : absl::StrCat("cluster-", nodes); }
+};
+
+absl::StatusOr<std::unique_ptr<System>> StartSystem(const ClusterBenchOptions& o, int nodes) {
+  auto s = std::make_unique<System>();
+  s->nodes = nodes;
+  const std::string dir = absl::StrCat(o.dir, "/", nodes, "-nodes");
+  fs::create_directories(dir);
+  if (nodes == 1) {
+    s->single = std::make_unique<serve::KvcachedProcess>(
+        o.kvcached, dir + "/kvcached",
+        std::vector<std::string>(kNodeFlags.begin(), kNodeFlags.begin() + 4));
+    if (absl::Status st = s->single->Start(); !st.ok()) return st;
+    s->address = s->single->address();
+  } else {
+    s->cluster = std::make_unique<serve::LocalCluster>(o.kvcached, dir, nodes, kNodeFlags);
+    if (absl::Status st = s->cluster->Start(); !st.ok()) return st;
+    s->address = s->cluster->url();
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<CacheApi>> Connect(const System& s, uint32_t replicas) {
+  cachesvc::ClientOptions c;
+  c.address = s.address;
+  c.timeout_ms = 60000;
+  c.replicas = replicas;
+  return cachesvc::ConnectCache(c);
+}
+
+// Token ids and payload bytes of `chunks` chunks, from the seed (never all zero).
+struct Data {
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> payloads;
+};
+Data MakeData(uint64_t seed, const cachesvc::RemoteNamespace& ns, int64_t chunks) {
+  std::mt19937_64 rng(seed);
+  Data d;
+  d.tokens.resize(chunks * ns.chunk_tokens);
+  // Below 256: inside every vocabulary (the keys differ all the same).
+  for (uint32_t& t : d.tokens) t = static_cast<uint32_t>(rng() % 256);
+  d.payloads.resize(chunks * ns.chunk_bytes);
+  for (size_t i = 0; i < d.payloads.size(); i += 8) {
+    const uint64_t v = rng() | 1;
+    std::memcpy(d.payloads.data() + i, &v, std::min<size_t>(8, d.payloads.size() - i));
+  }
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
+  std::error_code ec;
+  fs::remove_all(o.dir, ec);
+  fs::create_directories(o.dir);
+  nlohmann::json out = {{"seconds", o.seconds},
+                        {"repetitions", o.repetitions},
+                        {"chunks_per_call", o.chunks_per_call},
+                        {"resume_tokens", o.resume_tokens},
+                        {"cores", std::thread::hardware_concurrency()},
+                        {"systems", nlohmann::json::array()}};
+  const uint64_t seed = std::random_device{}();
+  out["seed"] = seed;
+  for (int n : o.nodes) {
+    absl::StatusOr<std::unique_ptr<System>> sys = StartSystem(o, n);
+    if (!sys.ok()) return sys.status();
+    absl::StatusOr<std::unique_ptr<CacheApi>> client = Connect(**sys, n == 1 ? 0 : 2);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<cachesvc::RemoteNamespace> ns =
+        (*client)->RegisterNamespace(o.model_config_json, "kvbench-cluster");
+    if (!ns.ok()) return ns.status();
+    nlohmann::json js = {{"system", (*sys)->name()}, {"nodes", n}};
+
+    // Prefix fetches.
+    std::vector<Data> prefixes;
+    std::vector<std::vector<storage::ChunkKey>> keys;
+    for (int p = 0; p < o.prefixes; ++p) {
+      prefixes.push_back(MakeData(seed + p, *ns, o.chunks_per_call));
+      absl::StatusOr<cachesvc::StoreResult> st =
+          (*client)->Store(*ns, std::nullopt, prefixes.back().tokens, prefixes.back().payloads);
+      if (!st.ok()) return st.status();
+      keys.push_back(st->keys);
+    }
+    const uint64_t call_bytes = static_cast<uint64_t>(o.chunks_per_call) * ns->chunk_bytes;
+    nlohmann::json fetch = nlohmann::json::array();
+    for (int clients : o.clients) {
+      std::vector<std::unique_ptr<CacheApi>> per;
+      for (int c = 0; c < clients; ++c) {
+        absl::StatusOr<std::unique_ptr<CacheApi>> cc = Connect(**sys, n == 1 ? 0 : 2);
+        if (!cc.ok()) return cc.status();
+        if (absl::StatusOr<cachesvc::RemoteNamespace> r =
+                (*cc)->RegisterNamespace(o.model_config_json, "kvbench-cluster");
+            !r.ok()) {
+          return r.status();
+        }
+        per.push_back(*std::move(cc));
+      }
+      std::vector<std::vector<uint8_t>> bufs(clients, std::vector<uint8_t>(call_bytes));
+      std::vector<double> gbps, p50, p99;
+      for (int rep = 0; rep < o.repetitions; ++rep) {
+        absl::StatusOr<Sample> s =
+            LoopThreads(o.seconds, clients, call_bytes, [&](int t, uint64_t i) -> absl::Status {
+              const size_t p = (i * 7 + t * 3) % prefixes.size();
+              absl::StatusOr<size_t> got = per[t]->Fetch(*ns, keys[p], bufs[t]);
+              if (!got.ok()) return got.status();
+              if (*got != keys[p].size() || bufs[t] != prefixes[p].payloads) {
+                return absl::DataLossError(absl::StrCat("prefix ", p, ": ", *got, " of ",
+                                                        keys[p].size(), " chunks, or wrong bytes"));
+              }
+              return absl::OkStatus();
+            });
+        if (!s.ok()) return s.status();
+        s->Percentiles();
+        gbps.push_back(s->gbps());
+        p50.push_back(s->p50_us);
+        p99.push_back(s->p99_us);
+      }
+      fetch.push_back({{"clients", clients},
+                       {"gbps", Median(gbps)},
+                       {"p50_us", Median(p50)},
+                       {"p99_us", Median(p99)}});
+    }
+    js["prefix_fetch"] = fetch;
+
+    // Resume: Lookup and Fetch of a resume_tokens prefix, freshly connected each time.
+    const int64_t resume_chunks = o.resume_tokens / ns->chunk_tokens;
+    Data resume = MakeData(seed ^ 0x5eed, *ns, resume_chunks);
+    if (absl::StatusOr<cachesvc::StoreResult> st =
+            (*client)->Store(*ns, std::nullopt, resume.tokens, resume.payloads);
+        !st.ok()) {
+      return st.status();
+    }
+    std::vector<double> resume_ms, lookup_ms;
+    std::vector<uint8_t> pages(resume.payloads.size());
+    for (int rep = 0; rep < o.repetitions; ++rep) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<cachesvc::LookupResult> look = (*client)->Lookup(*ns, resume.tokens);
+      if (!look.ok()) return look.status();
+      const auto t1 = Clock::now();
+      absl::StatusOr<size_t> got = (*client)->Fetch(*ns, look->keys, pages);
+      if (!got.ok()) return got.status();
+      const auto t2 = Clock::now();
+      if (look->matched_chunks != resume_chunks || *got != static_cast<size_t>(resume_chunks) ||
+          pages != resume.payloads) {
+        return absl::DataLossError("the resume prefix did not come back whole and exact");
+      }
+      lookup_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      resume_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+    }
+    js["resume"] = {{"chunks", resume_chunks},
+                    {"bytes", resume.payloads.size()},
+                    {"lookup_ms", Median(lookup_ms)},
+                    {"lookup_and_fetch_ms", Median(resume_ms)}};
+
+    // Durable stores of fresh prefixes, R = 1 and R = 2 (a single node: R = 1 only).
+    nlohmann::json stores = nlohmann::json::array();
+    for (uint32_t r : n == 1 ? std::vector<uint32_t>{1} : std::vector<uint32_t>{1, 2}) {
+      absl::StatusOr<std::unique_ptr<CacheApi>> sc = Connect(**sys, r);
+      if (!sc.ok()) return sc.status();
+      if (absl::StatusOr<cachesvc::RemoteNamespace> rn =
+              (*sc)->RegisterNamespace(o.model_config_json, "kvbench-cluster");
+          !rn.ok()) {
+        return rn.status();
+      }
+      std::vector<double> gbps;
+      uint64_t next = 0;
+      for (int rep = 0; rep < o.repetitions; ++rep) {
+        absl::StatusOr<Sample> s = Loop(o.seconds, call_bytes, [&](uint64_t) -> absl::Status {
+          Data d = MakeData(seed + 1000003 * r + next++, *ns, o.chunks_per_call);
+          return (*sc)->Store(*ns, std::nullopt, d.tokens, d.payloads).status();
+        });
+        if (!s.ok()) return s.status();
+        gbps.push_back(s->gbps());
+      }
+      stores.push_back({{"replicas", r}, {"gbps", Median(gbps)}});
+    }
+    js["store"] = stores;
+    out["systems"].push_back(js);
+  }
+  // Ratios against the single node of the same run.
+  const nlohmann::json* single = nullptr;
+  for (const auto& s : out["systems"]) {
+    if (s["nodes"] == 1) single = &s;
+  }
+  if (single != nullptr) {
+    for (auto& s : out["systems"]) {
+      if (s["nodes"] == 1) continue;
+      for (size_t i = 0; i < s["prefix_fetch"].size(); ++i) {
+        s["prefix_fetch"][i]["vs_single"] = s["prefix_fetch"][i]["gbps"].get<double>() /
+                                            (*single)["prefix_fetch"][i]["gbps"].get<double>();
+      }
+      s["resume"]["vs_single"] = s["resume"]["lookup_and_fetch_ms"].get<double>() /
+                                 (*single)["resume"]["lookup_and_fetch_ms"].get<double>();
+      s["store"][1]["vs_r1"] =
+          s["store"][1]["gbps"].get<double>() / s["store"][0]["gbps"].get<double>();
+    }
+  }
+  return out;
+}
+
+std::string ClusterBenchToText(const nlohmann::json& r) {
+  std::string t = absl::StrFormat(
+      "kvbench cluster: %d-chunk prefix fetches, %d s x %d reps (medians); all nodes on this "
+      "machine's %d cores\n\n%-10s %7s %9s %9s %9s %9s\n",
+      r["chunks_per_call"].get<int>(), r["seconds"].get<double>(), r["repetitions"].get<int>(),
+      r["cores"].get<int>(), "system", "clients", "GB/s", "p50 ms", "p99 ms", "vs single");
+  for (const auto& s : r["systems"]) {
+    for (const auto& f : s["prefix_fetch"]) {
+      absl::StrAppendFormat(
+          &t, "%-10s %7d %9.2f %9.2f %9.2f %9s\n", s["system"].get<std::string>(),
+          f["clients"].get<int>(), f["gbps"].get<double>(), f["p50_us"].get<double>() / 1000,
+          f["p99_us"].get<double>() / 1000,
+          f.contains("vs_single") ? absl::StrFormat("%.2f", f["vs_single"].get<double>()) : "-");
+    }
+  }
+  absl::StrAppendFormat(&t, "\nresume of a %lld-token prefix (Lookup + Fetch):\n",
+                        r["resume_tokens"].get<long long>());
+  for (const auto& s : r["systems"]) {
+    absl::StrAppendFormat(
+        &t, "%-10s %5d chunks  lookup %7.1f ms  total %7.1f ms%s\n", s["system"].get<std::string>(),
+        s["resume"]["chunks"].get<int>(), s["resume"]["lookup_ms"].get<double>(),
+        s["resume"]["lookup_and_fetch_ms"].get<double>(),
+        s["resume"].contains("vs_single") ? absl::StrFormat("  (%.2fx the single node's time)",
+                                                            s["resume"]["vs_single"].get<double>())
+                                          : "");
+  }
+  t += "\ndurable stores:\n";
+  for (const auto& s : r["systems"]) {
+    for (const auto& st : s["store"]) {
+      absl::StrAppendFormat(
+          &t, "%-10s R=%d %9.3f GB/s%s\n", s["system"].get<std::string>(),
+          st["replicas"].get<int>(), st["gbps"].get<double>(),
+          st.contains("vs_r1") ? absl::StrFormat("  (%.2fx R=1)", st["vs_r1"].get<double>()) : "");
+    }
+  }
+  return t;
+}
+
+}  // namespace kvc::bench
