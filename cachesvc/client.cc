@@ -97,7 +97,7 @@ void CacheClient::RemapArena(uint64_t stale_lease, bool map_again) {
 }
 
 bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
-                                     std::span<uint8_t> out) {
+                                     std::span<uint8_t* const> dst) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lk(lease_mu_);
   std::vector<uint64_t> offsets;
@@ -111,7 +111,7 @@ bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const 
   }
   // Copies under the lock: a lease is never released while a copy reads from it.
   for (size_t i = 0; i < keys.size(); ++i) {
-    std::memcpy(out.data() + i * ns.chunk_bytes, arena_.base + offsets[i], ns.chunk_bytes);
+    std::memcpy(dst[i], arena_.base + offsets[i], ns.chunk_bytes);
   }
   return true;
 }
@@ -221,21 +221,34 @@ absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
 
 absl::StatusOr<size_t> CacheClient::Fetch(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
                                           std::span<uint8_t> out, std::string* short_reason) {
-  return FetchImpl(ns, keys, out, short_reason, /*may_remap=*/true);
-}
-
-absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
-                                              std::span<const ChunkKey> keys,
-                                              std::span<uint8_t> out, std::string* short_reason,
-                                              bool may_remap) {
   if (out.size() != keys.size() * ns.chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("output buffer is ", out.size(), " bytes; ",
                                                    keys.size(), " chunks need ",
                                                    keys.size() * ns.chunk_bytes));
   }
+  std::vector<uint8_t*> dst(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) dst[i] = out.data() + i * ns.chunk_bytes;
+  return FetchImpl(ns, keys, dst, short_reason, /*may_remap=*/true);
+}
+
+absl::StatusOr<size_t> CacheClient::FetchScattered(const RemoteNamespace& ns,
+                                                   std::span<const ChunkKey> keys,
+                                                   std::span<uint8_t* const> dst,
+                                                   std::string* short_reason) {
+  if (dst.size() != keys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dst.size(), " destinations for ", keys.size(), " chunks"));
+  }
+  return FetchImpl(ns, keys, dst, short_reason, /*may_remap=*/true);
+}
+
+absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
+                                              std::span<const ChunkKey> keys,
+                                              std::span<uint8_t* const> dst,
+                                              std::string* short_reason, bool may_remap) {
   size_t got = 0;
   if (shared_memory()) {
-    if (options_.shm_lease_cache && CopyFromHeldLeases(ns, keys, out)) return keys.size();
+    if (options_.shm_lease_cache && CopyFromHeldLeases(ns, keys, dst)) return keys.size();
     // Lease the leading chunks that are in RAM and copy them out of the mapped arena; the
     // rest (if any) comes over gRPC below.
     pb::FetchRefsRequest refs_req;
@@ -252,7 +265,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
       // Map the new one (the old mapping stays until this client ends: a copy from a held
       // lease may still read it) and ask again; if that fails, use gRPC only.
       RemapArena(refs.lease_id(), may_remap);
-      return FetchImpl(ns, keys, out, short_reason, /*may_remap=*/false);
+      return FetchImpl(ns, keys, dst, short_reason, /*may_remap=*/false);
     }
     std::vector<uint64_t> offsets;
     for (const pb::ChunkRef& ref : refs.refs()) {
@@ -261,8 +274,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
           ref.chunk_key() != KeyBytes(keys[got])) {
         return absl::DataLossError(absl::StrCat("server gave a bad reference for chunk ", got));
       }
-      std::memcpy(out.data() + got * ns.chunk_bytes, arena_.base + ref.arena_offset(),
-                  ns.chunk_bytes);
+      std::memcpy(dst[got], arena_.base + ref.arena_offset(), ns.chunk_bytes);
       offsets.push_back(ref.arena_offset());
       ++got;
     }
@@ -293,7 +305,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
       return absl::DataLossError(
           absl::StrCat("server answered chunk ", got, " with another key or size"));
     }
-    std::memcpy(out.data() + got * ns.chunk_bytes, resp.payload().data(), ns.chunk_bytes);
+    std::memcpy(dst[got], resp.payload().data(), ns.chunk_bytes);
     ++got;
   }
   absl::Status s = FromGrpc(reader->Finish());

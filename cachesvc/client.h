@@ -63,6 +63,12 @@ class CacheClient final : public CacheApi {
       std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
       kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
       uint32_t ttl_seconds = 0) override;
+  // Like Fetch, with chunk i written to dst[i] (chunk_bytes each): a cluster client puts
+  // each node's share of a prefix straight where it belongs.
+  absl::StatusOr<size_t> FetchScattered(const RemoteNamespace& ns,
+                                        std::span<const storage::ChunkKey> keys,
+                                        std::span<uint8_t* const> dst,
+                                        std::string* short_reason = nullptr);
   // Stores chunks that need not follow one another (each names its own parent), in one
   // stream: what a cluster client sends each node (its share of a prefix).
   absl::StatusOr<StoreResult> StoreChunks(const RemoteNamespace& ns,
@@ -110,7 +116,7 @@ class CacheClient final : public CacheApi {
   // Takes every key from held leases (all or nothing) and copies it out; false if one is
   // missing or its lease is about to end.
   bool CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
-                          std::span<uint8_t> out);
+                          std::span<uint8_t* const> dst);
   // Leases whose time is up or that no held chunk names any more, to release on the next
   // FetchRefs (the server would end them on time anyway).
   std::vector<uint64_t> TakeLeasesToRelease();
@@ -120,8 +126,9 @@ class CacheClient final : public CacheApi {
   absl::StatusOr<LookupResult> LookupImpl(const RemoteNamespace& ns,
                                           std::span<const uint32_t> tokens, bool every_chunk);
   absl::StatusOr<size_t> FetchImpl(const RemoteNamespace& ns,
-                                   std::span<const storage::ChunkKey> keys, std::span<uint8_t> out,
-                                   std::string* short_reason, bool may_remap);
+                                   std::span<const storage::ChunkKey> keys,
+                                   std::span<uint8_t* const> dst, std::string* short_reason,
+                                   bool may_remap);
   // The daemon behind the socket has another arena now: forget held leases and map the
   // new arena (`map_again`), or stop using shared memory.
   void RemapArena(uint64_t stale_lease, bool map_again);

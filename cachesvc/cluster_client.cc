@@ -344,17 +344,14 @@ absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
         return;
       }
       std::vector<ChunkKey> sub;
+      std::vector<uint8_t*> dst;
       sub.reserve(idx.size());
-      for (size_t c : idx) sub.push_back(keys[c]);
-      // Chunks of one node are rarely adjacent in the prefix: fetch into a scratch
-      // buffer and place each where it belongs.
-      std::vector<uint8_t> scratch(idx.size() * ns.chunk_bytes);
-      got[w] = node.client->Fetch(ns, sub, scratch, &reasons[w]);
-      if (!got[w].ok()) return;
-      for (size_t j = 0; j < *got[w]; ++j) {
-        std::memcpy(out.data() + idx[j] * ns.chunk_bytes, scratch.data() + j * ns.chunk_bytes,
-                    ns.chunk_bytes);
+      dst.reserve(idx.size());
+      for (size_t c : idx) {
+        sub.push_back(keys[c]);
+        dst.push_back(out.data() + c * ns.chunk_bytes);  // each chunk straight to its place
       }
+      got[w] = node.client->FetchScattered(ns, sub, dst, &reasons[w]);
     });
     for (size_t w = 0; w < work.size(); ++w) {
       Node& node = *nodes[work[w].first];

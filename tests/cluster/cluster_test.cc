@@ -223,6 +223,37 @@ TEST_F(ClusterTest, KilledNodeIsRoutedAroundAndServesAgainAfterRestart) {
   ExpectFetchExact(*single, one, 64);
 }
 
+TEST_F(ClusterTest, AJoiningNodeTakesNewWritesAndOldChunksAreStillFound) {
+  const Prefix before = MakePrefix(rng_, ns_, 48);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, before.tokens, before.payloads).ok());
+  nodes_.push_back(std::make_unique<Daemon>(
+      dir_.File("node3"), std::vector<std::string>{"--cluster", etcd_->url(), "--node-id", "n3",
+                                                   "--cluster-lease-seconds", "2",
+                                                   "--auth-tokens", dir_.File("tokens")}));
+  ASSERT_TRUE(WaitFor([&] { return client_->membership()->nodes.size() == 4; }, 10));
+  // Chunks whose owners changed are found along the ranking, on the nodes they were
+  // written to.
+  absl::StatusOr<LookupResult> look = client_->Lookup(ns_, before.tokens);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->matched_chunks, 48u);
+  ExpectFetchExact(*client_, before, 48);
+  // New writes go to the owners under the new membership, n3 included for its share.
+  const Prefix after = MakePrefix(rng_, ns_, 48);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, after.tokens, after.payloads).ok());
+  absl::StatusOr<LookupResult> on_n3 = Direct(3)->LookupEvery(ns_, after.tokens);
+  ASSERT_TRUE(on_n3.ok()) << on_n3.status();
+  const std::vector<ChunkKey> keys = client_->Keys(ns_, after.tokens);
+  int owned = 0, misplaced = 0;
+  for (size_t c = 0; c < keys.size(); ++c) {
+    const std::vector<std::string> owners = client_->Owners(keys[c]);
+    const bool owner = std::find(owners.begin(), owners.end(), "n3") != owners.end();
+    owned += owner;
+    misplaced += owner != (on_n3->tiers[c] != pb::TIER_NONE);
+  }
+  EXPECT_GT(owned, 0) << "seed " << seed_;
+  EXPECT_EQ(misplaced, 0);
+}
+
 TEST_F(ClusterTest, NodesKeepServingWithoutEtcdAndRegisterAgainWhenItReturns) {
   const Prefix p = MakePrefix(rng_, ns_, 32);
   ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
