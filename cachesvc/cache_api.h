@@ -38,6 +38,10 @@ struct ClientOptions {
   // A cluster: a node that failed a call is skipped for this long (it is also dropped
   // from the membership when its etcd lease expires).
   int node_backoff_ms = 2000;
+  // A cluster: a chunk a Lookup finds on fewer than R nodes is copied (in the background)
+  // to its missing owners once the membership has been unchanged this long and every
+  // member answered — so a node that is only restarting is not replaced. <0: never.
+  int repair_grace_ms = 30000;
 };
 
 struct RemoteNamespace {

@@ -91,10 +91,60 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
                                                options.address, ": ", view.status().message()));
   }
   c->view_ = *std::move(view);
+  if (options.repair_grace_ms >= 0)
+    c->repair_thread_ = std::thread([p = c.get()] { p->RepairLoop(); });
   return c;
 }
 
-ClusterClient::~ClusterClient() = default;
+ClusterClient::~ClusterClient() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  repair_cv_.notify_all();
+  if (repair_thread_.joinable()) repair_thread_.join();
+}
+
+void ClusterClient::RepairLoop() {
+  std::unique_lock lk(mu_);
+  while (true) {
+    repair_cv_.wait(lk, [&] { return stop_ || !repairs_.empty(); });
+    if (stop_) return;
+    RepairJob job = std::move(repairs_.front());
+    repairs_.pop_front();
+    lk.unlock();
+    Repair(job);
+    lk.lock();
+    repairing_.erase(job.key);
+  }
+}
+
+void ClusterClient::Repair(const RepairJob& job) {
+  std::vector<std::shared_ptr<Node>> nodes = Members();
+  auto find = [&](const std::string& id) -> Node* {
+    for (const auto& n : nodes) {
+      if (n->info.id == id) return n.get();
+    }
+    return nullptr;
+  };
+  Node* from = find(job.from);
+  if (from == nullptr || !EnsureNamespace(*from, job.ns).ok()) return;
+  std::vector<uint8_t> payload(job.ns.chunk_bytes);
+  const ChunkKey key = job.key;
+  absl::StatusOr<size_t> got = from->client->Fetch(job.ns, std::span(&key, 1), payload);
+  if (!got.ok() || *got != 1) return;  // evicted or gone since: nothing to copy
+  ChunkToStore chunk{job.parent, job.tokens, payload};
+  for (const std::string& id : job.to) {
+    Node* to = find(id);
+    if (to == nullptr || !EnsureNamespace(*to, job.ns).ok()) continue;
+    absl::StatusOr<StoreResult> st =
+        to->client->StoreChunks(job.ns, std::span(&chunk, 1), pb::DURABILITY_DURABLE, 0);
+    if (!st.ok() || st->keys.size() != 1 || st->keys[0] != key) continue;
+    std::lock_guard lk(mu_);
+    ++counters_.chunks_repaired;
+    ++counters_.nodes[id].chunks_stored;
+  }
+}
 
 uint32_t ClusterClient::ReplicasFor(size_t members) const {
   const uint32_t want = options_.replicas > 0 ? options_.replicas : (members >= 2 ? 2 : 1);
@@ -260,6 +310,17 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
   const std::vector<std::string> ids = Ids(nodes);
   std::lock_guard lk(mu_);
   if (holders_.size() > (1u << 16)) holders_.clear();  // a hint cache, bounded
+  // Repairs only on a settled cluster: every member answered, and the membership has not
+  // changed for the grace period (a restarting node keeps its chunks and is not replaced).
+  const uint64_t version = membership()->version;
+  if (version != seen_version_) {
+    seen_version_ = version;
+    membership_changed_ = Clock::now();
+  }
+  const bool may_repair =
+      options_.repair_grace_ms >= 0 && answered == nodes.size() &&
+      Clock::now() - membership_changed_ >= std::chrono::milliseconds(options_.repair_grace_ms);
+  const uint32_t want = ReplicasFor(nodes.size());
   for (size_t c = 0; c < r.keys.size(); ++c) {
     std::vector<std::string> holders;
     pb::Tier tier = pb::TIER_NONE;
@@ -277,6 +338,24 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
       ++r.matched_chunks;
       r.tiers.push_back(tier);
       r.nodes.push_back(holders.front());
+    }
+    if (may_repair && holders.size() < want && repairs_.size() < 4096 &&
+        repairing_.insert(r.keys[c]).second) {
+      RepairJob job{ns,
+                    c == 0 ? std::nullopt : std::optional<ChunkKey>(r.keys[c - 1]),
+                    std::vector<uint32_t>(tokens.begin() + c * ns.chunk_tokens,
+                                          tokens.begin() + (c + 1) * ns.chunk_tokens),
+                    r.keys[c],
+                    holders.front(),
+                    {}};
+      for (size_t i : Rank(r.keys[c], ids)) {  // the owners that lack it, best first
+        if (job.to.size() + holders.size() == want) break;
+        if (std::find(holders.begin(), holders.end(), ids[i]) == holders.end()) {
+          job.to.push_back(ids[i]);
+        }
+      }
+      repairs_.push_back(std::move(job));
+      repair_cv_.notify_one();
     }
     holders_[r.keys[c]] = std::move(holders);
   }

@@ -8,16 +8,22 @@
 //   that fails or misses a chunk is skipped and the next one in the ranking is asked.
 // - Store writes each chunk to its R owners and is acknowledged when all R have it (with
 //   the durability asked for); an owner that fails is replaced by the next in the ranking.
+// - Repair: a chunk that a Lookup finds on fewer than R nodes, once the membership has
+//   been stable for a grace period, is copied to its missing owners in the background.
 // Membership comes from a watch on etcd; when etcd is unreachable the client keeps the
 // last membership it saw and says it is stale (membership()). Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +34,8 @@
 namespace kvc::cachesvc {
 
 class ClusterClient final : public CacheApi {
+  using Clock = std::chrono::steady_clock;
+
  public:
   // `options.address`: "etcd://H:P[,H:P…]". Fails if etcd does not answer.
   static absl::StatusOr<std::unique_ptr<ClusterClient>> Connect(const ClientOptions& options);
@@ -72,6 +80,7 @@ class ClusterClient final : public CacheApi {
   struct Counters {
     std::map<std::string, NodeCounters> nodes;
     uint64_t fetch_failovers = 0;  // chunks fetched from other than the first node asked
+    uint64_t chunks_repaired = 0;  // copies made to bring chunks back to R
   };
   Counters counters() const;
 
@@ -95,6 +104,17 @@ class ClusterClient final : public CacheApi {
   void MarkFailed(Node& node, const absl::Status& why);
   bool Skipped(const Node& node) const;
   uint32_t ReplicasFor(size_t members) const;
+  // Repairs: chunks to copy from a holder to the owners that lack them.
+  struct RepairJob {
+    RemoteNamespace ns;
+    std::optional<storage::ChunkKey> parent;
+    std::vector<uint32_t> tokens;
+    storage::ChunkKey key;
+    std::string from;
+    std::vector<std::string> to;
+  };
+  void RepairLoop();
+  void Repair(const RepairJob& job);
 
   ClientOptions options_;
   std::unique_ptr<cluster::MembershipView> view_;
@@ -110,6 +130,14 @@ class ClusterClient final : public CacheApi {
   // Which nodes a recent Lookup found each chunk on: Fetch asks those first.
   std::unordered_map<storage::ChunkKey, std::vector<std::string>, storage::ChunkKeyHash> holders_;
   Counters counters_;
+  // When the membership last changed (by its version), for the repair grace period.
+  uint64_t seen_version_ = 0;
+  Clock::time_point membership_changed_ = Clock::now();
+  std::deque<RepairJob> repairs_;
+  std::set<storage::ChunkKey> repairing_;
+  std::condition_variable repair_cv_;
+  bool stop_ = false;
+  std::thread repair_thread_;
 };
 
 }  // namespace kvc::cachesvc

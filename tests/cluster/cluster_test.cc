@@ -73,8 +73,10 @@ class ClusterTest : public ::testing::Test {
 
   static std::string NodeId(int i) { return "n" + std::to_string(i); }
 
-  std::unique_ptr<ClusterClient> Connect(const std::string& token, uint32_t replicas) {
+  std::unique_ptr<ClusterClient> Connect(const std::string& token, uint32_t replicas,
+                                         int repair_grace_ms = 30000) {
     ClientOptions o;
+    o.repair_grace_ms = repair_grace_ms;
     o.address = etcd_->url();
     o.bearer_token = token;
     o.timeout_ms = 5000;
@@ -223,13 +225,39 @@ TEST_F(ClusterTest, KilledNodeIsRoutedAroundAndServesAgainAfterRestart) {
   ExpectFetchExact(*single, one, 64);
 }
 
+TEST_F(ClusterTest, ChunksOfANodeGoneLongerThanTheGraceAreCopiedBackToTwo) {
+  const Prefix p = MakePrefix(rng_, ns_, 48);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  std::unique_ptr<ClusterClient> reader = Connect(kTokenA, 2, /*repair_grace_ms=*/300);
+  ASSERT_TRUE(reader->RegisterNamespace(config_, "mini", 64).ok());
+  nodes_[1]->Stop(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return reader->membership()->nodes.size() == 2; }, 10));
+  // Two nodes left and R = 2: once repaired, each holds every chunk.
+  const auto copies_on = [&](int i) {
+    absl::StatusOr<LookupResult> l = Direct(i)->LookupEvery(ns_, p.tokens);
+    return l.ok() ? std::count_if(l->tiers.begin(), l->tiers.end(),
+                                  [](pb::Tier t) { return t != pb::TIER_NONE; })
+                  : -1;
+  };
+  EXPECT_LT(copies_on(0) + copies_on(2), 96) << "n1 held some chunks";
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        EXPECT_TRUE(reader->Lookup(ns_, p.tokens).ok());  // reads find and repair
+        return copies_on(0) == 48 && copies_on(2) == 48;
+      },
+      15));
+  EXPECT_GT(reader->counters().chunks_repaired, 0u);
+  nodes_[0]->Stop(SIGKILL);  // the repaired copies serve alone
+  ExpectFetchExact(*reader, p, 48);
+}
+
 TEST_F(ClusterTest, AJoiningNodeTakesNewWritesAndOldChunksAreStillFound) {
   const Prefix before = MakePrefix(rng_, ns_, 48);
   ASSERT_TRUE(client_->Store(ns_, std::nullopt, before.tokens, before.payloads).ok());
   nodes_.push_back(std::make_unique<Daemon>(
       dir_.File("node3"), std::vector<std::string>{"--cluster", etcd_->url(), "--node-id", "n3",
-                                                   "--cluster-lease-seconds", "2",
-                                                   "--auth-tokens", dir_.File("tokens")}));
+                                                   "--cluster-lease-seconds", "2", "--auth-tokens",
+                                                   dir_.File("tokens")}));
   ASSERT_TRUE(WaitFor([&] { return client_->membership()->nodes.size() == 4; }, 10));
   // Chunks whose owners changed are found along the ranking, on the nodes they were
   // written to.
