@@ -231,7 +231,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
 
 std::string ClusterBenchToText(const nlohmann::json& r) {
   std::string t = absl::StrFormat(
-      "kvbench cluster: %d-chunk prefix fetches, %d s x %d reps (medians); all nodes on this "
+      "kvbench cluster: %d-chunk prefix fetches, %.1f s x %d reps (medians); all nodes on this "
       "machine's %d cores\n\n%-10s %7s %9s %9s %9s %9s\n",
       r["chunks_per_call"].get<int>(), r["seconds"].get<double>(), r["repetitions"].get<int>(),
       r["cores"].get<int>(), "system", "clients", "GB/s", "p50 ms", "p99 ms", "vs single");
