@@ -40,7 +40,7 @@ class ChunkStore::Impl {
   absl::Status Open();
   void Close();
 
-  // Data synced before its index entry commits, for all concurrent writers at once.
+  // Data synced and index entries committed at once, for all concurrent writers (group_commit.h).
   absl::Status CommitDurably(const std::set<uint64_t>& slabs,
                              const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
                              bool sync_index) {

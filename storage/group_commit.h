@@ -1,8 +1,10 @@
 // GroupCommit: makes written slots durable and commits their index entries for all
 // concurrent callers at once. The first caller to arrive leads: it takes every request
-// queued so far, fdatasyncs each slab they touched once, then commits all their records
-// in one RocksDB write (WAL synced if any of them asked), and wakes the others. Callers
-// arriving meanwhile form the next group. Data is always synced before its index entry.
+// queued so far and, at the same time, fdatasyncs each slab they touched once and commits
+// all their records in one RocksDB write (WAL synced if any of them asked); when both are
+// done it wakes the others. Callers arriving meanwhile form the next group. The index
+// entry may reach the disk before its data: slots are self-checking (header sequence,
+// checksums), so such an entry is never served (group_commit.cc says why that is safe).
 // Thread-safe; never called with the store's mutex held.
 #pragma once
 
