@@ -34,9 +34,7 @@ TEST(CrashTest, AcknowledgedChunksSurviveSigkill) {
   std::set<uint64_t> durable;  // every durable ack of every round so far
   int rounds_with_acks = 0;
   uint64_t memory_acks = 0, checked_unacked = 0;
-  // KVC_CRASH_ROUNDS: more rounds (scripts/kill-loop.sh runs 200).
-  const char* env_rounds = std::getenv("KVC_CRASH_ROUNDS");
-  const int kRounds = env_rounds != nullptr ? std::max(1, std::atoi(env_rounds)) : 24;
+  const int kRounds = CrashRounds();  // KVC_CRASH_ROUNDS: scripts/kill-loop.sh runs 200
   for (int round = 0; round < kRounds; ++round) {
     const uint64_t start = static_cast<uint64_t>(round) * 1'000'000;
     const pid_t pid = fork();
