@@ -198,8 +198,11 @@ class ClusterClient:
     store's `stored` and `already_present` count copies (up to R per chunk).
     """
 
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, replicas=0,
-                 node_backoff_s=2.0, **_ignored):
+    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=None,
+                 lease_cache=None, max_held_chunks=None, wait_for_ready=None, *, replicas=0,
+                 node_backoff_s=2.0):
+        # The shared-memory settings are Client's positional parameters too (Client(...)
+        # returns this class for an etcd:// target); a cluster has no shared memory.
         if shm_socket:
             raise InvalidArgumentError(
                 "shared memory maps one daemon's arena; a cluster client uses gRPC to every node")
