@@ -1,0 +1,201 @@
+// Attention: queries and the FP8 window, sparse attention over the window and FP4 pages.
+#include "engine/model/model_impl.h"
+
+namespace kvc::model {
+
+void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
+                                   std::vector<float>& q, std::vector<float>& kv,
+                                   std::vector<float>* qi, std::vector<float>* wts,
+                                   std::span<const GemmCall> also) const {
+  const AttentionWeights& w = layers[l].attn;
+  // qr (rows × q_lora_rank), kv (rows × hd), then from qr RMS-normalized: q (rows × H ×
+  // hd) and the indexer's qi (rows × IH × Id); wts from x.
+  std::vector<float> qr(rows * w.wq_a.out_features());
+  kv.resize(rows * w.wkv.out_features());
+  q.resize(rows * w.wq_b.out_features());
+  std::vector<GemmCall> calls = {
+      {x.data(), rows, &w.wq_a, qr.data()},
+      {x.data(), rows, &w.wkv, kv.data()},
+      {nullptr, rows, &w.wq_b, q.data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps}};
+  if (qi != nullptr) {
+    qi->resize(rows * w.i_wq_b.out_features());
+    wts->resize(rows * w.i_weights.out_features());
+    calls.push_back(
+        {nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps});
+    calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
+  }
+  AppendToGroup(calls, also);
+  mm->GemmGroup(calls);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
+    float* k = &kv[r * hd];
+    cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
+    cpu::ApplyRope(k, hd, freqs[l], a + r);
+    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
+  }
+}
+
+void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                          const std::vector<float>& x, bool compress, std::vector<float>& out,
+                          std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
+                          std::vector<std::vector<uint8_t>>& pool,
+                          std::span<const GemmCall> also) const {
+  const LayerPlan& plan = sched.layers[l];
+  LayerState& ls = s.layers[l];
+  const int64_t rows = b - a, ratio = plan.compress_ratio;
+  const bool runs_indexer = ratio > 0 && plan.runs_indexer();
+  std::vector<float> q, kv, qi, wts;
+  CompressorInput compressor;
+  std::vector<GemmCall> others(also.begin(), also.end());  // with the query path's group
+  const bool compresses = ratio > 0 && plan.mode == AttentionMode::kFull && compress;
+  if (compresses) CompressorCalls(s, l, a, b, x, compressor, others);
+  QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
+                     runs_indexer ? &wts : nullptr, others);
+  // Compressed KV and each query's selection of it.
+  std::vector<std::vector<int32_t>>* selected = nullptr;
+  const LayerState* kv_src = nullptr;
+  if (ratio > 0) {
+    if (compresses) Compress(s, l, compressor);
+    kv_src = &s.layers[plan.kv_layer];
+    if (runs_indexer) {
+      const int64_t IH = c.index_n_heads, Id = c.index_head_dim;
+      const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Id)) /
+                                              std::sqrt(static_cast<double>(IH)));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < IH; ++h) {
+          float* qh = &qi[(r * IH + h) * Id];
+          cpu::ApplyRope(qh, Id, freqs[l], a + r);
+          FakeQuantize(KvFormat::kIndexK, std::span<float>(qh, Id));
+        }
+        for (int64_t h = 0; h < IH; ++h) wts[r * IH + h] *= wscale;
+      }
+      const LayerState& ks = s.layers[plan.index_k_layer];
+      auto& sel = topk[l];
+      sel.assign(rows, {});
+      const int64_t max_cl = b / ratio;
+      KVC_CHECK(max_cl <= ks.entries)
+          << "layer " << l << " needs " << max_cl << " index keys, has " << ks.entries;
+      IndexerBatch ib;
+      ib.queries = rows;
+      ib.heads = IH;
+      ib.dim = Id;
+      ib.qi = qi.data();
+      ib.w = wts.data();
+      ib.first_position = a;
+      ib.ratio = ratio;
+      ib.keys = ks.index_f.data();
+      ib.key_rows = ks.entries;
+      ib.pages = s.pages;
+      ib.page_versions = s.page_versions;
+      ib.sequence = s.id;
+      ib.layout = &layout;
+      ib.layer = plan.index_k_layer;
+      ib.topk = c.index_topk;
+      ib.block = c.candidate_block_size;
+      ib.topk_blocks = c.candidate_topk_blocks;
+      ib.pool = &pool;
+      ib.selected = &sel;
+      ib.matmul = mm.get();
+      if (plan.is_candidate_source) {
+        ib.pool_use = PoolUse::kProduce;
+        pool.assign(rows, {});
+      } else if (plan.candidate_pool_layer >= 0) {
+        ib.pool_use = PoolUse::kApply;
+      }
+      indexer->Select(ib);
+      selected = &sel;
+    } else {
+      selected = &topk.at(plan.topk_layer);
+    }
+  }
+  // Each query attends its window and its selected compressed rows. The window rows:
+  // the ring (slot p % win holds position p), then this pass's own rows.
+  std::vector<float> window(ls.ring);
+  window.insert(window.end(), kv.begin(), kv.end());
+  std::vector<int32_t> offsets = {0}, entries;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = a + r;
+    for (int64_t p = std::max(ls.window_start, i - win + 1); p <= i; ++p) {
+      if (p >= a) {
+        entries.push_back(static_cast<int32_t>(win + (p - a)));
+      } else {
+        KVC_CHECK(ls.ring_pos[p % win] == p) << "layer " << l << ": window row " << p << " missing";
+        entries.push_back(static_cast<int32_t>(p % win));
+      }
+    }
+    if (selected != nullptr) {
+      for (int32_t j : (*selected)[r]) entries.push_back(-j - 1);
+    }
+    offsets.push_back(static_cast<int32_t>(entries.size()));
+  }
+  AttentionBatch batch;
+  batch.window = window;
+  batch.offsets = offsets;
+  batch.entries = entries;
+  if (selected != nullptr) {
+    batch.compressed = kv_src->main_f.data();
+    batch.pages = s.pages;
+    batch.page_versions = s.page_versions;
+    batch.sequence = s.id;
+    batch.layout = &layout;
+    batch.layer = plan.kv_layer;
+  }
+  AttendAndProject(l, a, rows, q, batch, out);
+  // The window ring keeps the last `win` rows of this pass.
+  for (int64_t p = std::max(a, b - win); p < b; ++p) {
+    std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,
+              ls.ring.begin() + (p % win) * hd);
+    ls.ring_pos[p % win] = p;
+  }
+}
+
+void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
+                                 AttentionBatch batch, std::vector<float>& out) const {
+  const AttentionWeights& w = layers[l].attn;
+  // Sparse MQA: the same row is key and value; the sink enters the denominator only.
+  batch.queries = rows;
+  batch.heads = H;
+  batch.dim = hd;
+  batch.q = q.data();
+  batch.sink = w.sink.data();
+  batch.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // A device backend may run the whole path below where the attention output already is.
+  OutputPath path;
+  path.first_position = a;
+  path.rope_freqs = &freqs[l];
+  path.wo_a = w.wo_a;
+  path.wo_b = &w.wo_b;
+  path.matmul = mm.get();
+  out.resize(rows * w.wo_b.out_features());
+  if (attn->AttendAndProject(batch, path, out.data())) return;
+  std::vector<float> o(rows * H * hd);
+  batch.out = o.data();
+  attn->Attend(batch);
+  cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t h = 0; h < H; ++h)
+        cpu::ApplyRope(&o[(r * H + h) * hd], hd, freqs[l], a + r, /*inverse=*/true);
+    }
+  });
+  // Grouped low-rank output.
+  const int64_t G = c.o_groups, gw = H * hd / G, ol = c.o_lora_rank;
+  std::vector<float> u(rows * G * ol);
+  std::vector<std::vector<float>> og(G, std::vector<float>(rows * gw)),
+      ug(G, std::vector<float>(rows * ol));
+  std::vector<GemmCall> calls;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(o.begin() + r * H * hd + g * gw, o.begin() + r * H * hd + (g + 1) * gw,
+                og[g].begin() + r * gw);
+    calls.push_back({og[g].data(), rows, &w.wo_a[g], ug[g].data()});
+  }
+  mm->GemmGroup(calls);  // the groups' products together: one wait on a device
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(ug[g].begin() + r * ol, ug[g].begin() + (r + 1) * ol,
+                u.begin() + r * G * ol + g * ol);
+  }
+  out = Linear(u, rows, w.wo_b);
+}
+
+}  // namespace kvc::model

@@ -1,0 +1,119 @@
+// The compressor: pooling window KV into global-KV entries, quantized into the pages.
+#include "engine/model/model_impl.h"
+
+namespace kvc::model {
+
+void ModelImpl::EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents,
+                            std::vector<float> keys) const {
+  const int64_t n = static_cast<int64_t>(latents.size()) / hd;
+  if (n == 0) return;
+  const AttentionWeights& a = layers[l].attn;
+  const int64_t Id = c.index_head_dim;
+  if (keys.empty()) keys = Linear(latents, n, a.i_wk);  // from the RoPE-free latents
+  KVC_CHECK(static_cast<int64_t>(keys.size()) == n * Id)
+      << "layer " << l << ": keys for " << keys.size() / Id << " of " << n;
+  for (int64_t e = 0; e < n; ++e)
+    EmitEntry(s, l, std::span<float>(latents.data() + e * hd, hd),
+              std::span<float>(keys.data() + e * Id, Id));
+}
+
+void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::span<float> latent,
+                          std::span<float> k) const {
+  LayerState& ls = s.layers[l];
+  const AttentionWeights& a = layers[l].attn;
+  const int64_t ratio = sched.layers[l].compress_ratio, Id = c.index_head_dim;
+  const int64_t j = ls.entries;
+  const int64_t pos = j * ratio;
+  // The index key normalized and rotated, the latent rotated; both quantized straight into
+  // the page (the float copies are their dequantized values).
+  cpu::RmsNorm(k.data(), a.i_k_norm.data(), Id, c.rms_norm_eps, k.data());
+  cpu::ApplyRope(k.data(), Id, freqs[l], pos);
+  cpu::ApplyRope(latent.data(), hd, freqs[l], pos);
+  const int64_t chunk = pos / layout.chunk_tokens;
+  std::vector<uint8_t>& page = s.WritePage(chunk, layout.chunk_bytes);
+  const int64_t local = j - chunk * (layout.chunk_tokens / ratio);
+  const ChunkSection& mc = layout.Section(l, SectionKind::kMainCodes);
+  const ChunkSection& ms = layout.Section(l, SectionKind::kMainScales);
+  const ChunkSection& ic = layout.Section(l, SectionKind::kIndexCodes);
+  const ChunkSection& is = layout.Section(l, SectionKind::kIndexScales);
+  const int64_t mcb = CodesBytes(KvFormat::kMainKv, hd), msb = ScalesBytes(KvFormat::kMainKv, hd);
+  const int64_t icb = CodesBytes(KvFormat::kIndexK, Id), isb = ScalesBytes(KvFormat::kIndexK, Id);
+  std::span<uint8_t> pg(page);
+  Quantize(KvFormat::kMainKv, latent, pg.subspan(mc.offset + local * mcb, mcb),
+           pg.subspan(ms.offset + local * msb, msb));
+  Quantize(KvFormat::kIndexK, k, pg.subspan(ic.offset + local * icb, icb),
+           pg.subspan(is.offset + local * isb, isb));
+  ls.main_f.resize((j + 1) * hd);
+  ls.index_f.resize((j + 1) * Id);
+  Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset + local * mcb, mcb),
+             pg.subspan(ms.offset + local * msb, msb),
+             std::span<float>(ls.main_f.data() + j * hd, hd));
+  Dequantize(KvFormat::kIndexK, pg.subspan(ic.offset + local * icb, icb),
+             pg.subspan(is.offset + local * isb, isb),
+             std::span<float>(ls.index_f.data() + j * Id, Id));
+  ++ls.entries;
+}
+
+void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                                const std::vector<float>& x, CompressorInput& in,
+                                std::vector<GemmCall>& calls) const {
+  const LayerState& ls = s.layers[l];
+  const AttentionWeights& w = layers[l].attn;
+  const int64_t ratio = sched.layers[l].compress_ratio;
+  const int64_t done = ls.entries * ratio + ls.pend_rows;  // positions already consumed
+  in.first = std::max(a, done);
+  in.rows = std::max<int64_t>(0, b - in.first);
+  if (in.rows == 0) return;
+  KVC_CHECK(in.first == done) << "layer " << l << ": compressor gap at " << done;
+  const float* xs = x.data() + (in.first - a) * D;
+  in.kv.resize(in.rows * w.c_wkv.out_features());
+  const int64_t kv_call = static_cast<int64_t>(calls.size());
+  calls.push_back({xs, in.rows, &w.c_wkv, in.kv.data()});
+  if (ratio == 1) {  // each row an entry: its latent is the row normalized
+    in.keys.resize(in.rows * w.i_wk.out_features());
+    calls.push_back(
+        {nullptr, in.rows, &w.i_wk, in.keys.data(), kv_call, w.c_norm.data(), c.rms_norm_eps});
+  }
+  if (ratio > 1) {
+    in.score.resize(in.rows * w.c_wgate.out_features());
+    calls.push_back({xs, in.rows, &w.c_wgate, in.score.data()});
+  }
+}
+
+void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                         const std::vector<float>& x) const {
+  CompressorInput in;
+  std::vector<GemmCall> calls;
+  CompressorCalls(s, l, a, b, x, in, calls);
+  mm->GemmGroup(calls);
+  Compress(s, l, in);
+}
+
+void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in) const {
+  LayerState& ls = s.layers[l];
+  const AttentionWeights& w = layers[l].attn;
+  const int64_t ratio = sched.layers[l].compress_ratio, rows = in.rows;
+  const std::vector<float>&kv = in.kv, &score = in.score;
+  std::vector<float> latents;  // the pass's new entries, emitted together
+  for (int64_t r = 0; r < rows; ++r) {
+    if (ratio == 1) {
+      latents.insert(latents.end(), kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
+      float* latent = latents.data() + latents.size() - hd;
+      cpu::RmsNorm(latent, w.c_norm.data(), hd, c.rms_norm_eps, latent);  // as the keys' input
+      continue;
+    }
+    ls.pend_kv.insert(ls.pend_kv.end(), kv.begin() + r * hd, kv.begin() + (r + 1) * hd);
+    ls.pend_score.insert(ls.pend_score.end(), score.begin() + r * hd, score.begin() + (r + 1) * hd);
+    if (++ls.pend_rows < ratio) continue;
+    // Softmax over the group's tokens per channel, then the weighted sum.
+    std::vector<float> latent = PoolGroup(ls.pend_kv.data(), ls.pend_score.data(), ratio, hd);
+    cpu::RmsNorm(latent.data(), w.c_norm.data(), hd, c.rms_norm_eps, latent.data());
+    ls.pend_kv.clear();
+    ls.pend_score.clear();
+    ls.pend_rows = 0;
+    latents.insert(latents.end(), latent.begin(), latent.end());
+  }
+  EmitEntries(s, l, std::move(latents), ratio == 1 ? in.keys : std::vector<float>());
+}
+
+}  // namespace kvc::model

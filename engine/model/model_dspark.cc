@@ -1,0 +1,91 @@
+// DSpark: the drafter's attention, its rings, and Model::Draft.
+#include "engine/model/model_impl.h"
+
+namespace kvc::model {
+
+void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                               const std::vector<float>& x, std::vector<float>& out,
+                               std::span<const GemmCall> also) const {
+  const LayerState& ls = s.layers[l];
+  const int64_t rows = b - a;
+  std::vector<float> q, kv;  // kv: the draft block's own rows, never stored
+  QueriesAndWindowKv(l, a, rows, x, q, kv, nullptr, nullptr, also);
+  // Every draft query sees the main model's window (accepted positions, from the ring, in
+  // position order) and the whole draft block: attention inside the block is bidirectional.
+  std::vector<float> window(ls.ring);
+  window.insert(window.end(), kv.begin(), kv.end());
+  std::vector<int32_t> shared;
+  for (int64_t p = std::max<int64_t>(0, a - win); p < a; ++p) {
+    if (ls.ring_pos[p % win] == p) shared.push_back(static_cast<int32_t>(p % win));
+  }
+  for (int64_t r = 0; r < rows; ++r) shared.push_back(static_cast<int32_t>(win + r));
+  std::vector<int32_t> offsets = {0}, entries;
+  for (int64_t r = 0; r < rows; ++r) {
+    entries.insert(entries.end(), shared.begin(), shared.end());
+    offsets.push_back(static_cast<int32_t>(entries.size()));
+  }
+  AttentionBatch batch;
+  batch.window = window;
+  batch.offsets = offsets;
+  batch.entries = entries;
+  AttendAndProject(l, a, rows, q, batch, out);
+}
+
+void ModelImpl::UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
+                                 const std::vector<float>& main_hidden) const {
+  if (ND == 0) return;
+  const int64_t first = std::max(a, b - win), rows = b - first;
+  const int64_t width = static_cast<int64_t>(targets.size()) * D;
+  std::vector<float> mh(main_hidden.begin() + (first - a) * width, main_hidden.end());
+  std::vector<float> mx = Linear(mh, rows, draft.main_proj);
+  NormRows(mx, rows, D, draft.main_norm, c.rms_norm_eps);
+  for (int64_t l = L; l < L + ND; ++l) {
+    const AttentionWeights& w = layers[l].attn;
+    LayerState& ls = s.layers[l];
+    std::vector<float> kv = Linear(mx, rows, w.wkv);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = first + r;
+      float* k = &kv[r * hd];
+      cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
+      cpu::ApplyRope(k, hd, freqs[l], p);
+      FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
+      std::copy(k, k + hd, ls.ring.begin() + (p % win) * hd);
+      ls.ring_pos[p % win] = p;
+    }
+  }
+}
+
+absl::StatusOr<std::vector<uint32_t>> Model::Draft(Sequence& seq, uint32_t next) const {
+  const ModelImpl& m = *impl_;
+  SequenceState& s = *seq.s_;
+  if (m.ND == 0) return absl::FailedPreconditionError("the config has no DSpark draft layers");
+  if (s.tokens.empty()) return absl::FailedPreconditionError("Draft needs a prefilled sequence");
+  if (absl::Status st = m.CheckTokens(std::span(&next, 1)); !st.ok()) return st;
+  const int64_t B = m.c.dspark_block_size, a = static_cast<int64_t>(s.tokens.size());
+  // The block: the next token, then noise placeholders, at the positions after it.
+  std::vector<float> X(B * m.hc * m.D), pre(B * m.hc, 0.0f);
+  for (int64_t r = 0; r < B; ++r) {
+    const uint32_t id = r == 0 ? next : static_cast<uint32_t>(m.c.dspark_noise_token_id);
+    const float* e = m.embed.data() + static_cast<int64_t>(id) * m.D;
+    for (int64_t k = 0; k < m.hc; ++k) std::copy(e, e + m.D, X.data() + (r * m.hc + k) * m.D);
+    pre[r * m.hc] = 1.0f;
+  }
+  m.RunLayers(s, m.L, m.L + m.ND, a, a + B, X, pre, /*compress=*/false);
+  // Row i proposes the token after position a + i, with the Markov head's bigram bias from
+  // the token before it (the real next token for row 0, then the drafts).
+  std::vector<uint32_t> drafts;
+  uint32_t prev = next;
+  const int64_t rank = m.c.dspark_markov_rank;
+  std::vector<float> bias(m.c.vocab_size);
+  for (int64_t r = 0; r < B; ++r) {
+    std::vector<float> logits = m.Logits(X, pre, r, &m.draft.norm);
+    m.mm->Gemm(m.draft.markov_embed.data() + static_cast<int64_t>(prev) * rank, 1,
+               m.draft.markov_head, bias.data());
+    for (int64_t v = 0; v < m.c.vocab_size; ++v) logits[v] += bias[v];
+    prev = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    drafts.push_back(prev);
+  }
+  return drafts;
+}
+
+}  // namespace kvc::model

@@ -1,0 +1,248 @@
+// ModelImpl: the V4.1 Flash forward pass's state and parts, shared by the files that
+// implement them (internal to engine/model; the API is model.h). Read top to bottom:
+//   model_weights.cc     loading the weights into compute form
+//   model_layers.cc      embedding, Engram, the layer loop, the decoder's compression, logits
+//   model_attention.cc   queries, the FP8 window, sparse attention over FP4 pages
+//   model_compressor.cc  compressor pooling into global-KV entries and their pages
+//   model_moe.cc         routing and the experts
+//   model_dspark.cc      the DSpark drafter
+//   model.cc             the public API: load, prefill, decode, checkpoint, resume
+#pragma once
+
+#include "engine/model/model.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/ops.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/model/layer_ops.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
+#include "engine/spec/check.h"
+#include "engine/spec/kv_codec.h"
+
+namespace kvc::model {
+
+using cpu::PackedMatrix;
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- weights in compute form ----
+
+struct AttentionWeights {
+  PackedMatrix wq_a, wq_b, wkv, wo_b;
+  std::vector<PackedMatrix> wo_a;  // one per output group
+  std::vector<float> q_norm, kv_norm, sink;
+  // Full layers: the compressor and the index-key side of the indexer.
+  PackedMatrix c_wkv, c_wgate, i_wk;
+  std::vector<float> c_norm, i_k_norm;
+  // Full and Reindex layers: the indexer's query side.
+  PackedMatrix i_wq_b, i_weights;
+};
+
+struct ExpertWeights {
+  PackedMatrix w1, w3, w2;
+};
+
+struct EngramWeights {
+  std::vector<float> table;              // rows × engram_head_dim
+  PackedMatrix wkv;                      // (hc+1)·D × orders·heads·engram_head_dim
+  std::vector<float> qw, kw;             // hc × D
+  std::vector<int64_t> primes, offsets;  // orders·heads
+  std::vector<int64_t> multipliers;      // max_ngram
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  PackedMatrix hc_fn[2];
+  std::vector<float> hc_base[2], hc_scale[2];
+  AttentionWeights attn;
+  PackedMatrix gate;
+  std::vector<float> gate_bias;
+  std::vector<ExpertWeights> experts;
+  int64_t experts_per_token = 0;
+  ExpertWeights shared;
+  std::unique_ptr<EngramWeights> engram;
+};
+
+// The DSpark drafter's own tensors (its blocks are LayerWeights after the trunk's).
+struct DraftWeights {
+  PackedMatrix main_proj, markov_head;
+  std::vector<float> main_norm, norm, markov_embed;
+};
+
+// ---- per-sequence state ----
+
+struct LayerState {
+  std::vector<float> ring;        // window × head_dim, FP8-QAT'd window KV
+  std::vector<int64_t> ring_pos;  // position held by each slot, -1 when empty
+  int64_t window_start = 0;       // lowest position whose window KV is valid here
+  // Full layers: the compressor's open group and the emitted rows (dequantized).
+  std::vector<float> pend_kv, pend_score;
+  int64_t pend_rows = 0;
+  int64_t entries = 0;
+  std::vector<float> main_f, index_f;
+};
+
+// Globally unique numbers: a sequence's identity, and the version a page gets each time
+// its bytes change (so a device copy tagged with a version is current exactly when the
+// versions match, whatever sequence or page it came from).
+uint64_t NextStamp();
+
+class SequenceState {
+ public:
+  std::vector<uint32_t> tokens;
+  std::vector<LayerState> layers;
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<uint64_t> page_versions;  // one per page; a new one on every write
+  const uint64_t id = NextStamp();
+  // Page `chunk` (created zeroed if missing) is about to change.
+  std::vector<uint8_t>& WritePage(int64_t chunk, int64_t chunk_bytes) {
+    while (static_cast<int64_t>(pages.size()) <= chunk) {
+      pages.emplace_back(chunk_bytes, uint8_t{0});
+      page_versions.push_back(NextStamp());
+    }
+    page_versions[chunk] = NextStamp();
+    return pages[chunk];
+  }
+  ForwardStats stats;
+  int64_t chunk_tokens = 0;
+  int64_t min_full_tokens() const { return full_tokens_; }
+  int64_t full_tokens_ = 0;  // tokens every Full layer has compressed
+};
+// ---- the model ----
+
+class ModelImpl {
+ public:
+  ModelConfig c;
+  LayerSchedule sched;
+  ChunkLayout layout;
+  int64_t D = 0, H = 0, hd = 0, rd = 0, hc = 0, win = 0, E = 0, L = 0;
+  std::vector<float> embed;  // V × D
+  std::vector<float> norm;
+  PackedMatrix head;
+  std::vector<LayerWeights> layers;        // trunk, then draft layers
+  std::vector<std::vector<double>> freqs;  // per layer
+  int64_t decoder_full = -1;               // the decoder's Full layer (its global KV)
+  int64_t ND = 0;                          // DSpark draft layers
+  std::vector<int64_t> targets;            // DSpark target layers, in order
+  DraftWeights draft;
+
+  std::unique_ptr<MatmulBackend> mm;        // where every matrix product runs
+  std::unique_ptr<AttentionBackend> attn;   // where the sparse attention runs
+  std::unique_ptr<IndexerBackend> indexer;  // where the indexer scores and selects
+
+  absl::Status LoadWeights(const SafetensorsFile& f);
+  // Every weight matrix, for the matmul backend to keep resident.
+  void ForEachWeight(const std::function<void(const PackedMatrix&)>& fn) const;
+  // x (rows × in) → y (rows × out).
+  std::vector<float> Linear(const std::vector<float>& x, int64_t rows,
+                            const PackedMatrix& w) const {
+    std::vector<float> y(rows * w.out_features());
+    mm->Gemm(x.data(), rows, w, y.data());
+    return y;
+  }
+
+  // One pass of layers [l0, l1) over positions [a, b). X: (b−a) × hc × D, pre: (b−a) × hc.
+  // `compress`: Full layers run their compressor on positions not yet compressed.
+  // `main_hidden` (optional): filled with each row's stream mean at the input of the DSpark
+  // target layers (rows × targets·D), for the drafter's rings.
+  void RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
+                 std::vector<float>& X, std::vector<float>& pre, bool compress,
+                 std::vector<float>* main_hidden = nullptr) const;
+  // Writes the drafter's rings for positions [a, b) from their main hidden states.
+  void UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
+                        const std::vector<float>& main_hidden) const;
+  // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
+  // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
+  // the indexer's raw query and weight projections. All products go as one group, the
+  // up-projections chained on the normalized low-rank query, with `also` (the mixes', the
+  // compressor's; a chained input in `also` counts from its first call): one wait on a
+  // device.
+  void QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
+                          std::vector<float>& q, std::vector<float>& kv,
+                          std::vector<float>* qi = nullptr, std::vector<float>* wts = nullptr,
+                          std::span<const GemmCall> also = {}) const;
+  // `also`: products issued with the sublayer's first group (the next mixes).
+  void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                      const std::vector<float>& x, std::vector<float>& out,
+                      std::span<const GemmCall> also = {}) const;
+  // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `batch`
+  // lists for each query (window, entries, compressed rows), then the inverse RoPE and the
+  // grouped low-rank output projection.
+  void AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
+                        AttentionBatch batch, std::vector<float>& out) const;
+  // Runs `tokens` after the sequence's last token; logits of every one.
+  std::vector<std::vector<float>> Extend(SequenceState& s, std::span<const uint32_t> tokens) const;
+  // The decoder's global KV for positions [a, b) from the encoder output (CED).
+  void CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vector<float> X,
+                       const std::vector<float>& pre) const;
+  std::vector<float> Embed(const SequenceState& s, int64_t a, int64_t b,
+                           std::vector<float>* pre) const;
+  std::vector<float> Logits(const std::vector<float>& X, const std::vector<float>& pre, int64_t row,
+                            const std::vector<float>* final_norm = nullptr) const;
+  absl::Status CheckTokens(std::span<const uint32_t> tokens) const;
+  void ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                   std::vector<float>& X) const;
+  void Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
+                 bool compress, std::vector<float>& out,
+                 std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
+                 std::vector<std::vector<uint8_t>>& pool,
+                 std::span<const GemmCall> also = {}) const;
+  // The compressor of Full layer l over the pass [a, b) with input x: the products for the
+  // positions it has not consumed yet go into `calls` (results in `in`), and Compress
+  // consumes them once they are done — so the products can join another group (the query
+  // path's: one wait on a device).
+  struct CompressorInput {
+    int64_t first = 0, rows = 0;  // positions [first, first + rows)
+    std::vector<float> kv, score;
+    // Ratio 1 (an entry per position): the entries' index keys, chained on kv normalized.
+    std::vector<float> keys;
+  };
+  void CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                       const std::vector<float>& x, CompressorInput& in,
+                       std::vector<GemmCall>& calls) const;
+  void Compress(SequenceState& s, int64_t l, const CompressorInput& in) const;
+  void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
+                const std::vector<float>& x) const;  // the products on their own
+  void EmitEntry(SequenceState& s, int64_t l, std::span<float> latent, std::span<float> k) const;
+  // Appends compressed entries to Full layer l: `latents` (entries × hd, normalized,
+  // RoPE-free), their index keys from one product (one wait on a device however many).
+  // `keys` (entries × index_head_dim) when the product is done already.
+  void EmitEntries(SequenceState& s, int64_t l, std::vector<float> latents,
+                   std::vector<float> keys = {}) const;
+  void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
+           std::span<const GemmCall> also = {}) const;
+  std::unique_ptr<SequenceState> NewState() const;
+};
+
+template <typename T>
+std::span<const T> Row(const std::vector<T>& v, int64_t row, int64_t width) {
+  return std::span<const T>(v.data() + row * width, width);
+}
+
+// Appends `also` to a group; a chained input in `also` counts from the first of `also`.
+inline void AppendToGroup(std::vector<GemmCall>& calls, std::span<const GemmCall> also) {
+  const int64_t base = static_cast<int64_t>(calls.size());
+  for (GemmCall c : also) {
+    if (c.input_of >= 0) c.input_of += base;
+    calls.push_back(c);
+  }
+}
+
+inline void NormRows(std::vector<float>& x, int64_t rows, int64_t width,
+                     const std::vector<float>& w, double eps) {
+  for (int64_t r = 0; r < rows; ++r)
+    cpu::RmsNorm(&x[r * width], w.data(), width, eps, &x[r * width]);
+}
+
+}  // namespace kvc::model

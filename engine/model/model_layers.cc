@@ -1,0 +1,157 @@
+// The layer loop: embedding, Engram, each layer in order, the decoder compression, logits.
+#include "engine/model/model_impl.h"
+
+namespace kvc::model {
+
+std::vector<float> ModelImpl::Embed(const SequenceState& s, int64_t a, int64_t b,
+                                    std::vector<float>* pre) const {
+  const int64_t rows = b - a;
+  std::vector<float> X(rows * hc * D);
+  pre->assign(rows * hc, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* e = embed.data() + static_cast<int64_t>(s.tokens[a + r]) * D;
+    for (int64_t k = 0; k < hc; ++k) std::copy(e, e + D, X.data() + (r * hc + k) * D);
+    (*pre)[r * hc] = 1.0f;  // the first layer reads copy 0
+  }
+  return X;
+}
+
+void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                            std::vector<float>& X) const {
+  const EngramWeights& eg = *layers[l].engram;
+  const int64_t rows = b - a, n = c.engram_max_ngram_size, heads = c.engram_n_heads,
+                ehd = c.engram_head_dim, width = (n - 1) * heads * ehd;
+  // Compressed token ids: the identity map for configs whose vocabulary fits (small ones).
+  std::vector<float> Ein(rows * width);
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<int64_t> ids =
+        EngramRows(s.tokens, a + r, eg.multipliers, eg.primes, eg.offsets, heads,
+                   c.engram_pad_token_id, c.engram_compressed_vocab_size);
+    for (size_t slot = 0; slot < ids.size(); ++slot) {
+      std::copy(eg.table.begin() + ids[slot] * ehd, eg.table.begin() + (ids[slot] + 1) * ehd,
+                Ein.begin() + r * width + slot * ehd);
+    }
+  }
+  const std::vector<float> KV = Linear(Ein, rows, eg.wkv);  // rows × (hc+1)·D
+  const double eps = 1e-20;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* V = KV.data() + (r * (hc + 1) + hc) * D;
+    for (int64_t k = 0; k < hc; ++k) {
+      float* h = X.data() + (r * hc + k) * D;
+      const float* K = KV.data() + (r * (hc + 1) + k) * D;
+      double dot = 0, hh = 0, kk = 0;
+      for (int64_t i = 0; i < D; ++i) {
+        dot += static_cast<double>(h[i]) * eg.qw[k * D + i] * eg.kw[k * D + i] * K[i];
+        hh += static_cast<double>(h[i]) * h[i];
+        kk += static_cast<double>(K[i]) * K[i];
+      }
+      const double d = dot / std::sqrt(hh / D + eps) / std::sqrt(kk / D + eps) /
+                       std::sqrt(static_cast<double>(D));
+      const float g = cpu::Sigmoid(
+          static_cast<float>((d >= 0 ? 1.0 : -1.0) * std::sqrt(std::max(std::abs(d), 1e-6))));
+      for (int64_t i = 0; i < D; ++i) h[i] += g * V[i];
+    }
+  }
+}
+
+void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
+                          std::vector<float>& X, std::vector<float>& pre, bool compress,
+                          std::vector<float>* main_hidden) const {
+  const int64_t rows = b - a, mix = (2 + hc) * hc;
+  std::map<int64_t, std::vector<std::vector<int32_t>>> topk;
+  std::vector<std::vector<uint8_t>> pool;
+  std::vector<float> xin(rows * D), y, R;
+  std::vector<cpu::HcCoefficients> coef(rows);
+  std::vector<float> a1(rows * hc);
+  // The mixes of one sublayer for every row: m = (fn · vec X) · rsqrt(mean(vec X²) + 1e-20).
+  // The product fn · vec X needs only X, and the sublayer's input mixes with the previous
+  // sublayer's coefficients, so it goes with the sublayer's first group of products (one
+  // wait fewer on a device); `coefficients` finishes once that group is done, before X
+  // changes.
+  std::vector<float> mixes(rows * mix);
+  auto mixes_product = [&](const LayerWeights& w, int sub) {
+    return GemmCall{X.data(), rows, &w.hc_fn[sub], mixes.data()};
+  };
+  auto coefficients = [&](const LayerWeights& w, int sub) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0.0;
+      for (int64_t i = 0; i < hc * D; ++i)
+        ss += static_cast<double>(X[r * hc * D + i]) * X[r * hc * D + i];
+      const float rs =
+          static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hc * D) + 1e-20));
+      for (int64_t j = 0; j < mix; ++j) mixes[r * mix + j] *= rs;
+      coef[r] = cpu::HcFromMixes(Row(mixes, r, mix), w.hc_base[sub], w.hc_scale[sub], hc,
+                                 c.hc_sinkhorn_iters, c.hc_eps);
+    }
+  };
+  for (int64_t l = l0; l < l1; ++l) {
+    const LayerWeights& w = layers[l];
+    if (w.engram) ApplyEngram(s, l, a, b, X);
+    if (main_hidden != nullptr && l < L && sched.layers[l].is_dspark_target) {
+      const int64_t t = std::find(targets.begin(), targets.end(), l) - targets.begin();
+      const int64_t width = static_cast<int64_t>(targets.size()) * D;
+      main_hidden->resize(rows * width);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < D; ++i) {
+          float m = 0.0f;
+          for (int64_t k = 0; k < hc; ++k) m += X[(r * hc + k) * D + i];
+          (*main_hidden)[r * width + t * D + i] = m / static_cast<float>(hc);
+        }
+      }
+    }
+    // Attention sublayer: its input mixes with the previous sublayer's coefficients.
+    R = X;
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
+      cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+    }
+    const GemmCall attn_mixes = mixes_product(w, 0);
+    if (l < L) {
+      Attention(s, l, a, b, xin, compress, y, topk, pool, std::span(&attn_mixes, 1));
+    } else {
+      DraftAttention(s, l, a, b, xin, y, std::span(&attn_mixes, 1));
+    }
+    coefficients(w, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
+      cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
+    }
+    // MoE sublayer.
+    R = X;
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::HcPre(&X[r * hc * D], &a1[r * hc], hc, D, &xin[r * D]);
+      cpu::RmsNorm(&xin[r * D], w.ffn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+    }
+    const GemmCall ffn_mixes = mixes_product(w, 1);
+    Moe(l, xin, rows, y, std::span(&ffn_mixes, 1));
+    coefficients(w, 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
+      std::copy(coef[r].pre.begin(), coef[r].pre.end(), pre.begin() + r * hc);
+    }
+  }
+}
+
+void ModelImpl::CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vector<float> X,
+                                const std::vector<float>& pre) const {
+  const int64_t l = decoder_full;
+  if (layers[l].engram) ApplyEngram(s, l, a, b, X);
+  const int64_t rows = b - a;
+  std::vector<float> xin(rows * D);
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
+    cpu::RmsNorm(&xin[r * D], layers[l].attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+  }
+  Compress(s, l, a, b, xin);
+}
+
+std::vector<float> ModelImpl::Logits(const std::vector<float>& X, const std::vector<float>& pre,
+                                     int64_t row, const std::vector<float>* final_norm) const {
+  std::vector<float> x(D), logits(c.vocab_size);
+  cpu::HcPre(&X[row * hc * D], &pre[row * hc], hc, D, x.data());
+  cpu::RmsNorm(x.data(), (final_norm ? final_norm : &norm)->data(), D, c.rms_norm_eps, x.data());
+  mm->Gemm(x.data(), 1, head, logits.data());
+  return logits;
+}
+
+}  // namespace kvc::model
