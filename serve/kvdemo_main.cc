@@ -10,7 +10,11 @@
 // served each turn.
 //
 //   kvdemo [--turns N] [--initial-tokens N] [--tool-tokens N] [--generate N]
-//          [--replay bounded|exact] [--nodes N]
+//          [--replay bounded|exact] [--nodes N | --cache ADDR]
+//
+// --cache ADDR runs the session against a cache that is already running — one kvcached
+// (HOST:PORT) or a cluster (etcd://H:P) — with no restart or kill (those need processes of
+// its own).
 //          [--source-dir DIR] [--keep] [--json]
 //
 // The session's text is real: a system prompt, then this repository's source files (read
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model/generate.h"
@@ -84,6 +89,7 @@ const char kSystemPrompt[] =
 int Main(int argc, char** argv) {
   CLI::App app{"kvdemo: a multi-day coding-agent session resumed from kvcached"};
   int turns = 6, nodes = 1;
+  std::string external_cache;
   int64_t tool_tokens = 2048, generate = 128, initial_tokens = 12288;
   std::string replay = "bounded", source_dir, backend = "cpu";
   bool keep = false, json = false;
@@ -104,9 +110,13 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"bounded", "exact"}))
       ->capture_default_str();
   app.add_option("--source-dir", source_dir, "repository whose files make up the session");
-  app.add_option("--nodes", nodes, "1: one kvcached; N ≥ 2: a cluster of N nodes on etcd")
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
+  CLI::Option* nodes_opt =
+      app.add_option("--nodes", nodes, "1: one kvcached; N ≥ 2: a cluster of N nodes on etcd")
+          ->check(CLI::Range(1, 16))
+          ->capture_default_str();
+  app.add_option("--cache", external_cache,
+                 "use this running cache instead (HOST:PORT or etcd://H:P); no restart step")
+      ->excludes(nodes_opt);
   app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas")
       ->capture_default_str();
   app.add_flag("--keep", keep, "keep the scratch folder (weights, kvcached data and log)");
@@ -166,7 +176,10 @@ int Main(int argc, char** argv) {
   copt.model_config_json = kEmbeddedMiniConfig;
   copt.model_id = "mini-seed1";
   copt.replay = replay == "exact" ? model::ReplayMode::kExact : model::ReplayMode::kBounded;
-  if (nodes > 1) {
+  if (!external_cache.empty()) {
+    say(absl::StrCat("kvdemo: the cache at ", external_cache, "\n"));
+    copt.client.address = external_cache;
+  } else if (nodes > 1) {
     std::filesystem::create_directories(work / "cluster");
     if (absl::Status s = cluster.Start(); !s.ok()) return fail(std::string(s.message()));
     say(absl::StrCat("kvdemo: etcd and ", nodes, " kvcached nodes (", cluster.url(),
@@ -190,12 +203,14 @@ int Main(int argc, char** argv) {
     context.insert(context.end(), t.begin(), t.end());
   }
   if (static_cast<int64_t>(context.size()) > initial_tokens) context.resize(initial_tokens);
-  const int restart_after = turns / 2;
+  // No restart with a cache this program did not start.
+  const int restart_after = external_cache.empty() ? turns / 2 : turns + 1;
+  const bool show_nodes = nodes > 1 || absl::StartsWith(external_cache, "etcd://");
   nlohmann::json out;
   out["turns"] = nlohmann::json::array();
   say(absl::StrFormat("\n%4s %9s %8s %6s %-7s %10s %10s %8s %s\n", "turn", "context", "reused",
                       "new", "tier", "TTFT warm", "TTFT cold", "speedup",
-                      nodes > 1 ? "served by (node:chunks)" : ""));
+                      show_nodes ? "served by (node:chunks)" : ""));
   for (int turn = 1; turn <= turns; ++turn) {
     if (turn > 1) {
       // The tool result: the next file, cut to the turn's budget.
@@ -247,7 +262,7 @@ int Main(int argc, char** argv) {
     say(absl::StrFormat("%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens,
                         r.reused_tokens, r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms,
                         cold_ms, cold_ms / r.ttft_ms,
-                        nodes > 1       ? r.nodes
+                        show_nodes      ? r.nodes
                         : after_restart ? "(from SSD after restart)"
                                         : ""));
     context.insert(context.end(), warm->generated.begin(), warm->generated.end());
@@ -260,9 +275,9 @@ int Main(int argc, char** argv) {
   out["chunk_tokens"] = m.layout().chunk_tokens;
   out["chunk_bytes"] = m.layout().chunk_bytes;
   say(absl::StrFormat(
-      "\n%d chunks stored in the last day's connection; replay %s. TTFT warm includes lookup, "
+      "\n%d %s stored in the last day's connection; replay %s. TTFT warm includes lookup, "
       "fetch, replay and the new tokens' prefill; cold prefills the whole context.\n",
-      stored, replay));
+      stored, show_nodes ? "chunk copies" : "chunks", replay));
   if (json) std::cout << out.dump(2) << "\n";
   if (!keep) fs::remove_all(work);
   return 0;
