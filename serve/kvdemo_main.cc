@@ -236,7 +236,7 @@ int Main(int argc, char** argv) {
     }
     if (nodes > 1 && turn == restart_after + 2) {
       if (absl::Status s = cluster.node(1).Start(); !s.ok()) return fail(std::string(s.message()));
-      if (absl::Status s = cluster.WaitForMembers(nodes, 10); !s.ok())
+      if (absl::Status s = cluster.WaitForNode(1, 10); !s.ok())
         return fail(std::string(s.message()));
       say(absl::StrCat("---- node ", LocalCluster::NodeId(1),
                        " restarted on its folder: it serves its SSD chunks again ----\n"));

@@ -133,4 +133,24 @@ absl::Status LocalCluster::WaitForMembers(size_t count, double seconds) {
       absl::StrCat(seen, " of ", count, " nodes registered in etcd after ", seconds, " s"));
 }
 
+absl::Status LocalCluster::WaitForNode(int i, double seconds) {
+  absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(etcd_->endpoint());
+  if (!etcd.ok()) return etcd.status();
+  const std::string key = std::string(cluster::kNodesPrefix) + NodeId(i);
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  while (std::chrono::steady_clock::now() < until) {
+    absl::StatusOr<cluster::Etcd::RangeResult> r = (*etcd)->RangePrefix(key);
+    if (r.ok()) {
+      for (const cluster::Etcd::KeyValue& kv : r->kvs) {
+        absl::StatusOr<cluster::NodeInfo> n = cluster::NodeInfo::FromJson(kv.value);
+        if (kv.key == key && n.ok() && n->address == nodes_[i]->address()) return absl::OkStatus();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("node ", NodeId(i), " did not register its new address in ", seconds, " s"));
+}
+
 }  // namespace kvc::serve

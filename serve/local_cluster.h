@@ -49,6 +49,9 @@ class LocalCluster {
   static std::string NodeId(int i) { return "n" + std::to_string(i); }
   // Waits until `count` nodes are registered in etcd (up to `seconds`).
   absl::Status WaitForMembers(size_t count, double seconds);
+  // Waits until node i's record in etcd has the address it listens on now (after a
+  // restart the old record may still be there until its lease expires).
+  absl::Status WaitForNode(int i, double seconds);
 
  private:
   std::string binary_, dir_;
