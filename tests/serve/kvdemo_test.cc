@@ -1,9 +1,8 @@
 // kvdemo and kvserve run as users run them: real binaries, real kvcached, JSON out.
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-
-#include <cstdlib>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
