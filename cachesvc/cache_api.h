@@ -49,6 +49,7 @@ struct RemoteNamespace {
   uint64_t chunk_bytes = 0;
   uint32_t chunk_tokens = 0;
   storage::ChunkKey root;
+  uint64_t vocab_size = 0;  // 0: unknown (an older daemon), the server checks tokens
 };
 
 struct LookupResult {

@@ -176,7 +176,8 @@ absl::StatusOr<RemoteNamespace> CacheClient::RegisterNamespace(const std::string
     return s;
   absl::StatusOr<ChunkKey> root = KeyFrom(resp.root_key());
   if (!root.ok()) return root.status();
-  return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), *root};
+  return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), *root,
+                         resp.vocab_size()};
 }
 
 std::vector<ChunkKey> CacheApi::Keys(const RemoteNamespace& ns,
@@ -194,21 +195,59 @@ absl::StatusOr<LookupResult> CacheClient::LookupEvery(const RemoteNamespace& ns,
   return LookupImpl(ns, tokens, /*every_chunk=*/true);
 }
 
+absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace& ns,
+                                                          std::span<const ChunkKey> keys) {
+  pb::LookupRequest req;
+  req.set_namespace_id(ns.id);
+  req.set_every_chunk(true);
+  LookupResult r;
+  r.keys.assign(keys.begin(), keys.end());
+  if (keys.empty()) return r;
+  for (const ChunkKey& k : keys) req.add_chunk_keys(KeyBytes(k));
+  pb::LookupResponse resp;
+  if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, &resp)); !s.ok()) return s;
+  r.matched_chunks = resp.matched_chunks();
+  for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
+  if (r.tiers.size() != r.keys.size()) {
+    return absl::InternalError(
+        absl::StrCat("Lookup answered ", r.tiers.size(), " tiers for ", r.keys.size(), " chunks"));
+  }
+  return r;
+}
+
 absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
                                                      std::span<const uint32_t> tokens,
                                                      bool every_chunk) {
   pb::LookupRequest req;
   req.set_namespace_id(ns.id);
-  req.mutable_tokens()->Add(tokens.begin(), tokens.end());
   req.set_every_chunk(every_chunk);
+  LookupResult r;
+  // Hash here and send the keys (16 bytes a chunk, not ~5 a token: a 1M-token prefix is a
+  // 62 KB request instead of ~4 MB, and the daemon hashes nothing). Needs the vocabulary
+  // size to refuse bad tokens as the daemon would; without it, or without a whole chunk,
+  // the tokens go instead.
+  const bool by_key = ns.vocab_size > 0 && tokens.size() >= ns.chunk_tokens;
+  if (by_key) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] >= ns.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokens[", i, "] is ", tokens[i], ", outside the vocabulary of ", ns.vocab_size));
+      }
+    }
+    r.keys = Keys(ns, tokens);
+    for (const ChunkKey& k : r.keys) req.add_chunk_keys(KeyBytes(k));
+  } else {
+    req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  }
   pb::LookupResponse resp;
   if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, &resp)); !s.ok()) return s;
-  LookupResult r;
   r.matched_chunks = resp.matched_chunks();
-  for (const std::string& k : resp.chunk_keys()) {
-    absl::StatusOr<ChunkKey> key = KeyFrom(k);
-    if (!key.ok()) return key.status();
-    r.keys.push_back(*key);
+  if (!by_key) {
+    for (const std::string& k : resp.chunk_keys()) {
+      absl::StatusOr<ChunkKey> key = KeyFrom(k);
+      if (!key.ok()) return key.status();
+      r.keys.push_back(*key);
+    }
   }
   for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
   if (r.tiers.size() != (every_chunk ? r.keys.size() : r.matched_chunks)) {

@@ -55,6 +55,10 @@ class CacheClient final : public CacheApi {
   // leading run's: what a cluster client merges across nodes.
   absl::StatusOr<LookupResult> LookupEvery(const RemoteNamespace& ns,
                                            std::span<const uint32_t> tokens);
+  // LookupEvery for keys already computed (a cluster client hashes once for every node);
+  // the result's `keys` are these.
+  absl::StatusOr<LookupResult> LookupKeysEvery(const RemoteNamespace& ns,
+                                               std::span<const storage::ChunkKey> keys);
   absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                                std::span<uint8_t> out,
                                std::string* short_reason = nullptr) override;

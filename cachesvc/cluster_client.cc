@@ -273,8 +273,14 @@ absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
 absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
                                                    std::span<const uint32_t> tokens) {
   std::vector<std::shared_ptr<Node>> nodes = Members();
+  for (size_t i = 0; ns.vocab_size > 0 && i < tokens.size(); ++i) {
+    if (tokens[i] >= ns.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokens[", i, "] is ", tokens[i], ", outside the vocabulary of ", ns.vocab_size));
+    }
+  }
   LookupResult r;
-  r.keys = Keys(ns, tokens);
+  r.keys = Keys(ns, tokens);  // hashed once; every node is asked by key
   if (nodes.empty()) return r;
   std::vector<absl::StatusOr<LookupResult>> per(nodes.size(), absl::UnknownError("not asked"));
   ParallelFor(nodes.size(), [&](size_t i) {
@@ -287,7 +293,7 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
       per[i] = s;
       return;
     }
-    per[i] = nodes[i]->client->LookupEvery(ns, tokens);
+    per[i] = nodes[i]->client->LookupKeysEvery(ns, r.keys);
   });
   size_t answered = 0;
   absl::Status first_error = absl::OkStatus();

@@ -230,6 +230,7 @@ class KvCacheService::Impl {
     resp->set_chunk_tokens(ns->chunk_tokens);
     resp->set_root_key(KeyBytes(ns->root));
     resp->set_kv_layout_version(kKvLayoutVersion);
+    resp->set_vocab_size(ns->vocab_size);
     return absl::OkStatus();
   }
 
@@ -248,18 +249,34 @@ class KvCacheService::Impl {
                         pb::LookupResponse* resp) {
     absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
     if (!ns.ok()) return ns.status();
-    if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
+    std::vector<ChunkKey> keys;
+    const bool by_key = req.chunk_keys_size() > 0;
+    if (by_key) {
+      if (req.tokens_size() > 0) {
+        return absl::InvalidArgumentError("a Lookup gives tokens or chunk_keys, not both");
+      }
+      // The keys of a max_lookup_tokens prefix at the namespace's chunk size, at most.
+      const uint64_t limit = opt.max_lookup_tokens / std::max<uint32_t>(1, ns->chunk_tokens);
+      absl::StatusOr<std::vector<ChunkKey>> parsed =
+          ParseKeys(req.chunk_keys(), static_cast<uint32_t>(std::min<uint64_t>(limit, UINT32_MAX)));
+      if (!parsed.ok()) return parsed.status();
+      keys = *std::move(parsed);
+    } else {
+      if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
+      }
+      if (absl::Status s = CheckTokens(*ns, req.tokens()); !s.ok()) return s;
+      keys = ChunkKeys(ns->root, std::span(req.tokens().data(), req.tokens().size()),
+                       ns->chunk_tokens);
     }
-    if (absl::Status s = CheckTokens(*ns, req.tokens()); !s.ok()) return s;
-    const std::vector<ChunkKey> keys =
-        ChunkKeys(ns->root, std::span(req.tokens().data(), req.tokens().size()), ns->chunk_tokens);
     const std::vector<storage::Tier> tiers = store->Lookup(ns->id, keys);
     uint32_t matched = 0;
     while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
     resp->set_matched_chunks(matched);
-    for (const ChunkKey& k : keys) resp->add_chunk_keys(KeyBytes(k));
+    if (!by_key) {
+      for (const ChunkKey& k : keys) resp->add_chunk_keys(KeyBytes(k));
+    }
     const size_t reported = req.every_chunk() ? tiers.size() : matched;
     for (size_t i = 0; i < reported; ++i) resp->add_tiers(ToProto(tiers[i]));
     return absl::OkStatus();

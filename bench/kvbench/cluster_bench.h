@@ -2,7 +2,8 @@
 // count in `nodes` (1: one kvcached without --cluster and the plain client — the peer;
 // N ≥ 2: etcd and N nodes, the cluster client with R = 2): prefix fetches (chunks_per_call
 // chunks a call, `clients` at once) — throughput, p50, p99; the resume of a
-// `resume_tokens` prefix (Lookup + Fetch of every chunk); and durable stores with R = 1
+// `resume_tokens` prefix (Lookup + Fetch of every chunk); Lookup p50/p99 on a cached
+// `lookup_tokens` prefix; and durable stores with R = 1
 // and R = 2. Every fetched byte is checked. All nodes share this machine's cores, so
 // the numbers show the client's routing cost, not what separate hosts would add
 // (docs/cluster.md says what that changes).
@@ -27,6 +28,7 @@ struct ClusterBenchOptions {
   int chunks_per_call = 32;
   int prefixes = 16;  // distinct prefixes fetched at random
   int64_t resume_tokens = 100000;
+  int64_t lookup_tokens = 1000000;  // Lookup p50/p99 on a cached prefix this long (0: skip)
 };
 
 absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& options);

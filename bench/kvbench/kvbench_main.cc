@@ -128,6 +128,10 @@ int Main(int argc, char** argv) {
   cluster->add_option("--resume-tokens", copt.resume_tokens, "tokens of the resumed prefix")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cluster
+      ->add_option("--lookup-tokens", copt.lookup_tokens,
+                   "Lookup p50/p99 on a cached prefix this long (0: skip)")
+      ->capture_default_str();
   cluster->add_option("--config", cluster_config, "model config (the chunk size)")
       ->capture_default_str();
   cluster->add_flag("--json", json, "print one JSON object");

@@ -74,10 +74,10 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
 
 TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   TempDir dir;
-  auto r =
-      RunProgram(kKvbench, {"cluster", "--dir", dir.File("scratch"), "--seconds", "0.2", "--reps",
-                            "1", "--clients", "2", "--resume-tokens", "4096", "--config",
-                            std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--json"});
+  auto r = RunProgram(
+      kKvbench, {"cluster", "--dir", dir.File("scratch"), "--seconds", "0.2", "--reps", "1",
+                 "--clients", "2", "--resume-tokens", "4096", "--lookup-tokens", "8192", "--config",
+                 std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -88,6 +88,8 @@ TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   EXPECT_GT(c["prefix_fetch"][0]["gbps"].get<double>(), 0);
   EXPECT_GT(c["prefix_fetch"][0]["vs_single"].get<double>(), 0);
   EXPECT_EQ(c["resume"]["chunks"].get<int>(), 4096 / 256);
+  EXPECT_EQ(c["lookup"]["chunks"].get<int>(), 8192 / 256);
+  EXPECT_GT(c["lookup"]["p99_ms"].get<double>(), 0);
   ASSERT_EQ(c["store"].size(), 2u);
   EXPECT_EQ(c["store"][1]["replicas"].get<int>(), 2);
   EXPECT_GT(c["store"][1]["vs_r1"].get<double>(), 0);

@@ -75,6 +75,55 @@ TEST_F(ClientTest, PrefixRoundTripsAndLocalKeysMatchTheServer) {
   EXPECT_EQ(client_->Lookup(ns_, all)->matched_chunks, 7u);
 }
 
+TEST_F(ClientTest, LookupByKeysAgreesWithLookupByTokensAndRefusesBadInput) {
+  std::mt19937_64 rng(seed_);
+  const Prefix p = MakePrefix(rng, ns_, 4);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
+  EXPECT_EQ(ns_.vocab_size, 512u) << "RegisterNamespace tells the vocabulary";
+  // Tokens past the cached prefix: the client sends keys, the server hashes nothing.
+  std::vector<uint32_t> longer = p.tokens;
+  for (int i = 0; i < 2 * 64; ++i) longer.push_back(static_cast<uint32_t>(rng() % 512));
+  pb::LookupRequest by_tokens;
+  by_tokens.set_namespace_id(ns_.id);
+  by_tokens.mutable_tokens()->Add(longer.begin(), longer.end());
+  pb::LookupResponse want;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(daemon_->stub().Lookup(&c1, by_tokens, &want).ok());
+  absl::StatusOr<LookupResult> got = client_->Lookup(ns_, longer);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->matched_chunks, want.matched_chunks());
+  EXPECT_EQ(got->matched_chunks, 4u);
+  ASSERT_EQ(got->keys.size(), static_cast<size_t>(want.chunk_keys_size()));
+  for (size_t i = 0; i < got->keys.size(); ++i) {
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(got->keys[i].bytes.data()), 16),
+              want.chunk_keys(static_cast<int>(i)));
+  }
+  // A bad token is refused before any call, as the server would.
+  longer[70] = 600;
+  absl::StatusOr<LookupResult> bad = client_->Lookup(ns_, longer);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_NE(bad.status().message().find("tokens[70] is 600, outside the vocabulary of 512"),
+            std::string::npos)
+      << bad.status();
+  // The server: a key that is not 16 bytes, or tokens and keys at once.
+  pb::LookupRequest wrong;
+  wrong.set_namespace_id(ns_.id);
+  wrong.add_chunk_keys(std::string(15, 'k'));
+  pb::LookupResponse ignored;
+  grpc::ClientContext c2;
+  grpc::Status s = daemon_->stub().Lookup(&c2, wrong, &ignored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("chunk_keys[0] is 15 bytes"), std::string::npos)
+      << s.error_message();
+  wrong.set_chunk_keys(0, std::string(16, 'k'));
+  wrong.add_tokens(1);
+  grpc::ClientContext c3;
+  s = daemon_->stub().Lookup(&c3, wrong, &ignored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("tokens or chunk_keys, not both"), std::string::npos)
+      << s.error_message();
+}
+
 TEST_F(ClientTest, ChunkMissingMidPrefixEndsTheFetchThere) {
   std::mt19937_64 rng(seed_);
   const Prefix p = MakePrefix(rng, ns_, 4);
