@@ -78,8 +78,8 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints
     for (const std::string& e : eps) {
       in_addr a{};
       if (inet_pton(AF_INET, e.substr(0, e.rfind(':')).c_str(), &a) != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "etcd endpoint \"", e, "\": with several endpoints give IPv4 addresses"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("etcd endpoint \"", e, "\": with several endpoints give IPv4 addresses"));
       }
     }
     target = "ipv4:" + endpoints;
@@ -97,8 +97,7 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints
 
 std::unique_ptr<grpc::ClientContext> Etcd::Context() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(call_timeout_ms));
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(call_timeout_ms));
   return ctx;
 }
 
@@ -122,8 +121,8 @@ absl::StatusOr<int64_t> Etcd::KeepAlive(int64_t lease) {
   const bool ok = stream->Write(req) && stream->Read(&resp);
   stream->WritesDone();
   grpc::Status s = stream->Finish();
-  if (!ok || !s.ok()) return FromGrpc(s.ok() ? grpc::Status(grpc::UNAVAILABLE, "stream ended") : s,
-                                      "LeaseKeepAlive");
+  if (!ok || !s.ok())
+    return FromGrpc(s.ok() ? grpc::Status(grpc::UNAVAILABLE, "stream ended") : s, "LeaseKeepAlive");
   if (resp.ttl() <= 0) return absl::NotFoundError(absl::StrCat("etcd lease ", lease, " expired"));
   return resp.ttl();
 }

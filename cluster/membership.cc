@@ -80,9 +80,9 @@ bool NodeRegistration::Register() {
   }
   std::lock_guard lk(mu_);
   lease_ = *lease;
-  opt_.log("cluster_registered", absl::StrCat("node ", opt_.node.id, " at ", opt_.node.address,
-                                              ", generation ", opt_.node.generation, ", lease ",
-                                              *lease, " (", opt_.lease_seconds, " s)"));
+  opt_.log("cluster_registered",
+           absl::StrCat("node ", opt_.node.id, " at ", opt_.node.address, ", generation ",
+                        opt_.node.generation, ", lease ", *lease, " (", opt_.lease_seconds, " s)"));
   return true;
 }
 
@@ -195,11 +195,10 @@ void MembershipView::Apply(bool put, const Etcd::KeyValue& kv) {
   if (put) {
     absl::StatusOr<NodeInfo> n = NodeInfo::FromJson(kv.value);
     if (n.ok() && n->id == id) {
-      snap->nodes.insert(std::lower_bound(snap->nodes.begin(), snap->nodes.end(), *n,
-                                          [](const NodeInfo& a, const NodeInfo& b) {
-                                            return a.id < b.id;
-                                          }),
-                         *n);
+      snap->nodes.insert(
+          std::lower_bound(snap->nodes.begin(), snap->nodes.end(), *n,
+                           [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; }),
+          *n);
     }
   }
   ++snap->version;

@@ -25,8 +25,8 @@ namespace kvc::cluster {
 inline constexpr char kNodesPrefix[] = "/kvcache/v1/nodes/";
 
 struct NodeInfo {
-  std::string id;       // stable across restarts (the data folder keeps it)
-  std::string address;  // HOST:PORT clients dial
+  std::string id;           // stable across restarts (the data folder keeps it)
+  std::string address;      // HOST:PORT clients dial
   uint64_t generation = 0;  // +1 at every start of the node
   uint64_t ram_bytes = 0, ssd_bytes = 0, hbm_bytes = 0;
   int64_t started_unix = 0;

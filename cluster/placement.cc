@@ -19,11 +19,11 @@ uint64_t RendezvousWeight(const storage::ChunkKey& key, const std::string& node_
   return XXH3_64bits(long_buf.data(), long_buf.size());
 }
 
-std::vector<size_t> RankNodes(const storage::ChunkKey& key,
-                              std::span<const std::string> node_ids) {
+std::vector<size_t> RankNodes(const storage::ChunkKey& key, std::span<const std::string> node_ids) {
   std::vector<std::pair<uint64_t, size_t>> w;
   w.reserve(node_ids.size());
-  for (size_t i = 0; i < node_ids.size(); ++i) w.emplace_back(RendezvousWeight(key, node_ids[i]), i);
+  for (size_t i = 0; i < node_ids.size(); ++i)
+    w.emplace_back(RendezvousWeight(key, node_ids[i]), i);
   std::sort(w.begin(), w.end(), [&](const auto& a, const auto& b) {
     if (a.first != b.first) return a.first > b.first;
     return node_ids[a.second] < node_ids[b.second];
