@@ -109,6 +109,10 @@ class CacheApi {
                                           std::span<const storage::ChunkKey> keys) = 0;
 };
 
+// How many whole chunks `tokens` token ids and `payload_bytes` bytes make in `ns`;
+// InvalidArgument naming both sizes when they are not whole, matching chunks.
+absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes);
+
 // One daemon or a cluster, by `options.address` (see ClientOptions::address).
 absl::StatusOr<std::unique_ptr<CacheApi>> ConnectCache(const ClientOptions& options);
 

@@ -180,6 +180,16 @@ absl::StatusOr<RemoteNamespace> CacheClient::RegisterNamespace(const std::string
                          resp.vocab_size()};
 }
 
+absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes) {
+  const size_t chunks = tokens / ns.chunk_tokens;
+  if (tokens % ns.chunk_tokens != 0 || payload_bytes != chunks * ns.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tokens, " tokens and ", payload_bytes, " payload bytes are not whole chunks of ",
+        ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
+  }
+  return chunks;
+}
+
 std::vector<ChunkKey> CacheApi::Keys(const RemoteNamespace& ns,
                                      std::span<const uint32_t> tokens) const {
   return ChunkKeys(ns.root, tokens, ns.chunk_tokens);
@@ -358,12 +368,9 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
                                                std::span<const uint32_t> tokens,
                                                std::span<const uint8_t> payloads,
                                                pb::Durability durability, uint32_t ttl_seconds) {
-  const size_t chunks = tokens.size() / ns.chunk_tokens;
-  if (tokens.size() % ns.chunk_tokens != 0 || payloads.size() != chunks * ns.chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        tokens.size(), " tokens and ", payloads.size(), " payload bytes are not whole chunks of ",
-        ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
-  }
+  absl::StatusOr<size_t> whole = WholeChunks(ns, tokens.size(), payloads.size());
+  if (!whole.ok()) return whole.status();
+  const size_t chunks = *whole;
   std::vector<ChunkToStore> each(chunks);
   std::optional<ChunkKey> prev = parent;
   for (size_t i = 0; i < chunks; ++i) {

@@ -51,11 +51,6 @@ bool NodeTrouble(const absl::Status& s) {
          absl::IsAborted(s) || absl::IsInternal(s) || absl::IsUnknown(s);
 }
 
-// Node indices by rendezvous rank for `key`.
-std::vector<size_t> Rank(const ChunkKey& key, const std::vector<std::string>& ids) {
-  return cluster::RankNodes(key, ids);
-}
-
 std::vector<std::string> Ids(const std::vector<std::shared_ptr<ClusterClient::Node>>& nodes) {
   std::vector<std::string> ids;
   ids.reserve(nodes.size());
@@ -158,7 +153,7 @@ std::vector<std::string> ClusterClient::Owners(const ChunkKey& key) const {
   std::vector<std::string> ids;
   for (const auto& n : m->nodes) ids.push_back(n.id);
   std::vector<std::string> owners;
-  for (size_t i : Rank(key, ids)) {
+  for (size_t i : cluster::RankNodes(key, ids)) {
     if (owners.size() == ReplicasFor(ids.size())) break;
     owners.push_back(ids[i]);
   }
@@ -330,7 +325,7 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
   for (size_t c = 0; c < r.keys.size(); ++c) {
     std::vector<std::string> holders;
     pb::Tier tier = pb::TIER_NONE;
-    for (size_t i : Rank(r.keys[c], ids)) {
+    for (size_t i : cluster::RankNodes(r.keys[c], ids)) {
       if (!per[i].ok() || per[i]->tiers.size() != r.keys.size()) continue;
       if (per[i]->tiers[c] == pb::TIER_NONE) continue;
       if (holders.empty()) tier = per[i]->tiers[c];
@@ -354,7 +349,7 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
                     r.keys[c],
                     holders.front(),
                     {}};
-      for (size_t i : Rank(r.keys[c], ids)) {  // the owners that lack it, best first
+      for (size_t i : cluster::RankNodes(r.keys[c], ids)) {  // the owners that lack it, best first
         if (job.to.size() + holders.size() == want) break;
         if (std::find(holders.begin(), holders.end(), ids[i]) == holders.end()) {
           job.to.push_back(ids[i]);
@@ -391,7 +386,7 @@ absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
           if (pos != ids.end()) order.push_back(pos - ids.begin());
         }
       }
-      for (size_t i : Rank(keys[c], ids)) {
+      for (size_t i : cluster::RankNodes(keys[c], ids)) {
         if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
       }
       std::stable_partition(order.begin(), order.end(),
@@ -478,12 +473,9 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
                                                  std::span<const uint32_t> tokens,
                                                  std::span<const uint8_t> payloads,
                                                  pb::Durability durability, uint32_t ttl_seconds) {
-  const size_t chunks = tokens.size() / ns.chunk_tokens;
-  if (tokens.size() % ns.chunk_tokens != 0 || payloads.size() != chunks * ns.chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        tokens.size(), " tokens and ", payloads.size(), " payload bytes are not whole chunks of ",
-        ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
-  }
+  absl::StatusOr<size_t> whole = WholeChunks(ns, tokens.size(), payloads.size());
+  if (!whole.ok()) return whole.status();
+  const size_t chunks = *whole;
   std::vector<std::shared_ptr<Node>> nodes = Members();
   if (nodes.empty()) {
     return absl::UnavailableError(
@@ -501,7 +493,7 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
     each[c].payload = payloads.subspan(c * ns.chunk_bytes, ns.chunk_bytes);
     const ChunkKey key = NextChunkKey(prev ? *prev : ns.root, each[c].tokens);
     r.keys.push_back(key);
-    order[c] = Rank(key, ids);
+    order[c] = cluster::RankNodes(key, ids);
     // The owners are the first `want` by rank; one being skipped is stood in for by the
     // next node (its copy is found by the reads' fallback along the ranking).
     std::stable_partition(order[c].begin(), order[c].end(),

@@ -13,6 +13,10 @@
 
 namespace kvc::serve {
 
+// A free loopback TCP port (bound, read back, released): for the child processes programs
+// start (etcd's ports, Redis in kvbench).
+int FreeLoopbackPort();
+
 class KvcachedProcess {
  public:
   // `binary`: the kvcached program; its stderr (the structured log) goes to

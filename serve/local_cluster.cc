@@ -1,8 +1,6 @@
 #include "serve/local_cluster.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,28 +13,12 @@
 #include "cluster/membership.h"
 
 namespace kvc::serve {
-namespace {
-
-// A free loopback TCP port (bound, read back, released).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-}  // namespace
 
 EtcdProcess::EtcdProcess(std::string data_dir, std::string binary)
     : dir_(std::move(data_dir)), binary_(std::move(binary)) {
-  client_port_ = FreePort();
+  client_port_ = FreeLoopbackPort();
   do {
-    peer_port_ = FreePort();
+    peer_port_ = FreeLoopbackPort();
   } while (peer_port_ == client_port_);
 }
 

@@ -16,11 +16,12 @@
 //                   [--dataset-chunks N | --dataset-bytes B] [--depths 1,8,32]
 //                   [--ops fetch,store] [--no-fio]
 //                   [--json]
-#include <iostream>
-
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <optional>
 #include <sstream>
+
 #include "CLI/CLI.hpp"
 
 #include "bench/kvbench/cluster_bench.h"
@@ -34,6 +35,35 @@
 
 namespace kvc {
 namespace {
+
+// The text of the model config a case registers, or nullopt after saying why not.
+std::optional<std::string> ReadModelConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "kvbench: error: cannot open model config \"" << path
+              << "\" (give --config FILE)\n";
+    return std::nullopt;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The kvcached built beside this kvbench.
+std::string SiblingKvcached() {
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+}
+
+// Prints a case's result (JSON or its text form) or its error; the exit code.
+int Report(const absl::StatusOr<nlohmann::json>& r, bool json,
+           std::string (*to_text)(const nlohmann::json&)) {
+  if (!r.ok()) {
+    std::cerr << "kvbench: error: " << r.status().message() << "\n";
+    return 1;
+  }
+  std::cout << (json ? r->dump(2) + "\n" : to_text(*r));
+  return 0;
+}
 
 int Main(int argc, char** argv) {
   CLI::App app{"kvbench: kvcache benchmarks, ours beside a peer in the same run"};
@@ -261,46 +291,21 @@ int Main(int argc, char** argv) {
 #endif
   }
   if (cluster->parsed()) {
-    std::ifstream in(cluster_config);
-    if (!in) {
-      std::cerr << "kvbench: error: cannot open model config \"" << cluster_config << "\"\n";
-      return 1;
-    }
-    std::stringstream s;
-    s << in.rdbuf();
-    copt.model_config_json = s.str();
-    copt.kvcached =
-        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
-    absl::StatusOr<nlohmann::json> r = bench::RunClusterBench(copt);
-    if (!r.ok()) {
-      std::cerr << "kvbench: error: " << r.status().message() << "\n";
-      return 1;
-    }
-    std::cout << (json ? r->dump(2) + "\n" : bench::ClusterBenchToText(*r));
-    return 0;
+    std::optional<std::string> text = ReadModelConfig(cluster_config);
+    if (!text) return 1;
+    copt.model_config_json = *text;
+    copt.kvcached = SiblingKvcached();
+    return Report(bench::RunClusterBench(copt), json, bench::ClusterBenchToText);
   }
   if (trace->parsed()) {
-    std::ifstream in(trace_config);
-    if (!in) {
-      std::cerr << "kvbench: error: cannot open model config \"" << trace_config << "\"\n";
-      return 1;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    topt.model_config_json = text.str();
-    topt.kvcached =
-        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
-    absl::StatusOr<nlohmann::json> r = bench::RunTraceBench(topt);
-    if (!r.ok()) {
-      std::cerr << "kvbench: error: " << r.status().message() << "\n";
-      return 1;
-    }
-    std::cout << (json ? r->dump(2) + "\n" : bench::TraceBenchToText(*r));
-    return 0;
+    std::optional<std::string> text = ReadModelConfig(trace_config);
+    if (!text) return 1;
+    topt.model_config_json = *text;
+    topt.kvcached = SiblingKvcached();
+    return Report(bench::RunTraceBench(topt), json, bench::TraceBenchToText);
   }
   if (e2e->parsed()) {
-    xopt.kvcached =
-        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    xopt.kvcached = SiblingKvcached();
     absl::StatusOr<nlohmann::json> r = bench::RunE2eBench(xopt);
     if (!r.ok()) {
       std::cerr << "kvbench: error: " << r.status().message() << "\n";
@@ -319,17 +324,10 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (service->parsed()) {
-    std::ifstream in(config);
-    if (!in) {
-      std::cerr << "kvbench: error: cannot open model config \"" << config
-                << "\" (give --config FILE)\n";
-      return 1;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    sopt.model_config_json = text.str();
-    sopt.kvcached =
-        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
+    std::optional<std::string> text = ReadModelConfig(config);
+    if (!text) return 1;
+    sopt.model_config_json = *text;
+    sopt.kvcached = SiblingKvcached();
     if (no_python) sopt.python_dir.clear();
     absl::StatusOr<std::vector<bench::ServiceCase>> cases = bench::RunServiceBench(sopt);
     if (!cases.ok()) {

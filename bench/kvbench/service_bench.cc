@@ -70,18 +70,6 @@ absl::StatusOr<std::string> Spawn(const std::vector<std::string>& argv, Process*
   return std::string(line);
 }
 
-int FreePort() {
-  const int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptions& opt) {
@@ -94,7 +82,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   if (absl::Status s = daemon.Start(); !s.ok()) return s;
   const std::string address = daemon.address();
   Process redis;
-  const int redis_port = FreePort();
+  const int redis_port = serve::FreeLoopbackPort();
   absl::StatusOr<std::string> rline =
       Spawn({"/usr/bin/redis-server", "--port", std::to_string(redis_port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", opt.dir + "/redis", "--maxmemory",
