@@ -329,6 +329,12 @@ class Common:
 
     # ---- store ----
     def store_requests(self, ns, tokens, payloads, durable, ttl_s, parent):
+        return self.store_plan(ns, tokens, payloads, durable, ttl_s, parent)[0]
+
+    @staticmethod
+    def store_plan(ns, tokens, payloads, durable, ttl_s, parent):
+        """(one serialized StoreRequest per whole chunk, each naming its own parent; the
+        chunks' keys), after checking every argument."""
         arr = as_tokens(tokens, ns.vocab_size)
         chunks = arr.size // ns.chunk_tokens
         if arr.size % ns.chunk_tokens:
@@ -347,7 +353,7 @@ class Common:
             requests.append(_wire.store_request(
                 ns.id, parent if i == 0 else keys[i - 1],
                 arr[i * ns.chunk_tokens:(i + 1) * ns.chunk_tokens], views[i], durability, ttl_s))
-        return requests
+        return requests, keys
 
     @staticmethod
     def pin_request(ns, keys, ttl_s):

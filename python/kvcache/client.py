@@ -148,12 +148,13 @@ class Client(Common):
             raise from_rpc_error(e) from None
         return self.store_result(resp)
 
-    def _lookup_every(self, ns, tokens) -> Match:
-        """Like lookup, with `tiers` for every whole chunk ("none" where this daemon has
-        none): what a cluster client merges across nodes."""
-        req = self.lookup_request(ns, tokens)
-        req.every_chunk = True
-        return self.match_from(ns, self._call(self._stub.Lookup, req))
+    def _lookup_every(self, ns, keys):
+        """The tier of every chunk of `keys` on this daemon ("none" where it has none),
+        asked by key: what a cluster client merges across nodes."""
+        if not keys:
+            return []
+        req = pb.LookupRequest(namespace_id=ns.id, chunk_keys=keys, every_chunk=True)
+        return self.match_from(ns, self._call(self._stub.Lookup, req)).tiers
 
     def pin(self, ns, keys, ttl_s):
         """Keeps the chunks (and so their prefix) from eviction for ttl_s; how many found."""

@@ -26,11 +26,9 @@ from typing import Dict, List
 
 import xxhash
 
-from ._common import Fetched, Match, StoreResult, check_keys, chunk_payloads, writable_view
-from . import _wire
+from ._common import Common, Fetched, Match, StoreResult, check_keys, writable_view
 from .errors import InvalidArgumentError, KvcacheError, UnavailableError
 from .hashing import as_tokens, chunk_keys
-from .v1 import kvcache_pb2 as pb
 
 PLACEMENT_RULE = "kvcache-rendezvous-v1"
 NODES_PREFIX = b"/kvcache/v1/nodes/"
@@ -321,14 +319,14 @@ class ClusterClient:
         nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
         keys = self.chunk_keys(ns, tokens)
 
-        def ask(nc):
+        def ask(nc):  # by key: hashed once here, not on every node
             self._ensure_namespace(nc, ns)
-            return nc.client._lookup_every(ns, tokens)
+            return nc.client._lookup_every(ns, keys)
         results = self._on_nodes([(nc, ask) for nc in nodes])
         answered = {}
-        for nc, (m, err) in zip(nodes, results):
-            if err is None and len(m.tiers) == len(keys):
-                answered[nc.node.id] = m.tiers
+        for nc, (tiers, err) in zip(nodes, results):
+            if err is None and len(tiers) == len(keys):
+                answered[nc.node.id] = tiers
             elif err is not None:
                 self._failed(nc, err)
         if nodes and not answered:
@@ -405,22 +403,12 @@ class ClusterClient:
     def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
         """Stores the whole chunks of `tokens` on each chunk's R owners; returns once all R
         hold every chunk (UnavailableError naming the first chunk with fewer copies)."""
-        arr = as_tokens(tokens, ns.vocab_size)
-        if arr.size % ns.chunk_tokens:
-            raise InvalidArgumentError(f"{arr.size} tokens are not whole chunks of {ns.chunk_tokens}")
-        chunks = arr.size // ns.chunk_tokens
-        views = chunk_payloads(ns, payloads, chunks)
-        parent = b"" if parent is None else bytes(parent)
-        if parent and len(parent) != 16:
-            raise InvalidArgumentError(f"parent is {len(parent)} bytes; keys are 16 bytes")
-        if ttl_s < 0 or ttl_s >= 2**32:
-            raise InvalidArgumentError(f"ttl_s is {ttl_s}")
+        requests, keys = Common.store_plan(ns, tokens, payloads, durable, ttl_s, parent)
+        chunks = len(requests)
         nodes = {nc.node.id: nc for nc in self._members()}
         if not nodes:
             raise UnavailableError(f"the cluster at {self.target} has no nodes")
         want = self.replicas
-        keys = chunk_keys(parent or ns.root_key, arr, ns.chunk_tokens)
-        durability = pb.DURABILITY_DURABLE if durable else pb.DURABILITY_MEMORY
         now = time.monotonic()
         order = []
         for k in keys:
@@ -443,11 +431,7 @@ class ClusterClient:
 
             def put(nc, idx=None):
                 self._ensure_namespace(nc, ns)
-                reqs = [_wire.store_request(
-                    ns.id, parent if c == 0 else keys[c - 1],
-                    arr[c * ns.chunk_tokens:(c + 1) * ns.chunk_tokens], views[c], durability,
-                    ttl_s) for c in idx]
-                return nc.client._send_store(reqs)
+                return nc.client._send_store([requests[c] for c in idx])
             work = [(nodes[n], lambda nc, idx=idx: put(nc, idx)) for n, idx in share.items()]
             for (n, idx), (got, err) in zip(share.items(), self._on_nodes(work)):
                 if err is not None:

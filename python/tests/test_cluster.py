@@ -108,7 +108,7 @@ def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_
     misplaced = 0
     for i, node in enumerate(nodes):
         direct = kvcache.Client(node.address, shm_socket="")
-        tiers = direct._lookup_every(ns, tokens).tiers
+        tiers = direct._lookup_every(ns, m.keys)
         direct.close()
         for key, tier in zip(m.keys, tiers):
             misplaced += (f"n{i}" in c.owners(key)) != (tier != "none")
