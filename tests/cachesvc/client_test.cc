@@ -9,6 +9,8 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "engine/spec/model_config.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/cachesvc/random_prefix.h"
@@ -79,10 +81,14 @@ TEST_F(ClientTest, LookupByKeysAgreesWithLookupByTokensAndRefusesBadInput) {
   std::mt19937_64 rng(seed_);
   const Prefix p = MakePrefix(rng, ns_, 4);
   ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
-  EXPECT_EQ(ns_.vocab_size, 512u) << "RegisterNamespace tells the vocabulary";
+  const absl::StatusOr<ModelConfig> mini = ParseModelConfig(
+      ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "configs/mini.json");
+  ASSERT_TRUE(mini.ok()) << mini.status();
+  const uint32_t vocab = static_cast<uint32_t>(mini->vocab_size);
+  EXPECT_EQ(ns_.vocab_size, vocab) << "RegisterNamespace tells the vocabulary";
   // Tokens past the cached prefix: the client sends keys, the server hashes nothing.
   std::vector<uint32_t> longer = p.tokens;
-  for (int i = 0; i < 2 * 64; ++i) longer.push_back(static_cast<uint32_t>(rng() % 512));
+  for (int i = 0; i < 2 * 64; ++i) longer.push_back(static_cast<uint32_t>(rng() % vocab));
   pb::LookupRequest by_tokens;
   by_tokens.set_namespace_id(ns_.id);
   by_tokens.mutable_tokens()->Add(longer.begin(), longer.end());
@@ -99,10 +105,11 @@ TEST_F(ClientTest, LookupByKeysAgreesWithLookupByTokensAndRefusesBadInput) {
               want.chunk_keys(static_cast<int>(i)));
   }
   // A bad token is refused before any call, as the server would.
-  longer[70] = 600;
+  longer[70] = vocab + 88;
   absl::StatusOr<LookupResult> bad = client_->Lookup(ns_, longer);
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
-  EXPECT_NE(bad.status().message().find("tokens[70] is 600, outside the vocabulary of 512"),
+  EXPECT_NE(bad.status().message().find(
+                absl::StrCat("tokens[70] is ", vocab + 88, ", outside the vocabulary of ", vocab)),
             std::string::npos)
       << bad.status();
   // The server: a key that is not 16 bytes, or tokens and keys at once.
