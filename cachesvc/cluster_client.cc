@@ -278,9 +278,12 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
   r.keys = Keys(ns, tokens);  // hashed once; every node is asked by key
   if (nodes.empty()) return r;
   std::vector<absl::StatusOr<LookupResult>> per(nodes.size(), absl::UnknownError("not asked"));
+  std::vector<char> skipped(nodes.size(), 0);
   ParallelFor(nodes.size(), [&](size_t i) {
     if (Skipped(*nodes[i])) {
-      per[i] = absl::UnavailableError("skipped after a recent failure");
+      skipped[i] = 1;
+      per[i] = absl::UnavailableError(
+          absl::StrCat("node ", nodes[i]->info.id, " skipped after a recent failure"));
       return;
     }
     absl::Status s = EnsureNamespace(*nodes[i], ns);
@@ -293,16 +296,12 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
   size_t answered = 0;
   absl::Status first_error = absl::OkStatus();
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (per[i].ok() && per[i]->tiers.size() == r.keys.size()) {
+    if (per[i].ok()) {  // LookupKeysEvery answers a tier for every key, or an error
       ++answered;
       continue;
     }
-    if (!per[i].ok()) {
-      if (first_error.ok()) first_error = per[i].status();
-      if (!absl::StrContains(per[i].status().message(), "skipped")) {
-        MarkFailed(*nodes[i], per[i].status());
-      }
-    }
+    if (first_error.ok()) first_error = per[i].status();
+    if (!skipped[i]) MarkFailed(*nodes[i], per[i].status());
   }
   if (answered == 0) {
     return absl::UnavailableError(
@@ -326,7 +325,7 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
     std::vector<std::string> holders;
     pb::Tier tier = pb::TIER_NONE;
     for (size_t i : cluster::RankNodes(r.keys[c], ids)) {
-      if (!per[i].ok() || per[i]->tiers.size() != r.keys.size()) continue;
+      if (!per[i].ok()) continue;
       if (per[i]->tiers[c] == pb::TIER_NONE) continue;
       if (holders.empty()) tier = per[i]->tiers[c];
       holders.push_back(ids[i]);
