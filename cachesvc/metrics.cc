@@ -67,6 +67,12 @@ class StoreCollector final : public prometheus::Collectable {
                {Value(s.promotions)}),
         Family("kvcache_pending_write_behind", "Memory-acknowledged chunks not yet on SSD",
                T::Gauge, {Value(s.pending_write_behind)}),
+        Family("kvcache_index_rebuilds_total",
+               "Opens that found the SSD index damaged or missing and rebuilt it from the slots",
+               T::Counter, {Value(s.index_rebuilds)}),
+        Family("kvcache_recovered_chunks",
+               "Chunks indexed from their slots at the last open (entries the index lost)",
+               T::Gauge, {Value(s.recovered_chunks)}),
     };
   }
 

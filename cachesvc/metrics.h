@@ -4,7 +4,8 @@
 //   kvcache_chunks{tier}, kvcache_capacity_chunks{tier}, kvcache_hits_total{tier},
 //   kvcache_misses_total, kvcache_checksum_failures_total, kvcache_read_errors_total,
 //   kvcache_write_errors_total, kvcache_evictions_total{tier}, kvcache_demotions_total,
-//   kvcache_promotions_total, kvcache_pending_write_behind
+//   kvcache_promotions_total, kvcache_pending_write_behind, kvcache_index_rebuilds_total,
+//   kvcache_recovered_chunks
 //                                      read from the store at scrape time.
 // Thread-safe (prometheus-cpp metrics are atomic).
 #pragma once

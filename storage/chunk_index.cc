@@ -1,10 +1,15 @@
 #include "storage/chunk_index.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
 
@@ -22,7 +27,21 @@ std::string ChunkRowKey(const ChunkKey& k) {
 
 absl::Status FromRocks(const rocksdb::Status& s, const char* what) {
   if (s.ok()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("rocksdb ", what, ": ", s.ToString()));
+  const std::string msg = absl::StrCat("rocksdb ", what, ": ", s.ToString());
+  return s.IsCorruption() ? absl::DataLossError(msg) : absl::InternalError(msg);
+}
+
+rocksdb::Options IndexOptions() {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.max_background_jobs = 2;
+  options.keep_log_file_num = 4;
+  options.max_log_file_size = 8 << 20;
+  // A crash tears at most the WAL's last record; damage anywhere else fails the open
+  // instead of silently dropping every later record (RocksDB's default stops there).
+  // (RocksDB turns WAL recycling off in this mode; durable puts no longer sync the WAL.)
+  options.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  return options;
 }
 
 class Writer {
@@ -98,23 +117,38 @@ absl::StatusOr<IndexRecord> DecodeIndexRecord(const std::string& bytes) {
   return rec;
 }
 
-absl::StatusOr<std::unique_ptr<ChunkIndex>> ChunkIndex::Open(const std::string& dir) {
-  rocksdb::Options options;
-  options.create_if_missing = true;
-  options.max_background_jobs = 2;
-  options.keep_log_file_num = 4;
-  options.max_log_file_size = 8 << 20;
-  // Reusing WAL files makes a synced commit an overwrite of allocated blocks (fdatasync
-  // then needs no inode update), roughly halving the cost of a durable put.
-  options.recycle_log_file_num = 4;
+absl::StatusOr<std::unique_ptr<ChunkIndex>> ChunkIndex::Open(
+    const std::string& dir, std::shared_ptr<rocksdb::FileSystem> fs) {
+  rocksdb::Options options = IndexOptions();
+  std::unique_ptr<rocksdb::Env> env = fs ? rocksdb::NewCompositeEnv(fs) : nullptr;
+  if (env) options.env = env.get();
   rocksdb::DB* db = nullptr;
   if (absl::Status s = FromRocks(rocksdb::DB::Open(options, dir, &db), "open"); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), " (index at ", dir, ")"));
   }
-  return std::unique_ptr<ChunkIndex>(new ChunkIndex(db));
+  return std::unique_ptr<ChunkIndex>(new ChunkIndex(db, std::move(env)));
 }
 
-ChunkIndex::ChunkIndex(rocksdb::DB* db) : db_(db) {}
+absl::StatusOr<std::unique_ptr<ChunkIndex>> ChunkIndex::OpenDamaged(
+    const std::string& dir, bool keep_records, std::string* moved_to,
+    std::shared_ptr<rocksdb::FileSystem> fs) {
+  rocksdb::Options options = IndexOptions();
+  options.wal_recovery_mode = rocksdb::WALRecoveryMode::kSkipAnyCorruptedRecords;
+  std::unique_ptr<rocksdb::Env> env = fs ? rocksdb::NewCompositeEnv(fs) : nullptr;
+  if (env) options.env = env.get();
+  rocksdb::DB* db = nullptr;
+  if (keep_records && rocksdb::DB::Open(options, dir, &db).ok())
+    return std::unique_ptr<ChunkIndex>(new ChunkIndex(db, std::move(env)));
+  *moved_to = absl::StrCat(dir, ".damaged-", time(nullptr));
+  if (std::rename(dir.c_str(), moved_to->c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot move the damaged index ", dir, " aside: ", strerror(errno)));
+  }
+  return Open(dir, fs);
+}
+
+ChunkIndex::ChunkIndex(rocksdb::DB* db, std::unique_ptr<rocksdb::Env> env)
+    : env_(std::move(env)), db_(db) {}
 
 ChunkIndex::~ChunkIndex() {
   if (db_) (void)db_->Close();
@@ -151,9 +185,11 @@ absl::Status ChunkIndex::ForEach(
 }
 
 absl::Status ChunkIndex::Commit(const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
-                                const std::vector<ChunkKey>& deletes, bool sync) {
-  if (puts.empty() && deletes.empty()) return absl::OkStatus();
+                                const std::vector<ChunkKey>& deletes, bool sync,
+                                const std::vector<std::pair<std::string, std::string>>& meta) {
+  if (puts.empty() && deletes.empty() && meta.empty()) return absl::OkStatus();
   rocksdb::WriteBatch batch;
+  for (const auto& [name, value] : meta) batch.Put("m" + name, value);
   for (const auto& [key, rec] : puts) batch.Put(ChunkRowKey(key), EncodeIndexRecord(rec));
   for (const ChunkKey& key : deletes) batch.Delete(ChunkRowKey(key));
   rocksdb::WriteOptions w;

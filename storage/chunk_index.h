@@ -20,7 +20,9 @@
 
 namespace rocksdb {
 class DB;
-}
+class Env;
+class FileSystem;
+}  // namespace rocksdb
 
 namespace kvc::storage {
 
@@ -44,7 +46,19 @@ absl::StatusOr<IndexRecord> DecodeIndexRecord(const std::string& bytes);
 
 class ChunkIndex {
  public:
-  static absl::StatusOr<std::unique_ptr<ChunkIndex>> Open(const std::string& dir);
+  // A WAL damaged anywhere but at its tail (where a crash tears the last record, which is
+  // dropped), or a file that does not read, is DataLoss naming the damage: the caller
+  // then salvages the index (OpenDamaged) and rebuilds what it lost from the slots.
+  // `fs` (tests: a power-cut seam) replaces the default file system.
+  static absl::StatusOr<std::unique_ptr<ChunkIndex>> Open(
+      const std::string& dir, std::shared_ptr<rocksdb::FileSystem> fs = nullptr);
+  // Opens a damaged index keeping every record that still reads (damaged WAL records are
+  // skipped). If even that fails, or keep_records is false (its files do not read), the
+  // folder is moved aside to `dir`.damaged-<unix time> (named in *moved_to) and an empty
+  // index is made in its place.
+  static absl::StatusOr<std::unique_ptr<ChunkIndex>> OpenDamaged(
+      const std::string& dir, bool keep_records, std::string* moved_to,
+      std::shared_ptr<rocksdb::FileSystem> fs = nullptr);
   ~ChunkIndex();
 
   absl::StatusOr<std::optional<std::string>> GetMeta(const std::string& name);
@@ -54,12 +68,16 @@ class ChunkIndex {
   [[nodiscard]] absl::Status ForEach(
       const std::function<void(const ChunkKey&, const IndexRecord&)>& fn);
 
-  // Applies puts and deletes atomically. sync = the WAL is fsynced before returning.
-  [[nodiscard]] absl::Status Commit(const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
-                                    const std::vector<ChunkKey>& deletes, bool sync);
+  // Applies puts, deletes and metadata puts atomically. sync = the WAL is fsynced before
+  // returning (which makes every earlier commit durable too).
+  [[nodiscard]] absl::Status Commit(
+      const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
+      const std::vector<ChunkKey>& deletes, bool sync,
+      const std::vector<std::pair<std::string, std::string>>& meta = {});
 
  private:
-  explicit ChunkIndex(rocksdb::DB* db);
+  ChunkIndex(rocksdb::DB* db, std::unique_ptr<rocksdb::Env> env);
+  std::unique_ptr<rocksdb::Env> env_;  // outlives db_
   std::unique_ptr<rocksdb::DB> db_;
 };
 

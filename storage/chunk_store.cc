@@ -146,7 +146,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     }
   }
   if (!writes.empty()) {
-    s.WriteToSsd(lk, writes, /*sync_index=*/true);
+    s.WriteToSsd(lk, writes);
     for (Impl::PendingWrite& w : writes) {
       if (absl::IsAlreadyExists(w.status)) {
         results[w.result_index] = PutResult{true};
@@ -229,8 +229,13 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
       rec.last_access_s = now;
       s.access_dirty.insert(keys[i]);
     }
-    reads.push_back(
-        {slot, SlotHeader{ns, rec.payload_bytes, keys[i], rec.checksum, rec.sequence}, outs[i]});
+    SlotHeader expect;
+    expect.namespace_id = ns;
+    expect.payload_bytes = rec.payload_bytes;
+    expect.key = keys[i];
+    expect.payload_checksum = rec.checksum;
+    expect.sequence = rec.sequence;
+    reads.push_back({slot, expect, outs[i]});
     read_index.push_back(i);
   }
   lk.unlock();
@@ -261,7 +266,7 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
     const uint64_t slot = reads[k].slot;
     if (--s.ssd_readers[slot] == 0) {
       s.ssd_readers.erase(slot);
-      if (s.ssd_free_on_release.erase(slot) > 0) s.ssd_free.push_back(slot);
+      if (s.ssd_free_on_release.erase(slot) > 0) s.ReturnFreeSlot(slot);
     }
     if (io[k].ok()) {
       ++s.stats.ssd_hits;
@@ -424,9 +429,24 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
       status[i] = absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
     }
   }
+  // An erased chunk's slot may still be listed in the reservation, and its bytes would be
+  // indexed again after a crash: such slots leave the record in the same synced commit.
+  std::vector<std::pair<std::string, std::string>> meta;
+  bool holds_record = false;
+  if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return s.reserved.contains(x); })) {
+    s.reservation_cv.wait(lk, [&] { return !s.record_busy; });
+    s.record_busy = holds_record = true;
+    for (uint64_t slot : slots) s.reserved.erase(slot);
+    SlotReservation record{s.reservation_min_sequence, {s.reserved.begin(), s.reserved.end()}};
+    meta.emplace_back(kReservationMeta, EncodeSlotReservation(record));
+  }
   lk.unlock();
-  absl::Status committed = s.index->Commit({}, deletes, /*sync=*/true);
+  absl::Status committed = s.index->Commit({}, deletes, /*sync=*/true, meta);
   lk.lock();
+  if (holds_record) {
+    s.record_busy = false;
+    s.reservation_cv.notify_all();
+  }
   if (!committed.ok()) {
     // The entries may still be on disk: leave their slots unused until the next open.
     for (auto& st : status) {

@@ -7,11 +7,13 @@
 //                 (SetRamPool), so a pool can be handed to one tenant alone;
 //   T2 SSD      — preallocated O_DIRECT slab files driven by io_uring (SsdTier), indexed
 //                 in RocksDB (ChunkIndex), surviving restarts and crashes.
-// Put with Durability::kDurable acknowledges after the SSD write, its fdatasync and the
-// synced index commit; kMemory acknowledges once the chunk is in RAM and a background
-// writer copies it to SSD. Data is always durable before its index entry commits, so
-// after any crash every indexed chunk reads back byte-exact; slots without an entry are
-// free. Every read verifies the chunk's checksum — from SSD, and from RAM too (Get,
+// Put with Durability::kDurable acknowledges after the SSD write and its fdatasync — one
+// sync: slots describe themselves, and the index entries committed since the index last
+// synced are rebuilt from the reserved slots after a crash (slot_reservation.h); a damaged
+// index is salvaged and rebuilt from every slot. kMemory acknowledges once the chunk is in
+// RAM and a background writer copies it to SSD. After any crash every durably acknowledged
+// chunk reads back byte-exact; an entry whose slot does not verify is never served.
+// Every read verifies the chunk's checksum — from SSD, and from RAM too (Get,
 // LeaseRam; a RAM copy is also checked before it is written to SSD); a mismatch is a miss
 // (NotFound), counted, and the copy is dropped — bad bytes are never handed out.
 //
@@ -41,6 +43,7 @@
 #include "storage/chunk_key.h"
 #include "storage/fault_injection.h"
 #include "storage/io_engine.h"
+#include "storage/power_cut.h"
 #include "storage/ram_tier.h"
 
 namespace kvc::storage {
@@ -68,7 +71,9 @@ struct StoreOptions {
   bool preallocate_ssd = false;             // lay out every slab at open, not on first use
   bool preallocate_ssd_background = false;  // lay slabs out on a background thread instead
   std::shared_ptr<FaultPlan> faults;        // tests only
-  std::function<int64_t()> now_s;           // wall clock in seconds; tests inject one
+  std::shared_ptr<PowerCut> power_cut;      // tests only: see power_cut.h
+  uint16_t slot_format = 0;        // a new folder's slot format; 0 = the current one (tests: 1)
+  std::function<int64_t()> now_s;  // wall clock in seconds; tests inject one
 };
 
 struct PutRequest {
@@ -118,6 +123,11 @@ struct StoreStats {
   uint64_t ram_checksum_failures = 0;  // of checksum_failures, those of RAM copies
   uint64_t ram_evictions = 0, ssd_evictions = 0, demotions = 0, promotions = 0;
   uint64_t pending_write_behind = 0;
+  // Recovery at the last open: chunks indexed from their slots (written after the index's
+  // last sync, or all of them after damage), and whether the index was found damaged.
+  uint64_t recovered_chunks = 0;
+  uint64_t index_rebuilds = 0;
+  uint64_t reservations = 0;  // synced reservation commits since open
 };
 
 class ChunkStore {

@@ -21,6 +21,7 @@
 #include "storage/group_commit.h"
 #include "storage/ram_tier.h"
 #include "storage/slot_format.h"
+#include "storage/slot_reservation.h"
 #include "storage/ssd_tier.h"
 
 namespace kvc::storage {
@@ -39,13 +40,23 @@ class ChunkStore::Impl {
 
   absl::Status Open();
   void Close();
+  // Opens the index and reads its records; a damaged index is salvaged (index_damaged).
+  absl::Status OpenIndex(std::vector<std::pair<ChunkKey, IndexRecord>>* records);
 
-  // Data synced and index entries committed at once, for all concurrent writers (group_commit.h).
+  // Index entries committed and data synced, for all concurrent writers (group_commit.h).
   absl::Status CommitDurably(const std::set<uint64_t>& slabs,
-                             const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
-                             bool sync_index) {
-    return commits->Commit(slabs, puts, sync_index);
+                             const std::vector<std::pair<ChunkKey, IndexRecord>>& puts) {
+    return commits->Commit(slabs, puts);
   }
+
+  // ---- recovery (chunk_store_recovery.cc; at open, before other threads run) ----
+  // Brings the loaded index (ssd_map) up to date with the slots: the reserved slots
+  // written after the reservation, or with whole_tier every slot (the index was damaged:
+  // slots are then the only truth, and entries whose slot does not verify are dropped).
+  // Keys whose entries go are appended to `stale`; recovered entries to `recovered`.
+  absl::Status RecoverFromSlots(const SlotReservation& reservation, bool whole_tier,
+                                std::vector<ChunkKey>* stale,
+                                std::vector<std::pair<ChunkKey, IndexRecord>>* recovered);
 
   int64_t NowS() const { return opt.now_s(); }
   // Whether the namespace's RAM pool has any slot.
@@ -95,7 +106,12 @@ class ChunkStore::Impl {
                          uint64_t checksum, bool dirty, int64_t expires_s, bool allow_writeback);
 
   // ---- SSD tier (all under mu) ----
+  // A slot nobody uses any more: free at once, or when its readers are done.
   void FreeSsdSlot(uint64_t slot);
+  // Back to the free slots: among the reserved ones if it is still reserved.
+  void ReturnFreeSlot(uint64_t slot) {
+    (reserved.contains(slot) ? reserved_free : ssd_free).push_back(slot);
+  }
 
   void RemoveSsd(const ChunkKey& key);
 
@@ -103,10 +119,15 @@ class ChunkStore::Impl {
     return uint64_t{r.slab} * slots_per_slab + r.slot;
   }
 
-  // A free SSD slot. Victims are removed from memory at once and their keys appended to
-  // `evicted`; the caller commits those deletions (synced) before writing the slot, so a
-  // crash can never leave an index entry pointing at another chunk's bytes.
-  absl::StatusOr<uint64_t> AllocSsdSlot(std::vector<ChunkKey>* evicted);
+  // Makes at least n free slots reserved (slot_reservation.h), evicting as needed:
+  // the new reservation and the evictions are committed (synced) together, after every
+  // write in flight has committed its index entry. Releases the lock while it waits or
+  // commits. Fewer than n only when the tier is full of pinned chunks (ResourceExhausted)
+  // or the commit failed (its error).
+  absl::Status EnsureReserved(std::unique_lock<std::mutex>& lk, size_t n);
+  // How many slots one reservation takes beyond what is asked for: enough to make the
+  // synced commit rare, few enough that a small tier keeps most slots for chunks.
+  size_t ReserveAhead() const;
 
   // One chunk on its way to SSD.
   struct PendingWrite {
@@ -120,14 +141,13 @@ class ChunkStore::Impl {
     uint64_t expected_checksum = 0;
   };
 
-  // Writes chunks to SSD and commits their index entries, then publishes them. Called
-  // with the lock held; releases it during I/O and commits. Fills each status.
-  void WriteToSsd(std::unique_lock<std::mutex>& lk, std::vector<PendingWrite>& writes,
-                  bool sync_index);
+  // Writes chunks to reserved SSD slots, publishes them, commits their index entries and
+  // syncs the slabs. Called with the lock held; releases it during I/O and commits. Fills
+  // each status; OK means durable.
+  void WriteToSsd(std::unique_lock<std::mutex>& lk, std::vector<PendingWrite>& writes);
 
   // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.
-  void FlushLocked(std::unique_lock<std::mutex>& lk, const std::vector<ChunkKey>& keys,
-                   bool sync_index);
+  void FlushLocked(std::unique_lock<std::mutex>& lk, const std::vector<ChunkKey>& keys);
 
   void WriterLoop();
 
@@ -152,6 +172,21 @@ class ChunkStore::Impl {
   std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty;  // last access to persist
   EvictionOrder ssd_order;
   uint64_t next_sequence = 1;
+  uint16_t slot_format = kSlotFormatVersion;  // the folder's
+  bool index_damaged = false;                 // found at open: rebuilt from every slot
+
+  // The reservation (slot_reservation.h): `reserved` is what the durable record lists
+  // (less slots erased since), `reserved_free` the unused ones among them. `in_flight`
+  // counts slots taken for writes whose index entries are not committed yet; a new
+  // reservation waits for them (their entries become durable with its synced commit).
+  // `record_busy`: a synced commit of the record is under way (one at a time, so the
+  // last one written is the newest); slots are not handed out meanwhile.
+  std::unordered_set<uint64_t> reserved;
+  uint64_t reservation_min_sequence = 0;
+  std::vector<uint64_t> reserved_free;
+  size_t in_flight = 0;
+  bool record_busy = false;
+  std::condition_variable reservation_cv;
 
   std::unique_ptr<GroupCommit> commits;  // with the SSD tier; never called with mu held
 

@@ -19,6 +19,73 @@ std::string EncodeNamespaces(const std::unordered_map<NamespaceId, uint64_t>& ns
   return out;
 }
 
+namespace {
+
+// Reads every chunk record of the index.
+absl::StatusOr<std::vector<std::pair<ChunkKey, IndexRecord>>> LoadRecords(ChunkIndex& index) {
+  std::vector<std::pair<ChunkKey, IndexRecord>> out;
+  absl::Status s =
+      index.ForEach([&](const ChunkKey& k, const IndexRecord& r) { out.emplace_back(k, r); });
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<uint64_t> MetaNumber(ChunkIndex& index, const std::string& name, uint64_t fallback) {
+  absl::StatusOr<std::optional<std::string>> stored = index.GetMeta(name);
+  if (!stored.ok()) return stored.status();
+  if (!stored->has_value()) return fallback;
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(**stored, &v)) {
+    return absl::DataLossError(absl::StrCat("corrupt metadata ", name, "=", **stored));
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::Status ChunkStore::Impl::OpenIndex(std::vector<std::pair<ChunkKey, IndexRecord>>* records) {
+  const std::string dir = opt.data_dir + "/index";
+  std::shared_ptr<rocksdb::FileSystem> fs = opt.power_cut ? opt.power_cut->file_system() : nullptr;
+  absl::StatusOr<std::unique_ptr<ChunkIndex>> idx = ChunkIndex::Open(dir, fs);
+  absl::StatusOr<std::vector<std::pair<ChunkKey, IndexRecord>>> loaded;
+  if (idx.ok()) loaded = LoadRecords(**idx);
+  if (idx.ok() && loaded.ok()) {
+    index = *std::move(idx);
+    *records = *std::move(loaded);
+    return absl::OkStatus();
+  }
+  const bool open_failed = !idx.ok();
+  const absl::Status damage = open_failed ? idx.status() : loaded.status();
+  if (!absl::IsDataLoss(damage)) return damage;
+  // Damaged (not merely torn at its tail by a crash): keep what still reads, then rebuild
+  // from the slots, which describe themselves.
+  index_damaged = true;
+  ++stats.index_rebuilds;
+  std::fprintf(stderr,
+               "kvcache storage: the index in %s is damaged (%s); rebuilding it from the slots\n",
+               dir.c_str(), std::string(damage.message()).c_str());
+  idx = absl::InternalError("closed");  // closed before it is reopened or moved
+  std::string moved_to;
+  // A WAL that does not replay: skip its bad records. Files that do not read: start over.
+  idx = ChunkIndex::OpenDamaged(dir, /*keep_records=*/open_failed, &moved_to, fs);
+  if (idx.ok()) {
+    loaded = LoadRecords(**idx);
+    if (!loaded.ok() && moved_to.empty()) {
+      idx = absl::InternalError("closed");
+      idx = ChunkIndex::OpenDamaged(dir, /*keep_records=*/false, &moved_to, fs);
+      if (idx.ok()) loaded = LoadRecords(**idx);
+    }
+  }
+  if (!idx.ok()) return idx.status();
+  if (!loaded.ok()) return loaded.status();
+  if (!moved_to.empty()) {
+    std::fprintf(stderr, "kvcache storage: the damaged index was moved to %s\n", moved_to.c_str());
+  }
+  index = *std::move(idx);
+  *records = *std::move(loaded);
+  return absl::OkStatus();
+}
+
 absl::Status ChunkStore::Impl::Open() {
   if (opt.data_dir.empty()) return absl::InvalidArgumentError("data folder is empty");
   const bool adopt = opt.max_chunk_bytes == 0;  // tools: take the folder's geometry
@@ -26,9 +93,33 @@ absl::Status ChunkStore::Impl::Open() {
   std::filesystem::create_directories(opt.data_dir, ec);
   if (ec)
     return absl::InternalError(absl::StrCat("cannot create ", opt.data_dir, ": ", ec.message()));
-  absl::StatusOr<std::unique_ptr<ChunkIndex>> idx = ChunkIndex::Open(opt.data_dir + "/index");
-  if (!idx.ok()) return idx.status();
-  index = *std::move(idx);
+  std::vector<std::pair<ChunkKey, IndexRecord>> records;
+  if (absl::Status s = OpenIndex(&records); !s.ok()) return s;
+
+  // The slot format: the folder's; one made before format 2 says none (it is 1).
+  absl::StatusOr<std::optional<std::string>> made = index->GetMeta("slot_bytes");
+  if (!made.ok()) return made.status();
+  std::error_code slab_ec;
+  if (!made->has_value() && !index_damaged &&
+      std::filesystem::exists(opt.data_dir + "/slabs/slab-000000.dat", slab_ec)) {
+    // Slabs without an index: it was lost (deleted, or never reached the disk).
+    index_damaged = true;
+    ++stats.index_rebuilds;
+    std::fprintf(stderr,
+                 "kvcache storage: %s has slabs but no index; rebuilding it from the slots\n",
+                 opt.data_dir.c_str());
+  }
+  const uint64_t new_format = opt.slot_format != 0 ? opt.slot_format : kSlotFormatVersion;
+  absl::StatusOr<uint64_t> format =
+      MetaNumber(*index, "slot_format", made->has_value() ? 1 : new_format);
+  if (!format.ok()) return format.status();
+  if (SlotHeaderBytes(static_cast<uint16_t>(*format)) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(opt.data_dir, " uses slot format ", *format,
+                                                      ", which this version cannot read"));
+  }
+  slot_format = static_cast<uint16_t>(*format);
+  if (absl::Status s = index->PutMeta("slot_format", std::to_string(slot_format)); !s.ok())
+    return s;
 
   if (adopt) {
     for (auto [name, value] : {std::pair{"slot_bytes", &opt.max_chunk_bytes},
@@ -41,12 +132,20 @@ absl::Status ChunkStore::Impl::Open() {
       }
     }
     opt.ssd_bytes *= opt.max_chunk_bytes;  // capacity_slots × slot_bytes
-    opt.max_chunk_bytes -= kSlotHeaderBytes;
+    opt.max_chunk_bytes -= SlotHeaderBytes(slot_format);
     opt.ram_bytes = 0;
   }
   // The slot size and slab geometry are fixed when the folder is made.
-  slot_bytes = SlotBytesFor(opt.max_chunk_bytes);
+  slot_bytes = SlotBytesFor(opt.max_chunk_bytes, slot_format);
   slots_per_slab = std::max<uint64_t>(1, opt.slab_bytes / slot_bytes);
+  if (index_damaged) {
+    // A rebuilt index may have lost the geometry: the first slab's size tells it.
+    std::error_code size_ec;
+    const uint64_t first =
+        std::filesystem::file_size(opt.data_dir + "/slabs/slab-000000.dat", size_ec);
+    if (!size_ec && first >= slot_bytes && first % slot_bytes == 0)
+      slots_per_slab = first / slot_bytes;
+  }
   for (auto [name, value] :
        {std::pair{"slot_bytes", &slot_bytes}, std::pair{"slots_per_slab", &slots_per_slab}}) {
     absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(name);
@@ -93,7 +192,9 @@ absl::Status ChunkStore::Impl::Open() {
     so.backend = opt.io_backend;
     so.queue_depth = opt.queue_depth;
     so.lanes = opt.io_lanes;
+    so.slot_format = slot_format;
     so.faults = opt.faults;
+    so.power_cut = opt.power_cut;
     absl::StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::Open(so);
     if (!tier.ok()) return tier.status();
     ssd = *std::move(tier);
@@ -106,35 +207,74 @@ absl::Status ChunkStore::Impl::Open() {
   }
 
   // Load the index. Entries past the configured capacity (it shrank) are dropped;
-  // two entries on one slot (impossible unless the index was edited) keep the newer.
-  std::vector<bool> used(capacity_slots, false);
+  // two entries on one slot keep the newer (the older chunk's slot was reused).
   std::unordered_map<uint64_t, ChunkKey> owner;
   std::vector<ChunkKey> stale;
-  int64_t max_access = 0;
-  absl::Status scan = index->ForEach([&](const ChunkKey& key, const IndexRecord& r) {
+  for (const auto& [key, r] : records) {
     const uint64_t slot = GlobalSlot(r);
     auto ns_it = namespaces.find(r.namespace_id);
     if (slot >= capacity_slots || ns_it == namespaces.end() || ns_it->second != r.payload_bytes) {
       stale.push_back(key);
-      return;
+      continue;
     }
-    if (used[slot]) {
-      const ChunkKey other = owner[slot];
-      if (ssd_map[other].sequence > r.sequence) {
+    if (auto held = owner.find(slot); held != owner.end()) {
+      if (ssd_map[held->second].sequence > r.sequence) {
         stale.push_back(key);
-        return;
+        continue;
       }
-      ssd_map.erase(other);
-      stale.push_back(other);
+      ssd_map.erase(held->second);
+      stale.push_back(held->second);
     }
-    used[slot] = true;
     owner[slot] = key;
     ssd_map[key] = r;
     next_sequence = std::max(next_sequence, r.sequence + 1);
+  }
+  records.clear();
+
+  // Then what the index does not know yet: the reserved slots written after its last sync
+  // (or, damaged, every slot).
+  std::vector<std::pair<ChunkKey, IndexRecord>> recovered;
+  if (ssd) {
+    SlotReservation reservation;
+    absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(kReservationMeta);
+    if (!stored.ok()) return stored.status();
+    if (stored->has_value()) {
+      absl::StatusOr<SlotReservation> decoded = DecodeSlotReservation(**stored);
+      if (decoded.ok()) {
+        reservation = *std::move(decoded);
+      } else if (!index_damaged) {
+        index_damaged = true;
+        ++stats.index_rebuilds;
+        std::fprintf(stderr, "kvcache storage: %s; rebuilding the index from every slot\n",
+                     std::string(decoded.status().message()).c_str());
+      }
+    }
+    const size_t known_namespaces = namespaces.size();
+    if (absl::Status s = RecoverFromSlots(reservation, index_damaged, &stale, &recovered); !s.ok())
+      return s;
+    std::vector<std::pair<std::string, std::string>> meta;
+    if (namespaces.size() != known_namespaces)
+      meta.emplace_back("namespaces", EncodeNamespaces(namespaces));
+    // Everything recovered is now in the index (synced), so the next reservation starts
+    // from nothing.
+    meta.emplace_back(kReservationMeta, EncodeSlotReservation({next_sequence, {}}));
+    if (absl::Status s = index->Commit(recovered, stale, /*sync=*/true, meta); !s.ok()) return s;
+    stats.recovered_chunks = recovered.size();
+    if (!recovered.empty()) {
+      std::fprintf(
+          stderr, "kvcache storage: %zu chunks indexed from their slots (%s)\n", recovered.size(),
+          index_damaged ? "the whole tier was read" : "written after the index's last sync");
+    }
+  } else if (absl::Status s = index->Commit({}, stale, true); !s.ok()) {
+    return s;
+  }
+
+  std::vector<bool> used(capacity_slots, false);
+  int64_t max_access = 0;
+  for (const auto& [key, r] : ssd_map) {
+    used[GlobalSlot(r)] = true;
     max_access = std::max(max_access, r.last_access_s);
-  });
-  if (!scan.ok()) return scan;
-  if (absl::Status s = index->Commit({}, stale, true); !s.ok()) return s;
+  }
   access_clock = max_access * 1'000'000;
   for (const auto& [key, r] : ssd_map) {
     ssd_order.Add(key, r.parent, r.last_access_s * 1'000'000, r.pin_until_s, r.expires_s);

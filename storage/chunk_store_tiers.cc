@@ -1,5 +1,6 @@
 // The RAM and SSD tiers under the store's mutex: placement, eviction, demotion (write-back)
 // and the write-behind writer.
+#include <algorithm>
 #include <cstring>
 
 #include "storage/chunk_store_impl.h"
@@ -52,7 +53,7 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(std::unique_lock<std::mu
         flush_done.wait(lk);
         continue;
       }
-      FlushLocked(lk, {*victim}, /*sync_index=*/false);
+      FlushLocked(lk, {*victim});
       const RamEntry* again = ram->Find(*victim);
       if (again != nullptr && again->dirty && !again->flushing) {
         return absl::InternalError(absl::StrCat("cannot demote ", Where(*victim), " to SSD"));
@@ -107,7 +108,7 @@ void ChunkStore::Impl::FreeSsdSlot(uint64_t slot) {
   if (ssd_readers.contains(slot)) {
     ssd_free_on_release.insert(slot);
   } else {
-    ssd_free.push_back(slot);
+    ReturnFreeSlot(slot);
   }
 }
 
@@ -122,51 +123,97 @@ void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
   if (!ram || !ram->Contains(key)) LeftStore(key);
 }
 
-// A free SSD slot. Victims are removed from memory at once and their keys appended to
-// `evicted`; the caller commits those deletions (synced) before writing the slot, so a
-// crash can never leave an index entry pointing at another chunk's bytes.
-absl::StatusOr<uint64_t> ChunkStore::Impl::AllocSsdSlot(std::vector<ChunkKey>* evicted) {
-  while (ssd_free.empty()) {
-    std::optional<ChunkKey> victim = ssd_order.PickVictim(NowS());
-    if (!victim) return absl::ResourceExhaustedError("SSD tier is full of pinned chunks");
-    RemoveSsd(*victim);
-    evicted->push_back(*victim);
-    ++stats.ssd_evictions;
-    if (!ssd_free.empty()) break;
-  }
-  const uint64_t slot = ssd_free.back();
-  ssd_free.pop_back();
-  return slot;
+size_t ChunkStore::Impl::ReserveAhead() const {
+  // 1/8 of the tier, at most 1,024 slots: one synced commit per 1,024 slots written once
+  // the tier is large. Eviction runs ahead by 1/64 of the tier, at most 32 slots (none in
+  // a tier under 64 slots): a full tier pays one synced commit per 32 writes, not per write.
+  return std::clamp<size_t>(ssd->capacity_slots() / 8, 1, 1024);
 }
 
-// Writes chunks to SSD and commits their index entries, then publishes them. Called
-// with the lock held; releases it during I/O and commits. Fills each status.
-void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
-                                  std::vector<PendingWrite>& writes, bool sync_index) {
+absl::Status ChunkStore::Impl::EnsureReserved(std::unique_lock<std::mutex>& lk, size_t n) {
+  while (record_busy) reservation_cv.wait(lk);
+  if (reserved_free.size() >= n) return absl::OkStatus();
+  record_busy = true;
+  // Writes in flight go to slots of the current reservation; once their entries are
+  // committed, this reservation's synced commit makes them durable, and the slots they
+  // used need no listing any more.
+  reservation_cv.wait(lk, [&] { return in_flight == 0; });
+  const size_t missing = n - std::min(n, reserved_free.size());
   std::vector<ChunkKey> evicted;
+  absl::Status status;
+  if (ssd_free.size() < missing) {
+    const size_t ahead = std::min<size_t>(ssd->capacity_slots() / 64, 32);
+    while (ssd_free.size() < missing + ahead) {
+      std::optional<ChunkKey> victim = ssd_order.PickVictim(NowS());
+      if (!victim) break;
+      RemoveSsd(*victim);  // its slot to ssd_free (or to reserved_free, still listed)
+      evicted.push_back(*victim);
+      ++stats.ssd_evictions;
+    }
+  }
+  const size_t take = std::min(ssd_free.size(), std::max(missing, ReserveAhead()));
+  std::vector<uint64_t> fresh(ssd_free.end() - static_cast<ptrdiff_t>(take), ssd_free.end());
+  ssd_free.resize(ssd_free.size() - take);
+  SlotReservation record;
+  record.min_sequence = next_sequence;
+  record.slots = reserved_free;
+  record.slots.insert(record.slots.end(), fresh.begin(), fresh.end());
+  lk.unlock();
+  status = index->Commit({}, evicted, /*sync=*/true,
+                         {{kReservationMeta, EncodeSlotReservation(record)}});
+  lk.lock();
+  if (status.ok()) {
+    ++stats.reservations;
+    reserved = {record.slots.begin(), record.slots.end()};
+    reservation_min_sequence = record.min_sequence;
+    // Lowest slot on top, as in ssd_free: slabs fill in order.
+    reserved_free.insert(reserved_free.begin(), fresh.begin(), fresh.end());
+  } else {
+    ssd_free.insert(ssd_free.end(), fresh.begin(), fresh.end());
+  }
+  record_busy = false;
+  reservation_cv.notify_all();
+  if (!status.ok()) return status;
+  if (reserved_free.size() < n)
+    return absl::ResourceExhaustedError("SSD tier is full of pinned chunks");
+  return absl::OkStatus();
+}
+
+// Writes chunks to reserved SSD slots, publishes them, commits their index entries and
+// syncs the slabs. Called with the lock held; releases it during I/O and commits.
+void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
+                                  std::vector<PendingWrite>& writes) {
+  const absl::Status reservation = EnsureReserved(lk, writes.size());
   std::vector<SlotWrite> slot_writes;
   std::vector<size_t> which;
   for (size_t i = 0; i < writes.size(); ++i) {
-    absl::StatusOr<uint64_t> slot = AllocSsdSlot(&evicted);
-    if (!slot.ok()) {
-      writes[i].status = slot.status();
+    if (reserved_free.empty()) {
+      writes[i].status =
+          reservation.ok() ? absl::ResourceExhaustedError("SSD tier is full") : reservation;
       continue;
     }
+    const uint64_t slot = reserved_free.back();
+    reserved_free.pop_back();
+    ++in_flight;
     IndexRecord& r = writes[i].record;
-    r.slab = static_cast<uint32_t>(*slot / slots_per_slab);
-    r.slot = static_cast<uint32_t>(*slot % slots_per_slab);
+    r.slab = static_cast<uint32_t>(slot / slots_per_slab);
+    r.slot = static_cast<uint32_t>(slot % slots_per_slab);
     r.sequence = next_sequence++;
     r.payload_bytes = static_cast<uint32_t>(writes[i].payload.size());
     r.checksum = 0;  // computed by the SSD tier from the staged copy
-    slot_writes.push_back(
-        {*slot, SlotHeader{r.namespace_id, r.payload_bytes, writes[i].key, 0, r.sequence},
-         writes[i].payload});
+    SlotHeader h;
+    h.namespace_id = r.namespace_id;
+    h.payload_bytes = r.payload_bytes;
+    h.key = writes[i].key;
+    h.sequence = r.sequence;
+    h.parent = r.parent;
+    h.created_s = r.created_s;
+    h.expires_s = r.expires_s;
+    slot_writes.push_back({slot, h, writes[i].payload});
     which.push_back(i);
   }
   lk.unlock();
-  absl::Status evict_status = index->Commit({}, evicted, /*sync=*/true);
-  std::vector<absl::Status> io(slot_writes.size(), evict_status);
-  if (evict_status.ok()) io = ssd->Write(slot_writes);
+  std::vector<absl::Status> io = ssd->Write(slot_writes);
   for (size_t k = 0; k < slot_writes.size(); ++k) {
     writes[which[k]].record.checksum = slot_writes[k].header.payload_checksum;
   }
@@ -202,7 +249,7 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
     slabs.insert(w.record.slab);
   }
   lk.unlock();
-  absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts, sync_index);
+  absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts);
   lk.lock();
   if (!commit.ok()) {
     for (auto& [key, rec] : puts) {
@@ -212,11 +259,13 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
       }
     }
   }
+  in_flight -= slot_writes.size();
+  if (in_flight == 0) reservation_cv.notify_all();
 }
 
 // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.
 void ChunkStore::Impl::FlushLocked(std::unique_lock<std::mutex>& lk,
-                                   const std::vector<ChunkKey>& keys, bool sync_index) {
+                                   const std::vector<ChunkKey>& keys) {
   std::vector<PendingWrite> writes;
   std::vector<std::pair<RamPoolId, uint32_t>> leased;
   for (const ChunkKey& key : keys) {
@@ -239,7 +288,7 @@ void ChunkStore::Impl::FlushLocked(std::unique_lock<std::mutex>& lk,
   }
   if (writes.empty()) return;
   ++flushes_in_progress;
-  WriteToSsd(lk, writes, sync_index);
+  WriteToSsd(lk, writes);
   for (const PendingWrite& w : writes) {
     RamEntry* e = ram->Find(w.key);
     if (e == nullptr) continue;
@@ -269,7 +318,7 @@ void ChunkStore::Impl::WriterLoop() {
       dirty_queue.pop_front();
     }
     const uint64_t errors_before = stats.write_errors;
-    FlushLocked(lk, batch, /*sync_index=*/false);
+    FlushLocked(lk, batch);
     if (stats.write_errors != errors_before && !stopping) {
       // Back off on a failing disk instead of spinning on it.
       work.wait_for(lk, std::chrono::milliseconds(50));

@@ -1,13 +1,10 @@
 #include "storage/group_commit.h"
 
-#include <thread>
-
 namespace kvc::storage {
 
 absl::Status GroupCommit::Commit(const std::set<uint64_t>& slabs,
-                                 const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
-                                 bool sync_index) {
-  Request me{&slabs, &puts, sync_index, absl::OkStatus(), false};
+                                 const std::vector<std::pair<ChunkKey, IndexRecord>>& puts) {
+  Request me{&slabs, &puts, absl::OkStatus(), false};
   std::unique_lock lk(mu_);
   queue_.push_back(&me);
   cv_.wait(lk, [&] { return me.done || !leader_active_; });
@@ -18,23 +15,15 @@ absl::Status GroupCommit::Commit(const std::set<uint64_t>& slabs,
   lk.unlock();
   std::set<uint64_t> all_slabs;
   std::vector<std::pair<ChunkKey, IndexRecord>> all_puts;
-  bool sync = false;
   for (Request* r : group) {
     all_slabs.insert(r->slabs->begin(), r->slabs->end());
     all_puts.insert(all_puts.end(), r->puts->begin(), r->puts->end());
-    sync |= r->sync_index;
   }
-  // The slabs' fdatasync and the index commit (its WAL sync) run at once, not one after
-  // the other: the caller is answered when both are done, so a durable batch waits for
-  // one sync's time, not two. An index entry that reaches the disk before its data (a crash
-  // between the two) names a slot whose header sequence and checksum do not match it, so
-  // the chunk is never served and the open keeps the newer of two entries on one slot
-  // (chunk_store_open.cc); nothing acknowledged depends on that order.
-  absl::Status data_status;
-  std::thread data_sync([&] { data_status = ssd_->SyncSlabs(all_slabs); });
-  absl::Status status = index_->Commit(all_puts, {}, sync);
-  data_sync.join();
-  if (!data_status.ok()) status = data_status;
+  // The index write goes first: it is only a WAL append (no sync), and an entry that
+  // names a slot whose bytes never reached the disk is never served (the slot header's
+  // sequence and checksums do not match it).
+  absl::Status status = index_->Commit(all_puts, {}, /*sync=*/false);
+  if (status.ok()) status = ssd_->SyncSlabs(all_slabs);
   lk.lock();
   for (Request* r : group) {
     r->result = status;

@@ -1,11 +1,10 @@
 // GroupCommit: makes written slots durable and commits their index entries for all
 // concurrent callers at once. The first caller to arrive leads: it takes every request
-// queued so far and, at the same time, fdatasyncs each slab they touched once and commits
-// all their records in one RocksDB write (WAL synced if any of them asked); when both are
-// done it wakes the others. Callers arriving meanwhile form the next group. The index
-// entry may reach the disk before its data: slots are self-checking (header sequence,
-// checksums), so such an entry is never served (group_commit.cc says why that is safe).
-// Thread-safe; never called with the store's mutex held.
+// queued so far, commits all their index records in one RocksDB write (not synced) and
+// fdatasyncs each slab they touched once; then it wakes the others. Callers arriving
+// meanwhile form the next group. The slab sync is the durability point: the records reach
+// the disk with the next synced index commit, and a crash before that is repaired from the
+// slots themselves (slot_reservation.h). Thread-safe; never called with the store's mutex held.
 #pragma once
 
 #include <condition_variable>
@@ -24,16 +23,14 @@ class GroupCommit {
  public:
   GroupCommit(SsdTier* ssd, ChunkIndex* index) : ssd_(ssd), index_(index) {}
 
-  // The slabs' sync or the commit's error, for every caller of the group.
+  // The commit's or the slabs' sync's error, for every caller of the group.
   [[nodiscard]] absl::Status Commit(const std::set<uint64_t>& slabs,
-                                    const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
-                                    bool sync_index);
+                                    const std::vector<std::pair<ChunkKey, IndexRecord>>& puts);
 
  private:
   struct Request {
     const std::set<uint64_t>* slabs;
     const std::vector<std::pair<ChunkKey, IndexRecord>>* puts;
-    bool sync_index;
     absl::Status result;
     bool done = false;
   };

@@ -1,36 +1,52 @@
-// The on-SSD slot: a 64-byte header, then the chunk payload, padded to 4 KiB.
+// The on-SSD slot: a header, then the chunk payload, padded to 4 KiB. Slots describe
+// themselves: after a crash the index is rebuilt from them (chunk_store_recovery.cc).
 //
+// Format 2 (folders made since storage v2), a 128-byte header:
 //   offset size field
 //        0    4 magic "KVCS"
-//        4    2 format version (1)
-//        6    2 header bytes (64)
+//        4    2 format version (2)
+//        6    2 header bytes (128)
 //        8    4 namespace id
 //       12    4 payload bytes
 //       16   16 chunk key
 //       32    8 XXH3-64 of the payload
 //       40    8 sequence number of the write (distinguishes reuses of a slot)
-//       48    8 reserved, zero
-//       56    8 XXH3-64 of bytes [0, 56)
-// All little-endian. A slot is valid only if every field matches what the index expects
-// and both checksums verify.
+//       48   16 parent chunk key (zero without a parent)
+//       64    4 flags: bit 0 = the chunk has a parent
+//       68    4 reserved, zero
+//       72    8 created, unix seconds
+//       80    8 TTL expiry, unix seconds (0: none)
+//       88   32 reserved, zero
+//      120    8 XXH3-64 of bytes [0, 120)
+// Format 1 (older folders), a 64-byte header: bytes 0–47 as above (version 1, header
+// bytes 64), 48–55 reserved, 56 XXH3-64 of bytes [0, 56). It has no parent or times.
+// All little-endian. A folder keeps the format it was made with (its index says which).
+// A slot is valid only if its header checksum verifies, every field matches what the
+// reader expects and the payload checksum verifies.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "storage/chunk_key.h"
 
 namespace kvc::storage {
 
 inline constexpr uint32_t kSlotMagic = 0x5343564B;  // "KVCS" read as little-endian
-inline constexpr uint16_t kSlotFormatVersion = 1;
-inline constexpr uint32_t kSlotHeaderBytes = 64;
+inline constexpr uint16_t kSlotFormatVersion = 2;   // what new folders are made with
+inline constexpr uint32_t kSlotHeaderBytes = 128;   // format 2's header
+inline constexpr uint32_t kSlotHeaderBytesV1 = 64;
 inline constexpr uint32_t kSlotAlignment = 4096;
 
+// The header size of a slot format (1 or 2); 0 for any other.
+uint32_t SlotHeaderBytes(uint16_t version);
+
 // Slot size for payloads up to max_payload_bytes: header + payload, rounded up to 4 KiB.
-inline uint64_t SlotBytesFor(uint64_t max_payload_bytes) {
-  return (kSlotHeaderBytes + max_payload_bytes + kSlotAlignment - 1) / kSlotAlignment *
+inline uint64_t SlotBytesFor(uint64_t max_payload_bytes, uint16_t version = kSlotFormatVersion) {
+  return (SlotHeaderBytes(version) + max_payload_bytes + kSlotAlignment - 1) / kSlotAlignment *
          kSlotAlignment;
 }
 
@@ -40,16 +56,35 @@ struct SlotHeader {
   ChunkKey key;
   uint64_t payload_checksum = 0;
   uint64_t sequence = 0;
+  // Format 2 only (format 1 reads back none and zeros).
+  std::optional<ChunkKey> parent;
+  int64_t created_s = 0;
+  int64_t expires_s = 0;
 };
 
 uint64_t PayloadChecksum(std::span<const uint8_t> payload);
 
-// Writes the header into the first kSlotHeaderBytes of `slot`.
-void EncodeSlotHeader(const SlotHeader& h, uint8_t* slot);
+// Writes the header (format `version`) into the first SlotHeaderBytes(version) of `slot`.
+void EncodeSlotHeader(const SlotHeader& h, uint8_t* slot, uint16_t version = kSlotFormatVersion);
 
-// Checks the slot read from disk against the expected header: DataLoss naming the first
-// mismatch (magic, version, header checksum, key, namespace, length, sequence, payload
-// checksum). `slot` holds the header followed by at least payload_bytes of payload.
-[[nodiscard]] absl::Status VerifySlot(const SlotHeader& expected, std::span<const uint8_t> slot);
+// A header read back: its fields once magic, version, size and header checksum verify
+// (DataLoss naming the first that does not). The payload is not checked here.
+struct DecodedSlot {
+  SlotHeader header;
+  uint16_t version = 0;
+  uint32_t header_bytes = 0;
+};
+absl::StatusOr<DecodedSlot> DecodeSlotHeader(std::span<const uint8_t> slot);
+
+// The slot's payload against the decoded header's length and checksum. `slot` holds the
+// header followed by the payload.
+[[nodiscard]] absl::Status VerifyPayload(const DecodedSlot& d, std::span<const uint8_t> slot);
+
+// Checks a slot read from disk against the header the index expects (namespace, key,
+// length, sequence, payload checksum; parent and times are not compared): DataLoss naming
+// the first mismatch. Either format is accepted. On success *payload_offset (if given) is
+// where the payload starts.
+[[nodiscard]] absl::Status VerifySlot(const SlotHeader& expected, std::span<const uint8_t> slot,
+                                      uint32_t* payload_offset = nullptr);
 
 }  // namespace kvc::storage

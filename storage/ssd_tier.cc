@@ -16,9 +16,13 @@
 namespace kvc::storage {
 namespace {
 
-uint32_t IoBytes(uint32_t payload_bytes) {
-  return static_cast<uint32_t>((kSlotHeaderBytes + payload_bytes + kSlotAlignment - 1) /
+uint32_t IoBytes(uint32_t header_bytes, uint32_t payload_bytes) {
+  return static_cast<uint32_t>((header_bytes + payload_bytes + kSlotAlignment - 1) /
                                kSlotAlignment * kSlotAlignment);
+}
+
+std::string SlabPath(const std::string& dir, uint64_t slab) {
+  return absl::StrFormat("%s/slab-%06d.dat", dir, slab);
 }
 
 absl::Status IoError(const char* what, uint64_t slot, int64_t result, uint32_t want) {
@@ -79,6 +83,10 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdTierOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("slot size ", options.slot_bytes, " is not a positive multiple of 4096"));
   }
+  if (SlotHeaderBytes(options.slot_format) == 0 ||
+      SlotHeaderBytes(options.slot_format) >= options.slot_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("slot format ", options.slot_format));
+  }
   if (options.queue_depth == 0 || options.lanes == 0 || options.slots_per_slab == 0) {
     return absl::InvalidArgumentError("queue depth, lanes and slots per slab must be positive");
   }
@@ -120,6 +128,8 @@ absl::Status SsdTier::Init() {
       lane->engine =
           std::make_unique<FaultInjectingIoEngine>(std::move(lane->engine), options_.faults);
     }
+    if (options_.power_cut)
+      lane->engine = options_.power_cut->WrapIoEngine(std::move(lane->engine));
     const size_t bytes = options_.queue_depth * options_.slot_bytes;
     lane->staging = static_cast<uint8_t*>(std::aligned_alloc(kSlotAlignment, bytes));
     if (lane->staging == nullptr)
@@ -191,7 +201,7 @@ absl::Status SsdTier::SyncNewFile(int fd, const std::string& path) {
 }
 
 absl::StatusOr<int> SsdTier::CreateSlab(uint64_t slab) {
-  const std::string path = absl::StrFormat("%s/slab-%06d.dat", options_.dir, slab);
+  const std::string path = SlabPath(options_.dir, slab);
   const bool existed = access(path.c_str(), F_OK) == 0;
   int flags = O_RDWR | O_CREAT | O_CLOEXEC;
   int fd = direct_io_ ? open(path.c_str(), flags | O_DIRECT, 0600) : -1;
@@ -237,9 +247,18 @@ absl::StatusOr<IoOp> SsdTier::SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t pa
               *fd,
               (slot % options_.slots_per_slab) * options_.slot_bytes,
               lane.staging + staging_index * options_.slot_bytes,
-              IoBytes(payload_bytes),
+              IoBytes(header_bytes(), payload_bytes),
               static_cast<int>(staging_index),
               0};
+}
+
+bool SsdTier::SlabOnDisk(uint64_t slab) {
+  {
+    std::lock_guard lock(slabs_mu_);
+    if (slab >= slab_fds_.size()) return false;
+    if (slab_fds_[slab] >= 0) return true;
+  }
+  return access(SlabPath(options_.dir, slab).c_str(), F_OK) == 0;
 }
 
 absl::Status SsdTier::PreallocateAll() {
@@ -267,7 +286,8 @@ void SsdTier::ReleaseLane(Lane* lane) {
 
 std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
   std::vector<absl::Status> status(writes.size());
-  const uint64_t max_payload = options_.slot_bytes - kSlotHeaderBytes;
+  const uint32_t header = header_bytes();
+  const uint64_t max_payload = options_.slot_bytes - header;
   for (size_t round = 0; round < writes.size(); round += options_.queue_depth) {
     const size_t n = std::min<size_t>(options_.queue_depth, writes.size() - round);
     LaneLease lane(this);
@@ -297,11 +317,10 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
         [&](size_t k) {
           SlotWrite& w = writes[which[k]];
           uint8_t* buf = ops[k].buf;
-          std::memcpy(buf + kSlotHeaderBytes, w.payload.data(), w.payload.size());
-          std::memset(buf + kSlotHeaderBytes + w.payload.size(), 0,
-                      ops[k].len - kSlotHeaderBytes - w.payload.size());
-          w.header.payload_checksum = PayloadChecksum({buf + kSlotHeaderBytes, w.payload.size()});
-          EncodeSlotHeader(w.header, buf);
+          std::memcpy(buf + header, w.payload.data(), w.payload.size());
+          std::memset(buf + header + w.payload.size(), 0, ops[k].len - header - w.payload.size());
+          w.header.payload_checksum = PayloadChecksum({buf + header, w.payload.size()});
+          EncodeSlotHeader(w.header, buf, options_.slot_format);
         },
         nullptr);
     for (size_t k = 0; k < ops.size(); ++k) {
@@ -325,7 +344,7 @@ absl::Status SsdTier::SyncSlabs(const std::set<uint64_t>& slabs) {
 
 std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
   std::vector<absl::Status> status(reads.size());
-  const uint64_t max_payload = options_.slot_bytes - kSlotHeaderBytes;
+  const uint64_t max_payload = options_.slot_bytes - header_bytes();
   for (size_t round = 0; round < reads.size(); round += options_.queue_depth) {
     const size_t n = std::min<size_t>(options_.queue_depth, reads.size() - round);
     LaneLease lane(this);
@@ -355,10 +374,42 @@ std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
         return;
       }
       const std::span<const uint8_t> slot(ops[k].buf, ops[k].len);
-      status[which[k]] = VerifySlot(r.expected, slot);
-      if (status[which[k]].ok()) {
-        std::memcpy(r.out.data(), ops[k].buf + kSlotHeaderBytes, r.out.size());
+      uint32_t payload_at = 0;
+      status[which[k]] = VerifySlot(r.expected, slot, &payload_at);
+      if (status[which[k]].ok()) std::memcpy(r.out.data(), ops[k].buf + payload_at, r.out.size());
+    });
+  }
+  return status;
+}
+
+absl::Status SsdTier::Scan(std::span<const uint64_t> slots,
+                           const std::function<void(uint64_t, const SlotHeader&)>& found) {
+  std::vector<uint64_t> on_disk;
+  for (uint64_t slot : slots) {
+    if (slot < options_.capacity_slots && SlabOnDisk(slot / options_.slots_per_slab))
+      on_disk.push_back(slot);
+  }
+  const uint32_t whole_payload = static_cast<uint32_t>(options_.slot_bytes - header_bytes());
+  absl::Status status;
+  for (size_t round = 0; round < on_disk.size() && status.ok(); round += options_.queue_depth) {
+    const size_t n = std::min<size_t>(options_.queue_depth, on_disk.size() - round);
+    LaneLease lane(this);
+    std::vector<IoOp> ops;
+    for (size_t i = 0; i < n; ++i) {
+      absl::StatusOr<IoOp> op =
+          SlotOp(IoOp::Kind::kRead, on_disk[round + i], whole_payload, *lane, i);
+      if (!op.ok()) return op.status();
+      ops.push_back(*op);
+    }
+    lane->engine->Execute(ops, nullptr, [&](size_t k) {
+      const uint64_t slot = on_disk[round + k];
+      if (ops[k].result != ops[k].len) {
+        if (status.ok()) status = IoError("read", slot, ops[k].result, ops[k].len);
+        return;
       }
+      const std::span<const uint8_t> bytes(ops[k].buf, ops[k].len);
+      absl::StatusOr<DecodedSlot> d = DecodeSlotHeader(bytes);
+      if (d.ok() && VerifyPayload(*d, bytes).ok()) found(slot, d->header);
     });
   }
   return status;

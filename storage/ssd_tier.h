@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -23,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "storage/fault_injection.h"
 #include "storage/io_engine.h"
+#include "storage/power_cut.h"
 #include "storage/slot_format.h"
 
 namespace kvc::storage {
@@ -35,7 +37,9 @@ struct SsdTierOptions {
   IoBackend backend = IoBackend::kAuto;
   unsigned queue_depth = 32;  // ops in flight per lane, and staging buffers per lane
   unsigned lanes = 4;
-  std::shared_ptr<FaultPlan> faults;  // tests: wrap every lane's engine
+  uint16_t slot_format = kSlotFormatVersion;  // the folder's (slot_format.h)
+  std::shared_ptr<FaultPlan> faults;          // tests: wrap every lane's engine
+  std::shared_ptr<PowerCut> power_cut;        // tests: likewise
 };
 
 struct SlotWrite {
@@ -65,6 +69,11 @@ class SsdTier {
   // Reads and verifies every slot: DataLoss when the bytes do not verify (nothing is
   // copied to `out` then), Internal on I/O errors.
   std::vector<absl::Status> Read(std::span<SlotRead> reads);
+  // Reads whole slots and decodes what each holds, for rebuilding the index: found(slot,
+  // header) for every slot whose header and payload verify. Slots of slabs never laid
+  // out are skipped (not created). Returns the first I/O error; bad bytes are not errors.
+  [[nodiscard]] absl::Status Scan(std::span<const uint64_t> slots,
+                                  const std::function<void(uint64_t, const SlotHeader&)>& found);
 
   const char* backend_name() const { return backend_name_; }
   // Creates (zero-filled) every slab of the configured capacity now rather than on
@@ -77,6 +86,7 @@ class SsdTier {
   const std::string& fallback_reason() const { return fallback_reason_; }
   uint64_t capacity_slots() const { return options_.capacity_slots; }
   uint64_t slot_bytes() const { return options_.slot_bytes; }
+  uint32_t header_bytes() const { return SlotHeaderBytes(options_.slot_format); }
   bool direct_io() const { return direct_io_; }
 
  private:
@@ -95,6 +105,8 @@ class SsdTier {
   // The I/O of one slot (header + payload, whole sectors) through staging buffer i of a lane.
   absl::StatusOr<IoOp> SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
                               const Lane& lane, size_t staging_index);
+  // Whether the slab's file exists (opened, or on disk from an earlier run).
+  bool SlabOnDisk(uint64_t slab);
   Lane* AcquireLane();
   void ReleaseLane(Lane* lane);
 

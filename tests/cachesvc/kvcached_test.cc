@@ -460,7 +460,7 @@ TEST(KvcachedTest, ServesPrometheusMetrics) {
            "kvcache_bytes_total{direction=\"out\"} " + std::to_string(2 * ns.chunk_bytes()),
            "kvcache_rpc_seconds_count{code=\"0\",method=\"Store\"} 1",
            "kvcache_rpc_seconds_count{code=\"5\",method=\"Lookup\"} 1",
-           "kvcache_checksum_failures_total 0"}) {
+           "kvcache_checksum_failures_total 0", "kvcache_index_rebuilds_total 0"}) {
     EXPECT_NE(text.find(want), std::string::npos) << "missing \"" << want << "\" in:\n"
                                                   << text.substr(0, 3000);
   }

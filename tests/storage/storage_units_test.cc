@@ -10,6 +10,7 @@
 #include "storage/disk_space.h"
 #include "storage/eviction.h"
 #include "storage/slot_format.h"
+#include "storage/slot_reservation.h"
 #include "tests/engine/spec/config_fixtures.h"
 #include "tests/storage/store_testing.h"
 #include "tests/testing/seed.h"
@@ -32,37 +33,97 @@ TEST(SlotFormatTest, OverheadForTheReferenceChunkIsUnderOnePercent) {
   EXPECT_LE(overhead, 0.01);
 }
 
-TEST(SlotFormatTest, VerifyCatchesEveryMismatch) {
+SlotHeader HeaderOf(NamespaceId ns, uint32_t bytes, const ChunkKey& key, uint64_t checksum,
+                    uint64_t sequence) {
+  SlotHeader h;
+  h.namespace_id = ns;
+  h.payload_bytes = bytes;
+  h.key = key;
+  h.payload_checksum = checksum;
+  h.sequence = sequence;
+  return h;
+}
+
+TEST(SlotFormatTest, VerifyCatchesEveryMismatchInEitherFormat) {
   const uint64_t seed = testing::FreshSeed();
   const ChunkKey key = KeyOf(seed, 1);
-  std::vector<uint8_t> slot(SlotBytesFor(5000));
   const std::vector<uint8_t> payload = testing::PayloadOf(key, 5000);
-  std::copy(payload.begin(), payload.end(), slot.begin() + kSlotHeaderBytes);
-  const SlotHeader h{9, 5000, key, PayloadChecksum(payload), 42};
-  EncodeSlotHeader(h, slot.data());
-  ASSERT_TRUE(VerifySlot(h, slot).ok());
+  for (uint16_t version : {uint16_t{1}, uint16_t{2}}) {
+    SCOPED_TRACE(::testing::Message() << "slot format " << version);
+    const uint32_t header = SlotHeaderBytes(version);
+    std::vector<uint8_t> slot(SlotBytesFor(5000, version));
+    std::copy(payload.begin(), payload.end(), slot.begin() + header);
+    SlotHeader h = HeaderOf(9, 5000, key, PayloadChecksum(payload), 42);
+    h.parent = KeyOf(seed, 7);
+    h.created_s = 1'700'000'000 + static_cast<int64_t>(seed % 1000);
+    h.expires_s = h.created_s + 60;
+    EncodeSlotHeader(h, slot.data(), version);
+    uint32_t payload_at = 0;
+    ASSERT_TRUE(VerifySlot(h, slot, &payload_at).ok());
+    EXPECT_EQ(payload_at, header);
 
-  struct Case {
-    const char* what;
-    SlotHeader expect;
-  } cases[] = {{"another chunk", {9, 5000, KeyOf(seed, 2), h.payload_checksum, 42}},
-               {"does not match the index", {8, 5000, key, h.payload_checksum, 42}},
-               {"does not match the index", {9, 5000, key, h.payload_checksum, 41}},
-               {"does not match the index", {9, 4999, key, h.payload_checksum, 42}},
-               {"payload checksum", {9, 5000, key, h.payload_checksum + 1, 42}}};
-  for (const Case& c : cases) {
-    absl::Status st = VerifySlot(c.expect, slot);
-    EXPECT_TRUE(absl::IsDataLoss(st)) << c.what;
-    EXPECT_NE(st.message().find(c.what), std::string::npos) << st;
+    // What the slot says of itself (format 2 carries the parent and the times).
+    absl::StatusOr<DecodedSlot> d = DecodeSlotHeader(slot);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->version, version);
+    EXPECT_EQ(d->header.key, key);
+    EXPECT_EQ(d->header.sequence, 42u);
+    EXPECT_TRUE(VerifyPayload(*d, slot).ok());
+    if (version == 2) {
+      EXPECT_EQ(d->header.parent, h.parent);
+      EXPECT_EQ(d->header.created_s, h.created_s);
+      EXPECT_EQ(d->header.expires_s, h.expires_s);
+    } else {
+      EXPECT_FALSE(d->header.parent.has_value());
+    }
+
+    struct Case {
+      const char* what;
+      SlotHeader expect;
+    } cases[] = {{"another chunk", HeaderOf(9, 5000, KeyOf(seed, 2), h.payload_checksum, 42)},
+                 {"does not match the index", HeaderOf(8, 5000, key, h.payload_checksum, 42)},
+                 {"does not match the index", HeaderOf(9, 5000, key, h.payload_checksum, 41)},
+                 {"does not match the index", HeaderOf(9, 4999, key, h.payload_checksum, 42)},
+                 {"payload checksum", HeaderOf(9, 5000, key, h.payload_checksum + 1, 42)}};
+    for (const Case& c : cases) {
+      absl::Status st = VerifySlot(c.expect, slot);
+      EXPECT_TRUE(absl::IsDataLoss(st)) << c.what;
+      EXPECT_NE(st.message().find(c.what), std::string::npos) << st;
+    }
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < 200; ++i) {  // any single flipped bit in header or payload is caught
+      std::vector<uint8_t> bad = slot;
+      const size_t at = rng() % (header + 5000);
+      bad[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      EXPECT_TRUE(absl::IsDataLoss(VerifySlot(h, bad))) << "flip at byte " << at;
+      absl::StatusOr<DecodedSlot> bad_d = DecodeSlotHeader(bad);
+      EXPECT_TRUE(!bad_d.ok() || !VerifyPayload(*bad_d, bad).ok() || bad_d->header.key != key ||
+                  bad_d->header.sequence != 42 || bad_d->header.namespace_id != 9 ||
+                  bad_d->header.payload_bytes != 5000)
+          << "a flip at byte " << at << " decodes as the same valid slot";
+    }
+    EXPECT_TRUE(absl::IsDataLoss(VerifySlot(h, std::span(slot).first(100))));  // short read
   }
+}
+
+TEST(SlotReservationTest, RoundTripsAndRejectsDamage) {
+  const uint64_t seed = testing::FreshSeed();
   std::mt19937_64 rng(seed);
-  for (int i = 0; i < 200; ++i) {  // any single flipped bit in header or payload is caught
-    std::vector<uint8_t> bad = slot;
-    const size_t at = rng() % (kSlotHeaderBytes + 5000);
-    bad[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
-    EXPECT_TRUE(absl::IsDataLoss(VerifySlot(h, bad))) << "flip at byte " << at;
+  SlotReservation r;
+  r.min_sequence = rng();
+  for (int i = 0; i < 37; ++i) r.slots.push_back(rng() % 100000);
+  const std::string bytes = EncodeSlotReservation(r);
+  absl::StatusOr<SlotReservation> back = DecodeSlotReservation(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->min_sequence, r.min_sequence);
+  EXPECT_EQ(back->slots, r.slots);
+  for (int i = 0; i < 50; ++i) {
+    std::string bad = bytes;
+    bad[rng() % bad.size()] ^= static_cast<char>(1u << (rng() % 8));
+    EXPECT_TRUE(absl::IsDataLoss(DecodeSlotReservation(bad).status()));
   }
-  EXPECT_TRUE(absl::IsDataLoss(VerifySlot(h, std::span(slot).first(100))));  // short read
+  EXPECT_TRUE(absl::IsDataLoss(DecodeSlotReservation(bytes.substr(0, bytes.size() - 8)).status()));
+  EXPECT_TRUE(DecodeSlotReservation(EncodeSlotReservation({})).ok());
 }
 
 TEST(IndexRecordTest, RoundTripsAndRejectsForeignBytes) {

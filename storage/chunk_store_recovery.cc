@@ -1,0 +1,103 @@
+// Rebuilding index entries from the slots themselves, at open (slot_reservation.h says
+// when and why): after a crash, the reserved slots written since the index last synced;
+// after damage to the index, every slot.
+#include <algorithm>
+#include <numeric>
+
+#include "storage/chunk_store_impl.h"
+
+namespace kvc::storage {
+
+absl::Status ChunkStore::Impl::RecoverFromSlots(
+    const SlotReservation& reservation, bool whole_tier, std::vector<ChunkKey>* stale,
+    std::vector<std::pair<ChunkKey, IndexRecord>>* recovered) {
+  std::vector<uint64_t> slots;
+  if (whole_tier) {
+    slots.resize(ssd->capacity_slots());
+    std::iota(slots.begin(), slots.end(), uint64_t{0});
+  } else {
+    slots = reservation.slots;
+  }
+  struct Found {
+    uint64_t slot;
+    SlotHeader header;
+  };
+  std::vector<Found> found;
+  if (absl::Status s = ssd->Scan(slots,
+                                 [&](uint64_t slot, const SlotHeader& h) {
+                                   found.push_back({slot, h});
+                                 });
+      !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("rebuilding the index from the slots: ", s.message()));
+  }
+  // Oldest first, so that of two copies of a chunk the newer one stays.
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return a.header.sequence < b.header.sequence; });
+  std::unordered_map<uint64_t, ChunkKey> owner;  // what the index says each slot holds
+  for (const auto& [key, r] : ssd_map) owner[GlobalSlot(r)] = key;
+  std::unordered_set<uint64_t> verified;
+  std::unordered_set<ChunkKey, ChunkKeyHash> adopted;
+  std::vector<ChunkKey> dropped;
+  for (const Found& f : found) {
+    const SlotHeader& h = f.header;
+    verified.insert(f.slot);
+    // Sequences stay unique per slot across the restart, even for bytes not indexed.
+    next_sequence = std::max(next_sequence, h.sequence + 1);
+    // Bytes older than the reservation belong to chunks the index already dealt with
+    // (stored, evicted or erased before it); only later writes are new.
+    if (!whole_tier && h.sequence < reservation.min_sequence) continue;
+    auto ns = namespaces.find(h.namespace_id);
+    if (ns == namespaces.end()) {
+      if (!whole_tier) continue;
+      // The damaged index lost the namespace list; the slots say each one's chunk size.
+      ns = namespaces.emplace(h.namespace_id, h.payload_bytes).first;
+    }
+    if (ns->second != h.payload_bytes) continue;
+    if (auto held = owner.find(f.slot); held != owner.end()) {
+      const IndexRecord& r = ssd_map[held->second];
+      if (held->second == h.key && r.sequence == h.sequence) continue;  // indexed already
+      // The slot holds newer bytes than its entry says: the entry goes.
+      dropped.push_back(held->second);
+      ssd_map.erase(held->second);
+      owner.erase(held);
+    }
+    if (auto same = ssd_map.find(h.key); same != ssd_map.end()) {
+      if (same->second.sequence > h.sequence) continue;  // a newer copy is indexed
+      owner.erase(GlobalSlot(same->second));             // this one replaces it
+    }
+    IndexRecord r;
+    r.namespace_id = h.namespace_id;
+    r.payload_bytes = h.payload_bytes;
+    r.slab = static_cast<uint32_t>(f.slot / slots_per_slab);
+    r.slot = static_cast<uint32_t>(f.slot % slots_per_slab);
+    r.checksum = h.payload_checksum;
+    r.sequence = h.sequence;
+    r.parent = h.parent;
+    r.created_s = r.last_access_s = h.created_s;
+    r.expires_s = h.expires_s;
+    ssd_map[h.key] = r;
+    owner[f.slot] = h.key;
+    adopted.insert(h.key);
+  }
+  if (whole_tier) {
+    // Every slot was read: an entry whose slot did not verify names bytes that are gone.
+    for (auto it = ssd_map.begin(); it != ssd_map.end();) {
+      if (verified.contains(GlobalSlot(it->second))) {
+        ++it;
+      } else {
+        dropped.push_back(it->first);
+        it = ssd_map.erase(it);
+      }
+    }
+  }
+  for (const ChunkKey& key : dropped) {
+    if (!ssd_map.contains(key)) stale->push_back(key);  // not re-adopted elsewhere
+  }
+  for (const ChunkKey& key : adopted) {
+    if (auto it = ssd_map.find(key); it != ssd_map.end()) recovered->emplace_back(key, it->second);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvc::storage
