@@ -164,6 +164,11 @@ int Main(int argc, char** argv) {
                  "with --cluster: a node that stops answering etcd leaves after this long")
       ->check(CLI::Range(1, 600))
       ->capture_default_str();
+  uint32_t inject_io_faults = 0;
+  app.add_option("--inject-io-faults", inject_io_faults,
+                 "soak tests only: about 1 in N SSD operations fails (EIO or ENOSPC on a read, "
+                 "a write or a sync, or a short read); never corrupts bytes")
+      ->group("");  // hidden from --help
   app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
   app.add_option("--tls-key", tls_key, "PEM private key for --tls-cert");
   try {
@@ -244,6 +249,16 @@ int Main(int argc, char** argv) {
   // Slabs are zero-filled before first use (see docs/storage.md); do it ahead of the
   // writes so that a put rarely waits for a slab to be laid out.
   so.preallocate_ssd_background = true;
+  if (inject_io_faults > 0) {
+    so.faults =
+        std::make_shared<storage::FaultPlan>(static_cast<uint64_t>(getpid()) ^ time(nullptr));
+    storage::FaultRates r;
+    r.read_eio = r.write_eio = r.write_enospc = r.sync_eio = inject_io_faults;
+    r.short_read = inject_io_faults;
+    so.faults->set_rates(r);
+    LogLine(LogLevel::kWarn, "injecting_io_faults")
+        .Str("rate", absl::StrCat("1 in ", inject_io_faults));
+  }
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(so);
   if (!store.ok()) return Fail(std::string(store.status().message()));
   std::optional<cluster::NodeInfo> node;

@@ -211,6 +211,10 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_misses(s.misses);
         resp->set_checksum_failures(s.checksum_failures);
         resp->set_evictions(s.ram_evictions + s.ssd_evictions);
+        resp->set_read_errors(s.read_errors);
+        resp->set_write_errors(s.write_errors);
+        resp->set_recovered_chunks(s.recovered_chunks);
+        resp->set_index_rebuilds(s.index_rebuilds);
         if (impl_->opt.hbm != nullptr) {
           const storage::HbmStats h = impl_->opt.hbm->stats();
           resp->set_hbm_chunks(h.used);

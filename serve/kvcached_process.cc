@@ -25,15 +25,19 @@ int FreeLoopbackPort() {
 }
 
 KvcachedProcess::KvcachedProcess(std::string binary, std::string data_dir,
-                                 std::vector<std::string> extra)
-    : binary_(std::move(binary)), dir_(std::move(data_dir)), extra_(std::move(extra)) {}
+                                 std::vector<std::string> extra, int port)
+    : binary_(std::move(binary)),
+      dir_(std::move(data_dir)),
+      extra_(std::move(extra)),
+      port_(port) {}
 
 KvcachedProcess::~KvcachedProcess() { Stop(SIGKILL); }
 
 absl::Status KvcachedProcess::Start() {
   int out[2];
   if (pipe(out) != 0) return absl::InternalError("pipe");
-  std::vector<std::string> args = {binary_, "--data-dir", dir_, "--listen", "127.0.0.1:0"};
+  std::vector<std::string> args = {binary_, "--data-dir", dir_, "--listen",
+                                   absl::StrCat("127.0.0.1:", port_)};
   args.insert(args.end(), extra_.begin(), extra_.end());
   pid_ = fork();
   if (pid_ < 0) return absl::InternalError("fork");

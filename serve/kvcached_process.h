@@ -21,7 +21,9 @@ class KvcachedProcess {
  public:
   // `binary`: the kvcached program; its stderr (the structured log) goes to
   // data_dir + ".log".
-  KvcachedProcess(std::string binary, std::string data_dir, std::vector<std::string> extra = {});
+  // `port` 0: a free one at each start; else that port every time (a restart keeps it).
+  KvcachedProcess(std::string binary, std::string data_dir, std::vector<std::string> extra = {},
+                  int port = 0);
   ~KvcachedProcess();
   KvcachedProcess(const KvcachedProcess&) = delete;
   KvcachedProcess& operator=(const KvcachedProcess&) = delete;
@@ -29,11 +31,13 @@ class KvcachedProcess {
   absl::Status Start();  // returns once it listens
   void Stop(int sig);
   const std::string& address() const { return address_; }  // HOST:PORT
+  pid_t pid() const { return pid_; }                       // -1 when stopped
   std::string shm_socket() const { return dir_ + "/kvcached.sock"; }
 
  private:
   std::string binary_, dir_, address_;
   std::vector<std::string> extra_;
+  int port_ = 0;
   pid_t pid_ = -1;
   FILE* out_ = nullptr;
 };

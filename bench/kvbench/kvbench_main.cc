@@ -12,6 +12,7 @@
 //                 [--concurrency N] [--ram-bytes B] [--ssd-bytes B] [--json]
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
 //                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
+//   kvbench soak [--seconds S] [--clients N] [--kill-every S] [--io-fault-rate N] [--json]
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
 //                   [--dataset-chunks N | --dataset-bytes B] [--depths 1,8,32]
 //                   [--ops fetch,store] [--no-fio]
@@ -29,6 +30,7 @@
 #include "bench/kvbench/engine_bench.h"
 #include "bench/kvbench/kernels_bench.h"
 #include "bench/kvbench/service_bench.h"
+#include "bench/kvbench/soak.h"
 #include "bench/kvbench/storage_bench.h"
 #include "bench/kvbench/trace_bench.h"
 #include "engine/spec/chunk_layout.h"
@@ -267,6 +269,31 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   kernels->add_flag("--json", json, "print one JSON object");
+  CLI::App* soak = app.add_subcommand(
+      "soak", "kvcached under clients, SIGKILLs, SSD faults and a hostile tenant; nothing lost");
+  bench::SoakOptions soak_opt;
+  soak_opt.dir = "/tmp/kvbench-soak";
+  std::string soak_config = "configs/mini.json";
+  soak->add_option("--dir", soak_opt.dir, "scratch folder (emptied)")->capture_default_str();
+  soak->add_option("--seconds", soak_opt.seconds, "how long the faults and clients run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  soak->add_option("--clients", soak_opt.clients, "concurrent clients of the first tenant")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  soak->add_option("--kill-every", soak_opt.kill_every_s,
+                   "mean seconds between SIGKILLs of the daemon")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  soak->add_option("--io-fault-rate", soak_opt.io_fault_rate,
+                   "1 in N SSD operations fails (EIO, ENOSPC, short read)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  soak->add_option("--ssd-bytes", soak_opt.ssd_bytes, "the daemon's SSD tier (holds everything)")
+      ->capture_default_str();
+  soak->add_option("--config", soak_config, "model config giving the chunk size")
+      ->capture_default_str();
+  soak->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -289,6 +316,15 @@ int Main(int argc, char** argv) {
                  "without it (nvcc not found)\n";
     return 1;
 #endif
+  }
+  if (soak->parsed()) {
+    std::optional<std::string> text = ReadModelConfig(soak_config);
+    if (!text) return 1;
+    soak_opt.model_config_json = *text;
+    soak_opt.kvcached = SiblingKvcached();
+    absl::StatusOr<nlohmann::json> r = bench::RunSoak(soak_opt);
+    const int code = Report(r, json, bench::SoakToText);
+    return code != 0 ? code : (bench::SoakPassed(*r) ? 0 : 1);
   }
   if (cluster->parsed()) {
     std::optional<std::string> text = ReadModelConfig(cluster_config);

@@ -95,6 +95,29 @@ TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   EXPECT_GT(c["store"][1]["vs_r1"].get<double>(), 0);
 }
 
+// The soak as CI runs it: short, but with SIGKILLs, SSD faults, dropped streams and a
+// hostile tenant; it must lose nothing acknowledged and serve nothing wrong.
+TEST(KvbenchTest, ASoakUnderFaultsLosesNothingAndServesNothingWrong) {
+  TempDir dir;
+  auto r = RunProgram(kKvbench, {"soak", "--dir", dir.File("soak"), "--seconds", "8", "--clients",
+                                 "3", "--kill-every", "2.5", "--io-fault-rate", "200",
+                                 "--ssd-bytes", std::to_string(256 << 20), "--config",
+                                 std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--json"});
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out << r.err;
+  std::printf("%s\n", j.dump().c_str());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(j["passed"].get<bool>());
+  EXPECT_EQ(j["lost"].get<int>(), 0);
+  EXPECT_EQ(j["wrong_bytes"].get<int>(), 0);
+  EXPECT_EQ(j["cross_tenant_hits"].get<int>(), 0);
+  EXPECT_GE(j["restarts"].get<int>(), 1);
+  EXPECT_GT(j["durable_acknowledgements"].get<int>(), 0);
+  EXPECT_GT(j["fetched_chunks"].get<int>(), 0);
+  EXPECT_GT(j["hostile_calls"].get<int>(), 0);
+  EXPECT_GT(j["chunks_verified_at_end"].get<int>(), 0);
+}
+
 TEST(KvbenchTest, EngineJsonHasEveryCase) {
   auto r = RunProgram(
       kKvbench, {"engine", "--config", std::string(KVC_SOURCE_DIR) + "/configs/mini.json",
