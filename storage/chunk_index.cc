@@ -28,7 +28,9 @@ std::string ChunkRowKey(const ChunkKey& k) {
 absl::Status FromRocks(const rocksdb::Status& s, const char* what) {
   if (s.ok()) return absl::OkStatus();
   const std::string msg = absl::StrCat("rocksdb ", what, ": ", s.ToString());
-  return s.IsCorruption() ? absl::DataLossError(msg) : absl::InternalError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
 }
 
 rocksdb::Options IndexOptions() {
@@ -163,9 +165,23 @@ absl::StatusOr<std::optional<std::string>> ChunkIndex::GetMeta(const std::string
 }
 
 absl::Status ChunkIndex::PutMeta(const std::string& name, const std::string& value) {
+  rocksdb::WriteBatch batch;
+  batch.Put("m" + name, value);
+  return Write(batch, /*sync=*/true);
+}
+
+absl::Status ChunkIndex::Write(rocksdb::WriteBatch& batch, bool sync) {
   rocksdb::WriteOptions w;
-  w.sync = true;
-  return FromRocks(db_->Put(w, "m" + name, value), "put");
+  w.sync = sync;
+  rocksdb::Status s = db_->Write(w, &batch);
+  if (!s.ok() && !s.IsCorruption()) {
+    // After an I/O error RocksDB refuses every write until it is resumed. For a full disk
+    // its own recovery polls the free space every 5 s and resumes by itself (Resume answers
+    // Busy meanwhile: DiskFullTest measures writes back 5.0 s after space returns); other
+    // errors wait for a Resume, tried here, so writes come back without a restart.
+    if (db_->Resume().ok()) s = db_->Write(w, &batch);
+  }
+  return FromRocks(s, "write");
 }
 
 absl::Status ChunkIndex::ForEach(
@@ -192,9 +208,7 @@ absl::Status ChunkIndex::Commit(const std::vector<std::pair<ChunkKey, IndexRecor
   for (const auto& [name, value] : meta) batch.Put("m" + name, value);
   for (const auto& [key, rec] : puts) batch.Put(ChunkRowKey(key), EncodeIndexRecord(rec));
   for (const ChunkKey& key : deletes) batch.Delete(ChunkRowKey(key));
-  rocksdb::WriteOptions w;
-  w.sync = sync;
-  return FromRocks(db_->Write(w, &batch), "write");
+  return Write(batch, sync);
 }
 
 }  // namespace kvc::storage

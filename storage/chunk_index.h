@@ -1,4 +1,5 @@
-// ChunkIndex: the durable truth of what the SSD tier holds, in RocksDB (WAL on).
+// ChunkIndex: the durable truth of what the SSD tier holds, in RocksDB (WAL on). A full
+// disk is ResourceExhausted, and writes resume by themselves once space is back.
 //
 // Keys: "c" + 16-byte chunk key → IndexRecord; "m" + name → metadata (slot size,
 // namespaces). The store loads every record into memory at open and serves lookups from
@@ -20,6 +21,7 @@
 
 namespace rocksdb {
 class DB;
+class WriteBatch;
 class Env;
 class FileSystem;
 }  // namespace rocksdb
@@ -77,6 +79,8 @@ class ChunkIndex {
 
  private:
   ChunkIndex(rocksdb::DB* db, std::unique_ptr<rocksdb::Env> env);
+  // One write; after an I/O error it resumes the database (see the .cc) and tries again once.
+  absl::Status Write(rocksdb::WriteBatch& batch, bool sync);
   std::unique_ptr<rocksdb::Env> env_;  // outlives db_
   std::unique_ptr<rocksdb::DB> db_;
 };

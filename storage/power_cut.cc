@@ -96,6 +96,7 @@ class PowerCutFile final : public rocksdb::FSWritableFileOwnerWrapper {
         length_(length) {}
   IOStatus Append(const Slice& data, const IOOptions& o, IODebugContext* d) override {
     if (cut_->cut()) return IOStatus::OK();
+    if (cut_->disk_full()) return IOStatus::NoSpace("disk full (test)");
     IOStatus s = target()->Append(data, o, d);
     if (s.ok()) cut_->IndexFileAppended(path_, length_ += data.size());
     return s;
@@ -103,6 +104,7 @@ class PowerCutFile final : public rocksdb::FSWritableFileOwnerWrapper {
   IOStatus Append(const Slice& data, const IOOptions& o, const rocksdb::DataVerificationInfo& v,
                   IODebugContext* d) override {
     if (cut_->cut()) return IOStatus::OK();
+    if (cut_->disk_full()) return IOStatus::NoSpace("disk full (test)");
     IOStatus s = target()->Append(data, o, v, d);
     if (s.ok()) cut_->IndexFileAppended(path_, length_ += data.size());
     return s;
@@ -110,6 +112,7 @@ class PowerCutFile final : public rocksdb::FSWritableFileOwnerWrapper {
   IOStatus PositionedAppend(const Slice& data, uint64_t offset, const IOOptions& o,
                             IODebugContext* d) override {
     if (cut_->cut()) return IOStatus::OK();
+    if (cut_->disk_full()) return IOStatus::NoSpace("disk full (test)");
     IOStatus s = target()->PositionedAppend(data, offset, o, d);
     if (s.ok()) cut_->IndexFileAppended(path_, length_ = std::max(length_, offset + data.size()));
     return s;
@@ -117,6 +120,7 @@ class PowerCutFile final : public rocksdb::FSWritableFileOwnerWrapper {
   IOStatus PositionedAppend(const Slice& data, uint64_t offset, const IOOptions& o,
                             const rocksdb::DataVerificationInfo& v, IODebugContext* d) override {
     if (cut_->cut()) return IOStatus::OK();
+    if (cut_->disk_full()) return IOStatus::NoSpace("disk full (test)");
     IOStatus s = target()->PositionedAppend(data, offset, o, v, d);
     if (s.ok()) cut_->IndexFileAppended(path_, length_ = std::max(length_, offset + data.size()));
     return s;

@@ -1,4 +1,5 @@
-// PowerCut: a test seam that models the machine losing power under a running store.
+// PowerCut: a test seam that models the machine losing power under a running store (and,
+// separately, a full disk).
 //
 // The store's slab I/O (WrapIoEngine) and its index files (file_system(), a RocksDB
 // FileSystem) report to one PowerCut. It remembers what was written since each file's last
@@ -41,6 +42,11 @@ class PowerCut : public std::enable_shared_from_this<PowerCut> {
 
   void Cut() { cut_.store(true); }
   bool cut() const { return cut_.load(); }
+  // A full disk (independent of cuts): while set, every append to an index file fails
+  // with ENOSPC; clearing it gives the space back. (Slab writes overwrite preallocated
+  // blocks, so a full file system never fails them.)
+  void set_disk_full(bool full) { disk_full_.store(full); }
+  bool disk_full() const { return disk_full_.load(); }
   // Call after every user of the seams is gone.
   [[nodiscard]] absl::Status Restore();
 
@@ -83,6 +89,7 @@ class PowerCut : public std::enable_shared_from_this<PowerCut> {
 
   const bool drop_all_;
   std::atomic<bool> cut_{false};
+  std::atomic<bool> disk_full_{false};
   mutable std::mutex mu_;
   std::mt19937_64 rng_;
   uint64_t next_write_id_ = 0;

@@ -110,6 +110,49 @@ TEST(PowerCutTest, AnErasedChunkStaysErasedAfterACut) {
   for (uint64_t i : {0, 1, 3, 4, 5}) EXPECT_TRUE(ReadBack(*store, KeyOf(seed, i)).ok()) << i;
 }
 
+// The review's finding 3: after a disk-full during stores and the space freed again, every
+// store kept failing until a restart. Now puts fail while the disk is full (naming the
+// lack of space), reads go on, and puts succeed again once space is back — same process.
+TEST(DiskFullTest, StoresFailWhileTheDiskIsFullAndResumeWhenSpaceReturns) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TempDir dir;
+  auto disk = std::make_shared<PowerCut>(seed);
+  auto put = [&](ChunkStore& s, uint64_t i) {
+    const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk);
+    return s.Put({kNs, KeyOf(seed, i), {}, p}, {}).status();
+  };
+  {
+    auto store = Open(Options(dir.path(), 256, disk));
+    ASSERT_NE(store, nullptr);
+    for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(put(*store, i).ok()) << i;
+    disk->set_disk_full(true);
+    for (uint64_t i = 10; i < 15; ++i) {
+      const absl::Status st = put(*store, i);
+      EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+    }
+    for (uint64_t i = 0; i < 10; ++i) EXPECT_TRUE(ReadBack(*store, KeyOf(seed, i)).ok()) << i;
+    disk->set_disk_full(false);
+    const auto freed = std::chrono::steady_clock::now();
+    absl::Status first;
+    while (!(first = put(*store, 15)).ok() &&
+           std::chrono::steady_clock::now() - freed < std::chrono::seconds(30)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::printf("stores resumed %.2f s after space returned\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - freed).count());
+    ASSERT_TRUE(first.ok()) << "stores did not resume within 30 s: " << first;
+    for (uint64_t i = 15; i < 25; ++i) {
+      const absl::Status st = put(*store, i);
+      EXPECT_TRUE(st.ok()) << "after space returned: " << i << ": " << st;
+    }
+  }
+  auto store = Open(Options(dir.path(), 256));
+  ASSERT_NE(store, nullptr);
+  for (uint64_t i : {0, 5, 9, 15, 20, 24}) EXPECT_TRUE(ReadBack(*store, KeyOf(seed, i)).ok()) << i;
+  for (uint64_t i = 10; i < 15; ++i)
+    EXPECT_TRUE(absl::IsNotFound(ReadBack(*store, KeyOf(seed, i))));
+}
+
 int Rounds() {
   const char* env = std::getenv("KVC_POWER_CUT_ROUNDS");
   return env != nullptr ? std::max(1, std::atoi(env)) : 12;
