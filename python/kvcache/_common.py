@@ -289,12 +289,23 @@ class Common:
 
     @staticmethod
     def lookup_request(ns, tokens):
-        return pb.LookupRequest(namespace_id=ns.id, tokens=as_tokens(tokens, ns.vocab_size).tolist())
+        """The Lookup request for tokens, and the keys it asks about (None if the daemon is to
+        hash the tokens). Knowing the vocabulary, the client checks the ids and hashes them
+        itself and sends 16 bytes a chunk; the daemon then hashes nothing."""
+        arr = as_tokens(tokens, ns.vocab_size)
+        if ns.vocab_size is None:
+            return pb.LookupRequest(namespace_id=ns.id, tokens=arr.tolist()), None
+        keys = chunk_keys(ns.root_key, arr, ns.chunk_tokens)
+        return pb.LookupRequest(namespace_id=ns.id, chunk_keys=keys), keys
 
     @staticmethod
-    def match_from(ns, resp):
-        return Match(resp.matched_chunks, [bytes(k) for k in resp.chunk_keys],
-                     [_TIERS.get(t, "none") for t in resp.tiers], ns.chunk_tokens)
+    def match_from(ns, resp, keys=None):
+        """A Lookup answer as a Match; `keys`: what a lookup by keys asked (the answer
+        then carries none)."""
+        if keys is None:
+            keys = [bytes(k) for k in resp.chunk_keys]
+        return Match(resp.matched_chunks, keys, [_TIERS.get(t, "none") for t in resp.tiers],
+                     ns.chunk_tokens)
 
     @staticmethod
     def stats_from(resp):

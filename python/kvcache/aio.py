@@ -55,8 +55,8 @@ class AsyncClient(Common):
         return self.namespace_from(req, await self._call(self._stub.RegisterNamespace, req))
 
     async def lookup(self, ns, tokens) -> Match:
-        return self.match_from(
-            ns, await self._call(self._stub.Lookup, self.lookup_request(ns, tokens)))
+        req, keys = self.lookup_request(ns, tokens)
+        return self.match_from(ns, await self._call(self._stub.Lookup, req), keys)
 
     async def fetch(self, ns, keys, out=None) -> Fetched:
         keys, out, view = self.fetch_target(ns, keys, out)

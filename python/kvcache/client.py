@@ -78,7 +78,8 @@ class Client(Common):
         return self.namespace_from(req, self._call(self._stub.RegisterNamespace, req))
 
     def lookup(self, ns, tokens) -> Match:
-        return self.match_from(ns, self._call(self._stub.Lookup, self.lookup_request(ns, tokens)))
+        req, keys = self.lookup_request(ns, tokens)
+        return self.match_from(ns, self._call(self._stub.Lookup, req), keys)
 
     def fetch(self, ns, keys, out=None) -> Fetched:
         """The leading chunks of `keys` that are cached, copied into `out` (any writable

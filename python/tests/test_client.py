@@ -61,6 +61,29 @@ def test_prefix_round_trips_byte_exact_into_any_buffer(daemon, seed, mini_config
         assert c.lookup(ns, tokens).matched_chunks == 2
 
 
+def test_lookup_by_keys_and_by_tokens_agree(daemon, seed, mini_config):
+    rng = np.random.default_rng(seed)
+    with kvcache.Client(daemon.address) as c:
+        ns = c.register_namespace(mini_config, "mini", 64)
+        tokens, payloads = random_prefix(rng, ns, 4)
+        c.store(ns, tokens[:3 * 64], payloads[:3 * ns.chunk_bytes])
+        # Knowing the vocabulary, the client hashes and sends 16 bytes a chunk, no tokens.
+        req, keys = c.lookup_request(ns, tokens)
+        assert keys == c.chunk_keys(ns, tokens) and list(req.chunk_keys) == keys
+        assert len(req.tokens) == 0
+        by_keys = c.lookup(ns, tokens)
+        # Without it (an older daemon did not say), the daemon hashes the tokens.
+        blind = kvcache.Namespace(ns.id, ns.root_key, ns.chunk_bytes, ns.chunk_tokens,
+                                  ns.kv_layout_version)
+        assert c.lookup_request(blind, tokens)[1] is None
+        by_tokens = c.lookup(blind, tokens)
+        assert by_keys.matched_chunks == by_tokens.matched_chunks == 3
+        assert by_keys.keys == by_tokens.keys == keys
+        assert by_keys.tiers == by_tokens.tiers
+        with pytest.raises(kvcache.InvalidArgumentError, match="vocabulary"):
+            c.lookup(ns, [ns.vocab_size] * 64)
+
+
 def test_keys_and_answers_equal_kvctl(daemon, seed, mini_config, tmp_path):
     rng = np.random.default_rng(seed)
     with kvcache.Client(daemon.address) as c:
