@@ -19,7 +19,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/tools/matmul_select.h"
+#include "backends/select.h"
 #include "nlohmann/json.hpp"
 #include "serve/session.h"
 

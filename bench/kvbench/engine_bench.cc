@@ -1,6 +1,6 @@
 #include "bench/kvbench/engine_bench.h"
 
-#include "engine/tools/matmul_select.h"
+#include "backends/select.h"
 
 #include <cblas.h>
 

@@ -26,10 +26,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "backends/select.h"
 #include "engine/model/generate.h"
 #include "engine/model/model.h"
 #include "engine/spec/model_config.h"
-#include "engine/tools/matmul_select.h"
 #include "nlohmann/json.hpp"
 
 static_assert(std::endian::native == std::endian::little, "logit dumps are little-endian");

@@ -1,4 +1,4 @@
-#include "engine/tools/matmul_select.h"
+#include "backends/select.h"
 
 #include "absl/strings/str_cat.h"
 #if KVC_WITH_CUDA
