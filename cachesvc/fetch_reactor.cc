@@ -1,5 +1,6 @@
-// Fetch: one chunk read (on the executor when it is not in RAM), then written, then the
-// next.
+// Fetch: each chunk sent as soon as it is at hand — from the RAM arena without a copy, or
+// read from SSD on the executor in batches of the chunks ahead (one submission, many reads
+// in flight), then written one by one.
 #include "cachesvc/service_impl.h"
 
 namespace kvc::cachesvc {
@@ -67,20 +68,58 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     ++next_;
     Next();
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    {
+      std::lock_guard lock(mu_);
+      if (reading_) {  // a read ahead is still running: it deletes the reactor when done
+        orphaned_ = true;
+        return;
+      }
+    }
+    delete this;
+  }
 
  private:
+  // Chunks read in one batch: keys_[from + i] is items[i] (its owner goes to gRPC when sent).
+  struct Ahead {
+    std::unique_ptr<PayloadOwner> owner;
+    absl::Status status;
+  };
+  struct Batch {
+    size_t from = 0;
+    std::vector<Ahead> items;
+    size_t end() const { return from + items.size(); }
+  };
+
   void Done(const grpc::Status& s) {
     resp_.Clear();  // ends the lease of the last chunk now rather than with the reactor
     slot_.Release();
     svc_->Observe("Fetch", slot_.tenant(), s, start_);
     Finish(s);
   }
+  // Sends chunk next_: from a batch read ahead, from the RAM arena, or after a batch read.
+  // Called by one step at a time (a write's completion, or the read it waited for).
   void Next() {
     if (next_ == keys_.size()) {
       Done(grpc::Status::OK);
       return;
     }
+    std::unique_lock lock(mu_);
+    if (!(cur_.from <= next_ && next_ < cur_.end()) && ready_ && ready_->from == next_) {
+      cur_ = *std::move(ready_);
+      ready_.reset();
+    }
+    if (cur_.from <= next_ && next_ < cur_.end()) {
+      StartReadAhead(lock, cur_.end());  // the next batch, while this one is sent
+      lock.unlock();
+      SendAhead();
+      return;
+    }
+    if (reading_) {  // the batch with this chunk is on its way: it continues the call
+      waiting_ = true;
+      return;
+    }
+    lock.unlock();
     // A chunk in RAM is sent from the arena right here (no I/O, nothing blocks): no hop
     // to the executor, which only SSD reads need.
     if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.id, keys_[next_]);
@@ -91,22 +130,74 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Write();
       return;
     }
-    if (!svc_->executor.Submit([this] { ReadAndWrite(); })) {
+    lock.lock();
+    waiting_ = true;
+    if (!StartReadAhead(lock, next_)) {
+      waiting_ = false;
+      lock.unlock();
       Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
   }
-  void ReadAndWrite() {
-    const ChunkKey& key = keys_[next_];
-    auto owner = std::make_unique<PayloadOwner>();
-    owner->heap = std::make_unique_for_overwrite<uint8_t[]>(ns_.chunk_bytes);
-    const std::span<uint8_t> payload(owner->heap.get(), ns_.chunk_bytes);
-    absl::Status s = svc_->store->Get(ns_.id, key, payload);
-    svc_->CountFetch(slot_.tenant(), 0, s.ok() ? 1 : 0, absl::IsNotFound(s) ? 1 : 0);
-    if (!s.ok()) {
-      Done(ToGrpc(absl::Status(s.code(), absl::StrCat("chunk_keys[", next_, "]: ", s.message()))));
+  // Reads the chunks from `from` on (up to kAheadBytes) on the executor, unless a read is
+  // running or done already or nothing is left. False only if the executor refused.
+  bool StartReadAhead(std::unique_lock<std::mutex>& lock, size_t from) {
+    if (reading_ || ready_ || from >= keys_.size()) return true;
+    reading_ = true;
+    lock.unlock();
+    const bool queued = svc_->executor.Submit([this, from] { ReadAhead(from); });
+    lock.lock();
+    if (!queued) reading_ = false;
+    return queued;
+  }
+  // On the executor: one batch read — the SSD serves many reads at once far faster than one
+  // after another, and the batch after the one being sent is read while it is sent, so a
+  // prefix resumed from SSD streams at the disk's batch speed.
+  void ReadAhead(size_t from) {
+    constexpr uint64_t kAheadBytes = 8 << 20;
+    const size_t n = std::min<size_t>(
+        keys_.size() - from,
+        std::clamp<uint64_t>(kAheadBytes / std::max<uint64_t>(ns_.chunk_bytes, 1), 1, 32));
+    const std::span<const ChunkKey> keys(keys_.data() + from, n);
+    const std::vector<storage::Tier> tiers = svc_->store->Lookup(ns_.id, keys);
+    Batch batch;
+    batch.from = from;
+    std::vector<std::span<uint8_t>> outs;
+    for (size_t i = 0; i < n; ++i) {
+      auto owner = std::make_unique<PayloadOwner>();
+      owner->heap = std::make_unique_for_overwrite<uint8_t[]>(ns_.chunk_bytes);
+      outs.emplace_back(owner->heap.get(), ns_.chunk_bytes);
+      batch.items.push_back({std::move(owner), absl::OkStatus()});
+    }
+    std::vector<absl::Status> got = svc_->store->GetBatch(ns_.id, keys, outs);
+    uint64_t ram = 0, ssd = 0;
+    for (size_t i = 0; i < n; ++i) {
+      batch.items[i].status = std::move(got[i]);
+      if (batch.items[i].status.ok()) ++(tiers[i] == storage::Tier::kRam ? ram : ssd);
+    }
+    svc_->CountFetch(slot_.tenant(), ram, ssd, 0);
+    std::unique_lock lock(mu_);
+    reading_ = false;
+    if (orphaned_) {  // the call ended while this read ran
+      lock.unlock();
+      delete this;
       return;
     }
-    resp_ = FetchResponseFrame(key, payload, owner.release());
+    ready_ = std::move(batch);
+    const bool resume = std::exchange(waiting_, false);
+    lock.unlock();
+    if (resume) Next();
+  }
+  // Sends chunk next_ from the batch being sent (or ends the call at a chunk that failed).
+  void SendAhead() {
+    Ahead& a = cur_.items[next_ - cur_.from];
+    if (!a.status.ok()) {
+      svc_->CountFetch(slot_.tenant(), 0, 0, absl::IsNotFound(a.status) ? 1 : 0);
+      Done(ToGrpc(absl::Status(a.status.code(),
+                               absl::StrCat("chunk_keys[", next_, "]: ", a.status.message()))));
+      return;
+    }
+    const std::span<const uint8_t> payload(a.owner->heap.get(), ns_.chunk_bytes);
+    resp_ = FetchResponseFrame(keys_[next_], payload, a.owner.release());
     Write();
   }
   // The last chunk goes out with the trailers in one step (no OnWriteDone round trip:
@@ -129,6 +220,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   size_t next_ = 0;
   grpc::ByteBuffer resp_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+
+  std::mutex mu_;               // guards what a read ahead on the executor shares with the call
+  Batch cur_;                   // being sent (touched only by the step that owns the call)
+  std::optional<Batch> ready_;  // read ahead, not yet being sent
+  bool reading_ = false;        // a read ahead is running
+  bool waiting_ = false;        // the call waits for that read to continue it
+  bool orphaned_ = false;       // the call ended during the read: it deletes the reactor
 };
 
 }  // namespace

@@ -2,7 +2,8 @@
 // count in `nodes` (1: one kvcached without --cluster and the plain client — the peer;
 // N ≥ 2: etcd and N nodes, the cluster client with R = 2): prefix fetches (chunks_per_call
 // chunks a call, `clients` at once) — throughput, p50, p99; the resume of a
-// `resume_tokens` prefix (Lookup + Fetch of every chunk); Lookup p50/p99 on a cached
+// `resume_tokens` prefix (Lookup + Fetch of every chunk), and for one node the same resume
+// from SSD (the daemon restarted before each, so its RAM tier is empty); Lookup p50/p99 on a cached
 // `lookup_tokens` prefix; and durable stores with R = 1
 // and R = 2. Every fetched byte is checked. All nodes share this machine's cores, so
 // the numbers show the client's routing cost, not what separate hosts would add

@@ -83,6 +83,8 @@ TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   ASSERT_FALSE(j.is_discarded()) << r.out;
   ASSERT_EQ(j["systems"].size(), 2u) << r.out;
   EXPECT_EQ(j["systems"][0]["system"], "single");
+  EXPECT_EQ(j["systems"][0]["resume_from_ssd"]["chunks"].get<int>(), 4096 / 256);
+  EXPECT_GT(j["systems"][0]["resume_from_ssd"]["lookup_and_fetch_ms"].get<double>(), 0);
   const nlohmann::json& c = j["systems"][1];
   EXPECT_EQ(c["system"], "cluster-3");
   EXPECT_GT(c["prefix_fetch"][0]["gbps"].get<double>(), 0);

@@ -194,6 +194,61 @@ void ExpectStatus(const grpc::Status& s, grpc::StatusCode code, const std::strin
       << "\"" << text << "\" not in: " << s.error_message();
 }
 
+// A fetch from SSD reads the chunks ahead in batches while it sends (fetch_reactor.cc):
+// every byte still arrives in order, a chunk missing mid-batch ends the prefix exactly
+// there, and a client that leaves mid-read does not take the daemon down.
+TEST(KvcachedTest, AFetchFromSsdReadsAheadInOrderAndStopsAtAMissingChunk) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  Daemon d(dir.File("data"));
+  Client c;
+  const pb::RegisterNamespaceResponse ns = Register(d, c);
+  constexpr int kChunks = 70, kMissing = 45;  // several read-ahead batches
+  const std::vector<Chunk> chunks = MakeChunks(rng, kChunks, ns.chunk_tokens(), ns.chunk_bytes());
+  pb::StoreResponse stored;
+  ASSERT_TRUE(StorePrefix(d, c, ns.namespace_id(), chunks, &stored).ok());
+  ASSERT_EQ(stored.stored(), static_cast<uint32_t>(kChunks));
+  d.Restart(SIGTERM);  // RAM is empty: every chunk comes from the slabs
+  Register(d, c);
+  const pb::LookupResponse keys = Lookup(d, c, ns.namespace_id(), AllTokens(chunks));
+  ASSERT_EQ(keys.matched_chunks(), static_cast<uint32_t>(kChunks));
+  for (int i = 0; i < kChunks; ++i) ASSERT_EQ(keys.tiers(i), pb::TIER_SSD);
+  {
+    pb::DeleteRequest del;
+    del.set_namespace_id(ns.namespace_id());
+    del.add_chunk_keys(keys.chunk_keys(kMissing));
+    pb::DeleteResponse resp;
+    ASSERT_TRUE(d.stub().Delete(c.Ctx().get(), del, &resp).ok());
+  }
+  for (int round = 0; round < 2; ++round) {  // from SSD, then (promoted) from RAM
+    grpc::Status fs;
+    std::vector<pb::FetchResponse> got = Fetch(d, c, ns.namespace_id(), keys.chunk_keys(), &fs);
+    ExpectStatus(fs, grpc::StatusCode::NOT_FOUND, "chunk_keys[" + std::to_string(kMissing) + "]");
+    ASSERT_EQ(got.size(), static_cast<size_t>(kMissing)) << "round " << round;
+    for (int i = 0; i < kMissing; ++i) {
+      ASSERT_EQ(got[i].chunk_key(), keys.chunk_keys(i)) << "round " << round << " chunk " << i;
+      ASSERT_TRUE(got[i].payload() == chunks[i].payload) << "round " << round << " chunk " << i;
+    }
+  }
+  // Clients that read one chunk and leave, while the next batch is being read.
+  d.Restart(SIGTERM);
+  Register(d, c);
+  for (int i = 0; i < 20; ++i) {
+    pb::FetchRequest req;
+    req.set_namespace_id(ns.namespace_id());
+    for (int k = 0; k < kMissing; ++k) req.add_chunk_keys(keys.chunk_keys(k));
+    auto ctx = c.Ctx();
+    auto reader = d.stub().Fetch(ctx.get(), req);
+    pb::FetchResponse r;
+    reader->Read(&r);
+    ctx->TryCancel();
+    (void)reader->Finish();
+  }
+  grpc::Status fs;
+  std::vector<pb::FetchResponse> got = Fetch(d, c, ns.namespace_id(), keys.chunk_keys(), &fs);
+  EXPECT_EQ(got.size(), static_cast<size_t>(kMissing)) << "the daemon after the cancelled fetches";
+}
+
 TEST(KvcachedTest, BadInputGetsAPreciseStatusAndStoresNothing) {
   std::mt19937_64 rng(testing::FreshSeed());
   TempDir dir;
