@@ -26,19 +26,21 @@ declare -A sources=(
   [slot]="storage/slot_format.cc"
   [reservation]="storage/slot_reservation.cc"
   [trace]="bench/trace/trace.cc"
+  [shm_handshake]="cachesvc/arena_socket.cc cachesvc/auth.cc"
 )
-declare -A libs=([model_config]="" [slot]="-lxxhash" [reservation]="-lxxhash" [trace]="")
+declare -A libs=([model_config]="" [slot]="-lxxhash" [reservation]="-lxxhash" [trace]=""
+                 [shm_handshake]="")
 mkdir -p build-fuzz
-for t in model_config slot reservation trace; do
+for t in model_config slot reservation trace shm_handshake; do
   bin="build-fuzz/${t}_fuzz"
   # Rebuild when any source is newer than the binary.
-  if [ ! -x "$bin" ] || [ -n "$(find tests/fuzz/${t}_fuzz.cc ${sources[$t]} engine/spec storage/slot_format.h storage/slot_reservation.h bench/trace -newer "$bin" -print -quit)" ]; then
+  if [ ! -x "$bin" ] || [ -n "$(find tests/fuzz/${t}_fuzz.cc ${sources[$t]} engine/spec storage/slot_format.h storage/slot_reservation.h bench/trace cachesvc/arena_socket.h cachesvc/auth.h -newer "$bin" -print -quit)" ]; then
     echo "fuzz: building $t"
     # shellcheck disable=SC2086
     "$cxx" "${flags[@]}" -o "$bin" "tests/fuzz/${t}_fuzz.cc" ${sources[$t]} ${libs[$t]} $absl
   fi
 done
-for t in model_config slot reservation trace; do
+for t in model_config slot reservation trace shm_handshake; do
   corpus="build-fuzz/corpus/$t"
   findings="build-fuzz/findings/$t"
   rm -rf "$corpus" && mkdir -p "$corpus" "$findings"
