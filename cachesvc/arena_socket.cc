@@ -103,6 +103,25 @@ void ArenaSocketServer::Answer(int conn) {
   reply(absl::StrCat("OK ", arena->bytes, "\n"), arena->fd);
 }
 
+HandshakeAnswer ReadHandshakeAnswer(int socket_fd) {
+  char text[256] = {0};
+  iovec iov{text, sizeof text - 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC);
+  HandshakeAnswer a;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      std::memcpy(&a.fd, CMSG_DATA(c), sizeof a.fd);
+  }
+  if (n > 0) a.text.assign(text, static_cast<size_t>(n));
+  return a;
+}
+
 absl::StatusOr<ReceivedArena> ReceiveArenaFd(const std::string& socket_path,
                                              const std::string& bearer_token) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -119,22 +138,14 @@ absl::StatusOr<ReceivedArena> ReceiveArenaFd(const std::string& socket_path,
     close(fd);
     return Errno("write " + socket_path);
   }
-  char text[128] = {0};
-  iovec iov{text, sizeof text - 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  const HandshakeAnswer answer = ReadHandshakeAnswer(fd);
   close(fd);
-  if (n <= 0) return absl::UnavailableError("no answer from " + socket_path);
-  int arena_fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-      std::memcpy(&arena_fd, CMSG_DATA(c), sizeof arena_fd);
+  if (answer.text.empty()) {
+    if (answer.fd >= 0) close(answer.fd);
+    return absl::UnavailableError("no answer from " + socket_path);
   }
+  const int arena_fd = answer.fd;
+  const char* text = answer.text.c_str();
   unsigned long long bytes = 0;
   if (std::strncmp(text, "OK ", 3) != 0 || arena_fd < 0 ||
       std::sscanf(text + 3, "%llu", &bytes) != 1) {

@@ -55,6 +55,13 @@ struct MappedArena {
 // Which arena an fd is (device and inode of the memfd): FetchRefs answers carry it, so a
 // client never reads offsets of a new daemon's arena from an old daemon's mapping.
 uint64_t ArenaIdentity(int fd);
+// The server's answer on a connected socket: its text and the fd it carried (-1 if none;
+// the caller closes it). Empty text if nothing came.
+struct HandshakeAnswer {
+  std::string text;
+  int fd = -1;
+};
+HandshakeAnswer ReadHandshakeAnswer(int socket_fd);
 // The handshake alone: the received fd (the caller closes it) and the arena's size.
 // Unavailable if nobody answers, PermissionDenied with the server's reason if refused.
 struct ReceivedArena {

@@ -76,21 +76,10 @@ std::string Exchange(const std::string& path, const uint8_t* data, size_t size, 
     at += static_cast<size_t>(n);
   }
   shutdown(fd, SHUT_WR);
-  char text[256] = {0};
-  iovec iov{text, sizeof text - 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  kvc::cachesvc::HandshakeAnswer answer = kvc::cachesvc::ReadHandshakeAnswer(fd);
   close(fd);
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-      std::memcpy(fd_out, CMSG_DATA(c), sizeof(int));
-  }
-  return n > 0 ? std::string(text, static_cast<size_t>(n)) : std::string();
+  *fd_out = answer.fd;
+  return answer.text;
 }
 
 }  // namespace
