@@ -164,6 +164,10 @@ int Main(int argc, char** argv) {
                  "with --cluster: a node that stops answering etcd leaves after this long")
       ->check(CLI::Range(1, 600))
       ->capture_default_str();
+  bool prefault_ram = true;
+  app.add_flag("--prefault-ram,!--no-prefault-ram", prefault_ram,
+               "fault the RAM tier's pages in at start, the default (its memory is taken at once; "
+               "fills and promotions of SSD hits then pay no first-touch page faults)");
   uint32_t inject_io_faults = 0;
   app.add_option("--inject-io-faults", inject_io_faults,
                  "soak tests only: about 1 in N SSD operations fails (EIO or ENOSPC on a read, "
@@ -249,6 +253,7 @@ int Main(int argc, char** argv) {
   // Slabs are zero-filled before first use (see docs/storage.md); do it ahead of the
   // writes so that a put rarely waits for a slab to be laid out.
   so.preallocate_ssd_background = true;
+  so.prefault_ram = prefault_ram;
   if (inject_io_faults > 0) {
     so.faults =
         std::make_shared<storage::FaultPlan>(static_cast<uint64_t>(getpid()) ^ time(nullptr));

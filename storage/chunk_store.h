@@ -70,6 +70,7 @@ struct StoreOptions {
   bool promote_on_ssd_hit = true;
   bool preallocate_ssd = false;             // lay out every slab at open, not on first use
   bool preallocate_ssd_background = false;  // lay slabs out on a background thread instead
+  bool prefault_ram = false;                // fault the RAM tier's pages in at open (ram_arena.h)
   std::shared_ptr<FaultPlan> faults;        // tests only
   std::shared_ptr<PowerCut> power_cut;      // tests only: see power_cut.h
   uint16_t slot_format = 0;        // a new folder's slot format; 0 = the current one (tests: 1)

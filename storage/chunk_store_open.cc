@@ -291,7 +291,8 @@ absl::Status ChunkStore::Impl::Open() {
 
   std::vector<uint64_t> pool_bytes{opt.ram_bytes};
   pool_bytes.insert(pool_bytes.end(), opt.ram_pool_bytes.begin(), opt.ram_pool_bytes.end());
-  absl::StatusOr<std::unique_ptr<RamTier>> tier = RamTier::Create(opt.max_chunk_bytes, pool_bytes);
+  absl::StatusOr<std::unique_ptr<RamTier>> tier =
+      RamTier::Create(opt.max_chunk_bytes, pool_bytes, opt.prefault_ram);
   if (!tier.ok()) return tier.status();
   if (!(*tier)->empty_capacity()) ram = *std::move(tier);
   if (!ssd && !ram)

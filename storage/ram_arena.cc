@@ -25,7 +25,7 @@ absl::Status Fail(int fd, const std::string& what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t slot_bytes, uint32_t slots,
-                                                           const std::string& name) {
+                                                           const std::string& name, bool prefault) {
   const uint64_t bytes = slot_bytes * slots;
   const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Fail(-1, "memfd_create");
@@ -36,6 +36,8 @@ absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t slot_bytes, 
     // The only writable mapping there will ever be: made before the seals go on.
     base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) return Fail(fd, absl::StrCat("mmap RAM arena of ", bytes, " bytes"));
+    // Best effort: a kernel before 5.14 says EINVAL and pages fault in on first use.
+    if (prefault) (void)madvise(base, bytes, MADV_POPULATE_WRITE);
   }
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) !=
       0) {

@@ -22,8 +22,12 @@ namespace kvc::storage {
 class RamArena {
  public:
   // InternalError with errno text if memfd_create, ftruncate, mmap or sealing fail.
+  // prefault: every page is faulted in now (MADV_POPULATE_WRITE; skipped where the kernel
+  // lacks it), so the arena's memory is taken at once and later fills — first writes,
+  // promotions of SSD hits — pay no first-touch page faults.
   static absl::StatusOr<std::unique_ptr<RamArena>> Create(uint64_t slot_bytes, uint32_t slots,
-                                                          const std::string& name);
+                                                          const std::string& name,
+                                                          bool prefault = false);
   ~RamArena();
   RamArena(const RamArena&) = delete;
   RamArena& operator=(const RamArena&) = delete;

@@ -6,7 +6,8 @@
 namespace kvc::storage {
 
 absl::StatusOr<std::unique_ptr<RamTier>> RamTier::Create(uint64_t slot_bytes,
-                                                         std::span<const uint64_t> pool_bytes) {
+                                                         std::span<const uint64_t> pool_bytes,
+                                                         bool prefault) {
   auto tier = std::make_unique<RamTier>();
   const uint64_t rounded = RamSlotBytes(slot_bytes);
   tier->pools_.resize(pool_bytes.size());
@@ -18,7 +19,7 @@ absl::StatusOr<std::unique_ptr<RamTier>> RamTier::Create(uint64_t slot_bytes,
           absl::StrCat("RAM pool ", i, " of ", pool_bytes[i], " bytes has too many slots"));
     }
     absl::StatusOr<std::unique_ptr<RamArena>> arena = RamArena::Create(
-        rounded, static_cast<uint32_t>(slots), absl::StrCat("kvcache-ram-pool-", i));
+        rounded, static_cast<uint32_t>(slots), absl::StrCat("kvcache-ram-pool-", i), prefault);
     if (!arena.ok()) return arena.status();
     Pool& p = tier->pools_[i];
     p.arena = *std::move(arena);

@@ -51,9 +51,10 @@ struct RamEntry {
 class RamTier {
  public:
   // One pool per entry of pool_bytes (a pool smaller than one slot has no slots). Each
-  // slot holds up to slot_bytes (rounded up to 4 KiB).
+  // slot holds up to slot_bytes (rounded up to 4 KiB). prefault: see RamArena::Create.
   static absl::StatusOr<std::unique_ptr<RamTier>> Create(uint64_t slot_bytes,
-                                                         std::span<const uint64_t> pool_bytes);
+                                                         std::span<const uint64_t> pool_bytes,
+                                                         bool prefault = false);
 
   bool empty_capacity() const { return capacity_slots_ == 0; }
   uint64_t capacity_slots() const { return capacity_slots_; }
