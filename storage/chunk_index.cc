@@ -173,6 +173,9 @@ absl::Status ChunkIndex::PutMeta(const std::string& name, const std::string& val
 absl::Status ChunkIndex::Write(rocksdb::WriteBatch& batch, bool sync) {
   rocksdb::WriteOptions w;
   w.sync = sync;
+#if defined(__SANITIZE_THREAD__)
+  std::lock_guard tsan_serial(tsan_write_mu_);
+#endif
   rocksdb::Status s = db_->Write(w, &batch);
   if (!s.ok() && !s.IsCorruption()) {
     // After an I/O error RocksDB refuses every write until it is resumed. For a full disk
