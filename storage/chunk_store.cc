@@ -436,9 +436,7 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
   if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return s.reserved.contains(x); })) {
     s.reservation_cv.wait(lk, [&] { return !s.record_busy; });
     s.record_busy = holds_record = true;
-    for (uint64_t slot : slots) s.reserved.erase(slot);
-    SlotReservation record{s.reservation_min_sequence, {s.reserved.begin(), s.reserved.end()}};
-    meta.emplace_back(kReservationMeta, EncodeSlotReservation(record));
+    meta.push_back(s.ReservationMetaWithout(slots));
   }
   lk.unlock();
   absl::Status committed = s.index->Commit({}, deletes, /*sync=*/true, meta);
@@ -468,6 +466,11 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
   std::vector<absl::Status> status(keys.size());
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
   std::unique_lock lk(s.mu);
+  // A pin limit counts the chunks pinned now, these included.
+  const int64_t now = s.NowS();
+  Impl::QuotaState* quota = s.QuotaOf(ns);
+  const uint64_t pin_limit = quota != nullptr ? quota->quota.pinned_chunks : 0;
+  uint64_t pinned = pin_limit > 0 ? s.PinnedChunksOf(s.quota_group_of.at(ns)) : 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto d = s.ssd_map.find(keys[i]);
     const bool in_ram = s.ram && s.ram->FindIn(ns, keys[i]) != nullptr;
@@ -475,6 +478,16 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
     if (!in_ram && !on_ssd) {
       status[i] = absl::NotFoundError(absl::StrCat(s.Where(keys[i]), " is not cached"));
       continue;
+    }
+    if (pin_limit > 0 && pin_until_s > now) {
+      auto p = s.pins.find(keys[i]);
+      const bool was_pinned = p != s.pins.end() && p->second > now;
+      if (!was_pinned && pinned >= pin_limit) {
+        status[i] = absl::ResourceExhaustedError(absl::StrCat(
+            quota->quota.owner, " may pin ", pin_limit, " chunks at once and has pinned them"));
+        continue;
+      }
+      pinned += !was_pinned;
     }
     if (pin_until_s > 0) {
       s.pins[keys[i]] = pin_until_s;

@@ -17,10 +17,10 @@
 // LeaseRam; a RAM copy is also checked before it is written to SSD); a mismatch is a miss
 // (NotFound), counted, and the copy is dropped — bad bytes are never handed out.
 //
-// Capacity limits are hard. Eviction is prefix-aware (eviction.h): leaves before their
-// ancestors, least recently used first, expired TTLs first, pinned chunks never. RAM
-// pressure demotes dirty chunks to SSD (write-back) and drops clean ones; an SSD hit is
-// promoted to RAM.
+// Capacity limits are hard, and so are per-owner quotas (quota.h). Eviction is prefix-aware
+// (eviction.h): leaves before their ancestors, least recently used first, expired TTLs first,
+// pinned chunks never. RAM pressure demotes dirty chunks to SSD (write-back) and drops clean ones;
+// an SSD hit is promoted to RAM.
 //
 // Thread-safe. Metadata is guarded by one mutex that is never held across I/O or large
 // copies. Errors: InvalidArgument (bad size or namespace), NotFound (miss),
@@ -44,6 +44,7 @@
 #include "storage/fault_injection.h"
 #include "storage/io_engine.h"
 #include "storage/power_cut.h"
+#include "storage/quota.h"
 #include "storage/ram_tier.h"
 
 namespace kvc::storage {
@@ -123,6 +124,7 @@ struct StoreStats {
   uint64_t checksum_failures = 0, read_errors = 0, write_errors = 0;
   uint64_t ram_checksum_failures = 0;  // of checksum_failures, those of RAM copies
   uint64_t ram_evictions = 0, ssd_evictions = 0, demotions = 0, promotions = 0;
+  uint64_t quota_evictions = 0;  // of ssd_evictions, those of a group over its quota
   uint64_t pending_write_behind = 0;
   // Recovery at the last open: chunks indexed from their slots (written after the index's
   // last sync, or all of them after damage), and whether the index was found damaged.
@@ -163,6 +165,12 @@ class ChunkStore {
   // slots), and its size in bytes.
   int ram_arena_fd(RamPoolId pool = 0) const;
   uint64_t ram_arena_bytes(RamPoolId pool = 0) const;
+
+  // Quotas (quota.h). Not durable: set them at every start. A namespace's group applies
+  // to its chunks already stored too. InvalidArgument for group 0 in SetQuota.
+  [[nodiscard]] absl::Status SetQuota(QuotaGroup group, const Quota& quota);
+  void SetQuotaGroup(NamespaceId ns, QuotaGroup group);
+  QuotaUsage Usage(QuotaGroup group) const;
 
   // The highest tier holding each chunk (kNone if absent or in another namespace).
   Tier Contains(NamespaceId ns, const ChunkKey& key) const;

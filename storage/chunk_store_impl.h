@@ -129,6 +129,46 @@ class ChunkStore::Impl {
   // synced commit rare, few enough that a small tier keeps most slots for chunks.
   size_t ReserveAhead() const;
 
+  // With record_busy held: these slots leave the reservation; the record's new metadata
+  // entry, to commit (synced) with the removal of the chunks that were in them.
+  std::pair<std::string, std::string> ReservationMetaWithout(const std::vector<uint64_t>& slots) {
+    for (uint64_t slot : slots) reserved.erase(slot);
+    SlotReservation record{reservation_min_sequence, {reserved.begin(), reserved.end()}};
+    return {kReservationMeta, EncodeSlotReservation(record)};
+  }
+
+  // ---- quotas (quota.h; all under mu) ----
+  struct QuotaState {
+    Quota quota;
+    std::vector<NamespaceId> namespaces;
+    // Bytes being written, not yet counted by the tiers (so concurrent writers of one
+    // group cannot pass its limit together).
+    uint64_t ram_in_flight = 0, ssd_in_flight = 0;
+  };
+  // The namespace's group, or null if it is in none (group 0).
+  QuotaState* QuotaOf(NamespaceId ns);
+  uint64_t RamBytesOf(const QuotaState& q) const;
+  uint64_t SsdBytesOf(const QuotaState& q) const;
+  uint64_t PinnedChunksOf(QuotaGroup group) const;
+  std::string QuotaFullError(const QuotaState& q, const char* tier, uint64_t limit) const {
+    return absl::StrCat(
+        q.quota.owner, " is at its ", tier, " quota of ", limit,
+        " bytes and nothing it holds there can be evicted (pinned, or being written)");
+  }
+  // Makes room for `bytes` more of the namespace's chunks in RAM under its group's quota,
+  // giving up the group's own chunks; counts them in flight in the group returned (null:
+  // none), from which the caller subtracts them once published. ResourceExhausted when
+  // the group's chunks there are all pinned.
+  absl::StatusOr<QuotaState*> FitRamQuota(std::unique_lock<std::mutex>& lk, NamespaceId ns,
+                                          uint64_t bytes, bool allow_writeback);
+  std::unordered_map<QuotaGroup, QuotaState> quota_groups;
+  std::unordered_map<NamespaceId, QuotaGroup> quota_group_of;
+
+  // Gives up one RAM chunk of `pool`: a dirty one is demoted to SSD first (with
+  // allow_writeback; without, an error). OK means progress: the caller looks again.
+  absl::Status ReleaseRam(std::unique_lock<std::mutex>& lk, const ChunkKey& victim,
+                          bool allow_writeback);
+
   // One chunk on its way to SSD.
   struct PendingWrite {
     ChunkKey key;
@@ -139,7 +179,12 @@ class ChunkStore::Impl {
     // The checksum the payload must have (a RAM copy's), or 0: a copy that no longer
     // matches it was corrupted in memory and is not written.
     uint64_t expected_checksum = 0;
+    QuotaState* quota = nullptr;  // the group whose ssd_in_flight counts its bytes
   };
+  // The same for writes to SSD: evicts the groups' own SSD chunks (one synced commit for
+  // all, running ahead so a group at its limit does not pay one per write), counts the
+  // writes that fit in flight (PendingWrite::quota) and fails the others.
+  void FitSsdQuota(std::unique_lock<std::mutex>& lk, std::vector<PendingWrite>& writes);
 
   // Writes chunks to reserved SSD slots, publishes them, commits their index entries and
   // syncs the slabs. Called with the lock held; releases it during I/O and commits. Fills

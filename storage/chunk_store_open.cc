@@ -277,7 +277,8 @@ absl::Status ChunkStore::Impl::Open() {
   }
   access_clock = max_access * 1'000'000;
   for (const auto& [key, r] : ssd_map) {
-    ssd_order.Add(key, r.parent, r.last_access_s * 1'000'000, r.pin_until_s, r.expires_s);
+    ssd_order.Add(key, r.parent, r.last_access_s * 1'000'000, r.pin_until_s, r.expires_s,
+                  r.namespace_id, r.payload_bytes);
     if (r.pin_until_s > 0) pins[key] = r.pin_until_s;
   }
   // Chunks whose parent did not survive (evicted or dropped before the restart) are

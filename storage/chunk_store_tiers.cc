@@ -45,25 +45,31 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(std::unique_lock<std::mu
       return absl::ResourceExhaustedError(pool == 0 ? std::string("RAM tier is full")
                                                     : absl::StrCat("RAM pool ", pool, " is full"));
     }
-    RamEntry& e = *ram->Find(*victim);
-    if (e.dirty && ssd) {
-      if (!allow_writeback)
-        return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
-      if (e.flushing) {
-        flush_done.wait(lk);
-        continue;
-      }
-      FlushLocked(lk, {*victim});
-      const RamEntry* again = ram->Find(*victim);
-      if (again != nullptr && again->dirty && !again->flushing) {
-        return absl::InternalError(absl::StrCat("cannot demote ", Where(*victim), " to SSD"));
-      }
-      ++stats.demotions;
-      continue;
-    }
-    DropRam(*victim);
-    ++stats.ram_evictions;
+    if (absl::Status st = ReleaseRam(lk, *victim, allow_writeback); !st.ok()) return st;
   }
+}
+
+absl::Status ChunkStore::Impl::ReleaseRam(std::unique_lock<std::mutex>& lk, const ChunkKey& victim,
+                                          bool allow_writeback) {
+  RamEntry& e = *ram->Find(victim);
+  if (e.dirty && ssd) {
+    if (!allow_writeback)
+      return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
+    if (e.flushing) {
+      flush_done.wait(lk);
+      return absl::OkStatus();
+    }
+    FlushLocked(lk, {victim});
+    const RamEntry* again = ram->Find(victim);
+    if (again != nullptr && again->dirty && !again->flushing) {
+      return absl::InternalError(absl::StrCat("cannot demote ", Where(victim), " to SSD"));
+    }
+    ++stats.demotions;
+    return absl::OkStatus();
+  }
+  DropRam(victim);
+  ++stats.ram_evictions;
+  return absl::OkStatus();
 }
 
 // Copies bytes into a fresh slot of the namespace's RAM pool and publishes it. The copy
@@ -75,13 +81,22 @@ absl::Status ChunkStore::Impl::InsertRam(std::unique_lock<std::mutex>& lk, Names
                                          std::span<const uint8_t> bytes, uint64_t checksum,
                                          bool dirty, int64_t expires_s, bool allow_writeback) {
   const RamPoolId pool = ram->PoolOf(ns);
+  absl::StatusOr<QuotaState*> quota = FitRamQuota(lk, ns, bytes.size(), allow_writeback);
+  if (!quota.ok()) return quota.status();
+  auto done_in_flight = [&] {
+    if (*quota != nullptr) (*quota)->ram_in_flight -= bytes.size();
+  };
   absl::StatusOr<uint32_t> slot = AllocRamSlot(lk, pool, allow_writeback);
-  if (!slot.ok()) return slot.status();
+  if (!slot.ok()) {
+    done_in_flight();
+    return slot.status();
+  }
   lk.unlock();
   uint8_t* dst = ram->SlotData(pool, *slot);
   std::memcpy(dst, bytes.data(), bytes.size());
   if (checksum == 0) checksum = PayloadChecksum(std::span<const uint8_t>(dst, bytes.size()));
   lk.lock();
+  done_in_flight();
   if (ram->Contains(key)) {  // another writer won the race
     ram->ReturnSlot(pool, *slot);
     return absl::AlreadyExistsError(Where(key));
@@ -183,10 +198,12 @@ absl::Status ChunkStore::Impl::EnsureReserved(std::unique_lock<std::mutex>& lk, 
 // syncs the slabs. Called with the lock held; releases it during I/O and commits.
 void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
                                   std::vector<PendingWrite>& writes) {
+  FitSsdQuota(lk, writes);
   const absl::Status reservation = EnsureReserved(lk, writes.size());
   std::vector<SlotWrite> slot_writes;
   std::vector<size_t> which;
   for (size_t i = 0; i < writes.size(); ++i) {
+    if (!writes[i].status.ok()) continue;  // over its quota
     if (reserved_free.empty()) {
       writes[i].status =
           reservation.ok() ? absl::ResourceExhaustedError("SSD tier is full") : reservation;
@@ -244,9 +261,16 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
     auto pin = pins.find(w.key);
     w.record.pin_until_s = pin == pins.end() ? 0 : pin->second;
     ssd_map[w.key] = w.record;
-    ssd_order.Add(w.key, w.record.parent, NextAccess(), w.record.pin_until_s, w.record.expires_s);
+    ssd_order.Add(w.key, w.record.parent, NextAccess(), w.record.pin_until_s, w.record.expires_s,
+                  w.record.namespace_id, w.record.payload_bytes);
     puts.emplace_back(w.key, w.record);
     slabs.insert(w.record.slab);
+  }
+  // Published chunks now count in their group's bytes; the rest never will.
+  for (PendingWrite& w : writes) {
+    if (w.quota == nullptr) continue;
+    w.quota->ssd_in_flight -= w.payload.size();
+    w.quota = nullptr;
   }
   lk.unlock();
   absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts);

@@ -1,5 +1,7 @@
 #include "storage/eviction.h"
 
+#include <tuple>
+
 namespace kvc::storage {
 
 bool EvictionOrder::IsLeaf(const ChunkKey& key) const {
@@ -15,17 +17,20 @@ bool EvictionOrder::IsOrphan(const ChunkKey& key) const {
 void EvictionOrder::SetOrphan(const ChunkKey& key, Node& n, bool orphan) {
   if (n.orphan == orphan) return;
   n.orphan = orphan;
-  if (orphan) {
-    orphans_.insert({n.access_us, key});
-  } else {
-    orphans_.erase({n.access_us, key});
-  }
+  ForQueues(n, [&](Queues& q) {
+    if (orphan) {
+      q.orphans.insert({n.access_us, key});
+    } else {
+      q.orphans.erase({n.access_us, key});
+    }
+  });
 }
 
 void EvictionOrder::Add(const ChunkKey& key, const std::optional<ChunkKey>& parent,
-                        int64_t access_us, int64_t pin_until_s, int64_t expires_s) {
+                        int64_t access_us, int64_t pin_until_s, int64_t expires_s, NamespaceId ns,
+                        uint64_t bytes) {
   if (nodes_.contains(key)) Remove(key);
-  Node n{parent, access_us, pin_until_s, expires_s, false};
+  Node n{parent, access_us, pin_until_s, expires_s, false, ns, bytes};
   if (parent.has_value()) {
     auto& siblings = children_[*parent];
     siblings.insert(key);
@@ -35,7 +40,10 @@ void EvictionOrder::Add(const ChunkKey& key, const std::optional<ChunkKey>& pare
     }
   }
   if (IsLeaf(key)) AddLeaf(key, n);
-  if (expires_s > 0) expiring_.insert({expires_s, key});
+  ForQueues(n, [&](Queues& q) {
+    if (expires_s > 0) q.expiring.insert({expires_s, key});
+    q.bytes += bytes;
+  });
   nodes_.emplace(key, n);
   // This chunk is back: its children are reachable again.
   if (auto c = children_.find(key); c != children_.end()) {
@@ -50,7 +58,15 @@ void EvictionOrder::Remove(const ChunkKey& key) {
   const Node n = it->second;
   nodes_.erase(it);
   RemoveLeaf(key, n);
-  if (n.expires_s > 0) expiring_.erase({n.expires_s, key});
+  ForQueues(n, [&](Queues& q) {
+    if (n.expires_s > 0) q.expiring.erase({n.expires_s, key});
+    q.bytes -= n.bytes;
+  });
+  if (auto q = by_ns_.find(n.ns); q != by_ns_.end() && q->second.leaves.empty() &&
+                                  q->second.orphans.empty() && q->second.expiring.empty() &&
+                                  q->second.bytes == 0) {
+    by_ns_.erase(q);  // the namespace's last chunk here left
+  }
   if (n.parent.has_value()) {
     auto c = children_.find(*n.parent);
     if (c != children_.end()) {
@@ -87,19 +103,43 @@ void EvictionOrder::SetPin(const ChunkKey& key, int64_t pin_until_s) {
   if (it != nodes_.end()) it->second.pin_until_s = pin_until_s;
 }
 
-std::optional<ChunkKey> EvictionOrder::PickVictim(int64_t now_s) const {
+uint64_t EvictionOrder::BytesOf(NamespaceId ns) const {
+  auto it = by_ns_.find(ns);
+  return it == by_ns_.end() ? 0 : it->second.bytes;
+}
+
+std::optional<EvictionOrder::Candidate> EvictionOrder::Best(const Queues& q, int64_t now_s) const {
   auto pinned = [&](const ChunkKey& k) { return nodes_.at(k).pin_until_s > now_s; };
-  for (const auto& [expires, key] : expiring_) {
+  for (const auto& [expires, key] : q.expiring) {
     if (expires > now_s) break;
-    if (!pinned(key)) return key;
+    if (!pinned(key)) return Candidate{0, expires, key};
   }
-  for (const auto& [access, key] : orphans_) {
-    if (!pinned(key)) return key;
+  for (const auto& [access, key] : q.orphans) {
+    if (!pinned(key)) return Candidate{1, access, key};
   }
-  for (const auto& [access, key] : leaves_) {
-    if (!pinned(key)) return key;
+  for (const auto& [access, key] : q.leaves) {
+    if (!pinned(key)) return Candidate{2, access, key};
   }
   return std::nullopt;
+}
+
+std::optional<ChunkKey> EvictionOrder::PickVictim(int64_t now_s) const {
+  std::optional<Candidate> best = Best(all_, now_s);
+  if (!best) return std::nullopt;
+  return std::get<2>(*best);
+}
+
+std::optional<ChunkKey> EvictionOrder::PickVictimAmong(
+    int64_t now_s, std::span<const NamespaceId> namespaces) const {
+  std::optional<Candidate> best;
+  for (NamespaceId ns : namespaces) {
+    auto it = by_ns_.find(ns);
+    if (it == by_ns_.end()) continue;
+    std::optional<Candidate> c = Best(it->second, now_s);
+    if (c && (!best || *c < *best)) best = c;
+  }
+  if (!best) return std::nullopt;
+  return std::get<2>(*best);
 }
 
 }  // namespace kvc::storage

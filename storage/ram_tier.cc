@@ -82,6 +82,17 @@ std::optional<ChunkKey> RamTier::PickVictim(RamPoolId pool, int64_t now_s) const
   return pools_.at(pool).order.PickVictim(now_s);
 }
 
+std::optional<ChunkKey> RamTier::PickVictimAmong(RamPoolId pool, int64_t now_s,
+                                                 std::span<const NamespaceId> namespaces) const {
+  return pools_.at(pool).order.PickVictimAmong(now_s, namespaces);
+}
+
+uint64_t RamTier::BytesOf(NamespaceId ns) const {
+  uint64_t bytes = 0;
+  for (const Pool& p : pools_) bytes += p.order.BytesOf(ns);
+  return bytes;
+}
+
 void RamTier::Publish(const ChunkKey& key, const RamEntry& entry, int64_t access_us) {
   Pool& p = pools_.at(entry.pool);
   KVC_CHECK(p.state.at(entry.slot) == kReserved)
@@ -89,7 +100,7 @@ void RamTier::Publish(const ChunkKey& key, const RamEntry& entry, int64_t access
   KVC_CHECK(!entries_.contains(key)) << "chunk " << key.Hex() << " published twice";
   p.state[entry.slot] = kUsed;
   entries_[key] = entry;
-  p.order.Add(key, entry.parent, access_us, 0, entry.expires_s);
+  p.order.Add(key, entry.parent, access_us, 0, entry.expires_s, entry.ns, entry.len);
 }
 
 void RamTier::Remove(const ChunkKey& key) {

@@ -81,6 +81,11 @@ class RamTier {
   void ReturnSlot(RamPoolId pool, uint32_t slot);
   // The pool's next chunk to give up (eviction.h), or nullopt if all are pinned.
   std::optional<ChunkKey> PickVictim(RamPoolId pool, int64_t now_s) const;
+  // The same among these namespaces' chunks only (an owner over its quota, quota.h).
+  std::optional<ChunkKey> PickVictimAmong(RamPoolId pool, int64_t now_s,
+                                          std::span<const NamespaceId> namespaces) const;
+  // Payload bytes of the namespace's chunks, in all pools.
+  uint64_t BytesOf(NamespaceId ns) const;
 
   // Publishes a chunk in a slot reserved by TakeFreeSlot.
   void Publish(const ChunkKey& key, const RamEntry& entry, int64_t access_us);

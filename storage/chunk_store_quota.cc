@@ -1,0 +1,193 @@
+// Per-owner quotas (quota.h): the groups, what they hold, and making room for a put by
+// evicting the group's own chunks.
+#include <algorithm>
+
+#include "storage/chunk_store_impl.h"
+
+namespace kvc::storage {
+
+ChunkStore::Impl::QuotaState* ChunkStore::Impl::QuotaOf(NamespaceId ns) {
+  auto g = quota_group_of.find(ns);
+  if (g == quota_group_of.end()) return nullptr;
+  return &quota_groups[g->second];
+}
+
+uint64_t ChunkStore::Impl::RamBytesOf(const QuotaState& q) const {
+  uint64_t bytes = 0;
+  if (ram) {
+    for (NamespaceId ns : q.namespaces) bytes += ram->BytesOf(ns);
+  }
+  return bytes;
+}
+
+uint64_t ChunkStore::Impl::SsdBytesOf(const QuotaState& q) const {
+  uint64_t bytes = 0;
+  for (NamespaceId ns : q.namespaces) bytes += ssd_order.BytesOf(ns);
+  return bytes;
+}
+
+uint64_t ChunkStore::Impl::PinnedChunksOf(QuotaGroup group) const {
+  // A walk over the pins (few: leases of live sessions), not over every chunk.
+  const int64_t now = NowS();
+  uint64_t n = 0;
+  for (const auto& [key, until] : pins) {
+    if (until <= now) continue;
+    const RamEntry* r = ram ? ram->Find(key) : nullptr;
+    auto d = ssd_map.find(key);
+    const std::optional<NamespaceId> ns = r != nullptr ? std::optional(r->ns)
+                                          : d != ssd_map.end()
+                                              ? std::optional(d->second.namespace_id)
+                                              : std::nullopt;
+    if (!ns) continue;
+    auto g = quota_group_of.find(*ns);
+    n += g != quota_group_of.end() && g->second == group;
+  }
+  return n;
+}
+
+absl::StatusOr<ChunkStore::Impl::QuotaState*> ChunkStore::Impl::FitRamQuota(
+    std::unique_lock<std::mutex>& lk, NamespaceId ns, uint64_t bytes, bool allow_writeback) {
+  QuotaState* q = QuotaOf(ns);
+  if (q == nullptr) return nullptr;
+  const uint64_t limit = q->quota.ram_bytes;
+  while (limit > 0 && RamBytesOf(*q) + q->ram_in_flight + bytes > limit) {
+    std::optional<ChunkKey> victim = ram->PickVictimAmong(ram->PoolOf(ns), NowS(), q->namespaces);
+    if (!victim) return absl::ResourceExhaustedError(QuotaFullError(*q, "RAM", limit));
+    if (absl::Status st = ReleaseRam(lk, *victim, allow_writeback); !st.ok()) return st;
+  }
+  q->ram_in_flight += bytes;
+  return q;
+}
+
+void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
+                                   std::vector<PendingWrite>& writes) {
+  if (quota_groups.empty()) return;
+  // What each limited group asks for in this batch, and its largest chunk.
+  struct Ask {
+    uint64_t bytes = 0, largest = 0;
+  };
+  auto asks = [&] {
+    std::unordered_map<QuotaState*, Ask> a;
+    for (const PendingWrite& w : writes) {
+      QuotaState* q = QuotaOf(w.record.namespace_id);
+      if (q == nullptr || q->quota.ssd_bytes == 0 || !w.status.ok()) continue;
+      a[q].bytes += w.payload.size();
+      a[q].largest = std::max<uint64_t>(a[q].largest, w.payload.size());
+    }
+    return a;
+  };
+  auto used = [&](const QuotaState& q) { return SsdBytesOf(q) + q.ssd_in_flight; };
+  auto over = [&] {
+    for (const auto& [q, ask] : asks()) {
+      if (used(*q) + ask.bytes > q->quota.ssd_bytes) return true;
+    }
+    return false;
+  };
+  // Evict the groups' own chunks, in the same quiet point as the tier's own eviction
+  // (EnsureReserved): no slot is handed out and no write is between its publication and
+  // its commit, so a victim's deletion can never be overtaken by its own put's commit.
+  // Concurrent writers of the group may take the room made while the commit runs: look
+  // again until it fits or nothing is left to give up (bounded, in case of a livelock).
+  absl::Status evicted_status;
+  bool all_pinned = false;
+  for (int round = 0; round < 64 && over(); ++round) {
+    while (record_busy) reservation_cv.wait(lk);
+    record_busy = true;
+    reservation_cv.wait(lk, [&] { return in_flight == 0; });
+    all_pinned = false;
+    std::vector<ChunkKey> victims;
+    std::vector<uint64_t> slots;
+    for (const auto& [q, ask] : asks()) {
+      const uint64_t limit = q->quota.ssd_bytes;
+      if (used(*q) + ask.bytes <= limit) continue;
+      // Run ahead by up to 32 chunks (1/64 of the limit at most): a group at its limit
+      // then pays one synced commit per 32 writes, not one per write.
+      const uint64_t ahead = std::min(limit / 64, 32 * ask.largest);
+      while (used(*q) + ask.bytes + ahead > limit) {
+        std::optional<ChunkKey> victim = ssd_order.PickVictimAmong(NowS(), q->namespaces);
+        if (!victim) {
+          all_pinned = used(*q) + ask.bytes > limit;
+          break;
+        }
+        auto d = ssd_map.find(*victim);
+        slots.push_back(GlobalSlot(d->second));
+        ssd_map.erase(d);
+        ssd_order.Remove(*victim);
+        if (!ram || !ram->Contains(*victim)) LeftStore(*victim);
+        victims.push_back(*victim);
+        ++stats.ssd_evictions;
+        ++stats.quota_evictions;
+      }
+    }
+    if (victims.empty()) {  // the room was made meanwhile, or nothing can go
+      record_busy = false;
+      reservation_cv.notify_all();
+      if (all_pinned) break;
+      continue;
+    }
+    std::vector<std::pair<std::string, std::string>> meta;
+    if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return reserved.contains(x); })) {
+      meta.push_back(ReservationMetaWithout(slots));
+    }
+    lk.unlock();
+    evicted_status = index->Commit({}, victims, /*sync=*/true, meta);
+    lk.lock();
+    record_busy = false;
+    reservation_cv.notify_all();
+    // After a failed commit the entries may still be on disk: their slots stay unused
+    // until the next open.
+    if (!evicted_status.ok()) break;
+    for (uint64_t slot : slots) FreeSsdSlot(slot);
+  }
+  for (PendingWrite& w : writes) {
+    QuotaState* q = QuotaOf(w.record.namespace_id);
+    if (q == nullptr || !w.status.ok()) continue;
+    const uint64_t limit = q->quota.ssd_bytes;
+    if (limit > 0 && used(*q) + w.payload.size() > limit) {
+      w.status = !evicted_status.ok() ? evicted_status
+                 : all_pinned ? absl::ResourceExhaustedError(QuotaFullError(*q, "SSD", limit))
+                              : absl::ResourceExhaustedError(absl::StrCat(
+                                    q->quota.owner, " is at its SSD quota of ", limit,
+                                    " bytes with writes of its own in flight; try again"));
+      continue;
+    }
+    q->ssd_in_flight += w.payload.size();
+    w.quota = q;
+  }
+}
+
+// ---- the public calls ----
+
+absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota) {
+  if (group == 0) return absl::InvalidArgumentError("quota group 0 is the one without a quota");
+  std::lock_guard lk(impl_->mu);
+  impl_->quota_groups[group].quota = quota;
+  return absl::OkStatus();
+}
+
+void ChunkStore::SetQuotaGroup(NamespaceId ns, QuotaGroup group) {
+  Impl& s = *impl_;
+  std::lock_guard lk(s.mu);
+  if (auto old = s.quota_group_of.find(ns); old != s.quota_group_of.end()) {
+    std::vector<NamespaceId>& members = s.quota_groups[old->second].namespaces;
+    members.erase(std::remove(members.begin(), members.end(), ns), members.end());
+    s.quota_group_of.erase(old);
+  }
+  if (group == 0) return;
+  s.quota_group_of[ns] = group;
+  s.quota_groups[group].namespaces.push_back(ns);
+}
+
+QuotaUsage ChunkStore::Usage(QuotaGroup group) const {
+  Impl& s = *impl_;
+  std::lock_guard lk(s.mu);
+  QuotaUsage u;
+  auto g = s.quota_groups.find(group);
+  if (g == s.quota_groups.end()) return u;
+  u.ram_bytes = s.RamBytesOf(g->second);
+  u.ssd_bytes = s.SsdBytesOf(g->second);
+  u.pinned_chunks = s.PinnedChunksOf(group);
+  return u;
+}
+
+}  // namespace kvc::storage

@@ -1,0 +1,198 @@
+// Per-owner quotas (storage/quota.h): a group over its RAM or SSD quota gives up its own
+// chunks and nobody else's; when all it could give up is pinned the put fails naming the
+// owner and the limit; pins past the pin limit fail the same way; concurrent writers of
+// one group cannot pass its limit together; a reopened store counts what is on SSD.
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "storage/chunk_store.h"
+#include "storage/slot_format.h"
+#include "tests/storage/store_testing.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::storage {
+namespace {
+
+using ::kvc::testing::KeyOf;
+using ::kvc::testing::PayloadOf;
+using ::kvc::testing::TempDir;
+
+constexpr uint64_t kChunk = 20000;
+constexpr NamespaceId kNsA = 7, kNsB = 8;
+constexpr QuotaGroup kGroupA = 1;
+
+std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t ram_chunks, uint64_t ssd_chunks) {
+  StoreOptions o;
+  o.data_dir = dir;
+  o.max_chunk_bytes = kChunk;
+  o.ram_bytes = ram_chunks * RamSlotBytes(kChunk);
+  o.ssd_bytes = ssd_chunks * SlotBytesFor(kChunk);
+  o.slab_bytes = 16 * SlotBytesFor(kChunk);
+  o.queue_depth = 8;
+  o.io_lanes = 2;
+  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return nullptr;
+  EXPECT_TRUE((*s)->RegisterNamespace(kNsA, kChunk).ok());
+  EXPECT_TRUE((*s)->RegisterNamespace(kNsB, kChunk).ok());
+  return *std::move(s);
+}
+
+void LimitA(ChunkStore& s, uint64_t ram_chunks, uint64_t ssd_chunks, uint64_t pins = 0) {
+  ASSERT_TRUE(
+      s.SetQuota(kGroupA, {"tenant a", ram_chunks * kChunk, ssd_chunks * kChunk, pins}).ok());
+  s.SetQuotaGroup(kNsA, kGroupA);
+}
+
+absl::Status Put(ChunkStore& s, NamespaceId ns, const ChunkKey& key, Durability d) {
+  const std::vector<uint8_t> p = PayloadOf(key, kChunk);
+  return s.Put({ns, key, std::nullopt, p}, {d, 0}).status();
+}
+
+// The chunk reads back with the bytes it was stored with.
+bool ReadsBack(ChunkStore& s, NamespaceId ns, const ChunkKey& key) {
+  std::vector<uint8_t> out(kChunk);
+  return s.Get(ns, key, out).ok() && out == PayloadOf(key, kChunk);
+}
+
+TEST(QuotaTest, AGroupOverItsSsdQuotaEvictsOnlyItsOwnChunks) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 0, 64);
+  LimitA(*store, 0, 10);
+  for (uint64_t i = 0; i < 20; ++i) {
+    ASSERT_TRUE(Put(*store, kNsB, KeyOf(seed, 1000 + i), Durability::kDurable).ok());
+  }
+  for (uint64_t i = 0; i < 30; ++i) {
+    ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), Durability::kDurable).ok()) << i;
+    EXPECT_LE(store->Usage(kGroupA).ssd_bytes, 10 * kChunk) << "after put " << i;
+  }
+  for (uint64_t i = 0; i < 20; ++i) {
+    EXPECT_TRUE(ReadsBack(*store, kNsB, KeyOf(seed, 1000 + i))) << "tenant b lost chunk " << i;
+  }
+  // A keeps its newest chunks, at most its quota (eviction runs a little ahead).
+  const QuotaUsage used = store->Usage(kGroupA);
+  EXPECT_GE(used.ssd_bytes, 8 * kChunk);
+  EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, 29)));
+  EXPECT_EQ(store->Contains(kNsA, KeyOf(seed, 0)), Tier::kNone);
+  const StoreStats st = store->Stats();
+  EXPECT_GE(st.quota_evictions, 20u);
+  EXPECT_EQ(st.ssd_chunks, 20 + used.ssd_bytes / kChunk);
+}
+
+TEST(QuotaTest, AGroupWhoseChunksArePinnedIsRefusedNamingItsOwnerAndLimit) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 0, 64);
+  LimitA(*store, 0, 4);
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), Durability::kDurable).ok());
+    ASSERT_TRUE(store->Pin(kNsA, KeyOf(seed, i), 4'000'000'000).ok());
+  }
+  const absl::Status over = Put(*store, kNsA, KeyOf(seed, 4), Durability::kDurable);
+  EXPECT_TRUE(absl::IsResourceExhausted(over)) << over;
+  EXPECT_NE(over.message().find("tenant a"), std::string::npos) << over;
+  EXPECT_NE(over.message().find(std::to_string(4 * kChunk)), std::string::npos) << over;
+  // Its pinned chunks are intact, and another group still stores.
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, i)));
+  EXPECT_TRUE(Put(*store, kNsB, KeyOf(seed, 100), Durability::kDurable).ok());
+  // Unpinning one makes room again.
+  ASSERT_TRUE(store->Pin(kNsA, KeyOf(seed, 0), 0).ok());
+  EXPECT_TRUE(Put(*store, kNsA, KeyOf(seed, 4), Durability::kDurable).ok());
+  EXPECT_EQ(store->Contains(kNsA, KeyOf(seed, 0)), Tier::kNone);
+}
+
+TEST(QuotaTest, AGroupOverItsRamQuotaGivesUpItsOwnRamChunks) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 16, 0);  // RAM only: memory puts are the only copy
+  LimitA(*store, 4, 0);
+  for (uint64_t i = 0; i < 8; ++i) {
+    ASSERT_TRUE(Put(*store, kNsB, KeyOf(seed, 1000 + i), Durability::kMemory).ok());
+  }
+  for (uint64_t i = 0; i < 12; ++i) {
+    ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), Durability::kMemory).ok()) << i;
+    EXPECT_LE(store->Usage(kGroupA).ram_bytes, 4 * kChunk);
+  }
+  for (uint64_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(ReadsBack(*store, kNsB, KeyOf(seed, 1000 + i))) << "tenant b lost chunk " << i;
+  }
+  EXPECT_EQ(store->Usage(kGroupA).ram_bytes, 4 * kChunk);
+  for (uint64_t i = 8; i < 12; ++i) EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, i)));
+  EXPECT_EQ(store->Contains(kNsA, KeyOf(seed, 0)), Tier::kNone);
+}
+
+TEST(QuotaTest, PinsPastThePinLimitAreRefused) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 0, 64);
+  LimitA(*store, 0, 0, /*pins=*/3);
+  for (uint64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), Durability::kDurable).ok());
+  }
+  const int64_t until = 4'000'000'000;
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 4; ++i) keys.push_back(KeyOf(seed, i));
+  std::vector<absl::Status> st = store->PinBatch(kNsA, keys, until);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(st[i].ok()) << st[i];
+  EXPECT_TRUE(absl::IsResourceExhausted(st[3])) << st[3];
+  EXPECT_NE(st[3].message().find("tenant a may pin 3"), std::string::npos) << st[3];
+  EXPECT_EQ(store->Usage(kGroupA).pinned_chunks, 3u);
+  // Renewing a pin is not a new one; unpinning frees one.
+  EXPECT_TRUE(store->Pin(kNsA, KeyOf(seed, 0), until + 10).ok());
+  ASSERT_TRUE(store->Pin(kNsA, KeyOf(seed, 1), 0).ok());
+  EXPECT_TRUE(store->Pin(kNsA, KeyOf(seed, 4), until).ok());
+  EXPECT_EQ(store->Usage(kGroupA).pinned_chunks, 3u);
+}
+
+TEST(QuotaTest, ConcurrentWritersOfOneGroupStayWithinItsQuota) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 0, 128);
+  LimitA(*store, 0, 12);
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  std::atomic<uint64_t> max_seen{0};
+  for (uint64_t t = 0; t < 4; ++t) {
+    writers.emplace_back([&, t] {
+      for (uint64_t i = 0; i < 25; ++i) {
+        const NamespaceId ns = t == 3 ? kNsB : kNsA;  // one writer of another group
+        if (absl::Status st = Put(*store, ns, KeyOf(seed, t * 1000 + i), Durability::kDurable);
+            !st.ok()) {
+          ADD_FAILURE() << st;
+          ++failures;
+        }
+        const uint64_t used = store->Usage(kGroupA).ssd_bytes;
+        uint64_t seen = max_seen.load();
+        while (used > seen && !max_seen.compare_exchange_weak(seen, used)) {
+        }
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(max_seen.load(), 12 * kChunk);
+  for (uint64_t i = 0; i < 25; ++i) EXPECT_TRUE(ReadsBack(*store, kNsB, KeyOf(seed, 3000 + i)));
+}
+
+TEST(QuotaTest, AReopenedStoreCountsWhatAGroupHasOnSsd) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  {
+    auto store = Open(dir.path(), 0, 64);
+    for (uint64_t i = 0; i < 6; ++i) {
+      ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), Durability::kDurable).ok());
+    }
+  }
+  auto store = Open(dir.path(), 0, 64);
+  LimitA(*store, 0, 5);
+  EXPECT_EQ(store->Usage(kGroupA).ssd_bytes, 6 * kChunk);  // over: a lowered quota
+  ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, 6), Durability::kDurable).ok());
+  EXPECT_LE(store->Usage(kGroupA).ssd_bytes, 5 * kChunk);
+  EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, 6)));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->SetQuota(0, {"nobody", 1, 1, 1})));
+}
+
+}  // namespace
+}  // namespace kvc::storage
