@@ -3,7 +3,8 @@
 //
 //   kvcached [--data-dir DIR] [--listen HOST:PORT] [--ram-bytes N] [--ssd-bytes N]
 //            [--auth-tokens FILE] [--max-chunk-bytes N] [--tls-cert F --tls-key F]
-//            [--max-calls-per-tenant N] [--log-level debug|info|warn|error]
+//            [--max-calls-per-tenant N] [--tenant-quota TENANT:ram=B,ssd=B,pins=N …]
+//            [--log-level debug|info|warn|error]
 //            [--cluster etcd://H:P[,H:P…] [--advertise H:P] [--node-id NAME]]
 //
 // Human-readable lines on stdout (the first says where it listens); structured logs
@@ -100,6 +101,7 @@ int Main(int argc, char** argv) {
   uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
   size_t max_leases_per_tenant = ServiceOptions{}.max_ref_leases;
   size_t max_namespaces_per_tenant = 256;
+  std::vector<std::string> tenant_quota;
   std::string log_level = "info";
   std::string cluster_url, advertise, node_id;
   int lease_seconds = 5;
@@ -147,6 +149,9 @@ int Main(int argc, char** argv) {
                  "calls one tenant may have in flight (streams count for their whole life)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--tenant-quota", tenant_quota,
+                 "TENANT:ram=BYTES,ssd=BYTES,pins=N (repeatable; TENANT * = every tenant not "
+                 "named): over a byte quota a tenant evicts its own chunks, never others'");
   app.add_option("--log-level", log_level,
                  "structured log (JSON lines on stderr): debug (every call), info (failed calls, "
                  "start, stop), warn, error")
@@ -226,6 +231,8 @@ int Main(int argc, char** argv) {
   }
   absl::StatusOr<ShmAccess> shm = ShmAccess::Plan(shm_tenants, auth.enabled(), ram_bytes);
   if (!shm.ok()) return Fail(std::string(shm.status().message()));
+  absl::StatusOr<TenantQuotas> quotas = TenantQuotas::Parse(tenant_quota);
+  if (!quotas.ok()) return Fail(std::string(quotas.status().message()));
   if (!auth.enabled() && !shm_tenants.empty()) {
     LogLine(LogLevel::kInfo, "shm_tenants_ignored")
         .Str("why", "without --auth-tokens every caller is one tenant and maps its own arena");
@@ -303,6 +310,7 @@ int Main(int argc, char** argv) {
   opt.hbm_write_through = hbm_write_through;
   opt.device_tenants = shm->tenants();
   opt.shm = *shm;
+  opt.quotas = *std::move(quotas);
   opt.admin_tenants = absl::StrSplit(admin_tenants, ',', absl::SkipEmpty());
   opt.max_ref_leases = max_leases_per_tenant;
   opt.metrics = &metrics;

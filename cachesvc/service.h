@@ -21,6 +21,7 @@
 #include "cachesvc/namespace_registry.h"
 #include "cachesvc/shm_access.h"
 #include "cachesvc/tenant_limits.h"
+#include "cachesvc/tenant_quotas.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_store.h"
 #include "storage/hbm_tier.h"
@@ -50,6 +51,8 @@ struct ServiceOptions {
   // With authentication on, Stats shows these tenants the daemon's totals; every other
   // tenant sees its own chunks and hits only (and the tiers' capacities).
   std::set<std::string> admin_tenants;
+  // What each tenant may keep in RAM and on SSD, and pin (--tenant-quota).
+  TenantQuotas quotas;
   // A node of a cluster (docs/cluster.md): a chunk's parent may live on another node, so
   // Store does not require it here.
   bool cluster = false;

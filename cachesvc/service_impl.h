@@ -88,7 +88,24 @@ class KvCacheService::Impl {
       arena_ids.push_back(fd >= 0 ? ArenaIdentity(fd) : 0);
     }
     // Namespaces of tenants with a RAM pool of their own keep their chunks there.
-    for (const NamespaceInfo& ns : r->All()) AssignRamPool(ns);
+    for (const NamespaceInfo& ns : r->All()) {
+      AssignRamPool(ns);
+      AssignQuota(ns);
+    }
+  }
+
+  // A tenant's namespaces share one quota group in the store (tenant_quotas.h).
+  void AssignQuota(const NamespaceInfo& ns) {
+    const std::optional<storage::Quota> quota = opt.quotas.For(ns.tenant);
+    if (!quota) return;
+    std::lock_guard lk(quota_mu);
+    auto [group, fresh] = quota_groups.try_emplace(
+        ns.tenant, static_cast<storage::QuotaGroup>(quota_groups.size() + 1));
+    if (fresh) {
+      absl::Status s = store->SetQuota(group->second, *quota);
+      KVC_CHECK(s.ok()) << "quota of tenant " << ns.tenant << ": " << s;
+    }
+    store->SetQuotaGroup(ns.id, group->second);
   }
 
   void AssignRamPool(const NamespaceInfo& ns) {
@@ -225,6 +242,7 @@ class KvCacheService::Impl {
     if (!ns.ok()) return ns.status();
     if (absl::Status s = store->RegisterNamespace(ns->id, ns->chunk_bytes); !s.ok()) return s;
     AssignRamPool(*ns);
+    AssignQuota(*ns);
     resp->set_namespace_id(ns->id);
     resp->set_chunk_bytes(ns->chunk_bytes);
     resp->set_chunk_tokens(ns->chunk_tokens);
@@ -473,6 +491,8 @@ class KvCacheService::Impl {
   std::vector<uint64_t> arena_ids;  // ArenaIdentity per RAM pool (0: no slots)
   std::mutex counters_mu;
   std::map<std::string, TenantCounters> counters;  // per tenant
+  std::mutex quota_mu;
+  std::map<std::string, storage::QuotaGroup> quota_groups;  // per tenant with a quota
   Executor executor;  // declared last: its threads stop before the state they use goes away
 };
 

@@ -1,43 +1,13 @@
 #include "cachesvc/shm_access.h"
 
+#include "cachesvc/tenant_quotas.h"
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace kvc::cachesvc {
-namespace {
-
-absl::StatusOr<uint64_t> ParseBytes(absl::string_view item, absl::string_view text) {
-  uint64_t scale = 1;
-  if (!text.empty()) {
-    switch (absl::ascii_toupper(text.back())) {
-      case 'K':
-        scale = 1ull << 10;
-        break;
-      case 'M':
-        scale = 1ull << 20;
-        break;
-      case 'G':
-        scale = 1ull << 30;
-        break;
-      case 'T':
-        scale = 1ull << 40;
-        break;
-      default:
-        break;
-    }
-    if (scale != 1) text.remove_suffix(1);
-  }
-  uint64_t n = 0;
-  if (!absl::SimpleAtoi(text, &n) || n == 0 || n > UINT64_MAX / scale) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--shm-tenants item '", item, "': the size must be a positive number of bytes"));
-  }
-  return n * scale;
-}
-
-}  // namespace
 
 absl::StatusOr<ShmAccess> ShmAccess::Plan(absl::string_view flag, bool auth_enabled,
                                           uint64_t ram_bytes) {
@@ -59,7 +29,8 @@ absl::StatusOr<ShmAccess> ShmAccess::Plan(absl::string_view flag, bool auth_enab
     }
     std::optional<uint64_t> size;
     if (item.find('=') != absl::string_view::npos) {
-      absl::StatusOr<uint64_t> b = ParseBytes(item, absl::StripAsciiWhitespace(kv.second));
+      absl::StatusOr<uint64_t> b =
+          ParseByteSize("--shm-tenants", item, absl::StripAsciiWhitespace(kv.second));
       if (!b.ok()) return b.status();
       size = *b;
     }

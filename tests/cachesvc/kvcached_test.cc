@@ -361,6 +361,70 @@ TEST(KvcachedTest, TenantsCannotSeeEachOthersChunks) {
   EXPECT_EQ(Lookup(d, a, na.namespace_id(), AllTokens(chunks)).matched_chunks(), 2u);
 }
 
+// --tenant-quota: a tenant past its quota evicts its own chunks and nobody else's; pins
+// past its pin limit are refused naming it and the limit (a Store refused when all a
+// tenant holds is pinned: QuotaTest in tests/storage).
+TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\n";
+  const Client a{"secret-a"}, b{"secret-b"};
+  // The quota is 4 chunks of the mini model in RAM and on SSD; the chunk size comes from
+  // a first start (it follows from the model config).
+  uint64_t chunk_bytes = 0;
+  {
+    Daemon probe(dir.File("probe"));
+    chunk_bytes = Register(probe, Client{}).chunk_bytes();
+  }
+  const std::string quota = std::to_string(4 * chunk_bytes);
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
+                              "acme:ram=" + quota + ",ssd=" + quota + ",pins=3"});
+  const pb::RegisterNamespaceResponse na = Register(d, a), nb = Register(d, b);
+  ASSERT_EQ(na.chunk_bytes(), chunk_bytes);
+  // globex stores 6 prefixes of one chunk, acme 10.
+  auto store_prefixes = [&](const Client& c, uint32_t ns, int n) {
+    std::vector<std::vector<Chunk>> prefixes;
+    for (int i = 0; i < n; ++i) {
+      prefixes.push_back(MakeChunks(rng, 1, na.chunk_tokens(), chunk_bytes));
+      pb::StoreResponse stored;
+      grpc::Status st = StorePrefix(d, c, ns, prefixes.back(), &stored);
+      EXPECT_TRUE(st.ok()) << i << ": " << st.error_message();
+    }
+    return prefixes;
+  };
+  const auto globex = store_prefixes(b, nb.namespace_id(), 6);
+  const auto acme = store_prefixes(a, na.namespace_id(), 10);
+  for (const auto& p : globex) {
+    EXPECT_EQ(Lookup(d, b, nb.namespace_id(), AllTokens(p)).matched_chunks(), 1u);
+  }
+  int acme_kept = 0;
+  for (const auto& p : acme) {
+    acme_kept += Lookup(d, a, na.namespace_id(), AllTokens(p)).matched_chunks();
+  }
+  EXPECT_LE(acme_kept, 4);
+  EXPECT_GE(acme_kept, 3);
+  EXPECT_EQ(Lookup(d, a, na.namespace_id(), AllTokens(acme.back())).matched_chunks(), 1u);
+  EXPECT_EQ(Lookup(d, a, na.namespace_id(), AllTokens(acme.front())).matched_chunks(), 0u);
+
+  // Pins: 3 at most.
+  pb::PinRequest pin;
+  pin.set_namespace_id(na.namespace_id());
+  pin.set_ttl_seconds(3600);
+  for (size_t i = acme.size() - 3; i < acme.size(); ++i) {
+    *pin.add_chunk_keys() = Lookup(d, a, na.namespace_id(), AllTokens(acme[i])).chunk_keys(0);
+  }
+  pb::PinResponse pinned;
+  ASSERT_TRUE(d.stub().Pin(a.Ctx().get(), pin, &pinned).ok());
+  EXPECT_EQ(pinned.pinned(), 3u);
+  const std::vector<Chunk> more = MakeChunks(rng, 1, na.chunk_tokens(), chunk_bytes);
+  pb::StoreResponse stored;
+  ASSERT_TRUE(StorePrefix(d, a, na.namespace_id(), more, &stored).ok());
+  pin.clear_chunk_keys();
+  *pin.add_chunk_keys() = stored.chunk_keys(0);
+  ExpectStatus(d.stub().Pin(a.Ctx().get(), pin, &pinned), grpc::StatusCode::RESOURCE_EXHAUSTED,
+               "tenant acme may pin 3");
+}
+
 // One tenant with too many calls in flight is refused; the others are not. Every call is
 // in the structured log (JSON lines on stderr) by tenant, never by token.
 TEST(KvcachedTest, TenantCallLimitAndStructuredLog) {

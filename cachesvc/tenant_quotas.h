@@ -1,0 +1,43 @@
+// TenantQuotas: what each tenant may keep in the store (--tenant-quota), as storage quotas
+// (storage/quota.h) — RAM bytes, SSD bytes and pinned chunks.
+//
+// Each flag is "TENANT:KIND=N[,KIND=N…]" with KIND ram, ssd (bytes, with a K, M, G or T
+// suffix for powers of 1024) or pins (chunks); the tenant "*" stands for every tenant not
+// named in a flag of its own. A tenant over a byte quota gives up its own chunks first;
+// when all it holds is pinned its Store fails with RESOURCE_EXHAUSTED naming it and the
+// limit. Other tenants are never evicted for it.
+// Immutable after Parse, so thread-safe.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/quota.h"
+
+namespace kvc::cachesvc {
+
+// BYTES with an optional K, M, G or T suffix (powers of 1024), positive. InvalidArgument
+// naming the flag and the item otherwise.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view flag, absl::string_view item,
+                                       absl::string_view text);
+
+class TenantQuotas {
+ public:
+  // InvalidArgument naming the flag item for a malformed one, an unknown kind, a tenant
+  // named twice, or a quota without any limit.
+  static absl::StatusOr<TenantQuotas> Parse(const std::vector<std::string>& flags);
+
+  // The tenant's quota (its owner reads "tenant NAME"), or nullopt: no limits.
+  std::optional<storage::Quota> For(const std::string& tenant) const;
+  bool empty() const { return named_.empty() && !others_; }
+
+ private:
+  std::map<std::string, storage::Quota> named_;
+  std::optional<storage::Quota> others_;  // "*"
+};
+
+}  // namespace kvc::cachesvc
