@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
 #include "storage/slot_format.h"
+#include "tests/storage/open_store.h"
 #include "tests/storage/store_testing.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
@@ -23,20 +24,9 @@ constexpr NamespaceId kNsA = 7, kNsB = 8;
 constexpr QuotaGroup kGroupA = 1;
 
 std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t ram_chunks, uint64_t ssd_chunks) {
-  StoreOptions o;
-  o.data_dir = dir;
-  o.max_chunk_bytes = kChunk;
-  o.ram_bytes = ram_chunks * RamSlotBytes(kChunk);
-  o.ssd_bytes = ssd_chunks * SlotBytesFor(kChunk);
-  o.slab_bytes = 16 * SlotBytesFor(kChunk);
-  o.queue_depth = 8;
-  o.io_lanes = 2;
-  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  if (!s.ok()) return nullptr;
-  EXPECT_TRUE((*s)->RegisterNamespace(kNsA, kChunk).ok());
-  EXPECT_TRUE((*s)->RegisterNamespace(kNsB, kChunk).ok());
-  return *std::move(s);
+  const std::vector<uint64_t> pools =
+      ram_chunks > 0 ? std::vector<uint64_t>{ram_chunks} : std::vector<uint64_t>{};
+  return testing::OpenSmallStore(dir, kChunk, pools, ssd_chunks, {kNsA, kNsB});
 }
 
 void LimitA(ChunkStore& s, uint64_t ram_chunks, uint64_t ssd_chunks, uint64_t pins = 0) {

@@ -16,6 +16,7 @@
 #include "storage/chunk_store.h"
 #include "storage/ram_arena.h"
 #include "storage/slot_format.h"
+#include "tests/storage/open_store.h"
 #include "tests/storage/store_testing.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
@@ -33,21 +34,8 @@ constexpr NamespaceId kNsA = 3, kNsB = 4;
 
 std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t pool0_chunks,
                                  std::vector<uint64_t> pool_chunks, uint64_t ssd_chunks) {
-  StoreOptions o;
-  o.data_dir = dir;
-  o.max_chunk_bytes = kChunk;
-  o.ram_bytes = pool0_chunks * kRamSlot;
-  for (uint64_t n : pool_chunks) o.ram_pool_bytes.push_back(n * kRamSlot);
-  o.ssd_bytes = ssd_chunks * SlotBytesFor(kChunk);
-  o.slab_bytes = 16 * SlotBytesFor(kChunk);
-  o.queue_depth = 8;
-  o.io_lanes = 2;
-  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  if (!s.ok()) return nullptr;
-  EXPECT_TRUE((*s)->RegisterNamespace(kNsA, kChunk).ok());
-  EXPECT_TRUE((*s)->RegisterNamespace(kNsB, kChunk).ok());
-  return *std::move(s);
+  pool_chunks.insert(pool_chunks.begin(), pool0_chunks);
+  return testing::OpenSmallStore(dir, kChunk, pool_chunks, ssd_chunks, {kNsA, kNsB});
 }
 
 absl::Status PutMemory(ChunkStore& s, NamespaceId ns, const ChunkKey& key) {
