@@ -29,7 +29,6 @@ using ::kvc::testing::PayloadOf;
 using ::kvc::testing::TempDir;
 
 constexpr uint64_t kChunk = 20000;
-const uint64_t kRamSlot = RamSlotBytes(kChunk);
 constexpr NamespaceId kNsA = 3, kNsB = 4;
 
 std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t pool0_chunks,
