@@ -172,6 +172,12 @@ absl::Status Run(const std::string& cmd, const Args& a) {
         (unsigned long long)s->ram_hits(), (unsigned long long)s->ssd_hits(),
         (unsigned long long)s->misses(), (unsigned long long)s->checksum_failures(),
         (unsigned long long)s->evictions(), s->io_backend().c_str());
+    std::printf(
+        "ssd io errors: read %llu, write %llu; at the last start %llu chunks were "
+        "indexed from their slots%s\n",
+        (unsigned long long)s->read_errors(), (unsigned long long)s->write_errors(),
+        (unsigned long long)s->recovered_chunks(),
+        s->index_rebuilds() > 0 ? " (the index was damaged and rebuilt)" : "");
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> config = ReadAll(a.config);

@@ -45,7 +45,10 @@ def main(argv=None):
                       f"ssd  {s['ssd_chunks']} / {s['ssd_capacity_chunks']} chunks\n"
                       f"hits ram {s['ram_hits']}, ssd {s['ssd_hits']}; misses {s['misses']}\n"
                       f"checksum failures {s['checksum_failures']}, evictions {s['evictions']}, "
-                      f"io {s['io_backend']}")
+                      f"io {s['io_backend']}\n"
+                      f"ssd io errors: read {s['read_errors']}, write {s['write_errors']}; at the "
+                      f"last start {s['recovered_chunks']} chunks were indexed from their slots"
+                      + (" (the index was damaged and rebuilt)" if s['index_rebuilds'] > 0 else ""))
                 return 0
             with open(a.config) as f:
                 ns = c.register_namespace(f.read(), a.model_id, a.chunk_tokens)
