@@ -31,6 +31,7 @@ bool ReadLine(int fd, std::string* line) {
   char c;
   while (line->size() < 4096) {
     const ssize_t n = read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;  // a signal, not the client
     if (n <= 0) return false;
     if (c == '\n') return true;
     line->push_back(c);
@@ -112,7 +113,10 @@ HandshakeAnswer ReadHandshakeAnswer(int socket_fd) {
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
-  const ssize_t n = recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC);
+  ssize_t n;
+  do {  // a signal (a profiler's, a fuzzer's timer) must not read as "no answer"
+    n = recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
   HandshakeAnswer a;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)

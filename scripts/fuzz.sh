@@ -4,6 +4,9 @@
 # number of executions. Any crash, sanitizer report or failed check fails the script and
 # leaves the input that caused it in build-fuzz/findings/<target>/.
 #   scripts/fuzz.sh [--runs N] [--seconds S]    (default 20000 runs per target)
+# The service target (every gRPC method, in process) compiles the service's sources with
+# the fuzzer's instrumentation and links the rest from build/ (scripts/build.sh first); it
+# runs a tenth of the runs: each is a whole gRPC call on a real store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=20000
@@ -27,26 +30,40 @@ declare -A sources=(
   [reservation]="storage/slot_reservation.cc"
   [trace]="bench/trace/trace.cc"
   [shm_handshake]="cachesvc/arena_socket.cc cachesvc/auth.cc"
+  [service]="cachesvc/service.cc cachesvc/fetch_reactor.cc cachesvc/store_reactor.cc
+             cachesvc/namespace_registry.cc cachesvc/log.cc cachesvc/tenant_limits.cc
+             cachesvc/tenant_quotas.cc cachesvc/shm_access.cc cachesvc/metrics.cc"
 )
+built=(build/cachesvc/libkvc_prefix_hash.a build/cachesvc/libkvc_arena_socket.a
+       build/storage/libkvc_storage.a build/engine/libkvc_spec.a build/proto/libkvc_proto.a)
 declare -A libs=([model_config]="" [slot]="-lxxhash" [reservation]="-lxxhash" [trace]=""
-                 [shm_handshake]="")
+                 [shm_handshake]=""
+                 [service]="-Ibuild/proto/gen -Ibuild/cachesvc/gen ${built[*]} $(pkg-config --libs grpc++ protobuf liburing libxxhash) -lrocksdb -lprometheus-cpp-pull -lprometheus-cpp-core")
+targets=(model_config slot reservation trace shm_handshake service)
+for b in "${built[@]}"; do
+  [ -f "$b" ] || { echo "fuzz: $b missing (run scripts/build.sh first)" >&2; exit 1; }
+done
 mkdir -p build-fuzz
-for t in model_config slot reservation trace shm_handshake; do
+for t in "${targets[@]}"; do
   bin="build-fuzz/${t}_fuzz"
   # Rebuild when any source is newer than the binary.
-  if [ ! -x "$bin" ] || [ -n "$(find tests/fuzz/${t}_fuzz.cc ${sources[$t]} engine/spec storage/slot_format.h storage/slot_reservation.h bench/trace cachesvc/arena_socket.h cachesvc/auth.h -newer "$bin" -print -quit)" ]; then
+  if [ ! -x "$bin" ] || [ -n "$(find tests/fuzz/${t}_fuzz.cc ${sources[$t]} engine/spec storage/slot_format.h storage/slot_reservation.h bench/trace cachesvc/*.h "${built[@]}" -newer "$bin" -print -quit)" ]; then
     echo "fuzz: building $t"
     # shellcheck disable=SC2086
     "$cxx" "${flags[@]}" -o "$bin" "tests/fuzz/${t}_fuzz.cc" ${sources[$t]} ${libs[$t]} $absl
   fi
 done
-for t in model_config slot reservation trace shm_handshake; do
+for t in "${targets[@]}"; do
   corpus="build-fuzz/corpus/$t"
   findings="build-fuzz/findings/$t"
-  rm -rf "$corpus" && mkdir -p "$corpus" "$findings"
+  rm -rf "$corpus" "$findings" && mkdir -p "$corpus" "$findings"
   cp tests/fuzz/corpus/$t/* "$corpus/"
   args=(-max_len=65536 -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$findings/" -print_final_stats=1)
-  if [ "$runs" -ge 0 ]; then args+=(-runs="$runs"); else args+=(-max_total_time="$seconds"); fi
+  if [ "$runs" -ge 0 ]; then
+    args+=(-runs="$([ "$t" = service ] && echo $((runs / 10)) || echo "$runs")")
+  else
+    args+=(-max_total_time="$seconds")
+  fi
   echo "fuzz: $t"
   "build-fuzz/${t}_fuzz" "${args[@]}" "$corpus" 2>&1 | grep -E "^stat::number_of_executed_units|^stat::peak_rss|ERROR|SUMMARY|KVC_CHECK|Done" || true
   # libFuzzer exits non-zero on a finding; grep above hides that, so look for artifacts.

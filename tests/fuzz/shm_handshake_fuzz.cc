@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -72,7 +73,8 @@ std::string Exchange(const std::string& path, const uint8_t* data, size_t size, 
   KVC_CHECK(connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
   for (size_t at = 0; at < size;) {
     const ssize_t n = send(fd, data + at, size - at, MSG_NOSIGNAL);
-    if (n <= 0) break;  // the server answered and closed after a line
+    if (n < 0 && errno == EINTR) continue;  // libFuzzer's timer signal
+    if (n <= 0) break;                      // the server answered and closed after a line
     at += static_cast<size_t>(n);
   }
   shutdown(fd, SHUT_WR);
