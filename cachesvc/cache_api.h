@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cluster/etcd.h"
 #include "kvcache/v1/kvcache.pb.h"
 #include "storage/chunk_key.h"
 
@@ -42,6 +43,8 @@ struct ClientOptions {
   // to its missing owners once the membership has been unchanged this long and every
   // member answered — so a node that is only restarting is not replaced. <0: never.
   int repair_grace_ms = 30000;
+  // A cluster: how to reach its etcd when it runs with TLS and/or authentication.
+  cluster::EtcdSecurity etcd = {};
 };
 
 struct RemoteNamespace {

@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
   }
   std::unique_ptr<ClusterClient> c(new ClusterClient(options));
   absl::StatusOr<std::unique_ptr<cluster::MembershipView>> view =
-      cluster::MembershipView::Open(*endpoints);
+      cluster::MembershipView::Open(*endpoints, options.etcd);
   if (!view.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot read the cluster membership from ",
                                                options.address, ": ", view.status().message()));

@@ -29,6 +29,7 @@
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/cluster_node.h"
 #include "cachesvc/embedded_config.h"
+#include "cachesvc/etcd_flags.h"
 #include "cachesvc/log.h"
 #include "cachesvc/service.h"
 #include "engine/spec/chunk_layout.h"
@@ -102,6 +103,7 @@ int Main(int argc, char** argv) {
   size_t max_leases_per_tenant = ServiceOptions{}.max_ref_leases;
   size_t max_namespaces_per_tenant = 256;
   std::vector<std::string> tenant_quota;
+  EtcdFlags etcd_flags;
   std::string log_level = "info";
   std::string cluster_url, advertise, node_id;
   int lease_seconds = 5;
@@ -149,6 +151,7 @@ int Main(int argc, char** argv) {
                  "calls one tenant may have in flight (streams count for their whole life)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  etcd_flags.AddTo(app);
   app.add_option("--tenant-quota", tenant_quota,
                  "TENANT:ram=BYTES,ssd=BYTES,pins=N (repeatable; TENANT * = every tenant not "
                  "named): over a byte quota a tenant evicts its own chunks, never others'");
@@ -190,6 +193,8 @@ int Main(int argc, char** argv) {
   }
   if (tls_cert.empty() != tls_key.empty()) return Fail("--tls-cert and --tls-key go together");
   std::string etcd_endpoints;
+  absl::StatusOr<cluster::EtcdSecurity> etcd_security = etcd_flags.Resolve();
+  if (!etcd_security.ok()) return Fail(std::string(etcd_security.status().message()));
   if (!cluster_url.empty()) {
     absl::StatusOr<std::string> eps = cluster::ParseEtcdUrl(cluster_url);
     if (!eps.ok()) return Fail(absl::StrCat("--cluster: ", eps.status().message()));
@@ -386,6 +391,7 @@ int Main(int argc, char** argv) {
     node->hbm_bytes = hbm_bytes;
     cluster::NodeRegistration::Options ro;
     ro.endpoints = etcd_endpoints;
+    ro.etcd = *etcd_security;
     ro.node = *node;
     ro.lease_seconds = lease_seconds;
     ro.log = [](const std::string& event, const std::string& detail) {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "cachesvc/client.h"
 #include "cachesvc/cluster_client.h"
+#include "cachesvc/etcd_flags.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::cachesvc {
@@ -84,6 +85,7 @@ struct Args {
               payload_file, out, data_dir;
   uint32_t chunk_tokens = 0, ttl = 0;
   bool memory = false;
+  EtcdFlags etcd;  // a cluster whose etcd runs with TLS or authentication
 };
 
 // The membership as etcd has it, then one line per node: its tiers and how its reads went.
@@ -156,6 +158,9 @@ absl::Status Run(const std::string& cmd, const Args& a) {
   options.address = a.cluster.empty() ? a.server : a.cluster;
   options.bearer_token = a.token;
   options.timeout_ms = 60000;
+  absl::StatusOr<cluster::EtcdSecurity> etcd = a.etcd.Resolve();
+  if (!etcd.ok()) return etcd.status();
+  options.etcd = *etcd;
   absl::StatusOr<std::unique_ptr<CacheApi>> client = ConnectCache(options);
   if (!client.ok()) return client.status();
   if (cmd == "stats") {
@@ -253,6 +258,7 @@ int Main(int argc, char** argv) {
   app.add_option("--server", a.server, "kvcached address, or a cluster's etcd://H:P[,H:P…]")
       ->capture_default_str();
   app.add_option("--token", a.token, "bearer token");
+  a.etcd.AddTo(app);
   auto model = [&](CLI::App* s) {
     s->add_option("--config", a.config, "model config.json")->required();
     s->add_option("--model-id", a.model_id, "model id")->required();

@@ -4,6 +4,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,11 @@ namespace epb = ::etcdserverpb;
 namespace {
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (absl::StrContains(s.error_message(), "user name is empty")) {  // no token, etcd wants one
+    return absl::PermissionDeniedError(
+        absl::StrCat("etcd ", what, ": ", s.error_message(),
+                     " (etcd runs with users: give --etcd-user and --etcd-password-file)"));
+  }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       absl::StrCat("etcd ", what, ": ", s.error_message()));
 }
@@ -33,7 +40,30 @@ std::string PrefixEnd(std::string prefix) {
   return std::string(1, '\0');  // every key
 }
 
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd ", what, " ", path, " does not read"));
+  }
+  return text.str();
+}
+
 }  // namespace
+
+absl::Status EtcdSecurity::Check() const {
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError("an etcd client certificate and its key go together");
+  }
+  if (!cert_file.empty() && ca_file.empty()) {
+    return absl::InvalidArgumentError("an etcd client certificate needs TLS: give the etcd CA too");
+  }
+  if (!password.empty() && user.empty()) {
+    return absl::InvalidArgumentError("an etcd password without an etcd user");
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> ParseEtcdUrl(const std::string& url) {
   const std::string kScheme = "etcd://";
@@ -58,18 +88,25 @@ struct Etcd::Stubs {
   std::unique_ptr<epb::KV::Stub> kv;
   std::unique_ptr<epb::Lease::Stub> lease;
   std::unique_ptr<epb::Watch::Stub> watch;
+  std::unique_ptr<epb::Auth::Stub> auth;
 };
 
-Etcd::Etcd(std::string endpoints, std::shared_ptr<grpc::Channel> channel)
-    : endpoints_(std::move(endpoints)), channel_(std::move(channel)), stubs_(new Stubs) {
+Etcd::Etcd(std::string endpoints, std::shared_ptr<grpc::Channel> channel, EtcdSecurity security)
+    : security_(std::move(security)),
+      endpoints_(std::move(endpoints)),
+      channel_(std::move(channel)),
+      stubs_(new Stubs) {
   stubs_->kv = epb::KV::NewStub(channel_);
   stubs_->lease = epb::Lease::NewStub(channel_);
   stubs_->watch = epb::Watch::NewStub(channel_);
+  stubs_->auth = epb::Auth::NewStub(channel_);
 }
 
 Etcd::~Etcd() = default;
 
-absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints) {
+absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints,
+                                                    const EtcdSecurity& security) {
+  if (absl::Status s = security.Check(); !s.ok()) return s;
   std::vector<std::string> eps = absl::StrSplit(endpoints, ',', absl::SkipEmpty());
   if (eps.empty()) return absl::InvalidArgumentError("no etcd endpoint");
   std::string target = eps[0];
@@ -91,38 +128,99 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  return std::unique_ptr<Etcd>(new Etcd(endpoints, std::move(channel)));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (security.tls()) {
+    grpc::SslCredentialsOptions ssl;
+    absl::StatusOr<std::string> ca = ReadPem(security.ca_file, "CA file");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    if (!security.cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadPem(security.cert_file, "client certificate");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadPem(security.key_file, "client key");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    creds = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateCustomChannel(target, creds, args);
+  return std::unique_ptr<Etcd>(new Etcd(endpoints, std::move(channel), security));
 }
 
-std::unique_ptr<grpc::ClientContext> Etcd::Context() const {
+std::unique_ptr<grpc::ClientContext> Etcd::Context(bool deadline) {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(call_timeout_ms));
+  if (deadline) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(call_timeout_ms));
+  }
+  std::lock_guard lk(token_mu_);
+  if (!token_.empty()) ctx->AddMetadata("token", token_);
   return ctx;
+}
+
+absl::Status Etcd::Authenticate() {
+  epb::AuthenticateRequest req;
+  req.set_name(security_.user);
+  req.set_password(security_.password);
+  epb::AuthenticateResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(call_timeout_ms));
+  grpc::Status s = stubs_->auth->Authenticate(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("Authenticate as user \"", security_.user, "\""));
+  std::lock_guard lk(token_mu_);
+  token_ = resp.token();
+  return absl::OkStatus();
+}
+
+template <typename Call>
+grpc::Status Etcd::Authorized(const Call& call) {
+  if (security_.user.empty()) return call(Context().get());
+  bool have_token;
+  {
+    std::lock_guard lk(token_mu_);
+    have_token = !token_.empty();
+  }
+  auto refresh = [&]() -> grpc::Status {
+    absl::Status a = Authenticate();
+    return a.ok() ? grpc::Status::OK
+                  : grpc::Status(static_cast<grpc::StatusCode>(a.code()), std::string(a.message()));
+  };
+  if (!have_token) {
+    if (grpc::Status a = refresh(); !a.ok()) return a;
+  }
+  grpc::Status s = call(Context().get());
+  // etcd's simple tokens expire (5 minutes by default) and die with a restart.
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    if (grpc::Status a = refresh(); !a.ok()) return a;
+    s = call(Context().get());
+  }
+  return s;
 }
 
 absl::StatusOr<int64_t> Etcd::GrantLease(int ttl_seconds) {
   epb::LeaseGrantRequest req;
   req.set_ttl(ttl_seconds);
   epb::LeaseGrantResponse resp;
-  auto ctx = Context();
-  grpc::Status s = stubs_->lease->LeaseGrant(ctx.get(), req, &resp);
+  grpc::Status s = Authorized(
+      [&](grpc::ClientContext* ctx) { return stubs_->lease->LeaseGrant(ctx, req, &resp); });
   if (!s.ok()) return FromGrpc(s, "LeaseGrant");
   if (!resp.error().empty()) return absl::UnavailableError("etcd LeaseGrant: " + resp.error());
   return resp.id();
 }
 
 absl::StatusOr<int64_t> Etcd::KeepAlive(int64_t lease) {
-  auto ctx = Context();
-  auto stream = stubs_->lease->LeaseKeepAlive(ctx.get());
   epb::LeaseKeepAliveRequest req;
   req.set_id(lease);
   epb::LeaseKeepAliveResponse resp;
-  const bool ok = stream->Write(req) && stream->Read(&resp);
-  stream->WritesDone();
-  grpc::Status s = stream->Finish();
-  if (!ok || !s.ok())
-    return FromGrpc(s.ok() ? grpc::Status(grpc::UNAVAILABLE, "stream ended") : s, "LeaseKeepAlive");
+  grpc::Status s = Authorized([&](grpc::ClientContext* ctx) {
+    auto stream = stubs_->lease->LeaseKeepAlive(ctx);
+    const bool ok = stream->Write(req) && stream->Read(&resp);
+    stream->WritesDone();
+    grpc::Status st = stream->Finish();
+    return ok || !st.ok() ? st : grpc::Status(grpc::UNAVAILABLE, "stream ended");
+  });
+  if (!s.ok()) return FromGrpc(s, "LeaseKeepAlive");
   if (resp.ttl() <= 0) return absl::NotFoundError(absl::StrCat("etcd lease ", lease, " expired"));
   return resp.ttl();
 }
@@ -131,8 +229,8 @@ absl::Status Etcd::RevokeLease(int64_t lease) {
   epb::LeaseRevokeRequest req;
   req.set_id(lease);
   epb::LeaseRevokeResponse resp;
-  auto ctx = Context();
-  grpc::Status s = stubs_->lease->LeaseRevoke(ctx.get(), req, &resp);
+  grpc::Status s = Authorized(
+      [&](grpc::ClientContext* ctx) { return stubs_->lease->LeaseRevoke(ctx, req, &resp); });
   return s.ok() ? absl::OkStatus() : FromGrpc(s, "LeaseRevoke");
 }
 
@@ -142,8 +240,8 @@ absl::Status Etcd::Put(const std::string& key, const std::string& value, int64_t
   req.set_value(value);
   req.set_lease(lease);
   epb::PutResponse resp;
-  auto ctx = Context();
-  grpc::Status s = stubs_->kv->Put(ctx.get(), req, &resp);
+  grpc::Status s =
+      Authorized([&](grpc::ClientContext* ctx) { return stubs_->kv->Put(ctx, req, &resp); });
   return s.ok() ? absl::OkStatus() : FromGrpc(s, "Put");
 }
 
@@ -152,8 +250,8 @@ absl::StatusOr<Etcd::RangeResult> Etcd::RangePrefix(const std::string& prefix) {
   req.set_key(prefix);
   req.set_range_end(PrefixEnd(prefix));
   epb::RangeResponse resp;
-  auto ctx = Context();
-  grpc::Status s = stubs_->kv->Range(ctx.get(), req, &resp);
+  grpc::Status s =
+      Authorized([&](grpc::ClientContext* ctx) { return stubs_->kv->Range(ctx, req, &resp); });
   if (!s.ok()) return FromGrpc(s, "Range");
   RangeResult r;
   r.revision = resp.header().revision();
@@ -163,7 +261,10 @@ absl::StatusOr<Etcd::RangeResult> Etcd::RangePrefix(const std::string& prefix) {
 
 absl::Status Etcd::WatchPrefix(const std::string& prefix, int64_t start_revision,
                                const std::function<void(bool, const KeyValue&)>& on_event) {
-  grpc::ClientContext ctx;  // no deadline: a watch lasts until it breaks or is cancelled
+  // A watch starts right after a Range, whose call took the auth token it carries.
+  std::unique_ptr<grpc::ClientContext> owned =
+      Context(/*deadline=*/false);  // lasts until it breaks
+  grpc::ClientContext& ctx = *owned;
   {
     std::lock_guard lk(watch_mu_);
     if (cancelled_) return absl::CancelledError("etcd watch cancelled");

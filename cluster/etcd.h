@@ -16,12 +16,27 @@
 namespace grpc {
 class Channel;
 class ClientContext;
+class Status;
 }  // namespace grpc
 
 namespace kvc::cluster {
 
 // "etcd://H:P[,H:P…]" → the endpoints ("H:P,H:P"). InvalidArgument naming what is wrong.
 absl::StatusOr<std::string> ParseEtcdUrl(const std::string& url);
+
+// How to reach an etcd that runs with TLS and/or authentication (docs/cluster.md). Empty
+// fields: plaintext, no client certificate, no user.
+struct EtcdSecurity {
+  std::string ca_file;    // set: TLS, trusting this CA bundle for etcd's certificate
+  std::string cert_file;  // with key_file: the client certificate (etcd --client-cert-auth)
+  std::string key_file;
+  std::string user;  // set: etcd authentication as this user (etcd auth enable)
+  std::string password;
+  bool tls() const { return !ca_file.empty(); }
+  // InvalidArgument naming the mistake: a certificate without its key (or the reverse),
+  // a client certificate without TLS, a password without a user.
+  absl::Status Check() const;
+};
 
 class Etcd {
  public:
@@ -33,8 +48,12 @@ class Etcd {
     int64_t revision = 0;  // the store's revision the range was read at
   };
 
-  // `endpoints`: "H:P[,H:P…]" (several: IPv4 addresses, tried in turn by gRPC).
-  static absl::StatusOr<std::unique_ptr<Etcd>> Connect(const std::string& endpoints);
+  // `endpoints`: "H:P[,H:P…]" (several: IPv4 addresses, tried in turn by gRPC). Files of
+  // `security` that do not read are InvalidArgument naming them. With a user, every call
+  // carries etcd's auth token, taken at the first call and again when etcd says it is no
+  // longer valid; a wrong user or password is Unauthenticated naming the user.
+  static absl::StatusOr<std::unique_ptr<Etcd>> Connect(const std::string& endpoints,
+                                                       const EtcdSecurity& security = {});
   ~Etcd();
 
   absl::StatusOr<int64_t> GrantLease(int ttl_seconds);
@@ -56,8 +75,17 @@ class Etcd {
 
  private:
   struct Stubs;
-  Etcd(std::string endpoints, std::shared_ptr<grpc::Channel> channel);
-  std::unique_ptr<grpc::ClientContext> Context() const;
+  Etcd(std::string endpoints, std::shared_ptr<grpc::Channel> channel, EtcdSecurity security);
+  // A call's context: its deadline (none for a stream) and, with a user, the auth token.
+  std::unique_ptr<grpc::ClientContext> Context(bool deadline = true);
+  // Runs a unary call; with a user, takes a token first and once more if etcd refuses it.
+  template <typename Call>
+  grpc::Status Authorized(const Call& call);
+  absl::Status Authenticate();
+
+  EtcdSecurity security_;
+  std::mutex token_mu_;
+  std::string token_;  // etcd's auth token (with a user)
 
   std::string endpoints_;
   std::shared_ptr<grpc::Channel> channel_;

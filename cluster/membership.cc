@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<NodeRegistration>> NodeRegistration::Start(Option
   if (absl::Status s = CheckNodeId(options.node.id); !s.ok()) return s;
   if (options.lease_seconds < 1) return absl::InvalidArgumentError("lease_seconds must be ≥ 1");
   if (!options.log) options.log = [](const std::string&, const std::string&) {};
-  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(options.endpoints);
+  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(options.endpoints, options.etcd);
   if (!etcd.ok()) return etcd.status();
   std::unique_ptr<NodeRegistration> r(new NodeRegistration(std::move(options)));
   r->etcd_ = *std::move(etcd);
@@ -142,8 +142,9 @@ NodeRegistration::~NodeRegistration() {
 
 // --- MembershipView -----------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<MembershipView>> MembershipView::Open(const std::string& endpoints) {
-  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(endpoints);
+absl::StatusOr<std::unique_ptr<MembershipView>> MembershipView::Open(
+    const std::string& endpoints, const EtcdSecurity& etcd_security) {
+  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(endpoints, etcd_security);
   if (!etcd.ok()) return etcd.status();
   std::unique_ptr<MembershipView> v(new MembershipView());
   v->etcd_ = *std::move(etcd);

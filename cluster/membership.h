@@ -45,6 +45,7 @@ class NodeRegistration {
  public:
   struct Options {
     std::string endpoints;  // "H:P[,H:P…]"
+    EtcdSecurity etcd;      // TLS and user, if etcd asks for them
     NodeInfo node;
     int lease_seconds = 5;
     MembershipLog log;
@@ -79,7 +80,8 @@ class MembershipView {
     uint64_t version = 0;  // +1 at every change of `nodes`
   };
   // Reads the membership once (an error if etcd does not answer), then watches it.
-  static absl::StatusOr<std::unique_ptr<MembershipView>> Open(const std::string& endpoints);
+  static absl::StatusOr<std::unique_ptr<MembershipView>> Open(const std::string& endpoints,
+                                                              const EtcdSecurity& etcd = {});
   ~MembershipView();
   std::shared_ptr<const Snapshot> Current() const;
 

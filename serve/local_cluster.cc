@@ -26,12 +26,21 @@ EtcdProcess::~EtcdProcess() { Stop(); }
 
 std::string EtcdProcess::endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
 
+void EtcdProcess::UseTls(std::string cert_file, std::string key_file, std::string ca_file,
+                         cluster::EtcdSecurity client) {
+  cert_file_ = std::move(cert_file);
+  key_file_ = std::move(key_file);
+  ca_file_ = std::move(ca_file);
+  client_ = std::move(client);
+}
+
 absl::Status EtcdProcess::Start() {
   if (access(binary_.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat(binary_, " is missing: install etcd-server (scripts/install-deps.sh)"));
   }
-  const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
+  const std::string client =
+      absl::StrCat(cert_file_.empty() ? "http" : "https", "://127.0.0.1:", client_port_);
   const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
   std::vector<std::string> args = {binary_,
                                    "--name=local",
@@ -42,6 +51,10 @@ absl::Status EtcdProcess::Start() {
                                    "--initial-advertise-peer-urls=" + peer,
                                    "--initial-cluster=local=" + peer,
                                    "--log-level=error"};
+  if (!cert_file_.empty()) {
+    args.insert(args.end(), {"--cert-file=" + cert_file_, "--key-file=" + key_file_,
+                             "--client-cert-auth", "--trusted-ca-file=" + ca_file_});
+  }
   pid_ = fork();
   if (pid_ < 0) return absl::InternalError("fork");
   if (pid_ == 0) {
@@ -59,7 +72,8 @@ absl::Status EtcdProcess::Start() {
   // connections before it serves them).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (true) {
-    absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(endpoint());
+    absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd =
+        cluster::Etcd::Connect(endpoint(), client_);
     if (!etcd.ok()) return etcd.status();
     (*etcd)->call_timeout_ms = 300;
     const absl::Status s = (*etcd)->RangePrefix("/").status();

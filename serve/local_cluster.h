@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cluster/etcd.h"
 #include "serve/kvcached_process.h"
 
 namespace kvc::serve {
@@ -24,6 +25,11 @@ class EtcdProcess {
   EtcdProcess(const EtcdProcess&) = delete;
   EtcdProcess& operator=(const EtcdProcess&) = delete;
 
+  // Serve clients over TLS with this certificate and require client certificates signed
+  // by ca_file (--client-cert-auth); `client` is how this class itself connects (its
+  // readiness check). Call before Start.
+  void UseTls(std::string cert_file, std::string key_file, std::string ca_file,
+              cluster::EtcdSecurity client);
   absl::Status Start();  // returns once it answers a read
   void Stop();
   std::string endpoint() const;  // 127.0.0.1:PORT
@@ -31,6 +37,8 @@ class EtcdProcess {
 
  private:
   std::string dir_, binary_;
+  std::string cert_file_, key_file_, ca_file_;  // set: TLS
+  cluster::EtcdSecurity client_;
   int client_port_ = 0, peer_port_ = 0;
   pid_t pid_ = -1;
 };

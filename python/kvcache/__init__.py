@@ -11,14 +11,14 @@ See python/README.md.
 from ._common import Fetched, Match, StoreResult
 from .aio import AsyncClient
 from .client import Client
-from .cluster import ClusterClient, rank_nodes
+from .cluster import ClusterClient, EtcdSecurity, rank_nodes
 from .errors import (AlreadyExistsError, DataLossError, FailedPreconditionError, InternalError,
                      InvalidArgumentError, KvcacheError, NotFoundError, PermissionDeniedError,
                      ResourceExhaustedError, UnavailableError)
 from .hashing import Namespace, chunk_keys
 
 __all__ = [
-    "AsyncClient", "Client", "ClusterClient", "Fetched", "Match", "Namespace", "StoreResult", "chunk_keys", "rank_nodes",
+    "AsyncClient", "Client", "ClusterClient", "EtcdSecurity", "Fetched", "Match", "Namespace", "StoreResult", "chunk_keys", "rank_nodes",
     "AlreadyExistsError", "DataLossError", "FailedPreconditionError", "InternalError",
     "InvalidArgumentError", "KvcacheError", "NotFoundError", "PermissionDeniedError",
     "ResourceExhaustedError", "UnavailableError",

@@ -16,6 +16,7 @@ watched; when etcd cannot be reached the last membership seen is kept and
 """
 import base64
 import json
+import ssl
 import threading
 import time
 import urllib.error
@@ -27,7 +28,7 @@ from typing import Dict, List
 import xxhash
 
 from ._common import Common, Fetched, Match, StoreResult, check_keys, writable_view
-from .errors import InvalidArgumentError, KvcacheError, UnavailableError
+from .errors import InvalidArgumentError, KvcacheError, PermissionDeniedError, UnavailableError
 from .hashing import as_tokens, chunk_keys
 
 PLACEMENT_RULE = "kvcache-rendezvous-v1"
@@ -56,6 +57,27 @@ def parse_etcd_url(url):
         if not host or not port.isdigit():
             raise InvalidArgumentError(f"etcd endpoint {e!r} is not HOST:PORT (in {url})")
     return eps
+
+
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """How to reach an etcd that runs with TLS and/or authentication (as kvcached's
+    --etcd-ca, --etcd-cert, --etcd-key, --etcd-user and --etcd-password-file)."""
+    ca_file: str = ""    # set: https, trusting this CA bundle for etcd's certificate
+    cert_file: str = ""  # with key_file: the client certificate (etcd --client-cert-auth)
+    key_file: str = ""
+    user: str = ""       # set: etcd authentication as this user
+    password: str = ""
+
+    def check(self):
+        if bool(self.cert_file) != bool(self.key_file):
+            raise InvalidArgumentError("an etcd client certificate and its key go together")
+        if self.cert_file and not self.ca_file:
+            raise InvalidArgumentError("an etcd client certificate needs TLS: give the etcd CA too")
+        if self.password and not self.user:
+            raise InvalidArgumentError("an etcd password without an etcd user")
+        if self.user and not self.password:
+            raise InvalidArgumentError(f"etcd user {self.user!r} without a password")
 
 
 @dataclass(frozen=True)
@@ -95,9 +117,20 @@ def _node_from(value):
 class _MembershipWatch:
     """Reads the node records from etcd's JSON gateway, then watches them on a thread."""
 
-    def __init__(self, endpoints, timeout_s):
+    def __init__(self, endpoints, timeout_s, security=None):
         self._endpoints = endpoints
         self._timeout_s = timeout_s
+        self._security = security or EtcdSecurity()
+        self._security.check()
+        self._ssl = None
+        if self._security.ca_file:
+            try:
+                self._ssl = ssl.create_default_context(cafile=self._security.ca_file)
+                if self._security.cert_file:
+                    self._ssl.load_cert_chain(self._security.cert_file, self._security.key_file)
+            except (OSError, ssl.SSLError) as e:
+                raise InvalidArgumentError(f"etcd TLS files: {e}") from None
+        self._auth_token = None
         self._stop = False
         self._lock = threading.Lock()
         self._nodes: Dict[str, Node] = {}
@@ -105,16 +138,54 @@ class _MembershipWatch:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def _post(self, path, body, timeout):
+    def _open(self, path, body, timeout):
+        scheme = "https" if self._ssl else "http"
         last = None
         for ep in self._endpoints:
-            req = urllib.request.Request(f"http://{ep}{path}", data=json.dumps(body).encode(),
+            req = urllib.request.Request(f"{scheme}://{ep}{path}", data=json.dumps(body).encode(),
                                          method="POST")
+            if self._auth_token:
+                req.add_header("Authorization", self._auth_token)
             try:
-                return urllib.request.urlopen(req, timeout=timeout)
+                return urllib.request.urlopen(req, timeout=timeout, context=self._ssl)
+            except urllib.error.HTTPError as e:
+                raise e  # etcd answered: not an endpoint to fail over from
             except (urllib.error.URLError, OSError) as e:
                 last = e
         raise UnavailableError(f"etcd at {','.join(self._endpoints)}: {last}")
+
+    def _authenticate(self, timeout):
+        s = self._security
+        try:
+            with self._open("/v3/auth/authenticate", {"name": s.user, "password": s.password},
+                            timeout) as r:
+                self._auth_token = json.load(r)["token"]
+        except urllib.error.HTTPError as e:
+            raise PermissionDeniedError(
+                f"etcd Authenticate as user {s.user!r}: {e.read().decode(errors='replace')}") from None
+
+    def _post(self, path, body, timeout):
+        # With a user: a token first, and a fresh one when etcd no longer takes it (simple
+        # tokens expire after 5 minutes and die with an etcd restart).
+        if self._security.user and not self._auth_token:
+            self._authenticate(timeout)
+        try:
+            return self._open(path, body, timeout)
+        except urllib.error.HTTPError as e:
+            if e.code == 401 and self._security.user:
+                self._authenticate(timeout)
+                try:
+                    return self._open(path, body, timeout)
+                except urllib.error.HTTPError as again:
+                    e = again
+            text = e.read().decode(errors="replace")
+            # No token where etcd wants one: 401, or 400 "user name is empty" (etcd 3.4).
+            if e.code in (401, 403) or "user name is empty" in text:
+                raise PermissionDeniedError(
+                    f"etcd {path} refused (HTTP {e.code}: {text}); etcd runs with users: "
+                    "give EtcdSecurity(user=..., password=...)" if not self._security.user
+                    else f"etcd {path} refused user {self._security.user!r}: {text}") from None
+            raise UnavailableError(f"etcd {path}: HTTP {e.code} {text}") from None
 
     def _reload(self):
         body = {"key": _b64(NODES_PREFIX), "range_end": _b64(_prefix_end(NODES_PREFIX))}
@@ -193,12 +264,13 @@ class ClusterClient:
 
     target: "etcd://H:P[,H:P...]". replicas: copies of each chunk (0: 2 when the cluster
     has at least 2 nodes). A node that fails a call is skipped for node_backoff_s.
+    etcd_security: an EtcdSecurity when etcd runs with TLS and/or authentication.
     store's `stored` and `already_present` count copies (up to R per chunk).
     """
 
     def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=None,
                  lease_cache=None, max_held_chunks=None, wait_for_ready=None, *, replicas=0,
-                 node_backoff_s=2.0):
+                 node_backoff_s=2.0, etcd_security=None):
         # The shared-memory settings are Client's positional parameters too (Client(...)
         # returns this class for an etcd:// target); a cluster has no shared memory.
         if shm_socket:
@@ -209,7 +281,7 @@ class ClusterClient:
         self._token = token
         self._replicas = replicas
         self._backoff = node_backoff_s
-        self._watch = _MembershipWatch(parse_etcd_url(target), min(timeout_s, 5.0))
+        self._watch = _MembershipWatch(parse_etcd_url(target), min(timeout_s, 5.0), etcd_security)
         self._nodes: Dict[str, _NodeClient] = {}
         self._registrations = {}  # namespace id -> (config json, model id, chunk tokens)
         self._holders = {}  # key -> node ids a recent lookup found it on

@@ -16,8 +16,13 @@ from conftest import SOURCE_DIR, Daemon, free_port
 
 
 class Etcd:
-    def __init__(self, data_dir):
+    """Debian's etcd; with tls=(cert, key, ca, client EtcdSecurity) it serves https (and
+    with client_certs asks for client certificates signed by ca)."""
+
+    def __init__(self, data_dir, tls=None, client_certs=False):
         self.data_dir = str(data_dir)
+        self.tls = tls
+        self.client_certs = client_certs
         self.port, self.peer = free_port(), free_port()
         while self.peer == self.port:
             self.peer = free_port()
@@ -29,17 +34,22 @@ class Etcd:
         return f"etcd://127.0.0.1:{self.port}"
 
     def start(self):
-        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
+        scheme = "https" if self.tls else "http"
+        client, peer = f"{scheme}://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
+        tls = [] if not self.tls else [f"--cert-file={self.tls[0]}", f"--key-file={self.tls[1]}"]
+        if self.client_certs:
+            tls += ["--client-cert-auth", f"--trusted-ca-file={self.tls[2]}"]
         self.proc = subprocess.Popen(
             ["/usr/bin/etcd", "--name=t", f"--data-dir={self.data_dir}",
              f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
              f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-             f"--initial-cluster=t={peer}", "--log-level=error"],
+             f"--initial-cluster=t={peer}", "--log-level=error"] + tls,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
             try:
-                kvcache.cluster._MembershipWatch([f"127.0.0.1:{self.port}"], 0.5).close()
+                kvcache.cluster._MembershipWatch([f"127.0.0.1:{self.port}"], 0.5,
+                                                 self.tls[3] if self.tls else None).close()
                 return
             except kvcache.KvcacheError:
                 assert time.monotonic() < deadline, "etcd did not start"
@@ -127,3 +137,85 @@ def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_
     assert stats["membership"]["stale"] and set(stats["nodes"]) == {"n0", "n2"}
     other.close()
     c.close()
+
+
+def make_certificates(d):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed."""
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    steps = [
+        "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key -out ca.pem",
+        "req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr",
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+        "-extfile server.ext -out server.pem",
+        "req -newkey rsa:2048 -nodes -subj /CN=kvcache-node -keyout client.key -out client.csr",
+        "x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out client.pem",
+    ]
+    for step in steps:
+        subprocess.run(["openssl"] + step.split(), cwd=d, check=True, capture_output=True)
+
+
+def test_client_certificates_reach_an_etcd_that_asks_for_them(tmp_path):
+    make_certificates(tmp_path)
+    f = lambda name: str(tmp_path / name)
+    cert = kvcache.EtcdSecurity(ca_file=f("ca.pem"), cert_file=f("client.pem"),
+                                key_file=f("client.key"))
+    etcd = Etcd(tmp_path / "etcd", tls=(f("server.pem"), f("server.key"), f("ca.pem"), cert),
+                client_certs=True)
+    try:
+        with kvcache.Client(etcd.url, timeout_s=2, etcd_security=cert) as c:
+            assert c.membership.nodes == [] and not c.membership.stale
+        with pytest.raises(kvcache.UnavailableError):  # the CA alone: no certificate
+            kvcache.Client(etcd.url, timeout_s=2,
+                           etcd_security=kvcache.EtcdSecurity(ca_file=f("ca.pem")))
+        with pytest.raises(kvcache.InvalidArgumentError, match="go together"):
+            kvcache.Client(etcd.url, etcd_security=kvcache.EtcdSecurity(
+                ca_file=f("ca.pem"), cert_file=f("client.pem")))
+    finally:
+        etcd.stop()
+
+
+def test_a_cluster_on_an_etcd_with_tls_and_users(tmp_path, seed, mini_config):
+    # etcd 3.4's JSON gateway, which this client reads, refuses a client certificate
+    # together with users (CVE-2018-16886), so this etcd asks for TLS and a password only.
+    make_certificates(tmp_path)
+    f = lambda name: str(tmp_path / name)
+    ca = kvcache.EtcdSecurity(ca_file=f("ca.pem"))
+    etcd = Etcd(tmp_path / "etcd", tls=(f("server.pem"), f("server.key"), f("ca.pem"), ca))
+    node = None
+    try:
+        # A root user, then authentication on (etcd's recipe), through its JSON gateway.
+        w = kvcache.cluster._MembershipWatch([f"127.0.0.1:{etcd.port}"], 5, ca)
+        for path, body in [("/v3/auth/user/add", {"name": "root", "password": "pw-root"}),
+                           ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+                           ("/v3/auth/enable", {})]:
+            w._post(path, body, 5).close()
+        w.close()
+        root = kvcache.EtcdSecurity(ca_file=f("ca.pem"), user="root", password="pw-root")
+        (tmp_path / "password").write_text("pw-root\n")
+        node = Daemon(tmp_path / "n0", ["--cluster", etcd.url, "--node-id", "n0",
+                                        "--etcd-ca", f("ca.pem"), "--etcd-user", "root",
+                                        "--etcd-password-file", f("password")])
+        with kvcache.Client(etcd.url, timeout_s=5, etcd_security=root) as c:
+            assert wait_for(lambda: len(c.membership.nodes) == 1, 10), c.membership
+            rng = np.random.default_rng(seed)
+            ns = c.register_namespace(mini_config, "mini", 64)
+            tokens = rng.integers(0, 512, 4 * 64, dtype=np.uint32)
+            payloads = rng.integers(1, 256, 4 * ns.chunk_bytes, dtype=np.uint8)
+            assert c.store(ns, tokens, payloads).stored == 4
+            got = c.fetch(ns, c.lookup(ns, tokens).matched_keys)
+            assert bytes(got.buffer) == payloads.tobytes()
+        # A wrong password is refused naming the user; no user, or no CA, reads nothing;
+        # a password without a user is a mistake.
+        wrong = kvcache.EtcdSecurity(ca_file=f("ca.pem"), user="root", password="no")
+        with pytest.raises(kvcache.PermissionDeniedError, match="user 'root'"):
+            kvcache.Client(etcd.url, timeout_s=2, etcd_security=wrong)
+        with pytest.raises(kvcache.PermissionDeniedError, match="etcd runs with users"):
+            kvcache.Client(etcd.url, timeout_s=2, etcd_security=ca)
+        with pytest.raises(kvcache.UnavailableError):
+            kvcache.Client(etcd.url, timeout_s=2)
+        with pytest.raises(kvcache.InvalidArgumentError, match="without an etcd user"):
+            kvcache.Client(etcd.url, etcd_security=kvcache.EtcdSecurity(password="x"))
+    finally:
+        if node is not None:
+            node.stop(signal.SIGKILL)
+        etcd.stop()

@@ -1,0 +1,53 @@
+// The command-line flags that say how to reach a secured etcd (cluster/etcd.h
+// EtcdSecurity), shared by kvcached and kvctl. The password is read from a file, never
+// taken on the command line (where every local user can read it in /proc).
+#pragma once
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "cluster/etcd.h"
+
+namespace kvc::cachesvc {
+
+struct EtcdFlags {
+  cluster::EtcdSecurity security;
+  std::string password_file;
+
+  void AddTo(CLI::App& app) {
+    app.add_option("--etcd-ca", security.ca_file,
+                   "etcd speaks TLS: trust this CA bundle for its certificate");
+    app.add_option("--etcd-cert", security.cert_file,
+                   "client certificate for etcd (--client-cert-auth), with --etcd-key");
+    app.add_option("--etcd-key", security.key_file, "the client certificate's key");
+    app.add_option("--etcd-user", security.user, "etcd authentication: this user");
+    app.add_option("--etcd-password-file", password_file,
+                   "etcd authentication: the user's password, from this file");
+  }
+
+  // The security to connect with: the password read, the combination checked.
+  absl::StatusOr<cluster::EtcdSecurity> Resolve() const {
+    cluster::EtcdSecurity s = security;
+    if (!password_file.empty()) {
+      std::ifstream in(password_file);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in) {
+        return absl::InvalidArgumentError("--etcd-password-file " + password_file +
+                                          " does not read");
+      }
+      s.password = std::string(absl::StripTrailingAsciiWhitespace(text.str()));
+    }
+    if (!s.user.empty() && s.password.empty()) {
+      return absl::InvalidArgumentError("--etcd-user needs --etcd-password-file");
+    }
+    if (absl::Status st = s.Check(); !st.ok()) return st;
+    return s;
+  }
+};
+
+}  // namespace kvc::cachesvc
