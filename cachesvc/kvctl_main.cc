@@ -183,6 +183,14 @@ absl::Status Run(const std::string& cmd, const Args& a) {
         (unsigned long long)s->read_errors(), (unsigned long long)s->write_errors(),
         (unsigned long long)s->recovered_chunks(),
         s->index_rebuilds() > 0 ? " (the index was damaged and rebuilt)" : "");
+    if (s->has_quota()) {
+      const pb::TenantQuota& q = s->quota();
+      auto limit = [](uint64_t x) { return x > 0 ? std::to_string(x) : std::string("none"); };
+      std::printf("quota: ram %llu / %s bytes, ssd %llu / %s bytes, pins %llu / %s\n",
+                  (unsigned long long)q.ram_bytes(), limit(q.ram_bytes_limit()).c_str(),
+                  (unsigned long long)q.ssd_bytes(), limit(q.ssd_bytes_limit()).c_str(),
+                  (unsigned long long)q.pinned_chunks(), limit(q.pinned_chunks_limit()).c_str());
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> config = ReadAll(a.config);

@@ -188,6 +188,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_ssd_capacity_chunks(s.ssd_capacity_chunks);
         resp->set_io_backend(s.io_backend);
         if (impl_->opt.hbm != nullptr) resp->set_hbm_capacity_chunks(impl_->opt.hbm->stats().slots);
+        if (pb::TenantQuota q; impl_->QuotaOf(tenant, &q)) *resp->mutable_quota() = q;
         if (!impl_->SeesTotals(tenant)) {
           // Only the caller's own chunks and fetches: another tenant's activity is not its
           // business (nor a side channel).

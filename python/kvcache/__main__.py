@@ -49,6 +49,12 @@ def main(argv=None):
                       f"ssd io errors: read {s['read_errors']}, write {s['write_errors']}; at the "
                       f"last start {s['recovered_chunks']} chunks were indexed from their slots"
                       + (" (the index was damaged and rebuilt)" if s['index_rebuilds'] > 0 else ""))
+                q = s["quota"]
+                if q is not None:
+                    lim = lambda x: str(x) if x else "none"
+                    print(f"quota: ram {q['ram_bytes']} / {lim(q['ram_bytes_limit'])} bytes, "
+                          f"ssd {q['ssd_bytes']} / {lim(q['ssd_bytes_limit'])} bytes, "
+                          f"pins {q['pinned_chunks']} / {lim(q['pinned_chunks_limit'])}")
                 return 0
             with open(a.config) as f:
                 ns = c.register_namespace(f.read(), a.model_id, a.chunk_tokens)

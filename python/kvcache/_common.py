@@ -309,7 +309,15 @@ class Common:
 
     @staticmethod
     def stats_from(resp):
-        return {f.name: getattr(resp, f.name) for f in resp.DESCRIPTOR.fields}
+        """The Stats answer as a dict; a message field (quota) as a dict, or None if absent."""
+        def value(msg, f):
+            if f.message_type is None:
+                return getattr(msg, f.name)
+            if not msg.HasField(f.name):
+                return None
+            sub = getattr(msg, f.name)
+            return {g.name: value(sub, g) for g in sub.DESCRIPTOR.fields}
+        return {f.name: value(resp, f) for f in resp.DESCRIPTOR.fields}
 
     # ---- fetch ----
     @staticmethod

@@ -405,6 +405,16 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   EXPECT_GE(acme_kept, 3);
   EXPECT_EQ(Lookup(d, a, na.namespace_id(), AllTokens(acme.back())).matched_chunks(), 1u);
   EXPECT_EQ(Lookup(d, a, na.namespace_id(), AllTokens(acme.front())).matched_chunks(), 0u);
+  // Stats shows each tenant its own quota and what it holds against it.
+  pb::StatsResponse sa, sb;
+  ASSERT_TRUE(d.stub().Stats(a.Ctx().get(), {}, &sa).ok());
+  ASSERT_TRUE(sa.has_quota());
+  EXPECT_EQ(sa.quota().ssd_bytes_limit(), 4 * chunk_bytes);
+  EXPECT_EQ(sa.quota().ssd_bytes(), static_cast<uint64_t>(acme_kept) * chunk_bytes);
+  EXPECT_LE(sa.quota().ram_bytes(), 4 * chunk_bytes);
+  EXPECT_EQ(sa.quota().pinned_chunks_limit(), 3u);
+  ASSERT_TRUE(d.stub().Stats(b.Ctx().get(), {}, &sb).ok());
+  EXPECT_FALSE(sb.has_quota());
 
   // Pins: 3 at most.
   pb::PinRequest pin;
@@ -423,6 +433,8 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   *pin.add_chunk_keys() = stored.chunk_keys(0);
   ExpectStatus(d.stub().Pin(a.Ctx().get(), pin, &pinned), grpc::StatusCode::RESOURCE_EXHAUSTED,
                "tenant acme may pin 3");
+  ASSERT_TRUE(d.stub().Stats(a.Ctx().get(), {}, &sa).ok());
+  EXPECT_EQ(sa.quota().pinned_chunks(), 3u);
 }
 
 // One tenant with too many calls in flight is refused; the others are not. Every call is
