@@ -158,7 +158,6 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         keys_.size() - from,
         std::clamp<uint64_t>(kAheadBytes / std::max<uint64_t>(ns_.chunk_bytes, 1), 1, 32));
     const std::span<const ChunkKey> keys(keys_.data() + from, n);
-    const std::vector<storage::Tier> tiers = svc_->store->Lookup(ns_.id, keys);
     Batch batch;
     batch.from = from;
     std::vector<std::span<uint8_t>> outs;
@@ -168,7 +167,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       outs.emplace_back(owner->heap.get(), ns_.chunk_bytes);
       batch.items.push_back({std::move(owner), absl::OkStatus()});
     }
-    std::vector<absl::Status> got = svc_->store->GetBatch(ns_.id, keys, outs);
+    std::vector<storage::Tier> tiers;
+    std::vector<absl::Status> got = svc_->store->GetBatch(ns_.id, keys, outs, &tiers);
     uint64_t ram = 0, ssd = 0;
     for (size_t i = 0; i < n; ++i) {
       batch.items[i].status = std::move(got[i]);

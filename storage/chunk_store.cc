@@ -184,7 +184,8 @@ absl::Status ChunkStore::Get(NamespaceId ns, const ChunkKey& key, std::span<uint
 }
 
 std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
-                                               std::span<const std::span<uint8_t>> outs) {
+                                               std::span<const std::span<uint8_t>> outs,
+                                               std::vector<Tier>* served_from) {
   Impl& s = *impl_;
   std::vector<absl::Status> status(keys.size());
   if (outs.size() != keys.size()) {
@@ -305,6 +306,15 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
       const uint64_t checksum = d->second.checksum;
       if (s.InsertRam(lk, ns, keys[i], parent, outs[i], checksum, false, expires, false).ok())
         ++s.stats.promotions;
+    }
+  }
+  if (served_from != nullptr) {
+    served_from->assign(keys.size(), Tier::kNone);
+    for (const RamHit& hit : ram_hits) {
+      if (status[hit.index].ok()) (*served_from)[hit.index] = Tier::kRam;
+    }
+    for (size_t i : read_index) {
+      if (status[i].ok()) (*served_from)[i] = Tier::kSsd;
     }
   }
   return status;

@@ -148,9 +148,11 @@ class ChunkStore {
                                                   const PutOptions& options);
   // Copies the chunk into `out` (exactly the namespace's chunk size).
   [[nodiscard]] absl::Status Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out);
-  // One status per key; SSD reads of the whole batch go out in one submission.
+  // One status per key; SSD reads of the whole batch go out in one submission. With
+  // `served_from`, also the tier each chunk read came from (kNone where it failed).
   std::vector<absl::Status> GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
-                                     std::span<const std::span<uint8_t>> outs);
+                                     std::span<const std::span<uint8_t>> outs,
+                                     std::vector<Tier>* served_from = nullptr);
   // Zero-copy read of a chunk in RAM, its bytes verified against its checksum; NotFound
   // if it is not in RAM (or its copy did not verify, and was dropped).
   absl::StatusOr<RamLease> LeaseRam(NamespaceId ns, const ChunkKey& key);

@@ -42,8 +42,10 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(std::unique_lock<std::mu
     if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool)) return *slot;
     std::optional<ChunkKey> victim = ram->PickVictim(pool, NowS());
     if (!victim) {
-      return absl::ResourceExhaustedError(pool == 0 ? std::string("RAM tier is full")
-                                                    : absl::StrCat("RAM pool ", pool, " is full"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(pool == 0 ? std::string("the RAM tier") : absl::StrCat("RAM pool ", pool),
+                       " is full: its ", ram->arena(pool)->slots(),
+                       " slots hold pinned chunks, leased ones or writes in flight"));
     }
     if (absl::Status st = ReleaseRam(lk, *victim, allow_writeback); !st.ok()) return st;
   }
@@ -190,7 +192,10 @@ absl::Status ChunkStore::Impl::EnsureReserved(std::unique_lock<std::mutex>& lk, 
   reservation_cv.notify_all();
   if (!status.ok()) return status;
   if (reserved_free.size() < n)
-    return absl::ResourceExhaustedError("SSD tier is full of pinned chunks");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the SSD tier is full: its ", ssd->capacity_slots(), " slots hold ", ssd_map.size(),
+        " chunks that cannot be evicted (pinned, or ancestors of pinned ones) and ", in_flight,
+        " writes in flight"));
   return absl::OkStatus();
 }
 
@@ -205,8 +210,11 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
   for (size_t i = 0; i < writes.size(); ++i) {
     if (!writes[i].status.ok()) continue;  // over its quota
     if (reserved_free.empty()) {
-      writes[i].status =
-          reservation.ok() ? absl::ResourceExhaustedError("SSD tier is full") : reservation;
+      writes[i].status = reservation.ok()
+                             ? absl::ResourceExhaustedError(absl::StrCat(
+                                   "the SSD tier is full: ", writes.size(),
+                                   " chunks to write and no free slot of ", ssd->capacity_slots()))
+                             : reservation;
       continue;
     }
     const uint64_t slot = reserved_free.back();

@@ -334,6 +334,29 @@ TEST(ChunkStoreBasicsTest, RamPressureDemotesAndSsdHitsPromote) {
   EXPECT_EQ(st.ram_chunks, 2u);
 }
 
+// GetBatch says which tier served each chunk (what Fetch counts), in the same call.
+TEST(ChunkStoreBasicsTest, GetBatchSaysWhichTierServedEachChunk) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  StoreOptions o = Options(dir.path(), 2, 16);
+  o.promote_on_ssd_hit = false;  // chunk 0 stays on SSD after the read
+  auto store = OpenOrDie(o);
+  for (uint64_t i = 0; i < 6; ++i) {
+    ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i), {}, Durability::kMemory).ok());
+  }
+  ASSERT_TRUE(store->Flush().ok());
+  const std::vector<ChunkKey> keys = {KeyOf(seed, 5), KeyOf(seed, 0), KeyOf(seed, 99)};
+  std::vector<std::vector<uint8_t>> bufs(3, std::vector<uint8_t>(kChunk));
+  const std::vector<std::span<uint8_t>> outs = {bufs[0], bufs[1], bufs[2]};
+  std::vector<Tier> from;
+  const std::vector<absl::Status> st = store->GetBatch(kNs, keys, outs, &from);
+  ASSERT_TRUE(st[0].ok() && st[1].ok()) << st[0] << " " << st[1];
+  EXPECT_TRUE(absl::IsNotFound(st[2]));
+  EXPECT_EQ(from, (std::vector<Tier>{Tier::kRam, Tier::kSsd, Tier::kNone}));
+  EXPECT_EQ(bufs[0], PayloadOf(keys[0], kChunk));
+  EXPECT_EQ(bufs[1], PayloadOf(keys[1], kChunk));
+}
+
 TEST(ChunkStoreBasicsTest, EraseRemovesFromEveryTierAndSurvivesReopen) {
   const uint64_t seed = testing::FreshSeed();
   TempDir dir;
