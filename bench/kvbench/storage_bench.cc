@@ -72,13 +72,20 @@ struct Shared {
 // Ours. `concurrent`: depth d means d callers each moving one chunk at a time (a server
 // with d requests in flight, and how fio's iodepth and the threaded peers work); otherwise
 // one caller moving batches of d chunks (one GetBatch/PutBatch per prefix).
+//
+// at_quota (kvcache-t2-quota): the namespace is in a quota group (storage/quota.h) whose
+// SSD quota its chunks already fill, so every store first evicts the group's own oldest
+// chunk — the cost a tenant pays at its --tenant-quota. Stores only (its fetch dataset
+// is what the stores evict).
 class KvcacheSystem final : public System {
  public:
-  KvcacheSystem(Shared* sh, bool ssd, bool concurrent)
-      : sh_(sh), ssd_(ssd), concurrent_(concurrent) {}
-  std::string name() const override { return ssd_ ? "kvcache-t2" : "kvcache-t1"; }
+  KvcacheSystem(Shared* sh, bool ssd, bool concurrent, bool at_quota = false)
+      : sh_(sh), ssd_(ssd), concurrent_(concurrent), at_quota_(at_quota) {}
+  std::string name() const override {
+    return !ssd_ ? "kvcache-t1" : at_quota_ ? "kvcache-t2-quota" : "kvcache-t2";
+  }
   std::string mode() const override { return concurrent_ ? "concurrent" : "batch"; }
-  bool Supports(const std::string&) const override { return true; }
+  bool Supports(const std::string& op) const override { return !at_quota_ || op == "store"; }
 
   absl::Status Prepare() override {
     const uint64_t n = sh_->opt.dataset_chunks;
@@ -118,6 +125,15 @@ class KvcacheSystem final : public System {
                reqs, {ssd_ ? storage::Durability::kDurable : storage::Durability::kMemory, 0})) {
         if (!r.ok()) return r.status();
       }
+    }
+    if (at_quota_) {
+      constexpr storage::QuotaGroup kGroup = 1;
+      if (absl::Status st =
+              fetch_store_->SetQuota(kGroup, {"the bench tenant", 0, n * sh_->opt.chunk_bytes, 0});
+          !st.ok()) {
+        return st;
+      }
+      fetch_store_->SetQuotaGroup(kNs, kGroup);
     }
     outs_.assign(32, std::vector<uint8_t>(sh_->opt.chunk_bytes));
     return absl::OkStatus();
@@ -182,6 +198,7 @@ class KvcacheSystem final : public System {
   Shared* sh_;
   bool ssd_;
   bool concurrent_;
+  bool at_quota_;
   std::unique_ptr<storage::ChunkStore> fetch_store_, store_store_;
   std::vector<std::vector<uint8_t>> outs_;
 };
@@ -411,6 +428,8 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
   std::vector<std::unique_ptr<System>> systems;
   systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true, /*concurrent=*/true));
   systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true, /*concurrent=*/false));
+  systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true, /*concurrent=*/true,
+                                                    /*at_quota=*/true));
   if (opt.run_fio) systems.push_back(std::make_unique<FioSystem>(&sh));
   systems.push_back(std::make_unique<FilePerChunkSystem>(&sh));
   systems.push_back(std::make_unique<RocksBlobSystem>(&sh));
@@ -532,7 +551,8 @@ std::string CasesToText(const std::vector<BenchCase>& cases) {
                 {"kvcache-t2", "concurrent", "file-per-chunk", "concurrent", "fetch", 0},
                 {"kvcache-t2", "concurrent", "rocksdb-blob", "concurrent", "fetch", 0},
                 {"kvcache-t2", "concurrent", "file-per-chunk", "concurrent", "store", 0},
-                {"kvcache-t2", "concurrent", "rocksdb-blob", "concurrent", "store", 0}};
+                {"kvcache-t2", "concurrent", "rocksdb-blob", "concurrent", "store", 0},
+                {"kvcache-t2-quota", "concurrent", "kvcache-t2", "concurrent", "store", 0}};
   for (const auto& r : ratios) {
     for (const BenchCase& c : cases) {
       if (c.system != r.ours || c.mode != r.ours_mode || c.op != r.op) continue;

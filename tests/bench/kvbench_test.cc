@@ -50,6 +50,9 @@ TEST(KvbenchTest, StorageJsonHasEveryCase) {
       }
     }
   }
+  // Stores of a tenant at its SSD quota (each evicts the tenant's own chunks first).
+  EXPECT_TRUE(seen.contains("kvcache-t2-quota/store/1"));
+  EXPECT_TRUE(seen.contains("kvcache-t2-quota/store/4"));
 }
 
 TEST(KvbenchTest, ServiceJsonHasEveryCase) {
