@@ -65,7 +65,7 @@ for t in "${targets[@]}"; do
     args+=(-max_total_time="$seconds")
   fi
   echo "fuzz: $t"
-  "build-fuzz/${t}_fuzz" "${args[@]}" "$corpus" 2>&1 | grep -E "^stat::number_of_executed_units|^stat::peak_rss|ERROR|SUMMARY|KVC_CHECK|Done" || true
+  "build-fuzz/${t}_fuzz" "${args[@]}" "$corpus" 2>&1 | grep -E "^stat::number_of_executed_units|^stat::peak_rss|ERROR|SUMMARY|KVC_CHECK|^Done" || true
   # libFuzzer exits non-zero on a finding; grep above hides that, so look for artifacts.
   if compgen -G "$findings/*" >/dev/null; then
     echo "fuzz: $t found a failing input: $(ls "$findings")" >&2

@@ -83,17 +83,13 @@ void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
     }
     return false;
   };
-  // Evict the groups' own chunks, in the same quiet point as the tier's own eviction
-  // (EnsureReserved): no slot is handed out and no write is between its publication and
-  // its commit, so a victim's deletion can never be overtaken by its own put's commit.
-  // Concurrent writers of the group may take the room made while the commit runs: look
-  // again until it fits or nothing is left to give up (bounded, in case of a livelock).
+  // Evict the groups' own chunks. Only committed chunks are in the eviction order
+  // (WriteToSsd), so a victim's deletion can never be overtaken by its own put's commit,
+  // and other writers go on meanwhile. They may take the room made while the commit runs:
+  // look again until it fits or nothing is left to give up (bounded, against a livelock).
   absl::Status evicted_status;
   bool all_pinned = false;
   for (int round = 0; round < 64 && over(); ++round) {
-    while (record_busy) reservation_cv.wait(lk);
-    record_busy = true;
-    reservation_cv.wait(lk, [&] { return in_flight == 0; });
     all_pinned = false;
     std::vector<ChunkKey> victims;
     std::vector<uint64_t> slots;
@@ -119,21 +115,26 @@ void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
         ++stats.quota_evictions;
       }
     }
-    if (victims.empty()) {  // the room was made meanwhile, or nothing can go
-      record_busy = false;
-      reservation_cv.notify_all();
+    if (victims.empty()) {  // nothing can go
       if (all_pinned) break;
       continue;
     }
+    // A victim's slot still in the reservation leaves it in the same synced commit (as
+    // an erase's does), so the chunk is not indexed again after a crash.
     std::vector<std::pair<std::string, std::string>> meta;
+    bool holds_record = false;
     if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return reserved.contains(x); })) {
+      reservation_cv.wait(lk, [&] { return !record_busy; });
+      record_busy = holds_record = true;
       meta.push_back(ReservationMetaWithout(slots));
     }
     lk.unlock();
     evicted_status = index->Commit({}, victims, /*sync=*/true, meta);
     lk.lock();
-    record_busy = false;
-    reservation_cv.notify_all();
+    if (holds_record) {
+      record_busy = false;
+      reservation_cv.notify_all();
+    }
     // After a failed commit the entries may still be on disk: their slots stay unused
     // until the next open.
     if (!evicted_status.ok()) break;

@@ -269,16 +269,8 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
     auto pin = pins.find(w.key);
     w.record.pin_until_s = pin == pins.end() ? 0 : pin->second;
     ssd_map[w.key] = w.record;
-    ssd_order.Add(w.key, w.record.parent, NextAccess(), w.record.pin_until_s, w.record.expires_s,
-                  w.record.namespace_id, w.record.payload_bytes);
     puts.emplace_back(w.key, w.record);
     slabs.insert(w.record.slab);
-  }
-  // Published chunks now count in their group's bytes; the rest never will.
-  for (PendingWrite& w : writes) {
-    if (w.quota == nullptr) continue;
-    w.quota->ssd_in_flight -= w.payload.size();
-    w.quota = nullptr;
   }
   lk.unlock();
   absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts);
@@ -290,6 +282,23 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
         if (w.key == key) w.status = commit;
       }
     }
+  } else {
+    // Only a committed chunk may be evicted: an eviction's deletion committed before the
+    // chunk's own entry would leave that entry naming a slot that is reused.
+    for (auto& [key, rec] : puts) {
+      auto it = ssd_map.find(key);
+      if (it == ssd_map.end() || it->second.sequence != rec.sequence) continue;  // erased since
+      auto pin = pins.find(key);
+      ssd_order.Add(key, rec.parent, NextAccess(), pin == pins.end() ? 0 : pin->second,
+                    rec.expires_s, rec.namespace_id, rec.payload_bytes);
+    }
+  }
+  // Committed chunks now count in their group's bytes (the eviction order's); the rest
+  // never will.
+  for (PendingWrite& w : writes) {
+    if (w.quota == nullptr) continue;
+    w.quota->ssd_in_flight -= w.payload.size();
+    w.quota = nullptr;
   }
   in_flight -= slot_writes.size();
   if (in_flight == 0) reservation_cv.notify_all();
