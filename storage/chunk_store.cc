@@ -425,10 +425,7 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
     }
     auto d = s.ssd_map.find(key);
     if (d != s.ssd_map.end() && d->second.namespace_id == ns) {
-      // The slot is reused only after the deletion is committed (below).
-      slots.push_back(s.GlobalSlot(d->second));
-      s.ssd_map.erase(d);
-      s.ssd_order.Remove(key);
+      slots.push_back(s.TakeOffSsd(key));  // reused once the deletion is committed (below)
       deletes.push_back(key);
       found = true;
     }
@@ -439,30 +436,11 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
       status[i] = absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
     }
   }
-  // An erased chunk's slot may still be listed in the reservation, and its bytes would be
-  // indexed again after a crash: such slots leave the record in the same synced commit.
-  std::vector<std::pair<std::string, std::string>> meta;
-  bool holds_record = false;
-  if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return s.reserved.contains(x); })) {
-    s.reservation_cv.wait(lk, [&] { return !s.record_busy; });
-    s.record_busy = holds_record = true;
-    meta.push_back(s.ReservationMetaWithout(slots));
-  }
-  lk.unlock();
-  absl::Status committed = s.index->Commit({}, deletes, /*sync=*/true, meta);
-  lk.lock();
-  if (holds_record) {
-    s.record_busy = false;
-    s.reservation_cv.notify_all();
-  }
-  if (!committed.ok()) {
-    // The entries may still be on disk: leave their slots unused until the next open.
+  if (absl::Status committed = s.CommitSsdRemovals(lk, deletes, slots); !committed.ok()) {
     for (auto& st : status) {
       if (st.ok()) st = committed;
     }
-    return status;
   }
-  for (uint64_t slot : slots) s.FreeSsdSlot(slot);
   return status;
 }
 

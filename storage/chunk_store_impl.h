@@ -129,13 +129,22 @@ class ChunkStore::Impl {
   // synced commit rare, few enough that a small tier keeps most slots for chunks.
   size_t ReserveAhead() const;
 
-  // With record_busy held: these slots leave the reservation; the record's new metadata
-  // entry, to commit (synced) with the removal of the chunks that were in them.
-  std::pair<std::string, std::string> ReservationMetaWithout(const std::vector<uint64_t>& slots) {
-    for (uint64_t slot : slots) reserved.erase(slot);
-    SlotReservation record{reservation_min_sequence, {reserved.begin(), reserved.end()}};
-    return {kReservationMeta, EncodeSlotReservation(record)};
+  // Takes a chunk that is on SSD off the tier's map and eviction order, and returns its
+  // slot — not yet free: CommitSsdRemovals frees it once the removal is durable.
+  uint64_t TakeOffSsd(const ChunkKey& key) {
+    auto d = ssd_map.find(key);
+    const uint64_t slot = GlobalSlot(d->second);
+    ssd_map.erase(d);
+    ssd_order.Remove(key);
+    return slot;
   }
+  // Commits (synced) the removal of chunks taken off the tier, then frees their slots. A
+  // slot still listed in the reservation leaves it in the same commit, or its bytes would
+  // be indexed again after a crash. On failure the entries may still be on disk: their
+  // slots stay unused until the next open. Releases the lock while it commits.
+  absl::Status CommitSsdRemovals(std::unique_lock<std::mutex>& lk,
+                                 const std::vector<ChunkKey>& keys,
+                                 const std::vector<uint64_t>& slots);
 
   // ---- quotas (quota.h; all under mu) ----
   struct QuotaState {

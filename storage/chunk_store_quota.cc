@@ -105,40 +105,16 @@ void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
           all_pinned = used(*q) + ask.bytes > limit;
           break;
         }
-        auto d = ssd_map.find(*victim);
-        slots.push_back(GlobalSlot(d->second));
-        ssd_map.erase(d);
-        ssd_order.Remove(*victim);
+        slots.push_back(TakeOffSsd(*victim));
         if (!ram || !ram->Contains(*victim)) LeftStore(*victim);
         victims.push_back(*victim);
         ++stats.ssd_evictions;
         ++stats.quota_evictions;
       }
     }
-    if (victims.empty()) {  // nothing can go
-      if (all_pinned) break;
-      continue;
-    }
-    // A victim's slot still in the reservation leaves it in the same synced commit (as
-    // an erase's does), so the chunk is not indexed again after a crash.
-    std::vector<std::pair<std::string, std::string>> meta;
-    bool holds_record = false;
-    if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return reserved.contains(x); })) {
-      reservation_cv.wait(lk, [&] { return !record_busy; });
-      record_busy = holds_record = true;
-      meta.push_back(ReservationMetaWithout(slots));
-    }
-    lk.unlock();
-    evicted_status = index->Commit({}, victims, /*sync=*/true, meta);
-    lk.lock();
-    if (holds_record) {
-      record_busy = false;
-      reservation_cv.notify_all();
-    }
-    // After a failed commit the entries may still be on disk: their slots stay unused
-    // until the next open.
+    if (victims.empty()) break;  // all it holds there is pinned or being written
+    evicted_status = CommitSsdRemovals(lk, victims, slots);
     if (!evicted_status.ok()) break;
-    for (uint64_t slot : slots) FreeSsdSlot(slot);
   }
   for (PendingWrite& w : writes) {
     QuotaState* q = QuotaOf(w.record.namespace_id);

@@ -130,14 +130,34 @@ void ChunkStore::Impl::FreeSsdSlot(uint64_t slot) {
 }
 
 void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
-  auto it = ssd_map.find(key);
-  if (it == ssd_map.end()) return;
-  const uint64_t slot = GlobalSlot(it->second);
-  ssd_map.erase(it);
-  ssd_order.Remove(key);
-  FreeSsdSlot(slot);
+  if (!ssd_map.contains(key)) return;
+  FreeSsdSlot(TakeOffSsd(key));
   // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
   if (!ram || !ram->Contains(key)) LeftStore(key);
+}
+
+absl::Status ChunkStore::Impl::CommitSsdRemovals(std::unique_lock<std::mutex>& lk,
+                                                 const std::vector<ChunkKey>& keys,
+                                                 const std::vector<uint64_t>& slots) {
+  std::vector<std::pair<std::string, std::string>> meta;
+  bool holds_record = false;
+  if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return reserved.contains(x); })) {
+    reservation_cv.wait(lk, [&] { return !record_busy; });
+    record_busy = holds_record = true;
+    for (uint64_t slot : slots) reserved.erase(slot);
+    SlotReservation record{reservation_min_sequence, {reserved.begin(), reserved.end()}};
+    meta.emplace_back(kReservationMeta, EncodeSlotReservation(record));
+  }
+  lk.unlock();
+  const absl::Status committed = index->Commit({}, keys, /*sync=*/true, meta);
+  lk.lock();
+  if (holds_record) {
+    record_busy = false;
+    reservation_cv.notify_all();
+  }
+  if (!committed.ok()) return committed;
+  for (uint64_t slot : slots) FreeSsdSlot(slot);
+  return absl::OkStatus();
 }
 
 size_t ChunkStore::Impl::ReserveAhead() const {
