@@ -96,29 +96,22 @@ class KvCacheService::Impl {
 
   // The tenant's quota and what it holds against it; false without a quota.
   bool QuotaOf(const std::string& tenant, pb::TenantQuota* out) {
-    storage::QuotaGroup group;
+    const std::optional<storage::Quota> q = opt.quotas.For(tenant);
+    if (!q) return false;
+    out->set_ram_bytes_limit(q->ram_bytes);
+    out->set_ssd_bytes_limit(q->ssd_bytes);
+    out->set_pinned_chunks_limit(q->pinned_chunks);
+    std::optional<storage::QuotaGroup> group;  // none before its first namespace: holds nothing
     {
       std::lock_guard lk(quota_mu);
-      auto it = quota_groups.find(tenant);
-      if (it == quota_groups.end()) {
-        // A tenant with a quota but no namespace yet holds nothing.
-        const std::optional<storage::Quota> q = opt.quotas.For(tenant);
-        if (!q) return false;
-        out->set_ram_bytes_limit(q->ram_bytes);
-        out->set_ssd_bytes_limit(q->ssd_bytes);
-        out->set_pinned_chunks_limit(q->pinned_chunks);
-        return true;
-      }
-      group = it->second;
+      if (auto it = quota_groups.find(tenant); it != quota_groups.end()) group = it->second;
     }
-    const std::optional<storage::Quota> q = opt.quotas.For(tenant);
-    const storage::QuotaUsage u = store->Usage(group);
-    out->set_ram_bytes_limit(q ? q->ram_bytes : 0);
-    out->set_ssd_bytes_limit(q ? q->ssd_bytes : 0);
-    out->set_pinned_chunks_limit(q ? q->pinned_chunks : 0);
-    out->set_ram_bytes(u.ram_bytes);
-    out->set_ssd_bytes(u.ssd_bytes);
-    out->set_pinned_chunks(u.pinned_chunks);
+    if (group) {
+      const storage::QuotaUsage u = store->Usage(*group);
+      out->set_ram_bytes(u.ram_bytes);
+      out->set_ssd_bytes(u.ssd_bytes);
+      out->set_pinned_chunks(u.pinned_chunks);
+    }
     return true;
   }
 
