@@ -5,6 +5,7 @@
 // Real RocksDB, real slab files, real io_uring (or the POSIX fallback).
 #include "storage/power_cut.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -247,10 +248,16 @@ TEST(PowerCutTest, RandomCutsUnderAQuotaServeNothingWrongAndKeepTheNewest) {
   testing::TempDir dir;
   const int rounds = Rounds();
   constexpr int kWriters = 3;
-  constexpr uint64_t kQuotaChunks = 40, kKeptChunks = 30;
+  // At most 40 − 3 in flight chunks are held: the newest ~37 acknowledged survive. Which
+  // ones are newest is stamped right as Put returns (a writer descheduled before it records
+  // its acknowledgement would otherwise look newer than chunks committed after its own);
+  // 25 leaves room for the stamps' remaining jitter.
+  constexpr uint64_t kQuotaChunks = 40, kKeptChunks = 25;
   constexpr QuotaGroup kGroup = 1;
   std::mt19937_64 rng(seed);
-  std::vector<ChunkKey> acked, attempted;
+  std::vector<ChunkKey> attempted;
+  std::vector<std::pair<uint64_t, ChunkKey>> stamped;  // (acknowledgement order, key)
+  std::atomic<uint64_t> ack_clock{0};
   auto open = [&](std::shared_ptr<PowerCut> cut) {
     StoreOptions o = Options(dir.path(), 1024, std::move(cut));
     o.ram_bytes = 0;  // every read after a reopen comes from the slots
@@ -279,9 +286,10 @@ TEST(PowerCutTest, RandomCutsUnderAQuotaServeNothingWrongAndKeepTheNewest) {
             }
             const std::vector<uint8_t> p = PayloadOf(key, kChunk);
             const absl::Status st = store->Put({kNs, key, {}, p}, {}).status();
+            const uint64_t stamp = ack_clock.fetch_add(1);
             if (!st.ok() || cut->cut()) continue;
             std::lock_guard lock(mu);
-            acked.push_back(key);
+            stamped.emplace_back(stamp, key);
           }
         });
       }
@@ -297,6 +305,9 @@ TEST(PowerCutTest, RandomCutsUnderAQuotaServeNothingWrongAndKeepTheNewest) {
       const absl::Status st = ReadBack(*store, key);
       ASSERT_TRUE(st.ok() || absl::IsNotFound(st)) << "round " << round << ": " << st;
     }
+    std::sort(stamped.begin(), stamped.end());
+    std::vector<ChunkKey> acked;
+    for (const auto& [stamp, key] : stamped) acked.push_back(key);
     const size_t newest = std::min<size_t>(kKeptChunks, acked.size());
     for (size_t i = acked.size() - newest; i < acked.size(); ++i) {
       ASSERT_TRUE(ReadBack(*store, acked[i]).ok())
@@ -309,7 +320,7 @@ TEST(PowerCutTest, RandomCutsUnderAQuotaServeNothingWrongAndKeepTheNewest) {
   std::printf(
       "%d power cuts under a quota of %llu chunks: %zu acknowledged puts, %llu quota "
       "evictions\n",
-      rounds, static_cast<unsigned long long>(kQuotaChunks), acked.size(),
+      rounds, static_cast<unsigned long long>(kQuotaChunks), stamped.size(),
       static_cast<unsigned long long>(quota_evictions));
   EXPECT_GT(quota_evictions, 0u) << "the quota never evicted: the test tested nothing";
 }
