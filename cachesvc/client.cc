@@ -213,9 +213,8 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace&
   LookupResult r;
   r.keys.assign(keys.begin(), keys.end());
   if (keys.empty()) return r;
-  for (const ChunkKey& k : keys) req.add_chunk_keys(KeyBytes(k));
   pb::LookupResponse resp;
-  if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, &resp)); !s.ok()) return s;
+  if (absl::Status s = LookupByKeys(req, keys, &resp); !s.ok()) return s;
   r.matched_chunks = resp.matched_chunks();
   for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
   if (r.tiers.size() != r.keys.size()) {
@@ -223,6 +222,21 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace&
         absl::StrCat("Lookup answered ", r.tiers.size(), " tiers for ", r.keys.size(), " chunks"));
   }
   return r;
+}
+
+absl::Status CacheClient::LookupByKeys(pb::LookupRequest& req, std::span<const ChunkKey> keys,
+                                       pb::LookupResponse* resp) {
+  std::string* packed = req.mutable_packed_chunk_keys();
+  packed->resize(keys.size() * 16);
+  for (size_t i = 0; i < keys.size(); ++i)
+    std::memcpy(packed->data() + 16 * i, keys[i].bytes.data(), 16);
+  if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, resp)); !s.ok()) return s;
+  if (resp->keys_seen() == keys.size()) return absl::OkStatus();
+  // A daemon older than packed keys saw none: the same question, one string per key.
+  req.clear_packed_chunk_keys();
+  for (const ChunkKey& k : keys) req.add_chunk_keys(KeyBytes(k));
+  resp->Clear();
+  return FromGrpc(stub_->Lookup(Context().get(), req, resp));
 }
 
 absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
@@ -245,12 +259,13 @@ absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
       }
     }
     r.keys = Keys(ns, tokens);
-    for (const ChunkKey& k : r.keys) req.add_chunk_keys(KeyBytes(k));
   } else {
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
   }
   pb::LookupResponse resp;
-  if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, &resp)); !s.ok()) return s;
+  absl::Status s = by_key ? LookupByKeys(req, r.keys, &resp)
+                          : FromGrpc(stub_->Lookup(Context().get(), req, &resp));
+  if (!s.ok()) return s;
   r.matched_chunks = resp.matched_chunks();
   if (!by_key) {
     for (const std::string& k : resp.chunk_keys()) {

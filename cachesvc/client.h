@@ -127,6 +127,11 @@ class CacheClient final : public CacheApi {
   void HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
                  std::span<const storage::ChunkKey> keys, const std::vector<uint64_t>& offsets);
 
+  // Asks with the keys packed end to end; again with one string per key if the daemon
+  // predates packed keys (req: namespace and every_chunk set).
+  absl::Status LookupByKeys(kvcache::v1::LookupRequest& req,
+                            std::span<const storage::ChunkKey> keys,
+                            kvcache::v1::LookupResponse* resp);
   absl::StatusOr<LookupResult> LookupImpl(const RemoteNamespace& ns,
                                           std::span<const uint32_t> tokens, bool every_chunk);
   absl::StatusOr<size_t> FetchImpl(const RemoteNamespace& ns,

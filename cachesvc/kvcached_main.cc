@@ -276,6 +276,17 @@ int Main(int argc, char** argv) {
     LogLine(LogLevel::kWarn, "injecting_io_faults")
         .Str("rate", absl::StrCat("1 in ", inject_io_faults));
   }
+  if (hbm_bytes > 0) {  // T0, inside the store
+#if KVC_WITH_CUDA
+    absl::StatusOr<std::unique_ptr<storage::DeviceArena>> arena =
+        cuda::MakeHbmArena(hbm_device, hbm_bytes);
+    if (!arena.ok()) return Fail(absl::StrCat("--hbm-bytes: ", arena.status().message()));
+    so.hbm_arena = *std::move(arena);
+    so.hbm_write_through = hbm_write_through;
+#else
+    return Fail("--hbm-bytes: this kvcached was built without the CUDA backend (nvcc not found)");
+#endif
+  }
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(so);
   if (!store.ok()) return Fail(std::string(store.status().message()));
   std::optional<cluster::NodeInfo> node;
@@ -296,23 +307,7 @@ int Main(int argc, char** argv) {
     if (!p.ok()) return Fail(std::string(p.status().message()));
     metrics_port = *p;
   }
-  std::unique_ptr<storage::HbmTier> hbm;
-  if (hbm_bytes > 0) {
-#if KVC_WITH_CUDA
-    absl::StatusOr<std::unique_ptr<storage::DeviceArena>> arena =
-        cuda::MakeHbmArena(hbm_device, hbm_bytes);
-    if (!arena.ok()) return Fail(absl::StrCat("--hbm-bytes: ", arena.status().message()));
-    absl::StatusOr<std::unique_ptr<storage::HbmTier>> tier =
-        storage::HbmTier::Create(*std::move(arena), max_chunk_bytes);
-    if (!tier.ok()) return Fail(absl::StrCat("--hbm-bytes: ", tier.status().message()));
-    hbm = *std::move(tier);
-#else
-    return Fail("--hbm-bytes: this kvcached was built without the CUDA backend (nvcc not found)");
-#endif
-  }
   ServiceOptions opt;
-  opt.hbm = hbm.get();
-  opt.hbm_write_through = hbm_write_through;
   opt.device_tenants = shm->tenants();
   opt.shm = *shm;
   opt.quotas = *std::move(quotas);
@@ -374,9 +369,9 @@ int Main(int argc, char** argv) {
   if (metrics_port > 0)
     std::printf("kvcached: metrics on %s:%d/metrics\n", host.c_str(), metrics_port);
   if (arena_socket) std::printf("kvcached: shared arena on %s\n", shm_socket.c_str());
-  if (hbm) {
+  if (st.hbm_capacity_chunks > 0) {
     std::printf("kvcached: HBM tier on CUDA device %d (%llu chunks)\n", hbm_device,
-                static_cast<unsigned long long>(hbm->stats().slots));
+                static_cast<unsigned long long>(st.hbm_capacity_chunks));
   }
   std::unique_ptr<cluster::NodeRegistration> registration;
   if (node) {
@@ -418,7 +413,7 @@ int Main(int argc, char** argv) {
       .Str("io", st.io_backend)
       .Str("auth", auth.enabled() ? "on" : "off")
       .Str("tls", tls_cert.empty() ? "off" : "on")
-      .Int("hbm_chunks", hbm ? static_cast<int64_t>(hbm->stats().slots) : 0);
+      .Int("hbm_chunks", static_cast<int64_t>(st.hbm_capacity_chunks));
 
   int sig = 0;
   sigwait(&signals, &sig);

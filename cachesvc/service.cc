@@ -165,9 +165,6 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
              pb::DeleteResponse* resp) -> absl::Status {
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
-        if (impl_->opt.hbm != nullptr) {
-          for (const ChunkKey& key : nk->second) impl_->opt.hbm->Erase(nk->first.id, key);
-        }
         absl::StatusOr<uint32_t> n =
             Impl::CountOk(impl_->store->EraseBatch(nk->first.id, nk->second));
         if (!n.ok()) return n.status();
@@ -187,7 +184,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_ram_capacity_chunks(s.ram_capacity_chunks);
         resp->set_ssd_capacity_chunks(s.ssd_capacity_chunks);
         resp->set_io_backend(s.io_backend);
-        if (impl_->opt.hbm != nullptr) resp->set_hbm_capacity_chunks(impl_->opt.hbm->stats().slots);
+        resp->set_hbm_capacity_chunks(s.hbm_capacity_chunks);
         if (pb::TenantQuota q; impl_->QuotaOf(tenant, &q)) *resp->mutable_quota() = q;
         if (!impl_->SeesTotals(tenant)) {
           // Only the caller's own chunks and fetches: another tenant's activity is not its
@@ -200,6 +197,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
           const KvCacheService::Impl::TenantCounters c = impl_->CountersOf(tenant);
           resp->set_ram_chunks(n.ram);
           resp->set_ssd_chunks(n.ssd);
+          resp->set_hbm_chunks(n.hbm);
           resp->set_ram_hits(c.ram_hits);
           resp->set_ssd_hits(c.ssd_hits);
           resp->set_misses(c.misses);
@@ -216,11 +214,8 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_write_errors(s.write_errors);
         resp->set_recovered_chunks(s.recovered_chunks);
         resp->set_index_rebuilds(s.index_rebuilds);
-        if (impl_->opt.hbm != nullptr) {
-          const storage::HbmStats h = impl_->opt.hbm->stats();
-          resp->set_hbm_chunks(h.used);
-          resp->set_hbm_hits(h.hits);
-        }
+        resp->set_hbm_chunks(s.hbm_chunks);
+        resp->set_hbm_hits(s.hbm_hits);
         return absl::OkStatus();
       });
 }

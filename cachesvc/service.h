@@ -43,11 +43,9 @@ struct ServiceOptions {
   uint32_t default_lease_ms = 10000;
   uint32_t max_lease_ms = 60000;
   uint32_t max_calls_per_tenant = 256;  // in flight at once (streams for their whole life)
-  // T0 (FetchDeviceRefs); null: none. Not owned. With authentication on, only
-  // `device_tenants` may map it (it holds every tenant's chunks).
-  storage::HbmTier* hbm = nullptr;
+  // With authentication on, only these tenants may map the store's T0 (FetchDeviceRefs;
+  // it holds every tenant's chunks).
   std::set<std::string> device_tenants;
-  bool hbm_write_through = false;  // stored chunks also go to T0 at once
   // With authentication on, Stats shows these tenants the daemon's totals; every other
   // tenant sees its own chunks and hits only (and the tiers' capacities).
   std::set<std::string> admin_tenants;

@@ -40,6 +40,8 @@ inline pb::Tier ToProto(storage::Tier t) {
       return pb::TIER_RAM;
     case storage::Tier::kSsd:
       return pb::TIER_SSD;
+    case storage::Tier::kHbm:
+      return pb::TIER_HBM;
     default:
       return pb::TIER_NONE;
   }
@@ -69,6 +71,23 @@ inline absl::StatusOr<std::vector<ChunkKey>> ParseKeys(
   return keys;
 }
 
+// Keys sent end to end (16 bytes each), as LookupRequest.packed_chunk_keys carries them.
+inline absl::StatusOr<std::vector<ChunkKey>> ParsePackedKeys(const std::string& raw,
+                                                             uint32_t max_keys) {
+  if (raw.size() % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("packed_chunk_keys is ", raw.size(),
+                                                   " bytes, not a whole number of 16-byte keys"));
+  }
+  if (raw.size() / 16 > max_keys) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(raw.size() / 16, " chunk keys in one call; the limit is ", max_keys));
+  }
+  std::vector<ChunkKey> keys(raw.size() / 16);
+  for (size_t i = 0; i < keys.size(); ++i)
+    std::memcpy(keys[i].bytes.data(), raw.data() + 16 * i, 16);
+  return keys;
+}
+
 inline std::string KeyBytes(const ChunkKey& k) {
   return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16);
 }
@@ -82,7 +101,7 @@ class KvCacheService::Impl {
         opt(o),
         limiter(o.max_calls_per_tenant),
         executor(o.executor_threads, o.executor_queue) {
-    if (o.hbm != nullptr) hbm_handle = o.hbm->arena().ExportHandle();
+    if (s->hbm_arena() != nullptr) hbm_handle = s->hbm_arena()->ExportHandle();
     for (size_t pool = 0; pool < s->ram_pool_count(); ++pool) {
       const int fd = s->ram_arena_fd(static_cast<storage::RamPoolId>(pool));
       arena_ids.push_back(fd >= 0 ? ArenaIdentity(fd) : 0);
@@ -289,17 +308,22 @@ class KvCacheService::Impl {
     absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
     if (!ns.ok()) return ns.status();
     std::vector<ChunkKey> keys;
-    const bool by_key = req.chunk_keys_size() > 0;
+    const bool packed = !req.packed_chunk_keys().empty();
+    const bool by_key = packed || req.chunk_keys_size() > 0;
     if (by_key) {
-      if (req.tokens_size() > 0) {
-        return absl::InvalidArgumentError("a Lookup gives tokens or chunk_keys, not both");
+      if (req.tokens_size() > 0 || (packed && req.chunk_keys_size() > 0)) {
+        return absl::InvalidArgumentError(
+            "a Lookup gives one of tokens, chunk_keys and packed_chunk_keys");
       }
       // The keys of a max_lookup_tokens prefix at the namespace's chunk size, at most.
       const uint64_t limit = opt.max_lookup_tokens / std::max<uint32_t>(1, ns->chunk_tokens);
+      const auto max_keys = static_cast<uint32_t>(std::min<uint64_t>(limit, UINT32_MAX));
       absl::StatusOr<std::vector<ChunkKey>> parsed =
-          ParseKeys(req.chunk_keys(), static_cast<uint32_t>(std::min<uint64_t>(limit, UINT32_MAX)));
+          packed ? ParsePackedKeys(req.packed_chunk_keys(), max_keys)
+                 : ParseKeys(req.chunk_keys(), max_keys);
       if (!parsed.ok()) return parsed.status();
       keys = *std::move(parsed);
+      resp->set_keys_seen(static_cast<uint32_t>(keys.size()));
     } else {
       if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -415,11 +439,11 @@ class KvCacheService::Impl {
     return absl::OkStatus();
   }
 
-  // T0: leases the leading chunks in HBM, first copying into it those read (and so
-  // verified) from RAM or SSD.
+  // T0: leases the leading chunks in HBM (the store copies in those only in RAM or SSD).
   absl::Status DoFetchDeviceRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
                                  pb::FetchDeviceRefsResponse* resp) {
-    if (opt.hbm == nullptr) {
+    const storage::DeviceArena* arena = store->hbm_arena();
+    if (arena == nullptr) {
       return absl::FailedPreconditionError(
           "this kvcached has no HBM tier (start it with --hbm-bytes on a machine with a GPU)");
     }
@@ -435,20 +459,15 @@ class KvCacheService::Impl {
         std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
     resp->set_lease_ms(ms);
     resp->set_ipc_handle(hbm_handle);
-    resp->set_device(opt.hbm->arena().device());
-    resp->set_arena_id(opt.hbm->arena().id());
+    resp->set_device(arena->device());
+    resp->set_arena_id(arena->id());
     RefLease lease{
         tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
-    const storage::NamespaceId ns = nk->first.id;
-    std::vector<uint8_t> staged;
     for (const ChunkKey& key : nk->second) {
-      absl::StatusOr<storage::HbmLease> l = opt.hbm->Lease(ns, key);
-      if (!l.ok()) {
-        staged.resize(nk->first.chunk_bytes);
-        if (!store->Get(ns, key, staged).ok()) break;  // missing (or failed its checksum)
-        l = opt.hbm->PutAndLease(ns, key, staged);
-        if (!l.ok()) break;  // every slot leased: the prefix ends here
-      }
+      // A T0 hit, or a copy promoted from RAM or SSD. Missing, failed its checksum, or
+      // every T0 slot leased: the prefix ends here.
+      absl::StatusOr<storage::HbmLease> l = store->LeaseHbm(nk->first.id, key);
+      if (!l.ok()) break;
       pb::ChunkRef* ref = resp->add_refs();
       ref->set_chunk_key(KeyBytes(key));
       ref->set_arena_offset(l->offset());

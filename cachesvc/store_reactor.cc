@@ -112,13 +112,6 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
          std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()), req_.payload().size())},
         {durability, static_cast<int64_t>(req_.ttl_seconds())});
     if (!put.ok()) return put.status();
-    if (svc_->opt.hbm != nullptr && svc_->opt.hbm_write_through) {
-      // The next turn's FetchDeviceRefs then finds it in T0 (a cache: a full tier only
-      // means the chunk is promoted later).
-      (void)svc_->opt.hbm->Put(ns->id, key,
-                               std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()),
-                                         req_.payload().size()));
-    }
     if (put->already_present) {
       resp_.set_already_present(resp_.already_present() + 1);
     } else {

@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 tests=(cudaemu_test kv_dequant_test_emu kv_ops_test_emu row_ops_test_emu page_mirror_test_emu
-  chunk_store_test ram_pools_test fault_injection_test power_cut_test recovery_test quota_test)
+  chunk_store_test ram_pools_test fault_injection_test power_cut_test recovery_test quota_test
+  hbm_store_test)
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_CUDA=OFF \
   -DKVC_SANITIZE_THREAD=ON >/dev/null
 cmake --build build-tsan -j "$jobs" --target "${tests[@]}"

@@ -81,12 +81,18 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
       const std::vector<storage::ChunkKey> keys(look->keys.begin(),
                                                 look->keys.begin() + look->matched_chunks);
       if (opt_.after_lookup) opt_.after_lookup(keys);
-      bool ram = false, ssd = false;
+      // Which tiers the prefix came from, fastest first ("hbm+ram", "ssd", …).
+      bool in[4] = {};
       for (kvcache::v1::Tier t : look->tiers) {
-        ram |= t == kvcache::v1::TIER_RAM;
-        ssd |= t == kvcache::v1::TIER_SSD;
+        if (t >= 0 && t < 4) in[t] = true;
       }
-      r->tier = ram && ssd ? "ram+ssd" : ram ? "ram" : ssd ? "ssd" : "none";
+      r->tier.clear();
+      for (auto [t, name] : {std::pair{kvcache::v1::TIER_HBM, "hbm"},
+                             {kvcache::v1::TIER_RAM, "ram"},
+                             {kvcache::v1::TIER_SSD, "ssd"}}) {
+        if (in[t]) absl::StrAppend(&r->tier, r->tier.empty() ? "" : "+", name);
+      }
+      if (r->tier.empty()) r->tier = "none";
       std::map<std::string, int> per_node;
       for (const std::string& node : look->nodes) ++per_node[node];
       for (const auto& [node, count] : per_node) {

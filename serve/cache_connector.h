@@ -42,7 +42,8 @@ struct TurnReport {
   int64_t prompt_tokens = 0;
   int64_t reused_tokens = 0;   // cached tokens the engine resumed from
   int64_t matched_tokens = 0;  // what Lookup said was cached (reused may be fewer)
-  std::string tier = "none";   // where the reused chunks were: none, ram, ssd, ram+ssd
+  std::string tier =
+      "none";  // where the reused chunks were: none, or the tiers joined by "+" (hbm, ram, ssd)
   // A cluster: the nodes that served the reused chunks, with how many each ("n0:12 n2:9").
   std::string nodes;
   int64_t replayed_tokens = 0;

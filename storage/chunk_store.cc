@@ -27,6 +27,8 @@ const char* TierName(Tier t) {
       return "ram";
     case Tier::kSsd:
       return "ssd";
+    case Tier::kHbm:
+      return "hbm";
   }
   return "?";
 }
@@ -175,6 +177,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
       results[i] = st;
     }
   }
+  if (s.hbm && s.opt.hbm_write_through) s.WriteThroughHbm(lk, requests, results);
   return results;
 }
 
@@ -394,10 +397,12 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
     const RamEntry* r = s.ram ? s.ram->Find(keys[i]) : nullptr;
     if (r != nullptr && r->ns == ns) {
       tiers[i] = Tier::kRam;
-      continue;
+    } else if (auto d = s.ssd_map.find(keys[i]);
+               d != s.ssd_map.end() && d->second.namespace_id == ns) {
+      tiers[i] = Tier::kSsd;
     }
-    auto d = s.ssd_map.find(keys[i]);
-    if (d != s.ssd_map.end() && d->second.namespace_id == ns) tiers[i] = Tier::kSsd;
+    // T0 holds only chunks RAM or SSD holds (LeftStore drops the rest).
+    if (tiers[i] != Tier::kNone && s.hbm && s.hbm->Contains(ns, keys[i])) tiers[i] = Tier::kHbm;
   }
   return tiers;
 }
@@ -429,7 +434,9 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
       deletes.push_back(key);
       found = true;
     }
-    if (found && !(s.ram && s.ram->Contains(key)) && !s.ssd_map.contains(key)) s.LeftStore(key);
+    if (found && !(s.ram && s.ram->Contains(key)) && !s.ssd_map.contains(key)) {
+      s.LeftStore(ns, key);
+    }
     if (found) {
       s.pins.erase(key);
     } else {
@@ -514,6 +521,7 @@ ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& nam
   ChunkCounts c;
   if (impl_->ram) c.ram = impl_->ram->CountIn(namespaces);
   for (const auto& [key, rec] : impl_->ssd_map) c.ssd += namespaces.contains(rec.namespace_id);
+  if (impl_->hbm) c.hbm = impl_->hbm->CountIn(namespaces);
   return c;
 }
 
@@ -531,6 +539,15 @@ StoreStats ChunkStore::Stats() const {
   st.ram_chunks = impl_->ram ? impl_->ram->size() : 0;
   st.ssd_chunks = impl_->ssd_map.size();
   st.pending_write_behind = impl_->dirty_queue.size();
+  if (impl_->hbm) {
+    const HbmStats h = impl_->hbm->stats();
+    st.hbm_chunks = h.used;
+    st.hbm_capacity_chunks = h.slots;
+    st.hbm_leased = h.leased;
+    st.hbm_hits = h.hits;
+    st.hbm_misses = h.misses;
+    st.hbm_evictions = h.evictions;
+  }
   return st;
 }
 

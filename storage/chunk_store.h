@@ -1,12 +1,17 @@
 // ChunkStore: the tiered chunk store the cache service is built on.
 //
 // Chunks are fixed-size byte strings keyed by a 16-byte ChunkKey within a namespace
-// whose chunk size is fixed (RegisterNamespace). Two tiers:
+// whose chunk size is fixed (RegisterNamespace). Two tiers hold chunks, a third copies:
 //   T1 host RAM — sealed shared-memory arenas of fixed slots (ram_tier.h), one per RAM
 //                 pool, zero-copy leases; a namespace's chunks live in its pool
 //                 (SetRamPool), so a pool can be handed to one tenant alone;
 //   T2 SSD      — preallocated O_DIRECT slab files driven by io_uring (SsdTier), indexed
-//                 in RocksDB (ChunkIndex), surviving restarts and crashes.
+//                 in RocksDB (ChunkIndex), surviving restarts and crashes;
+//   T0 HBM      — optional (StoreOptions::hbm_arena): device-memory copies of chunks that
+//                 T1 or T2 holds, for co-located engines (hbm_tier.h, LeaseHbm). A copy
+//                 is made from verified bytes (a read, or the bytes being stored with
+//                 write-through) and dropped when its chunk leaves the store, so T0 never
+//                 holds a chunk the store does not; it has its own LRU and leases.
 // Put with Durability::kDurable acknowledges after the SSD write and its fdatasync — one
 // sync: slots describe themselves, and the index entries committed since the index last
 // synced are rebuilt from the reserved slots after a crash (slot_reservation.h); a damaged
@@ -41,7 +46,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "storage/chunk_key.h"
+#include "storage/device_arena.h"
 #include "storage/fault_injection.h"
+#include "storage/hbm_tier.h"
 #include "storage/io_engine.h"
 #include "storage/power_cut.h"
 #include "storage/quota.h"
@@ -49,8 +56,8 @@
 
 namespace kvc::storage {
 
-enum class Tier : uint8_t { kNone = 0, kRam = 1, kSsd = 2 };
-const char* TierName(Tier t);  // "none", "ram", "ssd"
+enum class Tier : uint8_t { kNone = 0, kRam = 1, kSsd = 2, kHbm = 3 };
+const char* TierName(Tier t);  // "none", "ram", "ssd", "hbm"
 
 enum class Durability { kMemory, kDurable };
 
@@ -72,8 +79,12 @@ struct StoreOptions {
   bool preallocate_ssd = false;             // lay out every slab at open, not on first use
   bool preallocate_ssd_background = false;  // lay slabs out on a background thread instead
   bool prefault_ram = false;                // fault the RAM tier's pages in at open (ram_arena.h)
-  std::shared_ptr<FaultPlan> faults;        // tests only
-  std::shared_ptr<PowerCut> power_cut;      // tests only: see power_cut.h
+  // T0: device memory for copies of chunks (max_chunk_bytes a slot); null: no T0. Shared
+  // so a caller may keep it (its IPC handle) and StoreOptions stays copyable.
+  std::shared_ptr<DeviceArena> hbm_arena;
+  bool hbm_write_through = false;       // a stored chunk is copied to T0 at once (else on read)
+  std::shared_ptr<FaultPlan> faults;    // tests only
+  std::shared_ptr<PowerCut> power_cut;  // tests only: see power_cut.h
   uint16_t slot_format = 0;        // a new folder's slot format; 0 = the current one (tests: 1)
   std::function<int64_t()> now_s;  // wall clock in seconds; tests inject one
 };
@@ -131,6 +142,11 @@ struct StoreStats {
   uint64_t recovered_chunks = 0;
   uint64_t index_rebuilds = 0;
   uint64_t reservations = 0;  // synced reservation commits since open
+  // T0 (zero without it): its chunks and slots, leases that found the chunk there or not,
+  // copies it dropped for room, and copies made on a read (promotions; write-through
+  // copies not counted).
+  uint64_t hbm_chunks = 0, hbm_capacity_chunks = 0, hbm_leased = 0;
+  uint64_t hbm_hits = 0, hbm_misses = 0, hbm_evictions = 0, hbm_promotions = 0;
 };
 
 class ChunkStore {
@@ -157,6 +173,14 @@ class ChunkStore {
   // if it is not in RAM (or its copy did not verify, and was dropped).
   absl::StatusOr<RamLease> LeaseRam(NamespaceId ns, const ChunkKey& key);
 
+  // T0: a lease on the chunk's copy in device memory — found there, or read (verified)
+  // from RAM or SSD and copied in first (promotion). NotFound when the store does not hold
+  // the chunk (or its copy did not verify); ResourceExhausted when every T0 slot is
+  // leased; FailedPrecondition without T0. The arena's bytes stay put while the lease
+  // lives.
+  absl::StatusOr<HbmLease> LeaseHbm(NamespaceId ns, const ChunkKey& key);
+  const DeviceArena* hbm_arena() const;  // null without T0
+
   // RAM pools. A namespace's chunks go to its pool from now on (not durable: set it at
   // every start, before the namespace is used). InvalidArgument for an unknown pool,
   // FailedPrecondition without a RAM tier.
@@ -174,7 +198,8 @@ class ChunkStore {
   void SetQuotaGroup(NamespaceId ns, QuotaGroup group);
   QuotaUsage Usage(QuotaGroup group) const;
 
-  // The highest tier holding each chunk (kNone if absent or in another namespace).
+  // The fastest tier holding each chunk — kHbm, kRam, kSsd — or kNone if absent or in
+  // another namespace.
   Tier Contains(NamespaceId ns, const ChunkKey& key) const;
   std::vector<Tier> Lookup(NamespaceId ns, std::span<const ChunkKey> keys) const;
 
@@ -188,7 +213,7 @@ class ChunkStore {
 
   // How many chunks of these namespaces each tier holds (a walk over every chunk).
   struct ChunkCounts {
-    uint64_t ram = 0, ssd = 0;
+    uint64_t ram = 0, ssd = 0, hbm = 0;
   };
   ChunkCounts CountChunks(const std::set<NamespaceId>& namespaces) const;
 

@@ -19,6 +19,7 @@
 #include "storage/chunk_store.h"
 #include "storage/eviction.h"
 #include "storage/group_commit.h"
+#include "storage/hbm_tier.h"
 #include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 #include "storage/slot_reservation.h"
@@ -88,8 +89,28 @@ class ChunkStore::Impl {
   }
 
   // `key` is in neither tier any more: the chunks after it can no longer be reached by
-  // a lookup, so they are the first to go.
-  void LeftStore(const ChunkKey& key);
+  // a lookup, so they are the first to go, and its T0 copy goes now.
+  void LeftStore(NamespaceId ns, const ChunkKey& key);
+
+  // Whether RAM or SSD holds the chunk in this namespace.
+  bool Holds(NamespaceId ns, const ChunkKey& key) const {
+    const RamEntry* r = ram ? ram->Find(key) : nullptr;
+    if (r != nullptr && r->ns == ns) return true;
+    auto d = ssd_map.find(key);
+    return d != ssd_map.end() && d->second.namespace_id == ns;
+  }
+
+  // ---- T0 (chunk_store_hbm.cc) ----
+  // Copies the chunks just stored to T0 (write-through); takes and releases the lock.
+  void WriteThroughHbm(std::unique_lock<std::mutex>& lk, std::span<const PutRequest> requests,
+                       const std::vector<absl::StatusOr<PutResult>>& results);
+  // A copy was put into T0 without the lock: keeps it only if the store still holds the
+  // chunk (an erase or eviction in between dropped nothing from T0). Needs mu.
+  bool KeepHbmCopy(NamespaceId ns, const ChunkKey& key) {
+    if (Holds(ns, key)) return true;
+    hbm->Erase(ns, key);
+    return false;
+  }
 
   // A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
   // dirty victims are written to SSD first (demotion); without, the call gives up instead
@@ -211,6 +232,7 @@ class ChunkStore::Impl {
   std::unique_ptr<ChunkIndex> index;
   std::unique_ptr<SsdTier> ssd;
   std::unique_ptr<RamTier> ram;  // null without a RAM tier
+  std::unique_ptr<HbmTier> hbm;  // null without T0; thread-safe, locked inside mu
 
   mutable std::mutex mu;
   std::condition_variable work;        // the writer has something to do

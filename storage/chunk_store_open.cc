@@ -298,6 +298,12 @@ absl::Status ChunkStore::Impl::Open() {
   if (!(*tier)->empty_capacity()) ram = *std::move(tier);
   if (!ssd && !ram)
     return absl::InvalidArgumentError("neither a RAM nor an SSD tier has room for one chunk");
+  if (opt.hbm_arena != nullptr) {
+    absl::StatusOr<std::unique_ptr<HbmTier>> t0 =
+        HbmTier::Create(opt.hbm_arena, opt.max_chunk_bytes);
+    if (!t0.ok()) return t0.status();
+    hbm = *std::move(t0);
+  }
 
   stats.slot_bytes = slot_bytes;
   stats.ram_capacity_chunks = ram ? ram->capacity_slots() : 0;

@@ -105,8 +105,9 @@ void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
           all_pinned = used(*q) + ask.bytes > limit;
           break;
         }
+        const NamespaceId victim_ns = ssd_map.at(*victim).namespace_id;
         slots.push_back(TakeOffSsd(*victim));
-        if (!ram || !ram->Contains(*victim)) LeftStore(*victim);
+        if (!ram || !ram->Contains(*victim)) LeftStore(victim_ns, *victim);
         victims.push_back(*victim);
         ++stats.ssd_evictions;
         ++stats.quota_evictions;

@@ -9,9 +9,11 @@ namespace kvc::storage {
 
 // ---- RAM tier (all under mu) ----
 void ChunkStore::Impl::DropRam(const ChunkKey& key) {
-  if (!ram || !ram->Contains(key)) return;
+  const RamEntry* e = ram ? ram->Find(key) : nullptr;
+  if (e == nullptr) return;
+  const NamespaceId ns = e->ns;
   ram->Remove(key);
-  if (!ssd_map.contains(key)) LeftStore(key);
+  if (!ssd_map.contains(key)) LeftStore(ns, key);
 }
 
 // A RAM copy whose bytes no longer match their checksum (memory corruption): a miss,
@@ -28,9 +30,10 @@ void ChunkStore::Impl::DropCorruptRam(const ChunkKey& key) {
 
 // `key` is in neither tier any more: the chunks after it can no longer be reached by
 // a lookup, so they are the first to go.
-void ChunkStore::Impl::LeftStore(const ChunkKey& key) {
+void ChunkStore::Impl::LeftStore(NamespaceId ns, const ChunkKey& key) {
   if (ram) ram->MarkOrphansOf(key);
   ssd_order.MarkOrphansOf(key);
+  if (hbm) hbm->Erase(ns, key);
 }
 
 // A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
@@ -130,10 +133,12 @@ void ChunkStore::Impl::FreeSsdSlot(uint64_t slot) {
 }
 
 void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
-  if (!ssd_map.contains(key)) return;
+  auto d = ssd_map.find(key);
+  if (d == ssd_map.end()) return;
+  const NamespaceId ns = d->second.namespace_id;
   FreeSsdSlot(TakeOffSsd(key));
   // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
-  if (!ram || !ram->Contains(key)) LeftStore(key);
+  if (!ram || !ram->Contains(key)) LeftStore(ns, key);
 }
 
 absl::Status ChunkStore::Impl::CommitSsdRemovals(std::unique_lock<std::mutex>& lk,

@@ -20,7 +20,7 @@ HbmLease::~HbmLease() {
   if (tier_ != nullptr) tier_->Unlease(slot_);
 }
 
-absl::StatusOr<std::unique_ptr<HbmTier>> HbmTier::Create(std::unique_ptr<DeviceArena> arena,
+absl::StatusOr<std::unique_ptr<HbmTier>> HbmTier::Create(std::shared_ptr<DeviceArena> arena,
                                                          uint64_t slot_bytes) {
   if (arena == nullptr || slot_bytes == 0) {
     return absl::InvalidArgumentError("HBM tier: no arena or a zero slot size");
@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<HbmTier>> HbmTier::Create(std::unique_ptr<DeviceA
       new HbmTier(std::move(arena), slot_bytes, static_cast<uint32_t>(slots)));
 }
 
-HbmTier::HbmTier(std::unique_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots)
+HbmTier::HbmTier(std::shared_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots)
     : arena_(std::move(arena)), slot_bytes_(slot_bytes), slots_(slots) {
   free_.reserve(slots);
   for (uint32_t s = slots; s > 0; --s) free_.push_back(s - 1);
@@ -168,6 +168,13 @@ void HbmTier::Erase(NamespaceId ns, const ChunkKey& key) {
     lru_.erase(slot.lru);
     free_.push_back(s);
   }
+}
+
+uint64_t HbmTier::CountIn(const std::set<NamespaceId>& namespaces) const {
+  std::lock_guard lk(mu_);
+  uint64_t n = 0;
+  for (const auto& [id, slot] : index_) n += namespaces.contains(id.ns);
+  return n;
 }
 
 HbmStats HbmTier::stats() const {

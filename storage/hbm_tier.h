@@ -15,6 +15,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -57,7 +58,8 @@ class HbmTier {
  public:
   // Slots of slot_bytes (rounded up to 512 B) fill the arena. InvalidArgument when not even
   // one fits.
-  static absl::StatusOr<std::unique_ptr<HbmTier>> Create(std::unique_ptr<DeviceArena> arena,
+  // The arena is shared: the store's options hold it too (chunk_store.h).
+  static absl::StatusOr<std::unique_ptr<HbmTier>> Create(std::shared_ptr<DeviceArena> arena,
                                                          uint64_t slot_bytes);
   ~HbmTier();
 
@@ -72,6 +74,8 @@ class HbmTier {
   // A lease on the chunk if T0 holds it (NotFound otherwise); counts a hit or a miss.
   absl::StatusOr<HbmLease> Lease(NamespaceId ns, const ChunkKey& key);
   bool Contains(NamespaceId ns, const ChunkKey& key) const;
+  // How many chunks of these namespaces T0 holds (a walk over its index).
+  uint64_t CountIn(const std::set<NamespaceId>& namespaces) const;
   // Drops the chunk (no-op when absent).
   void Erase(NamespaceId ns, const ChunkKey& key);
 
@@ -96,7 +100,7 @@ class HbmTier {
     bool indexed = false;               // in `index_` (false once erased)
     std::list<uint32_t>::iterator lru;  // valid while indexed and unleased
   };
-  HbmTier(std::unique_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots);
+  HbmTier(std::shared_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots);
   void Unlease(uint32_t slot);
   // Put; with `lease` (an empty one: assigning to it must not unlease under mu_), also
   // leases the chunk's slot into it.
@@ -106,7 +110,7 @@ class HbmTier {
   // A slot to write into: a free one, or the LRU unleased chunk's. Needs mu_.
   absl::StatusOr<uint32_t> TakeSlot();
 
-  const std::unique_ptr<DeviceArena> arena_;
+  const std::shared_ptr<DeviceArena> arena_;
   const uint64_t slot_bytes_;
   mutable std::mutex mu_;
   std::vector<Slot> slots_;

@@ -296,7 +296,23 @@ class Common:
         if ns.vocab_size is None:
             return pb.LookupRequest(namespace_id=ns.id, tokens=arr.tolist()), None
         keys = chunk_keys(ns.root_key, arr, ns.chunk_tokens)
-        return pb.LookupRequest(namespace_id=ns.id, chunk_keys=keys), keys
+        return Common.keys_lookup_request(ns, keys), keys
+
+    @staticmethod
+    def keys_lookup_request(ns, keys, every_chunk=False):
+        """A Lookup by keys, packed end to end (one field, not one string per key)."""
+        return pb.LookupRequest(namespace_id=ns.id, packed_chunk_keys=b"".join(keys),
+                                every_chunk=every_chunk)
+
+    @staticmethod
+    def unpacked_retry(req, resp):
+        """The same question with one string per key when the daemon predates packed keys
+        (it saw none of them: keys_seen 0); None when the answer stands."""
+        if not req.packed_chunk_keys or resp.keys_seen * 16 == len(req.packed_chunk_keys):
+            return None
+        packed = req.packed_chunk_keys
+        return pb.LookupRequest(namespace_id=req.namespace_id, every_chunk=req.every_chunk,
+                                chunk_keys=[packed[i:i + 16] for i in range(0, len(packed), 16)])
 
     @staticmethod
     def match_from(ns, resp, keys=None):

@@ -56,7 +56,11 @@ class AsyncClient(Common):
 
     async def lookup(self, ns, tokens) -> Match:
         req, keys = self.lookup_request(ns, tokens)
-        return self.match_from(ns, await self._call(self._stub.Lookup, req), keys)
+        resp = await self._call(self._stub.Lookup, req)
+        retry = self.unpacked_retry(req, resp)
+        if retry is not None:
+            resp = await self._call(self._stub.Lookup, retry)
+        return self.match_from(ns, resp, keys)
 
     async def fetch(self, ns, keys, out=None) -> Fetched:
         keys, out, view = self.fetch_target(ns, keys, out)

@@ -79,7 +79,12 @@ class Client(Common):
 
     def lookup(self, ns, tokens) -> Match:
         req, keys = self.lookup_request(ns, tokens)
-        return self.match_from(ns, self._call(self._stub.Lookup, req), keys)
+        return self.match_from(ns, self._lookup(req), keys)
+
+    def _lookup(self, req):
+        resp = self._call(self._stub.Lookup, req)
+        retry = self.unpacked_retry(req, resp)
+        return resp if retry is None else self._call(self._stub.Lookup, retry)
 
     def fetch(self, ns, keys, out=None) -> Fetched:
         """The leading chunks of `keys` that are cached, copied into `out` (any writable
@@ -154,8 +159,8 @@ class Client(Common):
         asked by key: what a cluster client merges across nodes."""
         if not keys:
             return []
-        req = pb.LookupRequest(namespace_id=ns.id, chunk_keys=keys, every_chunk=True)
-        return self.match_from(ns, self._call(self._stub.Lookup, req)).tiers
+        req = self.keys_lookup_request(ns, keys, every_chunk=True)
+        return self.match_from(ns, self._lookup(req), keys).tiers
 
     def pin(self, ns, keys, ttl_s):
         """Keeps the chunks (and so their prefix) from eviction for ttl_s; how many found."""

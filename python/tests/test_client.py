@@ -69,7 +69,7 @@ def test_lookup_by_keys_and_by_tokens_agree(daemon, seed, mini_config):
         c.store(ns, tokens[:3 * 64], payloads[:3 * ns.chunk_bytes])
         # Knowing the vocabulary, the client hashes and sends 16 bytes a chunk, no tokens.
         req, keys = c.lookup_request(ns, tokens)
-        assert keys == c.chunk_keys(ns, tokens) and list(req.chunk_keys) == keys
+        assert keys == c.chunk_keys(ns, tokens) and req.packed_chunk_keys == b"".join(keys)
         assert len(req.tokens) == 0
         by_keys = c.lookup(ns, tokens)
         # Without it (an older daemon did not say), the daemon hashes the tokens.
@@ -82,6 +82,40 @@ def test_lookup_by_keys_and_by_tokens_agree(daemon, seed, mini_config):
         assert by_keys.tiers == by_tokens.tiers
         with pytest.raises(kvcache.InvalidArgumentError, match="vocabulary"):
             c.lookup(ns, [ns.vocab_size] * 64)
+
+
+def test_lookup_asks_an_older_daemon_with_one_string_per_key(seed):
+    # A daemon from before packed keys: it reads chunk_keys only and never sets keys_seen.
+    from concurrent import futures
+
+    import grpc
+    from kvcache.v1 import kvcache_pb2 as pb
+    from kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+
+    calls = []
+
+    class OldDaemon(pb_grpc.KVCacheServicer):
+        def Lookup(self, request, context):
+            calls.append(request)
+            return pb.LookupResponse(tiers=[pb.TIER_RAM if k[0] % 2 == 0 else pb.TIER_NONE
+                                            for k in request.chunk_keys])
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_KVCacheServicer_to_server(OldDaemon(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        rng = np.random.default_rng(seed)
+        keys = [bytes(rng.integers(0, 256, 16, dtype=np.uint8)) for _ in range(9)]
+        ns = kvcache.Namespace(1, bytes(16), 1024, 64, 1)
+        with kvcache.Client(f"127.0.0.1:{port}") as c:
+            tiers = c._lookup_every(ns, keys)
+        assert len(calls) == 2, "packed first, then one string per key"
+        assert calls[0].packed_chunk_keys == b"".join(keys) and not calls[0].chunk_keys
+        assert list(calls[1].chunk_keys) == keys and calls[1].every_chunk
+        assert tiers == ["ram" if k[0] % 2 == 0 else "none" for k in keys]
+    finally:
+        server.stop(None)
 
 
 def test_keys_and_answers_equal_kvctl(daemon, seed, mini_config, tmp_path):

@@ -127,8 +127,77 @@ TEST_F(ClientTest, LookupByKeysAgreesWithLookupByTokensAndRefusesBadInput) {
   grpc::ClientContext c3;
   s = daemon_->stub().Lookup(&c3, wrong, &ignored);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("tokens or chunk_keys, not both"), std::string::npos)
+  EXPECT_NE(s.error_message().find("one of tokens, chunk_keys and packed_chunk_keys"),
+            std::string::npos)
       << s.error_message();
+  // Packed keys: the answer says how many it saw; a length that is not whole keys, or
+  // packed and unpacked keys at once, are refused.
+  pb::LookupRequest packed;
+  packed.set_namespace_id(ns_.id);
+  packed.set_every_chunk(true);
+  for (const storage::ChunkKey& k : got->keys) {
+    packed.mutable_packed_chunk_keys()->append(reinterpret_cast<const char*>(k.bytes.data()), 16);
+  }
+  pb::LookupResponse packed_answer;
+  grpc::ClientContext c4;
+  ASSERT_TRUE(daemon_->stub().Lookup(&c4, packed, &packed_answer).ok());
+  EXPECT_EQ(packed_answer.keys_seen(), got->keys.size());
+  EXPECT_EQ(packed_answer.matched_chunks(), 4u);
+  ASSERT_EQ(packed_answer.tiers_size(), static_cast<int>(got->keys.size()));
+  EXPECT_EQ(packed_answer.tiers(4), pb::TIER_NONE);
+  packed.mutable_packed_chunk_keys()->push_back('x');
+  grpc::ClientContext c5;
+  s = daemon_->stub().Lookup(&c5, packed, &ignored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("not a whole number of 16-byte keys"), std::string::npos)
+      << s.error_message();
+  packed.mutable_packed_chunk_keys()->pop_back();
+  packed.add_chunk_keys(std::string(16, 'k'));
+  grpc::ClientContext c6;
+  s = daemon_->stub().Lookup(&c6, packed, &ignored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+}
+
+// A daemon from before packed keys: Lookup reads chunk_keys only and never sets keys_seen.
+class UnpackedOnlyLookup final : public pb::KVCache::Service {
+ public:
+  grpc::Status Lookup(grpc::ServerContext*, const pb::LookupRequest* req,
+                      pb::LookupResponse* resp) override {
+    ++calls;
+    // "Cached": every key whose first byte is even.
+    for (const std::string& k : req->chunk_keys()) {
+      resp->add_tiers((static_cast<uint8_t>(k[0]) % 2 == 0) ? pb::TIER_RAM : pb::TIER_NONE);
+    }
+    return grpc::Status::OK;
+  }
+  std::atomic<int> calls{0};
+};
+
+TEST(ClientCompatibilityTest, LookupByKeysAsksAnOlderDaemonWithOneStringPerKey) {
+  UnpackedOnlyLookup old_daemon;
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&old_daemon);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ClientOptions o;
+  o.address = "127.0.0.1:" + std::to_string(port);
+  std::unique_ptr<CacheClient> client = *CacheClient::Connect(o);
+  std::mt19937_64 rng(testing::FreshSeed());
+  std::vector<storage::ChunkKey> keys(9);
+  for (storage::ChunkKey& k : keys) {
+    for (uint8_t& byte : k.bytes) byte = static_cast<uint8_t>(rng());
+  }
+  RemoteNamespace ns;
+  ns.id = 1;
+  absl::StatusOr<LookupResult> r = client->LookupKeysEvery(ns, keys);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(old_daemon.calls.load(), 2) << "packed first, then one string per key";
+  ASSERT_EQ(r->tiers.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(r->tiers[i], keys[i].bytes[0] % 2 == 0 ? pb::TIER_RAM : pb::TIER_NONE) << i;
+  }
+  server->Shutdown();
 }
 
 TEST_F(ClientTest, ChunkMissingMidPrefixEndsTheFetchThere) {

@@ -38,16 +38,15 @@ class InProcessDaemon {
     so.ram_bytes = ram_bytes;
     so.ssd_bytes = 64 << 20;
     so.slab_bytes = 16 << 20;
+    arena_ = std::make_shared<testing::HostArena>(hbm_slots * so.max_chunk_bytes);
+    so.hbm_arena = arena_;
+    so.hbm_write_through = write_through;
     store_ = *storage::ChunkStore::Open(so);
     registry_ = *NamespaceRegistry::Open(dir);
     if (!tokens_file.empty()) auth_ = *Authenticator::FromFile(tokens_file);
-    hbm_ = *storage::HbmTier::Create(
-        std::make_unique<testing::HostArena>(hbm_slots * so.max_chunk_bytes), so.max_chunk_bytes);
     ServiceOptions opt;
     opt.max_chunk_bytes = so.max_chunk_bytes;
-    opt.hbm = hbm_.get();
     opt.device_tenants = std::move(device_tenants);
-    opt.hbm_write_through = write_through;
     service_ = std::make_unique<KvCacheService>(store_.get(), registry_.get(), &auth_, opt);
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
@@ -61,13 +60,14 @@ class InProcessDaemon {
     server_->Wait();
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  storage::HbmTier& hbm() { return *hbm_; }
+  const storage::DeviceArena& arena() const { return *arena_; }
+  storage::StoreStats stats() const { return store_->Stats(); }
 
  private:
   std::unique_ptr<storage::ChunkStore> store_;
   std::unique_ptr<NamespaceRegistry> registry_;
   Authenticator auth_;
-  std::unique_ptr<storage::HbmTier> hbm_;
+  std::shared_ptr<testing::HostArena> arena_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -84,11 +84,11 @@ using ::kvc::testing::MakePrefix;
 using ::kvc::testing::Prefix;
 
 // The bytes of every leased chunk, read back from the arena at the answer's offsets.
-std::vector<uint8_t> ReadRefs(const storage::HbmTier& hbm, const DeviceRefs& refs) {
+std::vector<uint8_t> ReadRefs(const storage::DeviceArena& arena, const DeviceRefs& refs) {
   std::vector<uint8_t> out;
   for (const auto& c : refs.chunks) {
     std::vector<uint8_t> b(c.length);
-    EXPECT_TRUE(hbm.arena().Read(c.offset, b).ok());
+    EXPECT_TRUE(arena.Read(c.offset, b).ok());
     out.insert(out.end(), b.begin(), b.end());
   }
   return out;
@@ -117,19 +117,24 @@ TEST(HbmServiceTest, PromotesFromRamAndSsdAndLeasesIntactBytes) {
   EXPECT_NE(refs->lease_id, 0u);
   EXPECT_EQ(refs->ipc_handle, "host-arena");
   EXPECT_EQ(refs->arena_id, 42u);
-  EXPECT_EQ(ReadRefs(d.hbm(), *refs), p.payloads);
-  EXPECT_EQ(d.hbm().stats().leased, keys.size());
+  EXPECT_EQ(ReadRefs(d.arena(), *refs), p.payloads);
+  EXPECT_EQ(d.stats().hbm_leased, keys.size());
+  EXPECT_EQ(d.stats().hbm_promotions, keys.size());
   ASSERT_TRUE(client->ReleaseDeviceRefs(refs->lease_id).ok());
-  EXPECT_EQ(d.hbm().stats().leased, 0u);
+  EXPECT_EQ(d.stats().hbm_leased, 0u);
   EXPECT_EQ(client->ReleaseDeviceRefs(refs->lease_id).code(), absl::StatusCode::kNotFound);
+  // Lookup now reports every chunk in T0.
+  where = client->Lookup(*ns, p.tokens);
+  ASSERT_TRUE(where.ok()) << where.status();
+  EXPECT_EQ(std::count(where->tiers.begin(), where->tiers.end(), kvcache::v1::TIER_HBM),
+            static_cast<long>(keys.size()));
   // Again: all T0 hits, no new promotion.
-  const uint64_t puts = d.hbm().stats().puts;
   refs = client->FetchDeviceRefs(*ns, keys);
   ASSERT_TRUE(refs.ok()) << refs.status();
-  EXPECT_EQ(d.hbm().stats().puts, puts);
-  EXPECT_EQ(client->Stats()->hbm_hits(), keys.size() * 2 - puts);
+  EXPECT_EQ(d.stats().hbm_promotions, keys.size());
+  EXPECT_EQ(client->Stats()->hbm_hits(), keys.size());
   EXPECT_EQ(client->Stats()->hbm_chunks(), keys.size());
-  EXPECT_EQ(ReadRefs(d.hbm(), *refs), p.payloads);
+  EXPECT_EQ(ReadRefs(d.arena(), *refs), p.payloads);
 }
 
 TEST(HbmServiceTest, DeletesAndMissingChunksEndThePrefixAndFullTiersLeaseWhatFits) {
@@ -145,12 +150,12 @@ TEST(HbmServiceTest, DeletesAndMissingChunksEndThePrefixAndFullTiersLeaseWhatFit
   absl::StatusOr<DeviceRefs> refs = client->FetchDeviceRefs(ns, keys);
   ASSERT_TRUE(refs.ok()) << refs.status();
   ASSERT_EQ(refs->chunks.size(), 4u);
-  EXPECT_EQ(ReadRefs(d.hbm(), *refs),
+  EXPECT_EQ(ReadRefs(d.arena(), *refs),
             std::vector<uint8_t>(p.payloads.begin(), p.payloads.begin() + 4 * ns.chunk_bytes));
   ASSERT_TRUE(client->ReleaseDeviceRefs(refs->lease_id).ok());
   // A deleted chunk leaves T0 too, and the prefix stops before it.
   ASSERT_TRUE(client->Delete(ns, std::span(keys).subspan(1, 1)).ok());
-  EXPECT_FALSE(d.hbm().Contains(ns.id, keys[1]));
+  EXPECT_EQ(d.stats().hbm_chunks, 3u);
   refs = client->FetchDeviceRefs(ns, keys);
   ASSERT_TRUE(refs.ok()) << refs.status();
   EXPECT_EQ(refs->chunks.size(), 1u);
@@ -170,13 +175,13 @@ TEST(HbmServiceTest, WriteThroughPutsStoredChunksInHbmAtOnce) {
   std::mt19937_64 rng(testing::FreshSeed());
   const Prefix p = MakePrefix(rng, ns, 5);
   ASSERT_TRUE(client->Store(ns, std::nullopt, p.tokens, p.payloads).ok());
-  EXPECT_EQ(d.hbm().stats().puts, 5u);
+  EXPECT_EQ(d.stats().hbm_chunks, 5u);
   absl::StatusOr<DeviceRefs> refs = client->FetchDeviceRefs(ns, client->Keys(ns, p.tokens));
   ASSERT_TRUE(refs.ok()) << refs.status();
   EXPECT_EQ(refs->chunks.size(), 5u);
-  EXPECT_EQ(d.hbm().stats().hits, 5u) << "every chunk found in T0, none promoted";
-  EXPECT_EQ(d.hbm().stats().puts, 5u);
-  EXPECT_EQ(ReadRefs(d.hbm(), *refs), p.payloads);
+  EXPECT_EQ(d.stats().hbm_hits, 5u) << "every chunk found in T0, none promoted";
+  EXPECT_EQ(d.stats().hbm_promotions, 0u);
+  EXPECT_EQ(ReadRefs(d.arena(), *refs), p.payloads);
 }
 
 TEST(HbmServiceTest, OnlyTrustedTenantsMayMapTheTier) {

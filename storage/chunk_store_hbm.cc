@@ -1,0 +1,71 @@
+// T0 inside the store: device-memory copies of chunks that RAM or SSD holds.
+//
+// HbmTier (hbm_tier.h) keeps the copies, their LRU and their leases; the store decides
+// what goes in — only verified bytes: a chunk read through Get (checksum checked), or the
+// bytes a Put just stored — and takes a copy out whenever its chunk leaves the store
+// (LeftStore). Copies are made without the store's lock (a device copy takes time), so an
+// erase may run in between; the copy is then checked against the store under the lock and
+// dropped if its chunk is gone (KeepHbmCopy), which keeps T0 a subset of the store.
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "storage/chunk_store_impl.h"
+
+namespace kvc::storage {
+
+const DeviceArena* ChunkStore::hbm_arena() const {
+  return impl_->hbm ? &impl_->hbm->arena() : nullptr;
+}
+
+absl::StatusOr<HbmLease> ChunkStore::LeaseHbm(NamespaceId ns, const ChunkKey& key) {
+  Impl& s = *impl_;
+  if (!s.hbm) {
+    return absl::FailedPreconditionError("this store has no HBM tier (T0)");
+  }
+  uint64_t chunk_bytes = 0;
+  {
+    std::lock_guard lk(s.mu);
+    auto it = s.namespaces.find(ns);
+    if (it == s.namespaces.end()) {
+      return absl::NotFoundError(absl::StrCat("namespace ", ns, " is not registered"));
+    }
+    chunk_bytes = it->second;
+    if (!s.Holds(ns, key)) {
+      return absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
+    }
+  }
+  absl::StatusOr<HbmLease> lease = s.hbm->Lease(ns, key);
+  if (lease.ok() || !absl::IsNotFound(lease.status())) return lease;
+  // A miss: read the chunk from RAM or SSD (verified; a bad copy is a miss there too) and
+  // copy it in. The staging buffer is per thread: a lease call's promotions reuse it.
+  thread_local std::vector<uint8_t> staged;
+  staged.resize(chunk_bytes);
+  if (absl::Status got = Get(ns, key, staged); !got.ok()) return got;
+  lease = s.hbm->PutAndLease(ns, key, staged);
+  if (!lease.ok()) return lease;
+  std::lock_guard lk(s.mu);
+  if (!s.KeepHbmCopy(ns, key)) {
+    return absl::NotFoundError(absl::StrCat(s.Where(key), " was erased while it was promoted"));
+  }
+  ++s.stats.hbm_promotions;
+  return lease;
+}
+
+void ChunkStore::Impl::WriteThroughHbm(std::unique_lock<std::mutex>& lk,
+                                       std::span<const PutRequest> requests,
+                                       const std::vector<absl::StatusOr<PutResult>>& results) {
+  lk.unlock();
+  std::vector<size_t> copied;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    // Only bytes this call stored: an already-present chunk keeps its own (copied on a read).
+    if (!results[i].ok() || results[i]->already_present) continue;
+    const PutRequest& r = requests[i];
+    // A full T0 (every slot leased) only means the chunk is copied in on a later read.
+    if (hbm->Put(r.namespace_id, r.key, r.payload).ok()) copied.push_back(i);
+  }
+  lk.lock();
+  for (size_t i : copied) (void)KeepHbmCopy(requests[i].namespace_id, requests[i].key);
+}
+
+}  // namespace kvc::storage
