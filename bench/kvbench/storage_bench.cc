@@ -452,6 +452,7 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
       std::map<std::string, std::vector<std::array<double, 3>>> device_runs;  // r, w GB/s; amp
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (auto& s : systems) {  // A B C … A B C …: the disk's drift hits everyone alike
+          if (!s->Supports(op)) continue;
           std::fprintf(stderr, "kvbench: %s (%s) %s depth %d run %d\n", s->name().c_str(),
                        s->mode().c_str(), op.c_str(), depth, rep + 1);
           const std::optional<DeviceBytes> before = device ? device->Read() : std::nullopt;
@@ -474,6 +475,7 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
         }
       }
       for (auto& s : systems) {
+        if (!s->Supports(op)) continue;
         std::vector<double> gbps, p50, p99;
         for (const Sample& x : runs[s->name() + "/" + s->mode()]) {
           gbps.push_back(x.gbps());

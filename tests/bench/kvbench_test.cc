@@ -53,6 +53,8 @@ TEST(KvbenchTest, StorageJsonHasEveryCase) {
   // Stores of a tenant at its SSD quota (each evicts the tenant's own chunks first).
   EXPECT_TRUE(seen.contains("kvcache-t2-quota/store/1"));
   EXPECT_TRUE(seen.contains("kvcache-t2-quota/store/4"));
+  // It stores only: its stores evict the chunks a fetch would read.
+  EXPECT_FALSE(seen.contains("kvcache-t2-quota/fetch/1"));
 }
 
 TEST(KvbenchTest, ServiceJsonHasEveryCase) {
