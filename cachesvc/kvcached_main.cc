@@ -13,6 +13,7 @@
 // memory-acknowledged chunks to SSD, exit 0.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -438,4 +439,14 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kvc::cachesvc
 
-int main(int argc, char** argv) { return kvc::cachesvc::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Every Store message brings a chunk-sized buffer (gRPC's receive slices, the parsed
+  // payload): ~228 KB for the reference model, over glibc's 128 KB mmap threshold, so by
+  // default each one is a fresh mmap that is faulted in page by page and unmapped again.
+  // On a VM a page fault costs ~10 µs: that was 3-4x the whole Store path's time
+  // (docs/benchmarks.md). Keep such buffers in the heap and the heap's free memory in the
+  // process (bounded by the largest burst of messages in flight), so they are reused warm.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  return kvc::cachesvc::Main(argc, argv);
+}

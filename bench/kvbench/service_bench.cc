@@ -143,6 +143,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::atomic<uint64_t> next_token{1};
   const int per_call = std::clamp(opt.chunks_per_call, 1, opt.dataset_chunks);
   std::vector<std::vector<uint8_t>> outs(max_clients, std::vector<uint8_t>(per_call * chunk));
+  std::vector<uint8_t> store_payload;  // what one Store call sends: per_call chunks
+  for (int k = 0; k < per_call; ++k) store_payload.insert(store_payload.end(), payload.begin(), payload.end());
   // Call i of client c fetches chunks first(i, c) … + per_call - 1.
   auto first = [&](uint64_t i, int c) {
     return static_cast<size_t>((i * 31 + c) % (keys.size() - per_call + 1));
@@ -158,7 +160,10 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           std::memcpy(outs[c].data() + k * chunk, arena.data() + (first(i, c) + k) * chunk, chunk);
         }
       } else {
-        std::memcpy(arena.data() + ((i * 31 + c) % keys.size()) * chunk, payload.data(), chunk);
+        for (int k = 0; k < per_call; ++k) {
+          std::memcpy(arena.data() + ((i * 31 + c + k) % keys.size()) * chunk, payload.data(),
+                      chunk);
+        }
       }
       return absl::OkStatus();
     };
@@ -174,11 +179,13 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       };
     }
     return [&](int c, uint64_t) -> absl::Status {
-      std::vector<uint32_t> t(ns->chunk_tokens, 0);
-      const uint64_t n = next_token++;  // a fresh chunk each time
+      // A fresh prefix of per_call chunks each time (its first chunk's tokens are new), in
+      // one Store stream.
+      std::vector<uint32_t> t(per_call * ns->chunk_tokens, 0);
+      const uint64_t n = next_token++;
       for (size_t k = 0; k < 4; ++k) t[k] = static_cast<uint32_t>((n >> (9 * k)) & 511);
       return clients[c]
-          ->Store(*ns, std::nullopt, t, payload, kvcache::v1::DURABILITY_MEMORY)
+          ->Store(*ns, std::nullopt, t, store_payload, kvcache::v1::DURABILITY_MEMORY)
           .status();
     };
   };
@@ -206,12 +213,19 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       };
     }
     return [&](int c, uint64_t) -> absl::Status {
+      // Pipelined SETs: one round trip for the whole prefix, like our one Store stream.
       const uint64_t n = next_token++;
-      redisReply* r = static_cast<redisReply*>(redisCommand(redis_clients[c], "SET new:%llu %b",
-                                                            static_cast<unsigned long long>(n),
-                                                            payload.data(), payload.size()));
-      if (r == nullptr) return absl::InternalError("redis SET failed");
-      freeReplyObject(r);
+      for (int k = 0; k < per_call; ++k) {
+        redisAppendCommand(redis_clients[c], "SET new:%llu:%d %b",
+                           static_cast<unsigned long long>(n), k, payload.data(), payload.size());
+      }
+      for (int k = 0; k < per_call; ++k) {
+        void* reply = nullptr;
+        if (redisGetReply(redis_clients[c], &reply) != REDIS_OK) {
+          return absl::InternalError("redis SET failed");
+        }
+        freeReplyObject(reply);
+      }
       return absl::OkStatus();
     };
   };
@@ -249,7 +263,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           if (python.contains(system) && op == "store") continue;  // fetches only
           std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n,
                        rep + 1);
-          const uint64_t bytes_per_call = op == "fetch" ? per_call * chunk : chunk;
+          const uint64_t bytes_per_call = per_call * chunk;
           absl::StatusOr<Sample> s;
           if (python.contains(system)) {
             s = python[system]->Run(n, opt.seconds, bytes_per_call);
@@ -275,7 +289,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           p99.push_back(s.p99_us);
         }
         cases.push_back(
-            {system, op, n, op == "fetch" ? per_call : 1, Median(gbps), Median(p50), Median(p99)});
+            {system, op, n, per_call, Median(gbps), Median(p50), Median(p99)});
       }
     }
   }
