@@ -9,6 +9,7 @@
 #include <grpcpp/support/proto_buffer_writer.h>
 
 #include "cachesvc/service_impl.h"
+#include "cachesvc/tsan_handoff.h"
 
 namespace kvc::cachesvc {
 namespace {
@@ -17,18 +18,24 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   StoreReactor(KvCacheService::Impl* svc, TenantLimiter::Slot slot, grpc::ByteBuffer* response)
       : svc_(svc), slot_(std::move(slot)), tenant_(slot_.tenant()), response_(response) {
+    HandOffToGrpc(this);
     StartRead(&raw_);
   }
   void OnReadDone(bool ok) override {
+    TookBackFromGrpc(this);
     if (!ok) {  // the client finished sending (or went away): answer with what was stored
       Done(grpc::Status::OK);
       return;
     }
+    HandOffToGrpc(this);
     if (!svc_->executor.Submit([this] { Handle(); })) {
       Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    TookBackFromGrpc(this);
+    delete this;
+  }
 
  private:
   void Done(const grpc::Status& s) {
@@ -39,13 +46,16 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       grpc::Status serialized = grpc::GenericSerialize<grpc::ProtoBufferWriter, pb::StoreResponse>(
           resp_, response_, &own_buffer);
       if (!serialized.ok()) {
+        HandOffToGrpc(this);
         Finish(serialized);
         return;
       }
     }
+    HandOffToGrpc(this);
     Finish(s);
   }
   void Handle() {
+    TookBackFromGrpc(this);
     absl::Status s = Parse();
     if (s.ok()) s = StoreOne();
     raw_.Clear();
@@ -55,6 +65,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/true, req_.payload().size());
     ++index_;
+    HandOffToGrpc(this);
     StartRead(&raw_);
   }
 

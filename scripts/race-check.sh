@@ -7,16 +7,19 @@
 #     build-tsan/tests/cuda_engine_test_emu
 # - the concurrent storage tests: writers, readers, evictions, erases, write-behind, group
 #   commits, reservations and power cuts on one store (tests/sanitizers/tsan.supp lists the
-#   uninstrumented libraries whose internals TSan cannot follow).
+#   uninstrumented libraries whose internals TSan cannot follow);
+# - the service and client tests against a kvcached built with TSan too (the test starts it
+#   from build-tsan/bin): 32 concurrent clients mixing calls, streams cut off, restarts.
+#   A report in either process fails the check; the daemon's go to build-tsan/tsan-reports/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 tests=(cudaemu_test kv_dequant_test_emu kv_ops_test_emu row_ops_test_emu page_mirror_test_emu
   chunk_store_test ram_pools_test fault_injection_test power_cut_test recovery_test quota_test
-  hbm_store_test)
+  hbm_store_test client_test kvcached_test)
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_CUDA=OFF \
   -DKVC_SANITIZE_THREAD=ON >/dev/null
-cmake --build build-tsan -j "$jobs" --target "${tests[@]}"
+cmake --build build-tsan -j "$jobs" --target "${tests[@]}" kvcached
 # ThreadSanitizer (GCC 12) cannot start on kernels with more address-space randomization
 # than it knows ("unexpected memory mapping"); without ASLR it can. If neither works, the
 # check says so and is skipped, like a GPU test without a GPU.
@@ -32,9 +35,19 @@ if tsan_cannot_start; then
     exit 0
   fi
 fi
+reports=build-tsan/tsan-reports
+rm -rf "$reports" && mkdir -p "$reports"
 for t in "${tests[@]}"; do
   echo "race check: $t"
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sanitizers/tsan.supp" \
-    "${run[@]}" "build-tsan/tests/$t" --gtest_brief=1
+  options="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sanitizers/tsan.supp"
+  # Tests that start kvcached: reports land in files (the daemons' stderr is the tests' to
+  # read). The others report on stderr (cudaemu_test reads a child's report there).
+  case "$t" in client_test | kvcached_test) options+=" log_path=$PWD/$reports/report" ;; esac
+  if ! TSAN_OPTIONS="$options" "${run[@]}" "build-tsan/tests/$t" --gtest_brief=1 ||
+    compgen -G "$reports/*" >/dev/null; then
+    cat "$reports"/* 2>/dev/null || true
+    echo "race check: $t failed" >&2
+    exit 1
+  fi
 done
-echo "race check: no data race in the kernels or the store"
+echo "race check: no data race in the kernels, the store, the service or the client"

@@ -122,7 +122,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   service->add_flag("!--no-shm-lease-cache", sopt.shm_lease_cache,
                     "shared memory: a FetchRefs round trip on every fetch");
-  service->add_option("--chunks-per-call", sopt.chunks_per_call, "chunks per fetch or store call (a prefix)")
+  service
+      ->add_option("--chunks-per-call", sopt.chunks_per_call,
+                   "chunks per fetch or store call (a prefix)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sopt.python_dir = std::string(KVC_SOURCE_DIR) + "/python";

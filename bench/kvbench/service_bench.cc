@@ -144,7 +144,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   const int per_call = std::clamp(opt.chunks_per_call, 1, opt.dataset_chunks);
   std::vector<std::vector<uint8_t>> outs(max_clients, std::vector<uint8_t>(per_call * chunk));
   std::vector<uint8_t> store_payload;  // what one Store call sends: per_call chunks
-  for (int k = 0; k < per_call; ++k) store_payload.insert(store_payload.end(), payload.begin(), payload.end());
+  for (int k = 0; k < per_call; ++k)
+    store_payload.insert(store_payload.end(), payload.begin(), payload.end());
   // Call i of client c fetches chunks first(i, c) … + per_call - 1.
   auto first = [&](uint64_t i, int c) {
     return static_cast<size_t>((i * 31 + c) % (keys.size() - per_call + 1));
@@ -288,8 +289,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           p50.push_back(s.p50_us);
           p99.push_back(s.p99_us);
         }
-        cases.push_back(
-            {system, op, n, per_call, Median(gbps), Median(p50), Median(p99)});
+        cases.push_back({system, op, n, per_call, Median(gbps), Median(p50), Median(p99)});
       }
     }
   }
