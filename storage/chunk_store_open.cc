@@ -275,12 +275,22 @@ absl::Status ChunkStore::Impl::Open() {
     used[GlobalSlot(r)] = true;
     max_access = std::max(max_access, r.last_access_s);
   }
-  access_clock = max_access * 1'000'000;
-  for (const auto& [key, r] : ssd_map) {
-    ssd_order.Add(key, r.parent, r.last_access_s * 1'000'000, r.pin_until_s, r.expires_s,
-                  r.namespace_id, r.payload_bytes);
-    if (r.pin_until_s > 0) pins[key] = r.pin_until_s;
+  // The eviction order resumes where it was: by last access, which the index keeps in
+  // seconds only, and within a second by write sequence — else chunks written in the same
+  // second would come back in key order and a new chunk could go before an older one.
+  std::vector<std::pair<std::pair<int64_t, uint64_t>, const ChunkKey*>> by_age;
+  by_age.reserve(ssd_map.size());
+  for (const auto& [key, r] : ssd_map) by_age.push_back({{r.last_access_s, r.sequence}, &key});
+  std::sort(by_age.begin(), by_age.end());
+  int64_t access_us = 0;
+  for (const auto& [age, key] : by_age) {
+    const IndexRecord& r = ssd_map.at(*key);
+    access_us = std::max(access_us + 1, r.last_access_s * 1'000'000);
+    ssd_order.Add(*key, r.parent, access_us, r.pin_until_s, r.expires_s, r.namespace_id,
+                  r.payload_bytes);
+    if (r.pin_until_s > 0) pins[*key] = r.pin_until_s;
   }
+  access_clock = std::max(max_access * 1'000'000, access_us);
   // Chunks whose parent did not survive (evicted or dropped before the restart) are
   // unreachable: they go first.
   for (const auto& [key, r] : ssd_map) {

@@ -149,5 +149,40 @@ TEST(SlotFormatUpgradeTest, AFolderMadeInFormat1KeepsItsChunksAndItsFormat) {
   EXPECT_EQ(d->version, 1);
 }
 
+// The index keeps last access in whole seconds; after a reopen, chunks written within one
+// second must still leave in the order they were written (the write sequence breaks the
+// tie), not in key order: a full tier then evicts the oldest of them first.
+TEST(RecoveryTest, AfterAReopenChunksOfOneSecondLeaveInTheOrderTheyWereWritten) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TempDir dir;
+  StoreOptions o = Options(dir.path());
+  constexpr uint64_t kFull = 16;
+  o.ssd_bytes = kFull * SlotBytesFor(kChunk);
+  o.slab_bytes = kFull * SlotBytesFor(kChunk);
+  o.now_s = [] { return int64_t{1'800'000'000}; };  // one second for every write
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < kFull; ++i) keys.push_back(KeyOf(seed, i));
+  {
+    auto s = Open(o);
+    ASSERT_NE(s, nullptr);
+    for (const ChunkKey& k : keys) {
+      const std::vector<uint8_t> p = PayloadOf(k, kChunk);
+      ASSERT_TRUE(s->Put({kNs, k, std::nullopt, p}, {Durability::kDurable, 0}).ok());
+    }
+  }
+  auto s = Open(o);
+  ASSERT_NE(s, nullptr);
+  // Each new chunk evicts one (the tier is full): the first ones written go, in order.
+  for (uint64_t i = 0; i < 4; ++i) {
+    const ChunkKey k = KeyOf(seed, 1000 + i);
+    const std::vector<uint8_t> p = PayloadOf(k, kChunk);
+    ASSERT_TRUE(s->Put({kNs, k, std::nullopt, p}, {Durability::kDurable, 0}).ok());
+    for (uint64_t j = 0; j < kFull; ++j) {
+      EXPECT_EQ(s->Contains(kNs, keys[j]) == Tier::kNone, j <= i)
+          << "after put " << i << ", chunk " << j;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvc::storage
