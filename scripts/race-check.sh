@@ -43,7 +43,11 @@ for t in "${tests[@]}"; do
   # Tests that start kvcached: reports land in files (the daemons' stderr is the tests' to
   # read). The others report on stderr (cudaemu_test reads a child's report there).
   case "$t" in client_test | kvcached_test) options+=" log_path=$PWD/$reports/report" ;; esac
-  if ! TSAN_OPTIONS="$options" "${run[@]}" "build-tsan/tests/$t" --gtest_brief=1 ||
+  # Left out under TSan: two single-call tests whose deadlines a TSan client misses on a
+  # loaded 2-core machine (a 26 MB message; a client that stops reading), with nothing
+  # concurrent in them to check.
+  filter="-KvcachedTest.BadInputGetsAPreciseStatusAndStoresNothing:KvcachedTest.AClientThatStopsReadingIsCutOffAtItsDeadline"
+  if ! TSAN_OPTIONS="$options" "${run[@]}" "build-tsan/tests/$t" --gtest_brief=1 --gtest_filter="$filter" ||
     compgen -G "$reports/*" >/dev/null; then
     cat "$reports"/* 2>/dev/null || true
     echo "race check: $t failed" >&2
