@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
@@ -34,6 +35,7 @@ TEST(CrashTest, AcknowledgedChunksSurviveSigkill) {
   std::set<uint64_t> durable;  // every durable ack of every round so far
   int rounds_with_acks = 0;
   uint64_t memory_acks = 0, checked_unacked = 0;
+  std::uintmax_t acks_bytes = 0;      // the acks file's size before this round
   const int kRounds = CrashRounds();  // KVC_CRASH_ROUNDS: scripts/kill-loop.sh runs 200
   for (int round = 0; round < kRounds; ++round) {
     const uint64_t start = static_cast<uint64_t>(round) * 1'000'000;
@@ -44,13 +46,35 @@ TEST(CrashTest, AcknowledgedChunksSurviveSigkill) {
             std::to_string(start).c_str(), acks.c_str(), nullptr);
       _exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(40 + rng() % 260));
+    if (round % 2 == 0) {
+      // Half the rounds kill the writer while it stores: wait for its first acknowledgement
+      // of this round (a slow start — sanitizers, a loaded machine — would otherwise eat the
+      // whole random delay), then a random moment after it.
+      const auto size_now = [&] {
+        std::error_code ec;
+        const auto n = std::filesystem::file_size(acks, ec);
+        return ec ? std::uintmax_t{0} : n;
+      };
+      const std::uintmax_t before = acks_bytes;
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (size_now() == before && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 100));
+    } else {  // the others at a random moment from its start (open, recovery, first writes)
+      std::this_thread::sleep_for(std::chrono::milliseconds(40 + rng() % 260));
+    }
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFSIGNALED(status)) << "child exited early with " << WEXITSTATUS(status);
 
     // Parse this round's acks (the file accumulates across rounds).
+    {
+      std::error_code ec;
+      acks_bytes = std::filesystem::file_size(acks, ec);
+      if (ec) acks_bytes = 0;
+    }
     std::ifstream in(acks);
     std::string kind;
     uint64_t id = 0, max_id = start, new_acks = 0;
