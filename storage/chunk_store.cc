@@ -394,13 +394,7 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
   std::lock_guard lk(s.mu);
   std::vector<Tier> tiers(keys.size(), Tier::kNone);
   for (size_t i = 0; i < keys.size(); ++i) {
-    const RamEntry* r = s.ram ? s.ram->Find(keys[i]) : nullptr;
-    if (r != nullptr && r->ns == ns) {
-      tiers[i] = Tier::kRam;
-    } else if (auto d = s.ssd_map.find(keys[i]);
-               d != s.ssd_map.end() && d->second.namespace_id == ns) {
-      tiers[i] = Tier::kSsd;
-    }
+    tiers[i] = s.LowerTierOf(ns, keys[i]);
     // T0 holds only chunks RAM or SSD holds (LeftStore drops the rest).
     if (tiers[i] != Tier::kNone && s.hbm && s.hbm->Contains(ns, keys[i])) tiers[i] = Tier::kHbm;
   }

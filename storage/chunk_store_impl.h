@@ -92,12 +92,16 @@ class ChunkStore::Impl {
   // a lookup, so they are the first to go, and its T0 copy goes now.
   void LeftStore(NamespaceId ns, const ChunkKey& key);
 
+  // The tier holding the chunk in this namespace — kRam before kSsd — or kNone (T0 aside).
+  Tier LowerTierOf(NamespaceId ns, const ChunkKey& key) const {
+    const RamEntry* r = ram ? ram->Find(key) : nullptr;
+    if (r != nullptr && r->ns == ns) return Tier::kRam;
+    auto d = ssd_map.find(key);
+    return d != ssd_map.end() && d->second.namespace_id == ns ? Tier::kSsd : Tier::kNone;
+  }
   // Whether RAM or SSD holds the chunk in this namespace.
   bool Holds(NamespaceId ns, const ChunkKey& key) const {
-    const RamEntry* r = ram ? ram->Find(key) : nullptr;
-    if (r != nullptr && r->ns == ns) return true;
-    auto d = ssd_map.find(key);
-    return d != ssd_map.end() && d->second.namespace_id == ns;
+    return LowerTierOf(ns, key) != Tier::kNone;
   }
 
   // ---- T0 (chunk_store_hbm.cc) ----
