@@ -6,10 +6,16 @@
 # target (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
-scripts/build.sh
+# Each step says how long it took: CI must finish well inside 90 minutes on 2 cores.
+step() {
+  local start=$SECONDS
+  "$@"
+  echo "test.sh: '$*' took $((SECONDS - start)) s (total $SECONDS s)"
+}
 jobs=$(nproc 2>/dev/null || echo 2)
-ctest --test-dir build --output-on-failure -j "$jobs"
-scripts/race-check.sh
-scripts/asan-check.sh
-scripts/fuzz.sh --runs 20000
+step scripts/install-deps.sh
+step scripts/build.sh
+step ctest --test-dir build --output-on-failure -j "$jobs"
+step scripts/race-check.sh
+step scripts/asan-check.sh
+step scripts/fuzz.sh --runs 20000
