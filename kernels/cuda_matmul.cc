@@ -2,6 +2,7 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/gemm_kernel.cuh"
 #include "kernels/kv_dequant.h"
+#include "kernels/moe_kernel.cuh"
 #include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
@@ -156,6 +158,132 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     }
   }
 
+  // The experts of a MoE block where their weights are: the input uploaded once with the
+  // routing (rows, weights, and per group of jobs each row's outputs in job order), then
+  // per group the rows gathered, the gate and up products, SwiGlu, the down products and
+  // the sum into the rows — the host's grouping and order (HostExperts), so its bits —
+  // and one copy back, one wait.
+  void Experts(const float* x, int64_t rows, std::span<const model::ExpertJob> jobs, float limit,
+               float* out) const override {
+    if (jobs.empty()) return;
+    for (const model::ExpertJob& j : jobs) {
+      if (!Holds(*j.w1) || !Holds(*j.w3) || !Holds(*j.w2)) {  // weights not resident
+        model::HostExperts(*this, x, rows, jobs, limit, out);
+        return;
+      }
+    }
+    const int64_t D = jobs.front().w1->in_features(), I = jobs.front().w1->out_features();
+    auto count = [&](const model::ExpertJob& j) {
+      return j.rows.empty() ? rows : static_cast<int64_t>(j.rows.size());
+    };
+    // Groups of jobs as the host makes them; per group its slots (a job's rows back to back).
+    struct Group {
+      size_t first = 0, last = 0;
+      int64_t slots = 0;
+      size_t slot_at = 0, add_at = 0;  // offsets of its slots and its row sums in the index
+    };
+    std::vector<Group> groups;
+    int64_t all_slots = 0, most_slots = 0;
+    for (size_t first = 0; first < jobs.size();) {
+      Group g{first, first};
+      do {
+        g.slots += count(jobs[g.last]);
+        ++g.last;
+      } while (g.last < jobs.size() && g.slots < model::kExpertGroupRows);
+      all_slots += g.slots;
+      most_slots = std::max(most_slots, g.slots);
+      groups.push_back(g);
+      first = g.last;
+    }
+    // The index: every slot's row, then per group the row sums (rows + 1 starts, then the
+    // slots each row adds, in job order). Floats: the input, then every slot's weight.
+    std::vector<int64_t> index;
+    index.reserve(static_cast<size_t>(all_slots * 2) + groups.size() * (rows + 1));
+    std::vector<float> weights;
+    weights.reserve(static_cast<size_t>(all_slots));
+    for (const model::ExpertJob& j : jobs) {
+      KVC_CHECK(j.rows.size() == j.weights.size() && j.w1->in_features() == D &&
+                j.w1->out_features() == I && j.w3->out_features() == I &&
+                j.w2->in_features() == I && j.w2->out_features() == D)
+          << "an expert job whose shapes or weights do not fit the block";
+      for (int64_t m = 0; m < count(j); ++m) {
+        index.push_back(j.rows.empty() ? m : j.rows[m]);
+        weights.push_back(j.rows.empty() ? 1.0f : j.weights[m]);
+      }
+    }
+    for (Group& g : groups) {
+      g.add_at = index.size();
+      std::vector<int64_t> per_row(static_cast<size_t>(rows) + 1, 0);
+      for (size_t q = g.first; q < g.last; ++q)
+        for (int64_t m = 0; m < count(jobs[q]); ++m)
+          ++per_row[(jobs[q].rows.empty() ? m : jobs[q].rows[m]) + 1];
+      for (int64_t r = 0; r < rows; ++r) per_row[r + 1] += per_row[r];
+      index.insert(index.end(), per_row.begin(), per_row.end());
+      std::vector<int64_t> slot_of(static_cast<size_t>(g.slots));
+      int64_t slot = 0;
+      for (size_t q = g.first; q < g.last; ++q) {  // jobs in order: each row's slots in order
+        for (int64_t m = 0; m < count(jobs[q]); ++m, ++slot)
+          slot_of[per_row[jobs[q].rows.empty() ? m : jobs[q].rows[m]]++] = slot;
+      }
+      index.insert(index.end(), slot_of.begin(), slot_of.end());
+    }
+    size_t slot_at = 0;
+    for (Group& g : groups) {
+      g.slot_at = slot_at;
+      slot_at += static_cast<size_t>(g.slots);
+    }
+
+    std::lock_guard lock(mu_);
+    const size_t in_floats = static_cast<size_t>(rows * D) + weights.size();
+    float* h_x = hx_.Reserve(in_floats);
+    int64_t* h_index = hindex_.Reserve(index.size());
+    std::memcpy(h_x, x, static_cast<size_t>(rows * D) * sizeof(float));
+    std::memcpy(h_x + rows * D, weights.data(), weights.size() * sizeof(float));
+    std::memcpy(h_index, index.data(), index.size() * sizeof(int64_t));
+    float* d_in = x_.Reserve(in_floats);
+    int64_t* d_index = index_.Reserve(index.size());
+    const size_t per_slot = static_cast<size_t>(2 * D + 2 * I);  // xs, g, up, y
+    float* d_act = w_.Reserve(static_cast<size_t>(most_slots) * per_slot);
+    float* d_out = y_.Reserve(static_cast<size_t>(rows * D));
+    float* h_out = hy_.Reserve(static_cast<size_t>(rows * D));
+    CUDA_CHECK(
+        cudaMemcpyAsync(d_in, h_x, in_floats * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(d_index, h_index, index.size() * sizeof(int64_t),
+                               cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemsetAsync(d_out, 0, static_cast<size_t>(rows * D) * sizeof(float), stream_));
+    const float* d_weights = d_in + rows * D;
+    for (const Group& g : groups) {
+      float* d_xs = d_act;
+      float* d_g = d_xs + g.slots * D;
+      float* d_up = d_g + g.slots * I;
+      float* d_y = d_up + g.slots * I;
+      CUDA_CHECK(LaunchGatherRows(d_in, d_index + g.slot_at, g.slots, D, d_xs, stream_));
+      int64_t at = 0;
+      for (size_t q = g.first; q < g.last; ++q) {
+        const int64_t n = count(jobs[q]);
+        Launch(d_xs + at * D, n, D, weights_.at(jobs[q].w1->packed().data()), I, d_g + at * I,
+               stream_);
+        Launch(d_xs + at * D, n, D, weights_.at(jobs[q].w3->packed().data()), I, d_up + at * I,
+               stream_);
+        at += n;
+      }
+      CUDA_CHECK(LaunchSwiGlu(d_g, d_up, d_weights + g.slot_at, g.slots, I, limit, stream_));
+      at = 0;
+      for (size_t q = g.first; q < g.last; ++q) {
+        const int64_t n = count(jobs[q]);
+        Launch(d_g + at * I, n, I, weights_.at(jobs[q].w2->packed().data()), D, d_y + at * D,
+               stream_);
+        at += n;
+      }
+      CUDA_CHECK(LaunchAddRows(d_out, rows, D, d_y, d_index + g.add_at,
+                               d_index + g.add_at + rows + 1, stream_));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(h_out, d_out, static_cast<size_t>(rows * D) * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(out, h_out, static_cast<size_t>(rows * D) * sizeof(float));
+  }
+
  protected:
   // w in the device layout the product reads: a view of w itself or of `storage`.
   virtual std::span<const float> Layout(const cpu::PackedMatrix& w,
@@ -170,6 +298,8 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
   mutable GrowingDeviceBuffer<float> x_, y_, w_;
   mutable GrowingPinnedBuffer<float> hx_, hy_;
+  mutable GrowingDeviceBuffer<int64_t> index_;  // the experts' routing
+  mutable GrowingPinnedBuffer<int64_t> hindex_;
 };
 
 // Our batch-invariant GEMM kernel over the CPU's panel layout.

@@ -44,7 +44,6 @@ void HcPre(const float* X, const float* a, int64_t hc, int64_t d, float* out);
 void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc, int64_t d,
             float* out);
 
-float Silu(float x);
 float Sigmoid(float x);
 float SqrtSoftplus(float x);
 

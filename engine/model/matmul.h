@@ -44,6 +44,25 @@ size_t SameChainedInput(std::span<const GemmCall> calls, size_t i);
 // normalized rows (kept for a later call with the same chained input).
 const float* HostInput(std::span<const GemmCall> calls, size_t i, std::vector<float>& storage);
 
+// One expert's share of a MoE block: its three projections and the rows routed to it with
+// their routing weights; `rows` empty means every row with weight 1 (the shared expert).
+struct ExpertJob {
+  const cpu::PackedMatrix* w1 = nullptr;  // gate projection, D → I
+  const cpu::PackedMatrix* w3 = nullptr;  // up projection, D → I
+  const cpu::PackedMatrix* w2 = nullptr;  // down projection, I → D
+  std::vector<int64_t> rows;
+  std::vector<float> weights;
+};
+
+// The experts of a MoE block on the host, through `mm`'s products (the default of
+// MatmulBackend::Experts). Jobs go to mm.GemmGroup in groups of at most kExpertGroupRows
+// rows (bounding the intermediates): all gate and up projections, then cpu::SwiGlu, then
+// all down projections. Results do not depend on the grouping.
+inline constexpr int64_t kExpertGroupRows = 8192;
+class MatmulBackend;
+void HostExperts(const MatmulBackend& mm, const float* x, int64_t rows,
+                 std::span<const ExpertJob> jobs, float limit, float* out);
+
 class MatmulBackend {
  public:
   virtual ~MatmulBackend() = default;
@@ -76,6 +95,14 @@ class MatmulBackend {
       }
       Gemm(x, calls[i].m, *calls[i].w, calls[i].y);
     }
+  }
+  // A MoE block's experts: out (rows × D) = Σ over jobs, in order and from +0, of each job's
+  // rows' weight · SwiGlu(x·W1ᵀ, x·W3ᵀ) · W2ᵀ (cpu::SwiGlu, engine/cpu/swiglu.h, with
+  // `limit`), added into their rows. A device backend runs it all where the weights are,
+  // with one wait; every backend that keeps the GEMM contract gives the same bits.
+  virtual void Experts(const float* x, int64_t rows, std::span<const ExpertJob> jobs, float limit,
+                       float* out) const {
+    HostExperts(*this, x, rows, jobs, limit, out);
   }
 };
 

@@ -1,6 +1,7 @@
 // The model's small ops against straightforward scalar references (notes §4–6).
 #include "engine/cpu/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <random>
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/swiglu.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
 
@@ -157,6 +159,30 @@ TEST(OpsTest, ExpFIsWithinOneUlpAndHandlesTheEdges) {
   EXPECT_TRUE(std::isinf(ExpF(88.8f)));
   EXPECT_GT(ExpF(-100.0f), 0.0f);  // a subnormal, not flushed
   EXPECT_LT(ExpF(-100.0f), std::numeric_limits<float>::min());
+}
+
+// The experts' activation against its definition in double: weight · silu(min(g, limit)) ·
+// clamp(u, −limit, limit), within a few float roundings; NaN passes through as it did with
+// std::min and std::clamp.
+TEST(OpsTest, SwiGluIsTheClampedGatedSiluAndPassesNan) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.0f, 4.0f);
+  const float limit = 3.0f;
+  int clamped = 0;
+  for (int i = 0; i < 100000; ++i) {
+    const float g = n(rng), u = n(rng), w = std::abs(n(rng)) + 0.1f;
+    const double gi = std::min<double>(g, limit), ui = std::clamp<double>(u, -limit, limit);
+    const double want = w * (gi / (1.0 + std::exp(-gi))) * ui;
+    const float got = SwiGlu(g, u, limit, w);
+    ASSERT_NEAR(got, want, 1e-6 * std::max(1.0, std::abs(want))) << g << " " << u << " " << w;
+    clamped += g > limit || std::abs(u) > limit;
+  }
+  EXPECT_GT(clamped, 10000) << "seed " << seed;  // the limit acted
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(SwiGlu(nan, 1.0f, limit, 1.0f)));
+  EXPECT_TRUE(std::isnan(SwiGlu(1.0f, nan, limit, 1.0f)));
+  EXPECT_EQ(SwiGlu(100.0f, 100.0f, limit, 2.0f), SwiGlu(limit, limit, limit, 2.0f));
 }
 
 }  // namespace
