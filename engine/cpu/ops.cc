@@ -69,11 +69,6 @@ void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t 
 }
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float SqrtSoftplus(float x) {
-  // softplus(x) = log1p(exp(x)), computed without overflow.
-  const float sp = x > 20.0f ? x : std::log1p(std::exp(x));
-  return std::sqrt(sp);
-}
 
 HcCoefficients HcFromMixes(std::span<const float> m, std::span<const float> base,
                            std::span<const float> scale, int64_t hc, int64_t iters, double eps) {

@@ -45,7 +45,6 @@ void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc,
             float* out);
 
 float Sigmoid(float x);
-float SqrtSoftplus(float x);
 
 // Indices of the k largest values, ties to the lower index, returned in ascending index
 // order. Entries equal to -inf are never picked.

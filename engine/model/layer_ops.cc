@@ -6,6 +6,7 @@
 
 #include "engine/cpu/exp.h"
 #include "engine/cpu/ops.h"
+#include "engine/cpu/softplus.h"
 
 namespace kvc::model {
 

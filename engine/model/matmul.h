@@ -54,6 +54,19 @@ struct ExpertJob {
   std::vector<float> weights;
 };
 
+// A MoE block as the router and the experts see it: the gate (D → E logits) and its bias,
+// per expert its three projections — the E routed ones by id, then the shared one — and
+// model::RouteToken's constants (top_k, normalize, routed_scale) and SwiGlu's limit.
+struct MoeBlock {
+  const cpu::PackedMatrix* gate = nullptr;
+  std::span<const float> gate_bias;
+  std::vector<const cpu::PackedMatrix*> w1, w3, w2;  // E + 1 each, the shared expert last
+  int64_t top_k = 0;
+  bool normalize = false;
+  float routed_scale = 1.0f;
+  float limit = 0.0f;
+};
+
 // The experts of a MoE block on the host, through `mm`'s products (the default of
 // MatmulBackend::Experts). Jobs go to mm.GemmGroup in groups of at most kExpertGroupRows
 // rows (bounding the intermediates): all gate and up projections, then cpu::SwiGlu, then
@@ -103,6 +116,15 @@ class MatmulBackend {
   virtual void Experts(const float* x, int64_t rows, std::span<const ExpertJob> jobs, float limit,
                        float* out) const {
     HostExperts(*this, x, rows, jobs, limit, out);
+  }
+  // The whole MoE block where the weights are, routing included, with the unchained
+  // products `also` issued alongside (their results land in their y as GemmGroup's do):
+  // out (rows × D) as routing on the host (model::RouteToken) and then Experts would give,
+  // bit for bit, with one wait. False, having done nothing, when the backend does not
+  // route (the default: the model then routes on the host and calls Experts).
+  virtual bool RoutedMoe(const float* /*x*/, int64_t /*rows*/, const MoeBlock& /*moe*/,
+                         std::span<const GemmCall> /*also*/, float* /*out*/) const {
+    return false;
   }
 };
 

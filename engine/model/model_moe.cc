@@ -7,6 +7,24 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::v
                     std::span<const GemmCall> also) const {
   const LayerWeights& w = layers[l];
   const int64_t E_ = static_cast<int64_t>(w.experts.size()), k = w.experts_per_token;
+  out.resize(rows * D);
+  // A device backend may route where the gate's logits are: no round trip in between.
+  MoeBlock block{&w.gate,
+                 w.gate_bias,
+                 {},
+                 {},
+                 {},
+                 k,
+                 c.norm_topk_prob,
+                 static_cast<float>(c.routed_scaling_factor),
+                 static_cast<float>(c.swiglu_limit)};
+  for (int64_t e = 0; e <= E_; ++e) {
+    const ExpertWeights& ew = e < E_ ? w.experts[e] : w.shared;
+    block.w1.push_back(&ew.w1);
+    block.w3.push_back(&ew.w3);
+    block.w2.push_back(&ew.w2);
+  }
+  if (mm->RoutedMoe(x.data(), rows, block, also, out.data())) return;
   std::vector<float> logits(rows * w.gate.out_features());
   std::vector<GemmCall> gate = {{x.data(), rows, &w.gate, logits.data()}};
   AppendToGroup(gate, also);
@@ -28,7 +46,6 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::v
   }
   std::erase_if(jobs, [](const ExpertJob& j) { return j.rows.empty(); });
   jobs.push_back({&w.shared.w1, &w.shared.w3, &w.shared.w2, {}, {}});
-  out.resize(rows * D);
   mm->Experts(x.data(), rows, jobs, static_cast<float>(c.swiglu_limit), out.data());
 }
 

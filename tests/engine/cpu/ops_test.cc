@@ -10,6 +10,7 @@
 #include <random>
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/softplus.h"
 #include "engine/cpu/swiglu.h"
 #include "gtest/gtest.h"
 #include "tests/testing/seed.h"
@@ -159,6 +160,35 @@ TEST(OpsTest, ExpFIsWithinOneUlpAndHandlesTheEdges) {
   EXPECT_TRUE(std::isinf(ExpF(88.8f)));
   EXPECT_GT(ExpF(-100.0f), 0.0f);  // a subnormal, not flushed
   EXPECT_LT(ExpF(-100.0f), std::numeric_limits<float>::min());
+}
+
+// The router's shared log1p against the C library's in double, over a sweep of every
+// 4099th float above −1: within one float ulp; then the score built on it.
+TEST(OpsTest, Log1pFIsWithinOneUlpAndSqrtSoftplusFollows) {
+  int64_t checked = 0;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) {
+    const uint32_t bits = static_cast<uint32_t>(u);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    if (std::isnan(x) || x <= -1.0f || std::isinf(x)) continue;
+    const double ref = std::log1p(static_cast<double>(x));
+    const float got = Log1pF(x);
+    const float lo = static_cast<float>(ref);
+    const double ulp = std::abs(
+        static_cast<double>(std::nextafter(lo, std::numeric_limits<float>::infinity())) - lo);
+    ASSERT_LE(std::abs(static_cast<double>(got) - ref), ulp) << "x " << x;
+    ++checked;
+  }
+  EXPECT_GT(checked, 500000);
+  EXPECT_EQ(Log1pF(0.0f), 0.0f);
+  EXPECT_EQ(Log1pF(-1.0f), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(Log1pF(-2.0f)));
+  EXPECT_TRUE(std::isnan(Log1pF(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isinf(Log1pF(std::numeric_limits<float>::infinity())));
+  for (float x = -30.0f; x < 30.0f; x += 0.0137f) {
+    const double want = std::sqrt(x > 20.0f ? x : std::log1p(std::exp(static_cast<double>(x))));
+    ASSERT_NEAR(SqrtSoftplus(x), want, 3e-7 * want) << x;
+  }
 }
 
 // The experts' activation against its definition in double: weight · silu(min(g, limit)) ·

@@ -1,0 +1,120 @@
+// DeviceMatmul's products: resident weights, groups through page-locked staging.
+#include "kernels/device_matmul.h"
+
+#include <cstring>
+
+#include "engine/spec/check.h"
+#include "kernels/cuda_check.h"
+#include "kernels/row_ops_kernel.cuh"
+
+namespace kvc::cuda {
+
+DeviceMatmul::DeviceMatmul() {
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+DeviceMatmul::~DeviceMatmul() {
+  for (auto& [key, p] : weights_) cudaFree(p);
+  cudaStreamDestroy(stream_);
+}
+
+void DeviceMatmul::Register(const cpu::PackedMatrix& w) {
+  std::lock_guard lock(mu_);
+  if (w.out_features() == 0 || weights_.contains(w.packed().data())) return;
+  std::vector<float> storage;
+  const std::span<const float> layout = Layout(w, storage);
+  float* d = nullptr;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), layout.size_bytes()));
+  CUDA_CHECK(cudaMemcpy(d, layout.data(), layout.size_bytes(), cudaMemcpyHostToDevice));
+  weights_.emplace(w.packed().data(), d);
+}
+
+void DeviceMatmul::QueueProduct(const float* d_x, int64_t m, const cpu::PackedMatrix& w, float* d_y,
+                                cudaStream_t stream) const {
+  std::lock_guard lock(mu_);
+  auto it = weights_.find(w.packed().data());
+  KVC_CHECK(it != weights_.end()) << "a device product with a weight the backend does not hold";
+  if (m > 0) Launch(d_x, m, w.in_features(), it->second, w.out_features(), d_y, stream);
+}
+
+void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
+  std::lock_guard lock(mu_);
+  // Weights not registered (e.g. the indexer's keys) are copied up for this call.
+  std::vector<std::vector<float>> storage(calls.size());
+  std::vector<std::span<const float>> transient(calls.size());
+  size_t xs = 0, ys = 0, ws = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const model::GemmCall& c = calls[i];
+    const int64_t k = c.w->in_features();
+    xs += static_cast<size_t>(c.m * k);
+    model::CheckChain(calls, i);
+    if (c.input_of >= 0) xs += static_cast<size_t>(k);  // the norm's weight
+    ys += static_cast<size_t>(c.m * c.w->out_features());
+    if (c.w->out_features() > 0 && !weights_.contains(c.w->packed().data())) {
+      transient[i] = Layout(*c.w, storage[i]);
+      ws += transient[i].size();
+    }
+  }
+  float* d_x = x_.Reserve(xs);
+  float* d_y = y_.Reserve(ys);
+  float* d_t = w_.Reserve(ws);
+  float* h_x = hx_.Reserve(xs);
+  float* h_y = hy_.Reserve(ys);
+  std::vector<size_t> y_at(calls.size()), x_at(calls.size());
+  size_t xo = 0, yo = 0, wo = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const model::GemmCall& c = calls[i];
+    const int64_t k = c.w->in_features(), n = c.w->out_features();
+    y_at[i] = yo;
+    if (c.m == 0 || n == 0) continue;
+    const float* d_w = nullptr;
+    if (transient[i].empty()) {
+      d_w = weights_.at(c.w->packed().data());
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(d_t + wo, transient[i].data(), transient[i].size_bytes(),
+                                 cudaMemcpyHostToDevice, stream_));
+      d_w = d_t + wo;
+      wo += transient[i].size();
+    }
+    const size_t x_floats = static_cast<size_t>(c.m * k);
+    if (const size_t j = model::SameChainedInput(calls, i); j < i) {  // normalized already
+      Launch(d_x + x_at[j], c.m, k, d_w, n, d_y + yo, stream_);
+      yo += static_cast<size_t>(c.m * n);
+      continue;
+    }
+    x_at[i] = xo;
+    if (c.input_of >= 0) {
+      float* d_norm = d_x + xo + x_floats;
+      std::memcpy(h_x + xo + x_floats, c.norm_weight, static_cast<size_t>(k) * sizeof(float));
+      CUDA_CHECK(cudaMemcpyAsync(d_norm, h_x + xo + x_floats,
+                                 static_cast<size_t>(k) * sizeof(float), cudaMemcpyHostToDevice,
+                                 stream_));
+      CUDA_CHECK(
+          LaunchRmsNorm(d_y + y_at[c.input_of], d_norm, c.m, k, c.norm_eps, d_x + xo, stream_));
+    } else {
+      std::memcpy(h_x + xo, c.x, x_floats * sizeof(float));
+      CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_floats * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_));
+    }
+    Launch(d_x + xo, c.m, k, d_w, n, d_y + yo, stream_);
+    xo += x_floats + (c.input_of >= 0 ? static_cast<size_t>(k) : 0);
+    yo += static_cast<size_t>(c.m * n);
+  }
+  // The results lie back to back in d_y: one copy, one wait, then out to the callers.
+  if (yo > 0) {
+    CUDA_CHECK(cudaMemcpyAsync(h_y, d_y, yo * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const model::GemmCall& c = calls[i];
+    const size_t n = static_cast<size_t>(c.m * c.w->out_features());
+    if (n > 0) std::memcpy(c.y, h_y + y_at[i], n * sizeof(float));
+  }
+}
+
+bool DeviceMatmul::Holds(const cpu::PackedMatrix& w) const {
+  std::lock_guard lock(mu_);
+  return weights_.contains(w.packed().data());
+}
+
+}  // namespace kvc::cuda

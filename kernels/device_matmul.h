@@ -1,0 +1,86 @@
+// DeviceMatmul: what both device matmul backends (cuda_matmul.cc: our GEMM, cuBLAS) share
+// — weights resident on the device, groups of products on one stream through page-locked
+// staging with one wait, and the MoE block on the device (device_moe.cc). Internal to
+// kernels/: the engine sees model::MatmulBackend and cuda::DeviceProducts only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/cpu/gemm.h"
+#include "engine/model/matmul.h"
+#include "kernels/cuda_matmul.h"
+#include "kernels/device_buffer.h"
+
+namespace kvc::cuda {
+
+// What both device backends share: weights resident on the device (in the layout the
+// product wants), and groups of products run on one stream with inputs and results passing
+// through page-locked staging — the copies are truly asynchronous, and a group costs one
+// wait however many products it has. A subclass says how a weight is laid out and how one
+// product is launched.
+class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
+ public:
+  DeviceMatmul();
+  ~DeviceMatmul() override;
+
+  void Register(const cpu::PackedMatrix& w) override;
+  void Gemm(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
+    const model::GemmCall call{x, m, &w, y};
+    GemmGroup(std::span(&call, 1));
+  }
+  void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
+    Gemm(x, m, w, y);
+  }
+  bool Holds(const cpu::PackedMatrix& w) const override;
+  void QueueProduct(const float* d_x, int64_t m, const cpu::PackedMatrix& w, float* d_y,
+                    cudaStream_t stream) const override;
+
+  // Copies every input up, launches every product, copies all results back at once, then
+  // waits once. A chained input is normalized on the device from the earlier result.
+  void GemmGroup(std::span<const model::GemmCall> calls) const override;
+
+  // The experts of a MoE block where their weights are (device_moe.cc): the input
+  // uploaded once with the routing, per group of jobs (HostExperts' groups) the rows
+  // gathered, the gate and up products, SwiGlu, the down products and the sum into the
+  // rows in job order — the host's bits — and one copy back, one wait.
+  void Experts(const float* x, int64_t rows, std::span<const model::ExpertJob> jobs, float limit,
+               float* out) const override;
+  // Routing on the device too (device_moe.cc), for batches of at most kRoutedMoeRows rows
+  // on a backend whose products are the CPU's (RoutesOnDevice): the gate and `also`
+  // queued, then the router, the slots, the experts' products picking their weights per
+  // slot, SwiGlu and the sum — one wait for the whole block.
+  static constexpr int64_t kRoutedMoeRows = 64;
+  bool RoutedMoe(const float* x, int64_t rows, const model::MoeBlock& moe,
+                 std::span<const model::GemmCall> also, float* out) const override;
+
+ protected:
+  // Whether Launch computes the CPU's bits on panel-layout weights (the router's
+  // per-slot product uses that layout and arithmetic).
+  virtual bool RoutesOnDevice() const { return false; }
+  // w in the device layout the product reads: a view of w itself or of `storage`.
+  virtual std::span<const float> Layout(const cpu::PackedMatrix& w,
+                                        std::vector<float>& storage) const = 0;
+  // Queues d_y (m × n) = d_x (m × k) · Wᵀ on `stream`. Called with mu_ held.
+  virtual void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
+                      float* d_y, cudaStream_t stream) const = 0;
+  cudaStream_t stream_ = nullptr;
+
+ private:
+  mutable std::mutex mu_;  // one group at a time on the stream and the scratch buffers
+  std::unordered_map<const float*, float*> weights_;  // host panels → device copy
+  mutable GrowingDeviceBuffer<float> x_, y_, w_;
+  mutable GrowingPinnedBuffer<float> hx_, hy_;
+  mutable GrowingDeviceBuffer<int64_t> index_;  // the experts' routing
+  mutable GrowingPinnedBuffer<int64_t> hindex_;
+  // RoutedMoe's: its inputs and results (staged both ways) and what stays on the device.
+  mutable GrowingDeviceBuffer<std::byte> moe_in_, moe_res_, moe_dev_;
+  mutable GrowingPinnedBuffer<std::byte> moe_in_host_, moe_res_host_;
+};
+
+}  // namespace kvc::cuda
