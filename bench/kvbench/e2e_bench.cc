@@ -1,5 +1,7 @@
 #include "bench/kvbench/e2e_bench.h"
 
+#include "backends/select.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -48,7 +50,11 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
   absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
   if (!schedule.ok()) return schedule.status();
   if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded = model::Model::Load(*config, weights);
+  model::ModelOptions options;
+  if (absl::Status st = model::SelectBackends(o.backend, /*exact_replay=*/true, options); !st.ok())
+    return st;
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
+      model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return loaded.status();
   const model::Model& m = **loaded;
 

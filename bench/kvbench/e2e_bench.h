@@ -16,7 +16,8 @@ namespace kvc::bench {
 
 struct E2eBenchOptions {
   std::string config = "configs/mini.json";
-  std::string kvcached;  // the daemon binary
+  std::string backend = "cpu";  // the engine's: cpu, cuda or cublas
+  std::string kvcached;         // the daemon binary
   std::string dir = "/tmp/kvbench-e2e";
   std::vector<int64_t> prefix_tokens = {4096, 16384, 65536};
   int64_t new_tokens = 1024;

@@ -93,6 +93,33 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
   out["config"] = o.config;
   out["backend"] = o.backend;
 
+  if (!o.contexts.empty()) {
+    out["contexts"] = nlohmann::json::array();
+    for (int64_t n : o.contexts) {
+      std::fprintf(stderr, "kvbench: context %lld: prefill\n", static_cast<long long>(n));
+      const std::vector<uint32_t> prompt = Prompt(n, V, n + 1);
+      model::Sequence s = m.NewSequence();
+      auto t = Clock::now();
+      absl::StatusOr<std::vector<float>> l = m.Prefill(s, prompt, model::PrefillMode::kCed);
+      if (!l.ok()) return l.status();
+      const double prefill_s = Since(t);
+      std::fprintf(stderr, "kvbench: context %lld: decode\n", static_cast<long long>(n));
+      t = Clock::now();
+      absl::StatusOr<model::Generation> g =
+          model::GenerateGreedy(m, s, *std::move(l), o.decode_tokens, /*speculative=*/false);
+      if (!g.ok()) return g.status();
+      // The first generated token comes from the prefill's logits: decode_tokens − 1 steps.
+      const double decode_s = Since(t);
+      out["contexts"].push_back(
+          {{"tokens", n},
+           {"prefill_s", prefill_s},
+           {"prefill_tok_s", static_cast<double>(n) / prefill_s},
+           {"decode_tokens", o.decode_tokens},
+           {"decode_tok_s", static_cast<double>(o.decode_tokens - 1) / decode_s}});
+    }
+    return out;
+  }
+
   // Prefill: CED vs full depth, alternated.
   out["prefill"] = nlohmann::json::array();
   for (int64_t n : o.prefill_tokens) {
@@ -205,7 +232,18 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
 
 std::string EngineBenchToText(const nlohmann::json& r) {
   std::string s = absl::StrCat("config ", r["config"].get<std::string>(), ", backend ",
-                               r.value("backend", std::string("cpu")), "\n\nprefill\n");
+                               r.value("backend", std::string("cpu")), "\n\n");
+  if (r.contains("contexts")) {
+    absl::StrAppendFormat(&s, "%9s %12s %10s %12s\n", "context", "prefill s", "prefill tok/s",
+                          "decode tok/s");
+    for (const auto& c : r["contexts"]) {
+      absl::StrAppendFormat(&s, "%9d %12.2f %13.0f %12.2f\n", c["tokens"].get<int64_t>(),
+                            c["prefill_s"].get<double>(), c["prefill_tok_s"].get<double>(),
+                            c["decode_tok_s"].get<double>());
+    }
+    return s;
+  }
+  s += "prefill\n";
   absl::StrAppendFormat(&s, "%8s %10s %12s %12s %10s %10s\n", "tokens", "CED tok/s", "full tok/s",
                         "CED/full", "predicted", "CED s");
   for (const auto& c : r["prefill"]) {

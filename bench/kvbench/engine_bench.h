@@ -22,6 +22,10 @@ struct EngineBenchOptions {
   int64_t decode_tokens = 64;
   int64_t resume_prefix = 16384, resume_new = 1024;
   int repetitions = 3;
+  // When set, only the context sweep runs: per length, a prompt prefilled (CED) and then
+  // decode_tokens greedy tokens generated after it — prefill and decode speed at that
+  // context, one run each (the GPU check's reference-shaped layers at 16K and 128K).
+  std::vector<int64_t> contexts;
 };
 
 absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& options);

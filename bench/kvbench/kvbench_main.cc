@@ -196,11 +196,18 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   engine->add_option("--backend", eopt.backend, "cpu, cuda or cublas")->capture_default_str();
+  engine
+      ->add_option("--contexts", eopt.contexts,
+                   "only a context sweep: per length, prefill then --decode-tokens decoded")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   engine->add_flag("--json", json, "print one JSON object");
   CLI::App* e2e = app.add_subcommand(
       "e2e", "TTFT resuming from kvcached (RAM, SSD) vs cold prefill, by prefix and new tokens");
   bench::E2eBenchOptions xopt;
   e2e->add_option("--config", xopt.config, "model config")->capture_default_str();
+  e2e->add_option("--backend", xopt.backend, "the engine's: cpu, cuda or cublas")
+      ->capture_default_str();
   e2e->add_option("--dir", xopt.dir, "scratch folder (emptied)")->capture_default_str();
   e2e->add_option("--prefix-tokens", xopt.prefix_tokens, "cached prefix lengths")
       ->delimiter(',')

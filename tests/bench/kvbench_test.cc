@@ -143,6 +143,28 @@ TEST(KvbenchTest, EngineJsonHasEveryCase) {
   EXPECT_EQ(j["gemm"].size(), 4u);
 }
 
+// --contexts: only the sweep, prefill then decode at each length.
+TEST(KvbenchTest, EngineContextSweepReportsPrefillAndDecodeAtEachLength) {
+  auto r = RunProgram(kKvbench,
+                      {"engine", "--config", std::string(KVC_SOURCE_DIR) + "/configs/tiny.json",
+                       "--contexts", "96,200", "--decode-tokens", "3", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["contexts"].size(), 2u) << r.out;
+  EXPECT_EQ(j["contexts"][1]["tokens"].get<int64_t>(), 200);
+  for (const auto& c : j["contexts"]) {
+    EXPECT_GT(c["prefill_tok_s"].get<double>(), 0) << c.dump();
+    EXPECT_GT(c["decode_tok_s"].get<double>(), 0) << c.dump();
+  }
+  EXPECT_FALSE(j.contains("prefill"));  // the other cases do not run
+  auto text = RunProgram(kKvbench,
+                         {"engine", "--config", std::string(KVC_SOURCE_DIR) + "/configs/tiny.json",
+                          "--contexts", "96", "--decode-tokens", "2"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("decode tok/s"), std::string::npos) << text.out;
+}
+
 TEST(KvbenchTest, E2eJsonHasEveryCase) {
   TempDir dir;
   auto r =

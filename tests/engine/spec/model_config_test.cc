@@ -50,6 +50,47 @@ TEST(ModelConfigTest, ParsesPublishedReferenceConfig) {
   EXPECT_EQ(c->expert_dtype, "fp4");
 }
 
+// configs/reference-shaped.json (the GPU check's speed runs): the reference's layers at
+// their own sizes — every per-layer dimension, the experts each token reaches — in a
+// 4-layer schedule, with only as many experts as a token uses and a 16K vocabulary.
+TEST(ModelConfigTest, ReferenceShapedConfigHasTheReferencesLayerShapes) {
+  absl::StatusOr<ModelConfig> ref = LoadModelConfig(kReferenceConfig());
+  absl::StatusOr<ModelConfig> c =
+      LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/reference-shaped.json");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::pair<const char*, int64_t ModelConfig::*> same[] = {
+      {"hidden_size", &ModelConfig::hidden_size},
+      {"num_attention_heads", &ModelConfig::num_attention_heads},
+      {"head_dim", &ModelConfig::head_dim},
+      {"qk_rope_head_dim", &ModelConfig::qk_rope_head_dim},
+      {"q_lora_rank", &ModelConfig::q_lora_rank},
+      {"o_lora_rank", &ModelConfig::o_lora_rank},
+      {"o_groups", &ModelConfig::o_groups},
+      {"moe_intermediate_size", &ModelConfig::moe_intermediate_size},
+      {"num_experts_per_tok", &ModelConfig::num_experts_per_tok},
+      {"n_shared_experts", &ModelConfig::n_shared_experts},
+      {"sliding_window", &ModelConfig::sliding_window},
+      {"index_n_heads", &ModelConfig::index_n_heads},
+      {"index_head_dim", &ModelConfig::index_head_dim},
+      {"index_topk", &ModelConfig::index_topk},
+      {"candidate_topk_blocks", &ModelConfig::candidate_topk_blocks},
+      {"candidate_block_size", &ModelConfig::candidate_block_size},
+      {"hc_mult", &ModelConfig::hc_mult},
+      {"hc_sinkhorn_iters", &ModelConfig::hc_sinkhorn_iters},
+      {"engram_n_heads", &ModelConfig::engram_n_heads},
+      {"engram_head_dim", &ModelConfig::engram_head_dim},
+      {"engram_max_ngram_size", &ModelConfig::engram_max_ngram_size},
+      {"dspark_markov_rank", &ModelConfig::dspark_markov_rank},
+      {"dspark_num_experts_per_tok", &ModelConfig::dspark_num_experts_per_tok},
+  };
+  for (const auto& [name, field] : same) EXPECT_EQ((*c).*field, (*ref).*field) << name;
+  EXPECT_EQ(c->n_routed_experts, c->num_experts_per_tok);
+  EXPECT_EQ(c->dspark_n_routed_experts, c->dspark_num_experts_per_tok);
+  EXPECT_EQ(c->num_hidden_layers, 4);
+  EXPECT_LT(c->dspark_noise_token_id, c->vocab_size);
+}
+
 TEST(ModelConfigTest, ParsesMiniConfig) {
   absl::StatusOr<ModelConfig> c = LoadModelConfig(kMiniConfig());
   ASSERT_TRUE(c.ok()) << c.status();
