@@ -12,32 +12,14 @@
 
 #include <math.h>
 
+#include "engine/cpu/rounded.h"
 #include "engine/spec/host_device.h"
 
 namespace kvc::cpu {
-namespace exp_detail {
-
-KVC_HOST_DEVICE inline double Mul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-KVC_HOST_DEVICE inline double Add(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-}  // namespace exp_detail
 
 KVC_HOST_DEVICE inline float ExpF(float x) {
-  using exp_detail::Add;
-  using exp_detail::Mul;
+  using rounded::Add;
+  using rounded::Mul;
   if (!(x == x)) return x;                       // NaN
   if (x > 88.72283935546875f) return HUGE_VALF;  // above log(FLT_MAX): +inf
   if (x < -104.0f) return 0.0f;                  // below half the least subnormal

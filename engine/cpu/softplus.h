@@ -14,32 +14,14 @@
 #include <math.h>
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/rounded.h"
 #include "engine/spec/host_device.h"
 
 namespace kvc::cpu {
-namespace softplus_detail {
-
-KVC_HOST_DEVICE inline double Div(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-KVC_HOST_DEVICE inline float Sqrt(float a) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return sqrtf(a);
-#endif
-}
-
-}  // namespace softplus_detail
-
 KVC_HOST_DEVICE inline float Log1pF(float x) {
-  using exp_detail::Add;
-  using exp_detail::Mul;
+  using rounded::Add;
+  using rounded::Div;
+  using rounded::Mul;
   if (!(x == x) || x == HUGE_VALF) return x;  // NaN, +inf
   if (x == -1.0f) return -HUGE_VALF;
   if (x < -1.0f) return NAN;
@@ -59,7 +41,7 @@ KVC_HOST_DEVICE inline float Log1pF(float x) {
     m = Mul(m, 2.0);
     k -= 1;
   }
-  const double s = softplus_detail::Div(Add(m, -1.0), Add(m, 1.0)), s2 = Mul(s, s);
+  const double s = Div(Add(m, -1.0), Add(m, 1.0)), s2 = Mul(s, s);
   double p = 0.043478260869565216;  // 1/23
   p = Add(Mul(p, s2), 0.047619047619047616);
   p = Add(Mul(p, s2), 0.05263157894736842);
@@ -78,7 +60,7 @@ KVC_HOST_DEVICE inline float Log1pF(float x) {
 
 // sqrt(softplus(x)), softplus(x) = log(1 + e^x), taken as x above 20 (no overflow there).
 KVC_HOST_DEVICE inline float SqrtSoftplus(float x) {
-  return softplus_detail::Sqrt(x > 20.0f ? x : Log1pF(ExpF(x)));
+  return rounded::Sqrt(x > 20.0f ? x : Log1pF(ExpF(x)));
 }
 
 }  // namespace kvc::cpu

@@ -8,41 +8,14 @@
 #pragma once
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/rounded.h"
 #include "engine/spec/host_device.h"
 
 namespace kvc::cpu {
-namespace swiglu_detail {
-
-KVC_HOST_DEVICE inline float Mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-KVC_HOST_DEVICE inline float Add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-KVC_HOST_DEVICE inline float Div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-}  // namespace swiglu_detail
-
 KVC_HOST_DEVICE inline float SwiGlu(float g, float u, float limit, float weight) {
-  using swiglu_detail::Add;
-  using swiglu_detail::Div;
-  using swiglu_detail::Mul;
+  using rounded::Add;
+  using rounded::Div;
+  using rounded::Mul;
   const float gi = limit < g ? limit : g;                          // std::min(g, limit)
   const float ui = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
   const float sigmoid = Div(1.0f, Add(1.0f, ExpF(-gi)));
