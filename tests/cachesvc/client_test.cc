@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/spec/model_config.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/daemon.h"
@@ -252,15 +254,29 @@ TEST_F(ClientTest, TruncatedStoreStreamKeepsOnlyWholeMessages) {
 
 TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
   constexpr int kClients = 32;
+  // Under ThreadSanitizer (scripts/race-check.sh) both processes run 5–20× slower, and on a
+  // loaded 2-core machine a call queued behind 31 others can pass 30 s.
+#if defined(__SANITIZE_THREAD__)
+  constexpr int kCallTimeoutMs = 180000;
+#else
+  constexpr int kCallTimeoutMs = 30000;
+#endif
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(4);
   std::atomic<int> errors{0}, fetched{0}, stored{0};
+  std::mutex first_errors_mu;
+  std::vector<std::string> first_errors;  // what went wrong, for the failure message
+  auto error = [&](const std::string& what) {
+    ++errors;
+    std::lock_guard lock(first_errors_mu);
+    if (first_errors.size() < 8) first_errors.push_back(what);
+  };
   std::vector<std::thread> threads;
   for (int c = 0; c < kClients; ++c) {
     threads.emplace_back([&, c] {
       std::mt19937_64 rng(seed_ + c);
       std::unique_ptr<CacheClient> client = *CacheClient::Connect({.address = daemon_->address(),
                                                                    .bearer_token = "",
-                                                                   .timeout_ms = 30000,
+                                                                   .timeout_ms = kCallTimeoutMs,
                                                                    .tls_ca_file = "",
                                                                    .shm_socket = ""});
       // Clients share some prefixes (seed c % 4), so stores race on the same chunks.
@@ -274,21 +290,22 @@ TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
             auto r = client->Store(ns_, std::nullopt, p.tokens, p.payloads,
                                    rng() % 2 ? pb::DURABILITY_DURABLE : pb::DURABILITY_MEMORY);
             if (!r.ok())
-              ++errors;
+              error("Store: " + r.status().ToString());
             else
               stored += static_cast<int>(r->stored);
             break;
           }
           case 1:
-            if (!client->Lookup(ns_, p.tokens).ok()) ++errors;
+            if (absl::StatusOr<LookupResult> l = client->Lookup(ns_, p.tokens); !l.ok())
+              error("Lookup: " + l.status().ToString());
             break;
           default: {
             absl::StatusOr<size_t> n = client->Fetch(ns_, keys, out);
             if (!n.ok()) {
-              ++errors;
+              error("Fetch: " + n.status().ToString());
             } else if (!std::equal(out.begin(), out.begin() + *n * ns_.chunk_bytes,
                                    p.payloads.begin())) {
-              ++errors;  // wrong bytes
+              error("Fetch: wrong bytes in " + std::to_string(*n) + " chunks");
             } else {
               fetched += static_cast<int>(*n);
             }
@@ -300,7 +317,7 @@ TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
   for (auto& t : threads) t.join();
   std::printf("load: %d chunks fetched, %d stored by 32 clients in 4 s\n", fetched.load(),
               stored.load());
-  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(errors.load(), 0) << absl::StrJoin(first_errors, "\n");
   EXPECT_GT(fetched.load(), 0);
   EXPECT_GE(stored.load(), 3 * 4);  // each distinct prefix stored once
   absl::StatusOr<pb::StatsResponse> st = client_->Stats();
