@@ -110,6 +110,10 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
       if (!g.ok()) return g.status();
       // The first generated token comes from the prefill's logits: decode_tokens − 1 steps.
       const double decode_s = Since(t);
+      // Also said as soon as known: a run cut short (the GPU check's time budget) keeps it.
+      std::fprintf(stderr, "kvbench: context %lld: prefill %.1f tok/s, decode %.3f tok/s\n",
+                   static_cast<long long>(n), static_cast<double>(n) / prefill_s,
+                   static_cast<double>(o.decode_tokens - 1) / decode_s);
       out["contexts"].push_back(
           {{"tokens", n},
            {"prefill_s", prefill_s},
