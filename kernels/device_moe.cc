@@ -50,10 +50,7 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
   std::vector<float> weights;
   weights.reserve(static_cast<size_t>(all_slots));
   for (const model::ExpertJob& j : jobs) {
-    KVC_CHECK(j.rows.size() == j.weights.size() && j.w1->in_features() == D &&
-              j.w1->out_features() == I && j.w3->out_features() == I && j.w2->in_features() == I &&
-              j.w2->out_features() == D)
-        << "an expert job whose shapes or weights do not fit the block";
+    model::CheckExpertJob(j, D, I);
     for (int64_t m = 0; m < count(j); ++m) {
       index.push_back(j.rows.empty() ? m : j.rows[m]);
       weights.push_back(j.rows.empty() ? 1.0f : j.weights[m]);

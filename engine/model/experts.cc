@@ -9,6 +9,16 @@
 
 namespace kvc::model {
 
+void CheckExpertJob(const ExpertJob& j, int64_t D, int64_t I) {
+  KVC_CHECK(j.rows.size() == j.weights.size() && j.w1->in_features() == D &&
+            j.w1->out_features() == I && j.w3->in_features() == D && j.w3->out_features() == I &&
+            j.w2->in_features() == I && j.w2->out_features() == D)
+      << "an expert job of " << j.rows.size() << " rows and " << j.weights.size()
+      << " weights with projections " << j.w1->in_features() << "→" << j.w1->out_features() << ", "
+      << j.w3->in_features() << "→" << j.w3->out_features() << ", " << j.w2->in_features() << "→"
+      << j.w2->out_features() << " in a block of " << D << "→" << I << "→" << D;
+}
+
 void HostExperts(const MatmulBackend& mm, const float* x, int64_t rows,
                  std::span<const ExpertJob> jobs, float limit, float* out) {
   if (jobs.empty()) return;
@@ -26,10 +36,7 @@ void HostExperts(const MatmulBackend& mm, const float* x, int64_t rows,
     std::vector<GemmCall> calls;
     for (size_t q = 0; q < group.size(); ++q) {
       const ExpertJob& j = group[q];
-      KVC_CHECK(j.rows.size() == j.weights.size() && j.w1->in_features() == D &&
-                j.w1->out_features() == I && j.w3->out_features() == I &&
-                j.w2->in_features() == I && j.w2->out_features() == D)
-          << "an expert job whose shapes or weights do not fit the block";
+      CheckExpertJob(j, D, I);
       const int64_t n = count(j);
       const float* xs = x;
       if (!j.rows.empty()) {

@@ -72,6 +72,9 @@ struct MoeBlock {
 // rows (bounding the intermediates): all gate and up projections, then cpu::SwiGlu, then
 // all down projections. Results do not depend on the grouping.
 inline constexpr int64_t kExpertGroupRows = 8192;
+// Aborts, naming the shapes, when a job does not fit a block of D → I → D experts or has
+// not one routing weight per row.
+void CheckExpertJob(const ExpertJob& j, int64_t D, int64_t I);
 class MatmulBackend;
 void HostExperts(const MatmulBackend& mm, const float* x, int64_t rows,
                  std::span<const ExpertJob> jobs, float limit, float* out);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <numbers>
 #include <random>
+#include <vector>
 
 #include "engine/cpu/exp.h"
 #include "engine/cpu/softplus.h"
@@ -131,14 +132,23 @@ TEST(OpsTest, TopKBreaksTiesTowardsLowerIndexAndSkipsMinusInfinity) {
   EXPECT_EQ(got, order);
 }
 
+// Every n-th float bit pattern, NaNs and infinities included.
+std::vector<float> EveryNthFloat(uint64_t n) {
+  std::vector<float> out;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += n) {
+    const uint32_t bits = static_cast<uint32_t>(u);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    out.push_back(x);
+  }
+  return out;
+}
+
 // ExpF (the engine's exp, the same bits on the CPU and the GPU) against exp in double:
 // within 1 ulp over a sweep of every 4099th float, and the edges right.
 TEST(OpsTest, ExpFIsWithinOneUlpAndHandlesTheEdges) {
   int64_t checked = 0;
-  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) {
-    const uint32_t bits = static_cast<uint32_t>(u);
-    float x;
-    std::memcpy(&x, &bits, 4);
+  for (const float x : EveryNthFloat(4099)) {
     if (std::isnan(x)) continue;
     const double ref = std::exp(static_cast<double>(x));
     const float got = ExpF(x);
@@ -166,10 +176,7 @@ TEST(OpsTest, ExpFIsWithinOneUlpAndHandlesTheEdges) {
 // 4099th float above −1: within one float ulp; then the score built on it.
 TEST(OpsTest, Log1pFIsWithinOneUlpAndSqrtSoftplusFollows) {
   int64_t checked = 0;
-  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) {
-    const uint32_t bits = static_cast<uint32_t>(u);
-    float x;
-    std::memcpy(&x, &bits, 4);
+  for (const float x : EveryNthFloat(4099)) {
     if (std::isnan(x) || x <= -1.0f || std::isinf(x)) continue;
     const double ref = std::log1p(static_cast<double>(x));
     const float got = Log1pF(x);
