@@ -2,6 +2,7 @@
 // read from SSD on the executor in batches of the chunks ahead (one submission, many reads
 // in flight), then written one by one.
 #include "cachesvc/service_impl.h"
+#include "cachesvc/tsan_handoff.h"
 
 namespace kvc::cachesvc {
 
@@ -60,6 +61,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Next();
   }
   void OnWriteDone(bool ok) override {
+    TookBackFromGrpc(this);
     if (!ok) {
       Done(grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading"));
       return;
@@ -69,6 +71,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Next();
   }
   void OnDone() override {
+    TookBackFromGrpc(this);
     {
       std::lock_guard lock(mu_);
       if (reading_) {  // a read ahead is still running: it deletes the reactor when done
@@ -95,6 +98,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     resp_.Clear();  // ends the lease of the last chunk now rather than with the reactor
     slot_.Release();
     svc_->Observe("Fetch", slot_.tenant(), s, start_);
+    HandOffToGrpc(this);
     Finish(s);
   }
   // Sends chunk next_: from a batch read ahead, from the RAM arena, or after a batch read.
@@ -204,12 +208,14 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // it matters for the many one-chunk fetches).
   void Write() {
     if (next_ + 1 < keys_.size()) {
+      HandOffToGrpc(this);
       StartWrite(&resp_);
       return;
     }
     if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/false, ns_.chunk_bytes);
     slot_.Release();
     svc_->Observe("Fetch", slot_.tenant(), grpc::Status::OK, start_);
+    HandOffToGrpc(this);
     StartWriteAndFinish(&resp_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
