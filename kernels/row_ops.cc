@@ -77,6 +77,48 @@ absl::StatusOr<HcOnDevice> HcCoefficientsOnDevice(std::span<const float> mixes,
   return HcOnDevice{pre.ToHost(), post.ToHost(), comb.ToHost()};
 }
 
+absl::StatusOr<std::vector<float>> HcScaleMixesOnDevice(std::span<const float> x, int64_t n,
+                                                        std::span<const float> mixes) {
+  if (n <= 0 || x.size() % n != 0 || x.empty() || mixes.size() % (x.size() / n) != 0) {
+    return absl::InvalidArgumentError("hc scale: x must be rows of n, mixes as many rows");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t rows = static_cast<int64_t>(x.size()) / n;
+  DeviceBuffer<float> dx(x), dm(mixes);
+  CUDA_CHECK(LaunchHcScaleMixes(dx.get(), rows, n, dm.get(),
+                                static_cast<int64_t>(mixes.size()) / rows, nullptr));
+  return dm.ToHost();
+}
+
+absl::StatusOr<std::vector<float>> HcPreOnDevice(std::span<const float> X, std::span<const float> a,
+                                                 int64_t hc, int64_t d) {
+  if (hc <= 0 || d <= 0 || a.size() % hc != 0 || X.size() != a.size() * d) {
+    return absl::InvalidArgumentError("hc pre: X must be rows of hc × d, a rows of hc");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t rows = static_cast<int64_t>(a.size()) / hc;
+  DeviceBuffer<float> dX(X), da(a), out(rows * d);
+  CUDA_CHECK(LaunchHcPre(dX.get(), da.get(), rows, hc, d, out.get(), nullptr));
+  return out.ToHost();
+}
+
+absl::StatusOr<std::vector<float>> HcPostOnDevice(std::span<const float> f,
+                                                  std::span<const float> R,
+                                                  std::span<const float> post,
+                                                  std::span<const float> comb, int64_t hc,
+                                                  int64_t d) {
+  if (hc <= 0 || d <= 0 || post.size() % hc != 0 || f.size() * hc != R.size() ||
+      f.size() != post.size() / hc * d || comb.size() != post.size() * hc) {
+    return absl::InvalidArgumentError(
+        "hc post: f must be rows of d, R rows of hc × d, post rows of hc, comb rows of hc × hc");
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t rows = static_cast<int64_t>(post.size()) / hc;
+  DeviceBuffer<float> df(f), dR(R), dp(post), dc(comb), out(R.size());
+  CUDA_CHECK(LaunchHcPost(df.get(), dR.get(), dp.get(), dc.get(), rows, hc, d, out.get(), nullptr));
+  return out.ToHost();
+}
+
 absl::StatusOr<std::vector<float>> ExpFOnDevice(std::span<const float> x) {
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   DeviceBuffer<float> dx(x), out(x.size());

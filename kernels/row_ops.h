@@ -33,6 +33,21 @@ struct HcOnDevice {
                                                                 std::span<const float> scale,
                                                                 int hc, int iters, float eps);
 
+// mixes (rows of mix values) each times cpu::HcMixesScale of its row of x (rows of n).
+[[nodiscard]] absl::StatusOr<std::vector<float>> HcScaleMixesOnDevice(std::span<const float> x,
+                                                                      int64_t n,
+                                                                      std::span<const float> mixes);
+// cpu::HcPre of every row: X rows of hc × d, a rows of hc.
+[[nodiscard]] absl::StatusOr<std::vector<float>> HcPreOnDevice(std::span<const float> X,
+                                                               std::span<const float> a, int64_t hc,
+                                                               int64_t d);
+// cpu::HcPost of every row: f rows of d, R rows of hc × d, post rows of hc, comb of hc × hc.
+[[nodiscard]] absl::StatusOr<std::vector<float>> HcPostOnDevice(std::span<const float> f,
+                                                                std::span<const float> R,
+                                                                std::span<const float> post,
+                                                                std::span<const float> comb,
+                                                                int64_t hc, int64_t d);
+
 // cpu::ExpF of every value, computed on the device.
 [[nodiscard]] absl::StatusOr<std::vector<float>> ExpFOnDevice(std::span<const float> x);
 

@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/hyper_connections.h"
 #include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
@@ -66,46 +67,37 @@ __global__ void SwapOuterKernel(const float* x, int64_t outer, int64_t middle, i
   y[(b * outer + a) * inner + c] = x[id];
 }
 
-__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 __global__ void HcKernel(const float* m, const float* base, const float* scale, int64_t rows,
                          int hc, int iters, float eps, float* pre, float* post, float* comb) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
-  const float* mr = m + r * (2 + hc) * hc;
-  float* C = comb + r * hc * hc;
-  for (int j = 0; j < hc; ++j) {
-    pre[r * hc + j] = __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(mr[j], scale[0]), base[j])), eps);
-    post[r * hc + j] = 2.0f * Sigmoid(__fadd_rn(__fmul_rn(mr[hc + j], scale[1]), base[hc + j]));
-  }
-  for (int j = 0; j < hc; ++j) {
-    float mx = -INFINITY;
-    for (int k = 0; k < hc; ++k) {
-      C[j * hc + k] =
-          __fadd_rn(__fmul_rn(mr[2 * hc + j * hc + k], scale[2]), base[2 * hc + j * hc + k]);
-      mx = fmaxf(mx, C[j * hc + k]);
-    }
-    float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) {
-      C[j * hc + k] = expf(__fsub_rn(C[j * hc + k], mx));
-      sum = __fadd_rn(sum, C[j * hc + k]);
-    }
-    for (int k = 0; k < hc; ++k) C[j * hc + k] = __fadd_rn(__fdiv_rn(C[j * hc + k], sum), eps);
-  }
-  for (int it = 0; it < iters; ++it) {
-    if (it > 0) {  // rows, then columns; the first step normalizes columns only
-      for (int j = 0; j < hc; ++j) {
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s = __fadd_rn(s, C[j * hc + k]);
-        for (int k = 0; k < hc; ++k) C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, eps));
-      }
-    }
-    for (int k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < hc; ++j) s = __fadd_rn(s, C[j * hc + k]);
-      for (int j = 0; j < hc; ++j) C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, eps));
-    }
-  }
+  cpu::HcCoefficientsOf(m + r * (2 + hc) * hc, base, scale, hc, iters, eps, pre + r * hc,
+                        post + r * hc, comb + r * hc * hc);
+}
+
+__global__ void HcScaleMixesKernel(const float* x, int64_t rows, int64_t n, float* mixes,
+                                   int64_t mix) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float rs = cpu::HcMixesScale(x + r * n, n);
+  for (int64_t j = 0; j < mix; ++j) mixes[r * mix + j] = __fmul_rn(mixes[r * mix + j], rs);
+}
+
+__global__ void HcPreKernel(const float* X, const float* a, int64_t rows, int64_t hc, int64_t d,
+                            float* out) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * d) return;
+  const int64_t r = id / d, i = id % d;
+  out[id] = cpu::HcPreAt(X + r * hc * d, a + r * hc, hc, d, i);
+}
+
+__global__ void HcPostKernel(const float* f, const float* R, const float* post, const float* comb,
+                             int64_t rows, int64_t hc, int64_t d, float* out) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * hc * d) return;
+  const int64_t r = id / (hc * d), k = (id / d) % hc, i = id % d;
+  out[id] =
+      cpu::HcPostAt(f + r * d, R + r * hc * d, post + r * hc, comb + r * hc * hc, hc, d, k, i);
 }
 
 }  // namespace
@@ -148,6 +140,27 @@ cudaError_t LaunchHcCoefficients(const float* m, const float* base, const float*
   if (rows == 0) return cudaSuccess;
   HcKernel<<<Blocks(rows), kThreads, 0, stream>>>(m, base, scale, rows, hc, iters, eps, pre, post,
                                                   comb);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHcScaleMixes(const float* x, int64_t rows, int64_t n, float* mixes, int64_t mix,
+                               cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  HcScaleMixesKernel<<<Blocks(rows), kThreads, 0, stream>>>(x, rows, n, mixes, mix);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHcPre(const float* X, const float* a, int64_t rows, int64_t hc, int64_t d,
+                        float* out, cudaStream_t stream) {
+  if (rows * d == 0) return cudaSuccess;
+  HcPreKernel<<<Blocks(rows * d), kThreads, 0, stream>>>(X, a, rows, hc, d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHcPost(const float* f, const float* R, const float* post, const float* comb,
+                         int64_t rows, int64_t hc, int64_t d, float* out, cudaStream_t stream) {
+  if (rows * hc * d == 0) return cudaSuccess;
+  HcPostKernel<<<Blocks(rows * hc * d), kThreads, 0, stream>>>(f, R, post, comb, rows, hc, d, out);
   return cudaGetLastError();
 }
 

@@ -1,9 +1,10 @@
 // Device launchers for the engine's per-row ops: RMSNorm, RoPE on the tail dims, the
-// ratio-r compressor pooling and the mHC coefficients (Sinkhorn), and the reshuffle the
+// ratio-r compressor pooling, the mHC math (the mixes' scale, the coefficients with
+// Sinkhorn, the pre- and post-mixing of the hc stream copies), and the reshuffle the
 // output projection needs. The CPU twin's operation order (engine/cpu/ops.h,
-// engine/model/layer_ops.h). RMSNorm, RoPE (TurnTails: the CPU's cos/sin handed in, as
-// CUDA's may differ in the last bit), pooling (the shared cpu::ExpF) and the reshuffle are
-// bit for bit; the mHC coefficients use CUDA's expf, so their parity is by relative error.
+// engine/model/layer_ops.h), and its bits: RoPE takes the CPU's cos/sin (TurnTails, as
+// CUDA's may differ in the last bit), pooling and mHC share their code with the CPU
+// (cpu::ExpF; engine/cpu/hyper_connections.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,6 +32,20 @@ cudaError_t LaunchPoolGroups(const float* kv, const float* score, int64_t groups
 cudaError_t LaunchHcCoefficients(const float* m, const float* base, const float* scale,
                                  int64_t rows, int hc, int iters, float eps, float* pre,
                                  float* post, float* comb, cudaStream_t stream);
+
+// mixes[r] (rows of `mix`) *= cpu::HcMixesScale(x[r], n): the mixes' scale from the stream's
+// rows x (n = hc·d each). One thread per row.
+cudaError_t LaunchHcScaleMixes(const float* x, int64_t rows, int64_t n, float* mixes, int64_t mix,
+                               cudaStream_t stream);
+// out[r] (d) = Σ_j a[r][j]·X[r][j] (cpu::HcPreAt): the sublayer's input from the hc copies
+// X (rows × hc × d) and the coefficients a (rows × hc). One thread per value.
+cudaError_t LaunchHcPre(const float* X, const float* a, int64_t rows, int64_t hc, int64_t d,
+                        float* out, cudaStream_t stream);
+// out[r][k] = post[r][k]·f[r] + Σ_j comb[r][j][k]·R[r][j] (cpu::HcPostAt): the stream after
+// a sublayer with output f (rows × d), from the stream before it R (rows × hc × d). One
+// thread per value; out must not alias R.
+cudaError_t LaunchHcPost(const float* f, const float* R, const float* post, const float* comb,
+                         int64_t rows, int64_t hc, int64_t d, float* out, cudaStream_t stream);
 
 // out[i] = cpu::ExpF(x[i]) (engine/cpu/exp.h), for the parity test of the shared exp.
 cudaError_t LaunchExpF(const float* x, int64_t n, float* out, cudaStream_t stream);

@@ -5,6 +5,8 @@
 #include <limits>
 #include <numbers>
 
+#include "engine/cpu/hyper_connections.h"
+
 namespace kvc::cpu {
 
 void RmsNorm(const float* x, const float* w, int64_t n, double eps, float* y) {
@@ -68,7 +70,7 @@ void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t 
   }
 }
 
-float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float Sigmoid(float x) { return SigmoidF(x); }
 
 HcCoefficients HcFromMixes(std::span<const float> m, std::span<const float> base,
                            std::span<const float> scale, int64_t hc, int64_t iters, double eps) {
@@ -76,60 +78,20 @@ HcCoefficients HcFromMixes(std::span<const float> m, std::span<const float> base
   c.pre.resize(hc);
   c.post.resize(hc);
   c.comb.resize(hc * hc);
-  const float e = static_cast<float>(eps);
-  for (int64_t j = 0; j < hc; ++j) {
-    c.pre[j] = Sigmoid(m[j] * scale[0] + base[j]) + e;
-    c.post[j] = 2.0f * Sigmoid(m[hc + j] * scale[1] + base[hc + j]);
-  }
-  std::vector<float>& C = c.comb;
-  for (int64_t j = 0; j < hc; ++j) {
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t k = 0; k < hc; ++k) {
-      C[j * hc + k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-      mx = std::max(mx, C[j * hc + k]);
-    }
-    float sum = 0.0f;
-    for (int64_t k = 0; k < hc; ++k) sum += (C[j * hc + k] = std::exp(C[j * hc + k] - mx));
-    for (int64_t k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / sum + e;
-  }
-  auto normalize_cols = [&] {
-    for (int64_t k = 0; k < hc; ++k) {
-      float s = 0.0f;
-      for (int64_t j = 0; j < hc; ++j) s += C[j * hc + k];
-      for (int64_t j = 0; j < hc; ++j) C[j * hc + k] /= (s + e);
-    }
-  };
-  auto normalize_rows = [&] {
-    for (int64_t j = 0; j < hc; ++j) {
-      float s = 0.0f;
-      for (int64_t k = 0; k < hc; ++k) s += C[j * hc + k];
-      for (int64_t k = 0; k < hc; ++k) C[j * hc + k] /= (s + e);
-    }
-  };
-  normalize_cols();
-  for (int64_t it = 1; it < iters; ++it) {
-    normalize_rows();
-    normalize_cols();
-  }
+  HcCoefficientsOf(m.data(), base.data(), scale.data(), hc, iters, static_cast<float>(eps),
+                   c.pre.data(), c.post.data(), c.comb.data());
   return c;
 }
 
 void HcPre(const float* X, const float* a, int64_t hc, int64_t d, float* out) {
-  for (int64_t i = 0; i < d; ++i) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < hc; ++j) s += a[j] * X[j * d + i];
-    out[i] = s;
-  }
+  for (int64_t i = 0; i < d; ++i) out[i] = HcPreAt(X, a, hc, d, i);
 }
 
 void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc, int64_t d,
             float* out) {
   for (int64_t k = 0; k < hc; ++k) {
-    for (int64_t i = 0; i < d; ++i) {
-      float s = c.post[k] * f[i];
-      for (int64_t j = 0; j < hc; ++j) s += c.comb[j * hc + k] * R[j * d + i];
-      out[k * d + i] = s;
-    }
+    for (int64_t i = 0; i < d; ++i)
+      out[k * d + i] = HcPostAt(f, R, c.post.data(), c.comb.data(), hc, d, k, i);
   }
 }
 

@@ -36,6 +36,7 @@ struct HcCoefficients {
   std::vector<float> post;  // hc
   std::vector<float> comb;  // hc × hc, comb[j·hc + k]
 };
+// The mHC math is hyper_connections.h's, shared with the kernels (the same bits).
 HcCoefficients HcFromMixes(std::span<const float> m, std::span<const float> base,
                            std::span<const float> scale, int64_t hc, int64_t iters, double eps);
 // Σ_j a[j]·X[j] over hc copies of width d.
@@ -44,6 +45,7 @@ void HcPre(const float* X, const float* a, int64_t hc, int64_t d, float* out);
 void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc, int64_t d,
             float* out);
 
+// cpu::SigmoidF (hyper_connections.h): the CUDA kernels' bits.
 float Sigmoid(float x);
 
 // Indices of the k largest values, ties to the lower index, returned in ascending index

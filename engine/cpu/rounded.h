@@ -1,6 +1,7 @@
 // Single, correctly rounded floating-point operations for the numeric helpers the CPU code
-// and the CUDA kernels share (exp.h, swiglu.h, softplus.h): each is one IEEE operation in
-// round-to-nearest on both sides, never fused with a neighbour. On the device the explicit
+// and the CUDA kernels share (exp.h, swiglu.h, softplus.h, hyper_connections.h): each is one IEEE
+// operation in round-to-nearest on both sides, never fused with a neighbour. On the device the
+// explicit
 // __d*_rn / __f*_rn intrinsics forbid nvcc's contraction; on the host ISO C++ (-std=c++20,
 // not gnu++) does not contract.
 #pragma once
@@ -15,6 +16,7 @@ namespace kvc::cpu::rounded {
 KVC_HOST_DEVICE inline double Mul(double a, double b) { return __dmul_rn(a, b); }
 KVC_HOST_DEVICE inline double Add(double a, double b) { return __dadd_rn(a, b); }
 KVC_HOST_DEVICE inline double Div(double a, double b) { return __ddiv_rn(a, b); }
+KVC_HOST_DEVICE inline double Sqrt(double a) { return __dsqrt_rn(a); }
 KVC_HOST_DEVICE inline float Mul(float a, float b) { return __fmul_rn(a, b); }
 KVC_HOST_DEVICE inline float Add(float a, float b) { return __fadd_rn(a, b); }
 KVC_HOST_DEVICE inline float Div(float a, float b) { return __fdiv_rn(a, b); }
@@ -23,6 +25,7 @@ KVC_HOST_DEVICE inline float Sqrt(float a) { return __fsqrt_rn(a); }
 inline double Mul(double a, double b) { return a * b; }
 inline double Add(double a, double b) { return a + b; }
 inline double Div(double a, double b) { return a / b; }
+inline double Sqrt(double a) { return sqrt(a); }
 inline float Mul(float a, float b) { return a * b; }
 inline float Add(float a, float b) { return a + b; }
 inline float Div(float a, float b) { return a / b; }

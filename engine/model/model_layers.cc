@@ -1,4 +1,5 @@
 // The layer loop: embedding, Engram, each layer in order, the decoder compression, logits.
+#include "engine/cpu/hyper_connections.h"
 #include "engine/model/model_impl.h"
 
 namespace kvc::model {
@@ -74,11 +75,7 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   };
   auto coefficients = [&](const LayerWeights& w, int sub) {
     for (int64_t r = 0; r < rows; ++r) {
-      double ss = 0.0;
-      for (int64_t i = 0; i < hc * D; ++i)
-        ss += static_cast<double>(X[r * hc * D + i]) * X[r * hc * D + i];
-      const float rs =
-          static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hc * D) + 1e-20));
+      const float rs = cpu::HcMixesScale(&X[r * hc * D], hc * D);
       for (int64_t j = 0; j < mix; ++j) mixes[r * mix + j] *= rs;
       coef[r] = cpu::HcFromMixes(Row(mixes, r, mix), w.hc_base[sub], w.hc_scale[sub], hc,
                                  c.hc_sinkhorn_iters, c.hc_eps);

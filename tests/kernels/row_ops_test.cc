@@ -1,6 +1,6 @@
 // The per-row kernels against their CPU twins on random inputs (fresh seeds): RMSNorm bit
-// for bit (double accumulation both sides), RoPE, compressor pooling and the mHC
-// coefficients within relative errors (CUDA's sin/cos/expf differ from glibc's by ulps).
+// for bit (double accumulation both sides), RoPE (the CPU's cos/sin handed in), compressor
+// pooling and the mHC math (shared cpu::ExpF and engine/cpu/hyper_connections.h) too.
 // Skipped, saying so, where there is no GPU;
 // the <test>_emu build runs the same checks on the CPU emulation of CUDA (tests/cudaemu).
 #include "kernels/row_ops.h"
@@ -10,6 +10,7 @@
 #include <random>
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/hyper_connections.h"
 #include "engine/cpu/ops.h"
 #include "engine/model/layer_ops.h"
 #include "gtest/gtest.h"
@@ -115,23 +116,87 @@ TEST_F(RowOpsCudaTest, PoolGroupsMatchesTheCpuBitForBit) {
   }
 }
 
-TEST_F(RowOpsCudaTest, HcCoefficientsMatchTheCpu) {
-  std::mt19937_64 rng(testing::FreshSeed());
-  const int hc = 4, rows = 9;
-  const std::vector<float> m = NormalFloats(rng, rows * 24, 1.0f),
-                           base = NormalFloats(rng, 24, 1.0f);
-  const std::vector<float> scale = {0.7f, 1.1f, 0.9f};
-  absl::StatusOr<HcOnDevice> got = HcCoefficientsOnDevice(m, base, scale, hc, 20, 1e-6f);
-  ASSERT_TRUE(got.ok()) << got.status();
-  for (int r = 0; r < rows; ++r) {
-    const cpu::HcCoefficients want =
-        cpu::HcFromMixes(std::span(m).subspan(r * 24, 24), base, scale, hc, 20, 1e-6);
-    for (int j = 0; j < hc; ++j) {
-      EXPECT_NEAR(got->pre[r * hc + j], want.pre[j], 1e-5f);
-      EXPECT_NEAR(got->post[r * hc + j], want.post[j], 1e-5f);
-    }
-    for (int k = 0; k < hc * hc; ++k) EXPECT_NEAR(got->comb[r * hc * hc + k], want.comb[k], 1e-5f);
+// Bit for bit: the two sides share engine/cpu/hyper_connections.h. Any bit that differs
+// fails (on a GPU: a library expf or a contraction by either compiler).
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+        << what << " [" << i << "]: " << got[i] << " vs " << want[i];
   }
+}
+
+TEST_F(RowOpsCudaTest, HcCoefficientsMatchTheCpuBitForBit) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int hc = 4, rows = 9, width = (2 + hc) * hc;
+  const std::vector<float> m = NormalFloats(rng, rows * width, 1.0f),
+                           base = NormalFloats(rng, width, 1.0f);
+  const std::vector<float> scale = {0.7f, 1.1f, 0.9f};
+  for (int iters : {1, 20}) {
+    absl::StatusOr<HcOnDevice> got = HcCoefficientsOnDevice(m, base, scale, hc, iters, 1e-6f);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<float> pre, post, comb;
+    for (int r = 0; r < rows; ++r) {
+      const cpu::HcCoefficients want =
+          cpu::HcFromMixes(std::span(m).subspan(r * width, width), base, scale, hc, iters, 1e-6);
+      pre.insert(pre.end(), want.pre.begin(), want.pre.end());
+      post.insert(post.end(), want.post.begin(), want.post.end());
+      comb.insert(comb.end(), want.comb.begin(), want.comb.end());
+    }
+    ExpectSameBits(got->pre, pre, "pre");
+    ExpectSameBits(got->post, post, "post");
+    ExpectSameBits(got->comb, comb, "comb");
+    // Sinkhorn converged: every column of comb sums to ~1 (the kernel did the iterations).
+    if (iters == 20) {
+      for (int k = 0; k < hc; ++k) {
+        float s = 0;
+        for (int j = 0; j < hc; ++j) s += got->comb[j * hc + k];
+        EXPECT_NEAR(s, 1.0f, 1e-4f);
+      }
+    }
+  }
+}
+
+// The mixes' scale, the pre-mixing and the post-mixing, as the layer loop computes them
+// (engine/model/model_layers.cc): hc copies of width d per row.
+TEST_F(RowOpsCudaTest, HcScalePreAndPostMatchTheCpuBitForBit) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t hc = 4, d = 96, rows = 5, mix = (2 + hc) * hc;
+  const std::vector<float> X = NormalFloats(rng, rows * hc * d, 2.0f),
+                           mixes = NormalFloats(rng, rows * mix, 30.0f),
+                           a = NormalFloats(rng, rows * hc, 1.0f),
+                           f = NormalFloats(rng, rows * d, 1.5f),
+                           post = NormalFloats(rng, rows * hc, 1.0f),
+                           comb = NormalFloats(rng, rows * hc * hc, 0.5f);
+
+  absl::StatusOr<std::vector<float>> scaled = HcScaleMixesOnDevice(X, hc * d, mixes);
+  ASSERT_TRUE(scaled.ok()) << scaled.status();
+  std::vector<float> want = mixes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float rs = cpu::HcMixesScale(&X[r * hc * d], hc * d);
+    EXPECT_NE(rs, 1.0f);
+    for (int64_t j = 0; j < mix; ++j) want[r * mix + j] *= rs;
+  }
+  ExpectSameBits(*scaled, want, "scaled mixes");
+
+  absl::StatusOr<std::vector<float>> pre = HcPreOnDevice(X, a, hc, d);
+  ASSERT_TRUE(pre.ok()) << pre.status();
+  want.assign(rows * d, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) cpu::HcPre(&X[r * hc * d], &a[r * hc], hc, d, &want[r * d]);
+  ExpectSameBits(*pre, want, "pre-mixing");
+
+  absl::StatusOr<std::vector<float>> after = HcPostOnDevice(f, X, post, comb, hc, d);
+  ASSERT_TRUE(after.ok()) << after.status();
+  want.assign(rows * hc * d, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::HcCoefficients c;
+    c.post.assign(post.begin() + r * hc, post.begin() + (r + 1) * hc);
+    c.comb.assign(comb.begin() + r * hc * hc, comb.begin() + (r + 1) * hc * hc);
+    cpu::HcPost(&f[r * d], &X[r * hc * d], c, hc, d, &want[r * hc * d]);
+  }
+  ExpectSameBits(*after, want, "post-mixing");
+  EXPECT_NE(*after, X);
 }
 
 TEST(RowOpsCudaArgsTest, BadShapesAreRefused) {
@@ -139,6 +204,9 @@ TEST(RowOpsCudaArgsTest, BadShapesAreRefused) {
   EXPECT_EQ(RmsNormOnDevice(x, w, 1e-6).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PoolGroupsOnDevice(x, w, 2, 4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SwapOuterAxesOnDevice(x, 3, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HcScaleMixesOnDevice(x, 4, w).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HcPreOnDevice(x, w, 3, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HcPostOnDevice(w, x, w, x, 3, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
