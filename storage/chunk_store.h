@@ -224,6 +224,14 @@ class ChunkStore {
   [[nodiscard]] absl::Status Flush();
   StoreStats Stats() const;
 
+  // The store's own bookkeeping checked against itself, for tests and debugging, at a
+  // quiet moment (no call in flight; leases may be held): every SSD slot is exactly one of
+  // a chunk's, free, free in the reservation, or held back by a removal whose commit
+  // failed (free again at the next open); the reservation lists the free reserved slots;
+  // the eviction order has exactly the chunks on SSD; no write is counted in flight; and
+  // RamTier::CheckConsistency. OK, or the first mismatch (chunk_store_check.cc).
+  [[nodiscard]] absl::Status CheckConsistency() const;
+
   class Impl;
 
  private:

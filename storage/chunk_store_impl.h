@@ -249,6 +249,9 @@ class ChunkStore::Impl {
   std::vector<uint64_t> ssd_free;
   std::unordered_map<uint64_t, int> ssd_readers;
   std::unordered_set<uint64_t> ssd_free_on_release;
+  // Slots of chunks whose removal could not be committed (CommitSsdRemovals): their index
+  // entries may still be on disk, so they are not reused before the next open.
+  uint64_t ssd_held_back = 0;
   std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty;  // last access to persist
   EvictionOrder ssd_order;
   uint64_t next_sequence = 1;

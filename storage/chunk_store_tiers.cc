@@ -160,7 +160,10 @@ absl::Status ChunkStore::Impl::CommitSsdRemovals(std::unique_lock<std::mutex>& l
     record_busy = false;
     reservation_cv.notify_all();
   }
-  if (!committed.ok()) return committed;
+  if (!committed.ok()) {
+    ssd_held_back += slots.size();
+    return committed;
+  }
   for (uint64_t slot : slots) FreeSsdSlot(slot);
   return absl::OkStatus();
 }

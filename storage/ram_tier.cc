@@ -146,6 +146,55 @@ void RamTier::Unref(RamPoolId pool, uint32_t slot) {
   if (--p.refs[slot] == 0 && p.state[slot] == kFreeOnRelease) Free(p, slot);
 }
 
+absl::Status RamTier::CheckConsistency() const {
+  std::vector<std::vector<uint32_t>> users(pools_.size());  // per pool and slot: chunks in it
+  for (size_t i = 0; i < pools_.size(); ++i) users[i].assign(pools_[i].state.size(), 0);
+  std::vector<size_t> chunks(pools_.size(), 0);
+  for (const auto& [key, e] : entries_) {
+    if (e.pool >= pools_.size() || e.slot >= pools_[e.pool].state.size()) {
+      return absl::InternalError(absl::StrCat("RAM chunk ", key.Hex(), " names pool ", e.pool,
+                                              " slot ", e.slot, ", which does not exist"));
+    }
+    if (pools_[e.pool].state[e.slot] != kUsed || ++users[e.pool][e.slot] > 1) {
+      return absl::InternalError(absl::StrCat(
+          "RAM pool ", e.pool, " slot ", e.slot, " holds chunk ", key.Hex(), " but is in state ",
+          int{pools_[e.pool].state[e.slot]}, " with ", users[e.pool][e.slot], " chunks"));
+    }
+    if (!pools_[e.pool].order.Contains(key)) {
+      return absl::InternalError(absl::StrCat("RAM chunk ", key.Hex(), " of pool ", e.pool,
+                                              " is not in its eviction order"));
+    }
+    ++chunks[e.pool];
+  }
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const Pool& p = pools_[i];
+    std::vector<bool> listed(p.state.size(), false);
+    for (uint32_t slot : p.free) {
+      if (slot >= p.state.size() || p.state[slot] != kFree || listed[slot]) {
+        return absl::InternalError(
+            absl::StrCat("RAM pool ", i, " lists slot ", slot, " as free twice or while not free"));
+      }
+      listed[slot] = true;
+    }
+    for (size_t slot = 0; slot < p.state.size(); ++slot) {
+      const bool fine = (p.state[slot] == kFree && listed[slot]) ||
+                        (p.state[slot] == kUsed && users[i][slot] == 1) ||
+                        (p.state[slot] == kFreeOnRelease && p.refs[slot] > 0);
+      if (!fine || p.refs[slot] < 0) {
+        return absl::InternalError(absl::StrCat(
+            "RAM pool ", i, " slot ", slot, " is in state ", int{p.state[slot]}, " with ",
+            p.refs[slot], " leases, ", users[i][slot], " chunks, ", listed[slot] ? "on" : "not on",
+            " the free list (lost, or reserved by nobody)"));
+      }
+    }
+    if (p.order.size() != chunks[i]) {
+      return absl::InternalError(absl::StrCat("RAM pool ", i, " orders ", p.order.size(),
+                                              " chunks for eviction but holds ", chunks[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void RamTier::Free(Pool& p, uint32_t slot) {
   KVC_CHECK(p.state[slot] != kFree) << "RAM slot " << slot << " freed twice";
   p.state[slot] = kFree;

@@ -99,6 +99,11 @@ class RamTier {
   void Ref(RamPoolId pool, uint32_t slot);
   void Unref(RamPoolId pool, uint32_t slot);
 
+  // At a quiet moment (nothing reserved for a write in flight): every slot of every pool
+  // is free (on its free list exactly once), in use by exactly one chunk of the pool (in
+  // its eviction order), or removed and waiting for its leases; OK or the first mismatch.
+  [[nodiscard]] absl::Status CheckConsistency() const;
+
   uint8_t* SlotData(RamPoolId pool, uint32_t slot) const { return pools_[pool].arena->slot(slot); }
   uint64_t SlotOffset(RamPoolId pool, uint32_t slot) const {
     return pools_[pool].arena->slot_offset(slot);

@@ -17,6 +17,7 @@
 namespace kvc::storage {
 namespace {
 
+using ::kvc::testing::ConsistentOnceQuiet;
 using ::kvc::testing::KeyOf;
 using ::kvc::testing::PayloadOf;
 using ::kvc::testing::TempDir;
@@ -162,6 +163,7 @@ TEST_P(ChunkStoreTest, ConcurrentWritersAndReadersSeeWholeChunks) {
   for (int w = 0; w < kWriters; ++w) {
     for (int i = 0; i < kPerWriter; ++i) ExpectChunk(*store, KeyOf(seed, w * 1000 + i));
   }
+  EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
   std::printf("concurrent: %d verified reads during writes\n", verified.load());
 }
 

@@ -93,6 +93,7 @@ TEST(CrashTest, AcknowledgedChunksSurviveSigkill) {
 
     absl::StatusOr<std::unique_ptr<ChunkStore>> store = ChunkStore::Open(CrashStoreOptions(data));
     ASSERT_TRUE(store.ok()) << "round " << round << ": " << store.status();
+    ASSERT_EQ((*store)->CheckConsistency(), absl::OkStatus()) << "round " << round;
     std::vector<uint8_t> out(kCrashChunkBytes);
     for (uint64_t d : durable) {  // all rounds so far: nothing acknowledged is ever lost
       const ChunkKey k = KeyOf(seed, d);

@@ -185,6 +185,8 @@ TEST_F(FaultTest, RandomFaultSoakNeverReturnsWrongBytes) {
   std::printf("soak: %d good reads, %d failed puts, %llu faults injected\n", ok_reads, failed,
               static_cast<unsigned long long>(plan_->injected.load()));
   EXPECT_GT(plan_->injected.load(), 20u);
+  // Failed writes, syncs and reads gave back or held back every slot they took.
+  EXPECT_EQ(testing::ConsistentOnceQuiet(*store_), absl::OkStatus());
   // The soak never touched the early chunks: all of them must still be intact.
   plan_->set_rates({});
   int intact = 0;

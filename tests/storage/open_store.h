@@ -19,6 +19,7 @@ inline std::unique_ptr<storage::ChunkStore> OpenStoreWith(const storage::StoreOp
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return nullptr;
+  EXPECT_EQ((*s)->CheckConsistency(), absl::OkStatus()) << "right after the open";
   EXPECT_TRUE((*s)->RegisterNamespace(ns, chunk_bytes).ok());
   return *std::move(s);
 }
@@ -43,6 +44,7 @@ inline std::unique_ptr<storage::ChunkStore> OpenSmallStore(
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return nullptr;
+  EXPECT_EQ((*s)->CheckConsistency(), absl::OkStatus()) << "right after the open";
   for (storage::NamespaceId ns : namespaces) {
     EXPECT_TRUE((*s)->RegisterNamespace(ns, chunk_bytes).ok());
   }

@@ -1,5 +1,5 @@
 // Unit tests of the storage building blocks: slot format, index records, eviction order,
-// disk space.
+// disk space, the RAM tier's slot bookkeeping.
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -9,6 +9,7 @@
 #include "storage/chunk_index.h"
 #include "storage/disk_space.h"
 #include "storage/eviction.h"
+#include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 #include "storage/slot_reservation.h"
 #include "tests/engine/spec/config_fixtures.h"
@@ -254,6 +255,47 @@ TEST(DiskSpaceTest, MeasuresTheFileSystemAndTheSlabsAllocated) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_EQ(fresh->total_bytes, d->total_bytes);
   EXPECT_EQ(fresh->slab_bytes, 0u);
+}
+
+// RamTier::CheckConsistency (what ChunkStore::CheckConsistency asks of the RAM tier)
+// passes through publish, lease, remove-under-lease and release, and names a slot taken
+// for a write that never published nor returned it.
+TEST(RamTierTest, ConsistencyCheckFollowsLeasesAndFindsALostSlot) {
+  constexpr uint64_t kSlot = 8192;
+  const std::vector<uint64_t> pools = {4 * kSlot, 2 * kSlot};
+  absl::StatusOr<std::unique_ptr<RamTier>> made = RamTier::Create(kSlot, pools);
+  ASSERT_TRUE(made.ok()) << made.status();
+  RamTier& t = **made;
+  ASSERT_TRUE(t.SetPool(7, 1).ok());
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  const uint64_t seed = testing::FreshSeed();
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 3; ++i) {
+    const NamespaceId ns = i == 2 ? 7 : 1;
+    const std::optional<uint32_t> slot = t.TakeFreeSlot(t.PoolOf(ns));
+    ASSERT_TRUE(slot.has_value());
+    RamEntry e;
+    e.ns = ns;
+    e.pool = t.PoolOf(ns);
+    e.slot = *slot;
+    e.len = 100;
+    keys.push_back(testing::KeyOf(seed, i));
+    t.Publish(keys.back(), e, static_cast<int64_t>(i));
+  }
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  const RamEntry leased = *t.Find(keys[0]);
+  t.Ref(leased.pool, leased.slot);
+  t.Remove(keys[0]);  // freed once the lease ends
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  t.Unref(leased.pool, leased.slot);
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  const std::optional<uint32_t> lost = t.TakeFreeSlot(1);  // never published nor returned
+  ASSERT_TRUE(lost.has_value());
+  const absl::Status st = t.CheckConsistency();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(st.message().find("pool 1 slot " + std::to_string(*lost)), std::string::npos) << st;
+  t.ReturnSlot(1, *lost);
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
 }
 
 }  // namespace

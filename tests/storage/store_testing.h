@@ -2,10 +2,12 @@
 // store options on a temporary folder.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "storage/chunk_key.h"
@@ -39,6 +41,19 @@ inline std::vector<uint8_t> PayloadOf(const storage::ChunkKey& key, size_t bytes
     std::memcpy(p.data() + i, &v, std::min<size_t>(8, bytes - i));
   }
   return p;
+}
+
+// ChunkStore::CheckConsistency at the next quiet moment: a write-behind or demotion the
+// store started on its own may still be running, so "not quiet" is asked again for up to
+// 5 s before it is the answer.
+inline absl::Status ConsistentOnceQuiet(const storage::ChunkStore& store) {
+  absl::Status st;
+  for (int i = 0; i < 500; ++i) {
+    st = store.CheckConsistency();
+    if (!absl::IsFailedPrecondition(st)) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return st;
 }
 
 }  // namespace kvc::testing
