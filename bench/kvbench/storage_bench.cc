@@ -32,6 +32,9 @@ namespace {
 
 using storage::ChunkKey;
 constexpr storage::NamespaceId kNs = 1;
+// Slots beyond the data set in our SSD tier, for the store runs (erased after each); fio's
+// store file is as large.
+constexpr uint64_t kStoreRoomChunks = 8192;
 
 ChunkKey KeyFor(uint64_t n) {
   ChunkKey k;
@@ -94,7 +97,7 @@ class KvcacheSystem final : public System {
     o.max_chunk_bytes = sh_->opt.chunk_bytes;
     const uint64_t slot = storage::SlotBytesFor(sh_->opt.chunk_bytes);
     if (ssd_) {
-      o.ssd_bytes = (n + 8192) * slot;  // room for the store runs, erased after each
+      o.ssd_bytes = (n + kStoreRoomChunks) * slot;  // room for the store runs, erased after each
     } else {
       o.ram_bytes = n * slot;
     }
@@ -258,12 +261,17 @@ class FioSystem final : public System {
     // Same I/O size as one of our slots, same depth, O_DIRECT io_uring; writes sync once per
     // `depth` writes, like a durable batch.
     const uint64_t bs = (storage::kSlotHeaderBytes + sh_->opt.chunk_bytes + 4095) / 4096 * 4096;
+    // Reads come from a file of the data set's size; writes go to one as large as our SSD
+    // tier (the data set and the room for store runs): on a disk whose cache absorbs a
+    // small file rewritten in place, a smaller file would flatter the peer.
+    const bool store = op != "fetch";
+    const uint64_t chunks = sh_->opt.dataset_chunks + (store ? kStoreRoomChunks : 0);
     std::string cmd = absl::StrFormat(
-        "fio --name=kvbench --filename=%s/fio.dat --size=%d --bs=%d --rw=%s --ioengine=io_uring "
+        "fio --name=kvbench --filename=%s/fio-%s.dat --size=%d --bs=%d --rw=%s --ioengine=io_uring "
         "--direct=1 --iodepth=%d --runtime=%.3f --time_based --norandommap --randrepeat=0 "
         "--fixedbufs --registerfiles --output-format=json --eta=never%s 2>&1",
-        sh_->opt.dir, sh_->opt.dataset_chunks * bs, bs, op == "fetch" ? "randread" : "randwrite",
-        depth, seconds, op == "fetch" ? "" : absl::StrCat(" --fdatasync=", depth));
+        sh_->opt.dir, op, chunks * bs, bs, store ? "randwrite" : "randread", depth, seconds,
+        store ? absl::StrCat(" --fdatasync=", depth) : "");
     FILE* p = popen(cmd.c_str(), "r");
     if (p == nullptr) return Errno("popen fio");
     std::string out;
