@@ -345,8 +345,15 @@ TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
 
 TEST_F(CudaEngineTest, ExactResumeIsBitIdenticalToAColdRunOnTheGpu) {
   std::mt19937_64 rng(testing::FreshSeed());
+  // Under a sanitizer (the emulated device, ~5× slower) the middle case is left out: it
+  // crosses no boundary the other two do not.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const std::vector<int64_t> fresh_tokens = {1, 41};
+#else
+  const std::vector<int64_t> fresh_tokens = {1, 7, 41};
+#endif
   for (int64_t cached : {32, 96}) {
-    for (int64_t fresh : {1, 7, 41}) {
+    for (int64_t fresh : fresh_tokens) {
       const std::vector<uint32_t> prompt = Prompt(rng, cached + fresh);
       model::Sequence cold = gpu_->NewSequence(), prefix = gpu_->NewSequence();
       absl::StatusOr<std::vector<float>> c = gpu_->Prefill(cold, prompt, model::PrefillMode::kCed);
