@@ -273,10 +273,10 @@ class FioSystem final : public System {
     const bool store = op != "fetch";
     const uint64_t chunks = sh_->opt.dataset_chunks + (store ? kStoreRoomChunks : 0);
     const std::string shape =
-        sync_each_ ? absl::StrFormat("--numjobs=%d --iodepth=1 --fdatasync=1 --group_reporting",
-                                     depth)
-                   : absl::StrFormat("--iodepth=%d%s", depth,
-                                     store ? absl::StrCat(" --fdatasync=", depth) : "");
+        sync_each_
+            ? absl::StrFormat("--numjobs=%d --iodepth=1 --fdatasync=1 --group_reporting", depth)
+            : absl::StrFormat("--iodepth=%d%s", depth,
+                              store ? absl::StrCat(" --fdatasync=", depth) : "");
     std::string cmd = absl::StrFormat(
         "fio --name=kvbench --filename=%s/fio-%s.dat --size=%d --bs=%d --rw=%s --ioengine=io_uring "
         "--direct=1 %s --runtime=%.3f --time_based --norandommap --randrepeat=0 "
