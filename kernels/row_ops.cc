@@ -1,5 +1,6 @@
 #include "kernels/row_ops.h"
 
+#include "absl/strings/str_cat.h"
 #include "engine/cpu/ops.h"
 
 #include "kernels/cuda_check.h"
@@ -80,7 +81,9 @@ absl::StatusOr<HcOnDevice> HcCoefficientsOnDevice(std::span<const float> mixes,
 absl::StatusOr<std::vector<float>> HcScaleMixesOnDevice(std::span<const float> x, int64_t n,
                                                         std::span<const float> mixes) {
   if (n <= 0 || x.size() % n != 0 || x.empty() || mixes.size() % (x.size() / n) != 0) {
-    return absl::InvalidArgumentError("hc scale: x must be rows of n, mixes as many rows");
+    return absl::InvalidArgumentError(absl::StrCat("hc scale: x of ", x.size(),
+                                                   " values is not rows of n = ", n,
+                                                   " matched by the ", mixes.size(), " mixes"));
   }
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   const int64_t rows = static_cast<int64_t>(x.size()) / n;
@@ -93,7 +96,9 @@ absl::StatusOr<std::vector<float>> HcScaleMixesOnDevice(std::span<const float> x
 absl::StatusOr<std::vector<float>> HcPreOnDevice(std::span<const float> X, std::span<const float> a,
                                                  int64_t hc, int64_t d) {
   if (hc <= 0 || d <= 0 || a.size() % hc != 0 || X.size() != a.size() * d) {
-    return absl::InvalidArgumentError("hc pre: X must be rows of hc × d, a rows of hc");
+    return absl::InvalidArgumentError(
+        absl::StrCat("hc pre: X of ", X.size(), " values and a of ", a.size(),
+                     " are not rows of hc × d and hc (hc = ", hc, ", d = ", d, ")"));
   }
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   const int64_t rows = static_cast<int64_t>(a.size()) / hc;
@@ -109,8 +114,10 @@ absl::StatusOr<std::vector<float>> HcPostOnDevice(std::span<const float> f,
                                                   int64_t d) {
   if (hc <= 0 || d <= 0 || post.size() % hc != 0 || f.size() * hc != R.size() ||
       f.size() != post.size() / hc * d || comb.size() != post.size() * hc) {
-    return absl::InvalidArgumentError(
-        "hc post: f must be rows of d, R rows of hc × d, post rows of hc, comb rows of hc × hc");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hc post: f of ", f.size(), ", R of ", R.size(), ", post of ", post.size(), ", comb of ",
+        comb.size(), " values are not rows of d, hc × d, hc, hc × hc (hc = ", hc, ", d = ", d,
+        ")"));
   }
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   const int64_t rows = static_cast<int64_t>(post.size()) / hc;

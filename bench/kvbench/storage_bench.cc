@@ -264,8 +264,8 @@ class FioSystem final : public System {
     return absl::OkStatus();
   }
   absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
-    // Same I/O size as one of our slots, same depth, O_DIRECT io_uring; writes sync once per
-    // `depth` writes, like a durable batch.
+    // Same I/O size as one of our slots, same depth, O_DIRECT io_uring (the sync rule of
+    // each shape: the class comment).
     const uint64_t bs = (storage::kSlotHeaderBytes + sh_->opt.chunk_bytes + 4095) / 4096 * 4096;
     // Reads come from a file of the data set's size; writes go to one as large as our SSD
     // tier (the data set and the room for store runs): on a disk whose cache absorbs a

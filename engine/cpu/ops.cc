@@ -70,8 +70,6 @@ void ApplyRope(float* x, int64_t dim, const std::vector<double>& freqs, int64_t 
   }
 }
 
-float Sigmoid(float x) { return SigmoidF(x); }
-
 HcCoefficients HcFromMixes(std::span<const float> m, std::span<const float> base,
                            std::span<const float> scale, int64_t hc, int64_t iters, double eps) {
   HcCoefficients c;

@@ -45,9 +45,6 @@ void HcPre(const float* X, const float* a, int64_t hc, int64_t d, float* out);
 void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc, int64_t d,
             float* out);
 
-// cpu::SigmoidF (hyper_connections.h): the CUDA kernels' bits.
-float Sigmoid(float x);
-
 // Indices of the k largest values, ties to the lower index, returned in ascending index
 // order. Entries equal to -inf are never picked.
 std::vector<int32_t> TopKAscending(std::span<const float> scores, int64_t k);

@@ -1,9 +1,8 @@
 // Single, correctly rounded floating-point operations for the numeric helpers the CPU code
-// and the CUDA kernels share (exp.h, swiglu.h, softplus.h, hyper_connections.h): each is one IEEE
-// operation in round-to-nearest on both sides, never fused with a neighbour. On the device the
-// explicit
-// __d*_rn / __f*_rn intrinsics forbid nvcc's contraction; on the host ISO C++ (-std=c++20,
-// not gnu++) does not contract.
+// and the CUDA kernels share (exp.h, swiglu.h, softplus.h, hyper_connections.h): each is
+// one IEEE operation in round-to-nearest on both sides, never fused with a neighbour. On
+// the device the explicit __d*_rn / __f*_rn intrinsics forbid nvcc's contraction; on the
+// host ISO C++ (-std=c++20, not gnu++) does not contract.
 #pragma once
 
 #include <math.h>

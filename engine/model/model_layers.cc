@@ -48,7 +48,7 @@ void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_
       }
       const double d = dot / std::sqrt(hh / D + eps) / std::sqrt(kk / D + eps) /
                        std::sqrt(static_cast<double>(D));
-      const float g = cpu::Sigmoid(
+      const float g = cpu::SigmoidF(
           static_cast<float>((d >= 0 ? 1.0 : -1.0) * std::sqrt(std::max(std::abs(d), 1e-6))));
       for (int64_t i = 0; i < D; ++i) h[i] += g * V[i];
     }

@@ -206,6 +206,8 @@ TEST(RowOpsCudaArgsTest, BadShapesAreRefused) {
   EXPECT_EQ(SwapOuterAxesOnDevice(x, 3, 2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(HcScaleMixesOnDevice(x, 4, w).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(HcPreOnDevice(x, w, 3, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(HcPreOnDevice(x, w, 3, 4).status().message().find("X of 10 values"), std::string::npos)
+      << HcPreOnDevice(x, w, 3, 4).status();
   EXPECT_EQ(HcPostOnDevice(w, x, w, x, 3, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
