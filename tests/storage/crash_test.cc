@@ -47,17 +47,22 @@ TEST(CrashTest, AcknowledgedChunksSurviveSigkill) {
       _exit(127);
     }
     if (round % 2 == 0) {
-      // Half the rounds kill the writer while it stores: wait for its first acknowledgement
-      // of this round (a slow start — sanitizers, a loaded machine — would otherwise eat the
-      // whole random delay), then a random moment after it.
-      const auto size_now = [&] {
-        std::error_code ec;
-        const auto n = std::filesystem::file_size(acks, ec);
-        return ec ? std::uintmax_t{0} : n;
-      };
+      // Half the rounds kill the writer while it stores: wait for its first durable
+      // acknowledgement of this round (a slow start — sanitizers, a loaded machine — would
+      // otherwise eat the whole random delay; a memory ack comes sooner and says nothing
+      // about the durable path), then a random moment after it.
       const std::uintmax_t before = acks_bytes;
+      const auto durable_ack_this_round = [&] {
+        std::ifstream f(acks);
+        if (!f || !f.seekg(static_cast<std::streamoff>(before))) return false;
+        std::string line;
+        while (std::getline(f, line)) {
+          if (line.starts_with("d ")) return true;
+        }
+        return false;
+      };
       const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (size_now() == before && std::chrono::steady_clock::now() < give_up) {
+      while (!durable_ack_this_round() && std::chrono::steady_clock::now() < give_up) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 100));
