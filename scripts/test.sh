@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install dependencies, build everything, and run every test (CUDA tests skip without a GPU;
-# their _emu builds run the kernels on the CPU emulation of CUDA), then the kernels' race
+# Install dependencies, build everything, check the storage's lock annotations with clang
+# (scripts/lock-check.sh), and run every test (CUDA tests skip without a GPU; their _emu
+# builds run the kernels on the CPU emulation of CUDA), then the kernels' race
 # check (scripts/race-check.sh: the emulated kernel tests under ThreadSanitizer), the whole
 # suite again under ASan + UBSan (scripts/asan-check.sh), and a bounded run of every fuzz
 # target (scripts/fuzz.sh).
@@ -18,6 +19,7 @@ step scripts/install-deps.sh
 # ~30 % faster than at RelWithDebInfo's -g (the full debug info is for a developer's gdb).
 step scripts/build.sh -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+step scripts/lock-check.sh
 step ctest --test-dir build --output-on-failure -j "$jobs"
 step scripts/race-check.sh
 step scripts/asan-check.sh

@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(StoreOptions option
 
 absl::Status ChunkStore::RegisterNamespace(NamespaceId ns, uint64_t chunk_bytes) {
   Impl& s = *impl_;
-  std::lock_guard lk(s.mu);
+  MutexLock lk(s.mu);
   if (chunk_bytes == 0 || chunk_bytes > s.opt.max_chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("namespace ", ns, ": chunk size ", chunk_bytes,
                                                    " is not in [1, ", s.opt.max_chunk_bytes, "]"));
@@ -85,7 +85,7 @@ absl::Status ChunkStore::RegisterNamespace(NamespaceId ns, uint64_t chunk_bytes)
 }
 
 absl::StatusOr<uint64_t> ChunkStore::ChunkBytes(NamespaceId ns) const {
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   auto it = impl_->namespaces.find(ns);
   if (it == impl_->namespaces.end()) {
     return absl::NotFoundError(absl::StrCat("namespace ", ns, " is not registered"));
@@ -101,7 +101,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
                                                             const PutOptions& options) {
   Impl& s = *impl_;
   std::vector<absl::StatusOr<PutResult>> results(requests.size(), PutResult{});
-  std::unique_lock lk(s.mu);
+  MutexLock lk(s.mu);
   const int64_t now = s.NowS();
   const int64_t expires = options.ttl_s > 0 ? now + options.ttl_s : 0;
   std::vector<Impl::PendingWrite> writes;
@@ -148,7 +148,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     }
   }
   if (!writes.empty()) {
-    s.WriteToSsd(lk, writes);
+    s.WriteToSsd(writes);
     for (Impl::PendingWrite& w : writes) {
       if (absl::IsAlreadyExists(w.status)) {
         results[w.result_index] = PutResult{true};
@@ -161,15 +161,15 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
           in_ram->dirty = false;
         } else {
           const PutRequest& r = requests[w.result_index];
-          (void)s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload, w.record.checksum,
-                            false, expires, false);
+          (void)s.InsertRam(r.namespace_id, r.key, r.parent, r.payload, w.record.checksum, false,
+                            expires, false);
         }
       }
     }
   }
   for (size_t i : memory_puts) {
     const PutRequest& r = requests[i];
-    absl::Status st = s.InsertRam(lk, r.namespace_id, r.key, r.parent, r.payload, 0,
+    absl::Status st = s.InsertRam(r.namespace_id, r.key, r.parent, r.payload, 0,
                                   /*dirty=*/s.ssd != nullptr, expires, /*allow_writeback=*/true);
     if (absl::IsAlreadyExists(st)) {
       results[i] = PutResult{true};
@@ -177,7 +177,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
       results[i] = st;
     }
   }
-  if (s.hbm && s.opt.hbm_write_through) s.WriteThroughHbm(lk, requests, results);
+  if (s.hbm && s.opt.hbm_write_through) s.WriteThroughHbm(requests, results);
   return results;
 }
 
@@ -204,7 +204,7 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
     uint64_t checksum;
   };
   std::vector<RamHit> ram_hits;
-  std::unique_lock lk(s.mu);
+  MutexLock lk(s.mu);
   const int64_t now = s.NowS();
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status st = s.CheckPayload(ns, outs[i].size()); !st.ok()) {
@@ -246,7 +246,7 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
   std::vector<size_t> corrupt;  // ram_hits entries whose copy did not verify
   for (size_t h = 0; h < ram_hits.size(); ++h) {
     const RamHit& hit = ram_hits[h];
-    std::memcpy(outs[hit.index].data(), s.ram->SlotData(hit.pool, hit.slot),
+    std::memcpy(outs[hit.index].data(), s.ram_arenas()->SlotData(hit.pool, hit.slot),
                 outs[hit.index].size());
     if (!s.RamCopyVerifies(outs[hit.index], hit.checksum)) corrupt.push_back(h);
   }
@@ -307,7 +307,7 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
       const std::optional<ChunkKey> parent = d->second.parent;
       const int64_t expires = d->second.expires_s;
       const uint64_t checksum = d->second.checksum;
-      if (s.InsertRam(lk, ns, keys[i], parent, outs[i], checksum, false, expires, false).ok())
+      if (s.InsertRam(ns, keys[i], parent, outs[i], checksum, false, expires, false).ok())
         ++s.stats.promotions;
     }
   }
@@ -325,7 +325,7 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
 
 absl::StatusOr<RamLease> ChunkStore::LeaseRam(NamespaceId ns, const ChunkKey& key) {
   Impl& s = *impl_;
-  std::unique_lock lk(s.mu);
+  MutexLock lk(s.mu);
   RamEntry* r = s.ram ? s.ram->FindIn(ns, key) : nullptr;
   if (r == nullptr) return absl::NotFoundError(absl::StrCat(s.Where(key), " is not in RAM"));
   s.ram->Ref(r->pool, r->slot);
@@ -356,32 +356,35 @@ absl::StatusOr<RamLease> ChunkStore::LeaseRam(NamespaceId ns, const ChunkKey& ke
 }
 
 void ChunkStore::ReleaseRamSlot(RamPoolId pool, uint32_t slot) {
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   impl_->ram->Unref(pool, slot);
 }
 
 absl::Status ChunkStore::SetRamPool(NamespaceId ns, RamPoolId pool) {
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   if (!impl_->ram) return absl::FailedPreconditionError("this store has no RAM tier");
   return impl_->ram->SetPool(ns, pool);
 }
 
 RamPoolId ChunkStore::RamPoolOf(NamespaceId ns) const {
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->ram ? impl_->ram->PoolOf(ns) : 0;
 }
 
-size_t ChunkStore::ram_pool_count() const { return impl_->ram ? impl_->ram->pool_count() : 0; }
+size_t ChunkStore::ram_pool_count() const {
+  const RamTier* ram = impl_->ram_arenas();
+  return ram ? ram->pool_count() : 0;
+}
 
 int ChunkStore::ram_arena_fd(RamPoolId pool) const {
-  const RamArena* a =
-      impl_->ram && pool < impl_->ram->pool_count() ? impl_->ram->arena(pool) : nullptr;
+  const RamTier* ram = impl_->ram_arenas();
+  const RamArena* a = ram && pool < ram->pool_count() ? ram->arena(pool) : nullptr;
   return a ? a->read_only_fd() : -1;
 }
 
 uint64_t ChunkStore::ram_arena_bytes(RamPoolId pool) const {
-  const RamArena* a =
-      impl_->ram && pool < impl_->ram->pool_count() ? impl_->ram->arena(pool) : nullptr;
+  const RamTier* ram = impl_->ram_arenas();
+  const RamArena* a = ram && pool < ram->pool_count() ? ram->arena(pool) : nullptr;
   return a ? a->bytes() : 0;
 }
 
@@ -391,7 +394,7 @@ Tier ChunkStore::Contains(NamespaceId ns, const ChunkKey& key) const {
 
 std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> keys) const {
   const Impl& s = *impl_;
-  std::lock_guard lk(s.mu);
+  MutexLock lk(s.mu);
   std::vector<Tier> tiers(keys.size(), Tier::kNone);
   for (size_t i = 0; i < keys.size(); ++i) {
     tiers[i] = s.LowerTierOf(ns, keys[i]);
@@ -410,13 +413,13 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
   std::vector<absl::Status> status(keys.size());
   std::vector<ChunkKey> deletes;
   std::vector<uint64_t> slots;
-  std::unique_lock lk(s.mu);
+  MutexLock lk(s.mu);
   for (size_t i = 0; i < keys.size(); ++i) {
     const ChunkKey& key = keys[i];
-    s.flush_done.wait(lk, [&] {
-      const RamEntry* r = s.ram ? s.ram->Find(key) : nullptr;
-      return r == nullptr || !r->flushing;
-    });
+    for (const RamEntry* r = s.ram ? s.ram->Find(key) : nullptr; r != nullptr && r->flushing;
+         r = s.ram->Find(key)) {
+      s.flush_done.wait(s.mu);
+    }
     bool found = false;
     if (s.ram && s.ram->FindIn(ns, key) != nullptr) {
       s.DropRam(key);
@@ -437,7 +440,7 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
       status[i] = absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
     }
   }
-  if (absl::Status committed = s.CommitSsdRemovals(lk, deletes, slots); !committed.ok()) {
+  if (absl::Status committed = s.CommitSsdRemovals(deletes, slots); !committed.ok()) {
     for (auto& st : status) {
       if (st.ok()) st = committed;
     }
@@ -454,7 +457,7 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
   Impl& s = *impl_;
   std::vector<absl::Status> status(keys.size());
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
-  std::unique_lock lk(s.mu);
+  MutexLock lk(s.mu);
   // A pin limit counts the chunks pinned now, these included.
   const int64_t now = s.NowS();
   Impl::QuotaState* quota = s.QuotaOf(ns);
@@ -500,18 +503,18 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
 
 absl::Status ChunkStore::Flush() {
   Impl& s = *impl_;
-  std::unique_lock lk(s.mu);
+  MutexLock lk(s.mu);
   s.work.notify_all();
   const uint64_t errors = s.stats.write_errors;
   while (!s.dirty_queue.empty() || s.flushes_in_progress > 0) {
-    s.flush_done.wait_for(lk, std::chrono::milliseconds(20));
+    s.flush_done.wait_for(s.mu, std::chrono::milliseconds(20));
     if (s.stats.write_errors != errors) return absl::InternalError("writing to SSD failed");
   }
   return absl::OkStatus();
 }
 
 ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& namespaces) const {
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   ChunkCounts c;
   if (impl_->ram) c.ram = impl_->ram->CountIn(namespaces);
   for (const auto& [key, rec] : impl_->ssd_map) c.ssd += namespaces.contains(rec.namespace_id);
@@ -520,7 +523,7 @@ ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& nam
 }
 
 std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   std::vector<std::pair<NamespaceId, ChunkKey>> out;
   out.reserve(impl_->ssd_map.size());
   for (const auto& [key, rec] : impl_->ssd_map) out.emplace_back(rec.namespace_id, key);
@@ -528,7 +531,7 @@ std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
 }
 
 StoreStats ChunkStore::Stats() const {
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   StoreStats st = impl_->stats;
   st.ram_chunks = impl_->ram ? impl_->ram->size() : 0;
   st.ssd_chunks = impl_->ssd_map.size();

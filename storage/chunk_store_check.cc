@@ -10,7 +10,7 @@ namespace kvc::storage {
 
 absl::Status ChunkStore::CheckConsistency() const {
   const Impl& s = *impl_;
-  std::lock_guard lk(s.mu);
+  MutexLock lk(s.mu);
   if (s.in_flight != 0 || s.record_busy || !s.ssd_free_on_release.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the store is not quiet: ", s.in_flight, " SSD writes in flight, ",

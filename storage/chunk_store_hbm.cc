@@ -25,7 +25,7 @@ absl::StatusOr<HbmLease> ChunkStore::LeaseHbm(NamespaceId ns, const ChunkKey& ke
   }
   uint64_t chunk_bytes = 0;
   {
-    std::lock_guard lk(s.mu);
+    MutexLock lk(s.mu);
     auto it = s.namespaces.find(ns);
     if (it == s.namespaces.end()) {
       return absl::NotFoundError(absl::StrCat("namespace ", ns, " is not registered"));
@@ -44,7 +44,7 @@ absl::StatusOr<HbmLease> ChunkStore::LeaseHbm(NamespaceId ns, const ChunkKey& ke
   if (absl::Status got = Get(ns, key, staged); !got.ok()) return got;
   lease = s.hbm->PutAndLease(ns, key, staged);
   if (!lease.ok()) return lease;
-  std::lock_guard lk(s.mu);
+  MutexLock lk(s.mu);
   if (!s.KeepHbmCopy(ns, key)) {
     return absl::NotFoundError(absl::StrCat(s.Where(key), " was erased while it was promoted"));
   }
@@ -52,10 +52,9 @@ absl::StatusOr<HbmLease> ChunkStore::LeaseHbm(NamespaceId ns, const ChunkKey& ke
   return lease;
 }
 
-void ChunkStore::Impl::WriteThroughHbm(std::unique_lock<std::mutex>& lk,
-                                       std::span<const PutRequest> requests,
+void ChunkStore::Impl::WriteThroughHbm(std::span<const PutRequest> requests,
                                        const std::vector<absl::StatusOr<PutResult>>& results) {
-  lk.unlock();
+  mu.unlock();
   std::vector<size_t> copied;
   for (size_t i = 0; i < requests.size(); ++i) {
     // Only bytes this call stored: an already-present chunk keeps its own (copied on a read).
@@ -64,7 +63,7 @@ void ChunkStore::Impl::WriteThroughHbm(std::unique_lock<std::mutex>& lk,
     // A full T0 (every slot leased) only means the chunk is copied in on a later read.
     if (hbm->Put(r.namespace_id, r.key, r.payload).ok()) copied.push_back(i);
   }
-  lk.lock();
+  mu.lock();
   for (size_t i : copied) (void)KeepHbmCopy(requests[i].namespace_id, requests[i].key);
 }
 

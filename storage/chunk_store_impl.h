@@ -7,7 +7,6 @@
 #include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -20,6 +19,7 @@
 #include "storage/eviction.h"
 #include "storage/group_commit.h"
 #include "storage/hbm_tier.h"
+#include "storage/mutex.h"
 #include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 #include "storage/slot_reservation.h"
@@ -39,10 +39,11 @@ class ChunkStore::Impl {
     }
   }
 
-  absl::Status Open();
-  void Close();
+  absl::Status Open() ABSL_LOCKS_EXCLUDED(mu);
+  void Close() ABSL_LOCKS_EXCLUDED(mu);
   // Opens the index and reads its records; a damaged index is salvaged (index_damaged).
-  absl::Status OpenIndex(std::vector<std::pair<ChunkKey, IndexRecord>>* records);
+  absl::Status OpenIndex(std::vector<std::pair<ChunkKey, IndexRecord>>* records)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Index entries committed and data synced, for all concurrent writers (group_commit.h).
   absl::Status CommitDurably(const std::set<uint64_t>& slabs,
@@ -50,22 +51,25 @@ class ChunkStore::Impl {
     return commits->Commit(slabs, puts);
   }
 
-  // ---- recovery (chunk_store_recovery.cc; at open, before other threads run) ----
+  // ---- recovery (chunk_store_recovery.cc; at open, before other threads run, under mu) ----
   // Brings the loaded index (ssd_map) up to date with the slots: the reserved slots
   // written after the reservation, or with whole_tier every slot (the index was damaged:
   // slots are then the only truth, and entries whose slot does not verify are dropped).
   // Keys whose entries go are appended to `stale`; recovered entries to `recovered`.
   absl::Status RecoverFromSlots(const SlotReservation& reservation, bool whole_tier,
                                 std::vector<ChunkKey>* stale,
-                                std::vector<std::pair<ChunkKey, IndexRecord>>* recovered);
+                                std::vector<std::pair<ChunkKey, IndexRecord>>* recovered)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   int64_t NowS() const { return opt.now_s(); }
   // Whether the namespace's RAM pool has any slot.
-  bool HasRam(NamespaceId ns) const { return ram && ram->arena(ram->PoolOf(ns)) != nullptr; }
-  int64_t NextAccess() { return ++access_clock; }
+  bool HasRam(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return ram && ram->arena(ram->PoolOf(ns)) != nullptr;
+  }
+  int64_t NextAccess() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return ++access_clock; }
   std::string Where(const ChunkKey& key) const { return absl::StrCat("chunk ", key.Hex()); }
 
-  absl::Status CheckPayload(NamespaceId ns, size_t bytes) const {
+  absl::Status CheckPayload(NamespaceId ns, size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = namespaces.find(ns);
     if (it == namespaces.end()) {
       return absl::NotFoundError(absl::StrCat("namespace ", ns, " is not registered"));
@@ -78,11 +82,11 @@ class ChunkStore::Impl {
   }
 
   // ---- RAM tier (all under mu) ----
-  void DropRam(const ChunkKey& key);
+  void DropRam(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // A RAM copy whose bytes no longer match their checksum (memory corruption): a miss,
   // counted, and the copy is dropped. Never handed out.
-  void DropCorruptRam(const ChunkKey& key);
+  void DropCorruptRam(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   bool RamCopyVerifies(std::span<const uint8_t> bytes, uint64_t checksum) const {
     return PayloadChecksum(bytes) == checksum;
@@ -90,27 +94,28 @@ class ChunkStore::Impl {
 
   // `key` is in neither tier any more: the chunks after it can no longer be reached by
   // a lookup, so they are the first to go, and its T0 copy goes now.
-  void LeftStore(NamespaceId ns, const ChunkKey& key);
+  void LeftStore(NamespaceId ns, const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // The tier holding the chunk in this namespace — kRam before kSsd — or kNone (T0 aside).
-  Tier LowerTierOf(NamespaceId ns, const ChunkKey& key) const {
+  Tier LowerTierOf(NamespaceId ns, const ChunkKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const RamEntry* r = ram ? ram->Find(key) : nullptr;
     if (r != nullptr && r->ns == ns) return Tier::kRam;
     auto d = ssd_map.find(key);
     return d != ssd_map.end() && d->second.namespace_id == ns ? Tier::kSsd : Tier::kNone;
   }
   // Whether RAM or SSD holds the chunk in this namespace.
-  bool Holds(NamespaceId ns, const ChunkKey& key) const {
+  bool Holds(NamespaceId ns, const ChunkKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return LowerTierOf(ns, key) != Tier::kNone;
   }
 
   // ---- T0 (chunk_store_hbm.cc) ----
   // Copies the chunks just stored to T0 (write-through); takes and releases the lock.
-  void WriteThroughHbm(std::unique_lock<std::mutex>& lk, std::span<const PutRequest> requests,
-                       const std::vector<absl::StatusOr<PutResult>>& results);
+  void WriteThroughHbm(std::span<const PutRequest> requests,
+                       const std::vector<absl::StatusOr<PutResult>>& results)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // A copy was put into T0 without the lock: keeps it only if the store still holds the
   // chunk (an erase or eviction in between dropped nothing from T0). Needs mu.
-  bool KeepHbmCopy(NamespaceId ns, const ChunkKey& key) {
+  bool KeepHbmCopy(NamespaceId ns, const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (Holds(ns, key)) return true;
     hbm->Erase(ns, key);
     return false;
@@ -119,26 +124,26 @@ class ChunkStore::Impl {
   // A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
   // dirty victims are written to SSD first (demotion); without, the call gives up instead
   // of waiting on I/O.
-  absl::StatusOr<uint32_t> AllocRamSlot(std::unique_lock<std::mutex>& lk, RamPoolId pool,
-                                        bool allow_writeback);
+  absl::StatusOr<uint32_t> AllocRamSlot(RamPoolId pool, bool allow_writeback)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Copies bytes into a fresh slot of the namespace's RAM pool and publishes it. The copy
   // runs without the lock: the reserved slot is in neither the free list nor the map, so
   // nobody else sees it. `checksum` is the payload's, if the caller knows it (0: computed
   // here from the copy).
-  absl::Status InsertRam(std::unique_lock<std::mutex>& lk, NamespaceId ns, const ChunkKey& key,
-                         const std::optional<ChunkKey>& parent, std::span<const uint8_t> bytes,
-                         uint64_t checksum, bool dirty, int64_t expires_s, bool allow_writeback);
+  absl::Status InsertRam(NamespaceId ns, const ChunkKey& key, const std::optional<ChunkKey>& parent,
+                         std::span<const uint8_t> bytes, uint64_t checksum, bool dirty,
+                         int64_t expires_s, bool allow_writeback) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // ---- SSD tier (all under mu) ----
   // A slot nobody uses any more: free at once, or when its readers are done.
-  void FreeSsdSlot(uint64_t slot);
+  void FreeSsdSlot(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Back to the free slots: among the reserved ones if it is still reserved.
-  void ReturnFreeSlot(uint64_t slot) {
+  void ReturnFreeSlot(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     (reserved.contains(slot) ? reserved_free : ssd_free).push_back(slot);
   }
 
-  void RemoveSsd(const ChunkKey& key);
+  void RemoveSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   uint64_t GlobalSlot(const IndexRecord& r) const {
     return uint64_t{r.slab} * slots_per_slab + r.slot;
@@ -149,14 +154,14 @@ class ChunkStore::Impl {
   // write in flight has committed its index entry. Releases the lock while it waits or
   // commits. Fewer than n only when the tier is full of pinned chunks (ResourceExhausted)
   // or the commit failed (its error).
-  absl::Status EnsureReserved(std::unique_lock<std::mutex>& lk, size_t n);
+  absl::Status EnsureReserved(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // How many slots one reservation takes beyond what is asked for: enough to make the
   // synced commit rare, few enough that a small tier keeps most slots for chunks.
-  size_t ReserveAhead() const;
+  size_t ReserveAhead() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Takes a chunk that is on SSD off the tier's map and eviction order, and returns its
   // slot — not yet free: CommitSsdRemovals frees it once the removal is durable.
-  uint64_t TakeOffSsd(const ChunkKey& key) {
+  uint64_t TakeOffSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto d = ssd_map.find(key);
     const uint64_t slot = GlobalSlot(d->second);
     ssd_map.erase(d);
@@ -167,9 +172,9 @@ class ChunkStore::Impl {
   // slot still listed in the reservation leaves it in the same commit, or its bytes would
   // be indexed again after a crash. On failure the entries may still be on disk: their
   // slots stay unused until the next open. Releases the lock while it commits.
-  absl::Status CommitSsdRemovals(std::unique_lock<std::mutex>& lk,
-                                 const std::vector<ChunkKey>& keys,
-                                 const std::vector<uint64_t>& slots);
+  absl::Status CommitSsdRemovals(const std::vector<ChunkKey>& keys,
+                                 const std::vector<uint64_t>& slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // ---- quotas (quota.h; all under mu) ----
   struct QuotaState {
@@ -180,10 +185,10 @@ class ChunkStore::Impl {
     uint64_t ram_in_flight = 0, ssd_in_flight = 0;
   };
   // The namespace's group, or null if it is in none (group 0).
-  QuotaState* QuotaOf(NamespaceId ns);
-  uint64_t RamBytesOf(const QuotaState& q) const;
-  uint64_t SsdBytesOf(const QuotaState& q) const;
-  uint64_t PinnedChunksOf(QuotaGroup group) const;
+  QuotaState* QuotaOf(NamespaceId ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  uint64_t RamBytesOf(const QuotaState& q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  uint64_t SsdBytesOf(const QuotaState& q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  uint64_t PinnedChunksOf(QuotaGroup group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   std::string QuotaFullError(const QuotaState& q, const char* tier, uint64_t limit) const {
     return absl::StrCat(
         q.quota.owner, " is at its ", tier, " quota of ", limit,
@@ -193,15 +198,15 @@ class ChunkStore::Impl {
   // giving up the group's own chunks; counts them in flight in the group returned (null:
   // none), from which the caller subtracts them once published. ResourceExhausted when
   // the group's chunks there are all pinned.
-  absl::StatusOr<QuotaState*> FitRamQuota(std::unique_lock<std::mutex>& lk, NamespaceId ns,
-                                          uint64_t bytes, bool allow_writeback);
-  std::unordered_map<QuotaGroup, QuotaState> quota_groups;
-  std::unordered_map<NamespaceId, QuotaGroup> quota_group_of;
+  absl::StatusOr<QuotaState*> FitRamQuota(NamespaceId ns, uint64_t bytes, bool allow_writeback)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  std::unordered_map<QuotaGroup, QuotaState> quota_groups ABSL_GUARDED_BY(mu);
+  std::unordered_map<NamespaceId, QuotaGroup> quota_group_of ABSL_GUARDED_BY(mu);
 
   // Gives up one RAM chunk of `pool`: a dirty one is demoted to SSD first (with
   // allow_writeback; without, an error). OK means progress: the caller looks again.
-  absl::Status ReleaseRam(std::unique_lock<std::mutex>& lk, const ChunkKey& victim,
-                          bool allow_writeback);
+  absl::Status ReleaseRam(const ChunkKey& victim, bool allow_writeback)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // One chunk on its way to SSD.
   struct PendingWrite {
@@ -218,43 +223,48 @@ class ChunkStore::Impl {
   // The same for writes to SSD: evicts the groups' own SSD chunks (one synced commit for
   // all, running ahead so a group at its limit does not pay one per write), counts the
   // writes that fit in flight (PendingWrite::quota) and fails the others.
-  void FitSsdQuota(std::unique_lock<std::mutex>& lk, std::vector<PendingWrite>& writes);
+  void FitSsdQuota(std::vector<PendingWrite>& writes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Writes chunks to reserved SSD slots, publishes them, commits their index entries and
   // syncs the slabs. Called with the lock held; releases it during I/O and commits. Fills
   // each status; OK means durable.
-  void WriteToSsd(std::unique_lock<std::mutex>& lk, std::vector<PendingWrite>& writes);
+  void WriteToSsd(std::vector<PendingWrite>& writes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.
-  void FlushLocked(std::unique_lock<std::mutex>& lk, const std::vector<ChunkKey>& keys);
+  void FlushLocked(const std::vector<ChunkKey>& keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  void WriterLoop();
+  void WriterLoop() ABSL_LOCKS_EXCLUDED(mu);
 
   StoreOptions opt;
   uint64_t slot_bytes = 0;
   uint64_t slots_per_slab = 0;
   std::unique_ptr<ChunkIndex> index;
   std::unique_ptr<SsdTier> ssd;
-  std::unique_ptr<RamTier> ram;  // null without a RAM tier
+  std::unique_ptr<RamTier> ram ABSL_PT_GUARDED_BY(mu);  // null without a RAM tier
+  // The RAM arenas themselves never change after open: their count, fds, sizes and slot
+  // addresses may be read without mu (a slot's bytes belong to whoever reserved or leased
+  // it). Everything else of the RAM tier goes through `ram`, under mu.
+  const RamTier* ram_arenas() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return ram.get(); }
   std::unique_ptr<HbmTier> hbm;  // null without T0; thread-safe, locked inside mu
 
-  mutable std::mutex mu;
-  std::condition_variable work;        // the writer has something to do
-  std::condition_variable flush_done;  // a flush finished
-  std::unordered_map<NamespaceId, uint64_t> namespaces;
-  std::unordered_map<ChunkKey, int64_t, ChunkKeyHash> pins;
-  int64_t access_clock = 0;
+  mutable Mutex mu;
+  std::condition_variable_any work;        // the writer has something to do
+  std::condition_variable_any flush_done;  // a flush finished
+  std::unordered_map<NamespaceId, uint64_t> namespaces ABSL_GUARDED_BY(mu);
+  std::unordered_map<ChunkKey, int64_t, ChunkKeyHash> pins ABSL_GUARDED_BY(mu);
+  int64_t access_clock ABSL_GUARDED_BY(mu) = 0;
 
-  std::unordered_map<ChunkKey, IndexRecord, ChunkKeyHash> ssd_map;
-  std::vector<uint64_t> ssd_free;
-  std::unordered_map<uint64_t, int> ssd_readers;
-  std::unordered_set<uint64_t> ssd_free_on_release;
+  std::unordered_map<ChunkKey, IndexRecord, ChunkKeyHash> ssd_map ABSL_GUARDED_BY(mu);
+  std::vector<uint64_t> ssd_free ABSL_GUARDED_BY(mu);
+  std::unordered_map<uint64_t, int> ssd_readers ABSL_GUARDED_BY(mu);
+  std::unordered_set<uint64_t> ssd_free_on_release ABSL_GUARDED_BY(mu);
   // Slots of chunks whose removal could not be committed (CommitSsdRemovals): their index
   // entries may still be on disk, so they are not reused before the next open.
-  uint64_t ssd_held_back = 0;
-  std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty;  // last access to persist
-  EvictionOrder ssd_order;
-  uint64_t next_sequence = 1;
+  uint64_t ssd_held_back ABSL_GUARDED_BY(mu) = 0;
+  std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty
+      ABSL_GUARDED_BY(mu);  // last access to persist
+  EvictionOrder ssd_order ABSL_GUARDED_BY(mu);
+  uint64_t next_sequence ABSL_GUARDED_BY(mu) = 1;
   uint16_t slot_format = kSlotFormatVersion;  // the folder's
   bool index_damaged = false;                 // found at open: rebuilt from every slot
 
@@ -264,20 +274,20 @@ class ChunkStore::Impl {
   // reservation waits for them (their entries become durable with its synced commit).
   // `record_busy`: a synced commit of the record is under way (one at a time, so the
   // last one written is the newest); slots are not handed out meanwhile.
-  std::unordered_set<uint64_t> reserved;
-  uint64_t reservation_min_sequence = 0;
-  std::vector<uint64_t> reserved_free;
-  size_t in_flight = 0;
-  bool record_busy = false;
-  std::condition_variable reservation_cv;
+  std::unordered_set<uint64_t> reserved ABSL_GUARDED_BY(mu);
+  uint64_t reservation_min_sequence ABSL_GUARDED_BY(mu) = 0;
+  std::vector<uint64_t> reserved_free ABSL_GUARDED_BY(mu);
+  size_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  bool record_busy ABSL_GUARDED_BY(mu) = false;
+  std::condition_variable_any reservation_cv;
 
   std::unique_ptr<GroupCommit> commits;  // with the SSD tier; never called with mu held
 
-  std::deque<ChunkKey> dirty_queue;
-  int flushes_in_progress = 0;
-  bool stopping = false;
+  std::deque<ChunkKey> dirty_queue ABSL_GUARDED_BY(mu);
+  int flushes_in_progress ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
   std::thread writer;
-  StoreStats stats;
+  StoreStats stats ABSL_GUARDED_BY(mu);
 };
 
 // The namespaces' chunk sizes as the index's metadata stores them ("id:bytes,...").

@@ -87,6 +87,9 @@ absl::Status ChunkStore::Impl::OpenIndex(std::vector<std::pair<ChunkKey, IndexRe
 }
 
 absl::Status ChunkStore::Impl::Open() {
+  // Nobody else runs before Open returns (the writer thread starts last and waits for
+  // this lock); it is held so that every field is only ever touched under its lock.
+  MutexLock lk(mu);
   if (opt.data_dir.empty()) return absl::InvalidArgumentError("data folder is empty");
   const bool adopt = opt.max_chunk_bytes == 0;  // tools: take the folder's geometry
   std::error_code ec;
@@ -332,16 +335,19 @@ absl::Status ChunkStore::Impl::Open() {
 
 void ChunkStore::Impl::Close() {
   {
-    std::lock_guard lk(mu);
+    MutexLock lk(mu);
     stopping = true;
   }
   work.notify_all();
   if (writer.joinable()) writer.join();
   // Persist coarse last-access times so LRU order survives the restart.
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
-  for (const ChunkKey& key : access_dirty) {
-    auto it = ssd_map.find(key);
-    if (it != ssd_map.end()) puts.emplace_back(key, it->second);
+  {
+    MutexLock lk(mu);
+    for (const ChunkKey& key : access_dirty) {
+      auto it = ssd_map.find(key);
+      if (it != ssd_map.end()) puts.emplace_back(key, it->second);
+    }
   }
   (void)index->Commit(puts, {}, /*sync=*/true);
 }

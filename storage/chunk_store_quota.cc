@@ -45,28 +45,29 @@ uint64_t ChunkStore::Impl::PinnedChunksOf(QuotaGroup group) const {
   return n;
 }
 
-absl::StatusOr<ChunkStore::Impl::QuotaState*> ChunkStore::Impl::FitRamQuota(
-    std::unique_lock<std::mutex>& lk, NamespaceId ns, uint64_t bytes, bool allow_writeback) {
+absl::StatusOr<ChunkStore::Impl::QuotaState*> ChunkStore::Impl::FitRamQuota(NamespaceId ns,
+                                                                            uint64_t bytes,
+                                                                            bool allow_writeback) {
   QuotaState* q = QuotaOf(ns);
   if (q == nullptr) return nullptr;
   const uint64_t limit = q->quota.ram_bytes;
   while (limit > 0 && RamBytesOf(*q) + q->ram_in_flight + bytes > limit) {
     std::optional<ChunkKey> victim = ram->PickVictimAmong(ram->PoolOf(ns), NowS(), q->namespaces);
     if (!victim) return absl::ResourceExhaustedError(QuotaFullError(*q, "RAM", limit));
-    if (absl::Status st = ReleaseRam(lk, *victim, allow_writeback); !st.ok()) return st;
+    if (absl::Status st = ReleaseRam(*victim, allow_writeback); !st.ok()) return st;
   }
   q->ram_in_flight += bytes;
   return q;
 }
 
-void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
-                                   std::vector<PendingWrite>& writes) {
+void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
   if (quota_groups.empty()) return;
   // What each limited group asks for in this batch, and its largest chunk.
   struct Ask {
     uint64_t bytes = 0, largest = 0;
   };
-  auto asks = [&] {
+  // (The lambdas run under the caller's lock; the analysis reads each on its own.)
+  auto asks = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::unordered_map<QuotaState*, Ask> a;
     for (const PendingWrite& w : writes) {
       QuotaState* q = QuotaOf(w.record.namespace_id);
@@ -76,8 +77,9 @@ void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
     }
     return a;
   };
-  auto used = [&](const QuotaState& q) { return SsdBytesOf(q) + q.ssd_in_flight; };
-  auto over = [&] {
+  auto used = [&](const QuotaState& q)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return SsdBytesOf(q) + q.ssd_in_flight; };
+  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (const auto& [q, ask] : asks()) {
       if (used(*q) + ask.bytes > q->quota.ssd_bytes) return true;
     }
@@ -114,7 +116,7 @@ void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
       }
     }
     if (victims.empty()) break;  // all it holds there is pinned or being written
-    evicted_status = CommitSsdRemovals(lk, victims, slots);
+    evicted_status = CommitSsdRemovals(victims, slots);
     if (!evicted_status.ok()) break;
   }
   for (PendingWrite& w : writes) {
@@ -138,14 +140,14 @@ void ChunkStore::Impl::FitSsdQuota(std::unique_lock<std::mutex>& lk,
 
 absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota) {
   if (group == 0) return absl::InvalidArgumentError("quota group 0 is the one without a quota");
-  std::lock_guard lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   impl_->quota_groups[group].quota = quota;
   return absl::OkStatus();
 }
 
 void ChunkStore::SetQuotaGroup(NamespaceId ns, QuotaGroup group) {
   Impl& s = *impl_;
-  std::lock_guard lk(s.mu);
+  MutexLock lk(s.mu);
   if (auto old = s.quota_group_of.find(ns); old != s.quota_group_of.end()) {
     std::vector<NamespaceId>& members = s.quota_groups[old->second].namespaces;
     members.erase(std::remove(members.begin(), members.end(), ns), members.end());
@@ -158,7 +160,7 @@ void ChunkStore::SetQuotaGroup(NamespaceId ns, QuotaGroup group) {
 
 QuotaUsage ChunkStore::Usage(QuotaGroup group) const {
   Impl& s = *impl_;
-  std::lock_guard lk(s.mu);
+  MutexLock lk(s.mu);
   QuotaUsage u;
   auto g = s.quota_groups.find(group);
   if (g == s.quota_groups.end()) return u;

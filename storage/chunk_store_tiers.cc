@@ -39,8 +39,7 @@ void ChunkStore::Impl::LeftStore(NamespaceId ns, const ChunkKey& key) {
 // A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
 // dirty victims are written to SSD first (demotion); without, the call gives up instead
 // of waiting on I/O.
-absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(std::unique_lock<std::mutex>& lk,
-                                                        RamPoolId pool, bool allow_writeback) {
+absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, bool allow_writeback) {
   while (true) {
     if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool)) return *slot;
     std::optional<ChunkKey> victim = ram->PickVictim(pool, NowS());
@@ -50,21 +49,20 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(std::unique_lock<std::mu
                        " is full: its ", ram->arena(pool)->slots(),
                        " slots hold pinned chunks, leased ones or writes in flight"));
     }
-    if (absl::Status st = ReleaseRam(lk, *victim, allow_writeback); !st.ok()) return st;
+    if (absl::Status st = ReleaseRam(*victim, allow_writeback); !st.ok()) return st;
   }
 }
 
-absl::Status ChunkStore::Impl::ReleaseRam(std::unique_lock<std::mutex>& lk, const ChunkKey& victim,
-                                          bool allow_writeback) {
+absl::Status ChunkStore::Impl::ReleaseRam(const ChunkKey& victim, bool allow_writeback) {
   RamEntry& e = *ram->Find(victim);
   if (e.dirty && ssd) {
     if (!allow_writeback)
       return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
     if (e.flushing) {
-      flush_done.wait(lk);
+      flush_done.wait(mu);
       return absl::OkStatus();
     }
-    FlushLocked(lk, {victim});
+    FlushLocked({victim});
     const RamEntry* again = ram->Find(victim);
     if (again != nullptr && again->dirty && !again->flushing) {
       return absl::InternalError(absl::StrCat("cannot demote ", Where(victim), " to SSD"));
@@ -81,26 +79,26 @@ absl::Status ChunkStore::Impl::ReleaseRam(std::unique_lock<std::mutex>& lk, cons
 // runs without the lock: the reserved slot is in neither the free list nor the map, so
 // nobody else sees it. `checksum` is the payload's, if the caller knows it (0: computed
 // here from the copy).
-absl::Status ChunkStore::Impl::InsertRam(std::unique_lock<std::mutex>& lk, NamespaceId ns,
-                                         const ChunkKey& key, const std::optional<ChunkKey>& parent,
+absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
+                                         const std::optional<ChunkKey>& parent,
                                          std::span<const uint8_t> bytes, uint64_t checksum,
                                          bool dirty, int64_t expires_s, bool allow_writeback) {
   const RamPoolId pool = ram->PoolOf(ns);
-  absl::StatusOr<QuotaState*> quota = FitRamQuota(lk, ns, bytes.size(), allow_writeback);
+  absl::StatusOr<QuotaState*> quota = FitRamQuota(ns, bytes.size(), allow_writeback);
   if (!quota.ok()) return quota.status();
   auto done_in_flight = [&] {
     if (*quota != nullptr) (*quota)->ram_in_flight -= bytes.size();
   };
-  absl::StatusOr<uint32_t> slot = AllocRamSlot(lk, pool, allow_writeback);
+  absl::StatusOr<uint32_t> slot = AllocRamSlot(pool, allow_writeback);
   if (!slot.ok()) {
     done_in_flight();
     return slot.status();
   }
-  lk.unlock();
-  uint8_t* dst = ram->SlotData(pool, *slot);
+  mu.unlock();
+  uint8_t* dst = ram_arenas()->SlotData(pool, *slot);
   std::memcpy(dst, bytes.data(), bytes.size());
   if (checksum == 0) checksum = PayloadChecksum(std::span<const uint8_t>(dst, bytes.size()));
-  lk.lock();
+  mu.lock();
   done_in_flight();
   if (ram->Contains(key)) {  // another writer won the race
     ram->ReturnSlot(pool, *slot);
@@ -141,21 +139,22 @@ void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
   if (!ram || !ram->Contains(key)) LeftStore(ns, key);
 }
 
-absl::Status ChunkStore::Impl::CommitSsdRemovals(std::unique_lock<std::mutex>& lk,
-                                                 const std::vector<ChunkKey>& keys,
+absl::Status ChunkStore::Impl::CommitSsdRemovals(const std::vector<ChunkKey>& keys,
                                                  const std::vector<uint64_t>& slots) {
   std::vector<std::pair<std::string, std::string>> meta;
   bool holds_record = false;
-  if (std::any_of(slots.begin(), slots.end(), [&](uint64_t x) { return reserved.contains(x); })) {
-    reservation_cv.wait(lk, [&] { return !record_busy; });
+  bool any_reserved = false;
+  for (uint64_t slot : slots) any_reserved |= reserved.contains(slot);
+  if (any_reserved) {
+    while (record_busy) reservation_cv.wait(mu);
     record_busy = holds_record = true;
     for (uint64_t slot : slots) reserved.erase(slot);
     SlotReservation record{reservation_min_sequence, {reserved.begin(), reserved.end()}};
     meta.emplace_back(kReservationMeta, EncodeSlotReservation(record));
   }
-  lk.unlock();
+  mu.unlock();
   const absl::Status committed = index->Commit({}, keys, /*sync=*/true, meta);
-  lk.lock();
+  mu.lock();
   if (holds_record) {
     record_busy = false;
     reservation_cv.notify_all();
@@ -175,14 +174,14 @@ size_t ChunkStore::Impl::ReserveAhead() const {
   return std::clamp<size_t>(ssd->capacity_slots() / 8, 1, 1024);
 }
 
-absl::Status ChunkStore::Impl::EnsureReserved(std::unique_lock<std::mutex>& lk, size_t n) {
-  while (record_busy) reservation_cv.wait(lk);
+absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
+  while (record_busy) reservation_cv.wait(mu);
   if (reserved_free.size() >= n) return absl::OkStatus();
   record_busy = true;
   // Writes in flight go to slots of the current reservation; once their entries are
   // committed, this reservation's synced commit makes them durable, and the slots they
   // used need no listing any more.
-  reservation_cv.wait(lk, [&] { return in_flight == 0; });
+  while (in_flight != 0) reservation_cv.wait(mu);
   const size_t missing = n - std::min(n, reserved_free.size());
   std::vector<ChunkKey> evicted;
   absl::Status status;
@@ -203,10 +202,10 @@ absl::Status ChunkStore::Impl::EnsureReserved(std::unique_lock<std::mutex>& lk, 
   record.min_sequence = next_sequence;
   record.slots = reserved_free;
   record.slots.insert(record.slots.end(), fresh.begin(), fresh.end());
-  lk.unlock();
+  mu.unlock();
   status = index->Commit({}, evicted, /*sync=*/true,
                          {{kReservationMeta, EncodeSlotReservation(record)}});
-  lk.lock();
+  mu.lock();
   if (status.ok()) {
     ++stats.reservations;
     reserved = {record.slots.begin(), record.slots.end()};
@@ -229,10 +228,9 @@ absl::Status ChunkStore::Impl::EnsureReserved(std::unique_lock<std::mutex>& lk, 
 
 // Writes chunks to reserved SSD slots, publishes them, commits their index entries and
 // syncs the slabs. Called with the lock held; releases it during I/O and commits.
-void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
-                                  std::vector<PendingWrite>& writes) {
-  FitSsdQuota(lk, writes);
-  const absl::Status reservation = EnsureReserved(lk, writes.size());
+void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
+  FitSsdQuota(writes);
+  const absl::Status reservation = EnsureReserved(writes.size());
   std::vector<SlotWrite> slot_writes;
   std::vector<size_t> which;
   for (size_t i = 0; i < writes.size(); ++i) {
@@ -265,12 +263,12 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
     slot_writes.push_back({slot, h, writes[i].payload});
     which.push_back(i);
   }
-  lk.unlock();
+  mu.unlock();
   std::vector<absl::Status> io = ssd->Write(slot_writes);
   for (size_t k = 0; k < slot_writes.size(); ++k) {
     writes[which[k]].record.checksum = slot_writes[k].header.payload_checksum;
   }
-  lk.lock();
+  mu.lock();
   // Publish what reached the disk; readers may find it before the commit, which is safe:
   // the bytes are there and verify. A failed commit unpublishes it again.
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
@@ -300,9 +298,9 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
     puts.emplace_back(w.key, w.record);
     slabs.insert(w.record.slab);
   }
-  lk.unlock();
+  mu.unlock();
   absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts);
-  lk.lock();
+  mu.lock();
   if (!commit.ok()) {
     for (auto& [key, rec] : puts) {
       RemoveSsd(key);
@@ -333,8 +331,7 @@ void ChunkStore::Impl::WriteToSsd(std::unique_lock<std::mutex>& lk,
 }
 
 // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.
-void ChunkStore::Impl::FlushLocked(std::unique_lock<std::mutex>& lk,
-                                   const std::vector<ChunkKey>& keys) {
+void ChunkStore::Impl::FlushLocked(const std::vector<ChunkKey>& keys) {
   std::vector<PendingWrite> writes;
   std::vector<std::pair<RamPoolId, uint32_t>> leased;
   for (const ChunkKey& key : keys) {
@@ -357,7 +354,7 @@ void ChunkStore::Impl::FlushLocked(std::unique_lock<std::mutex>& lk,
   }
   if (writes.empty()) return;
   ++flushes_in_progress;
-  WriteToSsd(lk, writes);
+  WriteToSsd(writes);
   for (const PendingWrite& w : writes) {
     RamEntry* e = ram->Find(w.key);
     if (e == nullptr) continue;
@@ -377,9 +374,9 @@ void ChunkStore::Impl::FlushLocked(std::unique_lock<std::mutex>& lk,
 }
 
 void ChunkStore::Impl::WriterLoop() {
-  std::unique_lock lk(mu);
+  MutexLock lk(mu);
   while (true) {
-    work.wait(lk, [&] { return stopping || !dirty_queue.empty(); });
+    while (!stopping && dirty_queue.empty()) work.wait(mu);
     if (dirty_queue.empty() && stopping) break;
     std::vector<ChunkKey> batch;
     while (!dirty_queue.empty() && batch.size() < opt.queue_depth) {
@@ -387,10 +384,10 @@ void ChunkStore::Impl::WriterLoop() {
       dirty_queue.pop_front();
     }
     const uint64_t errors_before = stats.write_errors;
-    FlushLocked(lk, batch);
+    FlushLocked(batch);
     if (stats.write_errors != errors_before && !stopping) {
       // Back off on a failing disk instead of spinning on it.
-      work.wait_for(lk, std::chrono::milliseconds(50));
+      work.wait_for(mu, std::chrono::milliseconds(50));
     }
     if (stopping && stats.write_errors - errors_before > 0) {
       dirty_queue.clear();  // shutting down on a failing disk: give up on these
