@@ -7,7 +7,7 @@
 namespace kvc::storage {
 
 bool FaultPlan::Draw(uint32_t FaultRates::*rate) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const uint32_t n = rates_.*rate;
   if (n == 0) return false;
   const bool hit = std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_) == 0;
@@ -16,7 +16,7 @@ bool FaultPlan::Draw(uint32_t FaultRates::*rate) {
 }
 
 uint64_t FaultPlan::Uniform(uint64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng_);
 }
 

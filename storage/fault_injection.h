@@ -9,10 +9,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 
 #include "storage/io_engine.h"
+#include "storage/mutex.h"
 
 namespace kvc::storage {
 
@@ -33,7 +33,7 @@ class FaultPlan {
  public:
   explicit FaultPlan(uint64_t seed) : rng_(seed) {}
   void set_rates(const FaultRates& r) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     rates_ = r;
   }
   // Draws "1 in n" (false when n == 0).
@@ -42,9 +42,9 @@ class FaultPlan {
   std::atomic<uint64_t> injected{0};
 
  private:
-  std::mutex mu_;
-  std::mt19937_64 rng_;
-  FaultRates rates_;
+  Mutex mu_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  FaultRates rates_ ABSL_GUARDED_BY(mu_);
 };
 
 class FaultInjectingIoEngine final : public IoEngine {

@@ -5,9 +5,10 @@ namespace kvc::storage {
 absl::Status GroupCommit::Commit(const std::set<uint64_t>& slabs,
                                  const std::vector<std::pair<ChunkKey, IndexRecord>>& puts) {
   Request me{&slabs, &puts, absl::OkStatus(), false};
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   queue_.push_back(&me);
-  cv_.wait(lk, [&] { return me.done || !leader_active_; });
+  // me.done is written under mu_ by the leader that took this request.
+  while (!me.done && leader_active_) cv_.wait(mu_);
   if (me.done) return me.result;
   leader_active_ = true;
   std::vector<Request*> group;

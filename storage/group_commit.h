@@ -8,13 +8,13 @@
 #pragma once
 
 #include <condition_variable>
-#include <mutex>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "storage/chunk_index.h"
+#include "storage/mutex.h"
 #include "storage/ssd_tier.h"
 
 namespace kvc::storage {
@@ -36,10 +36,10 @@ class GroupCommit {
   };
   SsdTier* ssd_;
   ChunkIndex* index_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Request*> queue_;
-  bool leader_active_ = false;
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::vector<Request*> queue_ ABSL_GUARDED_BY(mu_);
+  bool leader_active_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvc::storage

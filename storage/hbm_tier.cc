@@ -94,7 +94,7 @@ absl::Status HbmTier::PutImpl(NamespaceId ns, const ChunkKey& key, std::span<con
   const Id id{ns, key};
   uint32_t s = 0;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     if (auto it = index_.find(id); it != index_.end()) {
       Slot& held = slots_[it->second];
       if (held.leases == 0) lru_.splice(lru_.end(), lru_, held.lru);
@@ -107,7 +107,7 @@ absl::Status HbmTier::PutImpl(NamespaceId ns, const ChunkKey& key, std::span<con
     slots_[s].leases = 1;  // the writer's: nobody takes the slot while it is written
   }
   absl::Status written = arena_->Write(s * slot_bytes_, bytes);
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   Slot& slot = slots_[s];
   slot.leases = 0;
   if (!written.ok()) {
@@ -130,7 +130,7 @@ absl::Status HbmTier::PutImpl(NamespaceId ns, const ChunkKey& key, std::span<con
 }
 
 absl::StatusOr<HbmLease> HbmTier::Lease(NamespaceId ns, const ChunkKey& key) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   auto it = index_.find(Id{ns, key});
   if (it == index_.end()) {
     ++stats_.misses;
@@ -141,7 +141,7 @@ absl::StatusOr<HbmLease> HbmTier::Lease(NamespaceId ns, const ChunkKey& key) {
 }
 
 void HbmTier::Unlease(uint32_t s) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   Slot& slot = slots_[s];
   if (--slot.leases > 0) return;
   if (slot.indexed) {
@@ -152,12 +152,12 @@ void HbmTier::Unlease(uint32_t s) {
 }
 
 bool HbmTier::Contains(NamespaceId ns, const ChunkKey& key) const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   return index_.contains(Id{ns, key});
 }
 
 void HbmTier::Erase(NamespaceId ns, const ChunkKey& key) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   auto it = index_.find(Id{ns, key});
   if (it == index_.end()) return;
   const uint32_t s = it->second;
@@ -171,14 +171,14 @@ void HbmTier::Erase(NamespaceId ns, const ChunkKey& key) {
 }
 
 uint64_t HbmTier::CountIn(const std::set<NamespaceId>& namespaces) const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   uint64_t n = 0;
   for (const auto& [id, slot] : index_) n += namespaces.contains(id.ns);
   return n;
 }
 
 HbmStats HbmTier::stats() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   HbmStats s = stats_;
   s.used = index_.size();
   s.leased = 0;

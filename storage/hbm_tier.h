@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <span>
 #include <unordered_map>
@@ -23,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "storage/chunk_key.h"
 #include "storage/device_arena.h"
+#include "storage/mutex.h"
 
 namespace kvc::storage {
 
@@ -101,23 +101,24 @@ class HbmTier {
     std::list<uint32_t>::iterator lru;  // valid while indexed and unleased
   };
   HbmTier(std::shared_ptr<DeviceArena> arena, uint64_t slot_bytes, uint32_t slots);
-  void Unlease(uint32_t slot);
+  void Unlease(uint32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
   // Put; with `lease` (an empty one: assigning to it must not unlease under mu_), also
   // leases the chunk's slot into it.
   absl::Status PutImpl(NamespaceId ns, const ChunkKey& key, std::span<const uint8_t> bytes,
                        HbmLease* lease);
-  HbmLease LeaseSlot(uint32_t slot);  // needs mu_
-  // A slot to write into: a free one, or the LRU unleased chunk's. Needs mu_.
-  absl::StatusOr<uint32_t> TakeSlot();
+  HbmLease LeaseSlot(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A slot to write into: a free one, or the LRU unleased chunk's.
+  absl::StatusOr<uint32_t> TakeSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<DeviceArena> arena_;
   const uint64_t slot_bytes_;
-  mutable std::mutex mu_;
-  std::vector<Slot> slots_;
-  std::vector<uint32_t> free_;
-  std::list<uint32_t> lru_;  // indexed, unleased slots; front = least recently used
-  std::unordered_map<Id, uint32_t, IdHash> index_;
-  HbmStats stats_;
+  mutable Mutex mu_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  // Indexed, unleased slots; front = least recently used.
+  std::list<uint32_t> lru_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<Id, uint32_t, IdHash> index_ ABSL_GUARDED_BY(mu_);
+  HbmStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::storage

@@ -220,20 +220,20 @@ std::shared_ptr<rocksdb::FileSystem> PowerCut::file_system() {
 }
 
 uint64_t PowerCut::RecordSlabWrite(int fd, uint64_t offset, std::vector<uint8_t> before) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t id = next_write_id_++;
   unsynced_[id] = SlabWrite{FdPath(fd), offset, std::move(before), false};
   return id;
 }
 
 void PowerCut::SlabWriteDone(uint64_t id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = unsynced_.find(id); it != unsynced_.end()) it->second.done = true;
 }
 
 void PowerCut::SlabSynced(int fd, uint64_t first_unsynced) {
   const std::string path = FdPath(fd);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (cut()) return;
   for (auto it = unsynced_.begin(); it != unsynced_.end() && it->first < first_unsynced;) {
     if (it->second.done && it->second.path == path) {
@@ -245,25 +245,25 @@ void PowerCut::SlabSynced(int fd, uint64_t first_unsynced) {
 }
 
 void PowerCut::IndexFileOpened(const std::string& path, uint64_t length, bool created_after_cut) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   index_files_[path] = IndexFile{length, length, created_after_cut};
 }
 
 void PowerCut::IndexFileAppended(const std::string& path, uint64_t end) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   IndexFile& f = index_files_[path];
   f.length = std::max(f.length, end);
 }
 
 void PowerCut::IndexFileSynced(const std::string& path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (cut()) return;
   IndexFile& f = index_files_[path];
   f.synced = f.length;
 }
 
 void PowerCut::IndexFileRenamed(const std::string& from, const std::string& to) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = index_files_.find(from);
   if (it == index_files_.end()) return;
   index_files_[to] = it->second;
@@ -271,12 +271,12 @@ void PowerCut::IndexFileRenamed(const std::string& from, const std::string& to) 
 }
 
 void PowerCut::IndexFileDeleted(const std::string& path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   index_files_.erase(path);
 }
 
 absl::Status PowerCut::Restore() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // Slab writes, newest first, so that dropping one brings back what the one before it
   // wrote (itself then kept, dropped or torn in turn).
   for (auto it = unsynced_.rbegin(); it != unsynced_.rend(); ++it) {

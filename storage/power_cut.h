@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -25,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "storage/io_engine.h"
+#include "storage/mutex.h"
 
 namespace rocksdb {
 class FileSystem;
@@ -55,7 +55,7 @@ class PowerCut : public std::enable_shared_from_this<PowerCut> {
     uint64_t index_files_cut = 0, index_bytes_dropped = 0;
   };
   Counts counts() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return counts_;
   }
 
@@ -65,7 +65,7 @@ class PowerCut : public std::enable_shared_from_this<PowerCut> {
   void SlabWriteDone(uint64_t id);
   // fd's data synced: every write done before `first_unsynced` is durable now.
   uint64_t NextSlabWriteId() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return next_write_id_;
   }
   void SlabSynced(int fd, uint64_t first_unsynced);
@@ -90,12 +90,13 @@ class PowerCut : public std::enable_shared_from_this<PowerCut> {
   const bool drop_all_;
   std::atomic<bool> cut_{false};
   std::atomic<bool> disk_full_{false};
-  mutable std::mutex mu_;
-  std::mt19937_64 rng_;
-  uint64_t next_write_id_ = 0;
-  std::map<uint64_t, SlabWrite> unsynced_;  // by write id, in issue order
-  std::map<std::string, IndexFile> index_files_;
-  Counts counts_;
+  mutable Mutex mu_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_write_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // By write id, in issue order.
+  std::map<uint64_t, SlabWrite> unsynced_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, IndexFile> index_files_ ABSL_GUARDED_BY(mu_);
+  Counts counts_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::storage

@@ -104,8 +104,12 @@ absl::Status SsdTier::Init() {
   }
   const uint64_t slabs =
       (options_.capacity_slots + options_.slots_per_slab - 1) / options_.slots_per_slab;
-  slab_fds_.assign(slabs, -1);
-  slab_creating_.assign(slabs, false);
+  slab_count_ = slabs;
+  {
+    MutexLock lock(slabs_mu_);
+    slab_fds_.assign(slabs, -1);
+    slab_creating_.assign(slabs, false);
+  }
 
   for (unsigned i = 0; i < options_.lanes; ++i) {
     auto lane = std::make_unique<Lane>();
@@ -139,7 +143,10 @@ absl::Status SsdTier::Init() {
       iov[b] = {lane->staging + b * options_.slot_bytes, options_.slot_bytes};
     }
     if (absl::Status s = lane->engine->RegisterBuffers(iov); !s.ok()) return s;
-    idle_lanes_.push_back(lane.get());
+    {
+      MutexLock lock(lanes_mu_);
+      idle_lanes_.push_back(lane.get());
+    }
     lanes_.push_back(std::move(lane));
   }
   return absl::OkStatus();
@@ -147,7 +154,7 @@ absl::Status SsdTier::Init() {
 
 void SsdTier::PreallocateInBackground() {
   preallocator_ = std::thread([this] {
-    for (uint64_t slab = 0; slab < slab_fds_.size() && !stopping_; ++slab) (void)SlabFd(slab);
+    for (uint64_t slab = 0; slab < slab_count_ && !stopping_; ++slab) (void)SlabFd(slab);
   });
 }
 
@@ -164,13 +171,13 @@ SsdTier::~SsdTier() {
 }
 
 absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
-  std::unique_lock lock(slabs_mu_);
-  if (slab >= slab_fds_.size()) {
+  if (slab >= slab_count_) {
     return absl::OutOfRangeError(absl::StrCat("slab ", slab, " beyond capacity"));
   }
   // Laying out a slab takes a while (zero fill): do it without the lock, so I/O to the
   // other slabs goes on; callers that need this slab wait for it.
-  slab_ready_.wait(lock, [&] { return !slab_creating_[slab]; });
+  MutexLock lock(slabs_mu_);
+  while (slab_creating_[slab]) slab_ready_.wait(slabs_mu_);
   if (slab_fds_[slab] >= 0) return slab_fds_[slab];
   slab_creating_[slab] = true;
   lock.unlock();
@@ -254,23 +261,23 @@ absl::StatusOr<IoOp> SsdTier::SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t pa
 
 bool SsdTier::SlabOnDisk(uint64_t slab) {
   {
-    std::lock_guard lock(slabs_mu_);
-    if (slab >= slab_fds_.size()) return false;
+    if (slab >= slab_count_) return false;
+    MutexLock lock(slabs_mu_);
     if (slab_fds_[slab] >= 0) return true;
   }
   return access(SlabPath(options_.dir, slab).c_str(), F_OK) == 0;
 }
 
 absl::Status SsdTier::PreallocateAll() {
-  for (uint64_t slab = 0; slab < slab_fds_.size(); ++slab) {
+  for (uint64_t slab = 0; slab < slab_count_; ++slab) {
     if (absl::StatusOr<int> fd = SlabFd(slab); !fd.ok()) return fd.status();
   }
   return absl::OkStatus();
 }
 
 SsdTier::Lane* SsdTier::AcquireLane() {
-  std::unique_lock lock(lanes_mu_);
-  lane_free_.wait(lock, [&] { return !idle_lanes_.empty(); });
+  MutexLock lock(lanes_mu_);
+  while (idle_lanes_.empty()) lane_free_.wait(lanes_mu_);
   Lane* lane = idle_lanes_.back();
   idle_lanes_.pop_back();
   return lane;
@@ -278,7 +285,7 @@ SsdTier::Lane* SsdTier::AcquireLane() {
 
 void SsdTier::ReleaseLane(Lane* lane) {
   {
-    std::lock_guard lock(lanes_mu_);
+    MutexLock lock(lanes_mu_);
     idle_lanes_.push_back(lane);
   }
   lane_free_.notify_one();

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -24,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "storage/fault_injection.h"
 #include "storage/io_engine.h"
+#include "storage/mutex.h"
 #include "storage/power_cut.h"
 #include "storage/slot_format.h"
 
@@ -115,17 +115,19 @@ class SsdTier {
   std::string fallback_reason_;
   std::atomic<bool> direct_io_{true};
 
-  std::mutex slabs_mu_;
-  std::condition_variable slab_ready_;
-  std::vector<int> slab_fds_;        // -1 until opened
-  std::vector<bool> slab_creating_;  // a thread is laying this slab out
+  uint64_t slab_count_ = 0;  // fixed by Open
+  Mutex slabs_mu_;
+  std::condition_variable_any slab_ready_;
+  std::vector<int> slab_fds_ ABSL_GUARDED_BY(slabs_mu_);  // -1 until opened
+  // A thread is laying this slab out.
+  std::vector<bool> slab_creating_ ABSL_GUARDED_BY(slabs_mu_);
   std::atomic<bool> stopping_{false};
   std::thread preallocator_;
 
-  std::mutex lanes_mu_;
-  std::condition_variable lane_free_;
-  std::vector<std::unique_ptr<Lane>> lanes_;
-  std::vector<Lane*> idle_lanes_;
+  Mutex lanes_mu_;
+  std::condition_variable_any lane_free_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // fixed by Open
+  std::vector<Lane*> idle_lanes_ ABSL_GUARDED_BY(lanes_mu_);
 };
 
 }  // namespace kvc::storage
