@@ -170,6 +170,16 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     };
   };
   auto ours = [&](const std::string& op, bool shm) -> std::function<absl::Status(int, uint64_t)> {
+    if (op == "call") {
+      // The smallest call there is: a unary Lookup of one key, no payload. Its latency is
+      // the floor under every call of ours, whatever it carries.
+      return [&](int c, uint64_t i) -> absl::Status {
+        absl::StatusOr<cachesvc::LookupResult> r =
+            clients[c]->LookupKeysEvery(*ns, std::span(keys).subspan(first(i, c), 1));
+        if (!r.ok()) return r.status();
+        return r->matched_chunks == 1 ? absl::OkStatus() : absl::InternalError("lookup missed");
+      };
+    }
     if (op == "fetch") {
       return [&, shm](int c, uint64_t i) -> absl::Status {
         absl::StatusOr<size_t> n = (shm ? shm_clients : clients)[c]->Fetch(
@@ -191,6 +201,16 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     };
   };
   auto peer = [&](const std::string& op) -> std::function<absl::Status(int, uint64_t)> {
+    if (op == "call") {  // Redis's smallest call on a key: EXISTS
+      return [&](int c, uint64_t i) -> absl::Status {
+        redisReply* r = static_cast<redisReply*>(
+            redisCommand(redis_clients[c], "EXISTS chunk:%d", static_cast<int>(first(i, c))));
+        if (r == nullptr) return absl::InternalError("redis EXISTS failed");
+        const bool one = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+        return one ? absl::OkStatus() : absl::InternalError("redis EXISTS missed");
+      };
+    }
     if (op == "fetch") {
       return [&](int c, uint64_t i) -> absl::Status {
         // Pipelined GETs: one round trip for the whole prefix, like our one Fetch stream.
@@ -255,16 +275,18 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     }
   }
   std::vector<ServiceCase> cases;
-  for (const std::string op : {"fetch", "store"}) {
+  for (const std::string op : {"fetch", "call", "store"}) {  // stores last: they evict
     for (int n : opt.clients) {
       std::map<std::string, std::vector<Sample>> runs;
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (const std::string& system : systems) {
           if (system == "kvcache-shm" && op == "store") continue;  // stores go over gRPC
           if (python.contains(system) && op == "store") continue;  // fetches only
+          // The call floor: one gRPC call against one Redis command.
+          if (op == "call" && system != "kvcache-grpc" && system != "redis") continue;
           std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n,
                        rep + 1);
-          const uint64_t bytes_per_call = per_call * chunk;
+          const uint64_t bytes_per_call = op == "call" ? 0 : per_call * chunk;
           absl::StatusOr<Sample> s;
           if (python.contains(system)) {
             s = python[system]->Run(n, opt.seconds, bytes_per_call);
@@ -322,14 +344,23 @@ nlohmann::json ServiceCasesToJson(const std::vector<ServiceCase>& cases) {
 std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
   std::string out = absl::StrFormat("%-6s %7s  %-13s %9s %10s %10s\n", "op", "clients", "system",
                                     "GB/s", "p50 us", "p99 us");
-  std::map<std::tuple<std::string, int, std::string>, double> gbps;
+  std::map<std::tuple<std::string, int, std::string>, double> gbps, p50;
   for (const ServiceCase& c : cases) {
     absl::StrAppendFormat(&out, "%-6s %7d  %-13s %9.3f %10.1f %10.1f\n", c.op, c.clients, c.system,
                           c.gbps, c.p50_us, c.p99_us);
     gbps[{c.op, c.clients, c.system}] = c.gbps;
+    p50[{c.op, c.clients, c.system}] = c.p50_us;
   }
   out += "\nratios (medians of alternated runs):\n";
   for (const ServiceCase& c : cases) {
+    if (c.op == "call") {  // no payload: latency, not GB/s
+      const double r = p50[{"call", c.clients, "redis"}];
+      if (c.system == "kvcache-grpc" && r > 0) {
+        absl::StrAppendFormat(&out, "  %-6s %2d clients  p50 %s / redis %6.2f\n", c.op, c.clients,
+                              c.system, c.p50_us / r);
+      }
+      continue;
+    }
     const char* peer = c.system == "kvcache-grpc"  ? "redis"
                        : c.system == "kvcache-shm" ? "memcpy"
                        : c.system == "python-grpc" ? "kvcache-grpc"

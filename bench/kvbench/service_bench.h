@@ -32,8 +32,8 @@ struct ServiceBenchOptions {
 };
 
 struct ServiceCase {
-  // system: kvcache-grpc, kvcache-shm, python-grpc, python-shm, redis or memcpy; op: fetch
-  // or store
+  // system: kvcache-grpc, kvcache-shm, python-grpc, python-shm, redis or memcpy; op: fetch,
+  // store or call (the smallest call: a one-key Lookup against a Redis EXISTS; gbps 0)
   std::string system, op;
   int clients = 0;
   int chunks_per_call = 1;
