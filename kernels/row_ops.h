@@ -33,7 +33,7 @@ struct HcOnDevice {
                                                                 std::span<const float> scale,
                                                                 int hc, int iters, float eps);
 
-// mixes (rows of mix values) each times cpu::HcMixesScale of its row of x (rows of n).
+// mixes (rows of mix values) each by cpu::HcScaleMixesRow with its row of x (rows of n).
 [[nodiscard]] absl::StatusOr<std::vector<float>> HcScaleMixesOnDevice(std::span<const float> x,
                                                                       int64_t n,
                                                                       std::span<const float> mixes);

@@ -79,8 +79,7 @@ __global__ void HcScaleMixesKernel(const float* x, int64_t rows, int64_t n, floa
                                    int64_t mix) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
-  const float rs = cpu::HcMixesScale(x + r * n, n);
-  for (int64_t j = 0; j < mix; ++j) mixes[r * mix + j] = __fmul_rn(mixes[r * mix + j], rs);
+  cpu::HcScaleMixesRow(x + r * n, n, mixes + r * mix, mix);
 }
 
 __global__ void HcPreKernel(const float* X, const float* a, int64_t rows, int64_t hc, int64_t d,

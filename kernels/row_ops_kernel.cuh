@@ -33,8 +33,8 @@ cudaError_t LaunchHcCoefficients(const float* m, const float* base, const float*
                                  int64_t rows, int hc, int iters, float eps, float* pre,
                                  float* post, float* comb, cudaStream_t stream);
 
-// mixes[r] (rows of `mix`) *= cpu::HcMixesScale(x[r], n): the mixes' scale from the stream's
-// rows x (n = hc·d each). One thread per row.
+// cpu::HcScaleMixesRow(x[r], n, mixes[r], mix) for every row: the mixes' scale from the
+// stream's rows x (n = hc·d each). One thread per row.
 cudaError_t LaunchHcScaleMixes(const float* x, int64_t rows, int64_t n, float* mixes, int64_t mix,
                                cudaStream_t stream);
 // out[r] (d) = Σ_j a[r][j]·X[r][j] (cpu::HcPreAt): the sublayer's input from the hc copies

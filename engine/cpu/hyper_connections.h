@@ -39,6 +39,13 @@ KVC_HOST_DEVICE inline float HcMixesScale(const float* x, int64_t n) {
       rounded::Div(1.0, rounded::Sqrt(Add(rounded::Div(ss, static_cast<double>(n)), 1e-20))));
 }
 
+// One row's mixes [mix] (hc_fn · vec X, fresh from the product) times HcMixesScale of its
+// row of the stream x [n]: the mixes HcCoefficientsOf takes.
+KVC_HOST_DEVICE inline void HcScaleMixesRow(const float* x, int64_t n, float* mixes, int64_t mix) {
+  const float rs = HcMixesScale(x, n);
+  for (int64_t j = 0; j < mix; ++j) mixes[j] = rounded::Mul(mixes[j], rs);
+}
+
 // pre, post and comb from one row's (already scaled) mixes m [(2 + hc)·hc], the learned
 // base [(2 + hc)·hc] and scale [3]: pre = σ(m·s0 + b) + eps, post = 2σ(m·s1 + b), comb =
 // a row softmax of m·s2 + b (+ eps), then Sinkhorn — columns, and (iters − 1) times rows

@@ -75,8 +75,7 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   };
   auto coefficients = [&](const LayerWeights& w, int sub) {
     for (int64_t r = 0; r < rows; ++r) {
-      const float rs = cpu::HcMixesScale(&X[r * hc * D], hc * D);
-      for (int64_t j = 0; j < mix; ++j) mixes[r * mix + j] *= rs;
+      cpu::HcScaleMixesRow(&X[r * hc * D], hc * D, &mixes[r * mix], mix);
       coef[r] = cpu::HcFromMixes(Row(mixes, r, mix), w.hc_base[sub], w.hc_scale[sub], hc,
                                  c.hc_sinkhorn_iters, c.hc_eps);
     }
