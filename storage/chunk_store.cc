@@ -396,10 +396,11 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
   const Impl& s = *impl_;
   MutexLock lk(s.mu);
   std::vector<Tier> tiers(keys.size(), Tier::kNone);
+  // T0 holds only chunks RAM or SSD holds (LeftStore drops the rest).
+  const std::vector<bool> in_hbm = s.hbm ? s.hbm->ContainsEach(ns, keys) : std::vector<bool>();
   for (size_t i = 0; i < keys.size(); ++i) {
     tiers[i] = s.LowerTierOf(ns, keys[i]);
-    // T0 holds only chunks RAM or SSD holds (LeftStore drops the rest).
-    if (tiers[i] != Tier::kNone && s.hbm && s.hbm->Contains(ns, keys[i])) tiers[i] = Tier::kHbm;
+    if (tiers[i] != Tier::kNone && !in_hbm.empty() && in_hbm[i]) tiers[i] = Tier::kHbm;
   }
   return tiers;
 }

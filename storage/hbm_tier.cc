@@ -156,6 +156,13 @@ bool HbmTier::Contains(NamespaceId ns, const ChunkKey& key) const {
   return index_.contains(Id{ns, key});
 }
 
+std::vector<bool> HbmTier::ContainsEach(NamespaceId ns, std::span<const ChunkKey> keys) const {
+  std::vector<bool> held(keys.size());
+  MutexLock lk(mu_);
+  for (size_t i = 0; i < keys.size(); ++i) held[i] = index_.contains(Id{ns, keys[i]});
+  return held;
+}
+
 void HbmTier::Erase(NamespaceId ns, const ChunkKey& key) {
   MutexLock lk(mu_);
   auto it = index_.find(Id{ns, key});

@@ -74,6 +74,8 @@ class HbmTier {
   // A lease on the chunk if T0 holds it (NotFound otherwise); counts a hit or a miss.
   absl::StatusOr<HbmLease> Lease(NamespaceId ns, const ChunkKey& key);
   bool Contains(NamespaceId ns, const ChunkKey& key) const;
+  // Contains for each key, under one lock (a Lookup asks for thousands at once).
+  std::vector<bool> ContainsEach(NamespaceId ns, std::span<const ChunkKey> keys) const;
   // How many chunks of these namespaces T0 holds (a walk over its index).
   uint64_t CountIn(const std::set<NamespaceId>& namespaces) const;
   // Drops the chunk (no-op when absent).

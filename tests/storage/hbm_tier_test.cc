@@ -73,6 +73,9 @@ TEST(HbmTierTest, EvictsTheLeastRecentlyUsedAndNeverALeasedChunk) {
   ASSERT_TRUE(t->Put(1, Key(4), Bytes(4, seed)).ok());
   EXPECT_FALSE(t->Contains(1, Key(2))) << "2 was the least recently used";
   for (uint64_t i : {1, 3, 4}) EXPECT_TRUE(t->Contains(1, Key(i))) << i;
+  const std::vector<ChunkKey> asked = {Key(4), Key(2), Key(1), Key(5), Key(3)};
+  EXPECT_EQ(t->ContainsEach(1, asked), (std::vector<bool>{true, false, true, false, true}));
+  EXPECT_EQ(t->ContainsEach(8, asked), std::vector<bool>(5, false)) << "another namespace";
   EXPECT_EQ(t->stats().evictions, 1u);
   // Every slot leased: nothing can go.
   absl::StatusOr<HbmLease> a = t->Lease(1, Key(1)), b = t->Lease(1, Key(3)),
