@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cachesvc/loopback_port.h"
 
 namespace kvc::serve {
 
-// A free loopback TCP port (bound, read back, released): for the child processes programs
-// start (etcd's ports, Redis in kvbench).
-int FreeLoopbackPort();
+// For the child processes programs start (etcd's ports, Redis in kvbench).
+using cachesvc::FreeLoopbackPort;
 
 class KvcachedProcess {
  public:

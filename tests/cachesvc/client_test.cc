@@ -380,7 +380,7 @@ TEST_F(ClientTest, CoLocatedClientReadsChunksFromSharedMemory) {
 TEST(ClientSharedMemoryTest, AClientOutlivingARestartMapsTheNewArena) {
   std::mt19937_64 rng(testing::FreshSeed());
   TempDir dir;
-  const int port = testing::FreePort();
+  const int port = testing::FreeLoopbackPort();
   Daemon d(dir.File("data"), {"--listen", "127.0.0.1:" + std::to_string(port)});
   ClientOptions o;
   o.address = d.address();

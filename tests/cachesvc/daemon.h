@@ -3,9 +3,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cachesvc/loopback_port.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
@@ -33,18 +32,7 @@ inline std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// A free loopback TCP port (bound, read back, released).
-inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using ::kvc::cachesvc::FreeLoopbackPort;
 
 // A kvcached process on a free loopback port.
 class Daemon {

@@ -28,7 +28,7 @@ namespace {
 
 namespace pb = ::kvcache::v1;
 using ::kvc::testing::Daemon;
-using ::kvc::testing::FreePort;
+using ::kvc::testing::FreeLoopbackPort;
 using ::kvc::testing::ReadFile;
 using ::kvc::testing::TempDir;
 
@@ -573,7 +573,7 @@ std::string HttpGet(int port, const std::string& path) {
 TEST(KvcachedTest, ServesPrometheusMetrics) {
   std::mt19937_64 rng(testing::FreshSeed());
   TempDir dir;
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   Daemon d(dir.File("data"), {"--metrics-listen", "127.0.0.1:" + std::to_string(port)});
   Client c;
   const pb::RegisterNamespaceResponse ns = Register(d, c);
