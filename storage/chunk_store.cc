@@ -400,7 +400,7 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
   const std::vector<bool> in_hbm = s.hbm ? s.hbm->ContainsEach(ns, keys) : std::vector<bool>();
   for (size_t i = 0; i < keys.size(); ++i) {
     tiers[i] = s.LowerTierOf(ns, keys[i]);
-    if (tiers[i] != Tier::kNone && !in_hbm.empty() && in_hbm[i]) tiers[i] = Tier::kHbm;
+    if (tiers[i] != Tier::kNone && s.hbm && in_hbm[i]) tiers[i] = Tier::kHbm;
   }
   return tiers;
 }

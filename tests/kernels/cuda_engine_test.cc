@@ -21,6 +21,7 @@
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops_kernel.cuh"
 #include "tests/testing/random.h"
+#include "tests/testing/sanitizer.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 #if defined(KVC_CUDA_EMULATED)
@@ -347,11 +348,8 @@ TEST_F(CudaEngineTest, ExactResumeIsBitIdenticalToAColdRunOnTheGpu) {
   std::mt19937_64 rng(testing::FreshSeed());
   // Under a sanitizer (the emulated device, ~5× slower) the middle case is left out: it
   // crosses no boundary the other two do not.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  const std::vector<int64_t> fresh_tokens = {1, 41};
-#else
-  const std::vector<int64_t> fresh_tokens = {1, 7, 41};
-#endif
+  const std::vector<int64_t> fresh_tokens =
+      testing::kUnderSanitizer ? std::vector<int64_t>{1, 41} : std::vector<int64_t>{1, 7, 41};
   for (int64_t cached : {32, 96}) {
     for (int64_t fresh : fresh_tokens) {
       const std::vector<uint32_t> prompt = Prompt(rng, cached + fresh);
