@@ -26,8 +26,12 @@ class CudaAttention final : public model::AttentionBackend {
  public:
   explicit CudaAttention(std::shared_ptr<PageMirror> mirror) : mirror_(std::move(mirror)) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&projected_));
   }
-  ~CudaAttention() override { cudaStreamDestroy(stream_); }
+  ~CudaAttention() override {
+    cudaEventDestroy(projected_);
+    cudaStreamDestroy(stream_);
+  }
   const char* name() const override { return "cuda"; }
 
   absl::Status CheckShape(int64_t heads, int64_t dim) const override {
@@ -53,12 +57,42 @@ class CudaAttention final : public model::AttentionBackend {
   // and one copy back (the rows × dim of the layer's output) instead of one per step.
   bool AttendAndProject(const model::AttentionBatch& b, const model::OutputPath& p,
                         float* out) const override {
+    const DeviceProducts* products = ProductsFor(b, p);
+    if (products == nullptr) return false;
+    if (b.queries == 0) return true;
+    std::lock_guard lock(mu_);
+    PageMirror::View view;
+    const float* d_y = QueueAttendAndProject(b, p, *products, view);
+    Return(d_y, static_cast<size_t>(b.queries * p.wo_b->out_features()), out);
+    return true;
+  }
+
+  // The same queue, then the MoE sublayer on the matmul backend's stream after an event:
+  // the layer's output never leaves the device, and its one wait covers both.
+  bool AttendThenMoe(const model::AttentionBatch& b, const model::OutputPath& p,
+                     const model::MoeSublayer& then) const override {
+    const DeviceProducts* products = ProductsFor(b, p);
+    if (products == nullptr || b.queries == 0 || !products->RunsMoeSublayer(b.queries, then)) {
+      return false;
+    }
+    std::lock_guard lock(mu_);
+    PageMirror::View view;  // held until the sublayer's wait, which covers this stream's work
+    const float* d_y = QueueAttendAndProject(b, p, *products, view);
+    CUDA_CHECK(cudaEventRecord(projected_, stream_));
+    products->MoeSublayerAfter(d_y, projected_, b.queries, then);
+    return true;
+  }
+
+ private:
+  // The matmul backend when it can run `p` on the device with this batch, else null.
+  // Aborts when the path does not fit the batch's heads (the model built both).
+  static const DeviceProducts* ProductsFor(const model::AttentionBatch& b,
+                                           const model::OutputPath& p) {
     const auto* products = dynamic_cast<const DeviceProducts*>(p.matmul);
-    if (products == nullptr) return false;  // products on the CPU
+    if (products == nullptr) return nullptr;  // products on the CPU
     const int64_t G = static_cast<int64_t>(p.wo_a.size()), width = b.heads * b.dim;
     const int64_t half = static_cast<int64_t>(p.rope_freqs->size());
     const int64_t gw = G > 0 ? width / G : 0, ol = G > 0 ? p.wo_a[0].out_features() : 0;
-    const int64_t out_dim = p.wo_b->out_features();
     bool fits = G > 0 && gw * G == width && 2 * half <= b.dim && p.wo_b->in_features() == G * ol;
     bool held = products->Holds(*p.wo_b);
     for (int64_t g = 0; g < G && fits; ++g) {
@@ -72,16 +106,21 @@ class CudaAttention final : public model::AttentionBackend {
                    static_cast<long long>(b.dim));
       std::abort();
     }
-    if (!held) return false;  // weights the matmul backend does not hold
-    const int64_t rows = b.queries;
-    if (rows == 0) return true;
+    return held ? products : nullptr;  // null: weights the matmul backend does not hold
+  }
+  // Attention, the inverse RoPE, the groups' products and wo_b queued on stream_; returns
+  // the layer's output on the device (queries × wo_b's outputs). Needs mu_; `view` holds
+  // the pages until the caller has waited.
+  const float* QueueAttendAndProject(const model::AttentionBatch& b, const model::OutputPath& p,
+                                     const DeviceProducts& products, PageMirror::View& view) const {
     GuardShape(b);
+    const int64_t rows = b.queries, G = static_cast<int64_t>(p.wo_a.size());
+    const int64_t width = b.heads * b.dim, gw = width / G, ol = p.wo_a[0].out_features();
+    const int64_t half = static_cast<int64_t>(p.rope_freqs->size());
     // The CPU's angles, so the turn is its bits (CUDA's sin/cos may differ in the last bit).
     std::vector<int64_t> positions(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) positions[r] = p.first_position + r;
     const std::vector<float> turns = cpu::RopeTurns(*p.rope_freqs, positions, /*inverse=*/true);
-    std::lock_guard lock(mu_);
-    PageMirror::View view;
     float* d_o = QueueAttention(b, view);  // rows × heads × dim
     float* d_turns = turns_.Reserve(turns.size());
     Copy(d_turns, turns.data(), turns.size() * sizeof(float));
@@ -96,19 +135,16 @@ class CudaAttention final : public model::AttentionBackend {
     }
     float* d_ug = ug_.Reserve(static_cast<size_t>(G * rows * ol));
     for (int64_t g = 0; g < G; ++g)
-      products->QueueProduct(d_og + g * rows * gw, rows, p.wo_a[g], d_ug + g * rows * ol, stream_);
+      products.QueueProduct(d_og + g * rows * gw, rows, p.wo_a[g], d_ug + g * rows * ol, stream_);
     float* d_u = d_ug;  // rows × G × ol, the groups' results side by side
     if (reshuffle) {
       d_u = u_.Reserve(static_cast<size_t>(rows * G * ol));
       CUDA_CHECK(LaunchSwapOuterAxes(d_ug, G, rows, ol, d_u, stream_));
     }
-    float* d_y = y_.Reserve(static_cast<size_t>(rows * out_dim));
-    products->QueueProduct(d_u, rows, *p.wo_b, d_y, stream_);
-    Return(d_y, static_cast<size_t>(rows * out_dim), out);
-    return true;
+    float* d_y = y_.Reserve(static_cast<size_t>(rows * p.wo_b->out_features()));
+    products.QueueProduct(d_u, rows, *p.wo_b, d_y, stream_);
+    return d_y;
   }
-
- private:
   void GuardShape(const model::AttentionBatch& b) const {
     if (absl::Status shape = CheckShape(b.heads, b.dim); !shape.ok()) {  // Model::Load asked
       std::fprintf(stderr, "%s\n", std::string(shape.message()).c_str());
@@ -162,6 +198,7 @@ class CudaAttention final : public model::AttentionBackend {
   }
   mutable std::mutex mu_;  // one call at a time on the stream and the buffers
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t projected_ = nullptr;  // the layer's output is ready (AttendThenMoe), with mu_
   const std::shared_ptr<PageMirror> mirror_;
   mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_, turns_, og_, ug_, u_, y_;
   mutable GrowingPinnedBuffer<float> out_;

@@ -29,6 +29,15 @@ class DeviceProducts {
   // device memory; w must be held.
   virtual void QueueProduct(const float* d_x, int64_t m, const cpu::PackedMatrix& w, float* d_y,
                             cudaStream_t stream) const = 0;
+  // Whether MoeSublayerAfter can run `s` over `rows` rows: weights held, a batch the backend
+  // routes on the device with the CPU's bits. False for cuBLAS (whose products are not).
+  virtual bool RunsMoeSublayer(int64_t rows, const model::MoeSublayer& s) const = 0;
+  // The MoE sublayer `s` (model::MoeSublayer) on attention's output d_f (rows × D, device
+  // memory), queued after `f_ready` (recorded on the producer's stream, which keeps d_f
+  // until this returns); its results copied into s's outputs with one wait, which also
+  // covers the producer's work before f_ready. The bits of the host's steps and RoutedMoe.
+  virtual void MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64_t rows,
+                                const model::MoeSublayer& s) const = 0;
 
  protected:
   ~DeviceProducts() = default;

@@ -58,11 +58,19 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   static constexpr int64_t kRoutedMoeRows = 64;
   bool RoutedMoe(const float* x, int64_t rows, const model::MoeBlock& moe,
                  std::span<const model::GemmCall> also, float* out) const override;
+  // The whole MoE sublayer after attention (device_moe.cc): the mHC post-mixing into the
+  // stream, the block's input (pre-mixing, RMSNorm), the next mixes' product and the routed
+  // block as RoutedMoe runs it.
+  bool RunsMoeSublayer(int64_t rows, const model::MoeSublayer& s) const override;
+  void MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64_t rows,
+                        const model::MoeSublayer& s) const override;
 
  protected:
   // Whether Launch computes the CPU's bits on panel-layout weights (the router's
   // per-slot product uses that layout and arithmetic).
   virtual bool RoutesOnDevice() const { return false; }
+  // Whether RoutedMoe can run `moe` over `rows` rows here (shapes, weights held).
+  bool Routes(int64_t rows, const model::MoeBlock& moe) const;
   // w in the device layout the product reads: a view of w itself or of `storage`.
   virtual std::span<const float> Layout(const cpu::PackedMatrix& w,
                                         std::vector<float>& storage) const = 0;
@@ -72,6 +80,21 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   cudaStream_t stream_ = nullptr;
 
  private:
+  // The routed block's regions in a call's buffers (device_moe.cc); with mu_ held, the
+  // routing's tables written into the upload, and the block queued on x (device).
+  struct RoutingRegions;
+  // With mu_ held: the MoE calls' buffers (uploads staged and on the device, results on
+  // the device and staged, device-only scratch), at least these sizes; and the results
+  // copied back with the call's one wait.
+  struct MoeScratch {
+    std::byte *h_in, *d_in, *h_res, *d_res, *dev;
+  };
+  MoeScratch ReserveMoe(size_t in_bytes, size_t res_bytes, size_t dev_bytes) const;
+  void ReturnMoe(std::byte* h_res, const std::byte* d_res, size_t bytes) const;
+  void FillRouting(const model::MoeBlock& moe, std::byte* h_in, const RoutingRegions& at) const;
+  void QueueRouted(const float* d_x, int64_t rows, const model::MoeBlock& moe, std::byte* d_in,
+                   std::byte* d_dev, const RoutingRegions& at, float* d_out) const;
+
   mutable std::mutex mu_;  // one group at a time on the stream and the scratch buffers
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
   mutable GrowingDeviceBuffer<float> x_, y_, w_;

@@ -8,6 +8,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/device_matmul.h"
 #include "kernels/moe_kernel.cuh"
+#include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
 
@@ -151,10 +152,56 @@ T* At(std::byte* base, size_t offset) {
   return reinterpret_cast<T*>(base + offset);
 }
 
+// The routed block's shapes: E routed experts, k picks per row, D → I → D.
+struct BlockShape {
+  int64_t E = 0, k = 0, D = 0, I = 0;
+  explicit BlockShape(const model::MoeBlock& moe)
+      : E(static_cast<int64_t>(moe.w1.size()) - 1),
+        k(moe.top_k),
+        D(moe.gate->in_features()),
+        I(moe.w1[0]->out_features()) {}
+};
+
 }  // namespace
 
-bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock& moe,
-                             std::span<const model::GemmCall> also, float* out) const {
+// What the routed block uploads (the gate's bias, the per-expert weight tables: three of
+// E + 1 device pointers) and keeps on the device, carved out of a call's buffers.
+struct DeviceMatmul::RoutingRegions {
+  size_t bias = 0, tab = 0;  // in the upload
+  size_t logits = 0, route_w = 0, picks = 0, npicks = 0, slot_row = 0, slot_expert = 0,
+         slot_weight = 0, pick_slot = 0, counts = 0, g = 0, up = 0, y = 0;  // device only
+  RoutingRegions(const BlockShape& b, int64_t rows, Carve& in, Carve& dev) {
+    const int64_t S = rows * (b.k + 1);  // slots at most: k routed per row, and the shared one
+    bias = in.Take<float>(b.E);
+    tab = in.Take<const float*>(3 * (b.E + 1));
+    logits = dev.Take<float>(rows * b.E);
+    route_w = dev.Take<float>(rows * b.k);
+    picks = dev.Take<int32_t>(rows * b.k);
+    npicks = dev.Take<int32_t>(rows);
+    slot_row = dev.Take<int64_t>(S);
+    slot_expert = dev.Take<int32_t>(S);
+    slot_weight = dev.Take<float>(S);
+    pick_slot = dev.Take<int64_t>(rows * b.k);
+    counts = dev.Take<int64_t>(2);
+    g = dev.Take<float>(S * b.I);
+    up = dev.Take<float>(S * b.I);
+    y = dev.Take<float>(S * b.D);
+  }
+};
+
+DeviceMatmul::MoeScratch DeviceMatmul::ReserveMoe(size_t in_bytes, size_t res_bytes,
+                                                  size_t dev_bytes) const {
+  return {moe_in_host_.Reserve(in_bytes), moe_in_.Reserve(in_bytes),
+          moe_res_host_.Reserve(res_bytes), moe_res_.Reserve(res_bytes),
+          moe_dev_.Reserve(dev_bytes)};
+}
+
+void DeviceMatmul::ReturnMoe(std::byte* h_res, const std::byte* d_res, size_t bytes) const {
+  CUDA_CHECK(cudaMemcpyAsync(h_res, d_res, bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+bool DeviceMatmul::Routes(int64_t rows, const model::MoeBlock& moe) const {
   const int64_t E = static_cast<int64_t>(moe.w1.size()) - 1, k = moe.top_k;
   if (!RoutesOnDevice() || rows <= 0 || rows > kRoutedMoeRows || k < 0 || k > kMaxRoutedPerToken ||
       E < 0 || moe.w3.size() != moe.w1.size() || moe.w2.size() != moe.w1.size() ||
@@ -165,97 +212,160 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
   for (int64_t e = 0; e <= E; ++e) {
     if (!Holds(*moe.w1[e]) || !Holds(*moe.w3[e]) || !Holds(*moe.w2[e])) return false;
   }
+  const BlockShape b(moe);
+  for (int64_t e = 0; e <= E; ++e) {
+    KVC_CHECK(moe.w1[e]->in_features() == b.D && moe.w1[e]->out_features() == b.I &&
+              moe.w3[e]->in_features() == b.D && moe.w3[e]->out_features() == b.I &&
+              moe.w2[e]->in_features() == b.I && moe.w2[e]->out_features() == b.D)
+        << "expert " << e << " of a MoE block has other shapes than the gate's and expert 0's";
+  }
+  return true;
+}
+
+void DeviceMatmul::FillRouting(const model::MoeBlock& moe, std::byte* h_in,
+                               const RoutingRegions& at) const {
+  const int64_t E = static_cast<int64_t>(moe.w1.size()) - 1;
+  std::memcpy(At<float>(h_in, at.bias), moe.gate_bias.data(), moe.gate_bias.size_bytes());
+  const float** t = At<const float*>(h_in, at.tab);
+  for (int64_t e = 0; e <= E; ++e) {
+    t[e] = weights_.at(moe.w1[e]->packed().data());
+    t[E + 1 + e] = weights_.at(moe.w3[e]->packed().data());
+    t[2 * (E + 1) + e] = weights_.at(moe.w2[e]->packed().data());
+  }
+}
+
+void DeviceMatmul::QueueRouted(const float* d_x, int64_t rows, const model::MoeBlock& moe,
+                               std::byte* d_in, std::byte* d, const RoutingRegions& at,
+                               float* d_out) const {
+  const BlockShape b(moe);
+  const int64_t S = rows * (b.k + 1);
+  const float* const* tab = At<const float*>(d_in, at.tab);
+  float* logits = At<float>(d, at.logits);
+  float* route_w = At<float>(d, at.route_w);
+  int32_t* picks = At<int32_t>(d, at.picks);
+  int32_t* npicks = At<int32_t>(d, at.npicks);
+  int64_t* slot_row = At<int64_t>(d, at.slot_row);
+  int32_t* slot_expert = At<int32_t>(d, at.slot_expert);
+  float* slot_weight = At<float>(d, at.slot_weight);
+  int64_t* pick_slot = At<int64_t>(d, at.pick_slot);
+  int64_t* counts = At<int64_t>(d, at.counts);
+  float* g = At<float>(d, at.g);
+  float* up = At<float>(d, at.up);
+  float* y = At<float>(d, at.y);
+  Launch(d_x, rows, b.D, weights_.at(moe.gate->packed().data()), b.E, logits, stream_);
+  CUDA_CHECK(LaunchRoute(logits, At<float>(d_in, at.bias), rows, b.E, b.k, moe.normalize,
+                         moe.routed_scale, picks, route_w, npicks, stream_));
+  CUDA_CHECK(LaunchDispatch(picks, route_w, npicks, rows, b.k, b.E, slot_row, slot_expert,
+                            slot_weight, pick_slot, counts, stream_));
+  CUDA_CHECK(LaunchSlotGemm(d_x, slot_row, slot_expert, tab, counts, S, b.D, b.I, g, stream_));
+  CUDA_CHECK(LaunchSlotGemm(d_x, slot_row, slot_expert, tab + (b.E + 1), counts, S, b.D, b.I, up,
+                            stream_));
+  CUDA_CHECK(LaunchSwiGlu(g, up, slot_weight, S, b.I, moe.limit, stream_, counts));
+  CUDA_CHECK(LaunchSlotGemm(g, nullptr, slot_expert, tab + 2 * (b.E + 1), counts, S, b.I, b.D, y,
+                            stream_));
+  CUDA_CHECK(LaunchSumPicks(y, pick_slot, npicks, counts, rows, b.k, b.D, d_out, stream_));
+}
+
+bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock& moe,
+                             std::span<const model::GemmCall> also, float* out) const {
+  if (!Routes(rows, moe)) return false;
   for (const model::GemmCall& c : also) {
     if (c.input_of >= 0 || (c.m > 0 && c.w->out_features() > 0 && !Holds(*c.w))) return false;
   }
-  const int64_t D = moe.gate->in_features(), I = moe.w1[0]->out_features();
-  for (int64_t e = 0; e <= E; ++e) {
-    KVC_CHECK(moe.w1[e]->in_features() == D && moe.w1[e]->out_features() == I &&
-              moe.w3[e]->in_features() == D && moe.w3[e]->out_features() == I &&
-              moe.w2[e]->in_features() == I && moe.w2[e]->out_features() == D)
-        << "expert " << e << " of a MoE block has other shapes than the gate's and expert 0's";
-  }
-  const int64_t S = rows * (k + 1);  // slots at most: k routed per row, and the shared one
-
-  // Host → device in one copy: x, the gate's bias, the inputs of `also`, then the
-  // per-expert weight tables (three of E + 1 device pointers).
-  Carve in;
-  const size_t in_x = in.Take<float>(rows * D), in_bias = in.Take<float>(E);
-  std::vector<size_t> in_also(also.size());
+  const BlockShape b(moe);
+  // Host → device in one copy: x, the inputs of `also`, the routing's tables. Device →
+  // host in one copy: out, then the results of `also`.
+  Carve in, res, dev;
+  const size_t in_x = in.Take<float>(rows * b.D);
+  std::vector<size_t> in_also(also.size()), res_also(also.size());
   for (size_t i = 0; i < also.size(); ++i)
     in_also[i] = in.Take<float>(also[i].m * also[i].w->in_features());
-  const size_t in_tab = in.Take<const float*>(3 * (E + 1));
-  // Device → host in one copy: out, then the results of `also`.
-  Carve res;
-  const size_t res_out = res.Take<float>(rows * D);
-  std::vector<size_t> res_also(also.size());
+  const size_t res_out = res.Take<float>(rows * b.D);
   for (size_t i = 0; i < also.size(); ++i)
     res_also[i] = res.Take<float>(also[i].m * also[i].w->out_features());
-  // Device only.
-  Carve dev;
-  const size_t logits = dev.Take<float>(rows * E), route_w = dev.Take<float>(rows * k),
-               picks = dev.Take<int32_t>(rows * k), npicks = dev.Take<int32_t>(rows),
-               slot_row = dev.Take<int64_t>(S), slot_expert = dev.Take<int32_t>(S),
-               slot_weight = dev.Take<float>(S), pick_slot = dev.Take<int64_t>(rows * k),
-               counts = dev.Take<int64_t>(2), g = dev.Take<float>(S * I),
-               up = dev.Take<float>(S * I), y = dev.Take<float>(S * D);
+  const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
-  std::byte* h_in = moe_in_host_.Reserve(in.bytes());
-  std::byte* d_in = moe_in_.Reserve(in.bytes());
-  std::byte* h_res = moe_res_host_.Reserve(res.bytes());
-  std::byte* d_res = moe_res_.Reserve(res.bytes());
-  std::byte* d = moe_dev_.Reserve(dev.bytes());
-  std::memcpy(At<float>(h_in, in_x), x, static_cast<size_t>(rows * D) * sizeof(float));
-  std::memcpy(At<float>(h_in, in_bias), moe.gate_bias.data(), moe.gate_bias.size_bytes());
+  const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
+  std::memcpy(At<float>(h_in, in_x), x, static_cast<size_t>(rows * b.D) * sizeof(float));
   for (size_t i = 0; i < also.size(); ++i) {
     const size_t n = static_cast<size_t>(also[i].m * also[i].w->in_features());
     if (n > 0) std::memcpy(At<float>(h_in, in_also[i]), also[i].x, n * sizeof(float));
   }
-  const float** tab = At<const float*>(h_in, in_tab);
-  for (int64_t e = 0; e <= E; ++e) {
-    tab[e] = weights_.at(moe.w1[e]->packed().data());
-    tab[E + 1 + e] = weights_.at(moe.w3[e]->packed().data());
-    tab[2 * (E + 1) + e] = weights_.at(moe.w2[e]->packed().data());
-  }
+  FillRouting(moe, h_in, routing);
   CUDA_CHECK(cudaMemcpyAsync(d_in, h_in, in.bytes(), cudaMemcpyHostToDevice, stream_));
-
   for (size_t i = 0; i < also.size(); ++i) {
     const model::GemmCall& c = also[i];
     if (c.m == 0 || c.w->out_features() == 0) continue;
     Launch(At<float>(d_in, in_also[i]), c.m, c.w->in_features(), weights_.at(c.w->packed().data()),
            c.w->out_features(), At<float>(d_res, res_also[i]), stream_);
   }
-  const float* d_x = At<float>(d_in, in_x);
-  const float* const* d_tab = At<const float*>(d_in, in_tab);
-  const int64_t* d_counts = At<int64_t>(d, counts);
-  Launch(d_x, rows, D, weights_.at(moe.gate->packed().data()), E, At<float>(d, logits), stream_);
-  CUDA_CHECK(LaunchRoute(At<float>(d, logits), At<float>(d_in, in_bias), rows, E, k, moe.normalize,
-                         moe.routed_scale, At<int32_t>(d, picks), At<float>(d, route_w),
-                         At<int32_t>(d, npicks), stream_));
-  CUDA_CHECK(LaunchDispatch(At<int32_t>(d, picks), At<float>(d, route_w), At<int32_t>(d, npicks),
-                            rows, k, E, At<int64_t>(d, slot_row), At<int32_t>(d, slot_expert),
-                            At<float>(d, slot_weight), At<int64_t>(d, pick_slot),
-                            At<int64_t>(d, counts), stream_));
-  CUDA_CHECK(LaunchSlotGemm(d_x, At<int64_t>(d, slot_row), At<int32_t>(d, slot_expert), d_tab,
-                            d_counts, S, D, I, At<float>(d, g), stream_));
-  CUDA_CHECK(LaunchSlotGemm(d_x, At<int64_t>(d, slot_row), At<int32_t>(d, slot_expert),
-                            d_tab + (E + 1), d_counts, S, D, I, At<float>(d, up), stream_));
-  CUDA_CHECK(LaunchSwiGlu(At<float>(d, g), At<float>(d, up), At<float>(d, slot_weight), S, I,
-                          moe.limit, stream_, d_counts));
-  CUDA_CHECK(LaunchSlotGemm(At<float>(d, g), nullptr, At<int32_t>(d, slot_expert),
-                            d_tab + 2 * (E + 1), d_counts, S, I, D, At<float>(d, y), stream_));
-  CUDA_CHECK(LaunchSumPicks(At<float>(d, y), At<int64_t>(d, pick_slot), At<int32_t>(d, npicks),
-                            d_counts, rows, k, D, At<float>(d_res, res_out), stream_));
-
-  CUDA_CHECK(cudaMemcpyAsync(h_res, d_res, res.bytes(), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::memcpy(out, At<float>(h_res, res_out), static_cast<size_t>(rows * D) * sizeof(float));
+  QueueRouted(At<float>(d_in, in_x), rows, moe, d_in, d, routing, At<float>(d_res, res_out));
+  ReturnMoe(h_res, d_res, res.bytes());
+  std::memcpy(out, At<float>(h_res, res_out), static_cast<size_t>(rows * b.D) * sizeof(float));
   for (size_t i = 0; i < also.size(); ++i) {
     const size_t n = static_cast<size_t>(also[i].m * also[i].w->out_features());
     if (n > 0) std::memcpy(also[i].y, At<float>(h_res, res_also[i]), n * sizeof(float));
   }
   return true;
+}
+
+bool DeviceMatmul::RunsMoeSublayer(int64_t rows, const model::MoeSublayer& s) const {
+  if (s.hc <= 0 || s.mixes_fn == nullptr || !Routes(rows, s.moe) || !Holds(*s.mixes_fn)) {
+    return false;
+  }
+  const int64_t D = s.moe.gate->in_features();
+  KVC_CHECK(static_cast<int64_t>(s.norm.size()) == D && s.mixes_fn->in_features() == s.hc * D &&
+            s.mixes_fn->out_features() == (2 + s.hc) * s.hc)
+      << "a MoE sublayer of hc " << s.hc << " whose norm (" << s.norm.size() << ") or mixes ("
+      << s.mixes_fn->in_features() << " → " << s.mixes_fn->out_features()
+      << ") do not fit the block's width " << D;
+  return true;
+}
+
+void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64_t rows,
+                                    const model::MoeSublayer& s) const {
+  KVC_CHECK(RunsMoeSublayer(rows, s)) << "a MoE sublayer this backend cannot run";
+  const BlockShape b(s.moe);
+  const int64_t hc = s.hc, n = hc * b.D, mix = s.mixes_fn->out_features();
+  Carve in, res, dev;
+  const size_t in_R = in.Take<float>(rows * n), in_post = in.Take<float>(rows * hc),
+               in_comb = in.Take<float>(rows * hc * hc), in_pre = in.Take<float>(rows * hc),
+               in_norm = in.Take<float>(b.D);
+  const size_t res_stream = res.Take<float>(rows * n), res_mixes = res.Take<float>(rows * mix),
+               res_out = res.Take<float>(rows * b.D);
+  const size_t x_in = dev.Take<float>(rows * b.D);
+  const RoutingRegions routing(b, rows, in, dev);
+
+  std::lock_guard lock(mu_);
+  const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
+  auto put = [&](size_t at, const float* from, int64_t count) {
+    std::memcpy(At<float>(h_in, at), from, static_cast<size_t>(count) * sizeof(float));
+  };
+  put(in_R, s.R, rows * n);
+  put(in_post, s.post, rows * hc);
+  put(in_comb, s.comb, rows * hc * hc);
+  put(in_pre, s.pre, rows * hc);
+  put(in_norm, s.norm.data(), b.D);
+  FillRouting(s.moe, h_in, routing);
+  CUDA_CHECK(cudaMemcpyAsync(d_in, h_in, in.bytes(), cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, f_ready, 0));
+  float* X = At<float>(d_res, res_stream);
+  float* xin = At<float>(d, x_in);
+  CUDA_CHECK(LaunchHcPost(d_f, At<float>(d_in, in_R), At<float>(d_in, in_post),
+                          At<float>(d_in, in_comb), rows, hc, b.D, X, stream_));
+  CUDA_CHECK(LaunchHcPre(X, At<float>(d_in, in_pre), rows, hc, b.D, xin, stream_));
+  CUDA_CHECK(LaunchRmsNorm(xin, At<float>(d_in, in_norm), rows, b.D, s.eps, xin, stream_));
+  Launch(X, rows, n, weights_.at(s.mixes_fn->packed().data()), mix, At<float>(d_res, res_mixes),
+         stream_);
+  QueueRouted(xin, rows, s.moe, d_in, d, routing, At<float>(d_res, res_out));
+  ReturnMoe(h_res, d_res, res.bytes());
+  auto get = [&](float* to, size_t at, int64_t count) {
+    std::memcpy(to, At<float>(h_res, at), static_cast<size_t>(count) * sizeof(float));
+  };
+  get(s.stream, res_stream, rows * n);
+  get(s.mixes, res_mixes, rows * mix);
+  get(s.out, res_out, rows * b.D);
 }
 
 }  // namespace kvc::cuda

@@ -83,6 +83,19 @@ class AttentionBackend {
     (void)out;
     return false;
   }
+  // AttendAndProject, then `then` on its output where that output is (a device backend
+  // running the sublayer through the matmul backend's resident weights): the bits of
+  // AttendAndProject followed by the sublayer's steps on the host and MatmulBackend::
+  // RoutedMoe, with one wait. Returns false, touching nothing, when the backend cannot (the
+  // default; a batch or weights the matmul backend does not route): the model then runs
+  // AttendAndProject and the sublayer itself.
+  virtual bool AttendThenMoe(const AttentionBatch& batch, const OutputPath& path,
+                             const MoeSublayer& then) const {
+    (void)batch;
+    (void)path;
+    (void)then;
+    return false;
+  }
 };
 
 // model::AttendHead on the CPU thread pool.

@@ -67,6 +67,28 @@ struct MoeBlock {
   float limit = 0.0f;
 };
 
+// The MoE sublayer of a layer as it follows attention (mHC, engine/cpu/hyper_connections.h):
+// attention's output f (rows × D) goes back into the stream, X' = cpu::HcPost(f, R, post,
+// comb) per row; the block's input is cpu::RmsNorm(cpu::HcPre(X', pre), norm, eps); the
+// product fn · vec X' (the next sublayer's mixes, unscaled) rides along. Everything in it
+// is known before attention ends, so a device holding f can run it all where f is
+// (AttentionBackend::AttendThenMoe): one wait for attention and the MoE block together.
+struct MoeSublayer {
+  int64_t hc = 0;
+  const float* R = nullptr;     // rows × hc × D: the stream before attention
+  const float* post = nullptr;  // rows × hc
+  const float* comb = nullptr;  // rows × hc × hc
+  const float* pre = nullptr;   // rows × hc: the MoE input's mixing
+  std::span<const float> norm;  // D
+  double eps = 0.0;
+  const cpu::PackedMatrix* mixes_fn = nullptr;  // hc·D → (2 + hc)·hc
+  MoeBlock moe;
+  // Results.
+  float* stream = nullptr;  // rows × hc × D: X'
+  float* mixes = nullptr;   // rows × (2 + hc)·hc
+  float* out = nullptr;     // rows × D: the MoE block's output
+};
+
 // The experts of a MoE block on the host, through `mm`'s products (the default of
 // MatmulBackend::Experts). Jobs go to mm.GemmGroup in groups of at most kExpertGroupRows
 // rows (bounding the intermediates): all gate and up projections, then cpu::SwiGlu, then

@@ -35,11 +35,11 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
   }
 }
 
-void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
+bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                           const std::vector<float>& x, bool compress, std::vector<float>& out,
                           std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
-                          std::vector<std::vector<uint8_t>>& pool,
-                          std::span<const GemmCall> also) const {
+                          std::vector<std::vector<uint8_t>>& pool, std::span<const GemmCall> also,
+                          const std::function<const MoeSublayer*()>& then) const {
   const LayerPlan& plan = sched.layers[l];
   LayerState& ls = s.layers[l];
   const int64_t rows = b - a, ratio = plan.compress_ratio;
@@ -51,6 +51,7 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   if (compresses) CompressorCalls(s, l, a, b, x, compressor, others);
   QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
                      runs_indexer ? &wts : nullptr, others);
+  const MoeSublayer* sublayer = then ? then() : nullptr;
   // Compressed KV and each query's selection of it.
   std::vector<std::vector<int32_t>>* selected = nullptr;
   const LayerState* kv_src = nullptr;
@@ -140,17 +141,19 @@ void ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     batch.layout = &layout;
     batch.layer = plan.kv_layer;
   }
-  AttendAndProject(l, a, rows, q, batch, out);
+  const bool moe_done = AttendAndProject(l, a, rows, q, batch, out, sublayer);
   // The window ring keeps the last `win` rows of this pass.
   for (int64_t p = std::max(a, b - win); p < b; ++p) {
     std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,
               ls.ring.begin() + (p % win) * hd);
     ls.ring_pos[p % win] = p;
   }
+  return moe_done;
 }
 
-void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
-                                 AttentionBatch batch, std::vector<float>& out) const {
+bool ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
+                                 AttentionBatch batch, std::vector<float>& out,
+                                 const MoeSublayer* then) const {
   const AttentionWeights& w = layers[l].attn;
   // Sparse MQA: the same row is key and value; the sink enters the denominator only.
   batch.queries = rows;
@@ -166,8 +169,9 @@ void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::
   path.wo_a = w.wo_a;
   path.wo_b = &w.wo_b;
   path.matmul = mm.get();
+  if (then != nullptr && attn->AttendThenMoe(batch, path, *then)) return true;
   out.resize(rows * w.wo_b.out_features());
-  if (attn->AttendAndProject(batch, path, out.data())) return;
+  if (attn->AttendAndProject(batch, path, out.data())) return false;
   std::vector<float> o(rows * H * hd);
   batch.out = o.data();
   attn->Attend(batch);
@@ -196,6 +200,7 @@ void ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::
                 u.begin() + r * G * ol + g * ol);
   }
   out = Linear(u, rows, w.wo_b);
+  return false;
 }
 
 }  // namespace kvc::model

@@ -179,8 +179,11 @@ class ModelImpl {
   // Sparse MQA of `rows` queries (q: rows × H × hd at positions a…) over the rows `batch`
   // lists for each query (window, entries, compressed rows), then the inverse RoPE and the
   // grouped low-rank output projection.
-  void AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
-                        AttentionBatch batch, std::vector<float>& out) const;
+  // With `then`, the backend may run the MoE sublayer after it where attention's output is
+  // (AttentionBackend::AttendThenMoe): true when it did, `out` then untouched.
+  bool AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::vector<float>& q,
+                        AttentionBatch batch, std::vector<float>& out,
+                        const MoeSublayer* then = nullptr) const;
   // Runs `tokens` after the sequence's last token; logits of every one.
   std::vector<std::vector<float>> Extend(SequenceState& s, std::span<const uint32_t> tokens) const;
   // The decoder's global KV for positions [a, b) from the encoder output (CED).
@@ -193,11 +196,14 @@ class ModelImpl {
   absl::Status CheckTokens(std::span<const uint32_t> tokens) const;
   void ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                    std::vector<float>& X) const;
-  void Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
+  // `then` is called once the query path's products (with `also`) are done; the MoE
+  // sublayer it returns (if any) may run on the device right after attention. True when it
+  // did (its results in the sublayer's outputs, `out` untouched).
+  bool Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
                  bool compress, std::vector<float>& out,
                  std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
-                 std::vector<std::vector<uint8_t>>& pool,
-                 std::span<const GemmCall> also = {}) const;
+                 std::vector<std::vector<uint8_t>>& pool, std::span<const GemmCall> also = {},
+                 const std::function<const MoeSublayer*()>& then = {}) const;
   // The compressor of Full layer l over the pass [a, b) with input x: the products for the
   // positions it has not consumed yet go into `calls` (results in `in`), and Compress
   // consumes them once they are done — so the products can join another group (the query
@@ -222,6 +228,8 @@ class ModelImpl {
                    std::vector<float> keys = {}) const;
   void Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
            std::span<const GemmCall> also = {}) const;
+  // Layer l's MoE block as the matmul backend sees it.
+  MoeBlock MoeBlockOf(int64_t l) const;
   std::unique_ptr<SequenceState> NewState() const;
 };
 

@@ -63,7 +63,8 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   std::vector<std::vector<uint8_t>> pool;
   std::vector<float> xin(rows * D), y, R;
   std::vector<cpu::HcCoefficients> coef(rows);
-  std::vector<float> a1(rows * hc);
+  std::vector<float> a1(rows * hc), post(rows * hc), comb(rows * hc * hc);
+  MoeSublayer sublayer;
   // The mixes of one sublayer for every row: m = (fn · vec X) · rsqrt(mean(vec X²) + 1e-20).
   // The product fn · vec X needs only X, and the sublayer's input mixes with the previous
   // sublayer's coefficients, so it goes with the sublayer's first group of products (one
@@ -102,24 +103,45 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
     }
     const GemmCall attn_mixes = mixes_product(w, 0);
+    // The attention sublayer's coefficients need only X and its mixes, both there once the
+    // query path's products are done; so everything the MoE sublayer takes but attention's
+    // output is known before attention runs, and a device can queue the two together.
+    auto moe_sublayer = [&]() -> const MoeSublayer* {
+      coefficients(w, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
+        std::copy(coef[r].post.begin(), coef[r].post.end(), post.begin() + r * hc);
+        std::copy(coef[r].comb.begin(), coef[r].comb.end(), comb.begin() + r * hc * hc);
+      }
+      y.resize(rows * D);
+      // The stream after attention overwrites X (R holds the stream before it).
+      sublayer = {hc,           R.data(),       post.data(), comb.data(),   a1.data(),
+                  w.ffn_norm,   c.rms_norm_eps, &w.hc_fn[1], MoeBlockOf(l), X.data(),
+                  mixes.data(), y.data()};
+      return &sublayer;
+    };
+    bool moe_done = false;
     if (l < L) {
-      Attention(s, l, a, b, xin, compress, y, topk, pool, std::span(&attn_mixes, 1));
+      moe_done = Attention(s, l, a, b, xin, compress, y, topk, pool, std::span(&attn_mixes, 1),
+                           moe_sublayer);
     } else {
       DraftAttention(s, l, a, b, xin, y, std::span(&attn_mixes, 1));
+      moe_sublayer();
     }
-    coefficients(w, 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
-      cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
+    if (moe_done) {  // X is the stream after attention; the MoE's output and mixes are in
+      R = X;
+    } else {
+      for (int64_t r = 0; r < rows; ++r)
+        cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);
+      // MoE sublayer.
+      R = X;
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::HcPre(&X[r * hc * D], &a1[r * hc], hc, D, &xin[r * D]);
+        cpu::RmsNorm(&xin[r * D], w.ffn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+      }
+      const GemmCall ffn_mixes = mixes_product(w, 1);
+      Moe(l, xin, rows, y, std::span(&ffn_mixes, 1));
     }
-    // MoE sublayer.
-    R = X;
-    for (int64_t r = 0; r < rows; ++r) {
-      cpu::HcPre(&X[r * hc * D], &a1[r * hc], hc, D, &xin[r * D]);
-      cpu::RmsNorm(&xin[r * D], w.ffn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
-    }
-    const GemmCall ffn_mixes = mixes_product(w, 1);
-    Moe(l, xin, rows, y, std::span(&ffn_mixes, 1));
     coefficients(w, 1);
     for (int64_t r = 0; r < rows; ++r) {
       cpu::HcPost(&y[r * D], &R[r * hc * D], coef[r], hc, D, &X[r * hc * D]);

@@ -3,18 +3,15 @@
 
 namespace kvc::model {
 
-void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
-                    std::span<const GemmCall> also) const {
+MoeBlock ModelImpl::MoeBlockOf(int64_t l) const {
   const LayerWeights& w = layers[l];
-  const int64_t E_ = static_cast<int64_t>(w.experts.size()), k = w.experts_per_token;
-  out.resize(rows * D);
-  // A device backend may route where the gate's logits are: no round trip in between.
+  const int64_t E_ = static_cast<int64_t>(w.experts.size());
   MoeBlock block{&w.gate,
                  w.gate_bias,
                  {},
                  {},
                  {},
-                 k,
+                 w.experts_per_token,
                  c.norm_topk_prob,
                  static_cast<float>(c.routed_scaling_factor),
                  static_cast<float>(c.swiglu_limit)};
@@ -24,6 +21,16 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::v
     block.w3.push_back(&ew.w3);
     block.w2.push_back(&ew.w2);
   }
+  return block;
+}
+
+void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::vector<float>& out,
+                    std::span<const GemmCall> also) const {
+  const LayerWeights& w = layers[l];
+  const int64_t E_ = static_cast<int64_t>(w.experts.size()), k = w.experts_per_token;
+  out.resize(rows * D);
+  // A device backend may route where the gate's logits are: no round trip in between.
+  const MoeBlock block = MoeBlockOf(l);
   if (mm->RoutedMoe(x.data(), rows, block, also, out.data())) return;
   std::vector<float> logits(rows * w.gate.out_features());
   std::vector<GemmCall> gate = {{x.data(), rows, &w.gate, logits.data()}};
