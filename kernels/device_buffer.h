@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <span>
 #include <vector>
 
@@ -82,5 +83,27 @@ template <typename T>
 using GrowingDeviceBuffer = GrowingBuffer<T, ScratchMemory::kDevice>;
 template <typename T>
 using GrowingPinnedBuffer = GrowingBuffer<T, ScratchMemory::kPinnedHost>;
+
+// Typed regions carved one after another out of one allocation (8-byte aligned), so a
+// call's inputs go up, or its results come back, in one copy: Take<T>(n) gives a region's
+// offset, At<T>(base, offset) its address in a buffer of bytes() bytes.
+class Carve {
+ public:
+  template <typename T>
+  size_t Take(size_t n) {
+    const size_t at = bytes_;
+    bytes_ += (n * sizeof(T) + 7) / 8 * 8;
+    return at;
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_ = 0;
+};
+
+template <typename T>
+T* At(std::byte* base, size_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
 
 }  // namespace kvc::cuda

@@ -132,26 +132,6 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
 
 namespace {
 
-// Typed regions carved one after another out of one scratch allocation (8-byte aligned).
-class Carve {
- public:
-  template <typename T>
-  size_t Take(size_t n) {
-    const size_t at = bytes_;
-    bytes_ += (n * sizeof(T) + 7) / 8 * 8;
-    return at;
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  size_t bytes_ = 0;
-};
-
-template <typename T>
-T* At(std::byte* base, size_t offset) {
-  return reinterpret_cast<T*>(base + offset);
-}
-
 // The routed block's shapes: E routed experts, k picks per row, D → I → D.
 struct BlockShape {
   int64_t E = 0, k = 0, D = 0, I = 0;
