@@ -1,5 +1,7 @@
 #include "engine/model/model_impl.h"
 
+#include <numeric>
+
 namespace kvc::model {
 
 // Globally unique numbers (model_impl.h says what for).
@@ -144,10 +146,10 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   std::vector<float> main_hidden;
   if (mode == PrefillMode::kFullDepth) {
     m.RunLayers(s, 0, m.L, 0, n, X, pre, /*compress=*/true, &main_hidden);
-    m.UpdateDraftRings(s, 0, n, main_hidden);
     s.stats.encoder_tokens = s.stats.decoder_tokens = n;
     UpdateFullTokens(m, s);
-    return m.Logits(X, pre, n - 1);
+    const int64_t last = n - 1;
+    return std::move(m.FinishPass(s, 0, n, main_hidden, X, pre, std::span(&last, 1))[0]);
   }
   m.RunLayers(s, 0, m.E, 0, n, X, pre, /*compress=*/true);
   m.CompressDecoder(s, 0, n, X, pre);
@@ -156,12 +158,12 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   std::vector<float> Xs(X.begin() + seg * m.hc * m.D, X.end());
   std::vector<float> ps(pre.begin() + seg * m.hc, pre.end());
   m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false, &main_hidden);
-  m.UpdateDraftRings(s, seg, n, main_hidden);
   s.stats.encoder_tokens = n;
   s.stats.compressed_tokens = n;
   s.stats.decoder_tokens = n - seg;
   UpdateFullTokens(m, s);
-  return m.Logits(Xs, ps, n - seg - 1);
+  const int64_t last = n - seg - 1;
+  return std::move(m.FinishPass(s, seg, n, main_hidden, Xs, ps, std::span(&last, 1))[0]);
 }
 
 std::vector<std::vector<float>> ModelImpl::Extend(SequenceState& s,
@@ -171,13 +173,12 @@ std::vector<std::vector<float>> ModelImpl::Extend(SequenceState& s,
   std::vector<float> pre, main_hidden;
   std::vector<float> X = Embed(s, p, p + k, &pre);
   RunLayers(s, 0, L, p, p + k, X, pre, /*compress=*/true, &main_hidden);
-  UpdateDraftRings(s, p, p + k, main_hidden);
   s.stats = {
       .encoder_tokens = k, .decoder_tokens = k, .replayed_tokens = 0, .compressed_tokens = k};
   UpdateFullTokens(*this, s);
-  std::vector<std::vector<float>> out;
-  for (int64_t r = 0; r < k; ++r) out.push_back(Logits(X, pre, r));
-  return out;
+  std::vector<int64_t> rows(k);
+  std::iota(rows.begin(), rows.end(), 0);
+  return FinishPass(s, p, p + k, main_hidden, X, pre, rows);
 }
 
 absl::StatusOr<std::vector<float>> Model::Decode(Sequence& seq, uint32_t token) const {
@@ -343,13 +344,13 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
   std::vector<float> ps(pre.begin() + (seg - start) * m.hc, pre.end());
   std::vector<float> main_hidden;
   m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false, &main_hidden);
-  m.UpdateDraftRings(s, seg, n, main_hidden);
   s.stats.encoder_tokens = n - start;
   s.stats.replayed_tokens = cached - start;
   s.stats.compressed_tokens = n - cached;
   s.stats.decoder_tokens = n - seg;
   UpdateFullTokens(m, s);
-  return m.Logits(Xs, ps, n - seg - 1);
+  const int64_t last = n - seg - 1;
+  return std::move(m.FinishPass(s, seg, n, main_hidden, Xs, ps, std::span(&last, 1))[0]);
 }
 
 }  // namespace kvc::model

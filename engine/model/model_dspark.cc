@@ -31,26 +31,38 @@ void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b
   AttendAndProject(l, a, rows, q, batch, out);
 }
 
-void ModelImpl::UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
-                                 const std::vector<float>& main_hidden) const {
+void ModelImpl::DraftRingCalls(int64_t a, int64_t b, const std::vector<float>& main_hidden,
+                               DraftRingProducts& p, std::vector<GemmCall>& calls) const {
   if (ND == 0) return;
-  const int64_t first = std::max(a, b - win), rows = b - first;
+  p.first = std::max(a, b - win);
+  p.rows = b - p.first;
   const int64_t width = static_cast<int64_t>(targets.size()) * D;
-  std::vector<float> mh(main_hidden.begin() + (first - a) * width, main_hidden.end());
-  std::vector<float> mx = Linear(mh, rows, draft.main_proj);
-  NormRows(mx, rows, D, draft.main_norm, c.rms_norm_eps);
+  p.mh.assign(main_hidden.begin() + (p.first - a) * width, main_hidden.end());
+  p.mx.resize(p.rows * draft.main_proj.out_features());
+  // Each draft layer's window KV from the projection RMS-normalized: chained on it.
+  const int64_t proj = static_cast<int64_t>(calls.size());
+  calls.push_back({p.mh.data(), p.rows, &draft.main_proj, p.mx.data()});
+  p.kv.assign(ND, {});
+  for (int64_t l = L; l < L + ND; ++l) {
+    const PackedMatrix& wkv = layers[l].attn.wkv;
+    p.kv[l - L].resize(p.rows * wkv.out_features());
+    calls.push_back(
+        {nullptr, p.rows, &wkv, p.kv[l - L].data(), proj, draft.main_norm.data(), c.rms_norm_eps});
+  }
+}
+
+void ModelImpl::WriteDraftRings(SequenceState& s, DraftRingProducts& p) const {
   for (int64_t l = L; l < L + ND; ++l) {
     const AttentionWeights& w = layers[l].attn;
     LayerState& ls = s.layers[l];
-    std::vector<float> kv = Linear(mx, rows, w.wkv);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t p = first + r;
-      float* k = &kv[r * hd];
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const int64_t pos = p.first + r;
+      float* k = &p.kv[l - L][r * hd];
       cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
-      cpu::ApplyRope(k, hd, freqs[l], p);
+      cpu::ApplyRope(k, hd, freqs[l], pos);
       FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
-      std::copy(k, k + hd, ls.ring.begin() + (p % win) * hd);
-      ls.ring_pos[p % win] = p;
+      std::copy(k, k + hd, ls.ring.begin() + (pos % win) * hd);
+      ls.ring_pos[pos % win] = pos;
     }
   }
 }

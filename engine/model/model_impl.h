@@ -159,9 +159,25 @@ class ModelImpl {
   void RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
                  std::vector<float>& X, std::vector<float>& pre, bool compress,
                  std::vector<float>* main_hidden = nullptr) const;
-  // Writes the drafter's rings for positions [a, b) from their main hidden states.
-  void UpdateDraftRings(SequenceState& s, int64_t a, int64_t b,
-                        const std::vector<float>& main_hidden) const;
+  // The drafter's rings for positions [a, b) from their main hidden states: the products
+  // (the projection, each draft layer's window KV chained on it normalized) go into
+  // `calls`, and once they are done WriteDraftRings stores the rows. Nothing without a
+  // drafter.
+  struct DraftRingProducts {
+    int64_t first = 0, rows = 0;  // positions [first, first + rows): the last window's
+    std::vector<float> mh, mx;
+    std::vector<std::vector<float>> kv;  // per draft layer
+  };
+  void DraftRingCalls(int64_t a, int64_t b, const std::vector<float>& main_hidden,
+                      DraftRingProducts& p, std::vector<GemmCall>& calls) const;
+  void WriteDraftRings(SequenceState& s, DraftRingProducts& p) const;
+  // The end of a trunk pass over [a, b): the drafter's rings and the logits of `rows`
+  // (rows of X, the pass's), all products in one group — one wait on a device.
+  std::vector<std::vector<float>> FinishPass(SequenceState& s, int64_t a, int64_t b,
+                                             const std::vector<float>& main_hidden,
+                                             const std::vector<float>& X,
+                                             const std::vector<float>& pre,
+                                             std::span<const int64_t> rows) const;
   // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
   // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
   // the indexer's raw query and weight projections. All products go as one group, the
@@ -193,6 +209,9 @@ class ModelImpl {
                            std::vector<float>* pre) const;
   std::vector<float> Logits(const std::vector<float>& X, const std::vector<float>& pre, int64_t row,
                             const std::vector<float>* final_norm = nullptr) const;
+  // The head's input for `row`: its stream copies mixed by pre, RMS-normalized (x: D).
+  void HeadInput(const std::vector<float>& X, const std::vector<float>& pre, int64_t row,
+                 const std::vector<float>& final_norm, float* x) const;
   absl::Status CheckTokens(std::span<const uint32_t> tokens) const;
   void ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                    std::vector<float>& X) const;

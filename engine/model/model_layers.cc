@@ -163,13 +163,37 @@ void ModelImpl::CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vec
   Compress(s, l, a, b, xin);
 }
 
+void ModelImpl::HeadInput(const std::vector<float>& X, const std::vector<float>& pre, int64_t row,
+                          const std::vector<float>& final_norm, float* x) const {
+  cpu::HcPre(&X[row * hc * D], &pre[row * hc], hc, D, x);
+  cpu::RmsNorm(x, final_norm.data(), D, c.rms_norm_eps, x);
+}
+
 std::vector<float> ModelImpl::Logits(const std::vector<float>& X, const std::vector<float>& pre,
                                      int64_t row, const std::vector<float>* final_norm) const {
   std::vector<float> x(D), logits(c.vocab_size);
-  cpu::HcPre(&X[row * hc * D], &pre[row * hc], hc, D, x.data());
-  cpu::RmsNorm(x.data(), (final_norm ? final_norm : &norm)->data(), D, c.rms_norm_eps, x.data());
+  HeadInput(X, pre, row, final_norm ? *final_norm : norm, x.data());
   mm->Gemm(x.data(), 1, head, logits.data());
   return logits;
+}
+
+std::vector<std::vector<float>> ModelImpl::FinishPass(SequenceState& s, int64_t a, int64_t b,
+                                                      const std::vector<float>& main_hidden,
+                                                      const std::vector<float>& X,
+                                                      const std::vector<float>& pre,
+                                                      std::span<const int64_t> rows) const {
+  const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab_size;
+  std::vector<float> x(n * D), logits(n * V);
+  for (int64_t i = 0; i < n; ++i) HeadInput(X, pre, rows[i], norm, &x[i * D]);
+  std::vector<GemmCall> calls = {{x.data(), n, &head, logits.data()}};
+  DraftRingProducts rings;
+  DraftRingCalls(a, b, main_hidden, rings, calls);
+  mm->GemmGroup(calls);
+  if (ND > 0) WriteDraftRings(s, rings);
+  std::vector<std::vector<float>> out;
+  for (int64_t i = 0; i < n; ++i)
+    out.emplace_back(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+  return out;
 }
 
 }  // namespace kvc::model
