@@ -213,6 +213,17 @@ class ModelImpl {
   void HeadInput(const std::vector<float>& X, const std::vector<float>& pre, int64_t row,
                  const std::vector<float>& final_norm, float* x) const;
   absl::Status CheckTokens(std::span<const uint32_t> tokens) const;
+  // Engram of layer l over the pass [a, b): its product (the n-gram embeddings, rows ×
+  // orders·heads·engram_head_dim, through wkv) depends only on the tokens, so it can be
+  // issued ahead (EngramCall, results in `p`); MixEngram then gates it into X.
+  // ApplyEngram does both with a product of its own.
+  struct EngramProducts {
+    std::vector<float> in, kv;
+  };
+  static constexpr int64_t kEngramAheadRows = 64;
+  GemmCall EngramCall(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                      EngramProducts& p) const;
+  void MixEngram(int64_t l, int64_t rows, const EngramProducts& p, std::vector<float>& X) const;
   void ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                    std::vector<float>& X) const;
   // `then` is called once the query path's products (with `also`) are done; the MoE

@@ -17,23 +17,30 @@ std::vector<float> ModelImpl::Embed(const SequenceState& s, int64_t a, int64_t b
   return X;
 }
 
-void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
-                            std::vector<float>& X) const {
+GemmCall ModelImpl::EngramCall(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                               EngramProducts& p) const {
   const EngramWeights& eg = *layers[l].engram;
   const int64_t rows = b - a, n = c.engram_max_ngram_size, heads = c.engram_n_heads,
                 ehd = c.engram_head_dim, width = (n - 1) * heads * ehd;
   // Compressed token ids: the identity map for configs whose vocabulary fits (small ones).
-  std::vector<float> Ein(rows * width);
+  p.in.assign(rows * width, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const std::vector<int64_t> ids =
         EngramRows(s.tokens, a + r, eg.multipliers, eg.primes, eg.offsets, heads,
                    c.engram_pad_token_id, c.engram_compressed_vocab_size);
     for (size_t slot = 0; slot < ids.size(); ++slot) {
       std::copy(eg.table.begin() + ids[slot] * ehd, eg.table.begin() + (ids[slot] + 1) * ehd,
-                Ein.begin() + r * width + slot * ehd);
+                p.in.begin() + r * width + slot * ehd);
     }
   }
-  const std::vector<float> KV = Linear(Ein, rows, eg.wkv);  // rows × (hc+1)·D
+  p.kv.resize(rows * eg.wkv.out_features());  // rows × (hc+1)·D
+  return {p.in.data(), rows, &eg.wkv, p.kv.data()};
+}
+
+void ModelImpl::MixEngram(int64_t l, int64_t rows, const EngramProducts& p,
+                          std::vector<float>& X) const {
+  const EngramWeights& eg = *layers[l].engram;
+  const std::vector<float>& KV = p.kv;
   const double eps = 1e-20;
   for (int64_t r = 0; r < rows; ++r) {
     const float* V = KV.data() + (r * (hc + 1) + hc) * D;
@@ -53,6 +60,14 @@ void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_
       for (int64_t i = 0; i < D; ++i) h[i] += g * V[i];
     }
   }
+}
+
+void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
+                            std::vector<float>& X) const {
+  EngramProducts p;
+  const GemmCall call = EngramCall(s, l, a, b, p);
+  mm->GemmGroup(std::span(&call, 1));
+  MixEngram(l, b - a, p, X);
 }
 
 void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
@@ -81,9 +96,22 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
                                  c.hc_sinkhorn_iters, c.hc_eps);
     }
   };
+  // Engram's products need only the tokens: in a decode-sized pass those of the Engram
+  // layers after the first layer go with the first layer's query path (one wait fewer
+  // each on a device; larger passes would hold every layer's products at once).
+  std::map<int64_t, EngramProducts> engram;
+  std::vector<GemmCall> ahead;
+  if (rows <= kEngramAheadRows) {
+    for (int64_t l = l0 + 1; l < l1; ++l)
+      if (layers[l].engram) ahead.push_back(EngramCall(s, l, a, b, engram[l]));
+  }
   for (int64_t l = l0; l < l1; ++l) {
     const LayerWeights& w = layers[l];
-    if (w.engram) ApplyEngram(s, l, a, b, X);
+    if (w.engram && engram.contains(l)) {
+      MixEngram(l, rows, engram.at(l), X);
+    } else if (w.engram) {
+      ApplyEngram(s, l, a, b, X);
+    }
     if (main_hidden != nullptr && l < L && sched.layers[l].is_dspark_target) {
       const int64_t t = std::find(targets.begin(), targets.end(), l) - targets.begin();
       const int64_t width = static_cast<int64_t>(targets.size()) * D;
@@ -102,7 +130,8 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
       cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
     }
-    const GemmCall attn_mixes = mixes_product(w, 0);
+    std::vector<GemmCall> attn_also = {mixes_product(w, 0)};
+    if (l == l0) attn_also.insert(attn_also.end(), ahead.begin(), ahead.end());
     // The attention sublayer's coefficients need only X and its mixes, both there once the
     // query path's products are done; so everything the MoE sublayer takes but attention's
     // output is known before attention runs, and a device can queue the two together.
@@ -122,10 +151,9 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     };
     bool moe_done = false;
     if (l < L) {
-      moe_done = Attention(s, l, a, b, xin, compress, y, topk, pool, std::span(&attn_mixes, 1),
-                           moe_sublayer);
+      moe_done = Attention(s, l, a, b, xin, compress, y, topk, pool, attn_also, moe_sublayer);
     } else {
-      DraftAttention(s, l, a, b, xin, y, std::span(&attn_mixes, 1));
+      DraftAttention(s, l, a, b, xin, y, attn_also);
       moe_sublayer();
     }
     if (moe_done) {  // X is the stream after attention; the MoE's output and mixes are in
