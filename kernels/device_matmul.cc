@@ -82,6 +82,11 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
       yo += static_cast<size_t>(c.m * n);
       continue;
     }
+    if (const float* d_src = c.input_of < 0 ? Resident(c.x, x_floats) : nullptr) {
+      Launch(d_src, c.m, k, d_w, n, d_y + yo, stream_);  // already on the device
+      yo += static_cast<size_t>(c.m * n);
+      continue;
+    }
     x_at[i] = xo;
     if (c.input_of >= 0) {
       float* d_norm = d_x + xo + x_floats;
@@ -105,6 +110,7 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     CUDA_CHECK(cudaMemcpyAsync(h_y, d_y, yo * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  Deliver();
   for (size_t i = 0; i < calls.size(); ++i) {
     const model::GemmCall& c = calls[i];
     const size_t n = static_cast<size_t>(c.m * c.w->out_features());

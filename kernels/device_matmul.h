@@ -95,6 +95,22 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   void QueueRouted(const float* d_x, int64_t rows, const model::MoeBlock& moe, std::byte* d_in,
                    std::byte* d_dev, const RoutingRegions& at, float* d_out) const;
 
+  // Results of a MoE sublayer that went on into the next layer (MoeSublayer::Next) and
+  // returned before they landed: where each goes, its page-locked copy once the stream has
+  // run, and its device copy, which GemmGroup's products read instead of the host's
+  // (Resident). GemmGroup delivers them after its wait; a MoE call waits for them first
+  // (Settle), as it reuses their buffers. With mu_ held.
+  struct Pending {
+    float* to;
+    const float* staged;
+    const float* device;
+    size_t floats;
+  };
+  void Settle() const;
+  void Deliver() const;
+  const float* Resident(const float* x, size_t floats) const;
+  mutable std::vector<Pending> pending_;
+
   mutable std::mutex mu_;  // one group at a time on the stream and the scratch buffers
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
   mutable GrowingDeviceBuffer<float> x_, y_, w_;

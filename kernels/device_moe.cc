@@ -80,6 +80,7 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
   }
 
   std::lock_guard lock(mu_);
+  Settle();
   const size_t in_floats = static_cast<size_t>(rows * D) + weights.size();
   float* h_x = hx_.Reserve(in_floats);
   int64_t* h_index = hindex_.Reserve(index.size());
@@ -266,6 +267,7 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
+  Settle();
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
   std::memcpy(At<float>(h_in, in_x), x, static_cast<size_t>(rows * b.D) * sizeof(float));
   for (size_t i = 0; i < also.size(); ++i) {
@@ -307,18 +309,42 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64
                                     const model::MoeSublayer& s) const {
   KVC_CHECK(RunsMoeSublayer(rows, s)) << "a MoE sublayer this backend cannot run";
   const BlockShape b(s.moe);
+  const model::MoeSublayer::Next* next = s.next;
   const int64_t hc = s.hc, n = hc * b.D, mix = s.mixes_fn->out_features();
+  if (next != nullptr) {
+    KVC_CHECK(static_cast<int64_t>(next->base.size()) == mix && next->scale.size() == 3 &&
+              static_cast<int64_t>(next->norm.size()) == b.D)
+        << "a MoE sublayer's step into the next layer with coefficients of " << next->base.size()
+        << " + " << next->scale.size() << " values or a norm of " << next->norm.size();
+  }
+  // The sublayer's own results come back, or with `next` stay on the device and the next
+  // layer's input comes back instead.
   Carve in, res, dev;
+  Carve& own = next != nullptr ? dev : res;
   const size_t in_R = in.Take<float>(rows * n), in_post = in.Take<float>(rows * hc),
                in_comb = in.Take<float>(rows * hc * hc), in_pre = in.Take<float>(rows * hc),
                in_norm = in.Take<float>(b.D);
-  const size_t res_stream = res.Take<float>(rows * n), res_mixes = res.Take<float>(rows * mix),
-               res_out = res.Take<float>(rows * b.D);
+  const size_t own_stream = own.Take<float>(rows * n), own_mixes = own.Take<float>(rows * mix),
+               own_out = own.Take<float>(rows * b.D);
   const size_t x_in = dev.Take<float>(rows * b.D);
+  size_t in_base = 0, in_scale = 0, in_next_norm = 0, next_stream = 0, next_pre = 0, next_input = 0,
+         post = 0, comb = 0;
+  if (next != nullptr) {
+    in_base = in.Take<float>(mix);
+    in_scale = in.Take<float>(3);
+    in_next_norm = in.Take<float>(b.D);
+    next_stream = res.Take<float>(rows * n);
+    next_pre = res.Take<float>(rows * hc);
+    next_input = res.Take<float>(rows * b.D);
+    post = dev.Take<float>(rows * hc);
+    comb = dev.Take<float>(rows * hc * hc);
+  }
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
+  Settle();
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
+  std::byte* d_own = next != nullptr ? d : d_res;
   auto put = [&](size_t at, const float* from, int64_t count) {
     std::memcpy(At<float>(h_in, at), from, static_cast<size_t>(count) * sizeof(float));
   };
@@ -327,25 +353,76 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64
   put(in_comb, s.comb, rows * hc * hc);
   put(in_pre, s.pre, rows * hc);
   put(in_norm, s.norm.data(), b.D);
+  if (next != nullptr) {
+    put(in_base, next->base.data(), mix);
+    put(in_scale, next->scale.data(), 3);
+    put(in_next_norm, next->norm.data(), b.D);
+  }
   FillRouting(s.moe, h_in, routing);
   CUDA_CHECK(cudaMemcpyAsync(d_in, h_in, in.bytes(), cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, f_ready, 0));
-  float* X = At<float>(d_res, res_stream);
+  float* X = At<float>(d_own, own_stream);
+  float* mixes = At<float>(d_own, own_mixes);
+  float* out = At<float>(d_own, own_out);
   float* xin = At<float>(d, x_in);
   CUDA_CHECK(LaunchHcPost(d_f, At<float>(d_in, in_R), At<float>(d_in, in_post),
                           At<float>(d_in, in_comb), rows, hc, b.D, X, stream_));
   CUDA_CHECK(LaunchHcPre(X, At<float>(d_in, in_pre), rows, hc, b.D, xin, stream_));
   CUDA_CHECK(LaunchRmsNorm(xin, At<float>(d_in, in_norm), rows, b.D, s.eps, xin, stream_));
-  Launch(X, rows, n, weights_.at(s.mixes_fn->packed().data()), mix, At<float>(d_res, res_mixes),
-         stream_);
-  QueueRouted(xin, rows, s.moe, d_in, d, routing, At<float>(d_res, res_out));
-  ReturnMoe(h_res, d_res, res.bytes());
-  auto get = [&](float* to, size_t at, int64_t count) {
-    std::memcpy(to, At<float>(h_res, at), static_cast<size_t>(count) * sizeof(float));
+  Launch(X, rows, n, weights_.at(s.mixes_fn->packed().data()), mix, mixes, stream_);
+  QueueRouted(xin, rows, s.moe, d_in, d, routing, out);
+  if (next == nullptr) {
+    ReturnMoe(h_res, d_res, res.bytes());
+    auto get = [&](float* to, size_t at, int64_t count) {
+      std::memcpy(to, At<float>(h_res, at), static_cast<size_t>(count) * sizeof(float));
+    };
+    get(s.stream, own_stream, rows * n);
+    get(s.mixes, own_mixes, rows * mix);
+    get(s.out, own_out, rows * b.D);
+    return;
+  }
+  // Into the next layer: this sublayer's coefficients, the stream after it, the next
+  // layer's attention input — as the host's layer loop computes them.
+  float* X2 = At<float>(d_res, next_stream);
+  float* pre2 = At<float>(d_res, next_pre);
+  float* input = At<float>(d_res, next_input);
+  CUDA_CHECK(LaunchHcScaleMixes(X, rows, n, mixes, mix, stream_));
+  CUDA_CHECK(LaunchHcCoefficients(mixes, At<float>(d_in, in_base), At<float>(d_in, in_scale), rows,
+                                  static_cast<int>(hc), static_cast<int>(next->iters),
+                                  static_cast<float>(next->hc_eps), pre2, At<float>(d, post),
+                                  At<float>(d, comb), stream_));
+  CUDA_CHECK(
+      LaunchHcPost(out, X, At<float>(d, post), At<float>(d, comb), rows, hc, b.D, X2, stream_));
+  CUDA_CHECK(LaunchHcPre(X2, pre2, rows, hc, b.D, input, stream_));
+  CUDA_CHECK(LaunchRmsNorm(input, At<float>(d_in, in_next_norm), rows, b.D, s.eps, input, stream_));
+  // No wait here: the results land with the next group's (GemmGroup), whose products may
+  // read them where they are.
+  CUDA_CHECK(cudaMemcpyAsync(h_res, d_res, res.bytes(), cudaMemcpyDeviceToHost, stream_));
+  auto pend = [&](float* to, size_t at, int64_t count) {
+    pending_.push_back(
+        {to, At<float>(h_res, at), At<float>(d_res, at), static_cast<size_t>(count)});
   };
-  get(s.stream, res_stream, rows * n);
-  get(s.mixes, res_mixes, rows * mix);
-  get(s.out, res_out, rows * b.D);
+  pend(next->stream, next_stream, rows * n);
+  pend(next->pre, next_pre, rows * hc);
+  pend(next->input, next_input, rows * b.D);
+}
+
+void DeviceMatmul::Settle() const {
+  if (pending_.empty()) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  Deliver();
+}
+
+void DeviceMatmul::Deliver() const {
+  for (const Pending& p : pending_) std::memcpy(p.to, p.staged, p.floats * sizeof(float));
+  pending_.clear();
+}
+
+const float* DeviceMatmul::Resident(const float* x, size_t floats) const {
+  for (const Pending& p : pending_) {
+    if (x >= p.to && x + floats <= p.to + p.floats) return p.device + (x - p.to);
+  }
+  return nullptr;
 }
 
 }  // namespace kvc::cuda

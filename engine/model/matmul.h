@@ -87,6 +87,24 @@ struct MoeSublayer {
   float* stream = nullptr;  // rows × hc × D: X'
   float* mixes = nullptr;   // rows × (2 + hc)·hc
   float* out = nullptr;     // rows × D: the MoE block's output
+  // Optional: the step into the next layer as well — this sublayer's coefficients c from
+  // the mixes (cpu::HcScaleMixesRow with X', cpu::HcFromMixes with base, scale, iters,
+  // eps), the stream after the layer X'' = HcPost(out, X', c), and the next layer's
+  // attention input RmsNorm(HcPre(X'', c.pre), norm, eps). With it only these three are
+  // results (stream, mixes and out above are not written), and a device backend may
+  // return before they land: they are in their buffers once the matmul backend's next
+  // GemmGroup returns, whose calls may take rows of `input` or `stream` as x (the device
+  // uses its own values), so the next layer's first products need no round trip.
+  struct Next {
+    std::span<const float> base, scale;  // this sublayer's, (2 + hc)·hc and 3
+    int64_t iters = 0;
+    double hc_eps = 0.0;
+    std::span<const float> norm;  // the next layer's attention norm, D
+    float* stream = nullptr;      // rows × hc × D: X''
+    float* pre = nullptr;         // rows × hc: c.pre, the next layer's input mixing
+    float* input = nullptr;       // rows × D
+  };
+  const Next* next = nullptr;
 };
 
 // The experts of a MoE block on the host, through `mm`'s products (the default of

@@ -105,6 +105,11 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     for (int64_t l = l0 + 1; l < l1; ++l)
       if (layers[l].engram) ahead.push_back(EngramCall(s, l, a, b, engram[l]));
   }
+  // When the device ran the previous layer's end into this layer's input (MoeSublayer::
+  // Next), X, pre and xin land only when the query path's products return: what reads X
+  // waits until then.
+  bool input_on_device = false;
+  MoeSublayer::Next next;
   for (int64_t l = l0; l < l1; ++l) {
     const LayerWeights& w = layers[l];
     if (w.engram && engram.contains(l)) {
@@ -112,30 +117,39 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     } else if (w.engram) {
       ApplyEngram(s, l, a, b, X);
     }
-    if (main_hidden != nullptr && l < L && sched.layers[l].is_dspark_target) {
-      const int64_t t = std::find(targets.begin(), targets.end(), l) - targets.begin();
-      const int64_t width = static_cast<int64_t>(targets.size()) * D;
-      main_hidden->resize(rows * width);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t i = 0; i < D; ++i) {
-          float m = 0.0f;
-          for (int64_t k = 0; k < hc; ++k) m += X[(r * hc + k) * D + i];
-          (*main_hidden)[r * width + t * D + i] = m / static_cast<float>(hc);
+    auto layer_input = [&] {  // X holds the layer's input
+      if (main_hidden != nullptr && l < L && sched.layers[l].is_dspark_target) {
+        const int64_t t = std::find(targets.begin(), targets.end(), l) - targets.begin();
+        const int64_t width = static_cast<int64_t>(targets.size()) * D;
+        main_hidden->resize(rows * width);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < D; ++i) {
+            float m = 0.0f;
+            for (int64_t k = 0; k < hc; ++k) m += X[(r * hc + k) * D + i];
+            (*main_hidden)[r * width + t * D + i] = m / static_cast<float>(hc);
+          }
         }
       }
-    }
+      R = X;
+    };
     // Attention sublayer: its input mixes with the previous sublayer's coefficients.
-    R = X;
-    for (int64_t r = 0; r < rows; ++r) {
-      cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
-      cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+    if (!input_on_device) {
+      layer_input();
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::HcPre(&X[r * hc * D], &pre[r * hc], hc, D, &xin[r * D]);
+        cpu::RmsNorm(&xin[r * D], w.attn_norm.data(), D, c.rms_norm_eps, &xin[r * D]);
+      }
     }
     std::vector<GemmCall> attn_also = {mixes_product(w, 0)};
     if (l == l0) attn_also.insert(attn_also.end(), ahead.begin(), ahead.end());
     // The attention sublayer's coefficients need only X and its mixes, both there once the
     // query path's products are done; so everything the MoE sublayer takes but attention's
     // output is known before attention runs, and a device can queue the two together.
+    // With a next layer that starts on the stream alone (no Engram), the device may carry
+    // on into its input too.
+    const bool step_into_next = l + 1 < l1 && !layers[l + 1].engram;
     auto moe_sublayer = [&]() -> const MoeSublayer* {
+      if (input_on_device) layer_input();
       coefficients(w, 0);
       for (int64_t r = 0; r < rows; ++r) {
         std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
@@ -147,6 +161,11 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       sublayer = {hc,           R.data(),       post.data(), comb.data(),   a1.data(),
                   w.ffn_norm,   c.rms_norm_eps, &w.hc_fn[1], MoeBlockOf(l), X.data(),
                   mixes.data(), y.data()};
+      if (step_into_next) {
+        next = {w.hc_base[1], w.hc_scale[1], c.hc_sinkhorn_iters, c.hc_eps, layers[l + 1].attn_norm,
+                X.data(),     pre.data(),    xin.data()};
+        sublayer.next = &next;
+      }
       return &sublayer;
     };
     bool moe_done = false;
@@ -156,6 +175,8 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       DraftAttention(s, l, a, b, xin, y, attn_also);
       moe_sublayer();
     }
+    input_on_device = moe_done && step_into_next;
+    if (input_on_device) continue;  // X, pre and xin: the next layer's, landing with its products
     if (moe_done) {  // X is the stream after attention; the MoE's output and mixes are in
       R = X;
     } else {
