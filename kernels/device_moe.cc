@@ -316,6 +316,10 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64
               static_cast<int64_t>(next->norm.size()) == b.D)
         << "a MoE sublayer's step into the next layer with coefficients of " << next->base.size()
         << " + " << next->scale.size() << " values or a norm of " << next->norm.size();
+    KVC_CHECK(next->engram_kv == nullptr || (static_cast<int64_t>(next->engram_qw.size()) == n &&
+                                             static_cast<int64_t>(next->engram_kw.size()) == n))
+        << "a MoE sublayer's step into an Engram layer with qw, kw of " << next->engram_qw.size()
+        << ", " << next->engram_kw.size() << " values, not hc × D = " << n;
   }
   // The sublayer's own results come back, or with `next` stay on the device and the next
   // layer's input comes back instead.
@@ -328,7 +332,13 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64
                own_out = own.Take<float>(rows * b.D);
   const size_t x_in = dev.Take<float>(rows * b.D);
   size_t in_base = 0, in_scale = 0, in_next_norm = 0, next_stream = 0, next_pre = 0, next_input = 0,
-         post = 0, comb = 0;
+         post = 0, comb = 0, in_engram = 0, in_qw = 0, in_kw = 0;
+  const bool engram = next != nullptr && next->engram_kv != nullptr;
+  if (engram) {
+    in_engram = in.Take<float>(rows * (n + b.D));
+    in_qw = in.Take<float>(n);
+    in_kw = in.Take<float>(n);
+  }
   if (next != nullptr) {
     in_base = in.Take<float>(mix);
     in_scale = in.Take<float>(3);
@@ -357,6 +367,11 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64
     put(in_base, next->base.data(), mix);
     put(in_scale, next->scale.data(), 3);
     put(in_next_norm, next->norm.data(), b.D);
+  }
+  if (engram) {
+    put(in_engram, next->engram_kv, rows * (n + b.D));
+    put(in_qw, next->engram_qw.data(), n);
+    put(in_kw, next->engram_kw.data(), n);
   }
   FillRouting(s.moe, h_in, routing);
   CUDA_CHECK(cudaMemcpyAsync(d_in, h_in, in.bytes(), cudaMemcpyHostToDevice, stream_));
@@ -393,6 +408,10 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64
                                   At<float>(d, comb), stream_));
   CUDA_CHECK(
       LaunchHcPost(out, X, At<float>(d, post), At<float>(d, comb), rows, hc, b.D, X2, stream_));
+  if (engram) {  // the next layer's Engram, gated in before its input is taken
+    CUDA_CHECK(LaunchEngramGate(X2, At<float>(d_in, in_engram), At<float>(d_in, in_qw),
+                                At<float>(d_in, in_kw), rows, hc, b.D, stream_));
+  }
   CUDA_CHECK(LaunchHcPre(X2, pre2, rows, hc, b.D, input, stream_));
   CUDA_CHECK(LaunchRmsNorm(input, At<float>(d_in, in_next_norm), rows, b.D, s.eps, input, stream_));
   // No wait here: the results land with the next group's (GemmGroup), whose products may

@@ -126,6 +126,27 @@ absl::StatusOr<std::vector<float>> HcPostOnDevice(std::span<const float> f,
   return out.ToHost();
 }
 
+absl::StatusOr<std::vector<float>> EngramGateOnDevice(std::span<const float> X,
+                                                      std::span<const float> KV,
+                                                      std::span<const float> qw,
+                                                      std::span<const float> kw, int64_t hc,
+                                                      int64_t d) {
+  const int64_t n = hc * d;
+  if (hc <= 0 || d <= 0 || X.size() % n != 0 || KV.size() / (n + d) != X.size() / n ||
+      KV.size() % (n + d) != 0 || static_cast<int64_t>(qw.size()) != n ||
+      static_cast<int64_t>(kw.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engram gate: X of ", X.size(), ", KV of ", KV.size(), ", qw of ", qw.size(),
+                     ", kw of ", kw.size(), " values are not rows of hc × d, (hc + 1) × d and ",
+                     "hc × d each (hc = ", hc, ", d = ", d, ")"));
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t rows = static_cast<int64_t>(X.size()) / n;
+  DeviceBuffer<float> dX(X), dKV(KV), dq(qw), dk(kw);
+  CUDA_CHECK(LaunchEngramGate(dX.get(), dKV.get(), dq.get(), dk.get(), rows, hc, d, nullptr));
+  return dX.ToHost();
+}
+
 absl::StatusOr<std::vector<float>> ExpFOnDevice(std::span<const float> x) {
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   DeviceBuffer<float> dx(x), out(x.size());

@@ -48,6 +48,14 @@ struct HcOnDevice {
                                                                 std::span<const float> comb,
                                                                 int64_t hc, int64_t d);
 
+// Engram's gating of every row of X (rows of hc × d) with KV (rows of (hc + 1) × d) and
+// qw, kw (hc × d): X with each copy plus its gate times the row's value.
+[[nodiscard]] absl::StatusOr<std::vector<float>> EngramGateOnDevice(std::span<const float> X,
+                                                                    std::span<const float> KV,
+                                                                    std::span<const float> qw,
+                                                                    std::span<const float> kw,
+                                                                    int64_t hc, int64_t d);
+
 // cpu::ExpF of every value, computed on the device.
 [[nodiscard]] absl::StatusOr<std::vector<float>> ExpFOnDevice(std::span<const float> x);
 

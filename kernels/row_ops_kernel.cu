@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "engine/cpu/engram.h"
 #include "engine/cpu/exp.h"
 #include "engine/cpu/hyper_connections.h"
 #include "kernels/row_ops_kernel.cuh"
@@ -99,7 +100,25 @@ __global__ void HcPostKernel(const float* f, const float* R, const float* post, 
       cpu::HcPostAt(f + r * d, R + r * hc * d, post + r * hc, comb + r * hc * hc, hc, d, k, i);
 }
 
+__global__ void EngramGateKernel(float* X, const float* KV, const float* qw, const float* kw,
+                                 int64_t rows, int64_t hc, int64_t d) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * hc) return;
+  const int64_t r = id / hc, k = id % hc;
+  float* h = X + (r * hc + k) * d;
+  const float* K = KV + (r * (hc + 1) + k) * d;
+  const float* V = KV + (r * (hc + 1) + hc) * d;
+  cpu::EngramAdd(h, cpu::EngramGate(h, qw + k * d, kw + k * d, K, d), V, d);
+}
+
 }  // namespace
+
+cudaError_t LaunchEngramGate(float* X, const float* KV, const float* qw, const float* kw,
+                             int64_t rows, int64_t hc, int64_t d, cudaStream_t stream) {
+  if (rows * hc == 0) return cudaSuccess;
+  EngramGateKernel<<<Blocks(rows * hc), kThreads, 0, stream>>>(X, KV, qw, kw, rows, hc, d);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchRmsNorm(const float* x, const float* w, int64_t rows, int64_t n, double eps,
                           float* y, cudaStream_t stream) {

@@ -47,6 +47,12 @@ cudaError_t LaunchHcPre(const float* X, const float* a, int64_t rows, int64_t hc
 cudaError_t LaunchHcPost(const float* f, const float* R, const float* post, const float* comb,
                          int64_t rows, int64_t hc, int64_t d, float* out, cudaStream_t stream);
 
+// Engram's gating of the stream (cpu::EngramGate, cpu::EngramAdd): copy k of row r of X
+// (rows × hc × d) += its gate · V, with KV rows of (hc + 1) × d (the keys per copy, then
+// the value) and qw, kw of hc × d. One thread per copy.
+cudaError_t LaunchEngramGate(float* X, const float* KV, const float* qw, const float* kw,
+                             int64_t rows, int64_t hc, int64_t d, cudaStream_t stream);
+
 // out[i] = cpu::ExpF(x[i]) (engine/cpu/exp.h), for the parity test of the shared exp.
 cudaError_t LaunchExpF(const float* x, int64_t n, float* out, cudaStream_t stream);
 

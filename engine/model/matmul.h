@@ -89,8 +89,9 @@ struct MoeSublayer {
   float* out = nullptr;     // rows × D: the MoE block's output
   // Optional: the step into the next layer as well — this sublayer's coefficients c from
   // the mixes (cpu::HcScaleMixesRow with X', cpu::HcFromMixes with base, scale, iters,
-  // eps), the stream after the layer X'' = HcPost(out, X', c), and the next layer's
-  // attention input RmsNorm(HcPre(X'', c.pre), norm, eps). With it only these three are
+  // eps), the stream after the layer X'' = HcPost(out, X', c) (with the next layer's
+  // Engram gated in, if given), and the next layer's attention input
+  // RmsNorm(HcPre(X'', c.pre), norm, eps). With it only these three are
   // results (stream, mixes and out above are not written), and a device backend may
   // return before they land: they are in their buffers once the matmul backend's next
   // GemmGroup returns, whose calls may take rows of `input` or `stream` as x (the device
@@ -103,6 +104,11 @@ struct MoeSublayer {
     float* stream = nullptr;      // rows × hc × D: X''
     float* pre = nullptr;         // rows × hc: c.pre, the next layer's input mixing
     float* input = nullptr;       // rows × D
+    // Optional: the next layer's Engram, gated into X'' before its input is taken
+    // (cpu::EngramGate, cpu::EngramAdd): its products (rows × (hc + 1) × D, done
+    // already) and its qw, kw (hc × D each).
+    const float* engram_kv = nullptr;
+    std::span<const float> engram_qw, engram_kw;
   };
   const Next* next = nullptr;
 };

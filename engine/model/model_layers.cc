@@ -1,4 +1,5 @@
 // The layer loop: embedding, Engram, each layer in order, the decoder compression, logits.
+#include "engine/cpu/engram.h"
 #include "engine/cpu/hyper_connections.h"
 #include "engine/model/model_impl.h"
 
@@ -40,24 +41,12 @@ GemmCall ModelImpl::EngramCall(const SequenceState& s, int64_t l, int64_t a, int
 void ModelImpl::MixEngram(int64_t l, int64_t rows, const EngramProducts& p,
                           std::vector<float>& X) const {
   const EngramWeights& eg = *layers[l].engram;
-  const std::vector<float>& KV = p.kv;
-  const double eps = 1e-20;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* V = KV.data() + (r * (hc + 1) + hc) * D;
+    const float* V = p.kv.data() + (r * (hc + 1) + hc) * D;
     for (int64_t k = 0; k < hc; ++k) {
       float* h = X.data() + (r * hc + k) * D;
-      const float* K = KV.data() + (r * (hc + 1) + k) * D;
-      double dot = 0, hh = 0, kk = 0;
-      for (int64_t i = 0; i < D; ++i) {
-        dot += static_cast<double>(h[i]) * eg.qw[k * D + i] * eg.kw[k * D + i] * K[i];
-        hh += static_cast<double>(h[i]) * h[i];
-        kk += static_cast<double>(K[i]) * K[i];
-      }
-      const double d = dot / std::sqrt(hh / D + eps) / std::sqrt(kk / D + eps) /
-                       std::sqrt(static_cast<double>(D));
-      const float g = cpu::SigmoidF(
-          static_cast<float>((d >= 0 ? 1.0 : -1.0) * std::sqrt(std::max(std::abs(d), 1e-6))));
-      for (int64_t i = 0; i < D; ++i) h[i] += g * V[i];
+      const float* K = p.kv.data() + (r * (hc + 1) + k) * D;
+      cpu::EngramAdd(h, cpu::EngramGate(h, &eg.qw[k * D], &eg.kw[k * D], K, D), V, D);
     }
   }
 }
@@ -112,9 +101,11 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   MoeSublayer::Next next;
   for (int64_t l = l0; l < l1; ++l) {
     const LayerWeights& w = layers[l];
-    if (w.engram && engram.contains(l)) {
+    if (input_on_device || !w.engram) {
+      // no Engram, or the device gated it in with the step into this layer
+    } else if (engram.contains(l)) {
       MixEngram(l, rows, engram.at(l), X);
-    } else if (w.engram) {
+    } else {
       ApplyEngram(s, l, a, b, X);
     }
     auto layer_input = [&] {  // X holds the layer's input
@@ -145,9 +136,9 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     // The attention sublayer's coefficients need only X and its mixes, both there once the
     // query path's products are done; so everything the MoE sublayer takes but attention's
     // output is known before attention runs, and a device can queue the two together.
-    // With a next layer that starts on the stream alone (no Engram), the device may carry
+    // With a next layer whose Engram (if any) has its products done, the device may carry
     // on into its input too.
-    const bool step_into_next = l + 1 < l1 && !layers[l + 1].engram;
+    const bool step_into_next = l + 1 < l1 && (!layers[l + 1].engram || engram.contains(l + 1));
     auto moe_sublayer = [&]() -> const MoeSublayer* {
       if (input_on_device) layer_input();
       coefficients(w, 0);
@@ -162,8 +153,21 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
                   w.ffn_norm,   c.rms_norm_eps, &w.hc_fn[1], MoeBlockOf(l), X.data(),
                   mixes.data(), y.data()};
       if (step_into_next) {
-        next = {w.hc_base[1], w.hc_scale[1], c.hc_sinkhorn_iters, c.hc_eps, layers[l + 1].attn_norm,
-                X.data(),     pre.data(),    xin.data()};
+        next = {};
+        next.base = w.hc_base[1];
+        next.scale = w.hc_scale[1];
+        next.iters = c.hc_sinkhorn_iters;
+        next.hc_eps = c.hc_eps;
+        next.norm = layers[l + 1].attn_norm;
+        next.stream = X.data();
+        next.pre = pre.data();
+        next.input = xin.data();
+        if (layers[l + 1].engram) {
+          const EngramWeights& eg = *layers[l + 1].engram;
+          next.engram_kv = engram.at(l + 1).kv.data();
+          next.engram_qw = eg.qw;
+          next.engram_kw = eg.kw;
+        }
         sublayer.next = &next;
       }
       return &sublayer;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/engram.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/hyper_connections.h"
 #include "engine/cpu/ops.h"
@@ -233,8 +234,8 @@ TEST(CudaGemmTest, RoutedMoeOnTheDeviceIsTheHostsBits) {
 // post-mixing, the block's input is the pre-mixing RMS-normalized, the next mixes' product
 // rides along, then the routed block — against each step on the host: the same bits for
 // the stream, the mixes and the block's output, for 1 to 4 rows; and on into the next
-// layer's input, read by a later product where it is. Coefficients are random positive
-// values (the math does not care where they came from).
+// layer's input (its Engram gated in), read by a later product where it is. Coefficients
+// are random positive values (the math does not care where they came from).
 TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
   if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
   const uint64_t seed = testing::FreshSeed();
@@ -250,7 +251,8 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
       fn(NormalFloats(rng, mix * hc * D), mix, hc * D);
   const std::vector<float> bias = NormalFloats(rng, E), norm = NormalFloats(rng, D),
                            norm2 = NormalFloats(rng, D), base = NormalFloats(rng, mix),
-                           scale = NormalFloats(rng, 3);
+                           scale = NormalFloats(rng, 3), qw = NormalFloats(rng, hc * D),
+                           kw = NormalFloats(rng, hc * D);
   model::MoeBlock block{&gate, bias, {}, {}, {}, k, true, 1.5f, 2.0f};
   for (int64_t e = 0; e <= E; ++e) {
     block.w1.push_back(&w[3 * e]);
@@ -315,11 +317,18 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
     // the stream after the layer, the next attention input. The results land with the
     // backend's next group, whose product reads the next input where it is.
     std::vector<float> want_X2(rows * hc * D), want_pre2(rows * hc), want_in2(rows * D);
+    const std::vector<float> engram_kv = NormalFloats(rng, rows * (hc + 1) * D);
     for (int64_t r = 0; r < rows; ++r) {
       std::vector<float> m(want_mixes.begin() + r * mix, want_mixes.begin() + (r + 1) * mix);
       cpu::HcScaleMixesRow(&want_X[r * hc * D], hc * D, m.data(), mix);
       const cpu::HcCoefficients c = cpu::HcFromMixes(m, base, scale, hc, 3, 1e-6);
       cpu::HcPost(&want[r * D], &want_X[r * hc * D], c, hc, D, &want_X2[r * hc * D]);
+      for (int64_t j = 0; j < hc; ++j) {  // the next layer's Engram, gated in
+        float* h = &want_X2[(r * hc + j) * D];
+        const float* K = &engram_kv[(r * (hc + 1) + j) * D];
+        const float* V = &engram_kv[(r * (hc + 1) + hc) * D];
+        cpu::EngramAdd(h, cpu::EngramGate(h, &qw[j * D], &kw[j * D], K, D), V, D);
+      }
       std::copy(c.pre.begin(), c.pre.end(), want_pre2.begin() + r * hc);
       cpu::HcPre(&want_X2[r * hc * D], c.pre.data(), hc, D, &want_in2[r * D]);
       cpu::RmsNorm(&want_in2[r * D], norm2.data(), D, 1e-6, &want_in2[r * D]);
@@ -328,8 +337,18 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
     model::MakeCpuMatmul()->Gemm(want_in2.data(), rows, gate, want_probe.data());
     std::vector<float> X2(rows * hc * D, NAN), pre2(rows * hc, NAN), in2(rows * D, NAN),
         probe(rows * E, NAN), untouched(rows * hc * D, NAN);
-    const model::MoeSublayer::Next next{base,  scale,     3,           1e-6,
-                                        norm2, X2.data(), pre2.data(), in2.data()};
+    model::MoeSublayer::Next next;
+    next.base = base;
+    next.scale = scale;
+    next.iters = 3;
+    next.hc_eps = 1e-6;
+    next.norm = norm2;
+    next.stream = X2.data();
+    next.pre = pre2.data();
+    next.input = in2.data();
+    next.engram_kv = engram_kv.data();
+    next.engram_qw = qw;
+    next.engram_kw = kw;
     model::MoeSublayer into = sub;
     into.stream = untouched.data();
     into.next = &next;

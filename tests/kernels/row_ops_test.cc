@@ -5,6 +5,7 @@
 // the <test>_emu build runs the same checks on the CPU emulation of CUDA (tests/cudaemu).
 #include "kernels/row_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -197,6 +198,43 @@ TEST_F(RowOpsCudaTest, HcScalePreAndPostMatchTheCpuBitForBit) {
   }
   ExpectSameBits(*after, want, "post-mixing");
   EXPECT_NE(*after, X);
+}
+
+// Engram's gating on the device against the gate written out as plain double arithmetic
+// (the layer loop's formula before it moved into engine/cpu/engram.h): the same bits.
+TEST_F(RowOpsCudaTest, EngramGateMatchesTheFormulaBitForBit) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  const int64_t hc = 3, d = 80, rows = 4;
+  const std::vector<float> X = NormalFloats(rng, rows * hc * d, 1.5f),
+                           KV = NormalFloats(rng, rows * (hc + 1) * d, 1.0f),
+                           qw = NormalFloats(rng, hc * d, 1.0f),
+                           kw = NormalFloats(rng, hc * d, 1.0f);
+  absl::StatusOr<std::vector<float>> got = EngramGateOnDevice(X, KV, qw, kw, hc, d);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<float> want = X;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* V = &KV[(r * (hc + 1) + hc) * d];
+    for (int64_t k = 0; k < hc; ++k) {
+      float* h = &want[(r * hc + k) * d];
+      const float* K = &KV[(r * (hc + 1) + k) * d];
+      double dot = 0, hh = 0, kk = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        dot += static_cast<double>(h[i]) * qw[k * d + i] * kw[k * d + i] * K[i];
+        hh += static_cast<double>(h[i]) * h[i];
+        kk += static_cast<double>(K[i]) * K[i];
+      }
+      const double s = dot / std::sqrt(hh / d + 1e-20) / std::sqrt(kk / d + 1e-20) /
+                       std::sqrt(static_cast<double>(d));
+      const float g = cpu::SigmoidF(
+          static_cast<float>((s >= 0 ? 1.0 : -1.0) * std::sqrt(std::max(std::abs(s), 1e-6))));
+      for (int64_t i = 0; i < d; ++i) h[i] += g * V[i];
+    }
+  }
+  ExpectSameBits(*got, want, "engram gate");
+  EXPECT_NE(*got, X) << "seed " << seed;
+  EXPECT_EQ(EngramGateOnDevice(X, KV, qw, std::span(kw).first(5), hc, d).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(RowOpsCudaArgsTest, BadShapesAreRefused) {
