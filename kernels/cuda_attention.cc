@@ -27,8 +27,10 @@ class CudaAttention final : public model::AttentionBackend {
   explicit CudaAttention(std::shared_ptr<PageMirror> mirror) : mirror_(std::move(mirror)) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreate(&projected_));
+    CUDA_CHECK(cudaEventCreate(&read_));
   }
   ~CudaAttention() override {
+    cudaEventDestroy(read_);
     cudaEventDestroy(projected_);
     cudaStreamDestroy(stream_);
   }
@@ -79,7 +81,8 @@ class CudaAttention final : public model::AttentionBackend {
     PageMirror::View view;  // held until the sublayer's wait, which covers this stream's work
     const float* d_y = QueueAttendAndProject(b, p, *products, view);
     CUDA_CHECK(cudaEventRecord(projected_, stream_));
-    products->MoeSublayerAfter(d_y, projected_, b.queries, then);
+    products->MoeSublayerAfter(d_y, projected_, read_, b.queries, then);
+    handed_over_ = true;  // the next call's work waits until the output was read
     return true;
   }
 
@@ -154,6 +157,10 @@ class CudaAttention final : public model::AttentionBackend {
   // Queues the uploads and the attention kernel; returns the output on the device
   // (queries × heads × dim). `view` holds the pages until the caller has waited. Needs mu_.
   float* QueueAttention(const model::AttentionBatch& b, PageMirror::View& view) const {
+    if (handed_over_) {
+      CUDA_CHECK(cudaStreamWaitEvent(stream_, read_, 0));
+      handed_over_ = false;
+    }
     // The pages up to the last one a listed compressed row is in.
     int64_t last_row = -1;
     for (int32_t e : b.entries)
@@ -198,7 +205,11 @@ class CudaAttention final : public model::AttentionBackend {
   }
   mutable std::mutex mu_;  // one call at a time on the stream and the buffers
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t projected_ = nullptr;  // the layer's output is ready (AttendThenMoe), with mu_
+  // AttendThenMoe hands the layer's output (y_) to the matmul backend's stream: `projected_`
+  // says it is ready, `read_` that it was read; the next call's work waits for that before
+  // it may overwrite y_ (with a step into the next layer nothing has waited yet). With mu_.
+  cudaEvent_t projected_ = nullptr, read_ = nullptr;
+  mutable bool handed_over_ = false;
   const std::shared_ptr<PageMirror> mirror_;
   mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_, turns_, og_, ug_, u_, y_;
   mutable GrowingPinnedBuffer<float> out_;

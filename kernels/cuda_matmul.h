@@ -33,11 +33,13 @@ class DeviceProducts {
   // routes on the device with the CPU's bits. False for cuBLAS (whose products are not).
   virtual bool RunsMoeSublayer(int64_t rows, const model::MoeSublayer& s) const = 0;
   // The MoE sublayer `s` (model::MoeSublayer) on attention's output d_f (rows × D, device
-  // memory), queued after `f_ready` (recorded on the producer's stream, which keeps d_f
-  // until this returns); its results copied into s's outputs with one wait, which also
+  // memory), queued after `f_ready` (recorded on the producer's stream); `f_read` is
+  // recorded on this backend's stream once d_f has been read: the producer's stream must
+  // wait for it before writing d_f again (with s.next this returns before the work ran).
+  // Without s.next, its results are copied into s's outputs with one wait, which also
   // covers the producer's work before f_ready. The bits of the host's steps and RoutedMoe.
-  virtual void MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64_t rows,
-                                const model::MoeSublayer& s) const = 0;
+  virtual void MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaEvent_t f_read,
+                                int64_t rows, const model::MoeSublayer& s) const = 0;
 
  protected:
   ~DeviceProducts() = default;

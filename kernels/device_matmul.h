@@ -62,7 +62,7 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   // stream, the block's input (pre-mixing, RMSNorm), the next mixes' product and the routed
   // block as RoutedMoe runs it.
   bool RunsMoeSublayer(int64_t rows, const model::MoeSublayer& s) const override;
-  void MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64_t rows,
+  void MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaEvent_t f_read, int64_t rows,
                         const model::MoeSublayer& s) const override;
 
  protected:

@@ -305,8 +305,8 @@ bool DeviceMatmul::RunsMoeSublayer(int64_t rows, const model::MoeSublayer& s) co
   return true;
 }
 
-void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64_t rows,
-                                    const model::MoeSublayer& s) const {
+void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaEvent_t f_read,
+                                    int64_t rows, const model::MoeSublayer& s) const {
   KVC_CHECK(RunsMoeSublayer(rows, s)) << "a MoE sublayer this backend cannot run";
   const BlockShape b(s.moe);
   const model::MoeSublayer::Next* next = s.next;
@@ -382,6 +382,7 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, int64
   float* xin = At<float>(d, x_in);
   CUDA_CHECK(LaunchHcPost(d_f, At<float>(d_in, in_R), At<float>(d_in, in_post),
                           At<float>(d_in, in_comb), rows, hc, b.D, X, stream_));
+  CUDA_CHECK(cudaEventRecord(f_read, stream_));  // d_f is free for its producer again
   CUDA_CHECK(LaunchHcPre(X, At<float>(d_in, in_pre), rows, hc, b.D, xin, stream_));
   CUDA_CHECK(LaunchRmsNorm(xin, At<float>(d_in, in_norm), rows, b.D, s.eps, xin, stream_));
   Launch(X, rows, n, weights_.at(s.mixes_fn->packed().data()), mix, mixes, stream_);

@@ -298,16 +298,17 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
     ASSERT_TRUE(products->RunsMoeSublayer(rows, sub));
     EXPECT_FALSE(products->RunsMoeSublayer(DeviceMatmul::kRoutedMoeRows + 1, sub));
     cudaStream_t stream = nullptr;
-    cudaEvent_t ready = nullptr;
+    cudaEvent_t ready = nullptr, f_read = nullptr;
     ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
     ASSERT_EQ(cudaEventCreate(&ready), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&f_read), cudaSuccess);
     float* d_f = nullptr;
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_f), f.size() * sizeof(float)), cudaSuccess);
     ASSERT_EQ(
         cudaMemcpyAsync(d_f, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
         cudaSuccess);
     ASSERT_EQ(cudaEventRecord(ready, stream), cudaSuccess);
-    products->MoeSublayerAfter(d_f, ready, rows, sub);
+    products->MoeSublayerAfter(d_f, ready, f_read, rows, sub);
     EXPECT_TRUE(SameBits(got_X, want_X)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(got_mixes, want_mixes)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(got, want)) << rows << " rows, seed " << seed;
@@ -353,15 +354,18 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
     into.stream = untouched.data();
     into.next = &next;
     ASSERT_EQ(cudaEventRecord(ready, stream), cudaSuccess);
-    products->MoeSublayerAfter(d_f, ready, rows, into);
-    const model::GemmCall read{in2.data(), rows, &gate, probe.data()};
-    (*gpu)->GemmGroup(std::span(&read, 1));
+    products->MoeSublayerAfter(d_f, ready, f_read, rows, into);
+    const model::GemmCall reader{in2.data(), rows, &gate, probe.data()};
+    (*gpu)->GemmGroup(std::span(&reader, 1));
     EXPECT_TRUE(SameBits(X2, want_X2)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(pre2, want_pre2)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(in2, want_in2)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(probe, want_probe)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(std::isnan(untouched[0]));  // only the next layer's values are results
+    ASSERT_EQ(cudaStreamWaitEvent(stream, f_read, 0), cudaSuccess);  // d_f free again
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     cudaFree(d_f);
+    cudaEventDestroy(f_read);
     cudaEventDestroy(ready);
     cudaStreamDestroy(stream);
   }
