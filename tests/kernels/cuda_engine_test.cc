@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/engram.h"
@@ -498,6 +499,35 @@ TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
     for (int64_t c = 0; c < a.complete_chunks(); ++c) {
       EXPECT_TRUE(std::ranges::equal(a.page(c), b.page(c))) << "page " << c;
     }
+  }
+}
+
+// The model is shared by threads (one sequence each): two sequences decoded at once on the
+// device backends — their results handed between streams and left pending between calls —
+// each give the CPU engine's bits.
+TEST_F(CudaEngineTest, TwoSequencesDecodedAtOnceAreEachTheCpusBits) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  const std::vector<uint32_t> prompts[2] = {Prompt(rng, 90), Prompt(rng, 120)};
+  constexpr int kSteps = 6;
+  std::vector<std::vector<float>> got[2], want[2];
+  auto run = [&](const model::Model& m, int i, std::vector<std::vector<float>>& out) {
+    model::Sequence s = m.NewSequence();
+    absl::StatusOr<std::vector<float>> l = m.Prefill(s, prompts[i], model::PrefillMode::kCed);
+    for (int step = 0; step < kSteps && l.ok(); ++step) {
+      out.push_back(*l);
+      l = m.Decode(s, Argmax(*l));
+    }
+    if (l.ok()) out.push_back(*l);
+  };
+  for (int i = 0; i < 2; ++i) run(*cpu_, i, want[i]);
+  std::thread other([&] { run(*gpu_, 1, got[1]); });
+  run(*gpu_, 0, got[0]);
+  other.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "sequence " << i << ", seed " << seed;
+    for (size_t t = 0; t < got[i].size(); ++t)
+      EXPECT_TRUE(SameBits(got[i][t], want[i][t])) << "sequence " << i << " step " << t;
   }
 }
 
