@@ -1,5 +1,6 @@
 #include "serve/kvcached_process.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,23 +21,35 @@ KvcachedProcess::KvcachedProcess(std::string binary, std::string data_dir,
 KvcachedProcess::~KvcachedProcess() { Stop(SIGKILL); }
 
 absl::Status KvcachedProcess::Start() {
-  int out[2];
-  if (pipe(out) != 0) return absl::InternalError("pipe");
+  // Everything the child needs is made before fork: between fork and exec the child of a
+  // threaded process may only make async-signal-safe calls — another thread may have held
+  // the allocator's lock at the fork (under ASan a child allocating there hung for good).
+  // The pipe and the log are close-on-exec, so no other child inherits them.
   std::vector<std::string> args = {binary_, "--data-dir", dir_, "--listen",
                                    absl::StrCat("127.0.0.1:", port_)};
   args.insert(args.end(), extra_.begin(), extra_.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log = dir_ + ".log";
+  const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    if (err >= 0) close(err);
+    return absl::InternalError("pipe");
+  }
   pid_ = fork();
-  if (pid_ < 0) return absl::InternalError("fork");
   if (pid_ == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    const std::string log = dir_ + ".log";
-    if (FILE* err = std::fopen(log.c_str(), "a"); err != nullptr) dup2(fileno(err), STDERR_FILENO);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(binary_.c_str(), argv.data());
+    dup2(out[1], STDOUT_FILENO);  // dup2's copies stay open across exec
+    if (err >= 0) dup2(err, STDERR_FILENO);
+    execv(argv[0], argv.data());
     _exit(127);
+  }
+  if (err >= 0) close(err);
+  if (pid_ < 0) {
+    close(out[0]);
+    close(out[1]);
+    return absl::InternalError("fork");
   }
   close(out[1]);
   out_ = fdopen(out[0], "r");

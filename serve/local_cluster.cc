@@ -1,5 +1,6 @@
 #include "serve/local_cluster.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,19 +56,23 @@ absl::Status EtcdProcess::Start() {
     args.insert(args.end(), {"--cert-file=" + cert_file_, "--key-file=" + key_file_,
                              "--client-cert-auth", "--trusted-ca-file=" + ca_file_});
   }
+  // Made before fork: the child of a threaded process may only make async-signal-safe
+  // calls before exec (no allocation).
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int log = open((dir_ + ".log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   pid_ = fork();
-  if (pid_ < 0) return absl::InternalError("fork");
   if (pid_ == 0) {
-    if (FILE* log = std::fopen((dir_ + ".log").c_str(), "a"); log != nullptr) {
-      dup2(fileno(log), STDOUT_FILENO);
-      dup2(fileno(log), STDERR_FILENO);
+    if (log >= 0) {
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
     }
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(binary_.c_str(), argv.data());
+    execv(argv[0], argv.data());
     _exit(127);
   }
+  if (log >= 0) close(log);
+  if (pid_ < 0) return absl::InternalError("fork");
   // Ready when it answers a read, on a fresh connection each time (etcd accepts
   // connections before it serves them).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);

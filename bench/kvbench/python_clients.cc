@@ -1,10 +1,12 @@
 #include "bench/kvbench/python_clients.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -36,25 +38,29 @@ absl::StatusOr<std::unique_ptr<PythonClients>> PythonClients::Start(const Python
   }
   std::unique_ptr<PythonClients> clients(new PythonClients());
   for (int c = 0; c < n; ++c) {
+    // Made before fork: the child of a threaded process may only make async-signal-safe
+    // calls before exec (no allocation, no setenv).
+    std::vector<std::string> args = {
+        o.python,      o.script,         "--target",  o.target,     "--config",
+        o.config_file, "--keys-file",    o.keys_file, "--per-call", std::to_string(o.per_call),
+        "--client",    std::to_string(c)};
+    if (!o.shm_socket.empty()) args.insert(args.end(), {"--shm-socket", o.shm_socket});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::string pythonpath = "PYTHONPATH=" + o.package_dir;
+    std::vector<char*> envp = {pythonpath.data()};
+    for (char** e = environ; *e != nullptr; ++e)
+      if (std::strncmp(*e, "PYTHONPATH=", 11) != 0) envp.push_back(*e);
+    envp.push_back(nullptr);
     int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) return absl::InternalError("pipe");
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe");
     const pid_t pid = fork();
     if (pid < 0) return absl::InternalError("fork");
     if (pid == 0) {
       dup2(in[0], STDIN_FILENO);
       dup2(out[1], STDOUT_FILENO);
-      close(in[1]);
-      close(out[0]);
-      setenv("PYTHONPATH", o.package_dir.c_str(), 1);
-      std::vector<std::string> args = {
-          o.python,      o.script,         "--target",  o.target,     "--config",
-          o.config_file, "--keys-file",    o.keys_file, "--per-call", std::to_string(o.per_call),
-          "--client",    std::to_string(c)};
-      if (!o.shm_socket.empty()) args.insert(args.end(), {"--shm-socket", o.shm_socket});
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     close(in[0]);

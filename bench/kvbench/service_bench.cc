@@ -1,5 +1,6 @@
 #include "bench/kvbench/service_bench.h"
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -43,15 +44,16 @@ struct Process {
 
 // Starts argv (the Redis peer) with stdout on a pipe; returns the first line it prints.
 absl::StatusOr<std::string> Spawn(const std::vector<std::string>& argv, Process* p) {
+  // Made before fork: the child of a threaded process may only make async-signal-safe
+  // calls before exec (no allocation).
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   int out[2];
-  if (pipe(out) != 0) return absl::InternalError("pipe");
+  if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe");
   p->pid = fork();
   if (p->pid == 0) {
     dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
   }

@@ -2,6 +2,7 @@
 // the port it got), stopped with SIGTERM (graceful) or SIGKILL (crash).
 #pragma once
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -47,8 +48,6 @@ class Daemon {
     if (pid_ > 0) Stop(SIGKILL);
   }
   void Start() {
-    int out[2];
-    ASSERT_EQ(pipe(out), 0);
     std::vector<std::string> args = {kDaemon,   "--data-dir",  dir_,      "--ram-bytes",
                                      "4000000", "--ssd-bytes", "40000000"};
     // A free port unless the caller fixed one (to reach the same address after a restart).
@@ -56,21 +55,25 @@ class Daemon {
       args.insert(args.end(), {"--listen", "127.0.0.1:0"});
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
+    // Made before fork: the child of a threaded process may only make async-signal-safe
+    // calls before exec (no allocation).
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int err = stderr_path_.empty() ? -1
+                                         : open(stderr_path_.c_str(),
+                                                O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int out[2];
+    ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
     pid_ = fork();
-    ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
       dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      if (!stderr_path_.empty()) {
-        FILE* err = std::fopen(stderr_path_.c_str(), "a");
-        if (err != nullptr) dup2(fileno(err), STDERR_FILENO);
-      }
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(kDaemon.c_str(), argv.data());
+      if (err >= 0) dup2(err, STDERR_FILENO);
+      execv(argv[0], argv.data());
       _exit(127);
     }
+    if (err >= 0) close(err);
+    ASSERT_GE(pid_, 0);
     close(out[1]);
     FILE* f = fdopen(out[0], "r");
     char line[512] = {0};
