@@ -14,10 +14,12 @@
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_matmul.h"
 #include "kernels/device_buffer.h"
+#include "kernels/device_selection.h"
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops.h"
 #include "kernels/kv_ops_kernel.cuh"
 #include "kernels/row_ops_kernel.cuh"
+#include "kernels/select_kernel.cuh"
 
 namespace kvc::cuda {
 namespace {
@@ -44,6 +46,10 @@ class CudaAttention final : public model::AttentionBackend {
                        " heads (use --backend cpu)"));
     }
     return absl::OkStatus();
+  }
+
+  bool ReadsHeld(const model::HeldSelection& selection) const override {
+    return dynamic_cast<const DeviceSelection*>(&selection) != nullptr;
   }
 
   void Attend(const model::AttentionBatch& b) const override {
@@ -161,8 +167,18 @@ class CudaAttention final : public model::AttentionBackend {
       CUDA_CHECK(cudaStreamWaitEvent(stream_, read_, 0));
       handed_over_ = false;
     }
-    // The pages up to the last one a listed compressed row is in.
-    int64_t last_row = -1;
+    // A held selection is read where the indexer left it, once it is there.
+    const DeviceSelection* held = nullptr;
+    if (b.held != nullptr) {
+      held = dynamic_cast<const DeviceSelection*>(b.held);
+      if (held == nullptr || held->queries != b.queries) {
+        std::fprintf(stderr, "CUDA attention: a held selection it cannot read (ReadsHeld)\n");
+        std::abort();
+      }
+      CUDA_CHECK(cudaStreamWaitEvent(stream_, held->ready, 0));
+    }
+    // The pages up to the last one a listed or held compressed row is in.
+    int64_t last_row = held != nullptr ? b.held_rows - 1 : -1;
     for (int32_t e : b.entries)
       last_row = std::max<int64_t>(last_row, -static_cast<int64_t>(e) - 1);
     PagedMainKv paged;
@@ -176,13 +192,25 @@ class CudaAttention final : public model::AttentionBackend {
     float* d_o = o_.Reserve(q_floats);
     float* d_w = window_.Reserve(b.window.size());
     float* d_sink = sink_.Reserve(static_cast<size_t>(b.heads));
-    int32_t* d_off = offsets_.Reserve(b.offsets.size());
-    int32_t* d_ent = entries_.Reserve(b.entries.size());
     Copy(d_q, b.q, q_floats * sizeof(float));
     Copy(d_w, b.window.data(), b.window.size_bytes());
     Copy(d_sink, b.sink, b.heads * sizeof(float));
+    // The entry lists: the host's as they are, or with each query's selection appended
+    // on the device.
+    int32_t* d_off = offsets_.Reserve(b.offsets.size());
+    int32_t* d_ent = entries_.Reserve(b.entries.size());
     Copy(d_off, b.offsets.data(), b.offsets.size_bytes());
     Copy(d_ent, b.entries.data(), b.entries.size_bytes());
+    if (held != nullptr) {
+      int32_t* d_all_off = all_offsets_.Reserve(b.offsets.size());
+      int32_t* d_all_ent =
+          all_entries_.Reserve(b.entries.size() + static_cast<size_t>(b.queries * held->k));
+      CUDA_CHECK(LaunchAppendSelection(d_off, d_ent, b.queries, held->positions, held->counts,
+                                       held->k, d_all_off, d_all_ent, stream_));
+      CUDA_CHECK(cudaEventRecord(held->consumed, stream_));
+      d_off = d_all_off;
+      d_ent = d_all_ent;
+    }
     if (page_count > 0) {
       view = mirror_->Pages(b.sequence, b.pages, b.page_versions, page_count,
                             static_cast<size_t>(paged.page_bytes), stream_);
@@ -213,7 +241,7 @@ class CudaAttention final : public model::AttentionBackend {
   const std::shared_ptr<PageMirror> mirror_;
   mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_, turns_, og_, ug_, u_, y_;
   mutable GrowingPinnedBuffer<float> out_;
-  mutable GrowingDeviceBuffer<int32_t> offsets_, entries_;
+  mutable GrowingDeviceBuffer<int32_t> offsets_, entries_, all_offsets_, all_entries_;
 };
 
 }  // namespace

@@ -10,12 +10,97 @@
 #include "kernels/attention_kernel.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
+#include "kernels/device_selection.h"
 #include "kernels/kv_dequant.h"
 #include "kernels/kv_ops.h"
 #include "kernels/select_kernel.cuh"
 
 namespace kvc::cuda {
 namespace {
+
+// One call's own memory — its page-locked inputs, its results on the device and their
+// page-locked copy — and its selection's events; reused once the call is settled (its
+// inputs went up, its results came back) and its selection read.
+struct Slot {
+  Slot() {
+    CUDA_CHECK(cudaEventCreate(&ready));
+    CUDA_CHECK(cudaEventCreate(&consumed));
+  }
+  ~Slot() {
+    cudaEventDestroy(consumed);
+    cudaEventDestroy(ready);
+  }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+  GrowingPinnedBuffer<std::byte> in_host, res_host;
+  GrowingDeviceBuffer<std::byte> res;
+  cudaEvent_t ready = nullptr, consumed = nullptr;
+};
+
+// The slots of one indexer: taken per call, given back when the call is settled.
+class SlotPool {
+ public:
+  Slot* Take() {
+    std::lock_guard lock(mu_);
+    if (free_.empty()) {
+      all_.push_back(std::make_unique<Slot>());
+      return all_.back().get();
+    }
+    Slot* s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  void Give(Slot* s) {
+    std::lock_guard lock(mu_);
+    free_.push_back(s);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Slot>> all_;
+  std::vector<Slot*> free_;
+};
+
+// A call's selection on the device (rows × k positions and counts in its slot's results);
+// settling waits for the slot's results to come back and writes the caller's vectors.
+class CudaHeldSelection final : public DeviceSelection {
+ public:
+  struct Results {  // where the host's copies go, and where they lie in the results
+    std::vector<std::vector<int32_t>>* selected = nullptr;
+    std::vector<std::vector<uint8_t>>* pool = nullptr;  // produced: positions → masks
+    std::vector<int32_t> visible;
+    size_t sel = 0, n = 0, pool_at = 0, npool = 0;
+    int64_t pool_width = 0;
+  };
+  CudaHeldSelection(SlotPool& pool, Slot* slot, Results r)
+      : pool_(pool), slot_(slot), r_(std::move(r)) {}
+  ~CudaHeldSelection() override { Settle(); }
+  void Settle() override {
+    if (slot_ == nullptr) return;
+    CUDA_CHECK(cudaEventSynchronize(slot_->ready));
+    std::byte* h = slot_->res_host.data();
+    const int32_t* picked = At<int32_t>(h, r_.sel);
+    const int32_t* picked_n = At<int32_t>(h, r_.n);
+    for (int64_t q = 0; q < queries; ++q)
+      (*r_.selected)[q].assign(picked + q * k, picked + q * k + picked_n[q]);
+    if (r_.pool != nullptr) {  // positions → the CPU's mask of visible length
+      const int32_t* at = At<int32_t>(h, r_.pool_at);
+      const int32_t* count = At<int32_t>(h, r_.npool);
+      for (int64_t q = 0; q < queries; ++q) {
+        std::vector<uint8_t>& mask = (*r_.pool)[q];
+        mask.assign(r_.visible[q], 0);
+        for (int32_t i = 0; i < count[q]; ++i) mask[at[q * r_.pool_width + i]] = 1;
+      }
+    }
+    pool_.Give(slot_);
+    slot_ = nullptr;
+  }
+
+ private:
+  SlotPool& pool_;
+  Slot* slot_;
+  Results r_;
+};
 
 class CudaIndexer final : public model::IndexerBackend {
  public:
@@ -25,19 +110,27 @@ class CudaIndexer final : public model::IndexerBackend {
   ~CudaIndexer() override { cudaStreamDestroy(stream_); }
   const char* name() const override { return "cuda"; }
 
-  // The inputs go up in one copy through page-locked staging, the kernels run on the
-  // backend's stream, and everything the host needs comes back in one copy: one wait.
   void Select(const model::IndexerBatch& b) const override {
+    if (std::unique_ptr<model::HeldSelection> held = SelectHeld(b)) held->Settle();
+  }
+
+  // The inputs go up in one copy through page-locked staging, the kernels run on the
+  // backend's stream, and everything the host needs comes back in one copy, waited for
+  // when the selection is settled.
+  std::unique_ptr<model::HeldSelection> SelectHeld(const model::IndexerBatch& b) const override {
     const int64_t rows = b.queries;
-    if (rows == 0) return;
+    if (rows == 0) return nullptr;  // Select: nothing to do
     const int64_t a = b.first_position, max_cl = (a + rows) / b.ratio;
-    std::vector<int32_t> visible(rows);
+    CudaHeldSelection::Results out;
+    out.selected = b.selected;
+    std::vector<int32_t>& visible = out.visible;
+    visible.resize(rows);
     for (int64_t r = 0; r < rows; ++r) visible[r] = static_cast<int32_t>((a + r + 1) / b.ratio);
     // kApply: each query's pool positions, as a list of `width` per query (−1 pads).
-    std::vector<std::vector<int32_t>> candidates;
     std::vector<int32_t> list, counts;
     int64_t width = 1;
     if (b.pool_use == model::PoolUse::kApply) {
+      std::vector<std::vector<int32_t>> candidates;
       for (int64_t r = 0; r < rows; ++r) {
         std::vector<int32_t>& c = candidates.emplace_back();
         const std::vector<uint8_t>& mask = (*b.pool)[r];
@@ -65,16 +158,22 @@ class CudaIndexer final : public model::IndexerBackend {
                  best = dev.Take<float>(produce ? rows * nblocks : 0),
                  top = dev.Take<int32_t>(produce ? rows * b.topk_blocks : 0),
                  ntop = dev.Take<int32_t>(produce ? rows : 0);
-    const size_t res_sel = res.Take<int32_t>(rows * k), res_n = res.Take<int32_t>(rows),
-                 res_pool = res.Take<int32_t>(produce ? rows * pool_width : 0),
-                 res_npool = res.Take<int32_t>(produce ? rows : 0);
+    out.sel = res.Take<int32_t>(rows * k);
+    out.n = res.Take<int32_t>(rows);
+    out.pool_at = res.Take<int32_t>(produce ? rows * pool_width : 0);
+    out.npool = res.Take<int32_t>(produce ? rows : 0);
+    out.pool_width = pool_width;
+    if (produce) out.pool = b.pool;
 
-    std::lock_guard lock(mu_);  // one call at a time on the stream and the buffers
-    std::byte* h_in = in_host_.Reserve(in.bytes());
+    Slot* slot = slots_.Take();  // this call's own staging and results
+    std::lock_guard lock(mu_);   // one call at a time on the stream and the shared scratch
+    std::byte* h_in = slot->in_host.Reserve(in.bytes());
     std::byte* d_in = in_.Reserve(in.bytes());
     std::byte* d = dev_.Reserve(dev.bytes());
-    std::byte* d_res = res_.Reserve(res.bytes());
-    std::byte* h_res = res_host_.Reserve(res.bytes());
+    // The slot's last selection may still be read on another stream.
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, slot->consumed, 0));
+    std::byte* d_res = slot->res.Reserve(res.bytes());
+    slot->res_host.Reserve(res.bytes());
     auto put = [&](size_t at, const void* from, size_t bytes) {
       if (bytes > 0) std::memcpy(h_in + at, from, bytes);
     };
@@ -85,10 +184,11 @@ class CudaIndexer final : public model::IndexerBackend {
     put(in_counts, counts.data(), counts.size() * sizeof(int32_t));
     CUDA_CHECK(cudaMemcpyAsync(d_in, h_in, in.bytes(), cudaMemcpyHostToDevice, stream_));
     // The pages holding index keys [0, max_cl), current on the device once the stream has
-    // run the mirror's uploads of those written since the last call.
+    // run the mirror's uploads of those written since the last call. The view may go with
+    // this call: buffers move or go only through cudaFree, which waits for the device.
     PagedIndexKv paged = IndexSections(nullptr, *b.layout, b.layer);
     const int64_t page_count = max_cl == 0 ? 0 : (max_cl - 1) / paged.per_page + 1;
-    PageMirror::View view;  // held until the kernels are done with the pages
+    PageMirror::View view;
     if (page_count > 0) {
       view = mirror_->Pages(b.sequence, b.pages, b.page_versions, page_count,
                             static_cast<size_t>(paged.page_bytes), stream_);
@@ -98,13 +198,15 @@ class CudaIndexer final : public model::IndexerBackend {
     const float* w = At<float>(d_in, in_w);
     const int32_t* d_visible = At<int32_t>(d_in, in_visible);
     float* d_scores = At<float>(d, scores);
-    int32_t* sel = At<int32_t>(d_res, res_sel);
-    int32_t* sel_n = At<int32_t>(d_res, res_n);
+    int32_t* sel = At<int32_t>(d_res, out.sel);
+    int32_t* sel_n = At<int32_t>(d_res, out.n);
     if (!list.empty()) {  // kApply: score the pool's positions, select among them
-      CUDA_CHECK(LaunchPagedIndexerScoresAt(qi, w, paged, At<int32_t>(d_in, in_list), rows, width,
-                                            b.heads, b.dim, d_scores, stream_));
+      const int32_t* d_list = At<int32_t>(d_in, in_list);
+      CUDA_CHECK(LaunchPagedIndexerScoresAt(qi, w, paged, d_list, rows, width, b.heads, b.dim,
+                                            d_scores, stream_));
       CUDA_CHECK(
           LaunchTopK(d_scores, width, At<int32_t>(d_in, in_counts), rows, k, sel, sel_n, stream_));
+      CUDA_CHECK(LaunchListPositions(d_list, width, sel_n, rows, k, sel, stream_));
     } else {
       CUDA_CHECK(LaunchPagedIndexerScores(qi, w, paged, d_visible, rows, b.heads, b.dim, ld,
                                           d_scores, stream_));
@@ -114,40 +216,30 @@ class CudaIndexer final : public model::IndexerBackend {
         CUDA_CHECK(LaunchTopK(At<float>(d, best), nblocks, nullptr, rows, b.topk_blocks,
                               At<int32_t>(d, top), At<int32_t>(d, ntop), stream_));
         CUDA_CHECK(LaunchPoolPositions(At<int32_t>(d, top), b.topk_blocks, b.block, d_visible, rows,
-                                       At<int32_t>(d_res, res_pool), At<int32_t>(d_res, res_npool),
-                                       stream_));
+                                       At<int32_t>(d_res, out.pool_at),
+                                       At<int32_t>(d_res, out.npool), stream_));
       }
       CUDA_CHECK(LaunchTopK(d_scores, ld, d_visible, rows, k, sel, sel_n, stream_));
     }
-    CUDA_CHECK(cudaMemcpyAsync(h_res, d_res, res.bytes(), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-
-    const int32_t* picked = At<int32_t>(h_res, res_sel);
-    const int32_t* picked_n = At<int32_t>(h_res, res_n);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::vector<int32_t>& out = (*b.selected)[r];
-      out.assign(picked + r * k, picked + r * k + picked_n[r]);
-      if (!list.empty()) {  // list indices → positions (both ascending)
-        for (int32_t& i : out) i = candidates[r][i];
-      }
-    }
-    if (produce) {  // positions → the CPU's mask of visible length
-      const int32_t* pool = At<int32_t>(h_res, res_pool);
-      const int32_t* pool_n = At<int32_t>(h_res, res_npool);
-      for (int64_t r = 0; r < rows; ++r) {
-        std::vector<uint8_t>& mask = (*b.pool)[r];
-        mask.assign(visible[r], 0);
-        for (int32_t i = 0; i < pool_n[r]; ++i) mask[pool[r * pool_width + i]] = 1;
-      }
-    }
+    CUDA_CHECK(cudaMemcpyAsync(slot->res_host.data(), d_res, res.bytes(), cudaMemcpyDeviceToHost,
+                               stream_));
+    CUDA_CHECK(cudaEventRecord(slot->ready, stream_));
+    auto held = std::make_unique<CudaHeldSelection>(slots_, slot, std::move(out));
+    held->positions = sel;
+    held->counts = sel_n;
+    held->queries = rows;
+    held->k = k;
+    held->ready = slot->ready;
+    held->consumed = slot->consumed;
+    return held;
   }
 
  private:
   mutable std::mutex mu_;
   cudaStream_t stream_ = nullptr;
   const std::shared_ptr<PageMirror> mirror_;
-  mutable GrowingPinnedBuffer<std::byte> in_host_, res_host_;
-  mutable GrowingDeviceBuffer<std::byte> in_, dev_, res_;
+  mutable SlotPool slots_;
+  mutable GrowingDeviceBuffer<std::byte> in_, dev_;
 };
 
 }  // namespace

@@ -70,6 +70,7 @@ class GrowingBuffer {
     }
     return p_;
   }
+  T* data() const { return p_; }  // as last reserved
 
  private:
   cudaError_t Release() {

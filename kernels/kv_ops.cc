@@ -298,4 +298,54 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> CandidatePoolOnDevice(
   return Rows(pool.ToHost(), npool.ToHost(), topk_blocks * block);
 }
 
+absl::StatusOr<EntryLists> AppendSelectionOnDevice(std::span<const int32_t> offsets,
+                                                   std::span<const int32_t> entries,
+                                                   const std::vector<std::vector<int32_t>>& picked,
+                                                   int64_t k,
+                                                   const std::vector<std::vector<int32_t>>* lists) {
+  const int64_t queries = static_cast<int64_t>(picked.size());
+  if (static_cast<int64_t>(offsets.size()) != queries + 1 || offsets[0] != 0 ||
+      offsets[queries] != static_cast<int64_t>(entries.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(offsets.size(), " offsets do not cut ",
+                                                   entries.size(), " entries into ", queries,
+                                                   " queries' lists"));
+  }
+  if (lists != nullptr && static_cast<int64_t>(lists->size()) != queries) {
+    return absl::InvalidArgumentError("one candidate list per query");
+  }
+  int64_t width = 1;
+  for (int64_t q = 0; q < queries; ++q) {
+    if (static_cast<int64_t>(picked[q].size()) > k) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("query ", q, " has ", picked[q].size(), " picks, more than k = ", k));
+    }
+    if (lists != nullptr) width = std::max<int64_t>(width, (*lists)[q].size());
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  std::vector<int32_t> sel(static_cast<size_t>(queries * k), -1), count, list;
+  for (int64_t q = 0; q < queries; ++q) {
+    std::copy(picked[q].begin(), picked[q].end(), sel.begin() + q * k);
+    count.push_back(static_cast<int32_t>(picked[q].size()));
+  }
+  DeviceBuffer<int32_t> d_off(offsets), d_ent(entries), d_sel{std::span<const int32_t>(sel)},
+      d_count{std::span<const int32_t>(count)}, out_off(static_cast<size_t>(queries + 1)),
+      out_ent(entries.size() + static_cast<size_t>(queries * k));
+  if (lists != nullptr) {
+    list.assign(static_cast<size_t>(queries * width), -1);
+    for (int64_t q = 0; q < queries; ++q)
+      std::copy((*lists)[q].begin(), (*lists)[q].end(), list.begin() + q * width);
+    DeviceBuffer<int32_t> d_list{std::span<const int32_t>(list)};
+    CUDA_CHECK(
+        LaunchListPositions(d_list.get(), width, d_count.get(), queries, k, d_sel.get(), nullptr));
+    CUDA_CHECK(cudaDeviceSynchronize());  // before d_list goes
+  }
+  CUDA_CHECK(LaunchAppendSelection(d_off.get(), d_ent.get(), queries, d_sel.get(), d_count.get(), k,
+                                   out_off.get(), out_ent.get(), nullptr));
+  EntryLists out;
+  out.offsets = out_off.ToHost();
+  out.entries = out_ent.ToHost();
+  out.entries.resize(static_cast<size_t>(out.offsets[queries]));
+  return out;
+}
+
 }  // namespace kvc::cuda

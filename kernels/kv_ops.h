@@ -70,4 +70,17 @@ enum class AttentionKernel { kTwin, kTiled };
     std::span<const float> scores, int64_t ld, std::span<const int32_t> counts, int64_t block,
     int64_t topk_blocks);
 
+// Attention's entry lists with each query's selection appended, built on the device as the
+// CUDA attention builds them from a selection the indexer holds there: query q's own
+// entries ([offsets[q], offsets[q + 1]) of `entries`), then −j−1 for each selected j.
+// picked[q] (at most k each) are positions, or with `lists` indices into lists[q] (a
+// selection made over a candidate pool's positions). Returns the new offsets and entries.
+struct EntryLists {
+  std::vector<int32_t> offsets, entries;
+};
+[[nodiscard]] absl::StatusOr<EntryLists> AppendSelectionOnDevice(
+    std::span<const int32_t> offsets, std::span<const int32_t> entries,
+    const std::vector<std::vector<int32_t>>& picked, int64_t k,
+    const std::vector<std::vector<int32_t>>* lists = nullptr);
+
 }  // namespace kvc::cuda

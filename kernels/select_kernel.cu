@@ -132,7 +132,53 @@ __global__ void PoolPositionsKernel(const int32_t* blocks, int64_t topk_blocks, 
   if (threadIdx.x == 0) pool_count[q] = taken;
 }
 
+__global__ void ListPositionsKernel(const int32_t* list, int64_t width, const int32_t* count,
+                                    int64_t k, int32_t* sel) {
+  const int64_t q = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < count[q]; i += blockDim.x)
+    sel[q * k + i] = list[q * width + sel[q * k + i]];
+}
+
+// One thread: the queries' list lengths summed in order (a few thousand at most per pass).
+__global__ void AppendedOffsetsKernel(const int32_t* offsets, const int32_t* count, int64_t queries,
+                                      int32_t* out_offsets) {
+  int32_t at = 0;
+  out_offsets[0] = 0;
+  for (int64_t q = 0; q < queries; ++q) {
+    at += offsets[q + 1] - offsets[q] + count[q];
+    out_offsets[q + 1] = at;
+  }
+}
+
+__global__ void AppendEntriesKernel(const int32_t* offsets, const int32_t* entries,
+                                    const int32_t* sel, const int32_t* count, int64_t k,
+                                    const int32_t* out_offsets, int32_t* out_entries) {
+  const int64_t q = blockIdx.x;
+  const int32_t own = offsets[q + 1] - offsets[q];
+  int32_t* out = out_entries + out_offsets[q];
+  for (int32_t i = threadIdx.x; i < own; i += blockDim.x) out[i] = entries[offsets[q] + i];
+  for (int32_t i = threadIdx.x; i < count[q]; i += blockDim.x) out[own + i] = -sel[q * k + i] - 1;
+}
+
 }  // namespace
+
+cudaError_t LaunchListPositions(const int32_t* list, int64_t width, const int32_t* count,
+                                int64_t queries, int64_t k, int32_t* sel, cudaStream_t stream) {
+  if (queries == 0) return cudaSuccess;
+  ListPositionsKernel<<<static_cast<unsigned>(queries), 256, 0, stream>>>(list, width, count, k,
+                                                                          sel);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAppendSelection(const int32_t* offsets, const int32_t* entries, int64_t queries,
+                                  const int32_t* sel, const int32_t* count, int64_t k,
+                                  int32_t* out_offsets, int32_t* out_entries, cudaStream_t stream) {
+  if (queries == 0) return cudaSuccess;
+  AppendedOffsetsKernel<<<1, 1, 0, stream>>>(offsets, count, queries, out_offsets);
+  AppendEntriesKernel<<<static_cast<unsigned>(queries), 256, 0, stream>>>(
+      offsets, entries, sel, count, k, out_offsets, out_entries);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchTopK(const float* scores, int64_t ld, const int32_t* counts, int64_t queries,
                        int64_t k, int32_t* out, int32_t* out_count, cudaStream_t stream) {

@@ -28,4 +28,17 @@ cudaError_t LaunchPoolPositions(const int32_t* blocks, int64_t topk_blocks, int6
                                 const int32_t* counts, int64_t queries, int32_t* pool,
                                 int32_t* pool_count, cudaStream_t stream);
 
+// A selection made over lists of positions (top-k over list indices) turned into the
+// positions: sel[q·k + i] = list[q·width + sel[q·k + i]] for i < count[q], in place.
+cudaError_t LaunchListPositions(const int32_t* list, int64_t width, const int32_t* count,
+                                int64_t queries, int64_t k, int32_t* sel, cudaStream_t stream);
+
+// Attention's entry lists with each query's selection appended: query q's entries are its
+// own ([offsets[q], offsets[q+1]) of `entries`) then −j−1 for each of its count[q]
+// selected positions j (sel: queries × k) — the lists the host builds, built where the
+// selection is. out_offsets: queries + 1; out_entries: room for offsets[queries] + queries·k.
+cudaError_t LaunchAppendSelection(const int32_t* offsets, const int32_t* entries, int64_t queries,
+                                  const int32_t* sel, const int32_t* count, int64_t k,
+                                  int32_t* out_offsets, int32_t* out_entries, cudaStream_t stream);
+
 }  // namespace kvc::cuda

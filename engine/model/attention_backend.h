@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "engine/cpu/gemm.h"
+#include "engine/model/indexer_backend.h"
 #include "engine/model/matmul.h"
 #include "engine/spec/chunk_layout.h"
 
@@ -29,9 +30,14 @@ struct AttentionBatch {
   std::span<const int32_t>
       offsets;  // queries + 1: query i's entries are [offsets[i], offsets[i+1])
   std::span<const int32_t> entries;  // e >= 0: window row e; e < 0: compressed row −e−1
+  // Each query's selected compressed rows where the indexer left them (ReadsHeld), to go
+  // after its listed entries as −j−1, as the host would have listed them; they are among
+  // rows [0, held_rows).
+  const HeldSelection* held = nullptr;
+  int64_t held_rows = 0;
   // The compressed rows of Full layer `layer`, as the engine holds them (dequantized,
   // rows × dim) and as they are stored (the sequence's pages in `layout`, FP4): the same
-  // values. Unused (null / empty / −1) when no entry is negative.
+  // values. Unused (null / empty / −1) when no entry is negative and none is held.
   const float* compressed = nullptr;
   std::span<const std::vector<uint8_t>> pages;
   // Per page a number that changes whenever its bytes do, unique across all sequences,
@@ -69,6 +75,12 @@ class AttentionBackend {
     (void)heads;
     (void)dim;
     return absl::OkStatus();
+  }
+  // Whether the backend can take `selection` as AttentionBatch::held (the default: no; the
+  // model then settles it and lists the rows itself).
+  virtual bool ReadsHeld(const HeldSelection& selection) const {
+    (void)selection;
+    return false;
   }
   virtual void Attend(const AttentionBatch& batch) const = 0;
   // Attend, then `path`, into out (queries × path.wo_b->out_features()), for a device that

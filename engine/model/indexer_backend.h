@@ -50,11 +50,29 @@ struct IndexerBatch {
   const MatmulBackend* matmul = nullptr;                  // the CPU backend's q·k
 };
 
+// A selection left where the backend made it (a device), for an attention backend that
+// reads it there (AttentionBackend::ReadsHeld, AttentionBatch::held) instead of the host
+// handing it over again. The host's copies — *selected, and *pool when produced — are
+// written only by Settle, which waits for this call's work alone: after a later wait that
+// covered it (the attention that read it, the next group of products) it costs nothing.
+// The batch's `selected` and `pool` must outlive the settling; destruction settles.
+class HeldSelection {
+ public:
+  virtual ~HeldSelection() = default;
+  virtual void Settle() = 0;  // idempotent
+};
+
 class IndexerBackend {
  public:
   virtual ~IndexerBackend() = default;
   virtual const char* name() const = 0;
   virtual void Select(const IndexerBatch& batch) const = 0;
+  // Select, returning without waiting for the result, which stays where it was made.
+  // Null, having done nothing, when the backend cannot (the default): call Select then.
+  virtual std::unique_ptr<HeldSelection> SelectHeld(const IndexerBatch& batch) const {
+    (void)batch;
+    return nullptr;
+  }
 };
 
 std::unique_ptr<IndexerBackend> MakeCpuIndexer();

@@ -37,8 +37,7 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
 
 bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                           const std::vector<float>& x, bool compress, std::vector<float>& out,
-                          std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
-                          std::vector<std::vector<uint8_t>>& pool, std::span<const GemmCall> also,
+                          PassSelections& selections, std::span<const GemmCall> also,
                           const std::function<const MoeSublayer*()>& then) const {
   const LayerPlan& plan = sched.layers[l];
   LayerState& ls = s.layers[l];
@@ -51,9 +50,14 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   if (compresses) CompressorCalls(s, l, a, b, x, compressor, others);
   QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
                      runs_indexer ? &wts : nullptr, others);
+  // The earlier layers' selections held on the device were covered by that group's wait.
+  selections.Settle();
+  auto& topk = selections.topk;
+  auto& pool = selections.pool;
   const MoeSublayer* sublayer = then ? then() : nullptr;
   // Compressed KV and each query's selection of it.
   std::vector<std::vector<int32_t>>* selected = nullptr;
+  std::unique_ptr<HeldSelection> held;  // the selection where the indexer left it
   const LayerState* kv_src = nullptr;
   if (ratio > 0) {
     if (compresses) Compress(s, l, compressor);
@@ -103,7 +107,14 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       } else if (plan.candidate_pool_layer >= 0) {
         ib.pool_use = PoolUse::kApply;
       }
-      indexer->Select(ib);
+      // Attention reads the selection where the indexer made it when it can (no wait in
+      // between on a device); otherwise it is settled here (destroying it does).
+      held = indexer->SelectHeld(ib);
+      if (held == nullptr) {
+        indexer->Select(ib);
+      } else if (!attn->ReadsHeld(*held)) {
+        held.reset();
+      }
       selected = &sel;
     } else {
       selected = &topk.at(plan.topk_layer);
@@ -124,7 +135,7 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
         entries.push_back(static_cast<int32_t>(p % win));
       }
     }
-    if (selected != nullptr) {
+    if (selected != nullptr && held == nullptr) {
       for (int32_t j : (*selected)[r]) entries.push_back(-j - 1);
     }
     offsets.push_back(static_cast<int32_t>(entries.size()));
@@ -140,8 +151,11 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     batch.sequence = s.id;
     batch.layout = &layout;
     batch.layer = plan.kv_layer;
+    batch.held = held.get();
+    batch.held_rows = b / ratio;  // query r sees rows [0, (a + r + 1) / ratio)
   }
   const bool moe_done = AttendAndProject(l, a, rows, q, batch, out, sublayer);
+  if (held != nullptr) selections.held.push_back(std::move(held));
   // The window ring keeps the last `win` rows of this pass.
   for (int64_t p = std::max(a, b - win); p < b; ++p) {
     std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,

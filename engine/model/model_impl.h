@@ -229,10 +229,18 @@ class ModelImpl {
   // `then` is called once the query path's products (with `also`) are done; the MoE
   // sublayer it returns (if any) may run on the device right after attention. True when it
   // did (its results in the sublayer's outputs, `out` untouched).
+  // The indexer's selections of one pass: each indexed layer's, the candidate pool, and
+  // those still held on a device (AttentionBatch::held), whose host copies land when they
+  // are settled — before anything on the host reads them.
+  struct PassSelections {
+    std::map<int64_t, std::vector<std::vector<int32_t>>> topk;
+    std::vector<std::vector<uint8_t>> pool;
+    std::vector<std::unique_ptr<HeldSelection>> held;  // destroyed (settled) first
+    void Settle() { held.clear(); }
+  };
   bool Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
-                 bool compress, std::vector<float>& out,
-                 std::map<int64_t, std::vector<std::vector<int32_t>>>& topk,
-                 std::vector<std::vector<uint8_t>>& pool, std::span<const GemmCall> also = {},
+                 bool compress, std::vector<float>& out, PassSelections& selections,
+                 std::span<const GemmCall> also = {},
                  const std::function<const MoeSublayer*()>& then = {}) const;
   // The compressor of Full layer l over the pass [a, b) with input x: the products for the
   // positions it has not consumed yet go into `calls` (results in `in`), and Compress

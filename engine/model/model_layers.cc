@@ -63,8 +63,7 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
                           std::vector<float>& X, std::vector<float>& pre, bool compress,
                           std::vector<float>* main_hidden) const {
   const int64_t rows = b - a, mix = (2 + hc) * hc;
-  std::map<int64_t, std::vector<std::vector<int32_t>>> topk;
-  std::vector<std::vector<uint8_t>> pool;
+  PassSelections selections;
   std::vector<float> xin(rows * D), y, R;
   std::vector<cpu::HcCoefficients> coef(rows);
   std::vector<float> a1(rows * hc), post(rows * hc), comb(rows * hc * hc);
@@ -174,7 +173,7 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     };
     bool moe_done = false;
     if (l < L) {
-      moe_done = Attention(s, l, a, b, xin, compress, y, topk, pool, attn_also, moe_sublayer);
+      moe_done = Attention(s, l, a, b, xin, compress, y, selections, attn_also, moe_sublayer);
     } else {
       DraftAttention(s, l, a, b, xin, y, attn_also);
       moe_sublayer();

@@ -451,7 +451,9 @@ class CudaEngineTest : public ::testing::Test {
 // products picking their weights per slot, SwiGLU, the sum), and on into the next layer's
 // input (its coefficients, the stream, the norm), which its query path reads where it is:
 // attention, the MoE block and the next layer's query path share one wait.
-TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostTwicePerLayer) {
+// One wait per layer (its query path's products) and a few per step (the logits, an index
+// key product every other step): the indexer's selection stays on the device for attention.
+TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAboutOncePerLayer) {
   std::mt19937_64 rng(testing::FreshSeed());
   model::Sequence b = gpu_->NewSequence();
   absl::StatusOr<std::vector<float>> lb =
@@ -470,7 +472,7 @@ TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceAtMostTwicePerLayer) {
               static_cast<double>(after.launches - before.launches) / kSteps,
               static_cast<long long>(layers));
   EXPECT_GT(waits, 0.0);
-  EXPECT_LE(waits, 2.0 * static_cast<double>(layers));
+  EXPECT_LE(waits, static_cast<double>(layers + 4));
 }
 #endif
 

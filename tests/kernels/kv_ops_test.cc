@@ -310,6 +310,48 @@ TEST_F(KvOpsCudaTest, CandidatePoolHoldsTheCpusPositions) {
   }
 }
 
+// The lists the CUDA attention builds from a selection held on the device are the ones the
+// model builds on the host: each query's own entries, then its selected rows as −j−1.
+TEST_F(KvOpsCudaTest, ASelectionAppendedOnTheDeviceGivesTheHostsEntryLists) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t queries = 1 + static_cast<int64_t>(rng() % 40),
+                k = 1 + static_cast<int64_t>(rng() % 60);
+  std::vector<int32_t> offsets = {0}, entries;
+  std::vector<std::vector<int32_t>> lists(queries), picked(queries), positions(queries);
+  for (int64_t q = 0; q < queries; ++q) {
+    const int64_t own = static_cast<int64_t>(rng() % 130);  // window rows; 0 happens too
+    for (int64_t i = 0; i < own; ++i) entries.push_back(static_cast<int32_t>(rng() % 1000));
+    offsets.push_back(static_cast<int32_t>(entries.size()));
+    // A candidate pool of ascending positions, and an ascending pick of up to k of them.
+    for (int32_t t = 0; t < 3000; ++t)
+      if (rng() % 8 == 0) lists[q].push_back(t);
+    for (int32_t i = 0; i < static_cast<int32_t>(lists[q].size()); ++i) {
+      if (static_cast<int64_t>(picked[q].size()) < k && rng() % 3 == 0) {
+        picked[q].push_back(i);
+        positions[q].push_back(lists[q][i]);
+      }
+    }
+  }
+  std::vector<int32_t> want_offsets = {0}, want;
+  for (int64_t q = 0; q < queries; ++q) {
+    want.insert(want.end(), entries.begin() + offsets[q], entries.begin() + offsets[q + 1]);
+    for (int32_t j : positions[q]) want.push_back(-j - 1);
+    want_offsets.push_back(static_cast<int32_t>(want.size()));
+  }
+  for (bool over_lists : {false, true}) {
+    absl::StatusOr<EntryLists> got = AppendSelectionOnDevice(
+        offsets, entries, over_lists ? picked : positions, k, over_lists ? &lists : nullptr);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->offsets, want_offsets) << (over_lists ? "over lists" : "positions");
+    EXPECT_EQ(got->entries, want) << (over_lists ? "over lists" : "positions");
+  }
+  // Bad shapes are refused, naming what is wrong.
+  std::vector<std::vector<int32_t>> too_many(queries, std::vector<int32_t>(k + 1, 0));
+  absl::StatusOr<EntryLists> bad = AppendSelectionOnDevice(offsets, entries, too_many, k);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("more than k"), std::string::npos) << bad.status();
+}
+
 TEST(KvOpsCudaArgsTest, BadArgumentsAreRefusedWithoutTouchingTheDevice) {
   std::vector<float> x(33);
   std::vector<uint8_t> codes(16), scales(2);

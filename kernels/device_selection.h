@@ -1,0 +1,23 @@
+// DeviceSelection: the CUDA indexer's selection as it lies on the device, for the CUDA
+// attention to read there (model::HeldSelection). A reader waits for `ready` on its
+// stream before reading and records `consumed` on it after: the indexer reuses the
+// memory only once `consumed` has passed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "engine/model/indexer_backend.h"
+
+namespace kvc::cuda {
+
+class DeviceSelection : public model::HeldSelection {
+ public:
+  const int32_t* positions = nullptr;  // queries × k, ascending; query q's first counts[q]
+  const int32_t* counts = nullptr;     // queries
+  int64_t queries = 0, k = 0;
+  cudaEvent_t ready = nullptr, consumed = nullptr;
+};
+
+}  // namespace kvc::cuda
