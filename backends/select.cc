@@ -1,10 +1,15 @@
 #include "backends/select.h"
 
+#include <map>
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #if KVC_WITH_CUDA
 #include "kernels/cuda_attention.h"
 #include "kernels/cuda_indexer.h"
 #include "kernels/cuda_matmul.h"
+#include "kernels/hbm_arena.h"
+#include "kernels/kv_dequant.h"
 #endif
 
 namespace kvc::model {
@@ -48,6 +53,37 @@ absl::Status SelectBackends(const std::string& name, bool exact_replay, ModelOpt
   }
 #endif
   return absl::OkStatus();
+}
+
+HbmChunkReader MakeHbmChunkReader() {
+#if KVC_WITH_CUDA
+  if (cuda::DeviceCount() == 0) return nullptr;
+  struct Mapped {
+    std::mutex mu;
+    std::map<uint64_t, std::unique_ptr<cuda::MappedHbmArena>> arenas;  // by arena_id
+  };
+  auto mapped = std::make_shared<Mapped>();
+  return [mapped](std::string_view handle, int device, uint64_t arena_id,
+                  std::span<const uint64_t> offsets, uint64_t chunk_bytes,
+                  std::span<uint8_t> out) -> absl::Status {
+    std::lock_guard lock(mapped->mu);
+    std::unique_ptr<cuda::MappedHbmArena>& arena = mapped->arenas[arena_id];
+    if (arena == nullptr) {
+      absl::StatusOr<std::unique_ptr<cuda::MappedHbmArena>> m =
+          cuda::MappedHbmArena::Open(handle, device);
+      if (!m.ok()) {
+        mapped->arenas.erase(arena_id);
+        return m.status();
+      }
+      arena = *std::move(m);
+    }
+    std::vector<cuda::HbmChunk> chunks;
+    for (uint64_t at : offsets) chunks.push_back({at, chunk_bytes});
+    return arena->CopyToHost(chunks, out);
+  };
+#else
+  return nullptr;
+#endif
 }
 
 }  // namespace kvc::model

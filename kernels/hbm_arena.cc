@@ -126,4 +126,26 @@ absl::Status MappedHbmArena::CopyToPages(std::span<const HbmChunk> chunks, Devic
   return absl::OkStatus();
 }
 
+absl::Status MappedHbmArena::CopyToHost(std::span<const HbmChunk> chunks,
+                                        std::span<uint8_t> out) const {
+  uint64_t total = 0;
+  for (const HbmChunk& c : chunks) total += c.length;
+  if (total != out.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(chunks.size(), " chunks hold ", total, " bytes; the buffer has ", out.size()));
+  }
+  if (absl::Status s = FromCuda(cudaSetDevice(device_), "select the HBM tier's GPU"); !s.ok())
+    return s;
+  uint8_t* at = out.data();
+  for (const HbmChunk& c : chunks) {
+    if (absl::Status s =
+            FromCuda(cudaMemcpy(at, base_ + c.offset, c.length, cudaMemcpyDeviceToHost),
+                     "copy a chunk out of the HBM tier");
+        !s.ok())
+      return s;
+    at += c.length;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kvc::cuda

@@ -44,6 +44,10 @@ class MappedHbmArena {
   // first, first + 1, … of `pages`; complete after pages.Synchronize().
   [[nodiscard]] absl::Status CopyToPages(std::span<const HbmChunk> chunks, DevicePages& pages,
                                          int64_t first) const;
+  // Copies `chunks` one after another into `out` (exactly their total length), done when it
+  // returns: for an engine whose pages live in host memory.
+  [[nodiscard]] absl::Status CopyToHost(std::span<const HbmChunk> chunks,
+                                        std::span<uint8_t> out) const;
 
  private:
   MappedHbmArena() = default;

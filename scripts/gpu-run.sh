@@ -5,7 +5,7 @@
 # against the CPU), kvgen's CPU and CUDA backends on one prompt (their logits must be the
 # same bits), the engine at the reference's layer shapes (configs/reference-shaped.json:
 # prefill and decode tokens/s at 16K and 128K contexts), the TTFT of a resume through
-# kvcached from RAM and from SSD, the main job (kvdemo), `kvbench engine` and `kvbench
+# kvcached from RAM, HBM (over CUDA IPC) and SSD, the main job (kvdemo), `kvbench engine` and `kvbench
 # kernels`, then compute-sanitizer with what time is left. A step that would not fit says
 # so in its row. Prints one short table last; logs and full outputs go to OUT_DIR.
 # Usage: scripts/gpu-run.sh BIN_DIR TEST_DIR CONFIG_DIR [OUT_DIR]
@@ -109,23 +109,23 @@ else
 fi
 
 # 2a'. TTFT of a resume through kvcached (mini config, CUDA engine): the cached prefix
-# fetched from the RAM tier, and after a restart from SSD, beside a cold prefill. From
-# HBM: not measured — the engine resumes from host pages (docs/gpu.md).
+# fetched from the RAM tier, read out of kvcached's HBM tier over CUDA IPC, and after a
+# restart from SSD, beside a cold prefill.
 limit=$(budget 120)
 if [ "$limit" -eq 0 ]; then
   row "resume TTFT (cuda)" "not run: time budget spent"
 else
   timeout "$limit" "$bin/kvbench" e2e --config "$configs/mini.json" --backend cuda \
     --dir "$out/e2e-scratch" --prefix-tokens 16384 --new-tokens 512 --new-token-sweep 512 \
-    --sweep-prefix 16384 --reps 1 --json >"$out/e2e-cuda.json" 2>"$out/e2e-cuda.err"
+    --sweep-prefix 16384 --reps 1 --hbm-bytes 1073741824 --json >"$out/e2e-cuda.json" \
+    2>"$out/e2e-cuda.err"
   rc=$?
-  for tier in ram ssd; do
+  for tier in ram hbm ssd; do
     line=$(tr -d ' \n' <"$out/e2e-cuda.json" | tr '{' '\n' | grep "\"tier\":\"$tier\"" | head -1)
     get() { echo "$line" | grep -oE "\"$1\":[0-9.e+-]+" | cut -d: -f2; }
     [ -n "$line" ] && row "resume 16K + 512 new from $tier (cuda)" \
       "TTFT $(get ttft_warm_ms) ms vs cold $(get ttft_cold_ms) ms"
   done
-  row "resume from HBM (cuda)" "not measured: the engine resumes from host pages"
   [ $rc -ne 0 ] && row "kvbench e2e --backend cuda" "$(verdict $rc) (e2e-cuda.err)"
   rm -rf "$out/e2e-scratch"
 fi

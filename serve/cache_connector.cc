@@ -6,6 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/client.h"
 
 namespace kvc::serve {
 namespace {
@@ -99,12 +100,33 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
         absl::StrAppend(&r->nodes, r->nodes.empty() ? "" : " ", node, ":", count);
       }
       pages.resize(keys.size() * model_.layout().chunk_bytes);
+      // The leading chunks in the daemon's HBM tier, for an engine that can read them there.
+      size_t in_hbm = 0;
+      while (opt_.hbm_reader && in_hbm < keys.size() &&
+             look->tiers[in_hbm] == kvcache::v1::TIER_HBM)
+        ++in_hbm;
       // Fetch on another thread while the engine runs the layers that read no page.
-      std::string short_reason;
+      std::string short_reason, hbm_warning;
       std::future<absl::StatusOr<size_t>> fetch =
           std::async(std::launch::async, [&]() -> absl::StatusOr<size_t> {
             const auto tf = Clock::now();
-            absl::StatusOr<size_t> fetched = client_->Fetch(*ns_, keys, pages, &short_reason);
+            const size_t cb = static_cast<size_t>(model_.layout().chunk_bytes);
+            const size_t from_hbm =
+                in_hbm == 0 ? 0
+                            : static_cast<size_t>(ReadFromHbm(
+                                  *client_, std::span(keys).first(in_hbm), pages, &hbm_warning));
+            r->hbm_chunks = static_cast<int64_t>(from_hbm);
+            absl::StatusOr<size_t> fetched = from_hbm;
+            if (from_hbm < keys.size()) {
+              fetched = client_->Fetch(*ns_, std::span(keys).subspan(from_hbm),
+                                       std::span(pages).subspan(from_hbm * cb), &short_reason);
+              if (fetched.ok()) {
+                *fetched += from_hbm;
+              } else if (from_hbm > 0) {  // what came from HBM is a prefix to resume from
+                short_reason = std::string(fetched.status().message());
+                fetched = from_hbm;
+              }
+            }
             r->fetch_ms = Ms(tf);
             return fetched;
           });
@@ -128,6 +150,7 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
           },
           want* C, prompt, opt_.replay);
       if (fetch.valid()) fetch.wait();  // Resume refused before asking for the pages
+      if (!hbm_warning.empty()) r->warnings.push_back(hbm_warning);
       if (logits.ok()) {
         r->reused_tokens = want * C;
       } else {
@@ -170,6 +193,40 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
   for (const std::string& w : r->warnings)
     std::fprintf(stderr, "kvcache: warning: %s\n", w.c_str());
   return logits;
+}
+
+int64_t CacheConnector::ReadFromHbm(cachesvc::CacheApi& client,
+                                    std::span<const storage::ChunkKey> keys,
+                                    std::span<uint8_t> pages, std::string* warning) {
+  auto* direct = dynamic_cast<cachesvc::CacheClient*>(&client);
+  if (direct == nullptr) return 0;  // a cluster: no one daemon's GPU to read from
+  absl::StatusOr<cachesvc::DeviceRefs> refs = direct->FetchDeviceRefs(*ns_, keys);
+  if (!refs.ok()) {
+    *warning = absl::StrCat("HBM chunks not leased (", refs.status().message(), "): fetched");
+    return 0;
+  }
+  if (refs->lease_id == 0) return 0;
+  const uint64_t cb = static_cast<uint64_t>(model_.layout().chunk_bytes);
+  std::vector<uint64_t> offsets;
+  absl::Status read = absl::OkStatus();
+  for (const cachesvc::DeviceRefs::Chunk& c : refs->chunks) {
+    if (c.length != cb) {
+      read = absl::DataLossError(
+          absl::StrCat("an HBM chunk of ", c.length, " bytes; the engine's pages have ", cb));
+      break;
+    }
+    offsets.push_back(c.offset);
+  }
+  if (read.ok()) {
+    read = opt_.hbm_reader(refs->ipc_handle, refs->device, refs->arena_id, offsets, cb,
+                           pages.first(offsets.size() * cb));
+  }
+  (void)direct->ReleaseDeviceRefs(refs->lease_id);  // the lease also ends by itself
+  if (!read.ok()) {
+    *warning = absl::StrCat("HBM chunks not read over CUDA IPC (", read.message(), "): fetched");
+    return 0;
+  }
+  return static_cast<int64_t>(offsets.size());
 }
 
 void CacheConnector::StoreNewChunks(const model::Sequence& seq) {

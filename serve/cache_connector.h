@@ -17,7 +17,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -33,6 +35,13 @@ struct ConnectorOptions {
   std::string model_id = "kvcache-engine";
   model::ReplayMode replay = model::ReplayMode::kBounded;
   model::PrefillMode cold_mode = model::PrefillMode::kCed;
+  // Reads chunks leased in kvcached's HBM tier over CUDA IPC, for an engine on the daemon's
+  // GPU (model::MakeHbmChunkReader): the chunks a lookup finds in HBM are copied out of the
+  // daemon's device memory instead of sent by Fetch. Null: they come by Fetch like the rest.
+  std::function<absl::Status(std::string_view ipc_handle, int device, uint64_t arena_id,
+                             std::span<const uint64_t> offsets, uint64_t chunk_bytes,
+                             std::span<uint8_t> out)>
+      hbm_reader;
   // Test hook: runs between Lookup and Fetch (to evict a chunk in between).
   std::function<void(const std::vector<storage::ChunkKey>&)> after_lookup;
 };
@@ -53,6 +62,7 @@ struct TurnReport {
   // rest of fetch_ms was hidden behind them).
   double fetch_wait_ms = 0;
   uint64_t fetched_bytes = 0;
+  int64_t hbm_chunks = 0;  // of those, the chunks copied out of the daemon's HBM over CUDA IPC
   std::vector<std::string> warnings;  // why the cache was not (fully) used
 };
 
@@ -80,6 +90,10 @@ class CacheConnector {
  private:
   CacheConnector(const model::Model& m, ConnectorOptions o) : model_(m), opt_(std::move(o)) {}
   void StoreLoop();
+  // Copies the leading chunks of `keys` that the daemon's HBM tier holds into `pages` with
+  // opt_.hbm_reader; returns how many (0, saying why in `warning`, when that fails).
+  int64_t ReadFromHbm(cachesvc::CacheApi& client, std::span<const storage::ChunkKey> keys,
+                      std::span<uint8_t> pages, std::string* warning);
 
   const model::Model& model_;
   ConnectorOptions opt_;

@@ -176,6 +176,8 @@ int Main(int argc, char** argv) {
   copt.model_config_json = kEmbeddedMiniConfig;
   copt.model_id = "mini-seed1";
   copt.replay = replay == "exact" ? model::ReplayMode::kExact : model::ReplayMode::kBounded;
+  // On the GPU the chunks a co-located kvcached holds in HBM come out over CUDA IPC.
+  if (backend != "cpu") copt.hbm_reader = model::MakeHbmChunkReader();
   if (!external_cache.empty()) {
     say(absl::StrCat("kvdemo: the cache at ", external_cache, "\n"));
     copt.client.address = external_cache;

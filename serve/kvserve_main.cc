@@ -102,6 +102,8 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
   o.model_config_json = config_text.str();
   o.model_id = fs::path(weights).filename().string();
   o.replay = replay == "exact" ? model::ReplayMode::kExact : model::ReplayMode::kBounded;
+  // On the GPU the chunks a co-located kvcached holds in HBM come out over CUDA IPC.
+  if (backend != "cpu") o.hbm_reader = model::MakeHbmChunkReader();
   std::unique_ptr<CacheConnector> connector = CacheConnector::Create(m, o);
   absl::StatusOr<TurnResult> turn = RunTurn(m, *connector, context, max_new);
   if (!turn.ok()) return turn.status();

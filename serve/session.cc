@@ -38,6 +38,7 @@ nlohmann::json TurnJson(const TurnResult& t) {
           {"prefilled_tokens", {{"encoder", r.encoder_tokens}, {"decoder", r.decoder_tokens}}},
           {"replayed_tokens", r.replayed_tokens},
           {"fetched_bytes", r.fetched_bytes},
+          {"hbm_chunks", r.hbm_chunks},
           {"fetch_ms", r.fetch_ms},
           {"fetch_wait_ms", r.fetch_wait_ms},
           {"ttft_ms", r.ttft_ms},

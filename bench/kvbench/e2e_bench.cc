@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/kvbench/harness.h"
+#include "cachesvc/client.h"
 #include "engine/model/weights.h"
 #include "serve/cache_connector.h"
 #include "serve/kvcached_process.h"
@@ -58,17 +59,25 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
   if (!loaded.ok()) return loaded.status();
   const model::Model& m = **loaded;
 
-  serve::KvcachedProcess daemon(
-      o.kvcached, (fs::path(o.dir) / "kvcached").string(),
-      {"--ram-bytes", std::to_string(1ull << 30), "--ssd-bytes", std::to_string(4ull << 30)});
+  std::vector<std::string> flags = {"--ram-bytes", std::to_string(1ull << 30), "--ssd-bytes",
+                                    std::to_string(4ull << 30)};
+  if (o.hbm_bytes > 0) flags.insert(flags.end(), {"--hbm-bytes", std::to_string(o.hbm_bytes)});
+  model::HbmChunkReader hbm_reader;
+  if (o.hbm_bytes > 0) {
+    hbm_reader = model::MakeHbmChunkReader();
+    if (!hbm_reader) return absl::FailedPreconditionError("--hbm-bytes needs a CUDA device");
+  }
+  serve::KvcachedProcess daemon(o.kvcached, (fs::path(o.dir) / "kvcached").string(), flags);
   if (absl::Status s = daemon.Start(); !s.ok()) return s;
   serve::ConnectorOptions copt;
   copt.model_config_json = config_text.str();
   copt.model_id = "kvbench-e2e";
   copt.replay = model::ReplayMode::kBounded;
-  auto connect = [&] {
+  // `from_hbm`: an engine that reads chunks in HBM out over CUDA IPC (else it fetches them).
+  auto connect = [&](bool from_hbm = false) {
     copt.client.address = daemon.address();
     copt.client.shm_socket = daemon.shm_socket();
+    copt.hbm_reader = from_hbm ? hbm_reader : nullptr;
     return serve::CacheConnector::Create(m, copt);
   };
   std::unique_ptr<serve::CacheConnector> cache = connect();
@@ -90,8 +99,19 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
       cache->Drain();
     }
     std::vector<std::string> tiers = {"ram"};
+    if (o.hbm_bytes > 0) tiers.push_back("hbm");
     if (ssd) tiers.push_back("ssd");
     for (const std::string& tier : tiers) {
+      std::unique_ptr<serve::CacheConnector> hbm_cache;
+      if (tier == "hbm") {  // a lease brings the prefix into HBM; the engine reads it there
+        auto* client = dynamic_cast<cachesvc::CacheClient*>(cache->client());
+        if (client == nullptr) return absl::InternalError("no direct client for the HBM tier");
+        absl::StatusOr<cachesvc::DeviceRefs> refs =
+            client->FetchDeviceRefs(*cache->ns(), client->Keys(*cache->ns(), prompt));
+        if (!refs.ok()) return refs.status();
+        if (absl::Status s = client->ReleaseDeviceRefs(refs->lease_id); !s.ok()) return s;
+        hbm_cache = connect(/*from_hbm=*/true);
+      }
       if (tier == "ssd") {
         cache.reset();
         daemon.Stop(SIGTERM);
@@ -99,6 +119,8 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
         cache = connect();
         if (!cache->connected()) return absl::UnavailableError(cache->connect_error());
       }
+      // After a restart for SSD: `cache` is a new connector.
+      serve::CacheConnector& via = hbm_cache ? *hbm_cache : *cache;
       std::vector<double> cold, warm;
       serve::TurnReport report;
       for (int r = 0; r < o.repetitions; ++r) {
@@ -107,9 +129,13 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
                      r + 1);
         // Warm first on the SSD case: a fetch promotes the chunks to RAM.
         model::Sequence w = m.NewSequence();
-        if (absl::StatusOr<std::vector<float>> l = cache->Prefill(w, prompt, &report); !l.ok())
+        if (absl::StatusOr<std::vector<float>> l = via.Prefill(w, prompt, &report); !l.ok())
           return l.status();
         if (!report.warnings.empty()) return absl::InternalError(report.warnings[0]);
+        if (tier == "hbm" && report.hbm_chunks * m.layout().chunk_tokens != report.reused_tokens) {
+          return absl::InternalError(absl::StrCat("the resume read ", report.hbm_chunks,
+                                                  " chunks out of HBM, not all it reused"));
+        }
         warm.push_back(report.ttft_ms);
         model::Sequence c = m.NewSequence();
         const auto t = Clock::now();
@@ -126,6 +152,7 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
            {"tier", report.tier},
            {"reused_tokens", report.reused_tokens},
            {"fetched_bytes", report.fetched_bytes},
+           {"hbm_chunks", report.hbm_chunks},
            {"ttft_cold_ms", Median(cold)},
            {"ttft_warm_ms", Median(warm)},
            {"speedup", Median(cold) / Median(warm)},
@@ -187,6 +214,7 @@ std::string PlotE2e(const nlohmann::json& r, const std::string& png) {
       if (c["new_tokens"] != r["cases"][0]["new_tokens"]) continue;
       auto& row = rows[c["prefix_tokens"].get<int64_t>()];
       row[0] = c["ttft_cold_ms"].get<double>();
+      if (c["tier"] == "hbm") continue;  // the plot shows RAM and SSD
       row[c["tier"] == "ssd" ? 2 : 1] = c["ttft_warm_ms"].get<double>();
     }
     for (const auto& [p, v] : rows) d << p << " " << v[0] << " " << v[1] << " " << v[2] << "\n";

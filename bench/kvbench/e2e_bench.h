@@ -24,6 +24,9 @@ struct E2eBenchOptions {
   std::vector<int64_t> new_token_sweep = {256, 4096};  // at sweep_prefix
   int64_t sweep_prefix = 16384;
   int repetitions = 2;
+  // > 0: kvcached gets an HBM tier of this many bytes and the engine (a GPU backend) also
+  // resumes from it, reading the chunks out over CUDA IPC (tier "hbm").
+  uint64_t hbm_bytes = 0;
   std::string plot;  // PNG path (gnuplot), empty: none
 };
 

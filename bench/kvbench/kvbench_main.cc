@@ -6,7 +6,7 @@
 //                  [--full-depth-max N] [--decode-tokens N] [--resume-prefix N]
 //                  [--resume-new N] [--reps N] [--backend cpu|cuda|cublas] [--json]
 //   kvbench e2e [--config FILE] [--prefix-tokens 4096,16384,65536] [--new-tokens N]
-//               [--new-token-sweep 256,4096] [--reps N] [--plot FILE.png] [--json]
+//               [--new-token-sweep 256,4096] [--hbm-bytes B] [--reps N] [--plot FILE.png] [--json]
 //   kvbench cluster [--nodes 1,3] [--clients 1,4] [--seconds S] [--reps N] [--json]
 //   kvbench trace --trace FILE [--config FILE] [--chunk-tokens C] [--limit N] [--speedup X]
 //                 [--concurrency N] [--ram-bytes B] [--ssd-bytes B] [--json]
@@ -223,6 +223,8 @@ int Main(int argc, char** argv) {
   e2e->add_option("--sweep-prefix", xopt.sweep_prefix, "cached prefix of the new-token sweep")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  e2e->add_option("--hbm-bytes", xopt.hbm_bytes,
+                  "give kvcached an HBM tier and resume from it too (a GPU backend)");
   e2e->add_option("--reps", xopt.repetitions, "alternated runs per case")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -1,14 +1,20 @@
 // The HBM tier end to end on a GPU: kvcached with --hbm-bytes promotes stored chunks into
 // device memory; this process maps the arena over CUDA IPC and copies them device-to-
 // device into its DevicePages, byte-identical to what was stored; repeat fetches hit T0;
-// a deleted chunk ends the prefix. Skipped, saying so, where there is no GPU.
+// a deleted chunk ends the prefix; an engine resuming from chunks in HBM reads them out
+// over CUDA IPC and gets the logits of the same resume from RAM. Skipped, saying so, where
+// there is no GPU.
+#include <cstring>
 #include <random>
 
+#include "backends/select.h"
 #include "cachesvc/client.h"
+#include "engine/model/weights.h"
 #include "gtest/gtest.h"
 #include "kernels/device_pages.h"
 #include "kernels/hbm_arena.h"
 #include "kernels/kv_dequant.h"
+#include "serve/cache_connector.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
@@ -75,6 +81,70 @@ TEST(HbmIpcTest, ChunksPromotedToHbmReachDevicePagesByIpc) {
   refs = client->FetchDeviceRefs(*ns, keys);
   ASSERT_TRUE(refs.ok()) << refs.status();
   EXPECT_EQ(refs->chunks.size(), 3u);
+}
+
+// The engine's side of T0: a co-located engine resuming from chunks the daemon holds in
+// HBM copies them out of the daemon's device memory over CUDA IPC (not by Fetch), and its
+// logits are those of the same resume from chunks fetched from RAM — and of a cold prefill
+// (exact replay), bit for bit.
+TEST(HbmIpcTest, AnEngineResumesFromChunksReadOutOfHbm) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the HBM tier cannot start here";
+  testing::TempDir dir;
+  testing::Daemon daemon(dir.File("data"), {"--hbm-bytes", std::to_string(64 << 20)});
+  const std::string config = testing::ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+  const ModelConfig c = *ParseModelConfig(config);
+  const uint64_t seed = testing::FreshSeed();
+  const std::string w = dir.File("mini.safetensors");
+  ASSERT_TRUE(model::WriteRandomWeights(c, *BuildLayerSchedule(c), seed, w).ok());
+  absl::StatusOr<std::unique_ptr<model::Model>> m = model::Model::Load(c, w);
+  ASSERT_TRUE(m.ok()) << m.status();
+  serve::ConnectorOptions o;
+  o.client.address = daemon.address();
+  o.client.timeout_ms = 5000;
+  o.model_config_json = config;
+  o.model_id = "mini-hbm";
+  o.replay = model::ReplayMode::kExact;
+  std::unique_ptr<serve::CacheConnector> fetching = serve::CacheConnector::Create(**m, o);
+  ASSERT_TRUE(fetching->connected()) << fetching->connect_error();
+  const int64_t C = (*m)->layout().chunk_tokens;
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> prompt(5 * C + 9);
+  for (uint32_t& t : prompt) t = static_cast<uint32_t>(3 + rng() % 500);
+
+  // Cold, its chunks stored; then resumed from RAM by Fetch.
+  model::Sequence s0 = (*m)->NewSequence(), s1 = (*m)->NewSequence(), s2 = (*m)->NewSequence();
+  serve::TurnReport r0, r1, r2;
+  absl::StatusOr<std::vector<float>> cold = fetching->Prefill(s0, prompt, &r0);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  fetching->StoreNewChunks(s0);
+  ASSERT_EQ(fetching->Drain(), 5);
+  absl::StatusOr<std::vector<float>> from_ram = fetching->Prefill(s1, prompt, &r1);
+  ASSERT_TRUE(from_ram.ok()) << from_ram.status();
+  EXPECT_EQ(r1.reused_tokens, 5 * C);
+  EXPECT_EQ(r1.hbm_chunks, 0);
+
+  // A lease brings them into HBM; an engine with the reader then copies them out of it.
+  auto* client = dynamic_cast<CacheClient*>(fetching->client());
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<DeviceRefs> refs =
+      client->FetchDeviceRefs(*fetching->ns(), client->Keys(*fetching->ns(), prompt));
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  ASSERT_EQ(refs->chunks.size(), 5u);
+  ASSERT_TRUE(client->ReleaseDeviceRefs(refs->lease_id).ok());
+  o.hbm_reader = model::MakeHbmChunkReader();
+  ASSERT_TRUE(o.hbm_reader != nullptr);
+  std::unique_ptr<serve::CacheConnector> reading = serve::CacheConnector::Create(**m, o);
+  absl::StatusOr<std::vector<float>> from_hbm = reading->Prefill(s2, prompt, &r2);
+  ASSERT_TRUE(from_hbm.ok()) << from_hbm.status();
+  EXPECT_EQ(r2.tier, "hbm");
+  EXPECT_EQ(r2.reused_tokens, 5 * C);
+  EXPECT_EQ(r2.hbm_chunks, 5);
+  EXPECT_TRUE(r2.warnings.empty()) << r2.warnings.front();
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same_bits(*from_hbm, *from_ram)) << "seed " << seed;
+  EXPECT_TRUE(same_bits(*from_hbm, *cold)) << "seed " << seed;
 }
 
 }  // namespace
