@@ -45,6 +45,35 @@ absl::Status QuantizeOnDevice(KvFormat format, std::span<const float> x, std::sp
   return absl::OkStatus();
 }
 
+RoundedFormat RoundedFormatOf(KvFormat format) {
+  switch (format) {
+    case KvFormat::kMainKv:
+      return RoundedFormat::kMainFp4;
+    case KvFormat::kIndexK:
+      return RoundedFormat::kIndexFp4;
+    case KvFormat::kSwaKv:
+      return RoundedFormat::kWindowFp8;
+  }
+  return RoundedFormat::kWindowFp8;
+}
+
+int MaxScaleCode(KvFormat format) {
+  return MaxFiniteE8M0(format == KvFormat::kSwaKv ? 448.0f : 6.0f);
+}
+
+absl::StatusOr<std::vector<float>> FakeQuantizeOnDevice(KvFormat format, std::span<const float> x) {
+  const int64_t n = static_cast<int64_t>(x.size()), block = SpecOf(format).scale_block;
+  if (n % block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("round ", n, " values to ", SpecOf(format).name,
+                                                   ": not whole blocks of ", block));
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  DeviceBuffer<float> dx(x);
+  CUDA_CHECK(LaunchFakeQuantize(RoundedFormatOf(format), static_cast<int>(block),
+                                MaxScaleCode(format), dx.get(), n, nullptr));
+  return dx.ToHost();
+}
+
 absl::StatusOr<std::vector<float>> IndexerScoresOnDevice(std::span<const float> qi,
                                                          std::span<const float> w,
                                                          std::span<const float> keys,

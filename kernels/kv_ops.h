@@ -12,12 +12,21 @@
 #include "engine/spec/kv_codec.h"
 #include "kernels/attention_kernel.cuh"
 #include "kernels/device_pages.h"
+#include "kernels/kv_ops_kernel.cuh"
 
 namespace kvc::cuda {
 
 // The CPU codec's Quantize for the stored formats (main, index), on the device.
 [[nodiscard]] absl::Status QuantizeOnDevice(KvFormat format, std::span<const float> x,
                                             std::span<uint8_t> codes, std::span<uint8_t> scales);
+
+// The CPU codec's FakeQuantize (every format: main and index FP4, the window's FP8), on
+// the device: x rounded to the format and back.
+[[nodiscard]] absl::StatusOr<std::vector<float>> FakeQuantizeOnDevice(KvFormat format,
+                                                                      std::span<const float> x);
+// The device's name of a format, and the scale cap its kernels take.
+RoundedFormat RoundedFormatOf(KvFormat format);
+int MaxScaleCode(KvFormat format);
 
 // Indexer scores of `queries` queries (heads × dim each, with head weights) against
 // `positions` keys; query q sees keys t < visible[q]. Returns queries × positions.

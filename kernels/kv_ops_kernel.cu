@@ -48,6 +48,39 @@ __global__ void QuantizeFp4Kernel(Fp4Scale scale, int block, int max_e8m0, const
   }
 }
 
+// One thread per scale block: its scale as the CPU codec's BlockScaleCode and ScaleValue,
+// then each value's element code and back, times the scale (kv_codec.cc's FakeQuantize).
+__global__ void FakeQuantizeKernel(RoundedFormat format, int block, int max_e8m0, float* x,
+                                   int64_t blocks) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  float* xb = x + b * block;
+  float amax = 0.0f;
+  for (int i = 0; i < block; ++i) {
+    const float a = fabsf(xb[i]);
+    if (a > amax) amax = a;  // false for NaN: ignored, as on the CPU
+  }
+  const bool fp8 = format == RoundedFormat::kWindowFp8;
+  float s;
+  if (format == RoundedFormat::kMainFp4) {
+    s = E4M3Value(EncodeE4M3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f));
+  } else if (fp8) {
+    s = E8M0Value(E8M0CeilPow2(fmaxf(amax, 1e-4f) / 448.0f, max_e8m0));
+  } else {
+    s = E8M0Value(E8M0CeilPow2(fmaxf(amax, 6.0f * 0x1p-126f) / 6.0f, max_e8m0));
+  }
+  for (int i = 0; i < block; ++i) {
+    const float v = xb[i];
+    if (isnan(v)) {
+      xb[i] = 0.0f * s;
+    } else if (fp8) {
+      xb[i] = E4M3Value(EncodeE4M3(fminf(fmaxf(v / s, -448.0f), 448.0f))) * s;
+    } else {
+      xb[i] = E2M1Value(EncodeE2M1(fminf(fmaxf(v / s, -6.0f), 6.0f))) * s;
+    }
+  }
+}
+
 __global__ void IndexerScoresKernel(const float* qi, const float* w, const float* keys,
                                     const int32_t* visible, int64_t queries, int64_t heads,
                                     int64_t dim, int64_t positions, float* score) {
@@ -166,6 +199,16 @@ cudaError_t LaunchQuantizeFp4(Fp4Scale scale, int scale_block, int max_e8m0, con
   constexpr int kThreads = 128;
   QuantizeFp4Kernel<<<static_cast<unsigned>((blocks + kThreads - 1) / kThreads), kThreads, 0,
                       stream>>>(scale, scale_block, max_e8m0, x, blocks, codes, scales);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFakeQuantize(RoundedFormat format, int scale_block, int max_e8m0, float* x,
+                               int64_t n, cudaStream_t stream) {
+  const int64_t blocks = n / scale_block;
+  if (blocks == 0) return cudaSuccess;
+  constexpr int kThreads = 128;
+  FakeQuantizeKernel<<<static_cast<unsigned>((blocks + kThreads - 1) / kThreads), kThreads, 0,
+                       stream>>>(format, scale_block, max_e8m0, x, blocks);
   return cudaGetLastError();
 }
 

@@ -19,6 +19,14 @@ namespace kvc::cuda {
 cudaError_t LaunchQuantizeFp4(Fp4Scale scale, int scale_block, int max_e8m0, const float* x,
                               int64_t n, uint8_t* codes, uint8_t* scales, cudaStream_t stream);
 
+// The CPU codec's FakeQuantize, in place: each block of scale_block values rounded to its
+// format and back. kMainFp4 and kIndexFp4 as LaunchQuantizeFp4 (E2M1 elements, E4M3 or
+// capped E8M0 scales); kWindowFp8 (the window KV row) E4M3 elements clamped to ±448 under
+// the E8M0 ceiling power of two of max(amax, 1e-4)/448 capped at max_e8m0. NaN rounds to 0.
+enum class RoundedFormat { kMainFp4, kIndexFp4, kWindowFp8 };
+cudaError_t LaunchFakeQuantize(RoundedFormat format, int scale_block, int max_e8m0, float* x,
+                               int64_t n, cudaStream_t stream);
+
 // score[q][t] = Σ_h relu(Σ_i qi[q][h][i]·keys[t][i]) · w[q][h] for t < visible[q]
 // (-inf past it); keys are dequantized rows (dim floats each).
 cudaError_t LaunchIndexerScores(const float* qi, const float* w, const float* keys,

@@ -101,6 +101,32 @@ TEST_F(KvOpsCudaTest, QuantizeMatchesTheCpuCodecByteForByte) {
   }
 }
 
+// Rounding to a format and back (the window KV row's FP8, the index query's FP4) is the
+// CPU codec's, bit for bit: values of every magnitude, and blocks with NaN, inf and zeros.
+TEST_F(KvOpsCudaTest, FakeQuantizeMatchesTheCpuCodecBitForBit) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (KvFormat f : {KvFormat::kSwaKv, KvFormat::kIndexK, KvFormat::kMainKv}) {
+    for (float scale : {1e-9f, 1e-6f, 0.3f, 4.0f, 3000.0f, 1e30f}) {
+      std::vector<float> x = NormalFloats(rng, 64 * 64, scale);
+      x[3] = NAN;                                       // block 0: a NaN
+      x[40] = INFINITY;                                 // block 1: inf
+      std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // a block of zeros
+      x[200] = -INFINITY;
+      std::vector<float> want = x;
+      FakeQuantize(f, want);
+      absl::StatusOr<std::vector<float>> got = FakeQuantizeOnDevice(f, x);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&(*got)[i], &want[i], 4), 0)
+            << SpecOf(f).name << ", values of scale " << scale << ", element " << i << ": "
+            << (*got)[i] << " vs the CPU's " << want[i];
+      }
+    }
+  }
+  EXPECT_FALSE(FakeQuantizeOnDevice(KvFormat::kSwaKv, std::vector<float>(33, 1.0f)).ok());
+}
+
 // Scores of `queries` random queries (heads × dim) against `positions` random keys, FP4
 // rounded as the pages hold them when `fp4`, each the CPU's bits.
 void ExpectIndexerScoresAreTheCpus(std::mt19937_64& rng, int64_t queries, int64_t heads,
