@@ -49,6 +49,7 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     xs += static_cast<size_t>(c.m * k);
     model::CheckChain(calls, i);
     if (c.input_of >= 0) xs += static_cast<size_t>(k);  // the norm's weight
+    if (c.pool_ratio > 0) xs += static_cast<size_t>(2 * c.m * c.pool_ratio * k);  // pooled rows
     ys += static_cast<size_t>(c.m * c.w->out_features());
     if (c.w->out_features() > 0 && !weights_.contains(c.w->packed().data())) {
       transient[i] = Layout(*c.w, storage[i]);
@@ -88,6 +89,35 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
       continue;
     }
     x_at[i] = xo;
+    if (c.pool_ratio > 0) {
+      // [input m × k][norm k][kv rows × k][score rows × k]: the pending rows go up, this
+      // group's follow them device-to-device, then pool and normalize where they are.
+      const int64_t rows = c.m * c.pool_ratio, fresh = rows - c.pool_pending;
+      const size_t pend = static_cast<size_t>(c.pool_pending * k),
+                   all = static_cast<size_t>(rows * k);
+      float* h_at = h_x + xo + x_floats;
+      float* d_norm = d_x + xo + x_floats;
+      float* d_kv = d_norm + k;
+      float* d_score = d_kv + all;
+      std::memcpy(h_at, c.norm_weight, static_cast<size_t>(k) * sizeof(float));
+      if (pend > 0) {
+        std::memcpy(h_at + k, c.pool_kv, pend * sizeof(float));
+        std::memcpy(h_at + k + all, c.pool_score, pend * sizeof(float));
+      }
+      CUDA_CHECK(cudaMemcpyAsync(d_norm, h_at, (k + 2 * all) * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_));
+      const size_t fresh_bytes = static_cast<size_t>(fresh * k) * sizeof(float);
+      CUDA_CHECK(cudaMemcpyAsync(d_kv + pend, d_y + y_at[c.input_of], fresh_bytes,
+                                 cudaMemcpyDeviceToDevice, stream_));
+      CUDA_CHECK(cudaMemcpyAsync(d_score + pend, d_y + y_at[c.score_of], fresh_bytes,
+                                 cudaMemcpyDeviceToDevice, stream_));
+      CUDA_CHECK(LaunchPoolGroups(d_kv, d_score, c.m, c.pool_ratio, k, d_x + xo, stream_));
+      CUDA_CHECK(LaunchRmsNorm(d_x + xo, d_norm, c.m, k, c.norm_eps, d_x + xo, stream_));
+      Launch(d_x + xo, c.m, k, d_w, n, d_y + yo, stream_);
+      xo += x_floats + static_cast<size_t>(k) + 2 * all;
+      yo += static_cast<size_t>(c.m * n);
+      continue;
+    }
     if (c.input_of >= 0) {
       float* d_norm = d_x + xo + x_floats;
       std::memcpy(h_x + xo + x_floats, c.norm_weight, static_cast<size_t>(k) * sizeof(float));

@@ -1,6 +1,7 @@
 #include "engine/model/matmul.h"
 
 #include "engine/cpu/ops.h"
+#include "engine/model/layer_ops.h"
 #include "engine/spec/check.h"
 
 namespace kvc::model {
@@ -24,6 +25,20 @@ void CheckChain(std::span<const GemmCall> calls, size_t i) {
   const GemmCall& c = calls[i];
   if (c.input_of < 0) return;
   const int64_t k = c.w->in_features();
+  if (c.pool_ratio > 0) {
+    const bool fits =
+        static_cast<size_t>(c.input_of) < i && c.score_of >= 0 &&
+        static_cast<size_t>(c.score_of) < i && calls[c.input_of].w->out_features() == k &&
+        calls[c.score_of].w->out_features() == k && calls[c.score_of].m == calls[c.input_of].m &&
+        c.pool_pending >= 0 && c.m * c.pool_ratio <= c.pool_pending + calls[c.input_of].m &&
+        (c.pool_pending == 0 || (c.pool_kv != nullptr && c.pool_score != nullptr)) &&
+        c.norm_weight != nullptr;
+    KVC_CHECK(fits) << "product " << i << " of a group pools " << c.m << " groups of "
+                    << c.pool_ratio << " rows from " << c.pool_pending
+                    << " pending rows and products " << c.input_of << ", " << c.score_of
+                    << ", which do not hold them (or has no norm weight)";
+    return;
+  }
   KVC_CHECK(static_cast<size_t>(c.input_of) < i && calls[c.input_of].m == c.m &&
             calls[c.input_of].w->out_features() == k && c.norm_weight != nullptr)
       << "product " << i << " of a group chains product " << c.input_of
@@ -31,13 +46,24 @@ void CheckChain(std::span<const GemmCall> calls, size_t i) {
       << " (or has no norm weight)";
 }
 
+void PooledRows(std::span<const GemmCall> calls, size_t i, std::vector<float>& kv,
+                std::vector<float>& score) {
+  const GemmCall& c = calls[i];
+  const int64_t k = c.w->in_features(), rows = c.m * c.pool_ratio;
+  const int64_t fresh = rows - c.pool_pending;
+  kv.assign(c.pool_kv, c.pool_kv + c.pool_pending * k);
+  score.assign(c.pool_score, c.pool_score + c.pool_pending * k);
+  kv.insert(kv.end(), calls[c.input_of].y, calls[c.input_of].y + fresh * k);
+  score.insert(score.end(), calls[c.score_of].y, calls[c.score_of].y + fresh * k);
+}
+
 size_t SameChainedInput(std::span<const GemmCall> calls, size_t i) {
   const GemmCall& c = calls[i];
-  if (c.input_of < 0) return i;
+  if (c.input_of < 0 || c.pool_ratio > 0) return i;
   for (size_t j = static_cast<size_t>(c.input_of) + 1; j < i; ++j) {
     const GemmCall& o = calls[j];
-    if (o.input_of == c.input_of && o.norm_weight == c.norm_weight && o.norm_eps == c.norm_eps &&
-        o.m > 0 && o.w->out_features() > 0)
+    if (o.input_of == c.input_of && o.pool_ratio == 0 && o.norm_weight == c.norm_weight &&
+        o.norm_eps == c.norm_eps && o.m > 0 && o.w->out_features() > 0)
       return j;
   }
   return i;
@@ -48,6 +74,17 @@ const float* HostInput(std::span<const GemmCall> calls, size_t i, std::vector<fl
   if (c.input_of < 0) return c.x;
   CheckChain(calls, i);
   const int64_t k = c.w->in_features();
+  if (c.pool_ratio > 0) {
+    std::vector<float> kv, score;
+    PooledRows(calls, i, kv, score);
+    storage.resize(static_cast<size_t>(c.m * k));
+    for (int64_t g = 0; g < c.m; ++g) {
+      const int64_t at = g * c.pool_ratio * k;
+      const std::vector<float> latent = PoolGroup(&kv[at], &score[at], c.pool_ratio, k);
+      cpu::RmsNorm(latent.data(), c.norm_weight, k, c.norm_eps, &storage[g * k]);
+    }
+    return storage.data();
+  }
   storage.resize(static_cast<size_t>(c.m * k));
   for (int64_t r = 0; r < c.m; ++r)
     cpu::RmsNorm(calls[c.input_of].y + r * k, c.norm_weight, k, c.norm_eps, &storage[r * k]);

@@ -32,11 +32,23 @@ struct GemmCall {
   int64_t input_of = -1;
   const float* norm_weight = nullptr;
   double norm_eps = 0.0;
+  // A pooled chained input (the compressor's entries that complete in this group): when
+  // pool_ratio > 0, the rows are pool_pending rows from pool_kv and pool_score (host, of
+  // w.in_features() each) followed by calls[input_of]'s and calls[score_of]'s results;
+  // each of the m groups of pool_ratio rows is pooled (model::PoolGroup) and then
+  // RMS-normalized as above. The entry's index key costs no round trip of its own.
+  int64_t pool_ratio = 0, pool_pending = 0, score_of = -1;
+  const float* pool_kv = nullptr;
+  const float* pool_score = nullptr;
 };
 
 // Aborts, naming the call, when calls[i] chains an input that does not fit: input_of not
 // an earlier call, or one of other rows or width. Nothing for an unchained call.
 void CheckChain(std::span<const GemmCall> calls, size_t i);
+// A pooled chained input's rows before pooling (pool_ratio × m of them): the pending rows,
+// then the first results of calls[input_of] and calls[score_of].
+void PooledRows(std::span<const GemmCall> calls, size_t i, std::vector<float>& kv,
+                std::vector<float>& score);
 // The first call before calls[i] whose chained input is the same (same earlier result,
 // norm weight and eps, and a product that runs), or i: one normalization serves both.
 size_t SameChainedInput(std::span<const GemmCall> calls, size_t i);

@@ -76,7 +76,21 @@ void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, in
   }
   if (ratio > 1) {
     in.score.resize(in.rows * w.c_wgate.out_features());
+    const int64_t score_call = static_cast<int64_t>(calls.size());
     calls.push_back({xs, in.rows, &w.c_wgate, in.score.data()});
+    // The entries this pass completes: their index keys from their latents (pooled and
+    // normalized as Compress will pool them), in the same group.
+    if (const int64_t entries = (ls.pend_rows + in.rows) / ratio; entries > 0) {
+      in.keys.resize(entries * w.i_wk.out_features());
+      GemmCall keys{nullptr, entries,         &w.i_wk,       in.keys.data(),
+                    kv_call, w.c_norm.data(), c.rms_norm_eps};
+      keys.pool_ratio = ratio;
+      keys.pool_pending = ls.pend_rows;
+      keys.score_of = score_call;
+      keys.pool_kv = ls.pend_kv.data();
+      keys.pool_score = ls.pend_score.data();
+      calls.push_back(keys);
+    }
   }
 }
 
@@ -113,7 +127,7 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in)
     ls.pend_rows = 0;
     latents.insert(latents.end(), latent.begin(), latent.end());
   }
-  EmitEntries(s, l, std::move(latents), ratio == 1 ? in.keys : std::vector<float>());
+  EmitEntries(s, l, std::move(latents), in.keys);
 }
 
 }  // namespace kvc::model

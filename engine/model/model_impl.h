@@ -156,9 +156,14 @@ class ModelImpl {
   // `compress`: Full layers run their compressor on positions not yet compressed.
   // `main_hidden` (optional): filled with each row's stream mean at the input of the DSpark
   // target layers (rows × targets·D), for the drafter's rings.
-  void RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
+  // With `head_input` the pass ends at the head: a device may carry the last layer on into
+  // every row's head input (cpu::HcPre, the final norm) and return without waiting — then
+  // RunLayers returns true, and head_input (rows × D), X and pre land with the next group
+  // of products (FinishPass's), which reads the head input where it is.
+  bool RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
                  std::vector<float>& X, std::vector<float>& pre, bool compress,
-                 std::vector<float>* main_hidden = nullptr) const;
+                 std::vector<float>* main_hidden = nullptr,
+                 std::vector<float>* head_input = nullptr) const;
   // The drafter's rings for positions [a, b) from their main hidden states: the products
   // (the projection, each draft layer's window KV chained on it normalized) go into
   // `calls`, and once they are done WriteDraftRings stores the rows. Nothing without a
@@ -172,12 +177,14 @@ class ModelImpl {
                       DraftRingProducts& p, std::vector<GemmCall>& calls) const;
   void WriteDraftRings(SequenceState& s, DraftRingProducts& p) const;
   // The end of a trunk pass over [a, b): the drafter's rings and the logits of `rows`
-  // (rows of X, the pass's), all products in one group — one wait on a device.
+  // (rows of X, the pass's), all products in one group — one wait on a device. `head`:
+  // the head inputs RunLayers left (rows consecutive then), or null to take them from X.
   std::vector<std::vector<float>> FinishPass(SequenceState& s, int64_t a, int64_t b,
                                              const std::vector<float>& main_hidden,
                                              const std::vector<float>& X,
                                              const std::vector<float>& pre,
-                                             std::span<const int64_t> rows) const;
+                                             std::span<const int64_t> rows,
+                                             const std::vector<float>* head = nullptr) const;
   // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
   // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
   // the indexer's raw query and weight projections. All products go as one group, the
@@ -249,7 +256,9 @@ class ModelImpl {
   struct CompressorInput {
     int64_t first = 0, rows = 0;  // positions [first, first + rows)
     std::vector<float> kv, score;
-    // Ratio 1 (an entry per position): the entries' index keys, chained on kv normalized.
+    // The index keys of the entries this pass completes, from the same group: ratio 1 (an
+    // entry per position) chained on kv normalized; ratio > 1 on the completed groups
+    // pooled and normalized (GemmCall::pool_ratio). Empty when none completes.
     std::vector<float> keys;
   };
   void CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
@@ -281,6 +290,7 @@ inline void AppendToGroup(std::vector<GemmCall>& calls, std::span<const GemmCall
   const int64_t base = static_cast<int64_t>(calls.size());
   for (GemmCall c : also) {
     if (c.input_of >= 0) c.input_of += base;
+    if (c.score_of >= 0) c.score_of += base;
     calls.push_back(c);
   }
 }

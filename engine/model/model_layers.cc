@@ -59,9 +59,9 @@ void ModelImpl::ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_
   MixEngram(l, b - a, p, X);
 }
 
-void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
+bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, int64_t b,
                           std::vector<float>& X, std::vector<float>& pre, bool compress,
-                          std::vector<float>* main_hidden) const {
+                          std::vector<float>* main_hidden, std::vector<float>* head_input) const {
   const int64_t rows = b - a, mix = (2 + hc) * hc;
   PassSelections selections;
   std::vector<float> xin(rows * D), y, R;
@@ -138,6 +138,7 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     // With a next layer whose Engram (if any) has its products done, the device may carry
     // on into its input too.
     const bool step_into_next = l + 1 < l1 && (!layers[l + 1].engram || engram.contains(l + 1));
+    const bool step_into_head = l + 1 == l1 && head_input != nullptr && l < L;
     auto moe_sublayer = [&]() -> const MoeSublayer* {
       if (input_on_device) layer_input();
       coefficients(w, 0);
@@ -151,17 +152,23 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       sublayer = {hc,           R.data(),       post.data(), comb.data(),   a1.data(),
                   w.ffn_norm,   c.rms_norm_eps, &w.hc_fn[1], MoeBlockOf(l), X.data(),
                   mixes.data(), y.data()};
-      if (step_into_next) {
+      if (step_into_next || step_into_head) {
         next = {};
         next.base = w.hc_base[1];
         next.scale = w.hc_scale[1];
         next.iters = c.hc_sinkhorn_iters;
         next.hc_eps = c.hc_eps;
-        next.norm = layers[l + 1].attn_norm;
         next.stream = X.data();
         next.pre = pre.data();
-        next.input = xin.data();
-        if (layers[l + 1].engram) {
+        if (step_into_head) {  // the head's input: the final norm instead of a layer's
+          head_input->resize(rows * D);
+          next.norm = norm;
+          next.input = head_input->data();
+        } else {
+          next.norm = layers[l + 1].attn_norm;
+          next.input = xin.data();
+        }
+        if (step_into_next && layers[l + 1].engram) {
           const EngramWeights& eg = *layers[l + 1].engram;
           next.engram_kv = engram.at(l + 1).kv.data();
           next.engram_qw = eg.qw;
@@ -178,6 +185,7 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       DraftAttention(s, l, a, b, xin, y, attn_also);
       moe_sublayer();
     }
+    if (moe_done && step_into_head) return true;  // X, pre and the head input land later
     input_on_device = moe_done && step_into_next;
     if (input_on_device) continue;  // X, pre and xin: the next layer's, landing with its products
     if (moe_done) {  // X is the stream after attention; the MoE's output and mixes are in
@@ -200,6 +208,7 @@ void ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       std::copy(coef[r].pre.begin(), coef[r].pre.end(), pre.begin() + r * hc);
     }
   }
+  return false;
 }
 
 void ModelImpl::CompressDecoder(SequenceState& s, int64_t a, int64_t b, std::vector<float> X,
@@ -233,11 +242,20 @@ std::vector<std::vector<float>> ModelImpl::FinishPass(SequenceState& s, int64_t 
                                                       const std::vector<float>& main_hidden,
                                                       const std::vector<float>& X,
                                                       const std::vector<float>& pre,
-                                                      std::span<const int64_t> rows) const {
+                                                      std::span<const int64_t> rows,
+                                                      const std::vector<float>* head_in) const {
   const int64_t n = static_cast<int64_t>(rows.size()), V = c.vocab_size;
-  std::vector<float> x(n * D), logits(n * V);
-  for (int64_t i = 0; i < n; ++i) HeadInput(X, pre, rows[i], norm, &x[i * D]);
-  std::vector<GemmCall> calls = {{x.data(), n, &head, logits.data()}};
+  std::vector<float> x, logits(n * V);
+  const float* in = nullptr;
+  if (head_in != nullptr && n > 0) {  // where RunLayers left them (X, pre not landed yet)
+    for (int64_t i = 1; i < n; ++i) KVC_CHECK(rows[i] == rows[0] + i) << "head rows not in a run";
+    in = head_in->data() + rows[0] * D;
+  } else {
+    x.resize(n * D);
+    for (int64_t i = 0; i < n; ++i) HeadInput(X, pre, rows[i], norm, &x[i * D]);
+    in = x.data();
+  }
+  std::vector<GemmCall> calls = {{in, n, &head, logits.data()}};
   DraftRingProducts rings;
   DraftRingCalls(a, b, main_hidden, rings, calls);
   mm->GemmGroup(calls);
