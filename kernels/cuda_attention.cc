@@ -172,7 +172,12 @@ class CudaAttention final : public model::AttentionBackend {
     if (b.held != nullptr) {
       held = dynamic_cast<const DeviceSelection*>(b.held);
       if (held == nullptr || held->queries != b.queries) {
-        std::fprintf(stderr, "CUDA attention: a held selection it cannot read (ReadsHeld)\n");
+        std::fprintf(stderr,
+                     "CUDA attention: a held selection it cannot read (%s, %lld queries for a "
+                     "batch of %lld; the model asks ReadsHeld first)\n",
+                     held == nullptr ? "not the CUDA indexer's" : "the CUDA indexer's",
+                     static_cast<long long>(held == nullptr ? 0 : held->queries),
+                     static_cast<long long>(b.queries));
         std::abort();
       }
       CUDA_CHECK(cudaStreamWaitEvent(stream_, held->ready, 0));

@@ -19,26 +19,36 @@ __device__ __forceinline__ uint32_t E8M0CeilPow2(float y, int max_code) {
   return e > static_cast<uint32_t>(max_code) ? static_cast<uint32_t>(max_code) : e;
 }
 
+// A block's scale code and value, as kv_codec.cc's BlockScaleCode and ScaleValue: the
+// block maximum (NaN ignored, as on the CPU) floored, then E4M3 of amax/6 (main), or the
+// E8M0 ceiling power of two of amax/6 (index) or amax/448 (window), capped at max_e8m0.
+__device__ __forceinline__ float BlockScale(RoundedFormat format, const float* xb, int block,
+                                            int max_e8m0, uint32_t* code) {
+  float amax = 0.0f;
+  for (int i = 0; i < block; ++i) {
+    const float a = fabsf(xb[i]);
+    if (a > amax) amax = a;
+  }
+  if (format == RoundedFormat::kMainFp4) {
+    *code = EncodeE4M3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f);
+    return E4M3Value(*code);
+  }
+  *code = format == RoundedFormat::kWindowFp8
+              ? E8M0CeilPow2(fmaxf(amax, 1e-4f) / 448.0f, max_e8m0)
+              : E8M0CeilPow2(fmaxf(amax, 6.0f * 0x1p-126f) / 6.0f, max_e8m0);
+  return E8M0Value(*code);
+}
+
 // One thread per scale block.
 __global__ void QuantizeFp4Kernel(Fp4Scale scale, int block, int max_e8m0, const float* x,
                                   int64_t blocks, uint8_t* codes, uint8_t* scales) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= blocks) return;
   const float* xb = x + b * block;
-  float amax = 0.0f;
-  for (int i = 0; i < block; ++i) {
-    const float a = fabsf(xb[i]);
-    if (a > amax) amax = a;
-  }
   uint32_t sc;
-  float s;
-  if (scale == Fp4Scale::kE4M3) {
-    sc = EncodeE4M3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f);
-    s = E4M3Value(sc);
-  } else {
-    sc = E8M0CeilPow2(fmaxf(amax, 6.0f * 0x1p-126f) / 6.0f, max_e8m0);
-    s = E8M0Value(sc);
-  }
+  const float s =
+      BlockScale(scale == Fp4Scale::kE4M3 ? RoundedFormat::kMainFp4 : RoundedFormat::kIndexFp4, xb,
+                 block, max_e8m0, &sc);
   scales[b] = static_cast<uint8_t>(sc);
   for (int i = 0; i < block; i += 2) {
     const float v0 = xb[i], v1 = xb[i + 1];
@@ -55,20 +65,9 @@ __global__ void FakeQuantizeKernel(RoundedFormat format, int block, int max_e8m0
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= blocks) return;
   float* xb = x + b * block;
-  float amax = 0.0f;
-  for (int i = 0; i < block; ++i) {
-    const float a = fabsf(xb[i]);
-    if (a > amax) amax = a;  // false for NaN: ignored, as on the CPU
-  }
   const bool fp8 = format == RoundedFormat::kWindowFp8;
-  float s;
-  if (format == RoundedFormat::kMainFp4) {
-    s = E4M3Value(EncodeE4M3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f));
-  } else if (fp8) {
-    s = E8M0Value(E8M0CeilPow2(fmaxf(amax, 1e-4f) / 448.0f, max_e8m0));
-  } else {
-    s = E8M0Value(E8M0CeilPow2(fmaxf(amax, 6.0f * 0x1p-126f) / 6.0f, max_e8m0));
-  }
+  uint32_t code;
+  const float s = BlockScale(format, xb, block, max_e8m0, &code);
   for (int i = 0; i < block; ++i) {
     const float v = xb[i];
     if (isnan(v)) {
