@@ -3,11 +3,59 @@
 
 #include <cstring>
 
+#include "engine/cpu/ops.h"
 #include "engine/spec/check.h"
 #include "kernels/cuda_check.h"
+#include "kernels/kv_ops.h"
 #include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
+namespace {
+
+// The staged floats a result's finish takes: the norm's weight, the RoPE turns.
+size_t FinishFloats(const model::RowFinish& f, int64_t rows, int64_t width) {
+  const size_t dim = static_cast<size_t>(width / f.heads);
+  return (f.norm != nullptr ? dim : 0) +
+         (f.rope_freqs != nullptr ? static_cast<size_t>(rows) * f.rope_freqs->size() * 2 : 0);
+}
+
+// Writes what call's finish takes to the device into h (FinishFloats of them): the
+// norm's weight, then the CPU's cos/sin for each row (so the turn is the CPU's bits).
+void StageFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* h) {
+  model::CheckFinish(f, width);
+  if (f.norm != nullptr) {
+    std::memcpy(h, f.norm, static_cast<size_t>(width / f.heads) * sizeof(float));
+    h += width / f.heads;
+  }
+  if (f.rope_freqs != nullptr) {
+    std::vector<int64_t> positions(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) positions[r] = f.first_position + r;
+    const std::vector<float> turns = cpu::RopeTurns(*f.rope_freqs, positions, /*inverse=*/false);
+    std::memcpy(h, turns.data(), turns.size() * sizeof(float));
+  }
+}
+
+// Queues model::FinishRows on d_y (rows × width) where it is, reading what StageFinish
+// wrote from d_stage.
+void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* d_y,
+                 const float* d_stage, cudaStream_t stream) {
+  const int64_t dim = width / f.heads;
+  if (f.norm != nullptr) {
+    CUDA_CHECK(LaunchRmsNorm(d_y, d_stage, rows * f.heads, dim, f.eps, d_y, stream));
+    d_stage += dim;
+  }
+  if (f.rope_freqs != nullptr) {
+    const int64_t half = static_cast<int64_t>(f.rope_freqs->size());
+    CUDA_CHECK(LaunchTurnTails(d_y, rows, f.heads, dim, d_stage, half, stream));
+  }
+  if (f.round) {
+    CUDA_CHECK(LaunchFakeQuantize(RoundedFormatOf(*f.round),
+                                  static_cast<int>(SpecOf(*f.round).scale_block),
+                                  MaxScaleCode(*f.round), d_y, rows * width, stream));
+  }
+}
+
+}  // namespace
 
 DeviceMatmul::DeviceMatmul() {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -42,7 +90,7 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
   // Weights not registered (e.g. the indexer's keys) are copied up for this call.
   std::vector<std::vector<float>> storage(calls.size());
   std::vector<std::span<const float>> transient(calls.size());
-  size_t xs = 0, ys = 0, ws = 0;
+  size_t xs = 0, ys = 0, ws = 0, fs = 0;
   for (size_t i = 0; i < calls.size(); ++i) {
     const model::GemmCall& c = calls[i];
     const int64_t k = c.w->in_features();
@@ -51,18 +99,41 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     if (c.input_of >= 0) xs += static_cast<size_t>(k);  // the norm's weight
     if (c.pool_ratio > 0) xs += static_cast<size_t>(2 * c.m * c.pool_ratio * k);  // pooled rows
     ys += static_cast<size_t>(c.m * c.w->out_features());
+    if (c.finish != nullptr) fs += FinishFloats(*c.finish, c.m, c.w->out_features());
     if (c.w->out_features() > 0 && !weights_.contains(c.w->packed().data())) {
       transient[i] = Layout(*c.w, storage[i]);
       ws += transient[i].size();
     }
   }
-  float* d_x = x_.Reserve(xs);
+  // The inputs' staging, then the finishes' (from fo on).
+  float* d_x = x_.Reserve(xs + fs);
   float* d_y = y_.Reserve(ys);
   float* d_t = w_.Reserve(ws);
-  float* h_x = hx_.Reserve(xs);
+  float* h_x = hx_.Reserve(xs + fs);
   float* h_y = hy_.Reserve(ys);
   std::vector<size_t> y_at(calls.size()), x_at(calls.size());
+  // What the finishes take goes up first, in one copy (after the inputs' staging).
+  std::vector<size_t> f_at(calls.size());
+  for (size_t i = 0, fo = xs; i < calls.size(); ++i) {
+    const model::GemmCall& c = calls[i];
+    if (c.finish == nullptr || c.m == 0 || c.w->out_features() == 0) continue;
+    f_at[i] = fo;
+    StageFinish(*c.finish, c.m, c.w->out_features(), h_x + fo);
+    fo += FinishFloats(*c.finish, c.m, c.w->out_features());
+  }
+  if (fs > 0) {
+    CUDA_CHECK(
+        cudaMemcpyAsync(d_x + xs, h_x + xs, fs * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  }
   size_t xo = 0, yo = 0, wo = 0;
+  // Call i's product on the device input d_in, its finish after it, where the result is.
+  auto product = [&](size_t i, const float* d_in, const float* d_w) {
+    const model::GemmCall& c = calls[i];
+    const int64_t n = c.w->out_features();
+    Launch(d_in, c.m, c.w->in_features(), d_w, n, d_y + yo, stream_);
+    if (c.finish != nullptr) QueueFinish(*c.finish, c.m, n, d_y + yo, d_x + f_at[i], stream_);
+    yo += static_cast<size_t>(c.m * n);
+  };
   for (size_t i = 0; i < calls.size(); ++i) {
     const model::GemmCall& c = calls[i];
     const int64_t k = c.w->in_features(), n = c.w->out_features();
@@ -79,13 +150,11 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     }
     const size_t x_floats = static_cast<size_t>(c.m * k);
     if (const size_t j = model::SameChainedInput(calls, i); j < i) {  // normalized already
-      Launch(d_x + x_at[j], c.m, k, d_w, n, d_y + yo, stream_);
-      yo += static_cast<size_t>(c.m * n);
+      product(i, d_x + x_at[j], d_w);
       continue;
     }
     if (const float* d_src = c.input_of < 0 ? Resident(c.x, x_floats) : nullptr) {
-      Launch(d_src, c.m, k, d_w, n, d_y + yo, stream_);  // already on the device
-      yo += static_cast<size_t>(c.m * n);
+      product(i, d_src, d_w);  // already on the device
       continue;
     }
     x_at[i] = xo;
@@ -113,9 +182,8 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
                                  cudaMemcpyDeviceToDevice, stream_));
       CUDA_CHECK(LaunchPoolGroups(d_kv, d_score, c.m, c.pool_ratio, k, d_x + xo, stream_));
       CUDA_CHECK(LaunchRmsNorm(d_x + xo, d_norm, c.m, k, c.norm_eps, d_x + xo, stream_));
-      Launch(d_x + xo, c.m, k, d_w, n, d_y + yo, stream_);
+      product(i, d_x + xo, d_w);
       xo += x_floats + static_cast<size_t>(k) + 2 * all;
-      yo += static_cast<size_t>(c.m * n);
       continue;
     }
     if (c.input_of >= 0) {
@@ -131,9 +199,8 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
       CUDA_CHECK(cudaMemcpyAsync(d_x + xo, h_x + xo, x_floats * sizeof(float),
                                  cudaMemcpyHostToDevice, stream_));
     }
-    Launch(d_x + xo, c.m, k, d_w, n, d_y + yo, stream_);
+    product(i, d_x + xo, d_w);
     xo += x_floats + (c.input_of >= 0 ? static_cast<size_t>(k) : 0);
-    yo += static_cast<size_t>(c.m * n);
   }
   // The results lie back to back in d_y: one copy, one wait, then out to the callers.
   if (yo > 0) {

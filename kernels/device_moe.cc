@@ -251,7 +251,9 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
                              std::span<const model::GemmCall> also, float* out) const {
   if (!Routes(rows, moe)) return false;
   for (const model::GemmCall& c : also) {
-    if (c.input_of >= 0 || (c.m > 0 && c.w->out_features() > 0 && !Holds(*c.w))) return false;
+    if (c.input_of >= 0 || c.finish != nullptr ||
+        (c.m > 0 && c.w->out_features() > 0 && !Holds(*c.w)))
+      return false;
   }
   const BlockShape b(moe);
   // Host → device in one copy: x, the inputs of `also`, the routing's tables. Device →

@@ -1,6 +1,7 @@
 #include "engine/model/matmul.h"
 
 #include "engine/cpu/ops.h"
+#include "engine/cpu/thread_pool.h"
 #include "engine/model/layer_ops.h"
 #include "engine/spec/check.h"
 
@@ -20,6 +21,28 @@ class CpuMatmul final : public MatmulBackend {
 };
 
 }  // namespace
+
+void CheckFinish(const RowFinish& f, int64_t width) {
+  const int64_t block = f.round ? SpecOf(*f.round).scale_block : 1;
+  KVC_CHECK(f.heads > 0 && width % f.heads == 0 && (width / f.heads) % block == 0)
+      << "a product's rows of " << width << " floats are not " << f.heads
+      << " vectors of whole blocks of " << block;
+}
+
+void FinishRows(const RowFinish& f, int64_t rows, int64_t width, float* y) {
+  CheckFinish(f, width);
+  const int64_t dim = width / f.heads;
+  cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t h = 0; h < f.heads; ++h) {
+        float* v = y + r * width + h * dim;
+        if (f.norm != nullptr) cpu::RmsNorm(v, f.norm, dim, f.eps, v);
+        if (f.rope_freqs != nullptr) cpu::ApplyRope(v, dim, *f.rope_freqs, f.first_position + r);
+        if (f.round) FakeQuantize(*f.round, std::span<float>(v, dim));
+      }
+    }
+  });
+}
 
 void CheckChain(std::span<const GemmCall> calls, size_t i) {
   const GemmCall& c = calls[i];

@@ -12,12 +12,34 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "engine/cpu/gemm.h"
+#include "engine/spec/kv_codec.h"
 
 namespace kvc::model {
+
+// What becomes of each row of a product's result before anything reads it, done where the
+// result is (a device backend runs it on the device: no pass of the host over the rows
+// between the product and what reads them, and the rows are final there). Row r, at
+// position first_position + r, is `heads` vectors of width / heads floats; each is, in
+// this order, RMS-normalized (cpu::RmsNorm by `norm` with `eps`; if norm), turned by RoPE
+// at the row's position (cpu::ApplyRope with rope_freqs; if rope_freqs) and rounded to
+// `round`'s format and back (FakeQuantize; if round). The CPU's bits on every backend.
+struct RowFinish {
+  int64_t heads = 1;
+  const float* norm = nullptr;
+  double eps = 0.0;
+  const std::vector<double>* rope_freqs = nullptr;
+  int64_t first_position = 0;
+  std::optional<KvFormat> round;
+};
+// The finish on the host: y is rows × width. Aborts, naming the shapes, when width is not
+// `heads` vectors (or a vector not whole blocks of the rounding's scale).
+void FinishRows(const RowFinish& f, int64_t rows, int64_t width, float* y);
+void CheckFinish(const RowFinish& f, int64_t width);
 
 // One product of a group: y (m × w.out_features()) = x (m × w.in_features()) · Wᵀ.
 struct GemmCall {
@@ -40,6 +62,9 @@ struct GemmCall {
   int64_t pool_ratio = 0, pool_pending = 0, score_of = -1;
   const float* pool_kv = nullptr;
   const float* pool_score = nullptr;
+  // Optional: the result rows' finish (RowFinish), applied before later calls of the group
+  // chain on the result; the caller keeps it alive for the call.
+  const RowFinish* finish = nullptr;
 };
 
 // Aborts, naming the call, when calls[i] chains an input that does not fit: input_of not
@@ -168,6 +193,8 @@ class MatmulBackend {
         if (calls[i].input_of >= 0) normalized_for = first;
       }
       Gemm(x, calls[i].m, *calls[i].w, calls[i].y);
+      if (calls[i].finish != nullptr)
+        FinishRows(*calls[i].finish, calls[i].m, calls[i].w->out_features(), calls[i].y);
     }
   }
   // A MoE block's experts: out (rows × D) = Σ over jobs, in order and from +0, of each job's

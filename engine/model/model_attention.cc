@@ -13,26 +13,36 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
   std::vector<float> qr(rows * w.wq_a.out_features());
   kv.resize(rows * w.wkv.out_features());
   q.resize(rows * w.wq_b.out_features());
+  // Each result's rows are finished where they are: the queries turned per head, the
+  // window row normalized, turned and rounded to FP8, the indexer's queries turned and
+  // rounded to its FP4 (their head weights are scaled by the caller).
+  const RowFinish q_finish{
+      .heads = H, .rope_freqs = &freqs[l], .first_position = a, .round = std::nullopt};
+  const RowFinish kv_finish{.norm = w.kv_norm.data(),
+                            .eps = c.rms_norm_eps,
+                            .rope_freqs = &freqs[l],
+                            .first_position = a,
+                            .round = KvFormat::kSwaKv};
+  const RowFinish qi_finish{.heads = c.index_n_heads,
+                            .rope_freqs = &freqs[l],
+                            .first_position = a,
+                            .round = KvFormat::kIndexK};
   std::vector<GemmCall> calls = {
       {x.data(), rows, &w.wq_a, qr.data()},
       {x.data(), rows, &w.wkv, kv.data()},
       {nullptr, rows, &w.wq_b, q.data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps}};
+  calls[1].finish = &kv_finish;
+  calls[2].finish = &q_finish;
   if (qi != nullptr) {
     qi->resize(rows * w.i_wq_b.out_features());
     wts->resize(rows * w.i_weights.out_features());
     calls.push_back(
         {nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps});
+    calls.back().finish = &qi_finish;
     calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
   }
   AppendToGroup(calls, also);
   mm->GemmGroup(calls);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t h = 0; h < H; ++h) cpu::ApplyRope(&q[(r * H + h) * hd], hd, freqs[l], a + r);
-    float* k = &kv[r * hd];
-    cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
-    cpu::ApplyRope(k, hd, freqs[l], a + r);
-    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
-  }
 }
 
 bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
@@ -67,11 +77,6 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Id)) /
                                               std::sqrt(static_cast<double>(IH)));
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t h = 0; h < IH; ++h) {
-          float* qh = &qi[(r * IH + h) * Id];
-          cpu::ApplyRope(qh, Id, freqs[l], a + r);
-          FakeQuantize(KvFormat::kIndexK, std::span<float>(qh, Id));
-        }
         for (int64_t h = 0; h < IH; ++h) wts[r * IH + h] *= wscale;
       }
       const LayerState& ks = s.layers[plan.index_k_layer];

@@ -187,7 +187,8 @@ class ModelImpl {
                                              const std::vector<float>* head = nullptr) const;
   // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
   // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
-  // the indexer's raw query and weight projections. All products go as one group, the
+  // the indexer's queries (rotated, FP4-QAT'd) and its raw head weights. Each result is
+  // finished where it is (RowFinish). All products go as one group, the
   // up-projections chained on the normalized low-rank query, with `also` (the mixes', the
   // compressor's; a chained input in `also` counts from its first call): one wait on a
   // device.

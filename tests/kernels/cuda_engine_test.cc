@@ -151,6 +151,72 @@ TEST(CudaGemmTest, APooledChainedInputIsTheCompressorsSteps) {
   }
 }
 
+// Results finished where they are (model::RowFinish): a window-like row normalized,
+// turned and rounded to FP8; a chained multi-head result turned and rounded to the index
+// FP4; a product chained on a finished result (it reads the finished rows). The CPU
+// backend's results are the steps written out (cpu::Gemm, cpu::RmsNorm, cpu::ApplyRope,
+// FakeQuantize), and the device's are the CPU backend's bits.
+TEST(CudaGemmTest, FinishedResultsAreTheCpusStepsBitForBit) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t in = 40, lo = 24, rows = 5, heads = 4, dim = 32, first = 1000 + rng() % 5000;
+  const std::vector<float> x = NormalFloats(rng, rows * in), norm = NormalFloats(rng, dim),
+                           lo_norm = NormalFloats(rng, lo), kv_norm = NormalFloats(rng, lo);
+  const std::vector<double> freqs = cpu::RopeFrequencies(16, 10000, 0, 1, 32, 1);
+  const cpu::PackedMatrix w_lo(NormalFloats(rng, lo * in), lo, in),
+      w_kv(NormalFloats(rng, dim * in), dim, in),
+      w_heads(NormalFloats(rng, heads * dim * lo), heads * dim, lo),
+      w_on_kv(NormalFloats(rng, 9 * dim), 9, dim);
+  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> gpu = MakeCudaMatmul();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  for (const cpu::PackedMatrix* w : {&w_lo, &w_kv, &w_heads, &w_on_kv}) (*gpu)->Register(*w);
+  const model::RowFinish kv_finish{.norm = norm.data(),
+                                   .eps = 1e-6,
+                                   .rope_freqs = &freqs,
+                                   .first_position = first,
+                                   .round = KvFormat::kSwaKv};
+  const model::RowFinish heads_finish{
+      .heads = heads, .rope_freqs = &freqs, .first_position = first, .round = KvFormat::kIndexK};
+  auto run = [&](const model::MatmulBackend& mm) {
+    std::vector<float> lo_y(rows * lo), kv(rows * dim), qh(rows * heads * dim), on_kv(rows * 9);
+    std::vector<model::GemmCall> calls = {
+        {x.data(), rows, &w_lo, lo_y.data()},
+        {x.data(), rows, &w_kv, kv.data()},
+        {nullptr, rows, &w_heads, qh.data(), /*input_of=*/0, lo_norm.data(), 1e-6},
+        {nullptr, rows, &w_on_kv, on_kv.data(), /*input_of=*/1, kv_norm.data(), 1e-6}};
+    calls[1].finish = &kv_finish;
+    calls[2].finish = &heads_finish;
+    mm.GemmGroup(calls);
+    return std::vector<std::vector<float>>{kv, qh, on_kv};
+  };
+  // The steps one by one.
+  std::vector<float> lo_y(rows * lo), kv(rows * dim), lo_n(rows * lo), qh(rows * heads * dim),
+      kv_n(rows * dim), on_kv(rows * 9);
+  cpu::Gemm(x.data(), rows, w_lo, lo_y.data());
+  cpu::Gemm(x.data(), rows, w_kv, kv.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* k = &kv[r * dim];
+    cpu::RmsNorm(k, norm.data(), dim, 1e-6, k);
+    cpu::ApplyRope(k, dim, freqs, first + r);
+    FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, dim));
+    cpu::RmsNorm(k, kv_norm.data(), dim, 1e-6, &kv_n[r * dim]);
+    cpu::RmsNorm(&lo_y[r * lo], lo_norm.data(), lo, 1e-6, &lo_n[r * lo]);
+  }
+  cpu::Gemm(lo_n.data(), rows, w_heads, qh.data());
+  for (int64_t v = 0; v < rows * heads; ++v) {
+    cpu::ApplyRope(&qh[v * dim], dim, freqs, first + v / heads);
+    FakeQuantize(KvFormat::kIndexK, std::span<float>(&qh[v * dim], dim));
+  }
+  cpu::Gemm(kv_n.data(), rows, w_on_kv, on_kv.data());
+  const std::vector<std::vector<float>> want = {kv, qh, on_kv};
+  const std::unique_ptr<model::MatmulBackend> host = model::MakeCpuMatmul();
+  for (const auto& [name, mm] : {std::pair{"cpu", host.get()}, std::pair{"device", gpu->get()}}) {
+    const std::vector<std::vector<float>> got = run(*mm);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(SameBits(got[i], want[i])) << name << ", result " << i;
+  }
+}
+
 // A MoE block's experts on the device (gather, gate and up products, SwiGlu, down products,
 // the sum into each row in job order) against the host's: the same bits. Routed experts
 // take random rows with random weights, the shared one every row; the limit is small, so
