@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <xxhash.h>
+
 #include "absl/strings/str_cat.h"
 #include "cachesvc/prefix_hash.h"
 #include "cachesvc/status.h"
@@ -511,9 +513,15 @@ absl::StatusOr<DeviceRefs> CacheClient::FetchDeviceRefs(const RemoteNamespace& n
       return absl::InternalError(
           absl::StrCat("FetchDeviceRefs answer ", i, " does not match the request"));
     }
-    out.chunks.push_back({keys[i], r.arena_offset(), r.length()});
+    out.chunks.push_back({keys[i], r.arena_offset(), r.length(), r.checksum()});
   }
   return out;
+}
+
+bool DeviceRefs::Chunk::Verifies(std::span<const uint8_t> bytes) const {
+  // The store's payload checksum (storage/slot_format.h: PayloadChecksum).
+  return bytes.size() == length &&
+         (checksum == 0 || XXH3_64bits(bytes.data(), bytes.size()) == checksum);
 }
 
 absl::Status CacheClient::ReleaseDeviceRefs(uint64_t lease_id) {

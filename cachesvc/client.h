@@ -38,6 +38,11 @@ struct DeviceRefs {
   struct Chunk {
     storage::ChunkKey key;
     uint64_t offset = 0, length = 0;
+    uint64_t checksum = 0;  // XXH3-64 of its bytes (0: a kvcached that does not send it)
+    // Whether `bytes`, copied out of the arena, are the chunk's: the arena is mapped
+    // writable by every process that maps it, so what a reader copied is checked before
+    // use, as a fetched chunk is by the server before it is sent.
+    bool Verifies(std::span<const uint8_t> bytes) const;
   };
   std::vector<Chunk> chunks;  // the leading chunks of the request, in order
 };

@@ -472,6 +472,7 @@ class KvCacheService::Impl {
       ref->set_chunk_key(KeyBytes(key));
       ref->set_arena_offset(l->offset());
       ref->set_length(l->length());
+      ref->set_checksum(l->checksum());
       lease.hbm.push_back(*std::move(l));
     }
     if (lease.hbm.empty()) return absl::OkStatus();

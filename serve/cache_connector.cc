@@ -226,6 +226,16 @@ int64_t CacheConnector::ReadFromHbm(cachesvc::CacheApi& client,
     *warning = absl::StrCat("HBM chunks not read over CUDA IPC (", read.message(), "): fetched");
     return 0;
   }
+  // Any process that maps the arena can write it: the copies are checked before use, and
+  // the chunks from the first that fails on come over Fetch (verified by the server).
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    if (!refs->chunks[i].Verifies(pages.subspan(i * cb, cb))) {
+      *warning = absl::StrCat("HBM chunk ", i, " of ", offsets.size(),
+                              " does not match its checksum (its device copy was changed): "
+                              "fetched from there on");
+      return static_cast<int64_t>(i);
+    }
+  }
   return static_cast<int64_t>(offsets.size());
 }
 

@@ -91,7 +91,9 @@ class CacheConnector {
   CacheConnector(const model::Model& m, ConnectorOptions o) : model_(m), opt_(std::move(o)) {}
   void StoreLoop();
   // Copies the leading chunks of `keys` that the daemon's HBM tier holds into `pages` with
-  // opt_.hbm_reader; returns how many (0, saying why in `warning`, when that fails).
+  // opt_.hbm_reader; returns how many (0, saying why in `warning`, when that fails). Each
+  // copy is checked against the chunk's checksum; the count stops before the first that
+  // fails (and `warning` says so).
   int64_t ReadFromHbm(cachesvc::CacheApi& client, std::span<const storage::ChunkKey> keys,
                       std::span<uint8_t> pages, std::string* warning);
 

@@ -1,6 +1,7 @@
 #include "storage/hbm_tier.h"
 
 #include "absl/strings/str_cat.h"
+#include "storage/slot_format.h"
 
 namespace kvc::storage {
 
@@ -11,6 +12,7 @@ HbmLease& HbmLease::operator=(HbmLease&& o) noexcept {
     slot_ = o.slot_;
     offset_ = o.offset_;
     length_ = o.length_;
+    checksum_ = o.checksum_;
     o.tier_ = nullptr;
   }
   return *this;
@@ -82,6 +84,7 @@ HbmLease HbmTier::LeaseSlot(uint32_t s) {
   lease.slot_ = s;
   lease.offset_ = s * slot_bytes_;
   lease.length_ = slot.length;
+  lease.checksum_ = slot.checksum;
   return lease;
 }
 
@@ -107,6 +110,7 @@ absl::Status HbmTier::PutImpl(NamespaceId ns, const ChunkKey& key, std::span<con
     slots_[s].leases = 1;  // the writer's: nobody takes the slot while it is written
   }
   absl::Status written = arena_->Write(s * slot_bytes_, bytes);
+  const uint64_t checksum = PayloadChecksum(bytes);  // of the verified bytes put in
   MutexLock lk(mu_);
   Slot& slot = slots_[s];
   slot.leases = 0;
@@ -121,6 +125,7 @@ absl::Status HbmTier::PutImpl(NamespaceId ns, const ChunkKey& key, std::span<con
   }
   slot.id = id;
   slot.length = bytes.size();
+  slot.checksum = checksum;
   slot.indexed = true;
   slot.lru = lru_.insert(lru_.end(), s);
   index_.emplace(id, s);

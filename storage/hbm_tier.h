@@ -41,12 +41,15 @@ class HbmLease {
   ~HbmLease();
   uint64_t offset() const { return offset_; }
   uint64_t length() const { return length_; }
+  // PayloadChecksum (slot_format.h) of the bytes put in: a reader of the device copy (a
+  // process that mapped the arena, which any such process can also write) checks it.
+  uint64_t checksum() const { return checksum_; }
 
  private:
   friend class HbmTier;
   HbmTier* tier_ = nullptr;
   uint32_t slot_ = 0;
-  uint64_t offset_ = 0, length_ = 0;
+  uint64_t offset_ = 0, length_ = 0, checksum_ = 0;
 };
 
 struct HbmStats {
@@ -97,7 +100,7 @@ class HbmTier {
   };
   struct Slot {
     Id id{};
-    uint64_t length = 0;
+    uint64_t length = 0, checksum = 0;
     uint32_t leases = 0;
     bool indexed = false;               // in `index_` (false once erased)
     std::list<uint32_t>::iterator lru;  // valid while indexed and unleased

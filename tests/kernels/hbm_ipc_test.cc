@@ -2,8 +2,11 @@
 // device memory; this process maps the arena over CUDA IPC and copies them device-to-
 // device into its DevicePages, byte-identical to what was stored; repeat fetches hit T0;
 // a deleted chunk ends the prefix; an engine resuming from chunks in HBM reads them out
-// over CUDA IPC and gets the logits of the same resume from RAM. Skipped, saying so, where
-// there is no GPU.
+// over CUDA IPC and gets the logits of the same resume from RAM, and a device copy changed
+// through another mapping is caught by its checksum and fetched instead. Skipped, saying
+// so, where there is no GPU.
+#include <cuda_runtime_api.h>
+
 #include <cstring>
 #include <random>
 
@@ -145,6 +148,40 @@ TEST(HbmIpcTest, AnEngineResumesFromChunksReadOutOfHbm) {
   };
   EXPECT_TRUE(same_bits(*from_hbm, *from_ram)) << "seed " << seed;
   EXPECT_TRUE(same_bits(*from_hbm, *cold)) << "seed " << seed;
+
+  // Any process that maps the arena can write it: one byte of chunk 2's device copy
+  // changed (through a mapping of this process's own, closed before the engine maps it
+  // again), the engine uses chunks 0 and 1 from HBM, fetches the rest, says why — and its
+  // logits are still the cold prefill's.
+  reading.reset();
+  o.hbm_reader = nullptr;
+  refs = client->FetchDeviceRefs(*fetching->ns(), client->Keys(*fetching->ns(), prompt));
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  ASSERT_EQ(refs->chunks.size(), 5u);
+  {
+    absl::StatusOr<std::unique_ptr<MappedHbmArena>> arena =
+        MappedHbmArena::Open(refs->ipc_handle, refs->device);
+    ASSERT_TRUE(arena.ok()) << arena.status();
+    uint8_t* at = const_cast<uint8_t*>((*arena)->base()) + refs->chunks[2].offset +
+                  rng() % refs->chunks[2].length;
+    uint8_t byte = 0;
+    ASSERT_EQ(cudaMemcpy(&byte, at, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+    byte ^= static_cast<uint8_t>(1 + rng() % 255);
+    ASSERT_EQ(cudaMemcpy(at, &byte, 1, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ASSERT_TRUE(client->ReleaseDeviceRefs(refs->lease_id).ok());
+  o.hbm_reader = model::MakeHbmChunkReader();
+  reading = serve::CacheConnector::Create(**m, o);
+  model::Sequence s3 = (*m)->NewSequence();
+  serve::TurnReport r3;
+  absl::StatusOr<std::vector<float>> past_bad = reading->Prefill(s3, prompt, &r3);
+  ASSERT_TRUE(past_bad.ok()) << past_bad.status();
+  EXPECT_EQ(r3.hbm_chunks, 2);
+  EXPECT_EQ(r3.reused_tokens, 5 * C);
+  ASSERT_EQ(r3.warnings.size(), 1u);
+  EXPECT_NE(r3.warnings[0].find("HBM chunk 2 of 5 does not match its checksum"), std::string::npos)
+      << r3.warnings[0];
+  EXPECT_TRUE(same_bits(*past_bad, *cold)) << "seed " << seed;
 }
 
 }  // namespace
