@@ -35,24 +35,20 @@ void StageFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* 
   }
 }
 
-// Queues model::FinishRows on d_y (rows × width) where it is, reading what StageFinish
-// wrote from d_stage.
+// Queues model::FinishRows on d_y (rows × width) where it is, one launch, reading what
+// StageFinish wrote from d_stage.
 void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* d_y,
                  const float* d_stage, cudaStream_t stream) {
   const int64_t dim = width / f.heads;
-  if (f.norm != nullptr) {
-    CUDA_CHECK(LaunchRmsNorm(d_y, d_stage, rows * f.heads, dim, f.eps, d_y, stream));
-    d_stage += dim;
-  }
-  if (f.rope_freqs != nullptr) {
-    const int64_t half = static_cast<int64_t>(f.rope_freqs->size());
-    CUDA_CHECK(LaunchTurnTails(d_y, rows, f.heads, dim, d_stage, half, stream));
-  }
-  if (f.round) {
-    CUDA_CHECK(LaunchFakeQuantize(RoundedFormatOf(*f.round),
-                                  static_cast<int>(SpecOf(*f.round).scale_block),
-                                  MaxScaleCode(*f.round), d_y, rows * width, stream));
-  }
+  const float* d_norm = f.norm != nullptr ? d_stage : nullptr;
+  const float* d_turns =
+      f.rope_freqs != nullptr ? d_stage + (f.norm != nullptr ? dim : 0) : nullptr;
+  const int64_t half = f.rope_freqs != nullptr ? static_cast<int64_t>(f.rope_freqs->size()) : 0;
+  const KvFormat format = f.round.value_or(KvFormat::kSwaKv);
+  CUDA_CHECK(LaunchFinishRows(d_y, rows, f.heads, dim, d_norm, f.eps, d_turns, half,
+                              f.round.has_value(), RoundedFormatOf(format),
+                              static_cast<int>(SpecOf(format).scale_block), MaxScaleCode(format),
+                              stream));
 }
 
 }  // namespace

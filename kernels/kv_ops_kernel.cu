@@ -5,6 +5,7 @@
 #include "kernels/fp_codes.cuh"
 #include "kernels/kv_ops_kernel.cuh"
 #include "kernels/query_slices.cuh"
+#include "kernels/row_math.cuh"
 
 namespace kvc::cuda {
 namespace {
@@ -58,13 +59,11 @@ __global__ void QuantizeFp4Kernel(Fp4Scale scale, int block, int max_e8m0, const
   }
 }
 
-// One thread per scale block: its scale as the CPU codec's BlockScaleCode and ScaleValue,
-// then each value's element code and back, times the scale (kv_codec.cc's FakeQuantize).
-__global__ void FakeQuantizeKernel(RoundedFormat format, int block, int max_e8m0, float* x,
-                                   int64_t blocks) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= blocks) return;
-  float* xb = x + b * block;
+// One block of `block` values rounded to its format and back: its scale as the CPU codec's
+// BlockScaleCode and ScaleValue, then each value's element code and back, times the scale
+// (kv_codec.cc's FakeQuantize).
+__device__ __forceinline__ void FakeQuantizeBlock(RoundedFormat format, int block, int max_e8m0,
+                                                  float* xb) {
   const bool fp8 = format == RoundedFormat::kWindowFp8;
   uint32_t code;
   const float s = BlockScale(format, xb, block, max_e8m0, &code);
@@ -77,6 +76,34 @@ __global__ void FakeQuantizeKernel(RoundedFormat format, int block, int max_e8m0
     } else {
       xb[i] = E2M1Value(EncodeE2M1(fminf(fmaxf(v / s, -6.0f), 6.0f))) * s;
     }
+  }
+}
+
+// One thread per scale block.
+__global__ void FakeQuantizeKernel(RoundedFormat format, int block, int max_e8m0, float* x,
+                                   int64_t blocks) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b < blocks) FakeQuantizeBlock(format, block, max_e8m0, x + b * block);
+}
+
+// One thread per vector (row r, head h): normalized, its tail turned by row r's turns,
+// rounded block by block — the three steps in model::FinishRows' order.
+__global__ void FinishRowsKernel(float* y, int64_t rows, int64_t heads, int64_t dim,
+                                 const float* norm, double eps, const float* turns, int64_t half,
+                                 bool round, RoundedFormat format, int block, int max_e8m0) {
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (v >= rows * heads) return;
+  float* x = y + v * dim;
+  const int64_t r = v / heads;
+  if (norm != nullptr) RmsNormRow(x, norm, dim, eps, x);
+  if (turns != nullptr) {
+    float* t = x + dim - 2 * half;
+    for (int64_t i = 0; i < half; ++i)
+      TurnPair(t + 2 * i, turns[(r * half + i) * 2], turns[(r * half + i) * 2 + 1]);
+  }
+  if (round) {
+    for (int64_t b = 0; b < dim / block; ++b)
+      FakeQuantizeBlock(format, block, max_e8m0, x + b * block);
   }
 }
 
@@ -208,6 +235,20 @@ cudaError_t LaunchFakeQuantize(RoundedFormat format, int scale_block, int max_e8
   constexpr int kThreads = 128;
   FakeQuantizeKernel<<<static_cast<unsigned>((blocks + kThreads - 1) / kThreads), kThreads, 0,
                        stream>>>(format, scale_block, max_e8m0, x, blocks);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFinishRows(float* y, int64_t rows, int64_t heads, int64_t dim, const float* norm,
+                             double eps, const float* turns, int64_t half, bool round,
+                             RoundedFormat format, int scale_block, int max_e8m0,
+                             cudaStream_t stream) {
+  if (half < 0 || 2 * half > dim || (round && (scale_block <= 0 || dim % scale_block != 0)))
+    return cudaErrorInvalidValue;
+  if (rows * heads == 0) return cudaSuccess;
+  constexpr int kThreads = 128;
+  FinishRowsKernel<<<static_cast<unsigned>((rows * heads + kThreads - 1) / kThreads), kThreads, 0,
+                     stream>>>(y, rows, heads, dim, norm, eps, turns, half, round, format,
+                               scale_block, max_e8m0);
   return cudaGetLastError();
 }
 

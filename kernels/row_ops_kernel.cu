@@ -3,6 +3,7 @@
 #include "engine/cpu/engram.h"
 #include "engine/cpu/exp.h"
 #include "engine/cpu/hyper_connections.h"
+#include "kernels/row_math.cuh"
 #include "kernels/row_ops_kernel.cuh"
 
 namespace kvc::cuda {
@@ -15,12 +16,7 @@ unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / k
 __global__ void RmsNormKernel(const float* x, const float* w, int64_t rows, int64_t n, double eps,
                               float* y) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  const float* xr = x + r * n;
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss = __dadd_rn(ss, __dmul_rn(static_cast<double>(xr[i]), xr[i]));
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(n) + eps));
-  for (int64_t i = 0; i < n; ++i) y[r * n + i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+  if (r < rows) RmsNormRow(x + r * n, w, n, eps, y + r * n);
 }
 
 __global__ void PoolGroupsKernel(const float* kv, const float* score, int64_t groups, int64_t ratio,
@@ -54,10 +50,7 @@ __global__ void TurnTailsKernel(float* x, int64_t rows, int64_t heads, int64_t d
   if (id >= rows * heads * half) return;
   const int64_t i = id % half, rh = id / half, r = rh / heads;
   float* t = x + rh * dim + dim - 2 * half;
-  const float c = turns[(r * half + i) * 2], s = turns[(r * half + i) * 2 + 1];
-  const float a = t[2 * i], b = t[2 * i + 1];
-  t[2 * i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  t[2 * i + 1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  TurnPair(t + 2 * i, turns[(r * half + i) * 2], turns[(r * half + i) * 2 + 1]);
 }
 
 __global__ void SwapOuterKernel(const float* x, int64_t outer, int64_t middle, int64_t inner,

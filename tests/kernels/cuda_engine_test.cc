@@ -152,7 +152,8 @@ TEST(CudaGemmTest, APooledChainedInputIsTheCompressorsSteps) {
 }
 
 // Results finished where they are (model::RowFinish): a window-like row normalized,
-// turned and rounded to FP8; a chained multi-head result turned and rounded to the index
+// turned and rounded to FP8, and the same product normalized and turned only (nothing
+// rounds a difference away); a chained multi-head result turned and rounded to the index
 // FP4; a product chained on a finished result (it reads the finished rows). The CPU
 // backend's results are the steps written out (cpu::Gemm, cpu::RmsNorm, cpu::ApplyRope,
 // FakeQuantize), and the device's are the CPU backend's bits.
@@ -175,25 +176,38 @@ TEST(CudaGemmTest, FinishedResultsAreTheCpusStepsBitForBit) {
                                    .rope_freqs = &freqs,
                                    .first_position = first,
                                    .round = KvFormat::kSwaKv};
+  const model::RowFinish plain_finish{.norm = norm.data(),
+                                      .eps = 1e-6,
+                                      .rope_freqs = &freqs,
+                                      .first_position = first,
+                                      .round = std::nullopt};
   const model::RowFinish heads_finish{
       .heads = heads, .rope_freqs = &freqs, .first_position = first, .round = KvFormat::kIndexK};
   auto run = [&](const model::MatmulBackend& mm) {
-    std::vector<float> lo_y(rows * lo), kv(rows * dim), qh(rows * heads * dim), on_kv(rows * 9);
+    std::vector<float> lo_y(rows * lo), kv(rows * dim), qh(rows * heads * dim), on_kv(rows * 9),
+        plain(rows * dim);
     std::vector<model::GemmCall> calls = {
         {x.data(), rows, &w_lo, lo_y.data()},
         {x.data(), rows, &w_kv, kv.data()},
         {nullptr, rows, &w_heads, qh.data(), /*input_of=*/0, lo_norm.data(), 1e-6},
-        {nullptr, rows, &w_on_kv, on_kv.data(), /*input_of=*/1, kv_norm.data(), 1e-6}};
+        {nullptr, rows, &w_on_kv, on_kv.data(), /*input_of=*/1, kv_norm.data(), 1e-6},
+        {x.data(), rows, &w_kv, plain.data()}};
     calls[1].finish = &kv_finish;
     calls[2].finish = &heads_finish;
+    calls[4].finish = &plain_finish;
     mm.GemmGroup(calls);
-    return std::vector<std::vector<float>>{kv, qh, on_kv};
+    return std::vector<std::vector<float>>{kv, qh, on_kv, plain};
   };
   // The steps one by one.
   std::vector<float> lo_y(rows * lo), kv(rows * dim), lo_n(rows * lo), qh(rows * heads * dim),
       kv_n(rows * dim), on_kv(rows * 9);
   cpu::Gemm(x.data(), rows, w_lo, lo_y.data());
   cpu::Gemm(x.data(), rows, w_kv, kv.data());
+  std::vector<float> plain = kv;
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::RmsNorm(&plain[r * dim], norm.data(), dim, 1e-6, &plain[r * dim]);
+    cpu::ApplyRope(&plain[r * dim], dim, freqs, first + r);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     float* k = &kv[r * dim];
     cpu::RmsNorm(k, norm.data(), dim, 1e-6, k);
@@ -208,7 +222,7 @@ TEST(CudaGemmTest, FinishedResultsAreTheCpusStepsBitForBit) {
     FakeQuantize(KvFormat::kIndexK, std::span<float>(&qh[v * dim], dim));
   }
   cpu::Gemm(kv_n.data(), rows, w_on_kv, on_kv.data());
-  const std::vector<std::vector<float>> want = {kv, qh, on_kv};
+  const std::vector<std::vector<float>> want = {kv, qh, on_kv, plain};
   const std::unique_ptr<model::MatmulBackend> host = model::MakeCpuMatmul();
   for (const auto& [name, mm] : {std::pair{"cpu", host.get()}, std::pair{"device", gpu->get()}}) {
     const std::vector<std::vector<float>> got = run(*mm);
