@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build-gpu}"
 archive="$(realpath -m "${2:-gpu-bundle.tar.xz}")"
-tests=(kv_dequant_test kv_ops_test row_ops_test page_mirror_test cuda_engine_test cuda_programs_test hbm_ipc_test)
+tests=(kv_dequant_test kv_ops_test row_ops_test page_mirror_test device_matmul_test cuda_engine_test cuda_programs_test hbm_ipc_test)
 bins=(kvgen kvmodel kvbench kvcached kvdemo)
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_CUDA=ON >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target "${tests[@]}" "${bins[@]}" >/dev/null

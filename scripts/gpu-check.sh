@@ -11,5 +11,5 @@ dir="${1:-build-gpu}"
 out="${2:-$dir/gpu-check}"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_CUDA=ON >/dev/null
 cmake --build "$dir" -j "$(nproc 2>/dev/null || echo 2)" --target kv_dequant_test kv_ops_test \
-  row_ops_test page_mirror_test cuda_engine_test cuda_programs_test hbm_ipc_test kvgen kvmodel kvbench kvcached kvdemo >/dev/null
+  row_ops_test page_mirror_test device_matmul_test cuda_engine_test cuda_programs_test hbm_ipc_test kvgen kvmodel kvbench kvcached kvdemo >/dev/null
 exec scripts/gpu-run.sh "$dir/bin" "$dir/tests" configs "$out"

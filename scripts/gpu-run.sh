@@ -46,7 +46,7 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohea
 echo "gpu: $gpu" | tee "$out/gpu.txt"
 
 # 1. Parity suite: one line per test program (passed / failed / skipped, failures named).
-for t in kv_dequant_test kv_ops_test row_ops_test page_mirror_test cuda_engine_test cuda_programs_test hbm_ipc_test; do
+for t in kv_dequant_test kv_ops_test row_ops_test page_mirror_test device_matmul_test cuda_engine_test cuda_programs_test hbm_ipc_test; do
   start=$(date +%s)
   limit=$(budget 120)
   if [ "$limit" -eq 0 ]; then row "$t" "not run: time budget spent"; continue; fi
@@ -159,7 +159,7 @@ row "kvbench kernels" "$([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)")"
 san="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)"
 if [ -n "$san" ]; then
   for check in "memcheck kv_ops_test" "memcheck row_ops_test" "memcheck kv_dequant_test" \
-               "racecheck kv_ops_test" "memcheck cuda_engine_test"; do
+               "racecheck kv_ops_test" "memcheck device_matmul_test" "memcheck cuda_engine_test"; do
     set -- $check
     limit=$(budget 120)
     if [ "$limit" -eq 0 ]; then row "compute-sanitizer $1 $2" "not run: time budget spent"; continue; fi
