@@ -152,7 +152,7 @@ TEST(CudaGemmTest, FinishedResultsAreTheCpusStepsBitForBit) {
   std::mt19937_64 rng(testing::FreshSeed());
   const int64_t in = 40, lo = 24, rows = 5, heads = 4, dim = 32, first = 1000 + rng() % 5000;
   const std::vector<float> x = NormalFloats(rng, rows * in), norm = NormalFloats(rng, dim),
-                           lo_norm = NormalFloats(rng, lo), kv_norm = NormalFloats(rng, lo);
+                           lo_norm = NormalFloats(rng, lo), kv_norm = NormalFloats(rng, dim);
   const std::vector<double> freqs = cpu::RopeFrequencies(16, 10000, 0, 1, 32, 1);
   const cpu::PackedMatrix w_lo(NormalFloats(rng, lo * in), lo, in),
       w_kv(NormalFloats(rng, dim * in), dim, in),
