@@ -12,40 +12,24 @@
 namespace kvc::cuda {
 namespace {
 
-// The staged floats a result's finish takes: the norm's weight, the RoPE turns.
-size_t FinishFloats(const model::RowFinish& f, int64_t rows, int64_t width) {
-  const size_t dim = static_cast<size_t>(width / f.heads);
-  return (f.norm != nullptr ? dim : 0) +
-         (f.rope_freqs != nullptr ? static_cast<size_t>(rows) * f.rope_freqs->size() * 2 : 0);
-}
+// Where a result's finish reads what it takes on the device, in floats from the start of
+// the finishes' staging: the norm's weight, and the CPU's cos/sin per row (a table shared
+// by the finishes of one group with the same frequencies, positions and rows — the query
+// path's queries, window row and indexer queries).
+struct FinishStaging {
+  size_t norm = 0, turns = 0;
+  bool own_turns = false;  // its table is staged for it (not an earlier finish's)
+};
 
-// Writes what call's finish takes to the device into h (FinishFloats of them): the
-// norm's weight, then the CPU's cos/sin for each row (so the turn is the CPU's bits).
-void StageFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* h) {
-  model::CheckFinish(f, width);
-  if (f.norm != nullptr) {
-    std::memcpy(h, f.norm, static_cast<size_t>(width / f.heads) * sizeof(float));
-    h += width / f.heads;
-  }
-  if (f.rope_freqs != nullptr) {
-    std::vector<int64_t> positions(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) positions[r] = f.first_position + r;
-    const std::vector<float> turns = cpu::RopeTurns(*f.rope_freqs, positions, /*inverse=*/false);
-    std::memcpy(h, turns.data(), turns.size() * sizeof(float));
-  }
-}
-
-// Queues model::FinishRows on d_y (rows × width) where it is, one launch, reading what
-// StageFinish wrote from d_stage.
+// Queues model::FinishRows on d_y (rows × width) where it is, one launch, reading its
+// staged inputs from d_norm and d_turns.
 void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* d_y,
-                 const float* d_stage, cudaStream_t stream) {
+                 const float* d_norm, const float* d_turns, cudaStream_t stream) {
   const int64_t dim = width / f.heads;
-  const float* d_norm = f.norm != nullptr ? d_stage : nullptr;
-  const float* d_turns =
-      f.rope_freqs != nullptr ? d_stage + (f.norm != nullptr ? dim : 0) : nullptr;
   const int64_t half = f.rope_freqs != nullptr ? static_cast<int64_t>(f.rope_freqs->size()) : 0;
-  const KvFormat format = f.round.value_or(KvFormat::kSwaKv);
-  CUDA_CHECK(LaunchFinishRows(d_y, rows, f.heads, dim, d_norm, f.eps, d_turns, half,
+  const KvFormat format = f.round.value_or(KvFormat::kSwaKv);  // unused without rounding
+  CUDA_CHECK(LaunchFinishRows(d_y, rows, f.heads, dim, f.norm != nullptr ? d_norm : nullptr, f.eps,
+                              f.rope_freqs != nullptr ? d_turns : nullptr, half,
                               f.round.has_value(), RoundedFormatOf(format),
                               static_cast<int>(SpecOf(format).scale_block), MaxScaleCode(format),
                               stream));
@@ -87,6 +71,7 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
   std::vector<std::vector<float>> storage(calls.size());
   std::vector<std::span<const float>> transient(calls.size());
   size_t xs = 0, ys = 0, ws = 0, fs = 0;
+  std::vector<FinishStaging> f_at(calls.size());
   for (size_t i = 0; i < calls.size(); ++i) {
     const model::GemmCall& c = calls[i];
     const int64_t k = c.w->in_features();
@@ -95,13 +80,28 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     if (c.input_of >= 0) xs += static_cast<size_t>(k);  // the norm's weight
     if (c.pool_ratio > 0) xs += static_cast<size_t>(2 * c.m * c.pool_ratio * k);  // pooled rows
     ys += static_cast<size_t>(c.m * c.w->out_features());
-    if (c.finish != nullptr) fs += FinishFloats(*c.finish, c.m, c.w->out_features());
+    if (const model::RowFinish* f = c.finish; f != nullptr) {
+      model::CheckFinish(*f, c.w->out_features());
+      f_at[i].norm = fs;
+      if (f->norm != nullptr) fs += static_cast<size_t>(c.w->out_features() / f->heads);
+      if (f->rope_freqs != nullptr) {
+        auto same_turns = [&](const model::GemmCall& o) {
+          return o.finish != nullptr && o.finish->rope_freqs == f->rope_freqs &&
+                 o.finish->first_position == f->first_position && o.m == c.m;
+        };
+        size_t j = 0;  // the first finish with the same turns (i itself if none before)
+        while (!same_turns(calls[j])) ++j;
+        f_at[i].own_turns = j == i;
+        f_at[i].turns = j < i ? f_at[j].turns : fs;
+        if (j == i) fs += static_cast<size_t>(c.m) * f->rope_freqs->size() * 2;
+      }
+    }
     if (c.w->out_features() > 0 && !weights_.contains(c.w->packed().data())) {
       transient[i] = Layout(*c.w, storage[i]);
       ws += transient[i].size();
     }
   }
-  // The inputs' staging, then the finishes' (from fo on).
+  // The inputs' staging, then the finishes' (from xs on).
   float* d_x = x_.Reserve(xs + fs);
   float* d_y = y_.Reserve(ys);
   float* d_t = w_.Reserve(ws);
@@ -109,13 +109,19 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
   float* h_y = hy_.Reserve(ys);
   std::vector<size_t> y_at(calls.size()), x_at(calls.size());
   // What the finishes take goes up first, in one copy (after the inputs' staging).
-  std::vector<size_t> f_at(calls.size());
-  for (size_t i = 0, fo = xs; i < calls.size(); ++i) {
-    const model::GemmCall& c = calls[i];
-    if (c.finish == nullptr || c.m == 0 || c.w->out_features() == 0) continue;
-    f_at[i] = fo;
-    StageFinish(*c.finish, c.m, c.w->out_features(), h_x + fo);
-    fo += FinishFloats(*c.finish, c.m, c.w->out_features());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const model::RowFinish* f = calls[i].finish;
+    if (f == nullptr) continue;
+    if (f->norm != nullptr) {
+      const size_t dim = static_cast<size_t>(calls[i].w->out_features() / f->heads);
+      std::memcpy(h_x + xs + f_at[i].norm, f->norm, dim * sizeof(float));
+    }
+    if (f_at[i].own_turns) {
+      std::vector<int64_t> positions(static_cast<size_t>(calls[i].m));
+      for (int64_t r = 0; r < calls[i].m; ++r) positions[r] = f->first_position + r;
+      const std::vector<float> turns = cpu::RopeTurns(*f->rope_freqs, positions, /*inverse=*/false);
+      std::memcpy(h_x + xs + f_at[i].turns, turns.data(), turns.size() * sizeof(float));
+    }
   }
   if (fs > 0) {
     CUDA_CHECK(
@@ -127,7 +133,10 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     const model::GemmCall& c = calls[i];
     const int64_t n = c.w->out_features();
     Launch(d_in, c.m, c.w->in_features(), d_w, n, d_y + yo, stream_);
-    if (c.finish != nullptr) QueueFinish(*c.finish, c.m, n, d_y + yo, d_x + f_at[i], stream_);
+    if (c.finish != nullptr) {
+      QueueFinish(*c.finish, c.m, n, d_y + yo, d_x + xs + f_at[i].norm, d_x + xs + f_at[i].turns,
+                  stream_);
+    }
     yo += static_cast<size_t>(c.m * n);
   };
   for (size_t i = 0; i < calls.size(); ++i) {

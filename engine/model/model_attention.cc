@@ -18,11 +18,7 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
   // rounded to its FP4 (their head weights are scaled by the caller).
   const RowFinish q_finish{
       .heads = H, .rope_freqs = &freqs[l], .first_position = a, .round = std::nullopt};
-  const RowFinish kv_finish{.norm = w.kv_norm.data(),
-                            .eps = c.rms_norm_eps,
-                            .rope_freqs = &freqs[l],
-                            .first_position = a,
-                            .round = KvFormat::kSwaKv};
+  const RowFinish kv_finish = WindowRowFinish(l, a);
   const RowFinish qi_finish{.heads = c.index_n_heads,
                             .rope_freqs = &freqs[l],
                             .first_position = a,

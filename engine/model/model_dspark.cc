@@ -43,24 +43,23 @@ void ModelImpl::DraftRingCalls(int64_t a, int64_t b, const std::vector<float>& m
   const int64_t proj = static_cast<int64_t>(calls.size());
   calls.push_back({p.mh.data(), p.rows, &draft.main_proj, p.mx.data()});
   p.kv.assign(ND, {});
+  p.finish.clear();
+  for (int64_t l = L; l < L + ND; ++l) p.finish.push_back(WindowRowFinish(l, p.first));
   for (int64_t l = L; l < L + ND; ++l) {
     const PackedMatrix& wkv = layers[l].attn.wkv;
     p.kv[l - L].resize(p.rows * wkv.out_features());
     calls.push_back(
         {nullptr, p.rows, &wkv, p.kv[l - L].data(), proj, draft.main_norm.data(), c.rms_norm_eps});
+    calls.back().finish = &p.finish[l - L];
   }
 }
 
-void ModelImpl::WriteDraftRings(SequenceState& s, DraftRingProducts& p) const {
+void ModelImpl::WriteDraftRings(SequenceState& s, const DraftRingProducts& p) const {
   for (int64_t l = L; l < L + ND; ++l) {
-    const AttentionWeights& w = layers[l].attn;
     LayerState& ls = s.layers[l];
     for (int64_t r = 0; r < p.rows; ++r) {
       const int64_t pos = p.first + r;
-      float* k = &p.kv[l - L][r * hd];
-      cpu::RmsNorm(k, w.kv_norm.data(), hd, c.rms_norm_eps, k);
-      cpu::ApplyRope(k, hd, freqs[l], pos);
-      FakeQuantize(KvFormat::kSwaKv, std::span<float>(k, hd));
+      const float* k = &p.kv[l - L][r * hd];
       std::copy(k, k + hd, ls.ring.begin() + (pos % win) * hd);
       ls.ring_pos[pos % win] = pos;
     }

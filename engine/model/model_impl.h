@@ -165,17 +165,18 @@ class ModelImpl {
                  std::vector<float>* main_hidden = nullptr,
                  std::vector<float>* head_input = nullptr) const;
   // The drafter's rings for positions [a, b) from their main hidden states: the products
-  // (the projection, each draft layer's window KV chained on it normalized) go into
-  // `calls`, and once they are done WriteDraftRings stores the rows. Nothing without a
-  // drafter.
+  // (the projection, each draft layer's window KV chained on it normalized and finished as
+  // a window row) go into `calls`, and once they are done WriteDraftRings stores the rows. Nothing
+  // without a drafter.
   struct DraftRingProducts {
     int64_t first = 0, rows = 0;  // positions [first, first + rows): the last window's
     std::vector<float> mh, mx;
-    std::vector<std::vector<float>> kv;  // per draft layer
+    std::vector<std::vector<float>> kv;  // per draft layer, finished (WindowRowFinish)
+    std::vector<RowFinish> finish;       // per draft layer, what its kv call points at
   };
   void DraftRingCalls(int64_t a, int64_t b, const std::vector<float>& main_hidden,
                       DraftRingProducts& p, std::vector<GemmCall>& calls) const;
-  void WriteDraftRings(SequenceState& s, DraftRingProducts& p) const;
+  void WriteDraftRings(SequenceState& s, const DraftRingProducts& p) const;
   // The end of a trunk pass over [a, b): the drafter's rings and the logits of `rows`
   // (rows of X, the pass's), all products in one group — one wait on a device. `head`:
   // the head inputs RunLayers left (rows consecutive then), or null to take them from X.
@@ -185,6 +186,15 @@ class ModelImpl {
                                              const std::vector<float>& pre,
                                              std::span<const int64_t> rows,
                                              const std::vector<float>* head = nullptr) const;
+  // What a window KV row (layer l's wkv product) becomes before the ring holds it: RMSNorm
+  // by kv_norm, RoPE at its position (rows from `first_position` on), FP8 rounding.
+  RowFinish WindowRowFinish(int64_t l, int64_t first_position) const {
+    return {.norm = layers[l].attn.kv_norm.data(),
+            .eps = c.rms_norm_eps,
+            .rope_freqs = &freqs[l],
+            .first_position = first_position,
+            .round = KvFormat::kSwaKv};
+  }
   // Queries (low rank, normalized, up-projected, rotated per head) and the rows' own window
   // KV (normalized, rotated, FP8-QAT'd), for positions a, a+1, …. With qi and wts, also
   // the indexer's queries (rotated, FP4-QAT'd) and its raw head weights. Each result is

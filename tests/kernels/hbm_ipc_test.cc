@@ -7,7 +7,6 @@
 // so, where there is no GPU.
 #include <cuda_runtime_api.h>
 
-#include <cstring>
 #include <random>
 
 #include "backends/select.h"
@@ -19,6 +18,7 @@
 #include "kernels/kv_dequant.h"
 #include "serve/cache_connector.h"
 #include "tests/cachesvc/daemon.h"
+#include "tests/testing/same_bits.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
@@ -143,11 +143,8 @@ TEST(HbmIpcTest, AnEngineResumesFromChunksReadOutOfHbm) {
   EXPECT_EQ(r2.reused_tokens, 5 * C);
   EXPECT_EQ(r2.hbm_chunks, 5);
   EXPECT_TRUE(r2.warnings.empty()) << r2.warnings.front();
-  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
-  EXPECT_TRUE(same_bits(*from_hbm, *from_ram)) << "seed " << seed;
-  EXPECT_TRUE(same_bits(*from_hbm, *cold)) << "seed " << seed;
+  EXPECT_TRUE(testing::SameBits(*from_hbm, *from_ram)) << "seed " << seed;
+  EXPECT_TRUE(testing::SameBits(*from_hbm, *cold)) << "seed " << seed;
 
   // Any process that maps the arena can write it: one byte of chunk 2's device copy
   // changed (through a mapping of this process's own, closed before the engine maps it
@@ -181,7 +178,7 @@ TEST(HbmIpcTest, AnEngineResumesFromChunksReadOutOfHbm) {
   ASSERT_EQ(r3.warnings.size(), 1u);
   EXPECT_NE(r3.warnings[0].find("HBM chunk 2 of 5 does not match its checksum"), std::string::npos)
       << r3.warnings[0];
-  EXPECT_TRUE(same_bits(*past_bad, *cold)) << "seed " << seed;
+  EXPECT_TRUE(testing::SameBits(*past_bad, *cold)) << "seed " << seed;
 }
 
 }  // namespace
