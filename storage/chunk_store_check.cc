@@ -19,8 +19,9 @@ absl::Status ChunkStore::CheckConsistency() const {
   }
   const uint64_t capacity = s.ssd ? s.ssd->capacity_slots() : 0;
   // Where each slot is: 0 nowhere, else the first place that claimed it.
-  enum Place : uint8_t { kNowhere, kChunk, kFree, kReservedFree };
-  constexpr const char* kPlaceName[] = {"nowhere", "a chunk's", "free", "free in the reservation"};
+  enum Place : uint8_t { kNowhere, kChunk, kFree, kReservedFree, kNamedNext };
+  constexpr const char* kPlaceName[] = {"nowhere", "a chunk's", "free", "free in the reservation",
+                                        "the next reservation's first"};
   std::vector<uint8_t> place(capacity, kNowhere);
   auto claim = [&](uint64_t slot, Place p, const std::string& what) -> absl::Status {
     if (slot >= capacity) {
@@ -60,6 +61,16 @@ absl::Status ChunkStore::CheckConsistency() const {
     if (!s.reserved.contains(slot)) {
       return absl::InternalError(
           absl::StrCat("SSD slot ", slot, " is free in the reservation but not listed in it"));
+    }
+  }
+  if (s.next_first_slot) {
+    if (absl::Status st = claim(*s.next_first_slot, kNamedNext, "the reservation's next slot");
+        !st.ok())
+      return st;
+    if (s.reserved.contains(*s.next_first_slot)) {
+      return absl::InternalError(absl::StrCat("SSD slot ", *s.next_first_slot,
+                                              " is named the next reservation's first but is "
+                                              "listed in the current one"));
     }
   }
   uint64_t nowhere = 0;

@@ -61,6 +61,12 @@ class ChunkStore::Impl {
                                 std::vector<std::pair<ChunkKey, IndexRecord>>* recovered)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // Whether the slot the reservation names as the next one's first holds a chunk written
+  // after the reservation and not indexed: a later synced reservation was lost (the
+  // index's WAL came back short), and with it the entries of every chunk written under it.
+  absl::StatusOr<bool> LaterReservationLost(const SlotReservation& reservation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   int64_t NowS() const { return opt.now_s(); }
   // Whether the namespace's RAM pool has any slot.
   bool HasRam(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -277,6 +283,9 @@ class ChunkStore::Impl {
   std::unordered_set<uint64_t> reserved ABSL_GUARDED_BY(mu);
   uint64_t reservation_min_sequence ABSL_GUARDED_BY(mu) = 0;
   std::vector<uint64_t> reserved_free ABSL_GUARDED_BY(mu);
+  // The slot the record names as the next reservation's first write (in no free list
+  // until that reservation takes it; slot_reservation.h says why).
+  std::optional<uint64_t> next_first_slot ABSL_GUARDED_BY(mu);
   size_t in_flight ABSL_GUARDED_BY(mu) = 0;
   bool record_busy ABSL_GUARDED_BY(mu) = false;
   std::condition_variable_any reservation_cv;

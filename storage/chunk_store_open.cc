@@ -252,6 +252,22 @@ absl::Status ChunkStore::Impl::Open() {
                      std::string(decoded.status().message()).c_str());
       }
     }
+    // Numbering resumes above every sequence written before the record (erased chunks'
+    // slots included; records of earlier versions only know min_sequence).
+    next_sequence = std::max({next_sequence, reservation.min_sequence, reservation.sequence_bound});
+    if (!index_damaged && reservation.next_first_slot) {
+      absl::StatusOr<bool> lost = LaterReservationLost(reservation);
+      if (!lost.ok()) return lost.status();
+      if (*lost) {
+        index_damaged = true;
+        ++stats.index_rebuilds;
+        std::fprintf(stderr,
+                     "kvcache storage: SSD slot %llu holds a chunk written under a reservation "
+                     "the index no longer has (its write-ahead log came back short); "
+                     "rebuilding the index from every slot\n",
+                     static_cast<unsigned long long>(*reservation.next_first_slot));
+      }
+    }
     const size_t known_namespaces = namespaces.size();
     if (absl::Status s = RecoverFromSlots(reservation, index_damaged, &stale, &recovered); !s.ok())
       return s;
@@ -259,8 +275,14 @@ absl::Status ChunkStore::Impl::Open() {
     if (namespaces.size() != known_namespaces)
       meta.emplace_back("namespaces", EncodeNamespaces(namespaces));
     // Everything recovered is now in the index (synced), so the next reservation starts
-    // from nothing.
-    meta.emplace_back(kReservationMeta, EncodeSlotReservation({next_sequence, {}}));
+    // from nothing — but on a slot named now, the lowest free one.
+    std::vector<bool> taken(capacity_slots, false);
+    for (const auto& [key, r] : ssd_map) taken[GlobalSlot(r)] = true;
+    for (uint64_t s = 0; s < capacity_slots && !next_first_slot; ++s) {
+      if (!taken[s]) next_first_slot = s;
+    }
+    meta.emplace_back(kReservationMeta,
+                      EncodeSlotReservation({next_sequence, {}, next_sequence, next_first_slot}));
     if (absl::Status s = index->Commit(recovered, stale, /*sync=*/true, meta); !s.ok()) return s;
     stats.recovered_chunks = recovered.size();
     if (!recovered.empty()) {
@@ -300,7 +322,8 @@ absl::Status ChunkStore::Impl::Open() {
     if (r.parent && !ssd_map.contains(*r.parent)) ssd_order.MarkOrphansOf(*r.parent);
   }
   for (uint64_t s = capacity_slots; s-- > 0;) {
-    if (!used[s]) ssd_free.push_back(s);  // lowest slot on top: slabs fill in order
+    // Lowest slot on top: slabs fill in order. The named slot waits for the reservation.
+    if (!used[s] && s != next_first_slot) ssd_free.push_back(s);
   }
 
   std::vector<uint64_t> pool_bytes{opt.ram_bytes};

@@ -100,4 +100,23 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> ChunkStore::Impl::LaterReservationLost(const SlotReservation& reservation) {
+  const uint64_t slot = *reservation.next_first_slot;
+  if (slot >= ssd->capacity_slots()) return false;  // the tier shrank past it
+  std::optional<SlotHeader> found;
+  if (absl::Status s = ssd->Scan(std::span<const uint64_t>(&slot, 1),
+                                 [&](uint64_t, const SlotHeader& h) { found = h; });
+      !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("reading the slot the reservation names next: ", s.message()));
+  }
+  // Nothing is written there but under a later reservation, itself synced first; bytes
+  // from before the record carry smaller sequences.
+  if (!found || found->sequence < std::max(reservation.min_sequence, reservation.sequence_bound))
+    return false;
+  auto indexed = ssd_map.find(found->key);
+  return indexed == ssd_map.end() || indexed->second.sequence != found->sequence ||
+         GlobalSlot(indexed->second) != slot;
+}
+
 }  // namespace kvc::storage

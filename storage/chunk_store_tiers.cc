@@ -149,7 +149,10 @@ absl::Status ChunkStore::Impl::CommitSsdRemovals(const std::vector<ChunkKey>& ke
     while (record_busy) reservation_cv.wait(mu);
     record_busy = holds_record = true;
     for (uint64_t slot : slots) reserved.erase(slot);
-    SlotReservation record{reservation_min_sequence, {reserved.begin(), reserved.end()}};
+    SlotReservation record{reservation_min_sequence,
+                           {reserved.begin(), reserved.end()},
+                           next_sequence,
+                           next_first_slot};
     meta.emplace_back(kReservationMeta, EncodeSlotReservation(record));
   }
   mu.unlock();
@@ -185,9 +188,12 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
   const size_t missing = n - std::min(n, reserved_free.size());
   std::vector<ChunkKey> evicted;
   absl::Status status;
-  if (ssd_free.size() < missing) {
+  // Free slots this reservation can take: the free list and the slot the last record
+  // named as this one's first.
+  const size_t named = next_first_slot ? 1 : 0;
+  if (ssd_free.size() + named < missing) {
     const size_t ahead = std::min<size_t>(ssd->capacity_slots() / 64, 32);
-    while (ssd_free.size() < missing + ahead) {
+    while (ssd_free.size() + named < missing + ahead) {
       std::optional<ChunkKey> victim = ssd_order.PickVictim(NowS());
       if (!victim) break;
       RemoveSsd(*victim);  // its slot to ssd_free (or to reserved_free, still listed)
@@ -195,13 +201,29 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
       ++stats.ssd_evictions;
     }
   }
-  const size_t take = std::min(ssd_free.size(), std::max(missing, ReserveAhead()));
-  std::vector<uint64_t> fresh(ssd_free.end() - static_cast<ptrdiff_t>(take), ssd_free.end());
-  ssd_free.resize(ssd_free.size() - take);
+  // One free slot is kept back to be named as the next reservation's first, unless this
+  // reservation needs every one.
+  const size_t available = ssd_free.size() + named;
+  size_t take = std::min(available, std::max(missing, ReserveAhead()));
+  if (take == available && take > missing) --take;
+  // Writes take reserved_free from its back: the leftovers of the last reservation first
+  // (listed in its record), then the named slot, so that the first write outside the last
+  // record's slots lands on the slot it named.
+  const size_t from_free = take - std::min(take, named);
+  std::vector<uint64_t> fresh(ssd_free.end() - static_cast<ptrdiff_t>(from_free), ssd_free.end());
+  ssd_free.resize(ssd_free.size() - from_free);
+  // (take ≥ missing ≥ 1: a named slot is always taken.)
+  if (named != 0) fresh.push_back(*next_first_slot);
+  std::optional<uint64_t> following;
+  if (!ssd_free.empty()) {
+    following = ssd_free.back();
+    ssd_free.pop_back();
+  }
   SlotReservation record;
-  record.min_sequence = next_sequence;
+  record.min_sequence = record.sequence_bound = next_sequence;
   record.slots = reserved_free;
   record.slots.insert(record.slots.end(), fresh.begin(), fresh.end());
+  record.next_first_slot = following;
   mu.unlock();
   status = index->Commit({}, evicted, /*sync=*/true,
                          {{kReservationMeta, EncodeSlotReservation(record)}});
@@ -212,7 +234,11 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
     reservation_min_sequence = record.min_sequence;
     // Lowest slot on top, as in ssd_free: slabs fill in order.
     reserved_free.insert(reserved_free.begin(), fresh.begin(), fresh.end());
+    next_first_slot = following;
   } else {
+    // As before: the slot named stays named, the rest goes back to the free list.
+    if (following) ssd_free.push_back(*following);
+    if (named != 0) fresh.pop_back();
     ssd_free.insert(ssd_free.end(), fresh.begin(), fresh.end());
   }
   record_busy = false;

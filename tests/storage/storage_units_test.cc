@@ -110,20 +110,30 @@ TEST(SlotFormatTest, VerifyCatchesEveryMismatchInEitherFormat) {
 TEST(SlotReservationTest, RoundTripsAndRejectsDamage) {
   const uint64_t seed = testing::FreshSeed();
   std::mt19937_64 rng(seed);
-  SlotReservation r;
-  r.min_sequence = rng();
-  for (int i = 0; i < 37; ++i) r.slots.push_back(rng() % 100000);
-  const std::string bytes = EncodeSlotReservation(r);
-  absl::StatusOr<SlotReservation> back = DecodeSlotReservation(bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->min_sequence, r.min_sequence);
-  EXPECT_EQ(back->slots, r.slots);
-  for (int i = 0; i < 50; ++i) {
-    std::string bad = bytes;
-    bad[rng() % bad.size()] ^= static_cast<char>(1u << (rng() % 8));
-    EXPECT_TRUE(absl::IsDataLoss(DecodeSlotReservation(bad).status()));
+  for (const bool names_next : {false, true}) {
+    SCOPED_TRACE(names_next ? "a next first slot named" : "no next first slot");
+    SlotReservation r;
+    r.min_sequence = rng();
+    for (int i = 0; i < 37; ++i) r.slots.push_back(rng() % 100000);
+    if (names_next) {
+      r.sequence_bound = r.min_sequence + rng() % 1000;
+      r.next_first_slot = rng() % 100000;
+    }
+    const std::string bytes = EncodeSlotReservation(r);
+    absl::StatusOr<SlotReservation> back = DecodeSlotReservation(bytes);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->min_sequence, r.min_sequence);
+    EXPECT_EQ(back->slots, r.slots);
+    EXPECT_EQ(back->sequence_bound, r.sequence_bound);
+    EXPECT_EQ(back->next_first_slot, r.next_first_slot);
+    for (int i = 0; i < 50; ++i) {
+      std::string bad = bytes;
+      bad[rng() % bad.size()] ^= static_cast<char>(1u << (rng() % 8));
+      EXPECT_TRUE(absl::IsDataLoss(DecodeSlotReservation(bad).status()));
+    }
+    EXPECT_TRUE(
+        absl::IsDataLoss(DecodeSlotReservation(bytes.substr(0, bytes.size() - 8)).status()));
   }
-  EXPECT_TRUE(absl::IsDataLoss(DecodeSlotReservation(bytes.substr(0, bytes.size() - 8)).status()));
   EXPECT_TRUE(DecodeSlotReservation(EncodeSlotReservation({})).ok());
 }
 
