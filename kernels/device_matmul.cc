@@ -102,11 +102,12 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     }
   }
   // The inputs' staging, then the finishes' (from xs on).
-  float* d_x = x_.Reserve(xs + fs);
-  float* d_y = y_.Reserve(ys);
-  float* d_t = w_.Reserve(ws);
-  float* h_x = hx_.Reserve(xs + fs);
-  float* h_y = hy_.Reserve(ys);
+  BufferSet& set = TakeSet();
+  float* d_x = set.x.Reserve(xs + fs);
+  float* d_y = set.y.Reserve(ys);
+  float* d_t = set.w.Reserve(ws);
+  float* h_x = set.hx.Reserve(xs + fs);
+  float* h_y = set.hy.Reserve(ys);
   std::vector<size_t> y_at(calls.size()), x_at(calls.size());
   // What the finishes take goes up first, in one copy (after the inputs' staging).
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -211,13 +212,23 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
   if (yo > 0) {
     CUDA_CHECK(cudaMemcpyAsync(h_y, d_y, yo * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  Deliver();
+  Synchronize();
   for (size_t i = 0; i < calls.size(); ++i) {
     const model::GemmCall& c = calls[i];
     const size_t n = static_cast<size_t>(c.m * c.w->out_features());
     if (n > 0) std::memcpy(c.y, h_y + y_at[i], n * sizeof(float));
   }
+}
+
+DeviceMatmul::BufferSet& DeviceMatmul::TakeSet() const {
+  if (sets_taken_ == sets_.size()) sets_.push_back(std::make_unique<BufferSet>());
+  return *sets_[sets_taken_++];
+}
+
+void DeviceMatmul::Synchronize() const {
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  Deliver();
+  sets_taken_ = 0;
 }
 
 bool DeviceMatmul::Holds(const cpu::PackedMatrix& w) const {

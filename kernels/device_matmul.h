@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <unordered_map>
@@ -91,6 +92,27 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   };
   MoeScratch ReserveMoe(size_t in_bytes, size_t res_bytes, size_t dev_bytes) const;
   void ReturnMoe(std::byte* h_res, const std::byte* d_res, size_t bytes) const;
+
+  // The buffers one call stages its inputs and results through and computes in. Calls take
+  // sets in turn, and every set is free again only after the stream's next wait
+  // (Synchronize): a result still in flight — a MoE sublayer's pending results, read on
+  // the device by a later group — never has its buffers reused by a later call, whatever
+  // that call is. With mu_ held.
+  struct BufferSet {
+    GrowingDeviceBuffer<float> x, y, w;
+    GrowingPinnedBuffer<float> hx, hy;
+    GrowingDeviceBuffer<int64_t> index;  // the experts' routing
+    GrowingPinnedBuffer<int64_t> hindex;
+    // RoutedMoe's: its inputs and results (staged both ways) and what stays on the device.
+    GrowingDeviceBuffer<std::byte> moe_in, moe_res, moe_dev;
+    GrowingPinnedBuffer<std::byte> moe_in_host, moe_res_host;
+  };
+  BufferSet& TakeSet() const;
+  // Waits for the stream; then every result has landed: pending ones are delivered, and
+  // every set is free.
+  void Synchronize() const;
+  mutable std::vector<std::unique_ptr<BufferSet>> sets_;
+  mutable size_t sets_taken_ = 0;
   void FillRouting(const model::MoeBlock& moe, std::byte* h_in, const RoutingRegions& at) const;
   void QueueRouted(const float* d_x, int64_t rows, const model::MoeBlock& moe, std::byte* d_in,
                    std::byte* d_dev, const RoutingRegions& at, float* d_out) const;
@@ -98,28 +120,23 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   // Results of a MoE sublayer that went on into the next layer (MoeSublayer::Next) and
   // returned before they landed: where each goes, its page-locked copy once the stream has
   // run, and its device copy, which GemmGroup's products read instead of the host's
-  // (Resident). GemmGroup delivers them after its wait; a MoE call waits for them first
-  // (Settle), as it reuses their buffers. With mu_ held.
+  // (Resident). Delivered at the next wait (Synchronize); a MoE call whose host inputs or
+  // results overlap one waits for them first (Pends). With mu_ held.
   struct Pending {
     float* to;
     const float* staged;
     const float* device;
     size_t floats;
   };
-  void Settle() const;
+  // Whether a pending result lands in [at, at + floats): a call that reads those host
+  // floats, or writes them (the delivery would overwrite it), waits for it first.
+  bool Pends(const float* at, size_t floats) const;
   void Deliver() const;
   const float* Resident(const float* x, size_t floats) const;
   mutable std::vector<Pending> pending_;
 
   mutable std::mutex mu_;  // one group at a time on the stream and the scratch buffers
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
-  mutable GrowingDeviceBuffer<float> x_, y_, w_;
-  mutable GrowingPinnedBuffer<float> hx_, hy_;
-  mutable GrowingDeviceBuffer<int64_t> index_;  // the experts' routing
-  mutable GrowingPinnedBuffer<int64_t> hindex_;
-  // RoutedMoe's: its inputs and results (staged both ways) and what stays on the device.
-  mutable GrowingDeviceBuffer<std::byte> moe_in_, moe_res_, moe_dev_;
-  mutable GrowingPinnedBuffer<std::byte> moe_in_host_, moe_res_host_;
 };
 
 }  // namespace kvc::cuda

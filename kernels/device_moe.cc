@@ -80,19 +80,21 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
   }
 
   std::lock_guard lock(mu_);
-  Settle();
+  if (Pends(x, static_cast<size_t>(rows * D)) || Pends(out, static_cast<size_t>(rows * D)))
+    Synchronize();
+  BufferSet& set = TakeSet();
   const size_t in_floats = static_cast<size_t>(rows * D) + weights.size();
-  float* h_x = hx_.Reserve(in_floats);
-  int64_t* h_index = hindex_.Reserve(index.size());
+  float* h_x = set.hx.Reserve(in_floats);
+  int64_t* h_index = set.hindex.Reserve(index.size());
   std::memcpy(h_x, x, static_cast<size_t>(rows * D) * sizeof(float));
   std::memcpy(h_x + rows * D, weights.data(), weights.size() * sizeof(float));
   std::memcpy(h_index, index.data(), index.size() * sizeof(int64_t));
-  float* d_in = x_.Reserve(in_floats);
-  int64_t* d_index = index_.Reserve(index.size());
+  float* d_in = set.x.Reserve(in_floats);
+  int64_t* d_index = set.index.Reserve(index.size());
   const size_t per_slot = static_cast<size_t>(2 * D + 2 * I);  // xs, g, up, y
-  float* d_act = w_.Reserve(static_cast<size_t>(most_slots) * per_slot);
-  float* d_out = y_.Reserve(static_cast<size_t>(rows * D));
-  float* h_out = hy_.Reserve(static_cast<size_t>(rows * D));
+  float* d_act = set.w.Reserve(static_cast<size_t>(most_slots) * per_slot);
+  float* d_out = set.y.Reserve(static_cast<size_t>(rows * D));
+  float* h_out = set.hy.Reserve(static_cast<size_t>(rows * D));
   CUDA_CHECK(
       cudaMemcpyAsync(d_in, h_x, in_floats * sizeof(float), cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaMemcpyAsync(d_index, h_index, index.size() * sizeof(int64_t),
@@ -127,7 +129,7 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
   }
   CUDA_CHECK(cudaMemcpyAsync(h_out, d_out, static_cast<size_t>(rows * D) * sizeof(float),
                              cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  Synchronize();
   std::memcpy(out, h_out, static_cast<size_t>(rows * D) * sizeof(float));
 }
 
@@ -172,14 +174,15 @@ struct DeviceMatmul::RoutingRegions {
 
 DeviceMatmul::MoeScratch DeviceMatmul::ReserveMoe(size_t in_bytes, size_t res_bytes,
                                                   size_t dev_bytes) const {
-  return {moe_in_host_.Reserve(in_bytes), moe_in_.Reserve(in_bytes),
-          moe_res_host_.Reserve(res_bytes), moe_res_.Reserve(res_bytes),
-          moe_dev_.Reserve(dev_bytes)};
+  BufferSet& set = TakeSet();
+  return {set.moe_in_host.Reserve(in_bytes), set.moe_in.Reserve(in_bytes),
+          set.moe_res_host.Reserve(res_bytes), set.moe_res.Reserve(res_bytes),
+          set.moe_dev.Reserve(dev_bytes)};
 }
 
 void DeviceMatmul::ReturnMoe(std::byte* h_res, const std::byte* d_res, size_t bytes) const {
   CUDA_CHECK(cudaMemcpyAsync(h_res, d_res, bytes, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  Synchronize();
 }
 
 bool DeviceMatmul::Routes(int64_t rows, const model::MoeBlock& moe) const {
@@ -269,7 +272,13 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
-  Settle();
+  bool touches_pending =
+      Pends(x, static_cast<size_t>(rows * b.D)) || Pends(out, static_cast<size_t>(rows * b.D));
+  for (const model::GemmCall& c : also) {
+    touches_pending |= Pends(c.x, static_cast<size_t>(c.m * c.w->in_features())) ||
+                       Pends(c.y, static_cast<size_t>(c.m * c.w->out_features()));
+  }
+  if (touches_pending) Synchronize();
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
   std::memcpy(At<float>(h_in, in_x), x, static_cast<size_t>(rows * b.D) * sizeof(float));
   for (size_t i = 0; i < also.size(); ++i) {
@@ -354,7 +363,19 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
-  Settle();
+  const auto floats = [](int64_t count) { return static_cast<size_t>(count); };
+  bool touches_pending = Pends(s.R, floats(rows * n)) || Pends(s.post, floats(rows * hc)) ||
+                         Pends(s.comb, floats(rows * hc * hc)) || Pends(s.pre, floats(rows * hc));
+  if (next == nullptr) {
+    touches_pending |= Pends(s.stream, floats(rows * n)) || Pends(s.mixes, floats(rows * mix)) ||
+                       Pends(s.out, floats(rows * b.D));
+  } else {
+    touches_pending |= Pends(next->stream, floats(rows * n)) ||
+                       Pends(next->pre, floats(rows * hc)) ||
+                       Pends(next->input, floats(rows * b.D)) ||
+                       (engram && Pends(next->engram_kv, floats(rows * (n + b.D))));
+  }
+  if (touches_pending) Synchronize();
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
   std::byte* d_own = next != nullptr ? d : d_res;
   auto put = [&](size_t at, const float* from, int64_t count) {
@@ -429,10 +450,11 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   pend(next->input, next_input, rows * b.D);
 }
 
-void DeviceMatmul::Settle() const {
-  if (pending_.empty()) return;
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  Deliver();
+bool DeviceMatmul::Pends(const float* at, size_t floats) const {
+  for (const Pending& p : pending_) {
+    if (floats > 0 && at < p.to + p.floats && p.to < at + floats) return true;
+  }
+  return false;
 }
 
 void DeviceMatmul::Deliver() const {

@@ -2,7 +2,8 @@
 // the device GEMM equals the CPU GEMM bit for bit for odd shapes; groups of products with
 // chained, pooled and finished results are the CPU backend's bits and the steps written
 // out; the experts, the routed MoE block and the MoE sublayer after attention (on into the
-// next layer's input) are the host's bits. Skipped, saying so, where there is no GPU; the
+// next layer's input, with another MoE call while its results are in flight) are the
+// host's bits. Skipped, saying so, where there is no GPU; the
 // <test>_emu build runs the same checks on the CPU emulation of CUDA (tests/cudaemu).
 #include <cuda_runtime_api.h>
 
@@ -25,6 +26,9 @@
 #include "tests/testing/random.h"
 #include "tests/testing/same_bits.h"
 #include "tests/testing/seed.h"
+#if defined(KVC_CUDA_EMULATED)
+#include "cudaemu/runtime.h"
+#endif
 
 namespace kvc::cuda {
 namespace {
@@ -475,6 +479,20 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
     into.next = &next;
     ASSERT_EQ(cudaEventRecord(ready, stream), cudaSuccess);
     products->MoeSublayerAfter(d_f, ready, f_read, rows, into);
+    // Another MoE call while those results are in flight, on unrelated rows: it takes
+    // buffers of its own (a call reusing the sublayer's would overwrite its staged
+    // results) and waits once, for itself — not first for them.
+    const std::vector<float> other = NormalFloats(rng, rows * D);
+    const std::vector<float> want_other = HostMoe(block, other, rows);
+    std::vector<float> got_other(rows * D, NAN);
+#if defined(KVC_CUDA_EMULATED)
+    const uint64_t waits_before = cudaemu::CountsSoFar().waits;
+#endif
+    ASSERT_TRUE((*gpu)->RoutedMoe(other.data(), rows, block, {}, got_other.data()));
+#if defined(KVC_CUDA_EMULATED)
+    EXPECT_EQ(cudaemu::CountsSoFar().waits - waits_before, 1u) << rows << " rows";
+#endif
+    EXPECT_TRUE(SameBits(got_other, want_other)) << rows << " rows, seed " << seed;
     const model::GemmCall reader{in2.data(), rows, &gate, probe.data()};
     (*gpu)->GemmGroup(std::span(&reader, 1));
     EXPECT_TRUE(SameBits(X2, want_X2)) << rows << " rows, seed " << seed;
