@@ -143,16 +143,13 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   s.stats = {};
   std::vector<float> pre;
   std::vector<float> X = m.Embed(s, 0, n, &pre);
-  std::vector<float> main_hidden;
   if (mode == PrefillMode::kFullDepth) {
-    std::vector<float> head_input;
-    const bool at_head =
-        m.RunLayers(s, 0, m.L, 0, n, X, pre, /*compress=*/true, &main_hidden, &head_input);
+    const int64_t last = n - 1;
+    std::vector<std::vector<float>> logits =
+        m.LayersToLogits(s, 0, 0, n, X, pre, /*compress=*/true, std::span(&last, 1));
     s.stats.encoder_tokens = s.stats.decoder_tokens = n;
     UpdateFullTokens(m, s);
-    const int64_t last = n - 1;
-    return std::move(m.FinishPass(s, 0, n, main_hidden, X, pre, std::span(&last, 1),
-                                  at_head ? &head_input : nullptr)[0]);
+    return std::move(logits[0]);
   }
   m.RunLayers(s, 0, m.E, 0, n, X, pre, /*compress=*/true);
   m.CompressDecoder(s, 0, n, X, pre);
@@ -160,33 +157,30 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
   std::vector<float> Xs(X.begin() + seg * m.hc * m.D, X.end());
   std::vector<float> ps(pre.begin() + seg * m.hc, pre.end());
-  std::vector<float> head_input;
-  const bool at_head =
-      m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false, &main_hidden, &head_input);
+  const int64_t last = n - seg - 1;
+  std::vector<std::vector<float>> logits =
+      m.LayersToLogits(s, m.E, seg, n, Xs, ps, /*compress=*/false, std::span(&last, 1));
   s.stats.encoder_tokens = n;
   s.stats.compressed_tokens = n;
   s.stats.decoder_tokens = n - seg;
   UpdateFullTokens(m, s);
-  const int64_t last = n - seg - 1;
-  return std::move(m.FinishPass(s, seg, n, main_hidden, Xs, ps, std::span(&last, 1),
-                                at_head ? &head_input : nullptr)[0]);
+  return std::move(logits[0]);
 }
 
 std::vector<std::vector<float>> ModelImpl::Extend(SequenceState& s,
                                                   std::span<const uint32_t> tokens) const {
   const int64_t p = static_cast<int64_t>(s.tokens.size()), k = static_cast<int64_t>(tokens.size());
   s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
-  std::vector<float> pre, main_hidden;
+  std::vector<float> pre;
   std::vector<float> X = Embed(s, p, p + k, &pre);
-  std::vector<float> head_input;
-  const bool at_head =
-      RunLayers(s, 0, L, p, p + k, X, pre, /*compress=*/true, &main_hidden, &head_input);
+  std::vector<int64_t> rows(k);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<std::vector<float>> logits =
+      LayersToLogits(s, 0, p, p + k, X, pre, /*compress=*/true, rows);
   s.stats = {
       .encoder_tokens = k, .decoder_tokens = k, .replayed_tokens = 0, .compressed_tokens = k};
   UpdateFullTokens(*this, s);
-  std::vector<int64_t> rows(k);
-  std::iota(rows.begin(), rows.end(), 0);
-  return FinishPass(s, p, p + k, main_hidden, X, pre, rows, at_head ? &head_input : nullptr);
+  return logits;
 }
 
 absl::StatusOr<std::vector<float>> Model::Decode(Sequence& seq, uint32_t token) const {
@@ -350,18 +344,15 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
   KVC_CHECK(seg >= start);
   std::vector<float> Xs(X.begin() + (seg - start) * m.hc * m.D, X.end());
   std::vector<float> ps(pre.begin() + (seg - start) * m.hc, pre.end());
-  std::vector<float> main_hidden;
-  std::vector<float> head_input;
-  const bool at_head =
-      m.RunLayers(s, m.E, m.L, seg, n, Xs, ps, /*compress=*/false, &main_hidden, &head_input);
+  const int64_t last = n - seg - 1;
+  std::vector<std::vector<float>> logits =
+      m.LayersToLogits(s, m.E, seg, n, Xs, ps, /*compress=*/false, std::span(&last, 1));
   s.stats.encoder_tokens = n - start;
   s.stats.replayed_tokens = cached - start;
   s.stats.compressed_tokens = n - cached;
   s.stats.decoder_tokens = n - seg;
   UpdateFullTokens(m, s);
-  const int64_t last = n - seg - 1;
-  return std::move(m.FinishPass(s, seg, n, main_hidden, Xs, ps, std::span(&last, 1),
-                                at_head ? &head_input : nullptr)[0]);
+  return std::move(logits[0]);
 }
 
 }  // namespace kvc::model

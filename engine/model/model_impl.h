@@ -186,6 +186,12 @@ class ModelImpl {
                                              const std::vector<float>& pre,
                                              std::span<const int64_t> rows,
                                              const std::vector<float>* head = nullptr) const;
+  // The trunk's layers [l0, L) over positions [a, b) (X, pre: those rows), then the pass's
+  // end for `rows` (FinishPass), taking the head inputs where the last layer left them.
+  std::vector<std::vector<float>> LayersToLogits(SequenceState& s, int64_t l0, int64_t a, int64_t b,
+                                                 std::vector<float>& X, std::vector<float>& pre,
+                                                 bool compress,
+                                                 std::span<const int64_t> rows) const;
   // What a window KV row (layer l's wkv product) becomes before the ring holds it: RMSNorm
   // by kv_norm, RoPE at its position (rows from `first_position` on), FP8 rounding.
   RowFinish WindowRowFinish(int64_t l, int64_t first_position) const {

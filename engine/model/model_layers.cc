@@ -238,6 +238,15 @@ std::vector<float> ModelImpl::Logits(const std::vector<float>& X, const std::vec
   return logits;
 }
 
+std::vector<std::vector<float>> ModelImpl::LayersToLogits(SequenceState& s, int64_t l0, int64_t a,
+                                                          int64_t b, std::vector<float>& X,
+                                                          std::vector<float>& pre, bool compress,
+                                                          std::span<const int64_t> rows) const {
+  std::vector<float> main_hidden, head_input;
+  const bool at_head = RunLayers(s, l0, L, a, b, X, pre, compress, &main_hidden, &head_input);
+  return FinishPass(s, a, b, main_hidden, X, pre, rows, at_head ? &head_input : nullptr);
+}
+
 std::vector<std::vector<float>> ModelImpl::FinishPass(SequenceState& s, int64_t a, int64_t b,
                                                       const std::vector<float>& main_hidden,
                                                       const std::vector<float>& X,
