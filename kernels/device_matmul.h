@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -121,16 +122,24 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   // returned before they landed: where each goes, its page-locked copy once the stream has
   // run, and its device copy, which GemmGroup's products read instead of the host's
   // (Resident). Delivered at the next wait (Synchronize); a MoE call whose host inputs or
-  // results overlap one waits for them first (Pends). With mu_ held.
+  // results overlap one waits for them first (SettleFor). With mu_ held.
   struct Pending {
     float* to;
     const float* staged;
     const float* device;
     size_t floats;
   };
-  // Whether a pending result lands in [at, at + floats): a call that reads those host
-  // floats, or writes them (the delivery would overwrite it), waits for it first.
-  bool Pends(const float* at, size_t floats) const;
+  // Host floats a call reads or writes. If a pending result lands in any of them, the call
+  // waits for it first (SettleFor): it would read stale floats, or have its results
+  // overwritten by the delivery.
+  struct HostFloats {
+    const float* at;
+    int64_t count;
+  };
+  void SettleFor(std::span<const HostFloats> ranges) const;
+  void SettleFor(std::initializer_list<HostFloats> ranges) const {
+    SettleFor(std::span(ranges.begin(), ranges.size()));
+  }
   void Deliver() const;
   const float* Resident(const float* x, size_t floats) const;
   mutable std::vector<Pending> pending_;

@@ -80,8 +80,7 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
   }
 
   std::lock_guard lock(mu_);
-  if (Pends(x, static_cast<size_t>(rows * D)) || Pends(out, static_cast<size_t>(rows * D)))
-    Synchronize();
+  SettleFor({{x, rows * D}, {out, rows * D}});
   BufferSet& set = TakeSet();
   const size_t in_floats = static_cast<size_t>(rows * D) + weights.size();
   float* h_x = set.hx.Reserve(in_floats);
@@ -272,13 +271,12 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
-  bool touches_pending =
-      Pends(x, static_cast<size_t>(rows * b.D)) || Pends(out, static_cast<size_t>(rows * b.D));
+  std::vector<HostFloats> touched = {{x, rows * b.D}, {out, rows * b.D}};
   for (const model::GemmCall& c : also) {
-    touches_pending |= Pends(c.x, static_cast<size_t>(c.m * c.w->in_features())) ||
-                       Pends(c.y, static_cast<size_t>(c.m * c.w->out_features()));
+    touched.push_back({c.x, c.m * c.w->in_features()});
+    touched.push_back({c.y, c.m * c.w->out_features()});
   }
-  if (touches_pending) Synchronize();
+  SettleFor(touched);
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
   std::memcpy(At<float>(h_in, in_x), x, static_cast<size_t>(rows * b.D) * sizeof(float));
   for (size_t i = 0; i < also.size(); ++i) {
@@ -363,19 +361,15 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
-  const auto floats = [](int64_t count) { return static_cast<size_t>(count); };
-  bool touches_pending = Pends(s.R, floats(rows * n)) || Pends(s.post, floats(rows * hc)) ||
-                         Pends(s.comb, floats(rows * hc * hc)) || Pends(s.pre, floats(rows * hc));
+  SettleFor({{s.R, rows * n}, {s.post, rows * hc}, {s.comb, rows * hc * hc}, {s.pre, rows * hc}});
   if (next == nullptr) {
-    touches_pending |= Pends(s.stream, floats(rows * n)) || Pends(s.mixes, floats(rows * mix)) ||
-                       Pends(s.out, floats(rows * b.D));
+    SettleFor({{s.stream, rows * n}, {s.mixes, rows * mix}, {s.out, rows * b.D}});
   } else {
-    touches_pending |= Pends(next->stream, floats(rows * n)) ||
-                       Pends(next->pre, floats(rows * hc)) ||
-                       Pends(next->input, floats(rows * b.D)) ||
-                       (engram && Pends(next->engram_kv, floats(rows * (n + b.D))));
+    SettleFor({{next->stream, rows * n},
+               {next->pre, rows * hc},
+               {next->input, rows * b.D},
+               {next->engram_kv, engram ? rows * (n + b.D) : 0}});
   }
-  if (touches_pending) Synchronize();
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
   std::byte* d_own = next != nullptr ? d : d_res;
   auto put = [&](size_t at, const float* from, int64_t count) {
@@ -450,11 +444,15 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   pend(next->input, next_input, rows * b.D);
 }
 
-bool DeviceMatmul::Pends(const float* at, size_t floats) const {
+void DeviceMatmul::SettleFor(std::span<const HostFloats> ranges) const {
   for (const Pending& p : pending_) {
-    if (floats > 0 && at < p.to + p.floats && p.to < at + floats) return true;
+    for (const HostFloats& r : ranges) {
+      if (r.count > 0 && r.at < p.to + p.floats && p.to < r.at + r.count) {
+        Synchronize();
+        return;
+      }
+    }
   }
-  return false;
 }
 
 void DeviceMatmul::Deliver() const {

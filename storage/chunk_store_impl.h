@@ -62,7 +62,7 @@ class ChunkStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Whether the slot the reservation names as the next one's first holds a chunk written
-  // after the reservation and not indexed: a later synced reservation was lost (the
+  // after the reservation (sequence ≥ its sequence_bound): a later synced reservation was lost (the
   // index's WAL came back short), and with it the entries of every chunk written under it.
   absl::StatusOr<bool> LaterReservationLost(const SlotReservation& reservation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

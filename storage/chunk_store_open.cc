@@ -235,7 +235,8 @@ absl::Status ChunkStore::Impl::Open() {
   records.clear();
 
   // Then what the index does not know yet: the reserved slots written after its last sync
-  // (or, damaged, every slot).
+  // (or, damaged, every slot). `used`: the slots of the chunks indexed after that.
+  std::vector<bool> used(capacity_slots, false);
   std::vector<std::pair<ChunkKey, IndexRecord>> recovered;
   if (ssd) {
     SlotReservation reservation;
@@ -276,10 +277,9 @@ absl::Status ChunkStore::Impl::Open() {
       meta.emplace_back("namespaces", EncodeNamespaces(namespaces));
     // Everything recovered is now in the index (synced), so the next reservation starts
     // from nothing — but on a slot named now, the lowest free one.
-    std::vector<bool> taken(capacity_slots, false);
-    for (const auto& [key, r] : ssd_map) taken[GlobalSlot(r)] = true;
+    for (const auto& [key, r] : ssd_map) used[GlobalSlot(r)] = true;
     for (uint64_t s = 0; s < capacity_slots && !next_first_slot; ++s) {
-      if (!taken[s]) next_first_slot = s;
+      if (!used[s]) next_first_slot = s;
     }
     meta.emplace_back(kReservationMeta,
                       EncodeSlotReservation({next_sequence, {}, next_sequence, next_first_slot}));
@@ -294,12 +294,8 @@ absl::Status ChunkStore::Impl::Open() {
     return s;
   }
 
-  std::vector<bool> used(capacity_slots, false);
   int64_t max_access = 0;
-  for (const auto& [key, r] : ssd_map) {
-    used[GlobalSlot(r)] = true;
-    max_access = std::max(max_access, r.last_access_s);
-  }
+  for (const auto& [key, r] : ssd_map) max_access = std::max(max_access, r.last_access_s);
   // The eviction order resumes where it was: by last access, which the index keeps in
   // seconds only, and within a second by write sequence — else chunks written in the same
   // second would come back in key order and a new chunk could go before an older one.

@@ -111,12 +111,10 @@ absl::StatusOr<bool> ChunkStore::Impl::LaterReservationLost(const SlotReservatio
                         absl::StrCat("reading the slot the reservation names next: ", s.message()));
   }
   // Nothing is written there but under a later reservation, itself synced first; bytes
-  // from before the record carry smaller sequences.
-  if (!found || found->sequence < std::max(reservation.min_sequence, reservation.sequence_bound))
-    return false;
-  auto indexed = ssd_map.find(found->key);
-  return indexed == ssd_map.end() || indexed->second.sequence != found->sequence ||
-         GlobalSlot(indexed->second) != slot;
+  // from before the record carry smaller sequences. (Such a chunk is never indexed: its
+  // entry was committed after that later record, and an index holding the entry would
+  // hold the later record too — this one would not be the last.)
+  return found && found->sequence >= reservation.sequence_bound;
 }
 
 }  // namespace kvc::storage

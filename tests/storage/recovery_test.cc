@@ -56,28 +56,22 @@ void ExpectAll(ChunkStore& s, uint64_t seed, uint64_t n) {
   EXPECT_EQ(s.Stats().ssd_chunks, n);
 }
 
-// The index's write-ahead log files, largest first.
-std::vector<std::filesystem::path> WalFiles(const std::string& dir) {
-  std::vector<std::filesystem::path> logs;
-  for (const auto& e : std::filesystem::directory_iterator(dir + "/index")) {
-    if (e.path().extension() == ".log" && e.file_size() > 0) logs.push_back(e.path());
-  }
-  std::sort(logs.begin(), logs.end(), [](const auto& a, const auto& b) {
-    return std::filesystem::file_size(a) > std::filesystem::file_size(b);
-  });
-  return logs;
+// A store of n chunks (PutAll), closed.
+void Fill(const std::string& dir, uint64_t seed, uint64_t n) {
+  auto store = Open(Options(dir));
+  ASSERT_NE(store, nullptr);
+  PutAll(*store, seed, n);
 }
 
-// A store of n chunks closed; its largest WAL file.
-std::filesystem::path FilledStoresWal(const std::string& dir, uint64_t seed, uint64_t n) {
-  {
-    auto store = Open(Options(dir));
-    EXPECT_NE(store, nullptr);
-    if (store) PutAll(*store, seed, n);
+// The index's largest write-ahead log file (empty if it has none with bytes in it).
+std::filesystem::path LargestWal(const std::string& dir) {
+  std::filesystem::path largest;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/index")) {
+    if (e.path().extension() == ".log" && e.file_size() > 0 &&
+        (largest.empty() || e.file_size() > std::filesystem::file_size(largest)))
+      largest = e.path();
   }
-  const std::vector<std::filesystem::path> logs = WalFiles(dir);
-  EXPECT_FALSE(logs.empty());
-  return logs.empty() ? std::filesystem::path() : logs[0];
+  return largest;
 }
 
 TEST(IndexDamageTest, AWalDamagedInTheMiddleIsDetectedAndEveryChunkComesBackFromTheSlots) {
@@ -86,11 +80,12 @@ TEST(IndexDamageTest, AWalDamagedInTheMiddleIsDetectedAndEveryChunkComesBackFrom
   constexpr uint64_t kChunks = 200;
   // 20 bytes flipped in the first half of the WAL (the review's finding: 194 of 200
   // chunks were gone at the next start, silently).
-  const std::vector<std::filesystem::path> logs{FilledStoresWal(dir.path(), seed, kChunks)};
-  ASSERT_FALSE(logs[0].empty());
+  Fill(dir.path(), seed, kChunks);
+  const std::filesystem::path wal = LargestWal(dir.path());
+  ASSERT_FALSE(wal.empty());
   {
-    std::fstream f(logs[0], std::ios::in | std::ios::out | std::ios::binary);
-    const uint64_t size = std::filesystem::file_size(logs[0]);
+    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t size = std::filesystem::file_size(wal);
     std::mt19937_64 rng(seed);
     for (int i = 0; i < 20; ++i) {
       const uint64_t at = size / 8 + rng() % (size / 2);
@@ -118,12 +113,13 @@ TEST(IndexDamageTest, AWalCutShortIsDetectedAndEveryChunkComesBackFromTheSlots) 
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   constexpr uint64_t kChunks = 200;
-  const std::vector<std::filesystem::path> logs{FilledStoresWal(dir.path(), seed, kChunks)};
-  ASSERT_FALSE(logs[0].empty());
+  Fill(dir.path(), seed, kChunks);
+  const std::filesystem::path wal = LargestWal(dir.path());
+  ASSERT_FALSE(wal.empty());
   std::mt19937_64 rng(seed);
-  const uint64_t size = std::filesystem::file_size(logs[0]);
+  const uint64_t size = std::filesystem::file_size(wal);
   const uint64_t keep = size / 4 + rng() % (size / 2);
-  std::filesystem::resize_file(logs[0], keep);
+  std::filesystem::resize_file(wal, keep);
   std::printf("the WAL cut from %llu to %llu bytes\n", static_cast<unsigned long long>(size),
               static_cast<unsigned long long>(keep));
   auto store = Open(Options(dir.path()));
@@ -164,11 +160,7 @@ TEST(IndexDamageTest, ALostIndexFolderIsRebuiltFromTheSlots) {
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   constexpr uint64_t kChunks = 120;
-  {
-    auto store = Open(Options(dir.path()));
-    ASSERT_NE(store, nullptr);
-    PutAll(*store, seed, kChunks);
-  }
+  Fill(dir.path(), seed, kChunks);
   std::filesystem::remove_all(dir.path() + "/index");
   auto store = Open(Options(dir.path()));
   ASSERT_NE(store, nullptr);
