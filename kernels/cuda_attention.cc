@@ -192,13 +192,29 @@ class CudaAttention final : public model::AttentionBackend {
       paged = MainSections(nullptr, *b.layout, b.layer);
       page_count = last_row / paged.per_page + 1;
     }
+    // The query and the pass's own window rows may be the matmul backend's results still
+    // landing: read where they are (this stream waits for them), not from the host.
+    const DeviceProducts* landing = nullptr;
+    if (b.landing != nullptr) {
+      landing = dynamic_cast<const DeviceProducts*>(b.landing);
+      if (landing == nullptr) b.landing->Settle();
+    }
+    // From the host, or device-to-device where it lands.
+    auto up = [&](float* d_to, const float* host, size_t floats) {
+      if (floats == 0) return;
+      if (landing == nullptr || !landing->CopyLanding(host, floats, d_to, stream_)) {
+        Copy(d_to, host, floats * sizeof(float));
+      }
+    };
     const size_t q_floats = static_cast<size_t>(b.queries * b.heads * b.dim);
+    const size_t fresh_floats = static_cast<size_t>(b.fresh_rows * b.dim);
     float* d_q = q_.Reserve(q_floats);
     float* d_o = o_.Reserve(q_floats);
-    float* d_w = window_.Reserve(b.window.size());
+    float* d_w = window_.Reserve(b.window.size() + fresh_floats);
     float* d_sink = sink_.Reserve(static_cast<size_t>(b.heads));
-    Copy(d_q, b.q, q_floats * sizeof(float));
+    up(d_q, b.q, q_floats);
     Copy(d_w, b.window.data(), b.window.size_bytes());
+    up(d_w + b.window.size(), b.fresh, fresh_floats);
     Copy(d_sink, b.sink, b.heads * sizeof(float));
     // The entry lists: the host's as they are, or with each query's selection appended
     // on the device.

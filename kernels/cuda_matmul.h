@@ -40,6 +40,15 @@ class DeviceProducts {
   // covers the producer's work before f_ready. The bits of the host's steps and RoutedMoe.
   virtual void MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaEvent_t f_read,
                                 int64_t rows, const model::MoeSublayer& s) const = 0;
+  // When the result landing at host[0, floats) (GemmGroupLater, MoeSublayer::Next) lands
+  // there whole: queues its device copy into d_to on this backend's stream, makes `reader`
+  // wait for it, and returns true. False, having settled anything that lands in part of
+  // those floats, when none does — the host's floats are current then. The copy is this
+  // backend's own work: the pending result's memory is free again at its next wait,
+  // whichever thread's call that is, so no other stream reads it there. d_to must be free
+  // to write once this backend's earlier work is done.
+  virtual bool CopyLanding(const float* host, size_t floats, float* d_to,
+                           cudaStream_t reader) const = 0;
 
  protected:
   ~DeviceProducts() = default;

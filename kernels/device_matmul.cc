@@ -39,10 +39,12 @@ void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* 
 
 DeviceMatmul::DeviceMatmul() {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreate(&landed_));
 }
 
 DeviceMatmul::~DeviceMatmul() {
   for (auto& [key, p] : weights_) cudaFree(p);
+  cudaEventDestroy(landed_);
   cudaStreamDestroy(stream_);
 }
 
@@ -65,8 +67,14 @@ void DeviceMatmul::QueueProduct(const float* d_x, int64_t m, const cpu::PackedMa
   if (m > 0) Launch(d_x, m, w.in_features(), it->second, w.out_features(), d_y, stream);
 }
 
-void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
-  std::lock_guard lock(mu_);
+DeviceMatmul::QueuedGroup DeviceMatmul::QueueGroup(std::span<const model::GemmCall> calls) const {
+  // An input a pending result lands in part of is read from the host once it has landed
+  // (before any set is taken: the wait frees them all).
+  for (const model::GemmCall& c : calls) {
+    if (c.input_of < 0 && c.m > 0) {
+      SettleUnlessResident(c.x, static_cast<size_t>(c.m * c.w->in_features()));
+    }
+  }
   // Weights not registered (e.g. the indexer's keys) are copied up for this call.
   std::vector<std::vector<float>> storage(calls.size());
   std::vector<std::span<const float>> transient(calls.size());
@@ -208,16 +216,64 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     product(i, d_x + xo, d_w);
     xo += x_floats + (c.input_of >= 0 ? static_cast<size_t>(k) : 0);
   }
-  // The results lie back to back in d_y: one copy, one wait, then out to the callers.
+  // The results lie back to back in d_y: one copy back.
   if (yo > 0) {
     CUDA_CHECK(cudaMemcpyAsync(h_y, d_y, yo * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
-  Synchronize();
+  return {d_y, h_y, std::move(y_at)};
+}
+
+void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
+  std::lock_guard lock(mu_);
+  const QueuedGroup g = QueueGroup(calls);
+  Synchronize();  // one wait, then out to the callers
   for (size_t i = 0; i < calls.size(); ++i) {
     const model::GemmCall& c = calls[i];
     const size_t n = static_cast<size_t>(c.m * c.w->out_features());
-    if (n > 0) std::memcpy(c.y, h_y + y_at[i], n * sizeof(float));
+    if (n > 0) std::memcpy(c.y, g.h_y + g.y_at[i], n * sizeof(float));
   }
+}
+
+void DeviceMatmul::GemmGroupLater(std::span<const model::GemmCall> calls) const {
+  std::lock_guard lock(mu_);
+  const QueuedGroup g = QueueGroup(calls);
+  for (size_t i = 0; i < calls.size(); ++i) {  // delivered at the next wait, in this order
+    const model::GemmCall& c = calls[i];
+    const size_t n = static_cast<size_t>(c.m * c.w->out_features());
+    if (n > 0) pending_.push_back({c.y, g.h_y + g.y_at[i], g.d_y + g.y_at[i], n});
+  }
+}
+
+void DeviceMatmul::Settle() const {
+  std::lock_guard lock(mu_);
+  if (!pending_.empty()) Synchronize();
+}
+
+void DeviceMatmul::CopyWhenLanded(const float* from, int64_t count, float* to) const {
+  if (count <= 0) return;
+  std::lock_guard lock(mu_);
+  const size_t n = static_cast<size_t>(count);
+  SettleUnlessResident(from, n);
+  for (auto p = pending_.rbegin(); p != pending_.rend(); ++p) {
+    if (from >= p->to && from + n <= p->to + p->floats) {  // lands with it, a second time
+      const ptrdiff_t at = from - p->to;
+      pending_.push_back({to, p->staged + at, p->device + at, n});
+      return;
+    }
+  }
+  std::memcpy(to, from, n * sizeof(float));
+}
+
+bool DeviceMatmul::CopyLanding(const float* host, size_t floats, float* d_to,
+                               cudaStream_t reader) const {
+  std::lock_guard lock(mu_);
+  SettleUnlessResident(host, floats);
+  const float* d = Resident(host, floats);
+  if (d == nullptr) return false;
+  CUDA_CHECK(cudaMemcpyAsync(d_to, d, floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  CUDA_CHECK(cudaEventRecord(landed_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(reader, landed_, 0));
+  return true;
 }
 
 DeviceMatmul::BufferSet& DeviceMatmul::TakeSet() const {

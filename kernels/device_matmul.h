@@ -44,8 +44,15 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
                     cudaStream_t stream) const override;
 
   // Copies every input up, launches every product, copies all results back at once, then
-  // waits once. A chained input is normalized on the device from the earlier result.
+  // waits once. A chained input is normalized on the device from the earlier result; an
+  // input still landing is read where it is.
   void GemmGroup(std::span<const model::GemmCall> calls) const override;
+  // The same without the wait: the results are pending (delivered at the next wait).
+  void GemmGroupLater(std::span<const model::GemmCall> calls) const override;
+  void Settle() const override;
+  void CopyWhenLanded(const float* from, int64_t count, float* to) const override;
+  bool CopyLanding(const float* host, size_t floats, float* d_to,
+                   cudaStream_t reader) const override;
 
   // The experts of a MoE block where their weights are (device_moe.cc): the input
   // uploaded once with the routing, per group of jobs (HostExperts' groups) the rows
@@ -109,6 +116,14 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     GrowingPinnedBuffer<std::byte> moe_in_host, moe_res_host;
   };
   BufferSet& TakeSet() const;
+  // With mu_ held: queues the group `calls` on one set — inputs up, products, finishes, the
+  // results back into page-locked staging — and says where each call's result lies in the
+  // set's device results and their staging (y_at[i], floats from the start).
+  struct QueuedGroup {
+    const float *d_y = nullptr, *h_y = nullptr;
+    std::vector<size_t> y_at;
+  };
+  QueuedGroup QueueGroup(std::span<const model::GemmCall> calls) const;
   // Waits for the stream; then every result has landed: pending ones are delivered, and
   // every set is free.
   void Synchronize() const;
@@ -141,10 +156,16 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     SettleFor(std::span(ranges.begin(), ranges.size()));
   }
   void Deliver() const;
+  // The device copy of the latest pending result that holds all of x[0, floats); null
+  // when none does (or a later one covers only part of it).
   const float* Resident(const float* x, size_t floats) const;
+  // Waits first (Synchronize) when a pending result lands in part of x[0, floats) but
+  // Resident would not read it there: the host's floats are the current ones then.
+  void SettleUnlessResident(const float* x, size_t floats) const;
   mutable std::vector<Pending> pending_;
 
-  mutable std::mutex mu_;  // one group at a time on the stream and the scratch buffers
+  cudaEvent_t landed_ = nullptr;  // recorded for a reader of a pending result (CopyLanding)
+  mutable std::mutex mu_;         // one group at a time on the stream and the scratch buffers
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
 };
 

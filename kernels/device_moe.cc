@@ -330,13 +330,28 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
         << "a MoE sublayer's step into an Engram layer with qw, kw of " << next->engram_qw.size()
         << ", " << next->engram_kw.size() << " values, not hc × D = " << n;
   }
+  const model::MoeSublayer::Coefficients* coef = s.coefficients;
+  if (coef != nullptr) {
+    KVC_CHECK(coef->mixes != nullptr && static_cast<int64_t>(coef->base.size()) == mix &&
+              coef->scale.size() == 3)
+        << "a MoE sublayer's coefficients from mixes with " << coef->base.size() << " + "
+        << coef->scale.size() << " values (or no mixes)";
+  }
   // The sublayer's own results come back, or with `next` stay on the device and the next
   // layer's input comes back instead.
   Carve in, res, dev;
   Carve& own = next != nullptr ? dev : res;
-  const size_t in_R = in.Take<float>(rows * n), in_post = in.Take<float>(rows * hc),
-               in_comb = in.Take<float>(rows * hc * hc), in_pre = in.Take<float>(rows * hc),
-               in_norm = in.Take<float>(b.D);
+  const int64_t host_coef = coef == nullptr ? rows : 0;  // rows of coefficients from the host
+  const size_t in_R = in.Take<float>(rows * n), in_post = in.Take<float>(host_coef * hc),
+               in_comb = in.Take<float>(host_coef * hc * hc),
+               in_pre = in.Take<float>(host_coef * hc), in_norm = in.Take<float>(b.D);
+  const int64_t dev_coef = rows - host_coef;  // rows of coefficients made here
+  const size_t in_mixes = in.Take<float>(dev_coef * mix),
+               in_cbase = in.Take<float>(dev_coef ? mix : 0),
+               in_cscale = in.Take<float>(dev_coef ? 3 : 0);
+  const size_t c_mixes = dev.Take<float>(dev_coef * mix), c_pre = dev.Take<float>(dev_coef * hc),
+               c_post = dev.Take<float>(dev_coef * hc),
+               c_comb = dev.Take<float>(dev_coef * hc * hc);
   const size_t own_stream = own.Take<float>(rows * n), own_mixes = own.Take<float>(rows * mix),
                own_out = own.Take<float>(rows * b.D);
   const size_t x_in = dev.Take<float>(rows * b.D);
@@ -361,24 +376,38 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
-  SettleFor({{s.R, rows * n}, {s.post, rows * hc}, {s.comb, rows * hc * hc}, {s.pre, rows * hc}});
+  // R and the mixes may still be landing: read where they are. Anything else the call
+  // reads from the host has landed first; so have the results it copies out at its wait
+  // (with `next`, its pending results land after those pending now, in order).
+  SettleUnlessResident(s.R, static_cast<size_t>(rows * n));
+  if (coef != nullptr) {
+    SettleUnlessResident(coef->mixes, static_cast<size_t>(rows * mix));
+  } else {
+    SettleFor({{s.post, rows * hc}, {s.comb, rows * hc * hc}, {s.pre, rows * hc}});
+  }
   if (next == nullptr) {
     SettleFor({{s.stream, rows * n}, {s.mixes, rows * mix}, {s.out, rows * b.D}});
   } else {
-    SettleFor({{next->stream, rows * n},
-               {next->pre, rows * hc},
-               {next->input, rows * b.D},
-               {next->engram_kv, engram ? rows * (n + b.D) : 0}});
+    SettleFor({{next->engram_kv, engram ? rows * (n + b.D) : 0}});
   }
+  const float* d_R = Resident(s.R, static_cast<size_t>(rows * n));
+  const float* d_mixes =
+      coef != nullptr ? Resident(coef->mixes, static_cast<size_t>(rows * mix)) : nullptr;
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
   std::byte* d_own = next != nullptr ? d : d_res;
   auto put = [&](size_t at, const float* from, int64_t count) {
     std::memcpy(At<float>(h_in, at), from, static_cast<size_t>(count) * sizeof(float));
   };
-  put(in_R, s.R, rows * n);
-  put(in_post, s.post, rows * hc);
-  put(in_comb, s.comb, rows * hc * hc);
-  put(in_pre, s.pre, rows * hc);
+  if (d_R == nullptr) put(in_R, s.R, rows * n);
+  if (coef == nullptr) {
+    put(in_post, s.post, rows * hc);
+    put(in_comb, s.comb, rows * hc * hc);
+    put(in_pre, s.pre, rows * hc);
+  } else {
+    if (d_mixes == nullptr) put(in_mixes, coef->mixes, rows * mix);
+    put(in_cbase, coef->base.data(), mix);
+    put(in_cscale, coef->scale.data(), 3);
+  }
   put(in_norm, s.norm.data(), b.D);
   if (next != nullptr) {
     put(in_base, next->base.data(), mix);
@@ -392,15 +421,32 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   }
   FillRouting(s.moe, h_in, routing);
   CUDA_CHECK(cudaMemcpyAsync(d_in, h_in, in.bytes(), cudaMemcpyHostToDevice, stream_));
+  const float* R = d_R != nullptr ? d_R : At<float>(d_in, in_R);
+  const float* pre1 = At<float>(d_in, in_pre);
+  const float* post1 = At<float>(d_in, in_post);
+  const float* comb1 = At<float>(d_in, in_comb);
+  if (coef != nullptr) {  // the host's coefficients(w, 0), on a copy of the mixes
+    float* m = At<float>(d, c_mixes);
+    CUDA_CHECK(cudaMemcpyAsync(m, d_mixes != nullptr ? d_mixes : At<float>(d_in, in_mixes),
+                               static_cast<size_t>(rows * mix) * sizeof(float),
+                               cudaMemcpyDeviceToDevice, stream_));
+    CUDA_CHECK(LaunchHcScaleMixes(R, rows, n, m, mix, stream_));
+    CUDA_CHECK(LaunchHcCoefficients(m, At<float>(d_in, in_cbase), At<float>(d_in, in_cscale), rows,
+                                    static_cast<int>(hc), static_cast<int>(coef->iters),
+                                    static_cast<float>(coef->hc_eps), At<float>(d, c_pre),
+                                    At<float>(d, c_post), At<float>(d, c_comb), stream_));
+    pre1 = At<float>(d, c_pre);
+    post1 = At<float>(d, c_post);
+    comb1 = At<float>(d, c_comb);
+  }
   CUDA_CHECK(cudaStreamWaitEvent(stream_, f_ready, 0));
   float* X = At<float>(d_own, own_stream);
   float* mixes = At<float>(d_own, own_mixes);
   float* out = At<float>(d_own, own_out);
   float* xin = At<float>(d, x_in);
-  CUDA_CHECK(LaunchHcPost(d_f, At<float>(d_in, in_R), At<float>(d_in, in_post),
-                          At<float>(d_in, in_comb), rows, hc, b.D, X, stream_));
+  CUDA_CHECK(LaunchHcPost(d_f, R, post1, comb1, rows, hc, b.D, X, stream_));
   CUDA_CHECK(cudaEventRecord(f_read, stream_));  // d_f is free for its producer again
-  CUDA_CHECK(LaunchHcPre(X, At<float>(d_in, in_pre), rows, hc, b.D, xin, stream_));
+  CUDA_CHECK(LaunchHcPre(X, pre1, rows, hc, b.D, xin, stream_));
   CUDA_CHECK(LaunchRmsNorm(xin, At<float>(d_in, in_norm), rows, b.D, s.eps, xin, stream_));
   Launch(X, rows, n, weights_.at(s.mixes_fn->packed().data()), mix, mixes, stream_);
   QueueRouted(xin, rows, s.moe, d_in, d, routing, out);
@@ -461,10 +507,18 @@ void DeviceMatmul::Deliver() const {
 }
 
 const float* DeviceMatmul::Resident(const float* x, size_t floats) const {
-  for (const Pending& p : pending_) {
-    if (x >= p.to && x + floats <= p.to + p.floats) return p.device + (x - p.to);
+  for (auto p = pending_.rbegin(); p != pending_.rend(); ++p) {  // the latest lands last
+    if (x < p->to + p->floats && p->to < x + floats) {
+      return x >= p->to && x + floats <= p->to + p->floats ? p->device + (x - p->to) : nullptr;
+    }
   }
   return nullptr;
+}
+
+void DeviceMatmul::SettleUnlessResident(const float* x, size_t floats) const {
+  if (floats > 0 && Resident(x, floats) == nullptr) {
+    SettleFor({{x, static_cast<int64_t>(floats)}});
+  }
 }
 
 }  // namespace kvc::cuda

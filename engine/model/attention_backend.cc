@@ -10,13 +10,18 @@ class CpuAttention final : public AttentionBackend {
  public:
   const char* name() const override { return "cpu"; }
   void Attend(const AttentionBatch& b) const override {
+    if (b.landing != nullptr) b.landing->Settle();  // q and the fresh rows are read here
+    const int64_t ring_rows = b.dim > 0 ? static_cast<int64_t>(b.window.size()) / b.dim : 0;
+    auto window_row = [&](int64_t e) {
+      return e < ring_rows ? b.window.data() + e * b.dim : b.fresh + (e - ring_rows) * b.dim;
+    };
     cpu::ThreadPool::Default().ParallelFor(b.queries, 4, [&](int64_t r0, int64_t r1) {
       std::vector<const float*> keys;
       for (int64_t r = r0; r < r1; ++r) {
         keys.clear();
         for (int32_t k = b.offsets[r]; k < b.offsets[r + 1]; ++k) {
           const int32_t e = b.entries[k];
-          keys.push_back(e >= 0 ? b.window.data() + static_cast<int64_t>(e) * b.dim
+          keys.push_back(e >= 0 ? window_row(e)
                                 : b.compressed + (-static_cast<int64_t>(e) - 1) * b.dim);
         }
         for (int64_t h = 0; h < b.heads; ++h) {

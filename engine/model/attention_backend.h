@@ -27,6 +27,15 @@ struct AttentionBatch {
   int64_t queries = 0, heads = 0, dim = 0;
   const float* q = nullptr;       // queries × heads × dim
   std::span<const float> window;  // window rows × dim; entry e >= 0 is row e
+  // Optional: the pass's own window rows (fresh_rows × dim) after `window`'s — entry e
+  // >= window rows is fresh row e − window rows — so the ring's rows and the new ones
+  // need not be copied together on the host.
+  const float* fresh = nullptr;
+  int64_t fresh_rows = 0;
+  // The matmul backend when q or `fresh` may be its results still landing
+  // (MatmulBackend::GemmGroupLater): a backend reads them where they land, or settles it
+  // first (MatmulBackend::Settle).
+  const MatmulBackend* landing = nullptr;
   std::span<const int32_t>
       offsets;  // queries + 1: query i's entries are [offsets[i], offsets[i+1])
   std::span<const int32_t> entries;  // e >= 0: window row e; e < 0: compressed row −e−1

@@ -10,6 +10,7 @@
 // Thread-safe: the model calls Gemm from several threads at once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -124,6 +125,19 @@ struct MoeSublayer {
   float* stream = nullptr;  // rows × hc × D: X'
   float* mixes = nullptr;   // rows × (2 + hc)·hc
   float* out = nullptr;     // rows × D: the MoE block's output
+  // Optional, instead of post, comb and pre (then null): the attention sublayer's
+  // coefficients from its mixes (rows × (2 + hc)·hc, the product fn · vec R, unscaled) as
+  // the layer loop gets them on the host — cpu::HcScaleMixesRow with R, cpu::HcFromMixes
+  // with base, scale, iters and hc_eps — computed where R and the mixes are. R and the
+  // mixes may be results still landing (MatmulBackend::GemmGroupLater): a device reads
+  // them there, so the attention sublayer needs nothing of its inputs back on the host.
+  struct Coefficients {
+    const float* mixes = nullptr;
+    std::span<const float> base, scale;  // (2 + hc)·hc and 3
+    int64_t iters = 0;
+    double hc_eps = 0.0;
+  };
+  const Coefficients* coefficients = nullptr;
   // Optional: the step into the next layer as well — this sublayer's coefficients c from
   // the mixes (cpu::HcScaleMixesRow with X', cpu::HcFromMixes with base, scale, iters,
   // eps), the stream after the layer X'' = HcPost(out, X', c) (with the next layer's
@@ -179,7 +193,9 @@ class MatmulBackend {
                           float* y) const = 0;
   // Products issued together (the MoE's experts; a layer's query projections): a device
   // backend can copy and launch them all before waiting once. Each result is what Gemm
-  // would give on its input; calls run in order, so a chained input is ready.
+  // would give on its input; calls run in order, so a chained input is ready. A call's x
+  // may be a result still landing (GemmGroupLater, MoeSublayer::Next): it reads the value
+  // that lands.
   virtual void GemmGroup(std::span<const GemmCall> calls) const {
     std::vector<float> storage;
     size_t normalized_for = calls.size();  // the call whose chained input `storage` holds
@@ -196,6 +212,20 @@ class MatmulBackend {
       if (calls[i].finish != nullptr)
         FinishRows(*calls[i].finish, calls[i].m, calls[i].w->out_features(), calls[i].y);
     }
+  }
+  // GemmGroup, returning before the results have landed (a device: without waiting).
+  // Each lands in its y by this backend's next wait — a GemmGroup, a MoE call that does
+  // not step on into the next layer, Settle — and until then later calls of this backend
+  // and an attention batch naming it (AttentionBatch::landing) may take it as an input,
+  // read where it is. The caller keeps every y alive and does not read it before then.
+  // The default is GemmGroup: the results are there at once.
+  virtual void GemmGroupLater(std::span<const GemmCall> calls) const { GemmGroup(calls); }
+  // Waits for every result still landing; each is in its buffer after.
+  virtual void Settle() const {}
+  // to[0, count) = from[0, count) once `from` has landed (at once when nothing lands there):
+  // a result still landing goes to a second place too, without a wait for it.
+  virtual void CopyWhenLanded(const float* from, int64_t count, float* to) const {
+    std::copy(from, from + count, to);
   }
   // A MoE block's experts: out (rows × D) = Σ over jobs, in order and from +0, of each job's
   // rows' weight · SwiGlu(x·W1ᵀ, x·W3ᵀ) · W2ᵀ (cpu::SwiGlu, engine/cpu/swiglu.h, with

@@ -6,7 +6,8 @@ namespace kvc::model {
 void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
                                    std::vector<float>& q, std::vector<float>& kv,
                                    std::vector<float>* qi, std::vector<float>* wts,
-                                   std::span<const GemmCall> also) const {
+                                   std::span<const GemmCall> also,
+                                   std::vector<std::vector<float>>* landing) const {
   const AttentionWeights& w = layers[l].attn;
   // qr (rows × q_lora_rank), kv (rows × hd), then from qr RMS-normalized: q (rows × H ×
   // hd) and the indexer's qi (rows × IH × Id); wts from x.
@@ -38,13 +39,18 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
     calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
   }
   AppendToGroup(calls, also);
-  mm->GemmGroup(calls);
+  if (landing != nullptr) {
+    mm->GemmGroupLater(calls);
+    landing->push_back(std::move(qr));  // the chained products' input, landing too
+  } else {
+    mm->GemmGroup(calls);
+  }
 }
 
 bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                           const std::vector<float>& x, bool compress, std::vector<float>& out,
-                          PassSelections& selections, std::span<const GemmCall> also,
-                          const std::function<const MoeSublayer*()>& then) const {
+                          PassState& pass, std::span<const GemmCall> also,
+                          const std::function<const MoeSublayer*()>& then, bool later) const {
   const LayerPlan& plan = sched.layers[l];
   LayerState& ls = s.layers[l];
   const int64_t rows = b - a, ratio = plan.compress_ratio;
@@ -53,17 +59,21 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   CompressorInput compressor;
   std::vector<GemmCall> others(also.begin(), also.end());  // with the query path's group
   const bool compresses = ratio > 0 && plan.mode == AttentionMode::kFull && compress;
+  KVC_CHECK(!later || (!compresses && !runs_indexer))
+      << "layer " << l << " compresses or indexes: its host steps need the products";
   if (compresses) CompressorCalls(s, l, a, b, x, compressor, others);
   QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
-                     runs_indexer ? &wts : nullptr, others);
-  // The earlier layers' selections held on the device were covered by that group's wait.
-  selections.Settle();
-  auto& topk = selections.topk;
-  auto& pool = selections.pool;
+                     runs_indexer ? &wts : nullptr, others, later ? &pass.landing : nullptr);
+  // The earlier layers' selections held on the device were covered by that group's wait
+  // (without one, they stay held: a later layer may read its source's there).
+  if (!later) pass.Settle();
+  auto& topk = pass.topk;
+  auto& pool = pass.pool;
   const MoeSublayer* sublayer = then ? then() : nullptr;
   // Compressed KV and each query's selection of it.
   std::vector<std::vector<int32_t>>* selected = nullptr;
-  std::unique_ptr<HeldSelection> held;  // the selection where the indexer left it
+  std::unique_ptr<HeldSelection> held;    // the selection where the indexer left it
+  const HeldSelection* reused = nullptr;  // an earlier layer's, still held
   const LayerState* kv_src = nullptr;
   if (ratio > 0) {
     if (compresses) Compress(s, l, compressor);
@@ -118,13 +128,21 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       }
       selected = &sel;
     } else {
+      // The source layer's selection where its indexer left it, or its host lists (after
+      // the wait that lands them, when nothing has waited since).
+      const auto source = pass.held.find(plan.topk_layer);
+      if (later && source != pass.held.end() && attn->ReadsHeld(*source->second)) {
+        reused = source->second.get();
+      } else if (later) {
+        mm->Settle();
+        pass.Settle();
+      }
       selected = &topk.at(plan.topk_layer);
     }
   }
+  const HeldSelection* read_held = held != nullptr ? held.get() : reused;
   // Each query attends its window and its selected compressed rows. The window rows:
   // the ring (slot p % win holds position p), then this pass's own rows.
-  std::vector<float> window(ls.ring);
-  window.insert(window.end(), kv.begin(), kv.end());
   std::vector<int32_t> offsets = {0}, entries;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = a + r;
@@ -136,13 +154,16 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
         entries.push_back(static_cast<int32_t>(p % win));
       }
     }
-    if (selected != nullptr && held == nullptr) {
+    if (selected != nullptr && read_held == nullptr) {
       for (int32_t j : (*selected)[r]) entries.push_back(-j - 1);
     }
     offsets.push_back(static_cast<int32_t>(entries.size()));
   }
   AttentionBatch batch;
-  batch.window = window;
+  batch.window = ls.ring;
+  batch.fresh = kv.data();
+  batch.fresh_rows = rows;
+  batch.landing = later ? mm.get() : nullptr;
   batch.offsets = offsets;
   batch.entries = entries;
   if (selected != nullptr) {
@@ -152,16 +173,19 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     batch.sequence = s.id;
     batch.layout = &layout;
     batch.layer = plan.kv_layer;
-    batch.held = held.get();
+    batch.held = read_held;
     batch.held_rows = b / ratio;  // query r sees rows [0, (a + r + 1) / ratio)
   }
   const bool moe_done = AttendAndProject(l, a, rows, q, batch, out, sublayer);
-  if (held != nullptr) selections.held.push_back(std::move(held));
-  // The window ring keeps the last `win` rows of this pass.
+  if (held != nullptr) pass.held[l] = std::move(held);
+  // The window ring keeps the last `win` rows of this pass (written when they land).
   for (int64_t p = std::max(a, b - win); p < b; ++p) {
-    std::copy(kv.begin() + (p - a) * hd, kv.begin() + (p - a + 1) * hd,
-              ls.ring.begin() + (p % win) * hd);
+    mm->CopyWhenLanded(kv.data() + (p - a) * hd, hd, ls.ring.data() + (p % win) * hd);
     ls.ring_pos[p % win] = p;
+  }
+  if (later) {  // they land at the pass's next wait
+    pass.landing.push_back(std::move(q));
+    pass.landing.push_back(std::move(kv));
   }
   return moe_done;
 }

@@ -207,11 +207,13 @@ class ModelImpl {
   // finished where it is (RowFinish). All products go as one group, the
   // up-projections chained on the normalized low-rank query, with `also` (the mixes', the
   // compressor's; a chained input in `also` counts from its first call): one wait on a
-  // device.
+  // device. With `landing`, without the wait (MatmulBackend::GemmGroupLater): the
+  // buffers the results land in that are not the caller's go there.
   void QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std::vector<float>& x,
                           std::vector<float>& q, std::vector<float>& kv,
                           std::vector<float>* qi = nullptr, std::vector<float>* wts = nullptr,
-                          std::span<const GemmCall> also = {}) const;
+                          std::span<const GemmCall> also = {},
+                          std::vector<std::vector<float>>* landing = nullptr) const;
   // `also`: products issued with the sublayer's first group (the next mixes).
   void DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b,
                       const std::vector<float>& x, std::vector<float>& out,
@@ -250,22 +252,30 @@ class ModelImpl {
   void MixEngram(int64_t l, int64_t rows, const EngramProducts& p, std::vector<float>& X) const;
   void ApplyEngram(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                    std::vector<float>& X) const;
-  // `then` is called once the query path's products (with `also`) are done; the MoE
-  // sublayer it returns (if any) may run on the device right after attention. True when it
-  // did (its results in the sublayer's outputs, `out` untouched).
-  // The indexer's selections of one pass: each indexed layer's, the candidate pool, and
-  // those still held on a device (AttentionBatch::held), whose host copies land when they
-  // are settled — before anything on the host reads them.
-  struct PassSelections {
+  // What one pass through the layers keeps: the indexer's selections — each indexed
+  // layer's, the candidate pool, and those still held on a device (AttentionBatch::held) by
+  // layer, whose host copies land when they are settled, before anything on the host reads
+  // them — and the buffers results still landing go to (MatmulBackend::GemmGroupLater),
+  // kept until the pass's last wait.
+  struct PassState {
     std::map<int64_t, std::vector<std::vector<int32_t>>> topk;
     std::vector<std::vector<uint8_t>> pool;
-    std::vector<std::unique_ptr<HeldSelection>> held;  // destroyed (settled) first
+    std::vector<std::vector<float>> landing;
+    std::map<int64_t, std::unique_ptr<HeldSelection>> held;  // destroyed (settled) first
     void Settle() { held.clear(); }
   };
+  // `then` is called once the query path's products (with `also`) are issued; the MoE
+  // sublayer it returns (if any) may run on the device right after attention. True when it
+  // did (its results in the sublayer's outputs, `out` untouched). With `later`, for a layer
+  // that neither compresses nor indexes: the products are issued without a wait
+  // (GemmGroupLater) and attention reads the query and the window rows where they land;
+  // nothing of them is read on the host, and the sublayer `then` gives must take its
+  // coefficients from the mixes (MoeSublayer::coefficients). The buffers they land in go to
+  // `pass.landing`; the pass must wait before it ends.
   bool Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
-                 bool compress, std::vector<float>& out, PassSelections& selections,
+                 bool compress, std::vector<float>& out, PassState& pass,
                  std::span<const GemmCall> also = {},
-                 const std::function<const MoeSublayer*()>& then = {}) const;
+                 const std::function<const MoeSublayer*()>& then = {}, bool later = false) const;
   // The compressor of Full layer l over the pass [a, b) with input x: the products for the
   // positions it has not consumed yet go into `calls` (results in `in`), and Compress
   // consumes them once they are done — so the products can join another group (the query

@@ -63,7 +63,7 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
                           std::vector<float>& X, std::vector<float>& pre, bool compress,
                           std::vector<float>* main_hidden, std::vector<float>* head_input) const {
   const int64_t rows = b - a, mix = (2 + hc) * hc;
-  PassSelections selections;
+  PassState pass;
   std::vector<float> xin(rows * D), y, R;
   std::vector<cpu::HcCoefficients> coef(rows);
   std::vector<float> a1(rows * hc), post(rows * hc), comb(rows * hc * hc);
@@ -98,8 +98,21 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   // waits until then.
   bool input_on_device = false;
   MoeSublayer::Next next;
+  MoeSublayer::Coefficients from_mixes;
   for (int64_t l = l0; l < l1; ++l) {
     const LayerWeights& w = layers[l];
+    // A layer whose host steps need nothing of its query path's products goes without a
+    // wait for them (Attention's `later`): it neither compresses nor indexes, its input is
+    // not read on the host (the drafter's targets; the first layer's Engram products for
+    // later layers, read by the step into the next layer), and a later layer of the pass
+    // waits before the buffers they land in go.
+    bool later = false;
+    if (l < L && l + 1 < l1 && !(l == l0 && !ahead.empty())) {
+      const LayerPlan& plan = sched.layers[l];
+      later = !(main_hidden != nullptr && plan.is_dspark_target) &&
+              !(plan.compress_ratio > 0 &&
+                (plan.runs_indexer() || (plan.mode == AttentionMode::kFull && compress)));
+    }
     if (input_on_device || !w.engram) {
       // no Engram, or the device gated it in with the step into this layer
     } else if (engram.contains(l)) {
@@ -139,19 +152,30 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     // on into its input too.
     const bool step_into_next = l + 1 < l1 && (!layers[l + 1].engram || engram.contains(l + 1));
     const bool step_into_head = l + 1 == l1 && head_input != nullptr && l < L;
-    auto moe_sublayer = [&]() -> const MoeSublayer* {
-      if (input_on_device) layer_input();
+    auto attention_coefficients = [&] {  // on the host: coef, and a1, post, comb from it
       coefficients(w, 0);
       for (int64_t r = 0; r < rows; ++r) {
         std::copy(coef[r].pre.begin(), coef[r].pre.end(), a1.begin() + r * hc);
         std::copy(coef[r].post.begin(), coef[r].post.end(), post.begin() + r * hc);
         std::copy(coef[r].comb.begin(), coef[r].comb.end(), comb.begin() + r * hc * hc);
       }
+    };
+    auto moe_sublayer = [&]() -> const MoeSublayer* {
       y.resize(rows * D);
-      // The stream after attention overwrites X (R holds the stream before it).
-      sublayer = {hc,           R.data(),       post.data(), comb.data(),   a1.data(),
-                  w.ffn_norm,   c.rms_norm_eps, &w.hc_fn[1], MoeBlockOf(l), X.data(),
-                  mixes.data(), y.data()};
+      if (later) {  // X and the mixes are still landing: R is X, the coefficients its mixes'
+        from_mixes = {mixes.data(), w.hc_base[0], w.hc_scale[0], c.hc_sinkhorn_iters, c.hc_eps};
+        sublayer = {hc,           X.data(),       nullptr,     nullptr,       nullptr,
+                    w.ffn_norm,   c.rms_norm_eps, &w.hc_fn[1], MoeBlockOf(l), X.data(),
+                    mixes.data(), y.data()};
+        sublayer.coefficients = &from_mixes;
+      } else {
+        if (input_on_device) layer_input();
+        attention_coefficients();
+        // The stream after attention overwrites X (R holds the stream before it).
+        sublayer = {hc,           R.data(),       post.data(), comb.data(),   a1.data(),
+                    w.ffn_norm,   c.rms_norm_eps, &w.hc_fn[1], MoeBlockOf(l), X.data(),
+                    mixes.data(), y.data()};
+      }
       if (step_into_next || step_into_head) {
         next = {};
         next.base = w.hc_base[1];
@@ -180,7 +204,12 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     };
     bool moe_done = false;
     if (l < L) {
-      moe_done = Attention(s, l, a, b, xin, compress, y, selections, attn_also, moe_sublayer);
+      moe_done = Attention(s, l, a, b, xin, compress, y, pass, attn_also, moe_sublayer, later);
+      if (later && !moe_done) {  // the host runs the sublayer: it needs X and the mixes
+        mm->Settle();
+        if (input_on_device) layer_input();
+        attention_coefficients();
+      }
     } else {
       DraftAttention(s, l, a, b, xin, y, attn_also);
       moe_sublayer();

@@ -360,29 +360,83 @@ TEST(CudaGemmTest, RoutedMoeOnTheDeviceIsTheHostsBits) {
 // the stream, the mixes and the block's output, for 1 to 4 rows; and on into the next
 // layer's input (its Engram gated in), read by a later product where it is. Coefficients
 // are random positive values (the math does not care where they came from).
+// A MoE sublayer's weights (random): the routed block of E experts and the shared one, the
+// mixes' product fn, the norms and the mHC constants.
+struct SublayerWeights {
+  static constexpr int64_t D = 16, I = 12, E = 6, k = 2, hc = 3, mix = (2 + hc) * hc;
+  explicit SublayerWeights(std::mt19937_64& rng)
+      : gate(NormalFloats(rng, E * D), E, D),
+        fn(NormalFloats(rng, mix * hc * D), mix, hc * D),
+        bias(NormalFloats(rng, E)),
+        norm(NormalFloats(rng, D)),
+        norm2(NormalFloats(rng, D)),
+        base(NormalFloats(rng, mix)),
+        scale(NormalFloats(rng, 3)),
+        qw(NormalFloats(rng, hc * D)),
+        kw(NormalFloats(rng, hc * D)) {
+    for (int64_t e = 0; e <= E; ++e) {
+      w.emplace_back(NormalFloats(rng, I * D), I, D);
+      w.emplace_back(NormalFloats(rng, I * D), I, D);
+      w.emplace_back(NormalFloats(rng, D * I), D, I);
+    }
+    block = {&gate, bias, {}, {}, {}, k, true, 1.5f, 2.0f};
+    for (int64_t e = 0; e <= E; ++e) {
+      block.w1.push_back(&w[3 * e]);
+      block.w3.push_back(&w[3 * e + 1]);
+      block.w2.push_back(&w[3 * e + 2]);
+    }
+  }
+  void RegisterWith(model::MatmulBackend& mm) const {
+    for (const cpu::PackedMatrix& m : w) mm.Register(m);
+    mm.Register(gate);
+    mm.Register(fn);
+  }
+  std::vector<cpu::PackedMatrix> w;
+  const cpu::PackedMatrix gate, fn;
+  const std::vector<float> bias, norm, norm2, base, scale, qw, kw;
+  model::MoeBlock block;
+};
+
+// Attention's output f on the device, uploaded on a stream of its own and handed over with
+// an event (as the attention backend does).
+class HandedOver {
+ public:
+  explicit HandedOver(const std::vector<float>& f) {
+    EXPECT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&ready_), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&read_), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_f_), f.size() * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpyAsync(d_f_, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
+        cudaSuccess);
+  }
+  ~HandedOver() {
+    EXPECT_EQ(cudaStreamWaitEvent(stream_, read_, 0), cudaSuccess);  // d_f free again
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    cudaFree(d_f_);
+    cudaEventDestroy(read_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+  void Sublayer(const DeviceProducts& products, int64_t rows, const model::MoeSublayer& s) const {
+    EXPECT_EQ(cudaEventRecord(ready_, stream_), cudaSuccess);
+    products.MoeSublayerAfter(d_f_, ready_, read_, rows, s);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, read_ = nullptr;
+  float* d_f_ = nullptr;
+};
+
 TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
   if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
   const uint64_t seed = testing::FreshSeed();
   std::mt19937_64 rng(seed);
-  const int64_t D = 16, I = 12, E = 6, k = 2, hc = 3, mix = (2 + hc) * hc;
-  std::vector<cpu::PackedMatrix> w;
-  for (int64_t e = 0; e <= E; ++e) {
-    w.emplace_back(NormalFloats(rng, I * D), I, D);
-    w.emplace_back(NormalFloats(rng, I * D), I, D);
-    w.emplace_back(NormalFloats(rng, D * I), D, I);
-  }
-  const cpu::PackedMatrix gate(NormalFloats(rng, E * D), E, D),
-      fn(NormalFloats(rng, mix * hc * D), mix, hc * D);
-  const std::vector<float> bias = NormalFloats(rng, E), norm = NormalFloats(rng, D),
-                           norm2 = NormalFloats(rng, D), base = NormalFloats(rng, mix),
-                           scale = NormalFloats(rng, 3), qw = NormalFloats(rng, hc * D),
-                           kw = NormalFloats(rng, hc * D);
-  model::MoeBlock block{&gate, bias, {}, {}, {}, k, true, 1.5f, 2.0f};
-  for (int64_t e = 0; e <= E; ++e) {
-    block.w1.push_back(&w[3 * e]);
-    block.w3.push_back(&w[3 * e + 1]);
-    block.w2.push_back(&w[3 * e + 2]);
-  }
+  const SublayerWeights sw(rng);
+  constexpr int64_t D = SublayerWeights::D, E = SublayerWeights::E, hc = SublayerWeights::hc,
+                    mix = SublayerWeights::mix;
+  const auto& [w, gate, fn, bias, norm, norm2, base, scale, qw, kw, block] = sw;
   absl::StatusOr<std::unique_ptr<model::MatmulBackend>> gpu = MakeCudaMatmul();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const auto* products = dynamic_cast<const DeviceProducts*>(gpu->get());
@@ -415,24 +469,12 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
         1e-6, &fn,      block,       got_X.data(), got_mixes.data(), got.data()};
     if (rows == 1) {
       EXPECT_FALSE(products->RunsMoeSublayer(rows, sub));  // nothing registered yet
-      for (const cpu::PackedMatrix& m : w) (*gpu)->Register(m);
-      (*gpu)->Register(gate);
-      (*gpu)->Register(fn);
+      sw.RegisterWith(**gpu);
     }
     ASSERT_TRUE(products->RunsMoeSublayer(rows, sub));
     EXPECT_FALSE(products->RunsMoeSublayer(DeviceMatmul::kRoutedMoeRows + 1, sub));
-    cudaStream_t stream = nullptr;
-    cudaEvent_t ready = nullptr, f_read = nullptr;
-    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-    ASSERT_EQ(cudaEventCreate(&ready), cudaSuccess);
-    ASSERT_EQ(cudaEventCreate(&f_read), cudaSuccess);
-    float* d_f = nullptr;
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_f), f.size() * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(
-        cudaMemcpyAsync(d_f, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
-        cudaSuccess);
-    ASSERT_EQ(cudaEventRecord(ready, stream), cudaSuccess);
-    products->MoeSublayerAfter(d_f, ready, f_read, rows, sub);
+    const HandedOver handed(f);
+    handed.Sublayer(*products, rows, sub);
     EXPECT_TRUE(SameBits(got_X, want_X)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(got_mixes, want_mixes)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(got, want)) << rows << " rows, seed " << seed;
@@ -477,8 +519,7 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
     model::MoeSublayer into = sub;
     into.stream = untouched.data();
     into.next = &next;
-    ASSERT_EQ(cudaEventRecord(ready, stream), cudaSuccess);
-    products->MoeSublayerAfter(d_f, ready, f_read, rows, into);
+    handed.Sublayer(*products, rows, into);
     // Another MoE call while those results are in flight, on unrelated rows: it takes
     // buffers of its own (a call reusing the sublayer's would overwrite its staged
     // results) and waits once, for itself — not first for them.
@@ -500,12 +541,76 @@ TEST(CudaGemmTest, MoeSublayerOnTheDeviceIsTheHostsSteps) {
     EXPECT_TRUE(SameBits(in2, want_in2)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(SameBits(probe, want_probe)) << rows << " rows, seed " << seed;
     EXPECT_TRUE(std::isnan(untouched[0]));  // only the next layer's values are results
-    ASSERT_EQ(cudaStreamWaitEvent(stream, f_read, 0), cudaSuccess);  // d_f free again
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    cudaFree(d_f);
-    cudaEventDestroy(f_read);
-    cudaEventDestroy(ready);
-    cudaStreamDestroy(stream);
+  }
+}
+
+// The attention sublayer's coefficients made on the device from its mixes (MoeSublayer::
+// coefficients), with R and the mixes results of earlier groups still landing
+// (GemmGroupLater): the bits of the host's coefficients handed over, and one wait for the
+// groups and the sublayer together.
+TEST(CudaGemmTest, CoefficientsFromMixesStillLandingAreTheHostsAndCostNoWait) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  const SublayerWeights sw(rng);
+  constexpr int64_t D = SublayerWeights::D, hc = SublayerWeights::hc, mix = SublayerWeights::mix,
+                    A = 8;
+  // R = a · Wrᵀ, a product: so R too can be a result still landing.
+  const cpu::PackedMatrix wr(NormalFloats(rng, hc * D * A), hc * D, A);
+  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> gpu = MakeCudaMatmul();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const auto& products = dynamic_cast<const DeviceProducts&>(**gpu);
+  sw.RegisterWith(**gpu);
+  (*gpu)->Register(wr);
+  const std::unique_ptr<model::MatmulBackend> cpu = model::MakeCpuMatmul();
+  for (int64_t rows : {1, 2, 9}) {
+    const std::vector<float> a = NormalFloats(rng, rows * A), f = NormalFloats(rng, rows * D);
+    // The host's coefficients, handed over.
+    std::vector<float> R(rows * hc * D), mixes(rows * mix), post, comb, pre;
+    cpu->Gemm(a.data(), rows, wr, R.data());
+    cpu->Gemm(R.data(), rows, sw.fn, mixes.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<float> m(mixes.begin() + r * mix, mixes.begin() + (r + 1) * mix);
+      cpu::HcScaleMixesRow(&R[r * hc * D], hc * D, m.data(), mix);
+      const cpu::HcCoefficients c = cpu::HcFromMixes(m, sw.base, sw.scale, hc, 3, 1e-6);
+      post.insert(post.end(), c.post.begin(), c.post.end());
+      comb.insert(comb.end(), c.comb.begin(), c.comb.end());
+      pre.insert(pre.end(), c.pre.begin(), c.pre.end());
+    }
+    std::vector<float> want_X(rows * hc * D, NAN), want_mixes(rows * mix, NAN), want(rows * D, NAN);
+    const model::MoeSublayer handed{
+        hc,   R.data(), post.data(), comb.data(),   pre.data(),        sw.norm,
+        1e-6, &sw.fn,   sw.block,    want_X.data(), want_mixes.data(), want.data()};
+    HandedOver(f).Sublayer(products, rows, handed);
+    ASSERT_FALSE(std::isnan(want[0]));
+    // On the device from the mixes, R and the mixes landing from two groups.
+    std::vector<float> R_landing(rows * hc * D, NAN), mixes_landing(rows * mix, NAN);
+    std::vector<float> got_X(rows * hc * D, NAN), got_mixes(rows * mix, NAN), got(rows * D, NAN);
+#if defined(KVC_CUDA_EMULATED)
+    const uint64_t waits_before = cudaemu::CountsSoFar().waits;
+#endif
+    const model::GemmCall first{a.data(), rows, &wr, R_landing.data()};
+    (*gpu)->GemmGroupLater(std::span(&first, 1));
+    const model::GemmCall second{R_landing.data(), rows, &sw.fn, mixes_landing.data()};
+    (*gpu)->GemmGroupLater(std::span(&second, 1));
+    EXPECT_TRUE(std::isnan(R_landing[0]) && std::isnan(mixes_landing[0]));  // not landed yet
+    const model::MoeSublayer::Coefficients from{mixes_landing.data(), sw.base, sw.scale, 3, 1e-6};
+    model::MoeSublayer own = handed;
+    own.R = R_landing.data();
+    own.post = own.comb = own.pre = nullptr;
+    own.coefficients = &from;
+    own.stream = got_X.data();
+    own.mixes = got_mixes.data();
+    own.out = got.data();
+    HandedOver(f).Sublayer(products, rows, own);
+#if defined(KVC_CUDA_EMULATED)
+    EXPECT_EQ(cudaemu::CountsSoFar().waits - waits_before, 1u) << rows << " rows";
+#endif
+    EXPECT_TRUE(SameBits(R_landing, R)) << rows << " rows, seed " << seed;
+    EXPECT_TRUE(SameBits(mixes_landing, mixes)) << rows << " rows, seed " << seed;
+    EXPECT_TRUE(SameBits(got_X, want_X)) << rows << " rows, seed " << seed;
+    EXPECT_TRUE(SameBits(got_mixes, want_mixes)) << rows << " rows, seed " << seed;
+    EXPECT_TRUE(SameBits(got, want)) << rows << " rows, seed " << seed;
   }
 }
 
