@@ -356,7 +356,7 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
                own_out = own.Take<float>(rows * b.D);
   const size_t x_in = dev.Take<float>(rows * b.D);
   size_t in_base = 0, in_scale = 0, in_next_norm = 0, next_stream = 0, next_pre = 0, next_input = 0,
-         post = 0, comb = 0, in_engram = 0, in_qw = 0, in_kw = 0;
+         next_mean = 0, post = 0, comb = 0, in_engram = 0, in_qw = 0, in_kw = 0;
   const bool engram = next != nullptr && next->engram_kv != nullptr;
   if (engram) {
     in_engram = in.Take<float>(rows * (n + b.D));
@@ -370,13 +370,15 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
     next_stream = res.Take<float>(rows * n);
     next_pre = res.Take<float>(rows * hc);
     next_input = res.Take<float>(rows * b.D);
+    next_mean = res.Take<float>(next->mean != nullptr ? rows * b.D : 0);
     post = dev.Take<float>(rows * hc);
     comb = dev.Take<float>(rows * hc * hc);
   }
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
-  // R and the mixes may still be landing: read where they are. Anything else the call
+  // R, the mixes and the next layer's Engram products may still be landing: read where
+  // they are. Anything else the call
   // reads from the host has landed first; so have the results it copies out at its wait
   // (with `next`, its pending results land after those pending now, in order).
   SettleUnlessResident(s.R, static_cast<size_t>(rows * n));
@@ -387,10 +389,12 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   }
   if (next == nullptr) {
     SettleFor({{s.stream, rows * n}, {s.mixes, rows * mix}, {s.out, rows * b.D}});
-  } else {
-    SettleFor({{next->engram_kv, engram ? rows * (n + b.D) : 0}});
+  } else if (engram) {
+    SettleUnlessResident(next->engram_kv, static_cast<size_t>(rows * (n + b.D)));
   }
   const float* d_R = Resident(s.R, static_cast<size_t>(rows * n));
+  const float* d_engram =
+      engram ? Resident(next->engram_kv, static_cast<size_t>(rows * (n + b.D))) : nullptr;
   const float* d_mixes =
       coef != nullptr ? Resident(coef->mixes, static_cast<size_t>(rows * mix)) : nullptr;
   const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
@@ -415,7 +419,7 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
     put(in_next_norm, next->norm.data(), b.D);
   }
   if (engram) {
-    put(in_engram, next->engram_kv, rows * (n + b.D));
+    if (d_engram == nullptr) put(in_engram, next->engram_kv, rows * (n + b.D));
     put(in_qw, next->engram_qw.data(), n);
     put(in_kw, next->engram_kw.data(), n);
   }
@@ -473,8 +477,12 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   CUDA_CHECK(
       LaunchHcPost(out, X, At<float>(d, post), At<float>(d, comb), rows, hc, b.D, X2, stream_));
   if (engram) {  // the next layer's Engram, gated in before its input is taken
-    CUDA_CHECK(LaunchEngramGate(X2, At<float>(d_in, in_engram), At<float>(d_in, in_qw),
-                                At<float>(d_in, in_kw), rows, hc, b.D, stream_));
+    CUDA_CHECK(LaunchEngramGate(X2, d_engram != nullptr ? d_engram : At<float>(d_in, in_engram),
+                                At<float>(d_in, in_qw), At<float>(d_in, in_kw), rows, hc, b.D,
+                                stream_));
+  }
+  if (next->mean != nullptr) {  // of X'' as the next layer takes it (its Engram gated in)
+    CUDA_CHECK(LaunchHcMean(X2, rows, hc, b.D, At<float>(d_res, next_mean), b.D, stream_));
   }
   CUDA_CHECK(LaunchHcPre(X2, pre2, rows, hc, b.D, input, stream_));
   CUDA_CHECK(LaunchRmsNorm(input, At<float>(d_in, in_next_norm), rows, b.D, s.eps, input, stream_));
@@ -488,6 +496,10 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   pend(next->stream, next_stream, rows * n);
   pend(next->pre, next_pre, rows * hc);
   pend(next->input, next_input, rows * b.D);
+  for (int64_t r = 0; next->mean != nullptr && r < rows; ++r) {
+    pend(next->mean + r * next->mean_stride,
+         next_mean + static_cast<size_t>(r * b.D) * sizeof(float), b.D);
+  }
 }
 
 void DeviceMatmul::SettleFor(std::span<const HostFloats> ranges) const {

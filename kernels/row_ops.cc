@@ -107,6 +107,21 @@ absl::StatusOr<std::vector<float>> HcPreOnDevice(std::span<const float> X, std::
   return out.ToHost();
 }
 
+absl::StatusOr<std::vector<float>> HcMeanOnDevice(std::span<const float> X, int64_t hc, int64_t d,
+                                                  int64_t gap) {
+  if (hc <= 0 || d <= 0 || gap < 0 || X.size() % (hc * d) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("hc mean: X of ", X.size(),
+                                                   " values is not rows of hc × d (hc = ", hc,
+                                                   ", d = ", d, "), or a gap of ", gap));
+  }
+  if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
+  const int64_t rows = static_cast<int64_t>(X.size()) / (hc * d);
+  const std::vector<float> filler(static_cast<size_t>(rows * (d + gap)), -1.0f);
+  DeviceBuffer<float> dX(X), out{std::span<const float>(filler)};
+  CUDA_CHECK(LaunchHcMean(dX.get(), rows, hc, d, out.get(), d + gap, nullptr));
+  return out.ToHost();
+}
+
 absl::StatusOr<std::vector<float>> HcPostOnDevice(std::span<const float> f,
                                                   std::span<const float> R,
                                                   std::span<const float> post,

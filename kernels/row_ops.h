@@ -41,6 +41,10 @@ struct HcOnDevice {
 [[nodiscard]] absl::StatusOr<std::vector<float>> HcPreOnDevice(std::span<const float> X,
                                                                std::span<const float> a, int64_t hc,
                                                                int64_t d);
+// cpu::HcMeanAt of every row: X rows of hc × d, the result rows of d side by side with
+// `gap` floats after each (the layer loop writes them into a wider row).
+[[nodiscard]] absl::StatusOr<std::vector<float>> HcMeanOnDevice(std::span<const float> X,
+                                                                int64_t hc, int64_t d, int64_t gap);
 // cpu::HcPost of every row: f rows of d, R rows of hc × d, post rows of hc, comb of hc × hc.
 [[nodiscard]] absl::StatusOr<std::vector<float>> HcPostOnDevice(std::span<const float> f,
                                                                 std::span<const float> R,

@@ -84,6 +84,14 @@ __global__ void HcPreKernel(const float* X, const float* a, int64_t rows, int64_
   out[id] = cpu::HcPreAt(X + r * hc * d, a + r * hc, hc, d, i);
 }
 
+__global__ void HcMeanKernel(const float* X, int64_t rows, int64_t hc, int64_t d, float* out,
+                             int64_t out_stride) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= rows * d) return;
+  const int64_t r = id / d, i = id % d;
+  out[r * out_stride + i] = cpu::HcMeanAt(X + r * hc * d, hc, d, i);
+}
+
 __global__ void HcPostKernel(const float* f, const float* R, const float* post, const float* comb,
                              int64_t rows, int64_t hc, int64_t d, float* out) {
   const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -165,6 +173,13 @@ cudaError_t LaunchHcPre(const float* X, const float* a, int64_t rows, int64_t hc
                         float* out, cudaStream_t stream) {
   if (rows * d == 0) return cudaSuccess;
   HcPreKernel<<<Blocks(rows * d), kThreads, 0, stream>>>(X, a, rows, hc, d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHcMean(const float* X, int64_t rows, int64_t hc, int64_t d, float* out,
+                         int64_t out_stride, cudaStream_t stream) {
+  if (rows * d == 0) return cudaSuccess;
+  HcMeanKernel<<<Blocks(rows * d), kThreads, 0, stream>>>(X, rows, hc, d, out, out_stride);
   return cudaGetLastError();
 }
 

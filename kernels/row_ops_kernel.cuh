@@ -41,6 +41,10 @@ cudaError_t LaunchHcScaleMixes(const float* x, int64_t rows, int64_t n, float* m
 // X (rows × hc × d) and the coefficients a (rows × hc). One thread per value.
 cudaError_t LaunchHcPre(const float* X, const float* a, int64_t rows, int64_t hc, int64_t d,
                         float* out, cudaStream_t stream);
+// out[r·out_stride + i] = cpu::HcMeanAt(X[r], hc, d, i): the mean of each row's hc copies
+// (X rows × hc × d), row r of the result at out + r·out_stride. One thread per value.
+cudaError_t LaunchHcMean(const float* X, int64_t rows, int64_t hc, int64_t d, float* out,
+                         int64_t out_stride, cudaStream_t stream);
 // out[r][k] = post[r][k]·f[r] + Σ_j comb[r][j][k]·R[r][j] (cpu::HcPostAt): the stream after
 // a sublayer with output f (rows × d), from the stream before it R (rows × hc × d). One
 // thread per value; out must not alias R.

@@ -98,6 +98,14 @@ KVC_HOST_DEVICE inline float HcPreAt(const float* X, const float* a, int64_t hc,
   return s;
 }
 
+// Value i of the mean of the hc copies (what the drafter reads of a layer's input):
+// Σ_j X[j·d + i], j in order from +0, then / hc.
+KVC_HOST_DEVICE inline float HcMeanAt(const float* X, int64_t hc, int64_t d, int64_t i) {
+  float s = 0.0f;
+  for (int64_t j = 0; j < hc; ++j) s = rounded::Add(s, X[j * d + i]);
+  return rounded::Div(s, static_cast<float>(hc));
+}
+
 // Value i of copy k of the stream after the sublayer: post[k]·f[i] + Σ_j comb[j][k]·R[j·d + i].
 KVC_HOST_DEVICE inline float HcPostAt(const float* f, const float* R, const float* post,
                                       const float* comb, int64_t hc, int64_t d, int64_t k,

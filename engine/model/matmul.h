@@ -160,6 +160,10 @@ struct MoeSublayer {
     // already) and its qw, kw (hc × D each).
     const float* engram_kv = nullptr;
     std::span<const float> engram_qw, engram_kw;
+    // Optional: the mean of the hc copies of X'' (cpu::HcMeanAt; the drafter reads it of
+    // the layers it targets), row r at mean + r·mean_stride (D floats), a result like X''.
+    float* mean = nullptr;
+    int64_t mean_stride = 0;
   };
   const Next* next = nullptr;
 };

@@ -98,39 +98,46 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
   // waits until then.
   bool input_on_device = false;
   MoeSublayer::Next next;
+  // The drafter's targets' inputs, their hc copies' mean side by side per row (sized once:
+  // the device may deliver into it later); `target_mean(l)`: where layer l's goes, if at all.
+  const int64_t mean_width = static_cast<int64_t>(targets.size()) * D;
+  auto target_mean = [&](int64_t l) -> float* {
+    if (main_hidden == nullptr || l >= L || !sched.layers[l].is_dspark_target) return nullptr;
+    const int64_t t = std::find(targets.begin(), targets.end(), l) - targets.begin();
+    return main_hidden->data() + t * D;
+  };
+  for (int64_t l = l0; l < l1 && main_hidden != nullptr; ++l) {
+    if (l < L && sched.layers[l].is_dspark_target) main_hidden->resize(rows * mean_width);
+  }
   MoeSublayer::Coefficients from_mixes;
   for (int64_t l = l0; l < l1; ++l) {
     const LayerWeights& w = layers[l];
+    // The step into this layer on the device brought its input's mean too (MoeSublayer::Next).
+    const bool mean_landing = input_on_device && next.mean != nullptr;
     // A layer whose host steps need nothing of its query path's products goes without a
     // wait for them (Attention's `later`): it neither compresses nor indexes, its input is
-    // not read on the host (the drafter's targets; the first layer's Engram products for
-    // later layers, read by the step into the next layer), and a later layer of the pass
-    // waits before the buffers they land in go.
+    // not read on the host (a drafter's target's mean comes with it from the device), and a
+    // later layer of the pass waits before the buffers they land in go.
     bool later = false;
-    if (l < L && l + 1 < l1 && !(l == l0 && !ahead.empty())) {
+    if (l < L && l + 1 < l1) {
       const LayerPlan& plan = sched.layers[l];
-      later = !(main_hidden != nullptr && plan.is_dspark_target) &&
+      later = (target_mean(l) == nullptr || mean_landing) &&
               !(plan.compress_ratio > 0 &&
                 (plan.runs_indexer() || (plan.mode == AttentionMode::kFull && compress)));
     }
     if (input_on_device || !w.engram) {
       // no Engram, or the device gated it in with the step into this layer
     } else if (engram.contains(l)) {
+      mm->Settle();  // the products went with the first group, which may not have waited
       MixEngram(l, rows, engram.at(l), X);
     } else {
       ApplyEngram(s, l, a, b, X);
     }
     auto layer_input = [&] {  // X holds the layer's input
-      if (main_hidden != nullptr && l < L && sched.layers[l].is_dspark_target) {
-        const int64_t t = std::find(targets.begin(), targets.end(), l) - targets.begin();
-        const int64_t width = static_cast<int64_t>(targets.size()) * D;
-        main_hidden->resize(rows * width);
+      if (float* m = target_mean(l); m != nullptr && !mean_landing) {
         for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t i = 0; i < D; ++i) {
-            float m = 0.0f;
-            for (int64_t k = 0; k < hc; ++k) m += X[(r * hc + k) * D + i];
-            (*main_hidden)[r * width + t * D + i] = m / static_cast<float>(hc);
-          }
+          for (int64_t i = 0; i < D; ++i)
+            m[r * mean_width + i] = cpu::HcMeanAt(&X[r * hc * D], hc, D, i);
         }
       }
       R = X;
@@ -191,6 +198,10 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
         } else {
           next.norm = layers[l + 1].attn_norm;
           next.input = xin.data();
+        }
+        if (float* m = step_into_next ? target_mean(l + 1) : nullptr) {
+          next.mean = m;
+          next.mean_stride = mean_width;
         }
         if (step_into_next && layers[l + 1].engram) {
           const EngramWeights& eg = *layers[l + 1].engram;

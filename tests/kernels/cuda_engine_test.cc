@@ -117,10 +117,10 @@ class CudaEngineTest : public ::testing::Test {
 // selection stays on the device for attention, the entries' index keys go with the query
 // group, and the last layer runs on into the head's input. A layer whose host steps need
 // nothing of its query path's products has no wait of its own: it neither compresses nor
-// indexes, is neither the first (its Engram products for later layers are read on the
-// host) nor the last, nor one the drafter reads — its query and window row stay on the
-// device for attention, its mHC coefficients are made there, its window row lands in the
-// ring with the next wait.
+// indexes, is not the last nor one the drafter reads — its query and window row stay on
+// the device for attention, its mHC coefficients are made there, its window row lands in
+// the ring with the next wait (and the first layer's Engram products for later layers are
+// read where they land).
 TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceOncePerLayerAndOnceForTheLogits) {
   std::mt19937_64 rng(testing::FreshSeed());
   model::Sequence b = gpu_->NewSequence();
@@ -138,7 +138,7 @@ TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceOncePerLayerAndOnceForTheLogi
   const int64_t layers = config_.num_hidden_layers;
   const LayerSchedule schedule = *BuildLayerSchedule(config_);
   int64_t without_wait = 0;
-  for (int64_t l = 1; l + 1 < layers; ++l) {
+  for (int64_t l = 0; l + 1 < layers; ++l) {
     const LayerPlan& p = schedule.layers[l];
     const bool host_steps =
         p.compress_ratio > 0 && (p.runs_indexer() || p.mode == AttentionMode::kFull);
@@ -171,6 +171,12 @@ TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
       lb = gpu_->Decode(b, next);
       ASSERT_TRUE(la.ok() && lb.ok());
       EXPECT_TRUE(SameBits(*la, *lb)) << "decode step " << step;
+      // The drafter reads its target layers' inputs (their copies' mean, made on the device
+      // with the step into each) through the rings the pass's end fills.
+      absl::StatusOr<std::vector<uint32_t>> da = cpu_->Draft(a, Argmax(*la)),
+                                            db = gpu_->Draft(b, Argmax(*lb));
+      ASSERT_TRUE(da.ok() && db.ok()) << da.status() << " " << db.status();
+      EXPECT_EQ(*da, *db) << "draft after decode step " << step;
     }
     // Decode steps reuse the pages already on the device: far more reused than uploaded.
     const PageMirror::Stats after = mirror_->stats();

@@ -187,6 +187,19 @@ TEST_F(RowOpsCudaTest, HcScalePreAndPostMatchTheCpuBitForBit) {
   for (int64_t r = 0; r < rows; ++r) cpu::HcPre(&X[r * hc * d], &a[r * hc], hc, d, &want[r * d]);
   ExpectSameBits(*pre, want, "pre-mixing");
 
+  // The copies' mean (what the drafter reads), into rows with a gap left untouched.
+  absl::StatusOr<std::vector<float>> mean = HcMeanOnDevice(X, hc, d, /*gap=*/3);
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  want.assign(rows * (d + 3), -1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < d; ++i) {
+      float m = 0.0f;  // the copies summed in order, then divided: as the layer loop did
+      for (int64_t k = 0; k < hc; ++k) m += X[(r * hc + k) * d + i];
+      want[r * (d + 3) + i] = m / static_cast<float>(hc);
+    }
+  }
+  ExpectSameBits(*mean, want, "mean of the copies");
+
   absl::StatusOr<std::vector<float>> after = HcPostOnDevice(f, X, post, comb, hc, d);
   ASSERT_TRUE(after.ok()) << after.status();
   want.assign(rows * hc * d, 0.0f);
