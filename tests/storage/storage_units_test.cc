@@ -4,6 +4,8 @@
 #include <fstream>
 #include <random>
 
+#include <xxhash.h>
+
 #include "engine/spec/chunk_layout.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_index.h"
@@ -135,6 +137,35 @@ TEST(SlotReservationTest, RoundTripsAndRejectsDamage) {
         absl::IsDataLoss(DecodeSlotReservation(bytes.substr(0, bytes.size() - 8)).status()));
   }
   EXPECT_TRUE(DecodeSlotReservation(EncodeSlotReservation({})).ok());
+}
+
+// Each reservation has one encoding: one that names no next slot and no sequence bound is
+// written in the first version's form, so the later form carrying neither, checksum and
+// all, is not a record this version wrote.
+TEST(SlotReservationTest, TheLaterFormCarryingNothingOfItsOwnIsRefused) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  SlotReservation r;
+  r.min_sequence = rng() | 1;
+  r.slots = {rng() % 1000, rng() % 1000};
+  r.sequence_bound = (rng() | (uint64_t{1} << 63)) & ~uint64_t{0xff};  // unlike any other field
+  std::string bytes = EncodeSlotReservation(r);
+  SlotReservation plain;
+  plain.min_sequence = r.min_sequence;
+  plain.slots = r.slots;
+  const std::string first_form = EncodeSlotReservation(plain);
+  ASSERT_NE(bytes.size(), first_form.size()) << "a sequence bound is written in the later form";
+  // The bound set to 0 where it lies, and the checksum (the last 8 bytes) made whole again.
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&r.sequence_bound), 8));
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 8, 8, '\0');
+  const uint64_t sum = XXH3_64bits(bytes.data(), bytes.size() - 8);
+  bytes.replace(bytes.size() - 8, 8, reinterpret_cast<const char*>(&sum), 8);
+  const absl::StatusOr<SlotReservation> back = DecodeSlotReservation(bytes);
+  ASSERT_TRUE(absl::IsDataLoss(back.status())) << "seed " << seed << ": " << back.status();
+  EXPECT_NE(back.status().message().find("form of R1"), std::string::npos) << back.status();
+  // The same record in the first form reads back.
+  EXPECT_TRUE(DecodeSlotReservation(first_form).ok());
 }
 
 TEST(IndexRecordTest, RoundTripsAndRejectsForeignBytes) {
