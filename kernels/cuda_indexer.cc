@@ -9,6 +9,7 @@
 
 #include "kernels/attention_kernel.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_matmul.h"
 #include "kernels/device_buffer.h"
 #include "kernels/device_selection.h"
 #include "kernels/kv_dequant.h"
@@ -72,8 +73,8 @@ class CudaHeldSelection final : public DeviceSelection {
     size_t sel = 0, n = 0, pool_at = 0, npool = 0;
     int64_t pool_width = 0;
   };
-  CudaHeldSelection(SlotPool& pool, Slot* slot, Results r)
-      : pool_(pool), slot_(slot), r_(std::move(r)) {}
+  CudaHeldSelection(SlotPool& slots, Slot* slot, Results r)
+      : pool_(slots), slot_(slot), r_(std::move(r)) {}
   ~CudaHeldSelection() override { Settle(); }
   void Settle() override {
     if (slot_ == nullptr) return;
@@ -106,8 +107,12 @@ class CudaIndexer final : public model::IndexerBackend {
  public:
   explicit CudaIndexer(std::shared_ptr<PageMirror> mirror) : mirror_(std::move(mirror)) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&before_in_));
   }
-  ~CudaIndexer() override { cudaStreamDestroy(stream_); }
+  ~CudaIndexer() override {
+    cudaEventDestroy(before_in_);
+    cudaStreamDestroy(stream_);
+  }
   const char* name() const override { return "cuda"; }
 
   void Select(const model::IndexerBatch& b) const override {
@@ -126,10 +131,22 @@ class CudaIndexer final : public model::IndexerBackend {
     std::vector<int32_t>& visible = out.visible;
     visible.resize(rows);
     for (int64_t r = 0; r < rows; ++r) visible[r] = static_cast<int32_t>((a + r + 1) / b.ratio);
-    // kApply: each query's pool positions, as a list of `width` per query (−1 pads).
+    // kApply: each query's pool positions, as a list of `width` per query (−1 pads) — where
+    // the candidate source's call left them (the same list: ascending, −1 after), or from
+    // the host's masks.
+    const bool apply = b.pool_use == model::PoolUse::kApply;
+    const DeviceSelection* source = nullptr;
+    if (apply && b.pool_held != nullptr) {
+      source = dynamic_cast<const DeviceSelection*>(b.pool_held);
+      if (source != nullptr && (source->pool == nullptr || source->queries != rows ||
+                                source->first_position != a || source->ratio != b.ratio)) {
+        source = nullptr;
+      }
+      if (source == nullptr) b.pool_held->Settle();  // the host's masks, then
+    }
     std::vector<int32_t> list, counts;
-    int64_t width = 1;
-    if (b.pool_use == model::PoolUse::kApply) {
+    int64_t width = source != nullptr ? source->pool_width : 1;
+    if (apply && source == nullptr) {
       std::vector<std::vector<int32_t>> candidates;
       for (int64_t r = 0; r < rows; ++r) {
         std::vector<int32_t>& c = candidates.emplace_back();
@@ -154,7 +171,7 @@ class CudaIndexer final : public model::IndexerBackend {
                  in_w = in.Take<float>(rows * b.heads), in_visible = in.Take<int32_t>(rows),
                  in_list = in.Take<int32_t>(list.size()),
                  in_counts = in.Take<int32_t>(counts.size());
-    const size_t scores = dev.Take<float>(list.empty() ? rows * ld : list.size()),
+    const size_t scores = dev.Take<float>(apply ? rows * width : rows * ld),
                  best = dev.Take<float>(produce ? rows * nblocks : 0),
                  top = dev.Take<int32_t>(produce ? rows * b.topk_blocks : 0),
                  ntop = dev.Take<int32_t>(produce ? rows : 0);
@@ -177,12 +194,38 @@ class CudaIndexer final : public model::IndexerBackend {
     auto put = [&](size_t at, const void* from, size_t bytes) {
       if (bytes > 0) std::memcpy(h_in + at, from, bytes);
     };
-    put(in_qi, b.qi, static_cast<size_t>(rows * b.heads * b.dim) * sizeof(float));
-    put(in_w, b.w, static_cast<size_t>(rows * b.heads) * sizeof(float));
+    // The queries and head weights may be the matmul backend's results still landing: copied
+    // device-to-device into place on its stream, once this stream is done with d_in.
+    const DeviceProducts* landing =
+        b.landing != nullptr ? dynamic_cast<const DeviceProducts*>(b.landing) : nullptr;
+    if (b.landing != nullptr && landing == nullptr) b.landing->Settle();
+    if (landing != nullptr) CUDA_CHECK(cudaEventRecord(before_in_, stream_));
+    auto landed = [&](size_t at, const float* host, int64_t floats) {
+      return landing != nullptr && floats > 0 &&
+             landing->CopyLanding(host, static_cast<size_t>(floats), At<float>(d_in, at), stream_,
+                                  before_in_);
+    };
+    const int64_t qi_floats = rows * b.heads * b.dim, w_floats = rows * b.heads;
+    const bool qi_landed = landed(in_qi, b.qi, qi_floats);
+    const bool w_landed = landed(in_w, b.w, w_floats);
+    if (!qi_landed) put(in_qi, b.qi, static_cast<size_t>(qi_floats) * sizeof(float));
+    if (!w_landed) put(in_w, b.w, static_cast<size_t>(w_floats) * sizeof(float));
     put(in_visible, visible.data(), visible.size() * sizeof(int32_t));
     put(in_list, list.data(), list.size() * sizeof(int32_t));
     put(in_counts, counts.data(), counts.size() * sizeof(int32_t));
-    CUDA_CHECK(cudaMemcpyAsync(d_in, h_in, in.bytes(), cudaMemcpyHostToDevice, stream_));
+    auto upload = [&](size_t from, size_t to) {
+      if (to > from) {
+        CUDA_CHECK(
+            cudaMemcpyAsync(d_in + from, h_in + from, to - from, cudaMemcpyHostToDevice, stream_));
+      }
+    };
+    if (!qi_landed && !w_landed) {
+      upload(0, in.bytes());  // in one copy
+    } else {
+      if (!qi_landed) upload(in_qi, in_w);
+      if (!w_landed) upload(in_w, in_visible);
+      upload(in_visible, in.bytes());
+    }
     // The pages holding index keys [0, max_cl), current on the device once the stream has
     // run the mirror's uploads of those written since the last call. The view may go with
     // this call: buffers move or go only through cudaFree, which waits for the device.
@@ -200,12 +243,13 @@ class CudaIndexer final : public model::IndexerBackend {
     float* d_scores = At<float>(d, scores);
     int32_t* sel = At<int32_t>(d_res, out.sel);
     int32_t* sel_n = At<int32_t>(d_res, out.n);
-    if (!list.empty()) {  // kApply: score the pool's positions, select among them
-      const int32_t* d_list = At<int32_t>(d_in, in_list);
+    if (apply) {  // kApply: score the pool's positions, select among them
+      const int32_t* d_list = source != nullptr ? source->pool : At<int32_t>(d_in, in_list);
+      const int32_t* d_counts =
+          source != nullptr ? source->pool_count : At<int32_t>(d_in, in_counts);
       CUDA_CHECK(LaunchPagedIndexerScoresAt(qi, w, paged, d_list, rows, width, b.heads, b.dim,
                                             d_scores, stream_));
-      CUDA_CHECK(
-          LaunchTopK(d_scores, width, At<int32_t>(d_in, in_counts), rows, k, sel, sel_n, stream_));
+      CUDA_CHECK(LaunchTopK(d_scores, width, d_counts, rows, k, sel, sel_n, stream_));
       CUDA_CHECK(LaunchListPositions(d_list, width, sel_n, rows, k, sel, stream_));
     } else {
       CUDA_CHECK(LaunchPagedIndexerScores(qi, w, paged, d_visible, rows, b.heads, b.dim, ld,
@@ -231,12 +275,20 @@ class CudaIndexer final : public model::IndexerBackend {
     held->k = k;
     held->ready = slot->ready;
     held->consumed = slot->consumed;
+    if (produce) {
+      held->pool = At<int32_t>(d_res, out.pool_at);
+      held->pool_count = At<int32_t>(d_res, out.npool);
+      held->pool_width = pool_width;
+    }
+    held->first_position = a;
+    held->ratio = b.ratio;
     return held;
   }
 
  private:
   mutable std::mutex mu_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t before_in_ = nullptr;  // this stream done with in_ (a landing copy waits for it)
   const std::shared_ptr<PageMirror> mirror_;
   mutable SlotPool slots_;
   mutable GrowingDeviceBuffer<std::byte> in_, dev_;

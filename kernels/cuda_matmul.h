@@ -46,9 +46,10 @@ class DeviceProducts {
   // those floats, when none does — the host's floats are current then. The copy is this
   // backend's own work: the pending result's memory is free again at its next wait,
   // whichever thread's call that is, so no other stream reads it there. d_to must be free
-  // to write once this backend's earlier work is done.
-  virtual bool CopyLanding(const float* host, size_t floats, float* d_to,
-                           cudaStream_t reader) const = 0;
+  // to write once this backend's earlier work and `after` (if not null, an event of the
+  // reader's) are done.
+  virtual bool CopyLanding(const float* host, size_t floats, float* d_to, cudaStream_t reader,
+                           cudaEvent_t after = nullptr) const = 0;
 
  protected:
   ~DeviceProducts() = default;

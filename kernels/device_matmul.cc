@@ -32,7 +32,7 @@ void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* 
                               f.rope_freqs != nullptr ? d_turns : nullptr, half,
                               f.round.has_value(), RoundedFormatOf(format),
                               static_cast<int>(SpecOf(format).scale_block), MaxScaleCode(format),
-                              stream));
+                              f.multiplier, stream));
 }
 
 }  // namespace
@@ -264,12 +264,13 @@ void DeviceMatmul::CopyWhenLanded(const float* from, int64_t count, float* to) c
   std::memcpy(to, from, n * sizeof(float));
 }
 
-bool DeviceMatmul::CopyLanding(const float* host, size_t floats, float* d_to,
-                               cudaStream_t reader) const {
+bool DeviceMatmul::CopyLanding(const float* host, size_t floats, float* d_to, cudaStream_t reader,
+                               cudaEvent_t after) const {
   std::lock_guard lock(mu_);
   SettleUnlessResident(host, floats);
   const float* d = Resident(host, floats);
   if (d == nullptr) return false;
+  if (after != nullptr) CUDA_CHECK(cudaStreamWaitEvent(stream_, after, 0));
   CUDA_CHECK(cudaMemcpyAsync(d_to, d, floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   CUDA_CHECK(cudaEventRecord(landed_, stream_));
   CUDA_CHECK(cudaStreamWaitEvent(reader, landed_, 0));

@@ -51,8 +51,8 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   void GemmGroupLater(std::span<const model::GemmCall> calls) const override;
   void Settle() const override;
   void CopyWhenLanded(const float* from, int64_t count, float* to) const override;
-  bool CopyLanding(const float* host, size_t floats, float* d_to,
-                   cudaStream_t reader) const override;
+  bool CopyLanding(const float* host, size_t floats, float* d_to, cudaStream_t reader,
+                   cudaEvent_t after = nullptr) const override;
 
   // The experts of a MoE block where their weights are (device_moe.cc): the input
   // uploaded once with the routing, per group of jobs (HostExperts' groups) the rows

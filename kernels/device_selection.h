@@ -18,6 +18,12 @@ class DeviceSelection : public model::HeldSelection {
   const int32_t* counts = nullptr;     // queries
   int64_t queries = 0, k = 0;
   cudaEvent_t ready = nullptr, consumed = nullptr;
+  // The candidate pool it produced (kProduce; else null), on the indexer's stream: per
+  // query pool_width positions, ascending, −1 after the first pool_count[q]; for queries at
+  // first_position, first_position + 1, … seeing (position + 1) / ratio keys.
+  const int32_t* pool = nullptr;
+  const int32_t* pool_count = nullptr;
+  int64_t pool_width = 0, first_position = 0, ratio = 0;
 };
 
 }  // namespace kvc::cuda

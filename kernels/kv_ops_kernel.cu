@@ -90,7 +90,8 @@ __global__ void FakeQuantizeKernel(RoundedFormat format, int block, int max_e8m0
 // rounded block by block — the three steps in model::FinishRows' order.
 __global__ void FinishRowsKernel(float* y, int64_t rows, int64_t heads, int64_t dim,
                                  const float* norm, double eps, const float* turns, int64_t half,
-                                 bool round, RoundedFormat format, int block, int max_e8m0) {
+                                 bool round, RoundedFormat format, int block, int max_e8m0,
+                                 float multiplier) {
   const int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (v >= rows * heads) return;
   float* x = y + v * dim;
@@ -104,6 +105,9 @@ __global__ void FinishRowsKernel(float* y, int64_t rows, int64_t heads, int64_t 
   if (round) {
     for (int64_t b = 0; b < dim / block; ++b)
       FakeQuantizeBlock(format, block, max_e8m0, x + b * block);
+  }
+  if (multiplier != 1.0f) {
+    for (int64_t i = 0; i < dim; ++i) x[i] *= multiplier;
   }
 }
 
@@ -240,7 +244,7 @@ cudaError_t LaunchFakeQuantize(RoundedFormat format, int scale_block, int max_e8
 
 cudaError_t LaunchFinishRows(float* y, int64_t rows, int64_t heads, int64_t dim, const float* norm,
                              double eps, const float* turns, int64_t half, bool round,
-                             RoundedFormat format, int scale_block, int max_e8m0,
+                             RoundedFormat format, int scale_block, int max_e8m0, float multiplier,
                              cudaStream_t stream) {
   if (half < 0 || 2 * half > dim || (round && (scale_block <= 0 || dim % scale_block != 0)))
     return cudaErrorInvalidValue;
@@ -248,7 +252,7 @@ cudaError_t LaunchFinishRows(float* y, int64_t rows, int64_t heads, int64_t dim,
   constexpr int kThreads = 128;
   FinishRowsKernel<<<static_cast<unsigned>((rows * heads + kThreads - 1) / kThreads), kThreads, 0,
                      stream>>>(y, rows, heads, dim, norm, eps, turns, half, round, format,
-                               scale_block, max_e8m0);
+                               scale_block, max_e8m0, multiplier);
   return cudaGetLastError();
 }
 

@@ -31,11 +31,11 @@ cudaError_t LaunchFakeQuantize(RoundedFormat format, int scale_block, int max_e8
 // per vector: rows × heads vectors of dim, each RMS-normalized by `norm` (if not null;
 // LaunchRmsNorm's arithmetic), its last 2·half dims turned by its row's turns (if not null;
 // LaunchTurnTails' table and arithmetic), then with `round` rounded to `format` and back
-// in blocks of scale_block (LaunchFakeQuantize's). cudaErrorInvalidValue for a tail wider
-// than dim or a vector not whole blocks.
+// in blocks of scale_block (LaunchFakeQuantize's), then multiplied by `multiplier` (if not
+// 1). cudaErrorInvalidValue for a tail wider than dim or a vector not whole blocks.
 cudaError_t LaunchFinishRows(float* y, int64_t rows, int64_t heads, int64_t dim, const float* norm,
                              double eps, const float* turns, int64_t half, bool round,
-                             RoundedFormat format, int scale_block, int max_e8m0,
+                             RoundedFormat format, int scale_block, int max_e8m0, float multiplier,
                              cudaStream_t stream);
 
 // score[q][t] = Σ_h relu(Σ_i qi[q][h][i]·keys[t][i]) · w[q][h] for t < visible[q]

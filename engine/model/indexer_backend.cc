@@ -14,6 +14,8 @@ class CpuIndexer final : public IndexerBackend {
  public:
   const char* name() const override { return "cpu"; }
   void Select(const IndexerBatch& b) const override {
+    if (b.landing != nullptr) b.landing->Settle();      // qi and w are read here
+    if (b.pool_held != nullptr) b.pool_held->Settle();  // and the pool's masks
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     const int64_t IH = b.heads, Id = b.dim, a = b.first_position, rows = b.queries;
     const int64_t max_cl = (a + rows) / b.ratio;

@@ -23,6 +23,8 @@ namespace kvc::model {
 
 enum class PoolUse { kNone, kProduce, kApply };
 
+class HeldSelection;
+
 struct IndexerBatch {
   int64_t queries = 0, heads = 0, dim = 0;
   const float* qi = nullptr;   // queries × heads × dim (rotated, FP4-QAT'd)
@@ -48,6 +50,14 @@ struct IndexerBatch {
   std::vector<std::vector<uint8_t>>* pool = nullptr;
   std::vector<std::vector<int32_t>>* selected = nullptr;  // out: queries entries, ascending
   const MatmulBackend* matmul = nullptr;                  // the CPU backend's q·k
+  // The matmul backend when qi or w may be its results still landing
+  // (MatmulBackend::GemmGroupLater): a backend reads them where they land, or settles it
+  // first.
+  const MatmulBackend* landing = nullptr;
+  // kApply: the candidate source's selection if still held (HeldSelection), whose pool a
+  // backend may read where it was made instead of *pool; one that does not settles it
+  // first (which writes *pool). Its queries sit at the same positions with the same ratio.
+  HeldSelection* pool_held = nullptr;
 };
 
 // A selection left where the backend made it (a device), for an attention backend that

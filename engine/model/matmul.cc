@@ -39,6 +39,9 @@ void FinishRows(const RowFinish& f, int64_t rows, int64_t width, float* y) {
         if (f.norm != nullptr) cpu::RmsNorm(v, f.norm, dim, f.eps, v);
         if (f.rope_freqs != nullptr) cpu::ApplyRope(v, dim, *f.rope_freqs, f.first_position + r);
         if (f.round) FakeQuantize(*f.round, std::span<float>(v, dim));
+        if (f.multiplier != 1.0f) {
+          for (int64_t i = 0; i < dim; ++i) v[i] *= f.multiplier;
+        }
       }
     }
   });

@@ -27,8 +27,9 @@ namespace kvc::model {
 // between the product and what reads them, and the rows are final there). Row r, at
 // position first_position + r, is `heads` vectors of width / heads floats; each is, in
 // this order, RMS-normalized (cpu::RmsNorm by `norm` with `eps`; if norm), turned by RoPE
-// at the row's position (cpu::ApplyRope with rope_freqs; if rope_freqs) and rounded to
-// `round`'s format and back (FakeQuantize; if round). The CPU's bits on every backend.
+// at the row's position (cpu::ApplyRope with rope_freqs; if rope_freqs), rounded to
+// `round`'s format and back (FakeQuantize; if round) and multiplied by `multiplier` (if
+// not 1). The CPU's bits on every backend.
 struct RowFinish {
   int64_t heads = 1;
   const float* norm = nullptr;
@@ -36,6 +37,7 @@ struct RowFinish {
   const std::vector<double>* rope_freqs = nullptr;
   int64_t first_position = 0;
   std::optional<KvFormat> round;
+  float multiplier = 1.0f;
 };
 // The finish on the host: y is rows × width. Aborts, naming the shapes, when width is not
 // `heads` vectors (or a vector not whole blocks of the rounding's scale).

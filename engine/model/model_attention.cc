@@ -16,7 +16,7 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
   q.resize(rows * w.wq_b.out_features());
   // Each result's rows are finished where they are: the queries turned per head, the
   // window row normalized, turned and rounded to FP8, the indexer's queries turned and
-  // rounded to its FP4 (their head weights are scaled by the caller).
+  // rounded to its FP4, its head weights scaled by 1/√(Id·IH).
   const RowFinish q_finish{
       .heads = H, .rope_freqs = &freqs[l], .first_position = a, .round = std::nullopt};
   const RowFinish kv_finish = WindowRowFinish(l, a);
@@ -24,6 +24,10 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
                             .rope_freqs = &freqs[l],
                             .first_position = a,
                             .round = KvFormat::kIndexK};
+  RowFinish wts_finish;
+  wts_finish.multiplier =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.index_head_dim)) /
+                         std::sqrt(static_cast<double>(c.index_n_heads)));
   std::vector<GemmCall> calls = {
       {x.data(), rows, &w.wq_a, qr.data()},
       {x.data(), rows, &w.wkv, kv.data()},
@@ -37,6 +41,7 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
         {nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps});
     calls.back().finish = &qi_finish;
     calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
+    calls.back().finish = &wts_finish;
   }
   AppendToGroup(calls, also);
   if (landing != nullptr) {
@@ -59,8 +64,8 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   CompressorInput compressor;
   std::vector<GemmCall> others(also.begin(), also.end());  // with the query path's group
   const bool compresses = ratio > 0 && plan.mode == AttentionMode::kFull && compress;
-  KVC_CHECK(!later || (!compresses && !runs_indexer))
-      << "layer " << l << " compresses or indexes: its host steps need the products";
+  KVC_CHECK(!later || !compresses)
+      << "layer " << l << " compresses: its host steps need the products";
   if (compresses) CompressorCalls(s, l, a, b, x, compressor, others);
   QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
                      runs_indexer ? &wts : nullptr, others, later ? &pass.landing : nullptr);
@@ -80,11 +85,6 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     kv_src = &s.layers[plan.kv_layer];
     if (runs_indexer) {
       const int64_t IH = c.index_n_heads, Id = c.index_head_dim;
-      const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Id)) /
-                                              std::sqrt(static_cast<double>(IH)));
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t h = 0; h < IH; ++h) wts[r * IH + h] *= wscale;
-      }
       const LayerState& ks = s.layers[plan.index_k_layer];
       auto& sel = topk[l];
       sel.assign(rows, {});
@@ -117,7 +117,13 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
         pool.assign(rows, {});
       } else if (plan.candidate_pool_layer >= 0) {
         ib.pool_use = PoolUse::kApply;
+        // The pool where the source's indexer left it (without a wait since, still held).
+        if (const auto source = pass.held.find(plan.candidate_pool_layer);
+            source != pass.held.end()) {
+          ib.pool_held = source->second.get();
+        }
       }
+      if (later) ib.landing = mm.get();  // qi and wts still landing
       // Attention reads the selection where the indexer made it when it can (no wait in
       // between on a device); otherwise it is settled here (destroying it does).
       held = indexer->SelectHeld(ib);
@@ -184,8 +190,7 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     ls.ring_pos[p % win] = p;
   }
   if (later) {  // they land at the pass's next wait
-    pass.landing.push_back(std::move(q));
-    pass.landing.push_back(std::move(kv));
+    for (std::vector<float>* v : {&q, &kv, &qi, &wts}) pass.landing.push_back(std::move(*v));
   }
   return moe_done;
 }

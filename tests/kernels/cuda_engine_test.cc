@@ -116,11 +116,12 @@ class CudaEngineTest : public ::testing::Test {
 // attention and MoE block) and one for the logits (with the last layer's): the indexer's
 // selection stays on the device for attention, the entries' index keys go with the query
 // group, and the last layer runs on into the head's input. A layer whose host steps need
-// nothing of its query path's products has no wait of its own: it neither compresses nor
-// indexes, is not the last nor one the drafter reads — its query and window row stay on
-// the device for attention, its mHC coefficients are made there, its window row lands in
-// the ring with the next wait (and the first layer's Engram products for later layers are
-// read where they land).
+// nothing of its query path's products has no wait of its own: it does not compress and is
+// not the last — its query and window row stay on the device for attention, its indexer
+// reads its queries and head weights (scaled in the product's finish) and the candidate
+// pool where they are, its mHC coefficients are made there, its window row lands in the
+// ring with the next wait, a drafter's target's input mean comes with the step into it,
+// and the first layer's Engram products for later layers are read where they land.
 TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceOncePerLayerAndOnceForTheLogits) {
   std::mt19937_64 rng(testing::FreshSeed());
   model::Sequence b = gpu_->NewSequence();
@@ -140,9 +141,10 @@ TEST_F(CudaEngineTest, ADecodeStepWaitsForTheDeviceOncePerLayerAndOnceForTheLogi
   int64_t without_wait = 0;
   for (int64_t l = 0; l + 1 < layers; ++l) {
     const LayerPlan& p = schedule.layers[l];
-    const bool host_steps =
-        p.compress_ratio > 0 && (p.runs_indexer() || p.mode == AttentionMode::kFull);
-    without_wait += !p.is_dspark_target && !host_steps;
+    // Only compressing needs the products on the host; a drafter's target's input mean
+    // comes with the step into it, except into the first layer.
+    const bool compresses = p.compress_ratio > 0 && p.mode == AttentionMode::kFull;
+    without_wait += !compresses && !(p.is_dspark_target && l == 0);
   }
   std::printf(
       "decode step: %.1f waits for the device, %.1f launches (%lld layers, %lld without "
