@@ -133,11 +133,13 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   void QueueRouted(const float* d_x, int64_t rows, const model::MoeBlock& moe, std::byte* d_in,
                    std::byte* d_dev, const RoutingRegions& at, float* d_out) const;
 
-  // Results of a MoE sublayer that went on into the next layer (MoeSublayer::Next) and
-  // returned before they landed: where each goes, its page-locked copy once the stream has
-  // run, and its device copy, which GemmGroup's products read instead of the host's
-  // (Resident). Delivered at the next wait (Synchronize); a MoE call whose host inputs or
-  // results overlap one waits for them first (SettleFor). With mu_ held.
+  // Results returned before they landed — a group's (GemmGroupLater), a MoE sublayer's that
+  // went on into the next layer (MoeSublayer::Next), a second place for one of them
+  // (CopyWhenLanded): where each goes, its page-locked copy once the stream has run, and
+  // its device copy, which later calls read instead of the host's (Resident, CopyLanding).
+  // Delivered at the next wait (Synchronize), in the order they were added; a call whose
+  // host inputs or results overlap one it cannot read whole waits for them first
+  // (SettleFor, SettleUnlessResident). With mu_ held.
   struct Pending {
     float* to;
     const float* staged;
