@@ -194,11 +194,7 @@ class CudaAttention final : public model::AttentionBackend {
     }
     // The query and the pass's own window rows may be the matmul backend's results still
     // landing: read where they are (this stream waits for them), not from the host.
-    const DeviceProducts* landing = nullptr;
-    if (b.landing != nullptr) {
-      landing = dynamic_cast<const DeviceProducts*>(b.landing);
-      if (landing == nullptr) b.landing->Settle();
-    }
+    const DeviceProducts* landing = LandingOn(b.landing);
     // From the host, or device-to-device where it lands.
     auto up = [&](float* d_to, const float* host, size_t floats) {
       if (floats == 0) return;

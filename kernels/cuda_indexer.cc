@@ -196,9 +196,7 @@ class CudaIndexer final : public model::IndexerBackend {
     };
     // The queries and head weights may be the matmul backend's results still landing: copied
     // device-to-device into place on its stream, once this stream is done with d_in.
-    const DeviceProducts* landing =
-        b.landing != nullptr ? dynamic_cast<const DeviceProducts*>(b.landing) : nullptr;
-    if (b.landing != nullptr && landing == nullptr) b.landing->Settle();
+    const DeviceProducts* landing = LandingOn(b.landing);
     if (landing != nullptr) CUDA_CHECK(cudaEventRecord(before_in_, stream_));
     auto landed = [&](size_t at, const float* host, int64_t floats) {
       return landing != nullptr && floats > 0 &&

@@ -116,6 +116,13 @@ absl::StatusOr<std::unique_ptr<model::MatmulBackend>> MakeCublasMatmul() {
   return std::make_unique<CublasMatmul>();
 }
 
+const DeviceProducts* LandingOn(const model::MatmulBackend* landing) {
+  if (landing == nullptr) return nullptr;
+  const auto* device = dynamic_cast<const DeviceProducts*>(landing);
+  if (device == nullptr) landing->Settle();
+  return device;
+}
+
 absl::StatusOr<std::unique_ptr<model::MatmulBackend>> MakeCudaMatmul() {
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   return std::make_unique<CudaMatmul>();

@@ -55,6 +55,11 @@ class DeviceProducts {
   ~DeviceProducts() = default;
 };
 
+// A batch's `landing` backend (AttentionBatch::landing, IndexerBatch::landing) as one whose
+// landing results a device reader can copy where they are; null when there is none, or —
+// having settled it, so that the host's floats are current — when it is not a device one.
+const DeviceProducts* LandingOn(const model::MatmulBackend* landing);
+
 // FailedPrecondition without a GPU.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<model::MatmulBackend>> MakeCudaMatmul();
 

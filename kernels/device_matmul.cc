@@ -254,12 +254,11 @@ void DeviceMatmul::CopyWhenLanded(const float* from, int64_t count, float* to) c
   std::lock_guard lock(mu_);
   const size_t n = static_cast<size_t>(count);
   SettleUnlessResident(from, n);
-  for (auto p = pending_.rbegin(); p != pending_.rend(); ++p) {
-    if (from >= p->to && from + n <= p->to + p->floats) {  // lands with it, a second time
-      const ptrdiff_t at = from - p->to;
-      pending_.push_back({to, p->staged + at, p->device + at, n});
-      return;
-    }
+  if (const Pending* p = Holding(from, n)) {  // lands with it, a second time
+    const ptrdiff_t at = from - p->to;
+    const Pending also{to, p->staged + at, p->device + at, n};
+    pending_.push_back(also);  // (p may move with the push)
+    return;
   }
   std::memcpy(to, from, n * sizeof(float));
 }

@@ -158,8 +158,10 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     SettleFor(std::span(ranges.begin(), ranges.size()));
   }
   void Deliver() const;
-  // The device copy of the latest pending result that holds all of x[0, floats); null
-  // when none does (or a later one covers only part of it).
+  // The latest pending result landing in x[0, floats) if it holds all of them; null when
+  // none lands there, or the latest covers only part of them.
+  const Pending* Holding(const float* x, size_t floats) const;
+  // Its device copy of x[0, floats), or null (Holding).
   const float* Resident(const float* x, size_t floats) const;
   // Waits first (Synchronize) when a pending result lands in part of x[0, floats) but
   // Resident would not read it there: the host's floats are the current ones then.

@@ -518,13 +518,18 @@ void DeviceMatmul::Deliver() const {
   pending_.clear();
 }
 
-const float* DeviceMatmul::Resident(const float* x, size_t floats) const {
+const DeviceMatmul::Pending* DeviceMatmul::Holding(const float* x, size_t floats) const {
   for (auto p = pending_.rbegin(); p != pending_.rend(); ++p) {  // the latest lands last
     if (x < p->to + p->floats && p->to < x + floats) {
-      return x >= p->to && x + floats <= p->to + p->floats ? p->device + (x - p->to) : nullptr;
+      return x >= p->to && x + floats <= p->to + p->floats ? &*p : nullptr;
     }
   }
   return nullptr;
+}
+
+const float* DeviceMatmul::Resident(const float* x, size_t floats) const {
+  const Pending* p = Holding(x, floats);
+  return p != nullptr ? p->device + (x - p->to) : nullptr;
 }
 
 void DeviceMatmul::SettleUnlessResident(const float* x, size_t floats) const {

@@ -12,8 +12,6 @@ void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b
   QueriesAndWindowKv(l, a, rows, x, q, kv, nullptr, nullptr, also);
   // Every draft query sees the main model's window (accepted positions, from the ring, in
   // position order) and the whole draft block: attention inside the block is bidirectional.
-  std::vector<float> window(ls.ring);
-  window.insert(window.end(), kv.begin(), kv.end());
   std::vector<int32_t> shared;
   for (int64_t p = std::max<int64_t>(0, a - win); p < a; ++p) {
     if (ls.ring_pos[p % win] == p) shared.push_back(static_cast<int32_t>(p % win));
@@ -25,7 +23,9 @@ void ModelImpl::DraftAttention(SequenceState& s, int64_t l, int64_t a, int64_t b
     offsets.push_back(static_cast<int32_t>(entries.size()));
   }
   AttentionBatch batch;
-  batch.window = window;
+  batch.window = ls.ring;
+  batch.fresh = kv.data();
+  batch.fresh_rows = rows;
   batch.offsets = offsets;
   batch.entries = entries;
   AttendAndProject(l, a, rows, q, batch, out);

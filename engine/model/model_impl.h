@@ -267,9 +267,10 @@ class ModelImpl {
   // `then` is called once the query path's products (with `also`) are issued; the MoE
   // sublayer it returns (if any) may run on the device right after attention. True when it
   // did (its results in the sublayer's outputs, `out` untouched). With `later`, for a layer
-  // that neither compresses nor indexes: the products are issued without a wait
-  // (GemmGroupLater) and attention reads the query and the window rows where they land;
-  // nothing of them is read on the host, and the sublayer `then` gives must take its
+  // that does not compress: the products are issued without a wait (GemmGroupLater), and
+  // attention and the indexer read the query, the window rows and the indexer's inputs
+  // where they land (the pool and a reused selection where the source's indexer left
+  // them); nothing of them is read on the host, and the sublayer `then` gives must take its
   // coefficients from the mixes (MoeSublayer::coefficients). The buffers they land in go to
   // `pass.landing`; the pass must wait before it ends.
   bool Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
