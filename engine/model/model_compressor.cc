@@ -54,6 +54,13 @@ void ModelImpl::EmitEntry(SequenceState& s, int64_t l, std::span<float> latent,
   ++ls.entries;
 }
 
+int64_t ModelImpl::EntriesCompleted(const SequenceState& s, int64_t l, int64_t a, int64_t b) const {
+  const LayerState& ls = s.layers[l];
+  const int64_t ratio = sched.layers[l].compress_ratio;
+  const int64_t done = ls.entries * ratio + ls.pend_rows;  // positions already consumed
+  return (ls.pend_rows + std::max<int64_t>(0, b - std::max(a, done))) / ratio;
+}
+
 void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                                 const std::vector<float>& x, CompressorInput& in,
                                 std::vector<GemmCall>& calls) const {
@@ -80,7 +87,7 @@ void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, in
     calls.push_back({xs, in.rows, &w.c_wgate, in.score.data()});
     // The entries this pass completes: their index keys from their latents (pooled and
     // normalized as Compress will pool them), in the same group.
-    if (const int64_t entries = (ls.pend_rows + in.rows) / ratio; entries > 0) {
+    if (const int64_t entries = EntriesCompleted(s, l, a, b); entries > 0) {
       in.keys.resize(entries * w.i_wk.out_features());
       GemmCall keys{nullptr, entries,         &w.i_wk,       in.keys.data(),
                     kv_call, w.c_norm.data(), c.rms_norm_eps};
@@ -108,6 +115,15 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in)
   const AttentionWeights& w = layers[l].attn;
   const int64_t ratio = sched.layers[l].compress_ratio, rows = in.rows;
   const std::vector<float>&kv = in.kv, &score = in.score;
+  if (ratio > 1 && ls.pend_rows + rows < ratio) {  // the rows join the pending group
+    for (auto [from, to] : {std::pair{&kv, &ls.pend_kv}, std::pair{&score, &ls.pend_score}}) {
+      const size_t old = to->size();
+      to->resize(old + rows * hd);
+      mm->CopyWhenLanded(from->data(), rows * hd, to->data() + old);
+    }
+    ls.pend_rows += rows;
+    return;
+  }
   std::vector<float> latents;  // the pass's new entries, emitted together
   for (int64_t r = 0; r < rows; ++r) {
     if (ratio == 1) {

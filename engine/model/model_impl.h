@@ -289,9 +289,15 @@ class ModelImpl {
     // pooled and normalized (GemmCall::pool_ratio). Empty when none completes.
     std::vector<float> keys;
   };
+  // How many compressed entries Full layer l's compressor completes over the pass [a, b)
+  // (0: the pass's rows only join the pending group, which needs nothing on the host).
+  int64_t EntriesCompleted(const SequenceState& s, int64_t l, int64_t a, int64_t b) const;
   void CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                        const std::vector<float>& x, CompressorInput& in,
                        std::vector<GemmCall>& calls) const;
+  // Consumes the products. A pass that completes no entry only appends its rows to the
+  // pending group, each where its product lands (MatmulBackend::CopyWhenLanded): the group
+  // may still be landing then, and `in` must live until the backend's next wait.
   void Compress(SequenceState& s, int64_t l, const CompressorInput& in) const;
   void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
                 const std::vector<float>& x) const;  // the products on their own
