@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/ops.h"
+#include "engine/spec/check.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_matmul.h"
 #include "kernels/device_buffer.h"
@@ -30,8 +31,10 @@ class CudaAttention final : public model::AttentionBackend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreate(&projected_));
     CUDA_CHECK(cudaEventCreate(&read_));
+    CUDA_CHECK(cudaEventCreate(&entries_free_));
   }
   ~CudaAttention() override {
+    cudaEventDestroy(entries_free_);
     cudaEventDestroy(read_);
     cudaEventDestroy(projected_);
     cudaStreamDestroy(stream_);
@@ -89,6 +92,98 @@ class CudaAttention final : public model::AttentionBackend {
     CUDA_CHECK(cudaEventRecord(projected_, stream_));
     products->MoeSublayerAfter(d_y, projected_, read_, b.queries, then);
     handed_over_ = true;  // the next call's work waits until the output was read
+    return true;
+  }
+
+  // EmitEntry's steps on this stream: the key's norm and both turns (LaunchFinishRows, the
+  // host's arithmetic), FP4 codes and scales into scratch laid out as the pages' sections,
+  // then into the mirror's pages and, rounded back, into the floats; the bytes and floats
+  // land on the host with the matmul backend's next wait. Entries are grouped by page.
+  bool WriteEntries(const model::EntryBatch& b) const override {
+    const auto* products = dynamic_cast<const DeviceProducts*>(b.landing);
+    if (products == nullptr) return false;  // the host's copies land only with its wait
+    if (b.count == 0) return true;
+    std::lock_guard lock(mu_);
+    const int64_t n = b.count, hd = b.dim, Id = b.index_dim;
+    const ChunkLayout& layout = *b.layout;
+    const int64_t per_page = layout.chunk_tokens / b.ratio;
+    const int64_t first_page = b.first / per_page, last_page = (b.first + n - 1) / per_page;
+    struct Section {
+      const ChunkSection* at;
+      int64_t bytes;  // per entry
+    };
+    const Section sections[4] = {
+        {&layout.Section(b.layer, SectionKind::kMainCodes), CodesBytes(KvFormat::kMainKv, hd)},
+        {&layout.Section(b.layer, SectionKind::kMainScales), ScalesBytes(KvFormat::kMainKv, hd)},
+        {&layout.Section(b.layer, SectionKind::kIndexCodes), CodesBytes(KvFormat::kIndexK, Id)},
+        {&layout.Section(b.layer, SectionKind::kIndexScales), ScalesBytes(KvFormat::kIndexK, Id)}};
+    const int64_t entry_bytes =
+        sections[0].bytes + sections[1].bytes + sections[2].bytes + sections[3].bytes;
+    // The inputs: where they land, or from the host; the scratch is free once this
+    // stream's earlier work is done.
+    CUDA_CHECK(cudaEventRecord(entries_free_, stream_));
+    float* d_lat = entry_latents_.Reserve(static_cast<size_t>(n * hd));
+    float* d_key = entry_keys_.Reserve(static_cast<size_t>(n * Id));
+    auto up = [&](float* d_to, const float* host, size_t floats) {
+      if (!products->CopyLanding(host, floats, d_to, stream_, entries_free_)) {
+        Copy(d_to, host, floats * sizeof(float));
+      }
+    };
+    up(d_lat, b.latents, static_cast<size_t>(n * hd));
+    up(d_key, b.keys, static_cast<size_t>(n * Id));
+    std::vector<int64_t> positions(static_cast<size_t>(n));
+    for (int64_t e = 0; e < n; ++e) positions[e] = (b.first + e) * b.ratio;
+    const std::vector<float> turns = cpu::RopeTurns(*b.rope_freqs, positions, /*inverse=*/false);
+    const int64_t half = static_cast<int64_t>(b.rope_freqs->size());
+    float* d_turns = entry_turns_.Reserve(turns.size() + static_cast<size_t>(Id));
+    float* d_norm = d_turns + turns.size();
+    Copy(d_turns, turns.data(), turns.size() * sizeof(float));
+    Copy(d_norm, b.key_norm.data(), static_cast<size_t>(Id) * sizeof(float));
+    const KvFormat unused = KvFormat::kSwaKv;  // no rounding in these finishes
+    CUDA_CHECK(LaunchFinishRows(d_key, n, 1, Id, d_norm, b.eps, d_turns, half, false,
+                                RoundedFormatOf(unused), 1, 0, 1.0f, stream_));
+    CUDA_CHECK(LaunchFinishRows(d_lat, n, 1, hd, nullptr, 0.0, d_turns, half, false,
+                                RoundedFormatOf(unused), 1, 0, 1.0f, stream_));
+    // Per page its entries' four sections back to back in the scratch; the floats after.
+    uint8_t* d_bytes = entry_bytes_.Reserve(static_cast<size_t>(n * entry_bytes));
+    float* d_main = entry_out_.Reserve(static_cast<size_t>(n * (hd + Id)));
+    float* d_index = d_main + n * hd;
+    // The pages current on the device first — those the entries go into as they were
+    // before the model claimed them: their host bytes may lack what earlier device writes
+    // put there (landing), but then the device's copy is current under the old version.
+    KVC_CHECK(static_cast<int64_t>(b.claimed_from.size()) == last_page - first_page + 1)
+        << "entries in pages " << first_page << ".." << last_page << " with "
+        << b.claimed_from.size() << " earlier versions";
+    std::vector<uint64_t> before(b.page_versions.begin(), b.page_versions.begin() + last_page + 1);
+    std::copy(b.claimed_from.begin(), b.claimed_from.end(), before.begin() + first_page);
+    PageMirror::View view = mirror_->Pages(b.sequence, b.pages, before, last_page + 1,
+                                           static_cast<size_t>(layout.chunk_bytes), stream_);
+    std::vector<DeviceProducts::HostLanding> landings;
+    for (int64_t page = first_page; page <= last_page; ++page) {
+      const int64_t e0 = std::max(b.first, page * per_page) - b.first;
+      const int64_t e1 = std::min(b.first + n, (page + 1) * per_page) - b.first;
+      const int64_t local = b.first + e0 - page * per_page, m = e1 - e0;
+      uint8_t* run = d_bytes + e0 * entry_bytes;  // this page's sections, m entries each
+      uint8_t* at[4];
+      for (int s = 0, off = 0; s < 4; off += static_cast<int>(m * sections[s].bytes), ++s)
+        at[s] = run + off;
+      QueueQuantize(KvFormat::kMainKv, d_lat + e0 * hd, m * hd, at[0], at[1], stream_);
+      QueueQuantize(KvFormat::kIndexK, d_key + e0 * Id, m * Id, at[2], at[3], stream_);
+      QueueDequantize(KvFormat::kMainKv, at[0], at[1], m * hd, d_main + e0 * hd, stream_);
+      QueueDequantize(KvFormat::kIndexK, at[2], at[3], m * Id, d_index + e0 * Id, stream_);
+      for (int s = 0; s < 4; ++s) {
+        const int64_t offset = sections[s].at->offset + local * sections[s].bytes;
+        const size_t bytes = static_cast<size_t>(m * sections[s].bytes);
+        CUDA_CHECK(cudaMemcpyAsync(view.device + page * layout.chunk_bytes + offset, at[s], bytes,
+                                   cudaMemcpyDeviceToDevice, stream_));
+        landings.push_back({at[s], bytes, b.pages[page].data() + offset});
+      }
+    }
+    mirror_->Written(view, b.sequence, first_page,
+                     b.page_versions.subspan(first_page, last_page - first_page + 1), stream_);
+    landings.push_back({d_main, static_cast<size_t>(n * hd) * sizeof(float), b.main_out});
+    landings.push_back({d_index, static_cast<size_t>(n * Id) * sizeof(float), b.index_out});
+    products->LandOnHost(landings, stream_);
     return true;
   }
 
@@ -254,9 +349,12 @@ class CudaAttention final : public model::AttentionBackend {
   // says it is ready, `read_` that it was read; the next call's work waits for that before
   // it may overwrite y_ (with a step into the next layer nothing has waited yet). With mu_.
   cudaEvent_t projected_ = nullptr, read_ = nullptr;
+  cudaEvent_t entries_free_ = nullptr;  // WriteEntries' scratch free to be written again
   mutable bool handed_over_ = false;
   const std::shared_ptr<PageMirror> mirror_;
   mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_, turns_, og_, ug_, u_, y_;
+  mutable GrowingDeviceBuffer<float> entry_latents_, entry_keys_, entry_turns_, entry_out_;
+  mutable GrowingDeviceBuffer<uint8_t> entry_bytes_;
   mutable GrowingPinnedBuffer<float> out_;
   mutable GrowingDeviceBuffer<int32_t> offsets_, entries_, all_offsets_, all_entries_;
 };

@@ -50,6 +50,16 @@ class DeviceProducts {
   // reader's) are done.
   virtual bool CopyLanding(const float* host, size_t floats, float* d_to, cudaStream_t reader,
                            cudaEvent_t after = nullptr) const = 0;
+  // Device bytes another stream made that the host needs too (a compressed entry's page
+  // bytes and floats): each range lands at `to` with this backend's next wait, as its own
+  // pending results do. The copies go after `producer`'s work so far, and what `producer`
+  // queues after this call waits for them (it may overwrite the ranges then).
+  struct HostLanding {
+    const void* device;
+    size_t bytes;
+    void* to;
+  };
+  virtual void LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer) const = 0;
 
  protected:
   ~DeviceProducts() = default;

@@ -40,10 +40,12 @@ void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* 
 DeviceMatmul::DeviceMatmul() {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreate(&landed_));
+  CUDA_CHECK(cudaEventCreate(&produced_));
 }
 
 DeviceMatmul::~DeviceMatmul() {
   for (auto& [key, p] : weights_) cudaFree(p);
+  cudaEventDestroy(produced_);
   cudaEventDestroy(landed_);
   cudaStreamDestroy(stream_);
 }
@@ -220,7 +222,19 @@ DeviceMatmul::QueuedGroup DeviceMatmul::QueueGroup(std::span<const model::GemmCa
   if (yo > 0) {
     CUDA_CHECK(cudaMemcpyAsync(h_y, d_y, yo * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
-  return {d_y, h_y, std::move(y_at)};
+  // A chained input asked for comes back from where it was normalized, through its
+  // (unused) upload staging.
+  std::vector<Pending> inputs;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const model::GemmCall& c = calls[i];
+    const size_t n = static_cast<size_t>(c.m * c.w->in_features());
+    if (c.input_out == nullptr || n == 0 || c.w->out_features() == 0) continue;
+    const size_t at = x_at[model::SameChainedInput(calls, i)];
+    CUDA_CHECK(
+        cudaMemcpyAsync(h_x + at, d_x + at, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    inputs.push_back({c.input_out, h_x + at, d_x + at, n});
+  }
+  return {d_y, h_y, std::move(y_at), std::move(inputs)};
 }
 
 void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
@@ -232,6 +246,7 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
     const size_t n = static_cast<size_t>(c.m * c.w->out_features());
     if (n > 0) std::memcpy(c.y, g.h_y + g.y_at[i], n * sizeof(float));
   }
+  for (const Pending& p : g.inputs) std::memcpy(p.to, p.staged, p.floats * sizeof(float));
 }
 
 void DeviceMatmul::GemmGroupLater(std::span<const model::GemmCall> calls) const {
@@ -242,11 +257,12 @@ void DeviceMatmul::GemmGroupLater(std::span<const model::GemmCall> calls) const 
     const size_t n = static_cast<size_t>(c.m * c.w->out_features());
     if (n > 0) pending_.push_back({c.y, g.h_y + g.y_at[i], g.d_y + g.y_at[i], n});
   }
+  pending_.insert(pending_.end(), g.inputs.begin(), g.inputs.end());
 }
 
 void DeviceMatmul::Settle() const {
   std::lock_guard lock(mu_);
-  if (!pending_.empty()) Synchronize();
+  if (!pending_.empty() || !pending_bytes_.empty()) Synchronize();
 }
 
 void DeviceMatmul::CopyWhenLanded(const float* from, int64_t count, float* to) const {
@@ -274,6 +290,24 @@ bool DeviceMatmul::CopyLanding(const float* host, size_t floats, float* d_to, cu
   CUDA_CHECK(cudaEventRecord(landed_, stream_));
   CUDA_CHECK(cudaStreamWaitEvent(reader, landed_, 0));
   return true;
+}
+
+void DeviceMatmul::LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer) const {
+  size_t total = 0;
+  for (const HostLanding& r : ranges) total += r.bytes;
+  if (total == 0) return;
+  std::lock_guard lock(mu_);
+  CUDA_CHECK(cudaEventRecord(produced_, producer));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, produced_, 0));
+  std::byte* staged = TakeSet().landing.Reserve(total);  // free again after the next wait
+  for (const HostLanding& r : ranges) {
+    if (r.bytes == 0) continue;
+    CUDA_CHECK(cudaMemcpyAsync(staged, r.device, r.bytes, cudaMemcpyDeviceToHost, stream_));
+    pending_bytes_.push_back({r.to, staged, r.bytes});
+    staged += r.bytes;
+  }
+  CUDA_CHECK(cudaEventRecord(landed_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(producer, landed_, 0));
 }
 
 DeviceMatmul::BufferSet& DeviceMatmul::TakeSet() const {

@@ -53,6 +53,7 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   void CopyWhenLanded(const float* from, int64_t count, float* to) const override;
   bool CopyLanding(const float* host, size_t floats, float* d_to, cudaStream_t reader,
                    cudaEvent_t after = nullptr) const override;
+  void LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer) const override;
 
   // The experts of a MoE block where their weights are (device_moe.cc): the input
   // uploaded once with the routing, per group of jobs (HostExperts' groups) the rows
@@ -114,14 +115,17 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     // RoutedMoe's: its inputs and results (staged both ways) and what stays on the device.
     GrowingDeviceBuffer<std::byte> moe_in, moe_res, moe_dev;
     GrowingPinnedBuffer<std::byte> moe_in_host, moe_res_host;
+    GrowingPinnedBuffer<std::byte> landing;  // another stream's bytes for the host (LandOnHost)
   };
   BufferSet& TakeSet() const;
   // With mu_ held: queues the group `calls` on one set — inputs up, products, finishes, the
   // results back into page-locked staging — and says where each call's result lies in the
   // set's device results and their staging (y_at[i], floats from the start).
+  struct Pending;
   struct QueuedGroup {
     const float *d_y = nullptr, *h_y = nullptr;
     std::vector<size_t> y_at;
+    std::vector<Pending> inputs;  // chained inputs asked for (GemmCall::input_out)
   };
   QueuedGroup QueueGroup(std::span<const model::GemmCall> calls) const;
   // Waits for the stream; then every result has landed: pending ones are delivered, and
@@ -167,9 +171,16 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   // Resident would not read it there: the host's floats are the current ones then.
   void SettleUnlessResident(const float* x, size_t floats) const;
   mutable std::vector<Pending> pending_;
+  struct PendingBytes {  // LandOnHost's: delivered with pending_, never read on the device
+    void* to;
+    const std::byte* staged;
+    size_t bytes;
+  };
+  mutable std::vector<PendingBytes> pending_bytes_;
 
-  cudaEvent_t landed_ = nullptr;  // recorded for a reader of a pending result (CopyLanding)
-  mutable std::mutex mu_;         // one group at a time on the stream and the scratch buffers
+  cudaEvent_t landed_ = nullptr;    // recorded for a reader of a pending result (CopyLanding)
+  cudaEvent_t produced_ = nullptr;  // recorded on a producer's stream (LandOnHost)
+  mutable std::mutex mu_;           // one group at a time on the stream and the scratch buffers
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
 };
 

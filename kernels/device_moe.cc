@@ -516,6 +516,8 @@ void DeviceMatmul::SettleFor(std::span<const HostFloats> ranges) const {
 void DeviceMatmul::Deliver() const {
   for (const Pending& p : pending_) std::memcpy(p.to, p.staged, p.floats * sizeof(float));
   pending_.clear();
+  for (const PendingBytes& p : pending_bytes_) std::memcpy(p.to, p.staged, p.bytes);
+  pending_bytes_.clear();
 }
 
 const DeviceMatmul::Pending* DeviceMatmul::Holding(const float* x, size_t floats) const {

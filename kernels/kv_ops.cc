@@ -36,13 +36,29 @@ absl::Status QuantizeOnDevice(KvFormat format, std::span<const float> x, std::sp
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   DeviceBuffer<float> dx(x);
   DeviceBuffer<uint8_t> dc(codes.size()), ds(scales.size());
-  const Fp4Scale scale = format == KvFormat::kMainKv ? Fp4Scale::kE4M3 : Fp4Scale::kE8M0;
-  CUDA_CHECK(LaunchQuantizeFp4(scale, static_cast<int>(block), MaxFiniteE8M0(6.0f), dx.get(), n,
-                               dc.get(), ds.get(), nullptr));
+  QueueQuantize(format, dx.get(), n, dc.get(), ds.get(), nullptr);
   const std::vector<uint8_t> c = dc.ToHost(), s = ds.ToHost();
   std::copy(c.begin(), c.end(), codes.begin());
   std::copy(s.begin(), s.end(), scales.begin());
   return absl::OkStatus();
+}
+
+namespace {
+Fp4Scale ScaleOf(KvFormat format) {
+  return format == KvFormat::kMainKv ? Fp4Scale::kE4M3 : Fp4Scale::kE8M0;
+}
+}  // namespace
+
+void QueueQuantize(KvFormat format, const float* d_x, int64_t n, uint8_t* d_codes,
+                   uint8_t* d_scales, cudaStream_t stream) {
+  CUDA_CHECK(LaunchQuantizeFp4(ScaleOf(format), static_cast<int>(SpecOf(format).scale_block),
+                               MaxFiniteE8M0(6.0f), d_x, n, d_codes, d_scales, stream));
+}
+
+void QueueDequantize(KvFormat format, const uint8_t* d_codes, const uint8_t* d_scales, int64_t n,
+                     float* d_out, cudaStream_t stream) {
+  CUDA_CHECK(LaunchDequantizeFp4(ScaleOf(format), static_cast<int>(SpecOf(format).scale_block),
+                                 d_codes, d_scales, n, d_out, stream));
 }
 
 RoundedFormat RoundedFormatOf(KvFormat format) {

@@ -20,6 +20,13 @@ namespace kvc::cuda {
 [[nodiscard]] absl::Status QuantizeOnDevice(KvFormat format, std::span<const float> x,
                                             std::span<uint8_t> codes, std::span<uint8_t> scales);
 
+// The same queued on `stream` over device memory (n values, whole blocks of the format),
+// and its inverse (the CPU codec's Dequantize): what the engine's device entries use.
+void QueueQuantize(KvFormat format, const float* d_x, int64_t n, uint8_t* d_codes,
+                   uint8_t* d_scales, cudaStream_t stream);
+void QueueDequantize(KvFormat format, const uint8_t* d_codes, const uint8_t* d_scales, int64_t n,
+                     float* d_out, cudaStream_t stream);
+
 // The CPU codec's FakeQuantize (every format: main and index FP4, the window's FP8), on
 // the device: x rounded to the format and back.
 [[nodiscard]] absl::StatusOr<std::vector<float>> FakeQuantizeOnDevice(KvFormat format,

@@ -2,12 +2,33 @@
 
 #include <algorithm>
 
+#include "engine/spec/check.h"
 #include "kernels/cuda_check.h"
 
 namespace kvc::cuda {
 
 PageMirror::~PageMirror() {
-  for (auto& [id, e] : seqs_) cudaFree(e.device);
+  for (auto& [id, e] : seqs_) Release(e);
+}
+
+void PageMirror::Release(Entry& e) {
+  if (e.device != nullptr) cudaFree(e.device);
+  if (e.written != nullptr) cudaEventDestroy(e.written);
+  e.device = nullptr;
+  e.written = nullptr;
+}
+
+void PageMirror::Written(const View& view, uint64_t sequence, int64_t first,
+                         std::span<const uint64_t> versions, cudaStream_t stream) {
+  KVC_CHECK(view.hold.owns_lock() && view.hold.mutex() == &mu_)
+      << "page mirror: writes marked without holding the sequence's pages";
+  Entry& e = seqs_.at(sequence);
+  KVC_CHECK(first >= 0 && first + static_cast<int64_t>(versions.size()) <= e.capacity)
+      << "page mirror: writes marked in pages " << first << ".." << first + versions.size()
+      << " of " << e.capacity;
+  std::copy(versions.begin(), versions.end(), e.versions.begin() + first);
+  if (e.written == nullptr) CUDA_CHECK(cudaEventCreate(&e.written));
+  CUDA_CHECK(cudaEventRecord(e.written, stream));
 }
 
 PageMirror::View PageMirror::Pages(uint64_t sequence, std::span<const std::vector<uint8_t>> pages,
@@ -16,11 +37,13 @@ PageMirror::View PageMirror::Pages(uint64_t sequence, std::span<const std::vecto
   std::unique_lock lock(mu_);
   Entry& e = seqs_[sequence];
   e.last_use = ++clock_;
+  if (e.written != nullptr) CUDA_CHECK(cudaStreamWaitEvent(stream, e.written, 0));
   if (e.page_bytes != page_bytes) {  // new (or a layout change): start over
     if (e.device != nullptr) {
-      CUDA_CHECK(cudaFree(e.device));
+      CUDA_CHECK(cudaStreamSynchronize(stream));  // the writes done before the memory goes
       bytes_ -= static_cast<size_t>(e.capacity) * e.page_bytes;
     }
+    Release(e);
     e = Entry{nullptr, 0, page_bytes, {}, clock_};
   }
   if (count > e.capacity) {
@@ -64,7 +87,10 @@ void PageMirror::EvictFor(uint64_t keep) {
         victim = it;
     }
     if (victim == seqs_.end()) return;
-    cudaFree(victim->second.device);
+    if (victim->second.written != nullptr) {  // its device writes done before the memory goes
+      CUDA_CHECK(cudaEventSynchronize(victim->second.written));
+    }
+    Release(victim->second);
     bytes_ -= static_cast<size_t>(victim->second.capacity) * victim->second.page_bytes;
     seqs_.erase(victim);
   }

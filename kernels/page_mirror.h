@@ -32,12 +32,21 @@ class PageMirror {
   // uploads this call queued. The view holds the mirror (no buffer moves or goes away)
   // until it is dropped: keep it until the work reading the pages is done.
   struct View {
-    const uint8_t* device = nullptr;
+    uint8_t* device = nullptr;  // written only by WriteEntries-like callers (Written)
     std::unique_lock<std::mutex> hold;
   };
   View Pages(uint64_t sequence, std::span<const std::vector<uint8_t>> pages,
              std::span<const uint64_t> versions, int64_t count, size_t page_bytes,
              cudaStream_t stream);
+  // The caller, holding `view` of `sequence`, has queued writes into pages [first,
+  // first + versions.size()) on `stream` (a backend making compressed entries on the
+  // device, the host's bytes landing later): the device copies are current under the
+  // versions the host gave the pages for those writes (no upload for them), and every
+  // later Pages() call's stream waits for the writes before it reads, grows or uploads.
+  // The host's bytes of a page it writes must be current except for what the device wrote
+  // (a page not current here was uploaded by Pages() before the writes).
+  void Written(const View& view, uint64_t sequence, int64_t first,
+               std::span<const uint64_t> versions, cudaStream_t stream);
 
   struct Stats {
     int64_t uploaded_pages = 0, reused_pages = 0, sequences = 0;
@@ -51,8 +60,10 @@ class PageMirror {
     size_t page_bytes = 0;
     std::vector<uint64_t> versions;  // as uploaded; 0 = never
     uint64_t last_use = 0;
+    cudaEvent_t written = nullptr;  // after the last writes on the device (Written)
   };
-  void EvictFor(uint64_t keep);  // needs mu_
+  static void Release(Entry& e);  // its device memory and event
+  void EvictFor(uint64_t keep);   // needs mu_
 
   const size_t budget_;
   mutable std::mutex mu_;

@@ -73,6 +73,36 @@ struct OutputPath {
   const MatmulBackend* matmul = nullptr;  // the model's, which holds wo_a and wo_b
 };
 
+// Compressed entries [first, first + count) of Full layer `layer`, made where the
+// compressor's products are (EmitEntry's steps): entry j sits at position j·ratio; its
+// index key (keys row) RMS-normalized by key_norm and turned at that position, its latent
+// (latents row, pooled and normalized already) turned too; both quantized into the
+// sequence's pages (FP4 main and index, the page of position j·ratio, whose host copy and
+// version the model has claimed with SequenceState::WritePage) and, rounded back,
+// written to main_out and index_out (count × dim, count × index_dim). The latents and keys
+// may be the matmul backend's results still landing (`landing`). `claimed_from`: the
+// versions the pages the entries go into had before the model claimed them (0 for a page
+// new with them), one per page from the first entry's: a device copy current under those
+// is current but for the entries (its host bytes may still be landing).
+struct EntryBatch {
+  int64_t first = 0, count = 0, ratio = 1;
+  int64_t dim = 0, index_dim = 0;
+  const float* latents = nullptr;
+  const float* keys = nullptr;
+  std::span<const float> key_norm;
+  double eps = 0.0;
+  const std::vector<double>* rope_freqs = nullptr;
+  std::span<std::vector<uint8_t>> pages;  // the sequence's, host
+  std::span<const uint64_t> page_versions;
+  std::span<const uint64_t> claimed_from;
+  uint64_t sequence = 0;
+  const ChunkLayout* layout = nullptr;
+  int64_t layer = -1;
+  float* main_out = nullptr;
+  float* index_out = nullptr;
+  const MatmulBackend* landing = nullptr;
+};
+
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
@@ -115,6 +145,14 @@ class AttentionBackend {
     (void)batch;
     (void)path;
     (void)then;
+    return false;
+  }
+  // The entries written on the device: the pages there first (this backend's and the
+  // indexer's reads see them), the host's page bytes, main_out and index_out landing with
+  // the matmul backend's next wait — the bits of EmitEntry. Returns false, touching
+  // nothing, when the backend cannot (the default): the model writes them on the host.
+  virtual bool WriteEntries(const EntryBatch& batch) const {
+    (void)batch;
     return false;
   }
 };

@@ -49,6 +49,8 @@ void FinishRows(const RowFinish& f, int64_t rows, int64_t width, float* y) {
 
 void CheckChain(std::span<const GemmCall> calls, size_t i) {
   const GemmCall& c = calls[i];
+  KVC_CHECK(c.input_out == nullptr || c.input_of >= 0)
+      << "product " << i << " of a group asks for its input back, which is not a chained one";
   if (c.input_of < 0) return;
   const int64_t k = c.w->in_features();
   if (c.pool_ratio > 0) {

@@ -68,6 +68,10 @@ struct GemmCall {
   // Optional: the result rows' finish (RowFinish), applied before later calls of the group
   // chain on the result; the caller keeps it alive for the call.
   const RowFinish* finish = nullptr;
+  // Optional, for a chained input: its rows as the product read them (normalized, pooled
+  // first if so), m × w.in_features(), delivered here as y is — the compressor's latents
+  // are the entries' index keys' input.
+  float* input_out = nullptr;
 };
 
 // Aborts, naming the call, when calls[i] chains an input that does not fit: input_of not
@@ -206,6 +210,7 @@ class MatmulBackend {
     std::vector<float> storage;
     size_t normalized_for = calls.size();  // the call whose chained input `storage` holds
     for (size_t i = 0; i < calls.size(); ++i) {
+      CheckChain(calls, i);
       const size_t first = SameChainedInput(calls, i);
       const float* x = nullptr;
       if (first < i && first == normalized_for) {
@@ -214,6 +219,8 @@ class MatmulBackend {
         x = HostInput(calls, i, storage);
         if (calls[i].input_of >= 0) normalized_for = first;
       }
+      if (calls[i].input_out != nullptr)
+        std::copy(x, x + calls[i].m * calls[i].w->in_features(), calls[i].input_out);
       Gemm(x, calls[i].m, *calls[i].w, calls[i].y);
       if (calls[i].finish != nullptr)
         FinishRows(*calls[i].finish, calls[i].m, calls[i].w->out_features(), calls[i].y);

@@ -64,9 +64,7 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   CompressorInput compressor;
   std::vector<GemmCall> others(also.begin(), also.end());  // with the query path's group
   const bool compresses = ratio > 0 && plan.mode == AttentionMode::kFull && compress;
-  KVC_CHECK(!later || !compresses || EntriesCompleted(s, l, a, b) == 0)
-      << "layer " << l << " completes compressed entries: its host steps need the products";
-  if (compresses) CompressorCalls(s, l, a, b, x, compressor, others);
+  if (compresses) CompressorCalls(s, l, a, b, x, compressor, others, later);
   QueriesAndWindowKv(l, a, rows, x, q, kv, runs_indexer ? &qi : nullptr,
                      runs_indexer ? &wts : nullptr, others, later ? &pass.landing : nullptr);
   // The earlier layers' selections held on the device were covered by that group's wait
@@ -190,7 +188,8 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     ls.ring_pos[p % win] = p;
   }
   if (later) {  // they land at the pass's next wait
-    for (std::vector<float>* v : {&q, &kv, &qi, &wts, &compressor.kv, &compressor.score})
+    for (std::vector<float>* v : {&q, &kv, &qi, &wts, &compressor.kv, &compressor.score,
+                                  &compressor.keys, &compressor.latents})
       pass.landing.push_back(std::move(*v));
   }
   return moe_done;

@@ -61,9 +61,49 @@ int64_t ModelImpl::EntriesCompleted(const SequenceState& s, int64_t l, int64_t a
   return (ls.pend_rows + std::max<int64_t>(0, b - std::max(a, done))) / ratio;
 }
 
+bool ModelImpl::WriteEntriesWhereTheyAre(SequenceState& s, int64_t l,
+                                         const CompressorInput& in) const {
+  LayerState& ls = s.layers[l];
+  const int64_t ratio = sched.layers[l].compress_ratio, Id = c.index_head_dim;
+  const int64_t n = static_cast<int64_t>(in.keys.size()) / Id, j0 = ls.entries;
+  if (n == 0) return true;
+  const int64_t per_page = layout.chunk_tokens / ratio;
+  const int64_t first_page = j0 / per_page, last_page = (j0 + n - 1) / per_page;
+  std::vector<uint64_t> claimed_from;
+  for (int64_t p = first_page; p <= last_page; ++p) {
+    claimed_from.push_back(p < static_cast<int64_t>(s.pages.size()) ? s.page_versions[p] : 0);
+    s.WritePage(p, layout.chunk_bytes);
+  }
+  ls.main_f.resize((j0 + n) * hd);
+  ls.index_f.resize((j0 + n) * Id);
+  EntryBatch b;
+  b.first = j0;
+  b.count = n;
+  b.ratio = ratio;
+  b.dim = hd;
+  b.index_dim = Id;
+  b.latents = in.latents.data();
+  b.keys = in.keys.data();
+  b.key_norm = layers[l].attn.i_k_norm;
+  b.eps = c.rms_norm_eps;
+  b.rope_freqs = &freqs[l];
+  b.pages = s.pages;
+  b.page_versions = s.page_versions;
+  b.claimed_from = claimed_from;
+  b.sequence = s.id;
+  b.layout = &layout;
+  b.layer = l;
+  b.main_out = ls.main_f.data() + j0 * hd;
+  b.index_out = ls.index_f.data() + j0 * Id;
+  b.landing = mm.get();
+  if (!attn->WriteEntries(b)) return false;  // (the pages claimed again by the host's writes)
+  ls.entries += n;
+  return true;
+}
+
 void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                                 const std::vector<float>& x, CompressorInput& in,
-                                std::vector<GemmCall>& calls) const {
+                                std::vector<GemmCall>& calls, bool landing) const {
   const LayerState& ls = s.layers[l];
   const AttentionWeights& w = layers[l].attn;
   const int64_t ratio = sched.layers[l].compress_ratio;
@@ -76,10 +116,15 @@ void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, in
   in.kv.resize(in.rows * w.c_wkv.out_features());
   const int64_t kv_call = static_cast<int64_t>(calls.size());
   calls.push_back({xs, in.rows, &w.c_wkv, in.kv.data()});
+  in.landing = landing;
   if (ratio == 1) {  // each row an entry: its latent is the row normalized
     in.keys.resize(in.rows * w.i_wk.out_features());
     calls.push_back(
         {nullptr, in.rows, &w.i_wk, in.keys.data(), kv_call, w.c_norm.data(), c.rms_norm_eps});
+    if (landing) {
+      in.latents.resize(in.rows * hd);
+      calls.back().input_out = in.latents.data();
+    }
   }
   if (ratio > 1) {
     in.score.resize(in.rows * w.c_wgate.out_features());
@@ -96,6 +141,10 @@ void ModelImpl::CompressorCalls(const SequenceState& s, int64_t l, int64_t a, in
       keys.score_of = score_call;
       keys.pool_kv = ls.pend_kv.data();
       keys.pool_score = ls.pend_score.data();
+      if (landing) {
+        in.latents.resize(entries * hd);
+        keys.input_out = in.latents.data();
+      }
       calls.push_back(keys);
     }
   }
@@ -110,18 +159,32 @@ void ModelImpl::Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
   Compress(s, l, in);
 }
 
-void ModelImpl::Compress(SequenceState& s, int64_t l, const CompressorInput& in) const {
+void ModelImpl::Compress(SequenceState& s, int64_t l, CompressorInput& in) const {
   LayerState& ls = s.layers[l];
   const AttentionWeights& w = layers[l].attn;
   const int64_t ratio = sched.layers[l].compress_ratio, rows = in.rows;
   const std::vector<float>&kv = in.kv, &score = in.score;
-  if (ratio > 1 && ls.pend_rows + rows < ratio) {  // the rows join the pending group
-    for (auto [from, to] : {std::pair{&kv, &ls.pend_kv}, std::pair{&score, &ls.pend_score}}) {
+  // Rows [from, rows) join the pending group where they land (after the group's pooled
+  // rows, which the keys product took with it, are dropped).
+  auto join_pending = [&](int64_t from, bool after_pooling) {
+    for (auto [in_rows, to] : {std::pair{&kv, &ls.pend_kv}, std::pair{&score, &ls.pend_score}}) {
+      if (after_pooling) to->clear();
       const size_t old = to->size();
-      to->resize(old + rows * hd);
-      mm->CopyWhenLanded(from->data(), rows * hd, to->data() + old);
+      to->resize(old + (rows - from) * hd);
+      mm->CopyWhenLanded(in_rows->data() + from * hd, (rows - from) * hd, to->data() + old);
     }
-    ls.pend_rows += rows;
+    ls.pend_rows = (after_pooling ? 0 : ls.pend_rows) + rows - from;
+  };
+  if (ratio > 1 && ls.pend_rows + rows < ratio) {
+    join_pending(0, false);
+    return;
+  }
+  if (in.landing) {
+    const int64_t Id = c.index_head_dim, n = static_cast<int64_t>(in.keys.size()) / Id;
+    if (ratio > 1) join_pending(n * ratio - ls.pend_rows, true);
+    if (WriteEntriesWhereTheyAre(s, l, in)) return;
+    mm->Settle();  // the host writes them: the latents and keys land first
+    EmitEntries(s, l, in.latents, in.keys);
     return;
   }
   std::vector<float> latents;  // the pass's new entries, emitted together

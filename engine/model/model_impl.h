@@ -266,13 +266,14 @@ class ModelImpl {
   };
   // `then` is called once the query path's products (with `also`) are issued; the MoE
   // sublayer it returns (if any) may run on the device right after attention. True when it
-  // did (its results in the sublayer's outputs, `out` untouched). With `later`, for a layer
-  // that does not compress: the products are issued without a wait (GemmGroupLater), and
-  // attention and the indexer read the query, the window rows and the indexer's inputs
-  // where they land (the pool and a reused selection where the source's indexer left
-  // them); nothing of them is read on the host, and the sublayer `then` gives must take its
-  // coefficients from the mixes (MoeSublayer::coefficients). The buffers they land in go to
-  // `pass.landing`; the pass must wait before it ends.
+  // did (its results in the sublayer's outputs, `out` untouched). With `later`: the
+  // products are issued without a wait (GemmGroupLater), and attention and the indexer
+  // read the query, the window rows and the indexer's inputs where they land (the pool and
+  // a reused selection where the source's indexer left them); the compressor's rows join
+  // its pending group as they land and its completed entries are written where the
+  // products are (Compress); nothing of them is read on the host, and the sublayer `then`
+  // gives must take its coefficients from the mixes (MoeSublayer::coefficients). The
+  // buffers they land in go to `pass.landing`; the pass must wait before it ends.
   bool Attention(SequenceState& s, int64_t l, int64_t a, int64_t b, const std::vector<float>& x,
                  bool compress, std::vector<float>& out, PassState& pass,
                  std::span<const GemmCall> also = {},
@@ -288,17 +289,25 @@ class ModelImpl {
     // entry per position) chained on kv normalized; ratio > 1 on the completed groups
     // pooled and normalized (GemmCall::pool_ratio). Empty when none completes.
     std::vector<float> keys;
+    // With `landing` (the group issued without a wait): the completed entries' latents too,
+    // the keys product's chained input (GemmCall::input_out); Compress has the attention
+    // backend write the entries where the products are (AttentionBackend::WriteEntries).
+    bool landing = false;
+    std::vector<float> latents;
   };
   // How many compressed entries Full layer l's compressor completes over the pass [a, b)
   // (0: the pass's rows only join the pending group, which needs nothing on the host).
   int64_t EntriesCompleted(const SequenceState& s, int64_t l, int64_t a, int64_t b) const;
   void CompressorCalls(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                        const std::vector<float>& x, CompressorInput& in,
-                       std::vector<GemmCall>& calls) const;
-  // Consumes the products. A pass that completes no entry only appends its rows to the
-  // pending group, each where its product lands (MatmulBackend::CopyWhenLanded): the group
-  // may still be landing then, and `in` must live until the backend's next wait.
-  void Compress(SequenceState& s, int64_t l, const CompressorInput& in) const;
+                       std::vector<GemmCall>& calls, bool landing = false) const;
+  // Consumes the products. Rows that complete no entry join the pending group where their
+  // products land (MatmulBackend::CopyWhenLanded); with in.landing the group may still be
+  // landing, and `in` must live until the backend's next wait.
+  void Compress(SequenceState& s, int64_t l, CompressorInput& in) const;
+  // The entries of a landing CompressorInput written by the attention backend; false
+  // (nothing changed) when it cannot.
+  bool WriteEntriesWhereTheyAre(SequenceState& s, int64_t l, const CompressorInput& in) const;
   void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
                 const std::vector<float>& x) const;  // the products on their own
   void EmitEntry(SequenceState& s, int64_t l, std::span<float> latent, std::span<float> k) const;

@@ -115,18 +115,13 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     // The step into this layer on the device brought its input's mean too (MoeSublayer::Next).
     const bool mean_landing = input_on_device && next.mean != nullptr;
     // A layer whose host steps need nothing of its query path's products goes without a
-    // wait for them (Attention's `later`): it completes no compressed entry (a pass's rows
-    // that only join the compressor's pending group go there as they land; its indexer reads
-    // its queries and head weights where they land), its input is not read on the host (a
+    // wait for them (Attention's `later`): its compressor's rows join the pending group
+    // where they land, the entries it completes are written where the products are (or,
+    // when the attention backend cannot, after a wait: Compress settles); its indexer reads
+    // its queries and head weights where they land, its input is not read on the host (a
     // drafter's target's mean comes with it from the device), and a later layer of the pass
     // waits before the buffers they land in go.
-    bool later = false;
-    if (l < L && l + 1 < l1) {
-      const LayerPlan& plan = sched.layers[l];
-      later = (target_mean(l) == nullptr || mean_landing) &&
-              !(plan.compress_ratio > 0 && plan.mode == AttentionMode::kFull && compress &&
-                EntriesCompleted(s, l, a, b) > 0);
-    }
+    const bool later = l < L && l + 1 < l1 && (target_mean(l) == nullptr || mean_landing);
     if (input_on_device || !w.engram) {
       // no Engram, or the device gated it in with the step into this layer
     } else if (engram.contains(l)) {

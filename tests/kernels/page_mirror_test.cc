@@ -8,6 +8,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/device_buffer.h"
 #include "kernels/kv_dequant.h"
 #include "tests/testing/seed.h"
 
@@ -59,6 +60,47 @@ TEST(PageMirrorTest, UploadsOnlyWhatChangedAndKeepsPagesAcrossGrowth) {
     EXPECT_EQ(Download(v.device, 6), Flat(pages, 6));
   }
   EXPECT_EQ(mirror.stats().uploaded_pages, 3 + 1 + 3);  // page 1 again, pages 3..5 new
+}
+
+// A backend writing compressed entries into the pages on its stream (WriteEntries): the
+// page is current on the device under the host's new version, so nothing is uploaded over
+// it while the host's bytes are still landing, and a reader on another stream sees the
+// write (its stream waits for the writer's).
+TEST(PageMirrorTest, WritesOnTheDeviceAreReadOnAnotherStreamAndNotUploadedOver) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the kernels compile but do not run here";
+  std::mt19937_64 rng(testing::FreshSeed());
+  PageMirror mirror(64 * kPage);
+  const std::vector<std::vector<uint8_t>> pages = RandomPages(rng, 2);
+  std::vector<uint64_t> versions = {31, 32};
+  std::vector<uint8_t> written = RandomPages(rng, 1)[0];
+  written.resize(300);
+  DeviceBuffer<uint8_t> source{std::span(written)};
+  cudaStream_t writer = nullptr, reader = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking), cudaSuccess);
+  constexpr size_t kAt = kPage + 100;  // in page 1
+  {
+    PageMirror::View v = mirror.Pages(9, pages, versions, 2, kPage, writer);
+    ASSERT_EQ(cudaMemcpyAsync(v.device + kAt, source.get(), written.size(),
+                              cudaMemcpyDeviceToDevice, writer),
+              cudaSuccess);
+    versions[1] = 41;  // the host claims the page for the write; its bytes land later
+    mirror.Written(v, 9, 1, std::span(versions).subspan(1, 1), writer);
+  }
+  std::vector<uint8_t> expect = Flat(pages, 2);
+  std::copy(written.begin(), written.end(), expect.begin() + kAt);
+  const int64_t uploaded = mirror.stats().uploaded_pages;
+  {
+    PageMirror::View v = mirror.Pages(9, pages, versions, 2, kPage, reader);
+    std::vector<uint8_t> back(2 * kPage);
+    ASSERT_EQ(cudaMemcpyAsync(back.data(), v.device, back.size(), cudaMemcpyDeviceToHost, reader),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(reader), cudaSuccess);
+    EXPECT_EQ(back, expect);
+  }
+  EXPECT_EQ(mirror.stats().uploaded_pages, uploaded) << "the page the device wrote went up again";
+  cudaStreamDestroy(reader);
+  cudaStreamDestroy(writer);
 }
 
 TEST(PageMirrorTest, PastTheBudgetTheLeastRecentlyUsedOtherSequenceGoes) {
