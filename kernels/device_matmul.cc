@@ -1,6 +1,7 @@
 // DeviceMatmul's products: resident weights, groups through page-locked staging.
 #include "kernels/device_matmul.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/cpu/ops.h"
@@ -41,6 +42,22 @@ DeviceMatmul::DeviceMatmul() {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreate(&landed_));
   CUDA_CHECK(cudaEventCreate(&produced_));
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    cudaGetLastError();
+    total = 0;
+  }
+  in_flight_limit_ = std::max<size_t>(total / 8, size_t{256} << 20);
+}
+
+void DeviceMatmul::LimitInFlight(size_t bytes) {
+  std::lock_guard lock(mu_);
+  in_flight_limit_ = bytes;
+}
+
+void DeviceMatmul::WaitIfPastLimit(size_t bytes) const {
+  if (in_flight_ > 0 && in_flight_ + bytes > in_flight_limit_) Synchronize();
+  in_flight_ += bytes;
 }
 
 DeviceMatmul::~DeviceMatmul() {
@@ -112,6 +129,7 @@ DeviceMatmul::QueuedGroup DeviceMatmul::QueueGroup(std::span<const model::GemmCa
     }
   }
   // The inputs' staging, then the finishes' (from xs on).
+  WaitIfPastLimit((xs + fs + ys + ws) * sizeof(float));
   BufferSet& set = TakeSet();
   float* d_x = set.x.Reserve(xs + fs);
   float* d_y = set.y.Reserve(ys);
@@ -297,6 +315,7 @@ void DeviceMatmul::LandOnHost(std::span<const HostLanding> ranges, cudaStream_t 
   for (const HostLanding& r : ranges) total += r.bytes;
   if (total == 0) return;
   std::lock_guard lock(mu_);
+  WaitIfPastLimit(total);
   CUDA_CHECK(cudaEventRecord(produced_, producer));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, produced_, 0));
   std::byte* staged = TakeSet().landing.Reserve(total);  // free again after the next wait
@@ -319,6 +338,7 @@ void DeviceMatmul::Synchronize() const {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   Deliver();
   sets_taken_ = 0;
+  in_flight_ = 0;
 }
 
 bool DeviceMatmul::Holds(const cpu::PackedMatrix& w) const {

@@ -40,6 +40,12 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     Gemm(x, m, w, y);
   }
   bool Holds(const cpu::PackedMatrix& w) const override;
+  // The device memory (bytes) a call may find held by results still landing and the
+  // buffers they pass through before it waits first, which frees them all: a long pass of
+  // groups issued without a wait and MoE sublayers stepping on into the next layer would
+  // otherwise hold every layer's buffers until it ends. Default: an eighth of the device's
+  // memory (at least 256 MiB).
+  void LimitInFlight(size_t bytes);
   void QueueProduct(const float* d_x, int64_t m, const cpu::PackedMatrix& w, float* d_y,
                     cudaStream_t stream) const override;
 
@@ -63,9 +69,11 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
                float* out) const override;
   // Routing on the device too (device_moe.cc), for batches of at most kRoutedMoeRows rows
   // on a backend whose products are the CPU's (RoutesOnDevice): the gate and `also`
-  // queued, then the router, the slots, the experts' products picking their weights per
-  // slot, SwiGlu and the sum — one wait for the whole block.
-  static constexpr int64_t kRoutedMoeRows = 64;
+  // queued, then the router, the slots, the experts' products (tiles of one expert's slots,
+  // its weights read once per tile), SwiGlu and the sum — one wait for the whole block. The
+  // bound keeps one call's scratch (slots × (2 I + D) floats) within a device's memory at
+  // the reference's shapes (~15 GB at 64K rows); longer passes route on the host.
+  static constexpr int64_t kRoutedMoeRows = 65536;
   bool RoutedMoe(const float* x, int64_t rows, const model::MoeBlock& moe,
                  std::span<const model::GemmCall> also, float* out) const override;
   // The whole MoE sublayer after attention (device_moe.cc): the mHC post-mixing into the
@@ -171,7 +179,12 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   // Resident would not read it there: the host's floats are the current ones then.
   void SettleUnlessResident(const float* x, size_t floats) const;
   mutable std::vector<Pending> pending_;
-  struct PendingBytes {  // LandOnHost's: delivered with pending_, never read on the device
+  // With mu_ held, before a call takes `bytes` of buffers and reads anything landing: waits
+  // first (Synchronize) when what is in flight would pass the limit with them.
+  void WaitIfPastLimit(size_t bytes) const;
+  size_t in_flight_limit_ = 0;
+  mutable size_t in_flight_ = 0;  // bytes of the sets taken since the last wait
+  struct PendingBytes {           // LandOnHost's: delivered with pending_, never read on the device
     void* to;
     const std::byte* staged;
     size_t bytes;

@@ -81,6 +81,7 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
 
   std::lock_guard lock(mu_);
   SettleFor({{x, rows * D}, {out, rows * D}});
+  WaitIfPastLimit((static_cast<size_t>(rows * D) + weights.size()) * sizeof(float));
   BufferSet& set = TakeSet();
   const size_t in_floats = static_cast<size_t>(rows * D) + weights.size();
   float* h_x = set.hx.Reserve(in_floats);
@@ -151,7 +152,9 @@ struct BlockShape {
 struct DeviceMatmul::RoutingRegions {
   size_t bias = 0, tab = 0;  // in the upload
   size_t logits = 0, route_w = 0, picks = 0, npicks = 0, slot_row = 0, slot_expert = 0,
-         slot_weight = 0, pick_slot = 0, counts = 0, g = 0, up = 0, y = 0;  // device only
+         slot_weight = 0, pick_slot = 0, counts = 0, tiles = 0, g = 0, up = 0,
+         y = 0;  // device only
+  int64_t max_tiles = 0;
   RoutingRegions(const BlockShape& b, int64_t rows, Carve& in, Carve& dev) {
     const int64_t S = rows * (b.k + 1);  // slots at most: k routed per row, and the shared one
     bias = in.Take<float>(b.E);
@@ -164,7 +167,9 @@ struct DeviceMatmul::RoutingRegions {
     slot_expert = dev.Take<int32_t>(S);
     slot_weight = dev.Take<float>(S);
     pick_slot = dev.Take<int64_t>(rows * b.k);
-    counts = dev.Take<int64_t>(2);
+    counts = dev.Take<int64_t>(3);
+    max_tiles = SlotTilesAtMost(rows, b.k, b.E);
+    tiles = dev.Take<int64_t>(2 * max_tiles);
     g = dev.Take<float>(S * b.I);
     up = dev.Take<float>(S * b.I);
     y = dev.Take<float>(S * b.D);
@@ -196,6 +201,9 @@ bool DeviceMatmul::Routes(int64_t rows, const model::MoeBlock& moe) const {
     if (!Holds(*moe.w1[e]) || !Holds(*moe.w3[e]) || !Holds(*moe.w2[e])) return false;
   }
   const BlockShape b(moe);
+  // The slot products' grid holds one tile per block row (at most 65535) and no empty
+  // product (D, I > 0).
+  if (b.D <= 0 || b.I <= 0 || SlotTilesAtMost(rows, k, E) > 65535) return false;
   for (int64_t e = 0; e <= E; ++e) {
     KVC_CHECK(moe.w1[e]->in_features() == b.D && moe.w1[e]->out_features() == b.I &&
               moe.w3[e]->in_features() == b.D && moe.w3[e]->out_features() == b.I &&
@@ -232,6 +240,7 @@ void DeviceMatmul::QueueRouted(const float* d_x, int64_t rows, const model::MoeB
   float* slot_weight = At<float>(d, at.slot_weight);
   int64_t* pick_slot = At<int64_t>(d, at.pick_slot);
   int64_t* counts = At<int64_t>(d, at.counts);
+  int64_t* tiles = At<int64_t>(d, at.tiles);
   float* g = At<float>(d, at.g);
   float* up = At<float>(d, at.up);
   float* y = At<float>(d, at.y);
@@ -239,13 +248,15 @@ void DeviceMatmul::QueueRouted(const float* d_x, int64_t rows, const model::MoeB
   CUDA_CHECK(LaunchRoute(logits, At<float>(d_in, at.bias), rows, b.E, b.k, moe.normalize,
                          moe.routed_scale, picks, route_w, npicks, stream_));
   CUDA_CHECK(LaunchDispatch(picks, route_w, npicks, rows, b.k, b.E, slot_row, slot_expert,
-                            slot_weight, pick_slot, counts, stream_));
-  CUDA_CHECK(LaunchSlotGemm(d_x, slot_row, slot_expert, tab, counts, S, b.D, b.I, g, stream_));
-  CUDA_CHECK(LaunchSlotGemm(d_x, slot_row, slot_expert, tab + (b.E + 1), counts, S, b.D, b.I, up,
-                            stream_));
+                            slot_weight, pick_slot, counts, tiles, stream_));
+  const int64_t T = at.max_tiles;
+  CUDA_CHECK(
+      LaunchSlotGemm(d_x, slot_row, slot_expert, tab, tiles, counts, T, b.D, b.I, g, stream_));
+  CUDA_CHECK(LaunchSlotGemm(d_x, slot_row, slot_expert, tab + (b.E + 1), tiles, counts, T, b.D, b.I,
+                            up, stream_));
   CUDA_CHECK(LaunchSwiGlu(g, up, slot_weight, S, b.I, moe.limit, stream_, counts));
-  CUDA_CHECK(LaunchSlotGemm(g, nullptr, slot_expert, tab + 2 * (b.E + 1), counts, S, b.I, b.D, y,
-                            stream_));
+  CUDA_CHECK(LaunchSlotGemm(g, nullptr, slot_expert, tab + 2 * (b.E + 1), tiles, counts, T, b.I,
+                            b.D, y, stream_));
   CUDA_CHECK(LaunchSumPicks(y, pick_slot, npicks, counts, rows, b.k, b.D, d_out, stream_));
 }
 
@@ -271,6 +282,7 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
+  WaitIfPastLimit(in.bytes() + res.bytes() + dev.bytes());
   std::vector<HostFloats> touched = {{x, rows * b.D}, {out, rows * b.D}};
   for (const model::GemmCall& c : also) {
     touched.push_back({c.x, c.m * c.w->in_features()});
@@ -377,6 +389,7 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   const RoutingRegions routing(b, rows, in, dev);
 
   std::lock_guard lock(mu_);
+  WaitIfPastLimit(in.bytes() + res.bytes() + dev.bytes());
   // R, the mixes and the next layer's Engram products may still be landing: read where
   // they are. Anything else the call
   // reads from the host has landed first; so have the results it copies out at its wait

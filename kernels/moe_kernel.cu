@@ -2,6 +2,8 @@
 #include "engine/cpu/swiglu.h"
 #include "kernels/moe_kernel.cuh"
 
+#include "kernels/gemm_tile.cuh"
+
 namespace kvc::cuda {
 namespace {
 
@@ -78,7 +80,7 @@ __global__ void RouteKernel(const float* logits, const float* bias, int64_t expe
 __global__ void DispatchKernel(const int32_t* picks, const float* weights, const int32_t* npicks,
                                int64_t rows, int64_t k, int64_t experts, int64_t* slot_row,
                                int32_t* slot_expert, float* slot_weight, int64_t* pick_slot,
-                               int64_t* counts) {
+                               int64_t* counts, int64_t* tiles) {
   extern __shared__ int64_t start[];  // experts + 1
   for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) {
     int64_t n = 0;
@@ -92,6 +94,18 @@ __global__ void DispatchKernel(const int32_t* picks, const float* weights, const
     for (int64_t e = 0; e < experts; ++e) start[e + 1] += start[e];
     counts[0] = start[experts] + rows;
     counts[1] = start[experts];
+    // The products' tiles: each expert's slots (the shared one's last) cut in runs of at
+    // most kBm, so a tile reads one expert's weights.
+    int64_t t = 0;
+    for (int64_t e = 0; e <= experts; ++e) {
+      const int64_t first = e < experts ? start[e] : start[experts];
+      const int64_t end = e < experts ? start[e + 1] : start[experts] + rows;
+      for (int64_t s = first; s < end; s += gemm_tile::kBm, ++t) {
+        tiles[2 * t] = s;
+        tiles[2 * t + 1] = end - s < gemm_tile::kBm ? end - s : gemm_tile::kBm;
+      }
+    }
+    counts[2] = t;
   }
   __syncthreads();
   for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) {
@@ -114,19 +128,24 @@ __global__ void DispatchKernel(const int32_t* picks, const float* weights, const
   }
 }
 
-constexpr int kPanel = 16;  // engine/cpu/gemm.h PackedMatrix::kPanel
-
+// Tile t of the slots (tiles[2t], tiles[2t + 1]: first slot, count; t < counts[2]) ×
+// columns blockIdx.x: gemm_tile's arithmetic on its expert's panels.
 __global__ void SlotGemmKernel(const float* x, const int64_t* slot_row, const int32_t* slot_expert,
-                               const float* const* panels, const int64_t* count, int64_t k,
-                               int64_t n, float* y) {
-  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t s = id / n, c = id % n;
-  if (s >= *count) return;
-  const float* xr = x + (slot_row != nullptr ? slot_row[s] : s) * k;
-  const float* w = panels[slot_expert[s]] + (c / kPanel) * k * kPanel + c % kPanel;
-  float acc = 0.0f;
-  for (int64_t kk = 0; kk < k; ++kk) acc = __fmaf_rn(xr[kk], w[kk * kPanel], acc);
-  y[s * n + c] = acc;
+                               const float* const* panels, const int64_t* tiles,
+                               const int64_t* counts, int64_t k, int64_t n, float* y) {
+  __shared__ gemm_tile::Shared sh;
+  const int64_t t = blockIdx.y;
+  if (t >= counts[2]) return;  // the whole block: fewer tiles than the launch allowed for
+  const int64_t first = tiles[2 * t];
+  const int rows = static_cast<int>(tiles[2 * t + 1]);
+  if (const int r = static_cast<int>(threadIdx.x); r < rows) {
+    const int64_t s = first + r;
+    sh.x_row[r] = x + (slot_row != nullptr ? slot_row[s] : s) * k;
+    sh.y_row[r] = y + s * n;
+  }
+  __syncthreads();
+  gemm_tile::Compute(sh, rows, k, panels[slot_expert[first]], n,
+                     static_cast<int64_t>(blockIdx.x) * gemm_tile::kBn);
 }
 
 __global__ void SumPicksKernel(const float* y, const int64_t* pick_slot, const int32_t* npicks,
@@ -173,23 +192,32 @@ cudaError_t LaunchRoute(const float* logits, const float* bias, int64_t rows, in
   return cudaGetLastError();
 }
 
+int64_t SlotTilesAtMost(int64_t rows, int64_t k, int64_t experts) {
+  // Σ_e ⌈n_e / kBm⌉ ≤ Σ_e (n_e / kBm + 1) over the routed experts (Σ n_e ≤ rows·k), and
+  // ⌈rows / kBm⌉ for the shared one.
+  return (rows * k) / gemm_tile::kBm + experts + (rows + gemm_tile::kBm - 1) / gemm_tile::kBm;
+}
+
 cudaError_t LaunchDispatch(const int32_t* picks, const float* weights, const int32_t* npicks,
                            int64_t rows, int64_t k, int64_t experts, int64_t* slot_row,
                            int32_t* slot_expert, float* slot_weight, int64_t* pick_slot,
-                           int64_t* counts, cudaStream_t stream) {
+                           int64_t* counts, int64_t* tiles, cudaStream_t stream) {
   const size_t shared = static_cast<size_t>(experts + 1) * sizeof(int64_t);
   if (shared > 48 * 1024) return cudaErrorInvalidValue;
   DispatchKernel<<<1, 256, shared, stream>>>(picks, weights, npicks, rows, k, experts, slot_row,
-                                             slot_expert, slot_weight, pick_slot, counts);
+                                             slot_expert, slot_weight, pick_slot, counts, tiles);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSlotGemm(const float* x, const int64_t* slot_row, const int32_t* slot_expert,
-                           const float* const* panels, const int64_t* count, int64_t max_slots,
-                           int64_t k, int64_t n, float* y, cudaStream_t stream) {
-  if (max_slots * n == 0) return cudaSuccess;
-  SlotGemmKernel<<<Blocks(max_slots * n), kThreads, 0, stream>>>(x, slot_row, slot_expert, panels,
-                                                                 count, k, n, y);
+                           const float* const* panels, const int64_t* tiles, const int64_t* counts,
+                           int64_t max_tiles, int64_t k, int64_t n, float* y, cudaStream_t stream) {
+  if (max_tiles * n == 0) return cudaSuccess;
+  if (k == 0 || max_tiles > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((n + gemm_tile::kBn - 1) / gemm_tile::kBn),
+                  static_cast<unsigned>(max_tiles));
+  SlotGemmKernel<<<grid, gemm_tile::kThreads, 0, stream>>>(x, slot_row, slot_expert, panels, tiles,
+                                                           counts, k, n, y);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,8 @@
 // Device launchers for the MoE block on the device (model::MatmulBackend::Experts and
 // RoutedMoe): gathering the rows routed to an expert, the gated activation (the shared
 // cpu::SwiGlu, bit for bit), the sum of the experts' outputs into their rows in the CPU's
-// order (job by job); and for small batches the router, the slots it hands the experts and
-// a product that picks each slot's expert on the device, so routing needs no round trip.
+// order (job by job); and the router, the slots it hands the experts and a tiled product
+// that picks each tile's expert on the device, so routing needs no round trip.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,18 +36,22 @@ cudaError_t LaunchRoute(const float* logits, const float* bias, int64_t rows, in
 // with its rows in increasing order, then the shared expert (id `experts`) with every row.
 // Per slot its row, expert and routing weight (1 for the shared expert); per pick its slot;
 // counts[0] the slots, counts[1] the routed ones (the shared expert's slot of row r is
-// counts[1] + r).
+// counts[1] + r); and the products' tiles (LaunchSlotGemm): counts[2] of them, tile t the
+// slots [tiles[2t], tiles[2t] + tiles[2t + 1]), one expert's, at most SlotTilesAtMost.
+int64_t SlotTilesAtMost(int64_t rows, int64_t k, int64_t experts);
 cudaError_t LaunchDispatch(const int32_t* picks, const float* weights, const int32_t* npicks,
                            int64_t rows, int64_t k, int64_t experts, int64_t* slot_row,
                            int32_t* slot_expert, float* slot_weight, int64_t* pick_slot,
-                           int64_t* counts, cudaStream_t stream);
-// y[s] = x[row(s)] · W_{slot_expert[s]}ᵀ for s < *count: the GEMM kernel's arithmetic (one
-// fma chain over k in increasing order from +0, the CPU's) on panel-layout weights picked
-// per slot from `panels` (a device table, by expert). row(s) = slot_row[s], or s itself
-// when slot_row is null; y is max_slots × n, only the first *count rows written.
+                           int64_t* counts, int64_t* tiles, cudaStream_t stream);
+// y[s] = x[row(s)] · W_{slot_expert[s]}ᵀ for the slots of LaunchDispatch's tiles (counts[2]
+// of at most max_tiles; k > 0): the GEMM kernel's tiled arithmetic (gemm_tile.cuh: one fma
+// chain over k in increasing order from +0, the CPU's) on panel-layout weights, each tile
+// its expert's from `panels` (a device table, by expert) — weights read once per tile,
+// not once per slot. row(s) = slot_row[s], or s itself when slot_row is null; y has a row
+// per slot, only the tiles' rows written.
 cudaError_t LaunchSlotGemm(const float* x, const int64_t* slot_row, const int32_t* slot_expert,
-                           const float* const* panels, const int64_t* count, int64_t max_slots,
-                           int64_t k, int64_t n, float* y, cudaStream_t stream);
+                           const float* const* panels, const int64_t* tiles, const int64_t* counts,
+                           int64_t max_tiles, int64_t k, int64_t n, float* y, cudaStream_t stream);
 // out[r] = Σ_j y[pick_slot[r][j]] (j < npicks[r], in order) + y[counts[1] + r], from +0:
 // each row's routed experts by id, then the shared one — the host's sum.
 cudaError_t LaunchSumPicks(const float* y, const int64_t* pick_slot, const int32_t* npicks,

@@ -246,7 +246,6 @@ class ModelImpl {
   struct EngramProducts {
     std::vector<float> in, kv;
   };
-  static constexpr int64_t kEngramAheadRows = 64;
   GemmCall EngramCall(const SequenceState& s, int64_t l, int64_t a, int64_t b,
                       EngramProducts& p) const;
   void MixEngram(int64_t l, int64_t rows, const EngramProducts& p, std::vector<float>& X) const;

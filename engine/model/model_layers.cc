@@ -84,15 +84,11 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
                                  c.hc_sinkhorn_iters, c.hc_eps);
     }
   };
-  // Engram's products need only the tokens: in a decode-sized pass those of the Engram
-  // layers after the first layer go with the first layer's query path (one wait fewer
-  // each on a device; larger passes would hold every layer's products at once).
+  // Engram's products need only the tokens: those of an Engram layer after the first go
+  // with the previous layer's query path (no wait of their own on a device, and the step
+  // into the layer reads them where they land); a layer's are dropped once a wait of the
+  // loop's has passed it.
   std::map<int64_t, EngramProducts> engram;
-  std::vector<GemmCall> ahead;
-  if (rows <= kEngramAheadRows) {
-    for (int64_t l = l0 + 1; l < l1; ++l)
-      if (layers[l].engram) ahead.push_back(EngramCall(s, l, a, b, engram[l]));
-  }
   // When the device ran the previous layer's end into this layer's input (MoeSublayer::
   // Next), X, pre and xin land only when the query path's products return: what reads X
   // waits until then.
@@ -148,7 +144,8 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
       }
     }
     std::vector<GemmCall> attn_also = {mixes_product(w, 0)};
-    if (l == l0) attn_also.insert(attn_also.end(), ahead.begin(), ahead.end());
+    if (l + 1 < l1 && layers[l + 1].engram)
+      attn_also.push_back(EngramCall(s, l + 1, a, b, engram[l + 1]));
     // The attention sublayer's coefficients need only X and its mixes, both there once the
     // query path's products are done; so everything the MoE sublayer takes but attention's
     // output is known before attention runs, and a device can queue the two together.
@@ -213,6 +210,7 @@ bool ModelImpl::RunLayers(SequenceState& s, int64_t l0, int64_t l1, int64_t a, i
     bool moe_done = false;
     if (l < L) {
       moe_done = Attention(s, l, a, b, xin, compress, y, pass, attn_also, moe_sublayer, later);
+      if (!later) engram.erase(engram.begin(), engram.upper_bound(l));  // landed, and read
       if (later && !moe_done) {  // the host runs the sublayer: it needs X and the mixes
         mm->Settle();
         if (input_on_device) layer_input();

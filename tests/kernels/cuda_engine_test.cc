@@ -156,6 +156,28 @@ TEST_F(CudaEngineTest, ADecodeStepWaitsForTheLastLayerAndTheLogitsOnly) {
   EXPECT_GT(waits, 0.0);
   EXPECT_LE(waits, static_cast<double>(allowed));
 }
+
+// A prefill pass runs on the device whole too: the MoE block routed there at any batch the
+// device routes (the slot products tiled by expert), Engram's products issued a layer
+// ahead, compressed entries written into the pages there. So a pass of the layer loop
+// waits twice (its last layer's query path, its end), and the decoder's compressor once:
+// CED prefill is the encoder's pass, the decoder's compressor and the decoder's segment;
+// full depth one pass.
+TEST_F(CudaEngineTest, APrefillPassWaitsTwice) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::vector<uint32_t> prompt = Prompt(rng, 300);
+  for (const model::PrefillMode mode : {model::PrefillMode::kCed, model::PrefillMode::kFullDepth}) {
+    model::Sequence b = gpu_->NewSequence();
+    const uint64_t before = cudaemu::CountsSoFar().waits;
+    const absl::StatusOr<std::vector<float>> lb = gpu_->Prefill(b, prompt, mode);
+    ASSERT_TRUE(lb.ok()) << lb.status();
+    const uint64_t waits = cudaemu::CountsSoFar().waits - before;
+    const bool ced = mode == model::PrefillMode::kCed;
+    std::printf("prefill of %zu tokens (%s): %llu waits for the device\n", prompt.size(),
+                ced ? "ced" : "full depth", static_cast<unsigned long long>(waits));
+    EXPECT_LE(waits, ced ? 2u + 1u + 2u : 2u);
+  }
+}
 #endif
 
 TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {

@@ -321,7 +321,9 @@ TEST(CudaGemmTest, RoutedMoeOnTheDeviceIsTheHostsBits) {
       block.w3.push_back(&w[3 * e + 1]);
       block.w2.push_back(&w[3 * e + 2]);
     }
-    for (int64_t rows = 1; rows <= 5; ++rows) {
+    // Up to 5 rows; then enough that an expert's slots fill more than one of the slot
+    // products' tiles (32 slots) and end inside one.
+    for (int64_t rows : {1, 2, 3, 4, 5, 40, 150}) {
       const std::vector<float> x = NormalFloats(rng, rows * D);
       const std::vector<float> want = HostMoe(block, x, rows);
       std::vector<float> want_mix(rows * mix_out);
@@ -343,12 +345,13 @@ TEST(CudaGemmTest, RoutedMoeOnTheDeviceIsTheHostsBits) {
     // declines and the model routes on the host.
     absl::StatusOr<std::unique_ptr<model::MatmulBackend>> gpu = MakeCudaMatmul();
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    std::vector<float> out(65 * D);
-    const std::vector<float> x = NormalFloats(rng, 65 * D);
+    constexpr int64_t kPast = DeviceMatmul::kRoutedMoeRows + 1;
+    std::vector<float> out(kPast * D);
+    const std::vector<float> x = NormalFloats(rng, kPast * D);
     EXPECT_FALSE((*gpu)->RoutedMoe(x.data(), 1, block, {}, out.data()));  // nothing registered
     for (const cpu::PackedMatrix& m : w) (*gpu)->Register(m);
     (*gpu)->Register(gate);
-    EXPECT_FALSE((*gpu)->RoutedMoe(x.data(), 65, block, {}, out.data()));
+    EXPECT_FALSE((*gpu)->RoutedMoe(x.data(), kPast, block, {}, out.data()));
     EXPECT_FALSE(model::MakeCpuMatmul()->RoutedMoe(x.data(), 1, block, {}, out.data()));
   }
 }
@@ -562,6 +565,11 @@ TEST(CudaGemmTest, CoefficientsFromMixesStillLandingAreTheHostsAndCostNoWait) {
   const auto& products = dynamic_cast<const DeviceProducts&>(**gpu);
   sw.RegisterWith(**gpu);
   (*gpu)->Register(wr);
+  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> tight = MakeCudaMatmul();
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  sw.RegisterWith(**tight);
+  (*tight)->Register(wr);
+  dynamic_cast<DeviceMatmul&>(**tight).LimitInFlight(1);
   const std::unique_ptr<model::MatmulBackend> cpu = model::MakeCpuMatmul();
   for (int64_t rows : {1, 2, 9}) {
     const std::vector<float> a = NormalFloats(rng, rows * A), f = NormalFloats(rng, rows * D);
@@ -583,34 +591,45 @@ TEST(CudaGemmTest, CoefficientsFromMixesStillLandingAreTheHostsAndCostNoWait) {
         1e-6, &sw.fn,   sw.block,    want_X.data(), want_mixes.data(), want.data()};
     HandedOver(f).Sublayer(products, rows, handed);
     ASSERT_FALSE(std::isnan(want[0]));
-    // On the device from the mixes, R and the mixes landing from two groups.
-    std::vector<float> R_landing(rows * hc * D, NAN), mixes_landing(rows * mix, NAN);
-    std::vector<float> got_X(rows * hc * D, NAN), got_mixes(rows * mix, NAN), got(rows * D, NAN);
+    // On the device from the mixes, R and the mixes landing from two groups: with no wait
+    // between them, or — a backend allowed almost nothing in flight (LimitInFlight) — with
+    // a wait before each call that would add to what is still landing; the same bits.
+    auto on_device = [&](const model::MatmulBackend& backend, uint64_t waits) {
+      const auto& device = dynamic_cast<const DeviceProducts&>(backend);
+      std::vector<float> R_landing(rows * hc * D, NAN), mixes_landing(rows * mix, NAN);
+      std::vector<float> got_X(rows * hc * D, NAN), got_mixes(rows * mix, NAN), got(rows * D, NAN);
 #if defined(KVC_CUDA_EMULATED)
-    const uint64_t waits_before = cudaemu::CountsSoFar().waits;
+      const uint64_t waits_before = cudaemu::CountsSoFar().waits;
 #endif
-    const model::GemmCall first{a.data(), rows, &wr, R_landing.data()};
-    (*gpu)->GemmGroupLater(std::span(&first, 1));
-    const model::GemmCall second{R_landing.data(), rows, &sw.fn, mixes_landing.data()};
-    (*gpu)->GemmGroupLater(std::span(&second, 1));
-    EXPECT_TRUE(std::isnan(R_landing[0]) && std::isnan(mixes_landing[0]));  // not landed yet
-    const model::MoeSublayer::Coefficients from{mixes_landing.data(), sw.base, sw.scale, 3, 1e-6};
-    model::MoeSublayer own = handed;
-    own.R = R_landing.data();
-    own.post = own.comb = own.pre = nullptr;
-    own.coefficients = &from;
-    own.stream = got_X.data();
-    own.mixes = got_mixes.data();
-    own.out = got.data();
-    HandedOver(f).Sublayer(products, rows, own);
+      const model::GemmCall first{a.data(), rows, &wr, R_landing.data()};
+      backend.GemmGroupLater(std::span(&first, 1));
+      const model::GemmCall second{R_landing.data(), rows, &sw.fn, mixes_landing.data()};
+      backend.GemmGroupLater(std::span(&second, 1));
+      if (waits == 1) {  // nothing landed yet
+        EXPECT_TRUE(std::isnan(R_landing[0]) && std::isnan(mixes_landing[0]));
+      }
+      const model::MoeSublayer::Coefficients from{mixes_landing.data(), sw.base, sw.scale, 3, 1e-6};
+      model::MoeSublayer own = handed;
+      own.R = R_landing.data();
+      own.post = own.comb = own.pre = nullptr;
+      own.coefficients = &from;
+      own.stream = got_X.data();
+      own.mixes = got_mixes.data();
+      own.out = got.data();
+      HandedOver(f).Sublayer(device, rows, own);
 #if defined(KVC_CUDA_EMULATED)
-    EXPECT_EQ(cudaemu::CountsSoFar().waits - waits_before, 1u) << rows << " rows";
+      EXPECT_EQ(cudaemu::CountsSoFar().waits - waits_before, waits) << rows << " rows";
+#else
+      (void)waits;
 #endif
-    EXPECT_TRUE(SameBits(R_landing, R)) << rows << " rows, seed " << seed;
-    EXPECT_TRUE(SameBits(mixes_landing, mixes)) << rows << " rows, seed " << seed;
-    EXPECT_TRUE(SameBits(got_X, want_X)) << rows << " rows, seed " << seed;
-    EXPECT_TRUE(SameBits(got_mixes, want_mixes)) << rows << " rows, seed " << seed;
-    EXPECT_TRUE(SameBits(got, want)) << rows << " rows, seed " << seed;
+      EXPECT_TRUE(SameBits(R_landing, R)) << rows << " rows, seed " << seed;
+      EXPECT_TRUE(SameBits(mixes_landing, mixes)) << rows << " rows, seed " << seed;
+      EXPECT_TRUE(SameBits(got_X, want_X)) << rows << " rows, seed " << seed;
+      EXPECT_TRUE(SameBits(got_mixes, want_mixes)) << rows << " rows, seed " << seed;
+      EXPECT_TRUE(SameBits(got, want)) << rows << " rows, seed " << seed;
+    };
+    on_device(**gpu, 1);
+    on_device(**tight, 3);
   }
 }
 
