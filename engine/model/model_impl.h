@@ -304,8 +304,9 @@ class ModelImpl {
   // products land (MatmulBackend::CopyWhenLanded); with in.landing the group may still be
   // landing, and `in` must live until the backend's next wait.
   void Compress(SequenceState& s, int64_t l, CompressorInput& in) const;
-  // The entries of a landing CompressorInput written by the attention backend; false
-  // (nothing changed) when it cannot.
+  // The entries of a landing CompressorInput written by the attention backend
+  // (AttentionBackend::WriteEntries), the pages claimed and the floats sized for them;
+  // false when it cannot (the entry count unchanged: the host writes them then).
   bool WriteEntriesWhereTheyAre(SequenceState& s, int64_t l, const CompressorInput& in) const;
   void Compress(SequenceState& s, int64_t l, int64_t a, int64_t b,
                 const std::vector<float>& x) const;  // the products on their own
