@@ -179,11 +179,13 @@ class CudaAttention final : public model::AttentionBackend {
         landings.push_back({at[s], bytes, b.pages[page].data() + offset});
       }
     }
-    mirror_->Written(view, b.sequence, first_page,
-                     b.page_versions.subspan(first_page, last_page - first_page + 1), stream_);
+    std::function<void()> landed =
+        mirror_->Written(view, b.sequence, first_page,
+                         b.page_versions.subspan(first_page, last_page - first_page + 1), stream_);
+    view = {};  // (the mirror's lock before the matmul backend's: AttendThenMoe's order too)
     landings.push_back({d_main, static_cast<size_t>(n * hd) * sizeof(float), b.main_out});
     landings.push_back({d_index, static_cast<size_t>(n * Id) * sizeof(float), b.index_out});
-    products->LandOnHost(landings, stream_);
+    products->LandOnHost(landings, stream_, std::move(landed));
     return true;
   }
 

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -53,13 +54,15 @@ class DeviceProducts {
   // Device bytes another stream made that the host needs too (a compressed entry's page
   // bytes and floats): each range lands at `to` with this backend's next wait, as its own
   // pending results do. The copies go after `producer`'s work so far, and what `producer`
-  // queues after this call waits for them (it may overwrite the ranges then).
+  // queues after this call waits for them (it may overwrite the ranges then). `landed`, if
+  // set, runs once they are all there (under this backend's lock: it must take none).
   struct HostLanding {
     const void* device;
     size_t bytes;
     void* to;
   };
-  virtual void LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer) const = 0;
+  virtual void LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer,
+                          std::function<void()> landed = {}) const = 0;
 
  protected:
   ~DeviceProducts() = default;

@@ -48,6 +48,7 @@ DeviceMatmul::DeviceMatmul() {
     total = 0;
   }
   in_flight_limit_ = std::max<size_t>(total / 8, size_t{256} << 20);
+  routed_scratch_limit_ = std::max<size_t>(total / 4, size_t{1} << 30);
 }
 
 void DeviceMatmul::LimitInFlight(size_t bytes) {
@@ -310,12 +311,17 @@ bool DeviceMatmul::CopyLanding(const float* host, size_t floats, float* d_to, cu
   return true;
 }
 
-void DeviceMatmul::LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer) const {
+void DeviceMatmul::LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer,
+                              std::function<void()> landed) const {
   size_t total = 0;
   for (const HostLanding& r : ranges) total += r.bytes;
-  if (total == 0) return;
+  if (total == 0) {
+    if (landed) landed();
+    return;
+  }
   std::lock_guard lock(mu_);
   WaitIfPastLimit(total);
+  if (landed) on_landed_.push_back(std::move(landed));
   CUDA_CHECK(cudaEventRecord(produced_, producer));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, produced_, 0));
   std::byte* staged = TakeSet().landing.Reserve(total);  // free again after the next wait

@@ -59,7 +59,8 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   void CopyWhenLanded(const float* from, int64_t count, float* to) const override;
   bool CopyLanding(const float* host, size_t floats, float* d_to, cudaStream_t reader,
                    cudaEvent_t after = nullptr) const override;
-  void LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer) const override;
+  void LandOnHost(std::span<const HostLanding> ranges, cudaStream_t producer,
+                  std::function<void()> landed = {}) const override;
 
   // The experts of a MoE block where their weights are (device_moe.cc): the input
   // uploaded once with the routing, per group of jobs (HostExperts' groups) the rows
@@ -72,7 +73,8 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   // queued, then the router, the slots, the experts' products (tiles of one expert's slots,
   // its weights read once per tile), SwiGlu and the sum — one wait for the whole block. The
   // bound keeps one call's scratch (slots × (2 I + D) floats) within a device's memory at
-  // the reference's shapes (~15 GB at 64K rows); longer passes route on the host.
+  // the reference's shapes (~15 GB at 64K rows), and a quarter of the device's memory
+  // bounds it too (smaller cards); longer passes route on the host.
   static constexpr int64_t kRoutedMoeRows = 65536;
   bool RoutedMoe(const float* x, int64_t rows, const model::MoeBlock& moe,
                  std::span<const model::GemmCall> also, float* out) const override;
@@ -183,13 +185,15 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   // first (Synchronize) when what is in flight would pass the limit with them.
   void WaitIfPastLimit(size_t bytes) const;
   size_t in_flight_limit_ = 0;
-  mutable size_t in_flight_ = 0;  // bytes of the sets taken since the last wait
-  struct PendingBytes {           // LandOnHost's: delivered with pending_, never read on the device
+  size_t routed_scratch_limit_ = 0;  // a quarter of the device's memory (Routes)
+  mutable size_t in_flight_ = 0;     // bytes of the sets taken since the last wait
+  struct PendingBytes {  // LandOnHost's: delivered with pending_, never read on the device
     void* to;
     const std::byte* staged;
     size_t bytes;
   };
   mutable std::vector<PendingBytes> pending_bytes_;
+  mutable std::vector<std::function<void()>> on_landed_;  // run after the deliveries
 
   cudaEvent_t landed_ = nullptr;    // recorded for a reader of a pending result (CopyLanding)
   cudaEvent_t produced_ = nullptr;  // recorded on a producer's stream (LandOnHost)

@@ -202,8 +202,10 @@ bool DeviceMatmul::Routes(int64_t rows, const model::MoeBlock& moe) const {
   }
   const BlockShape b(moe);
   // The slot products' grid holds one tile per block row (at most 65535) and no empty
-  // product (D, I > 0).
+  // product (D, I > 0); the slots' products (gate, up: I wide; down: D) fit the device.
   if (b.D <= 0 || b.I <= 0 || SlotTilesAtMost(rows, k, E) > 65535) return false;
+  const double slot_bytes = static_cast<double>(rows * (k + 1)) * (2 * b.I + b.D) * sizeof(float);
+  if (slot_bytes > static_cast<double>(routed_scratch_limit_)) return false;
   for (int64_t e = 0; e <= E; ++e) {
     KVC_CHECK(moe.w1[e]->in_features() == b.D && moe.w1[e]->out_features() == b.I &&
               moe.w3[e]->in_features() == b.D && moe.w3[e]->out_features() == b.I &&
@@ -531,6 +533,8 @@ void DeviceMatmul::Deliver() const {
   pending_.clear();
   for (const PendingBytes& p : pending_bytes_) std::memcpy(p.to, p.staged, p.bytes);
   pending_bytes_.clear();
+  for (const std::function<void()>& landed : on_landed_) landed();
+  on_landed_.clear();
 }
 
 const DeviceMatmul::Pending* DeviceMatmul::Holding(const float* x, size_t floats) const {

@@ -18,8 +18,8 @@ void PageMirror::Release(Entry& e) {
   e.written = nullptr;
 }
 
-void PageMirror::Written(const View& view, uint64_t sequence, int64_t first,
-                         std::span<const uint64_t> versions, cudaStream_t stream) {
+std::function<void()> PageMirror::Written(const View& view, uint64_t sequence, int64_t first,
+                                          std::span<const uint64_t> versions, cudaStream_t stream) {
   KVC_CHECK(view.hold.owns_lock() && view.hold.mutex() == &mu_)
       << "page mirror: writes marked without holding the sequence's pages";
   Entry& e = seqs_.at(sequence);
@@ -29,6 +29,11 @@ void PageMirror::Written(const View& view, uint64_t sequence, int64_t first,
   std::copy(versions.begin(), versions.end(), e.versions.begin() + first);
   if (e.written == nullptr) CUDA_CHECK(cudaEventCreate(&e.written));
   CUDA_CHECK(cudaEventRecord(e.written, stream));
+  return [landed = e.landed, write = ++e.writes] {
+    uint64_t seen = landed->load();
+    while (seen < write && !landed->compare_exchange_weak(seen, write)) {
+    }
+  };
 }
 
 PageMirror::View PageMirror::Pages(uint64_t sequence, std::span<const std::vector<uint8_t>> pages,
@@ -82,7 +87,8 @@ void PageMirror::EvictFor(uint64_t keep) {
   while (bytes_ > budget_ && seqs_.size() > 1) {
     auto victim = seqs_.end();
     for (auto it = seqs_.begin(); it != seqs_.end(); ++it) {
-      if (it->first != keep &&
+      const bool host_current = it->second.landed->load() >= it->second.writes;
+      if (it->first != keep && host_current &&
           (victim == seqs_.end() || it->second.last_use < victim->second.last_use))
         victim = it;
     }
@@ -100,6 +106,7 @@ PageMirror::Stats PageMirror::stats() const {
   std::lock_guard lock(mu_);
   Stats s = stats_;
   s.sequences = static_cast<int64_t>(seqs_.size());
+  for (const auto& [id, e] : seqs_) s.awaiting_host += e.landed->load() < e.writes;
   return s;
 }
 

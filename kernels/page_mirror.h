@@ -12,7 +12,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -45,11 +47,16 @@ class PageMirror {
   // later Pages() call's stream waits for the writes before it reads, grows or uploads.
   // The host's bytes of a page it writes must be current except for what the device wrote
   // (a page not current here was uploaded by Pages() before the writes).
-  void Written(const View& view, uint64_t sequence, int64_t first,
-               std::span<const uint64_t> versions, cudaStream_t stream);
+  // Until the function it returns is called — once the host's pages hold the written
+  // bytes — the sequence is never evicted: dropped, its pages would come back from the
+  // host's stale copies. The function takes no lock (it may run under a backend's).
+  [[nodiscard]] std::function<void()> Written(const View& view, uint64_t sequence, int64_t first,
+                                              std::span<const uint64_t> versions,
+                                              cudaStream_t stream);
 
   struct Stats {
     int64_t uploaded_pages = 0, reused_pages = 0, sequences = 0;
+    int64_t awaiting_host = 0;  // sequences with device writes the host's pages lack
   };
   Stats stats() const;
 
@@ -61,6 +68,9 @@ class PageMirror {
     std::vector<uint64_t> versions;  // as uploaded; 0 = never
     uint64_t last_use = 0;
     cudaEvent_t written = nullptr;  // after the last writes on the device (Written)
+    // Device writes so far, and how many of them the host has (set by Written's function).
+    uint64_t writes = 0;
+    std::shared_ptr<std::atomic<uint64_t>> landed = std::make_shared<std::atomic<uint64_t>>(0);
   };
   static void Release(Entry& e);  // its device memory and event
   void EvictFor(uint64_t keep);   // needs mu_

@@ -200,6 +200,8 @@ TEST_F(CudaEngineTest, LogitsAndPagesAreTheCpuEnginesBits) {
       lb = gpu_->Decode(b, next);
       ASSERT_TRUE(la.ok() && lb.ok());
       EXPECT_TRUE(SameBits(*la, *lb)) << "decode step " << step;
+      // The entries the step wrote on the device reached the host's pages with its end.
+      EXPECT_EQ(mirror_->stats().awaiting_host, 0) << "decode step " << step;
       // The drafter reads its target layers' inputs (their copies' mean, made on the device
       // with the step into each) through the rings the pass's end fills.
       absl::StatusOr<std::vector<uint32_t>> da = cpu_->Draft(a, Argmax(*la)),
