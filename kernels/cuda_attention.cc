@@ -134,16 +134,17 @@ class CudaAttention final : public model::AttentionBackend {
     std::vector<int64_t> positions(static_cast<size_t>(n));
     for (int64_t e = 0; e < n; ++e) positions[e] = (b.first + e) * b.ratio;
     const std::vector<float> turns = cpu::RopeTurns(*b.rope_freqs, positions, /*inverse=*/false);
-    const int64_t half = static_cast<int64_t>(b.rope_freqs->size());
     float* d_turns = entry_turns_.Reserve(turns.size() + static_cast<size_t>(Id));
     float* d_norm = d_turns + turns.size();
     Copy(d_turns, turns.data(), turns.size() * sizeof(float));
     Copy(d_norm, b.key_norm.data(), static_cast<size_t>(Id) * sizeof(float));
-    const KvFormat unused = KvFormat::kSwaKv;  // no rounding in these finishes
-    CUDA_CHECK(LaunchFinishRows(d_key, n, 1, Id, d_norm, b.eps, d_turns, half, false,
-                                RoundedFormatOf(unused), 1, 0, 1.0f, stream_));
-    CUDA_CHECK(LaunchFinishRows(d_lat, n, 1, hd, nullptr, 0.0, d_turns, half, false,
-                                RoundedFormatOf(unused), 1, 0, 1.0f, stream_));
+    // EmitEntry's finishes: the key normalized and turned, the latent turned.
+    model::RowFinish key, latent;
+    key.norm = b.key_norm.data();
+    key.eps = b.eps;
+    key.rope_freqs = latent.rope_freqs = b.rope_freqs;
+    QueueFinish(key, n, Id, d_key, d_norm, d_turns, stream_);
+    QueueFinish(latent, n, hd, d_lat, nullptr, d_turns, stream_);
     // Per page its entries' four sections back to back in the scratch; the floats after.
     uint8_t* d_bytes = entry_bytes_.Reserve(static_cast<size_t>(n * entry_bytes));
     float* d_main = entry_out_.Reserve(static_cast<size_t>(n * (hd + Id)));

@@ -68,6 +68,12 @@ class DeviceProducts {
   ~DeviceProducts() = default;
 };
 
+// Queues model::FinishRows on d_y (rows × width) where it is, one launch, reading the
+// finish's norm weight and cos/sin table (cpu::RopeTurns of its rows' positions) from
+// device memory at d_norm and d_turns (unread when the finish has none).
+void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* d_y,
+                 const float* d_norm, const float* d_turns, cudaStream_t stream);
+
 // A batch's `landing` backend (AttentionBatch::landing, IndexerBatch::landing) as one whose
 // landing results a device reader can copy where they are; null when there is none, or —
 // having settled it, so that the host's floats are current — when it is not a device one.

@@ -22,6 +22,8 @@ struct FinishStaging {
   bool own_turns = false;  // its table is staged for it (not an earlier finish's)
 };
 
+}  // namespace
+
 // Queues model::FinishRows on d_y (rows × width) where it is, one launch, reading its
 // staged inputs from d_norm and d_turns.
 void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* d_y,
@@ -35,8 +37,6 @@ void QueueFinish(const model::RowFinish& f, int64_t rows, int64_t width, float* 
                               static_cast<int>(SpecOf(format).scale_block), MaxScaleCode(format),
                               f.multiplier, stream));
 }
-
-}  // namespace
 
 DeviceMatmul::DeviceMatmul() {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

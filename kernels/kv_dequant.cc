@@ -37,8 +37,8 @@ absl::Status DequantizeOnDevice(KvFormat format, std::span<const uint8_t> codes,
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_out), out.size_bytes()));
   CUDA_CHECK(cudaMemcpy(d_codes, codes.data(), codes.size(), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(d_scales, scales.data(), scales.size(), cudaMemcpyHostToDevice));
-  const Fp4Scale scale = format == KvFormat::kMainKv ? Fp4Scale::kE4M3 : Fp4Scale::kE8M0;
-  CUDA_CHECK(LaunchDequantizeFp4(scale, static_cast<int>(block), d_codes, d_scales, n, d_out,
+  CUDA_CHECK(LaunchDequantizeFp4(Fp4ScaleOf(format), static_cast<int>(block), d_codes, d_scales, n,
+                                 d_out,
                                  /*stream=*/nullptr));
   CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size_bytes(), cudaMemcpyDeviceToHost));
   CUDA_CHECK(cudaFree(d_codes));

@@ -9,8 +9,14 @@
 
 #include "absl/status/status.h"
 #include "engine/spec/kv_codec.h"
+#include "kernels/kv_dequant_kernel.cuh"
 
 namespace kvc::cuda {
+
+// The scale encoding of a stored format (main: E4M3; index: E8M0).
+inline Fp4Scale Fp4ScaleOf(KvFormat format) {
+  return format == KvFormat::kMainKv ? Fp4Scale::kE4M3 : Fp4Scale::kE8M0;
+}
 
 // Number of usable CUDA devices; 0 when there is no GPU or no driver (never aborts).
 int DeviceCount();

@@ -43,21 +43,15 @@ absl::Status QuantizeOnDevice(KvFormat format, std::span<const float> x, std::sp
   return absl::OkStatus();
 }
 
-namespace {
-Fp4Scale ScaleOf(KvFormat format) {
-  return format == KvFormat::kMainKv ? Fp4Scale::kE4M3 : Fp4Scale::kE8M0;
-}
-}  // namespace
-
 void QueueQuantize(KvFormat format, const float* d_x, int64_t n, uint8_t* d_codes,
                    uint8_t* d_scales, cudaStream_t stream) {
-  CUDA_CHECK(LaunchQuantizeFp4(ScaleOf(format), static_cast<int>(SpecOf(format).scale_block),
+  CUDA_CHECK(LaunchQuantizeFp4(Fp4ScaleOf(format), static_cast<int>(SpecOf(format).scale_block),
                                MaxFiniteE8M0(6.0f), d_x, n, d_codes, d_scales, stream));
 }
 
 void QueueDequantize(KvFormat format, const uint8_t* d_codes, const uint8_t* d_scales, int64_t n,
                      float* d_out, cudaStream_t stream) {
-  CUDA_CHECK(LaunchDequantizeFp4(ScaleOf(format), static_cast<int>(SpecOf(format).scale_block),
+  CUDA_CHECK(LaunchDequantizeFp4(Fp4ScaleOf(format), static_cast<int>(SpecOf(format).scale_block),
                                  d_codes, d_scales, n, d_out, stream));
 }
 
