@@ -55,9 +55,13 @@ namespace {
 
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(KvCacheService::Impl* svc, TenantLimiter::Slot slot, NamespaceInfo ns,
-               std::vector<ChunkKey> keys)
-      : svc_(svc), slot_(std::move(slot)), ns_(std::move(ns)), keys_(std::move(keys)) {
+  FetchReactor(KvCacheService::Impl* svc, TenantLimiter::Slot slot,
+               KvCacheService::Impl::ScopedKeys keys)
+      : svc_(svc),
+        slot_(std::move(slot)),
+        ns_(std::move(keys.ns)),
+        keys_(std::move(keys.keys)),
+        stored_(std::move(keys.stored)) {
     Next();
   }
   void OnWriteDone(bool ok) override {
@@ -126,7 +130,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     lock.unlock();
     // A chunk in RAM is sent from the arena right here (no I/O, nothing blocks): no hop
     // to the executor, which only SSD reads need.
-    if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.id, keys_[next_]);
+    if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.id, stored_[next_]);
         lease.ok()) {
       svc_->CountFetch(slot_.tenant(), 1, 0, 0);
       const std::span<const uint8_t> bytes = lease->bytes();
@@ -161,7 +165,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const size_t n = std::min<size_t>(
         keys_.size() - from,
         std::clamp<uint64_t>(kAheadBytes / std::max<uint64_t>(ns_.chunk_bytes, 1), 1, 32));
-    const std::span<const ChunkKey> keys(keys_.data() + from, n);
+    const std::span<const ChunkKey> keys(stored_.data() + from, n);
     Batch batch;
     batch.from = from;
     std::vector<std::span<uint8_t>> outs;
@@ -222,7 +226,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   KvCacheService::Impl* svc_;
   TenantLimiter::Slot slot_;
   NamespaceInfo ns_;
-  std::vector<ChunkKey> keys_;
+  std::vector<ChunkKey> keys_;    // as the caller gave them: the frames carry these
+  std::vector<ChunkKey> stored_;  // as storage holds them (StorageKey)
   size_t next_ = 0;
   grpc::ByteBuffer resp_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
@@ -238,9 +243,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(KvCacheService::Impl* svc,
-                                                       TenantLimiter::Slot slot, NamespaceInfo ns,
-                                                       std::vector<ChunkKey> keys) {
-  return new FetchReactor(svc, std::move(slot), std::move(ns), std::move(keys));
+                                                       TenantLimiter::Slot slot,
+                                                       KvCacheService::Impl::ScopedKeys keys) {
+  return new FetchReactor(svc, std::move(slot), std::move(keys));
 }
 
 }  // namespace kvc::cachesvc

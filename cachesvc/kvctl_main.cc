@@ -10,7 +10,8 @@
 //   --out P kvctl pin|unpin|evict --config F --model-id M [--chunk-tokens C] --tokens-file F [--ttl
 //   S]
 // On a stopped daemon's data folder:
-//   kvctl ls     --data-dir DIR
+//   kvctl ls     --data-dir DIR      (namespace and stored key of every chunk on SSD: keys as
+//                                    storage holds them, bound to their namespace)
 //   kvctl verify --data-dir DIR      (reads every chunk on SSD and checks its checksum)
 // Token files hold whitespace-separated token ids; payload files the chunks' bytes back
 // to back.

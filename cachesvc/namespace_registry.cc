@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/prefix_hash.h"
 #include "nlohmann/json.hpp"
 
 namespace kvc::cachesvc {
@@ -36,7 +37,8 @@ nlohmann::json ToJson(const NamespaceInfo& n) {
           {"chunk_tokens", n.chunk_tokens},
           {"chunk_bytes", n.chunk_bytes},
           {"vocab_size", n.vocab_size},
-          {"root_key", n.root.Hex()}};
+          {"root_key", n.root.Hex()},
+          {"key_scope", n.key_scope}};
 }
 
 absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::string& where) {
@@ -49,6 +51,8 @@ absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::strin
     n.chunk_bytes = e.at("chunk_bytes");
     n.vocab_size = e.at("vocab_size");
     if (!FromHex(e.at("root_key"), &n.root)) throw std::runtime_error("root_key");
+    n.key_scope = e.value("key_scope", 0u);  // absent: registered before keys were bound
+    if (n.key_scope > kKeyScopeBound) throw std::runtime_error("key_scope");
   } catch (const std::exception& ex) {
     return absl::DataLossError(
         absl::StrCat(where, ": bad namespace entry ", e.dump(), ": ", ex.what()));
@@ -79,6 +83,18 @@ absl::Status WriteAll(int fd, const std::string& text, const std::string& path) 
 }
 
 }  // namespace
+
+storage::ChunkKey StorageKey(const NamespaceInfo& ns, const storage::ChunkKey& key) {
+  return ns.key_scope == kKeyScopeBound ? BoundChunkKey(ns.root, key) : key;
+}
+
+std::vector<storage::ChunkKey> StorageKeys(const NamespaceInfo& ns,
+                                           std::span<const storage::ChunkKey> keys) {
+  std::vector<storage::ChunkKey> out;
+  out.reserve(keys.size());
+  for (const storage::ChunkKey& k : keys) out.push_back(StorageKey(ns, k));
+  return out;
+}
 
 uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& root) {
   std::string buf = tenant;
@@ -187,10 +203,13 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
     info.id = DerivedNamespaceId(info.tenant, info.root);
     if (auto it = by_id_.find(info.id); it != by_id_.end()) {
       // Two namespaces on one 31-bit id (about n²/2³² for n namespaces): refuse rather
-      // than let the nodes of a cluster disagree on which one an id names.
-      return absl::AlreadyExistsError(absl::StrCat(
-          "namespace id ", info.id, " derived for model ", info.model_id,
-          " is already taken by model ", it->second.model_id, " of tenant ", it->second.tenant));
+      // than let the nodes of a cluster disagree on which one an id names. (The message
+      // names neither the other namespace's tenant nor its model: they are not the
+      // caller's to know.)
+      return absl::AlreadyExistsError(
+          absl::StrCat("namespace id ", info.id, " derived for model ", info.model_id,
+                       " is already taken by another namespace; register under another "
+                       "model_id or chunk size"));
     }
   } else {
     info.id = by_id_.empty() ? 1 : by_id_.rbegin()->first + 1;

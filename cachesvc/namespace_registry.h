@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +30,22 @@ struct NamespaceInfo {
   uint64_t chunk_bytes = 0;
   uint64_t vocab_size = 0;
   storage::ChunkKey root;
+  // How the namespace's chunk keys reach storage (StorageKey): kKeyScopeBound for every
+  // namespace registered since keys are bound, 0 for one an older kvcached registered
+  // (its chunks stay stored under the keys as given, so a restart loses none of them).
+  uint32_t key_scope = 0;
 };
+
+// Chunk keys bound to their namespace: the same key in two namespaces is two chunks, so
+// one tenant's stores can neither fail because of, nor reveal, another tenant's chunks.
+inline constexpr uint32_t kKeyScopeBound = 1;
+
+// The key storage holds a chunk of `ns` under: with kKeyScopeBound,
+// XXH3-128("kvcache-scope-v1" ‖ root key ‖ chunk key) (prefix_hash.h: BoundChunkKey); the
+// chunk key itself in a namespace of key_scope 0. Callers always see their own keys.
+storage::ChunkKey StorageKey(const NamespaceInfo& ns, const storage::ChunkKey& key);
+std::vector<storage::ChunkKey> StorageKeys(const NamespaceInfo& ns,
+                                           std::span<const storage::ChunkKey> keys);
 
 // How a new namespace gets its id.
 enum class NamespaceIds {

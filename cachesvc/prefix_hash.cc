@@ -72,6 +72,14 @@ ChunkKey NextChunkKey(const ChunkKey& parent, std::span<const uint32_t> tokens) 
   return Encoder::Hash128(buf.data(), buf.size());
 }
 
+ChunkKey BoundChunkKey(const ChunkKey& root, const ChunkKey& key) {
+  Encoder e;
+  e.Bytes("kvcache-scope-v1", 16);
+  e.Key(root);
+  e.Key(key);
+  return e.Hash();
+}
+
 std::vector<ChunkKey> ChunkKeys(const ChunkKey& root, std::span<const uint32_t> tokens,
                                 uint32_t chunk_tokens) {
   std::vector<ChunkKey> keys;

@@ -28,6 +28,9 @@ ChunkKey NamespaceRoot(const std::string& tenant, const ChunkKey& model_fingerpr
                        uint32_t kv_layout_version, uint32_t chunk_tokens);
 // The key of the chunk after `parent` holding `tokens` (one whole chunk).
 ChunkKey NextChunkKey(const ChunkKey& parent, std::span<const uint32_t> tokens);
+// The key storage holds a chunk under in a namespace with bound keys: XXH3-128(
+// "kvcache-scope-v1" ‖ root key ‖ chunk key). Server-side only (clients never see it).
+ChunkKey BoundChunkKey(const ChunkKey& root, const ChunkKey& key);
 // Keys of every whole chunk of `tokens`, chained from `root`; a partial tail is ignored.
 std::vector<ChunkKey> ChunkKeys(const ChunkKey& root, std::span<const uint32_t> tokens,
                                 uint32_t chunk_tokens);

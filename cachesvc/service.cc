@@ -95,7 +95,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Fetch(grpc::Callback
   } else if (auto nk = impl_->NamespaceAndKeys(tenant, req); !nk.ok()) {
     status = nk.status();
   } else {
-    return StartFetch(impl_.get(), *std::move(slot), nk->first, nk->second);
+    return StartFetch(impl_.get(), *std::move(slot), *std::move(nk));
   }
   // Fails before streaming anything.
   class Failed final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -149,7 +149,7 @@ grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
         absl::StatusOr<uint32_t> n =
-            Impl::CountOk(impl_->store->PinBatch(nk->first.id, nk->second, 0));
+            Impl::CountOk(impl_->store->PinBatch(nk->ns.id, nk->stored, 0));
         if (!n.ok()) return n.status();
         resp->set_unpinned(*n);
         return absl::OkStatus();
@@ -166,7 +166,7 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
         absl::StatusOr<uint32_t> n =
-            Impl::CountOk(impl_->store->EraseBatch(nk->first.id, nk->second));
+            Impl::CountOk(impl_->store->EraseBatch(nk->ns.id, nk->stored));
         if (!n.ok()) return n.status();
         resp->set_deleted(*n);
         return absl::OkStatus();

@@ -120,6 +120,9 @@ class KvCacheService::Impl {
     out->set_ram_bytes_limit(q->ram_bytes);
     out->set_ssd_bytes_limit(q->ssd_bytes);
     out->set_pinned_chunks_limit(q->pinned_chunks);
+    const storage::ChunkStore::QuotaRoom room = store->QuotaCapacity();
+    out->set_ram_bytes_per_chunk(room.ram_bytes_per_chunk);
+    out->set_ssd_bytes_per_chunk(room.ssd_bytes_per_chunk);
     std::optional<storage::QuotaGroup> group;  // none before its first namespace: holds nothing
     {
       std::lock_guard lk(quota_mu);
@@ -134,18 +137,29 @@ class KvCacheService::Impl {
     return true;
   }
 
+  // The tenant's quota group in the store, made at its first namespace (tenant_quotas.h).
+  // With must_fit, ResourceExhausted when its guaranteed share does not fit beside the
+  // others' (storage's SetQuota); without (namespaces registered before a restart, whose
+  // quotas were admitted then), it is set whatever the sum — a guarantee that cannot be
+  // kept then fails stores rather than evicting another tenant.
+  absl::Status AdmitQuota(const std::string& tenant, bool must_fit) {
+    const std::optional<storage::Quota> quota = opt.quotas.For(tenant);
+    if (!quota) return absl::OkStatus();
+    std::lock_guard lk(quota_mu);
+    if (quota_groups.contains(tenant)) return absl::OkStatus();
+    const auto group = static_cast<storage::QuotaGroup>(quota_groups.size() + 1);
+    if (absl::Status s = store->SetQuota(group, *quota, must_fit); !s.ok()) return s;
+    quota_groups.emplace(tenant, group);
+    return absl::OkStatus();
+  }
+
   // A tenant's namespaces share one quota group in the store (tenant_quotas.h).
   void AssignQuota(const NamespaceInfo& ns) {
-    const std::optional<storage::Quota> quota = opt.quotas.For(ns.tenant);
-    if (!quota) return;
+    if (!opt.quotas.For(ns.tenant)) return;
+    absl::Status s = AdmitQuota(ns.tenant, /*must_fit=*/false);
+    KVC_CHECK(s.ok()) << "quota of tenant " << ns.tenant << ": " << s;
     std::lock_guard lk(quota_mu);
-    auto [group, fresh] = quota_groups.try_emplace(
-        ns.tenant, static_cast<storage::QuotaGroup>(quota_groups.size() + 1));
-    if (fresh) {
-      absl::Status s = store->SetQuota(group->second, *quota);
-      KVC_CHECK(s.ok()) << "quota of tenant " << ns.tenant << ": " << s;
-    }
-    store->SetQuotaGroup(ns.id, group->second);
+    store->SetQuotaGroup(ns.id, quota_groups.at(ns.tenant));
   }
 
   void AssignRamPool(const NamespaceInfo& ns) {
@@ -278,6 +292,10 @@ class KvCacheService::Impl {
     info.vocab_size = static_cast<uint64_t>(config->vocab_size);
     info.root = NamespaceRoot(tenant, ModelFingerprint(req.model_id(), *layout), kKvLayoutVersion,
                               chunk_tokens);
+    info.key_scope = kKeyScopeBound;  // a namespace registered before keeps its own
+    // The tenant's quota is admitted before its first namespace exists: a quota that does
+    // not fit refuses the registration and leaves nothing behind.
+    if (absl::Status s = AdmitQuota(tenant, /*must_fit=*/true); !s.ok()) return s;
     absl::StatusOr<NamespaceInfo> ns = registry->FindOrAdd(info);
     if (!ns.ok()) return ns.status();
     if (absl::Status s = store->RegisterNamespace(ns->id, ns->chunk_bytes); !s.ok()) return s;
@@ -333,7 +351,7 @@ class KvCacheService::Impl {
       keys = ChunkKeys(ns->root, std::span(req.tokens().data(), req.tokens().size()),
                        ns->chunk_tokens);
     }
-    const std::vector<storage::Tier> tiers = store->Lookup(ns->id, keys);
+    const std::vector<storage::Tier> tiers = store->Lookup(ns->id, StorageKeys(*ns, keys));
     uint32_t matched = 0;
     while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
     resp->set_matched_chunks(matched);
@@ -345,14 +363,21 @@ class KvCacheService::Impl {
     return absl::OkStatus();
   }
 
+  // A request's namespace and chunk keys: as the caller gave them (for answers) and as
+  // storage holds them (bound to the namespace, namespace_registry.h: StorageKey).
+  struct ScopedKeys {
+    NamespaceInfo ns;
+    std::vector<ChunkKey> keys;
+    std::vector<ChunkKey> stored;
+  };
   template <typename Req>
-  absl::StatusOr<std::pair<NamespaceInfo, std::vector<ChunkKey>>> NamespaceAndKeys(
-      const std::string& tenant, const Req& req) {
+  absl::StatusOr<ScopedKeys> NamespaceAndKeys(const std::string& tenant, const Req& req) {
     absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
     if (!ns.ok()) return ns.status();
     absl::StatusOr<std::vector<ChunkKey>> keys = ParseKeys(req.chunk_keys(), opt.max_keys_per_call);
     if (!keys.ok()) return keys.status();
-    return std::pair{*ns, *keys};
+    std::vector<ChunkKey> stored = StorageKeys(*ns, *keys);
+    return ScopedKeys{*std::move(ns), *std::move(keys), std::move(stored)};
   }
 
   // Counts the OK statuses; the first error other than NotFound fails the call.
@@ -371,7 +396,7 @@ class KvCacheService::Impl {
                                  int64_t until) {
     auto nk = NamespaceAndKeys(tenant, req);
     if (!nk.ok()) return nk.status();
-    return CountOk(store->PinBatch(nk->first.id, nk->second, until));
+    return CountOk(store->PinBatch(nk->ns.id, nk->stored, until));
   }
 
   // ---- leases of RAM slots handed to co-located clients (FetchRefs) ----
@@ -406,14 +431,14 @@ class KvCacheService::Impl {
     resp->set_arena_id(arena_ids.at(*pool));
     RefLease lease{
         tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
-    for (const ChunkKey& key : nk->second) {
-      absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->first.id, key);
+    for (size_t i = 0; i < nk->keys.size(); ++i) {
+      absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->ns.id, nk->stored[i]);
       // The leading chunks only; the client fetches the rest over gRPC. A chunk in another
       // pool (stored before the tenant had its own) is not in the caller's mapping.
       if (!l.ok() || l->pool() != *pool) break;
       CountFetch(tenant, 1, 0, 0);
       pb::ChunkRef* ref = resp->add_refs();
-      ref->set_chunk_key(KeyBytes(key));
+      ref->set_chunk_key(KeyBytes(nk->keys[i]));
       ref->set_arena_offset(l->arena_offset());
       ref->set_length(l->bytes().size());
       lease.leases.push_back(*std::move(l));
@@ -463,13 +488,13 @@ class KvCacheService::Impl {
     resp->set_arena_id(arena->id());
     RefLease lease{
         tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
-    for (const ChunkKey& key : nk->second) {
+    for (size_t i = 0; i < nk->keys.size(); ++i) {
       // A T0 hit, or a copy promoted from RAM or SSD. Missing, failed its checksum, or
       // every T0 slot leased: the prefix ends here.
-      absl::StatusOr<storage::HbmLease> l = store->LeaseHbm(nk->first.id, key);
+      absl::StatusOr<storage::HbmLease> l = store->LeaseHbm(nk->ns.id, nk->stored[i]);
       if (!l.ok()) break;
       pb::ChunkRef* ref = resp->add_refs();
-      ref->set_chunk_key(KeyBytes(key));
+      ref->set_chunk_key(KeyBytes(nk->keys[i]));
       ref->set_arena_offset(l->offset());
       ref->set_length(l->length());
       ref->set_checksum(l->checksum());
@@ -540,8 +565,8 @@ class KvCacheService::Impl {
 // The two streaming calls, each served by a reactor of its own (fetch_reactor.cc,
 // store_reactor.cc), started once the call is admitted.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(KvCacheService::Impl* svc,
-                                                       TenantLimiter::Slot slot, NamespaceInfo ns,
-                                                       std::vector<ChunkKey> keys);
+                                                       TenantLimiter::Slot slot,
+                                                       KvCacheService::Impl::ScopedKeys keys);
 grpc::ServerReadReactor<grpc::ByteBuffer>* StartStore(KvCacheService::Impl* svc,
                                                       TenantLimiter::Slot slot,
                                                       grpc::ByteBuffer* response);

@@ -104,22 +104,26 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             absl::StrCat("parent_key is ", req_.parent_key().size(), " bytes; keys are 16"));
       }
       std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
-      const bool parent_here = svc_->store->Contains(ns->id, chain) != storage::Tier::kNone;
+      const ChunkKey stored_parent = StorageKey(*ns, chain);
+      const bool parent_here = svc_->store->Contains(ns->id, stored_parent) != storage::Tier::kNone;
       // A chunk is only reachable through its prefix: refuse orphans (and keys chained
       // from another namespace's chunks). In a cluster the parent is usually on another
       // node (placement is per chunk); the chunk is then a root of this node's eviction.
+      // A parent claimed from another tenant's chain is harmless there: the key is bound
+      // to this namespace before storage sees it, so it can neither meet nor reveal the
+      // other tenant's chunk.
       if (!parent_here && !svc_->opt.cluster) {
         return absl::FailedPreconditionError(
             absl::StrCat("parent chunk ", chain.Hex(), " is not cached in namespace ", ns->id));
       }
-      if (parent_here) parent = chain;
+      if (parent_here) parent = stored_parent;
     }
     const ChunkKey key = NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
     const auto durability = req_.durability() == pb::DURABILITY_DURABLE
                                 ? storage::Durability::kDurable
                                 : storage::Durability::kMemory;
     absl::StatusOr<storage::PutResult> put = svc_->store->Put(
-        {ns->id, key, parent,
+        {ns->id, StorageKey(*ns, key), parent,
          std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()), req_.payload().size())},
         {durability, static_cast<int64_t>(req_.ttl_seconds())});
     if (!put.ok()) return put.status();

@@ -1,7 +1,10 @@
 // The namespace registry: an append-only log (a registration never rewrites the file),
-// durable across reopen, a torn tail dropped, an older kvcached's file converted, and a
-// per-tenant limit.
+// durable across reopen, a torn tail dropped, an older kvcached's file converted, a
+// per-tenant limit, and chunk keys bound to their namespace (older namespaces kept as
+// they were stored).
 #include "cachesvc/namespace_registry.h"
+
+#include "cachesvc/prefix_hash.h"
 
 #include <sys/stat.h>
 
@@ -112,6 +115,37 @@ TEST(NamespaceRegistryTest, ATenantPastItsLimitIsRefusedOthersAreNot) {
   EXPECT_TRUE(r->FindOrAdd(Info("acme", 1)).ok());  // an existing one is found, not added
   EXPECT_TRUE(r->FindOrAdd(Info("globex", 0)).ok());
   EXPECT_EQ(r->All().size(), 4u);
+}
+
+// The same caller key in two namespaces is two storage keys; a namespace an older
+// kvcached registered (no key_scope in its line) keeps its keys as given, so the chunks it
+// stored are found after the upgrade; a new one is bound, and stays bound across reopen.
+TEST(NamespaceRegistryTest, KeysAreBoundToTheirNamespaceExceptAnOlderKvcachedsOnes) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/namespaces.jsonl")
+      << R"({"id": 1, "tenant": "acme", "model_id": "m", "chunk_tokens": 64, )"
+      << R"("chunk_bytes": 6784, "vocab_size": 512, "root_key": "000102030405060708090a0b0c0d0e0f"})"
+      << "\n";
+  storage::ChunkKey key;
+  for (size_t i = 0; i < 16; ++i) key.bytes[i] = static_cast<uint8_t>(0xA0 + i);
+  {
+    auto r = NamespaceRegistry::Open(dir.path());
+    ASSERT_TRUE(r.ok()) << r.status();
+    const NamespaceInfo old = *(*r)->Get(1, "acme");
+    EXPECT_EQ(old.key_scope, 0u);
+    EXPECT_EQ(StorageKey(old, key), key) << "an older namespace's chunks stay where they are";
+    NamespaceInfo a = Info("acme", 7), b = Info("globex", 7);
+    a.key_scope = b.key_scope = kKeyScopeBound;
+    const NamespaceInfo na = *(*r)->FindOrAdd(a), nb = *(*r)->FindOrAdd(b);
+    EXPECT_NE(StorageKey(na, key), key);
+    EXPECT_NE(StorageKey(na, key), StorageKey(nb, key)) << "one key, two namespaces, two chunks";
+    EXPECT_EQ(StorageKey(na, key), BoundChunkKey(na.root, key));
+  }
+  auto r = NamespaceRegistry::Open(dir.path());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->Get(1, "acme")->key_scope, 0u);
+  EXPECT_EQ((*r)->Get(2, "acme")->key_scope, kKeyScopeBound);
+  EXPECT_EQ((*r)->Get(3, "globex")->key_scope, kKeyScopeBound);
 }
 
 }  // namespace
