@@ -155,7 +155,10 @@ int Main(int argc, char** argv) {
   etcd_flags.AddTo(app);
   app.add_option("--tenant-quota", tenant_quota,
                  "TENANT:ram=BYTES,ssd=BYTES,pins=N (repeatable; TENANT * = every tenant not "
-                 "named): over a byte quota a tenant evicts its own chunks, never others'");
+                 "named): a guaranteed share of each tier — the named quotas must fit the "
+                 "tiers together, a '*' tenant is admitted at its first namespace while its "
+                 "quota fits; over its quota a tenant evicts its own chunks, and tier "
+                 "pressure never evicts a tenant within its quota");
   app.add_option("--log-level", log_level,
                  "structured log (JSON lines on stderr): debug (every call), info (failed calls, "
                  "start, stop), warn, error")
@@ -311,6 +314,9 @@ int Main(int argc, char** argv) {
   ServiceOptions opt;
   opt.device_tenants = shm->tenants();
   opt.shm = *shm;
+  if (absl::Status s = quotas->CheckNamedFit((*store)->QuotaCapacity()); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   opt.quotas = *std::move(quotas);
   opt.admin_tenants = absl::StrSplit(admin_tenants, ',', absl::SkipEmpty());
   opt.max_ref_leases = max_leases_per_tenant;

@@ -92,4 +92,22 @@ std::optional<storage::Quota> TenantQuotas::For(const std::string& tenant) const
   return q;
 }
 
+absl::Status TenantQuotas::CheckNamedFit(const storage::ChunkStore::QuotaRoom& room) const {
+  uint64_t ram = 0, ssd = 0;
+  for (const auto& [tenant, q] : named_) {
+    ram += q.ram_bytes;
+    ssd += q.ssd_bytes;
+  }
+  auto check = [](const char* tier, uint64_t sum, uint64_t cap) {
+    if (sum <= cap) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--tenant-quota: the named tenants' ", tier, " quotas add up to ", sum,
+        " bytes; the ", tier, " tier holds ", cap,
+        " bytes for quotas (each chunk is charged the whole slot it takes); lower them or "
+        "give the tier more room"));
+  };
+  if (absl::Status s = check("RAM", ram, room.ram_bytes); !s.ok()) return s;
+  return check("SSD", ssd, room.ssd_bytes);
+}
+
 }  // namespace kvc::cachesvc

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "storage/chunk_store.h"
 #include "storage/quota.h"
 
 namespace kvc::cachesvc {
@@ -34,6 +35,10 @@ class TenantQuotas {
   // The tenant's quota (its owner reads "tenant NAME"), or nullopt: no limits.
   std::optional<storage::Quota> For(const std::string& tenant) const;
   bool empty() const { return named_.empty() && !others_; }
+  // Whether the named tenants' byte quotas fit the tiers together (storage's SetQuota
+  // rule: a quota is a guaranteed share). ResourceExhausted naming the tier, the sum and
+  // the room otherwise. Tenants under "*" are admitted one by one as they register.
+  absl::Status CheckNamedFit(const storage::ChunkStore::QuotaRoom& room) const;
 
  private:
   std::map<std::string, storage::Quota> named_;

@@ -193,8 +193,18 @@ class ChunkStore {
   uint64_t ram_arena_bytes(RamPoolId pool = 0) const;
 
   // Quotas (quota.h). Not durable: set them at every start. A namespace's group applies
-  // to its chunks already stored too. InvalidArgument for group 0 in SetQuota.
-  [[nodiscard]] absl::Status SetQuota(QuotaGroup group, const Quota& quota);
+  // to its chunks already stored too. InvalidArgument for group 0 in SetQuota; with
+  // must_fit, ResourceExhausted naming the tier (nothing changed) when the groups' limits
+  // would add up to more than QuotaCapacity — the guarantee could not be kept.
+  [[nodiscard]] absl::Status SetQuota(QuotaGroup group, const Quota& quota, bool must_fit = true);
+  // What each tier holds for guaranteed quotas, in bytes of slots: all of RAM; SSD less
+  // the few slots it keeps free for its own work.
+  struct QuotaRoom {
+    uint64_t ram_bytes = 0, ssd_bytes = 0;
+    // What one chunk is charged (its slot) in RAM pool 0 and on SSD; 0 without the tier.
+    uint64_t ram_bytes_per_chunk = 0, ssd_bytes_per_chunk = 0;
+  };
+  QuotaRoom QuotaCapacity() const;
   void SetQuotaGroup(NamespaceId ns, QuotaGroup group);
   QuotaUsage Usage(QuotaGroup group) const;
 

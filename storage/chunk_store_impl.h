@@ -206,6 +206,15 @@ class ChunkStore::Impl {
   // the group's chunks there are all pinned.
   absl::StatusOr<QuotaState*> FitRamQuota(NamespaceId ns, uint64_t bytes, bool allow_writeback)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Tier pressure (quota.h): the next chunk to give up for a write that finds the tier (or
+  // RAM pool) full — never one of a group within its guaranteed share of that tier.
+  std::optional<ChunkKey> PickRamVictim(RamPoolId pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  std::optional<ChunkKey> PickSsdVictim() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Whether the namespace's chunks are guarded in RAM (ram = true) or on SSD: its group
+  // has a limit there and holds no more than it.
+  bool Guarded(NamespaceId ns, bool ram) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // What each tier holds for guaranteed quotas (QuotaCapacity in chunk_store.h).
+  ChunkStore::QuotaRoom QuotaRoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   std::unordered_map<QuotaGroup, QuotaState> quota_groups ABSL_GUARDED_BY(mu);
   std::unordered_map<NamespaceId, QuotaGroup> quota_group_of ABSL_GUARDED_BY(mu);
 

@@ -308,7 +308,7 @@ absl::Status ChunkStore::Impl::Open() {
     const IndexRecord& r = ssd_map.at(*key);
     access_us = std::max(access_us + 1, r.last_access_s * 1'000'000);
     ssd_order.Add(*key, r.parent, access_us, r.pin_until_s, r.expires_s, r.namespace_id,
-                  r.payload_bytes);
+                  slot_bytes);  // charged the whole slot (quota.h)
     if (r.pin_until_s > 0) pins[*key] = r.pin_until_s;
   }
   access_clock = std::max(max_access * 1'000'000, access_us);

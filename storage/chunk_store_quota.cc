@@ -72,8 +72,8 @@ void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
     for (const PendingWrite& w : writes) {
       QuotaState* q = QuotaOf(w.record.namespace_id);
       if (q == nullptr || q->quota.ssd_bytes == 0 || !w.status.ok()) continue;
-      a[q].bytes += w.payload.size();
-      a[q].largest = std::max<uint64_t>(a[q].largest, w.payload.size());
+      a[q].bytes += slot_bytes;  // a chunk is charged the whole slot it takes
+      a[q].largest = slot_bytes;
     }
     return a;
   };
@@ -123,7 +123,7 @@ void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
     QuotaState* q = QuotaOf(w.record.namespace_id);
     if (q == nullptr || !w.status.ok()) continue;
     const uint64_t limit = q->quota.ssd_bytes;
-    if (limit > 0 && used(*q) + w.payload.size() > limit) {
+    if (limit > 0 && used(*q) + slot_bytes > limit) {
       w.status = !evicted_status.ok() ? evicted_status
                  : all_pinned ? absl::ResourceExhaustedError(QuotaFullError(*q, "SSD", limit))
                               : absl::ResourceExhaustedError(absl::StrCat(
@@ -131,17 +131,79 @@ void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
                                     " bytes with writes of its own in flight; try again"));
       continue;
     }
-    q->ssd_in_flight += w.payload.size();
+    q->ssd_in_flight += slot_bytes;
     w.quota = q;
   }
 }
 
+bool ChunkStore::Impl::Guarded(NamespaceId ns, bool in_ram) {
+  const QuotaState* q = QuotaOf(ns);
+  if (q == nullptr) return false;
+  const uint64_t limit = in_ram ? q->quota.ram_bytes : q->quota.ssd_bytes;
+  return limit > 0 && (in_ram ? RamBytesOf(*q) : SsdBytesOf(*q)) <= limit;
+}
+
+std::optional<ChunkKey> ChunkStore::Impl::PickRamVictim(RamPoolId pool) {
+  if (quota_groups.empty()) return ram->PickVictim(pool, NowS());
+  return ram->PickVictimIf(pool, NowS(), [&](NamespaceId ns) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return !Guarded(ns, /*in_ram=*/true);
+  });
+}
+
+std::optional<ChunkKey> ChunkStore::Impl::PickSsdVictim() {
+  if (quota_groups.empty()) return ssd_order.PickVictim(NowS());
+  return ssd_order.PickVictimIf(NowS(), [&](NamespaceId ns) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return !Guarded(ns, /*in_ram=*/false);
+  });
+}
+
+ChunkStore::QuotaRoom ChunkStore::Impl::QuotaRoomLocked() const {
+  QuotaRoom room;
+  if (ram) {
+    room.ram_bytes = ram->capacity_bytes();
+    room.ram_bytes_per_chunk = ram->SlotBytesOf(0);
+  }
+  if (ssd) {
+    // Less what the tier keeps free for its own work: the slots eviction runs ahead by
+    // (EnsureReserved) and the one a reservation names for the next.
+    const uint64_t slots = ssd->capacity_slots();
+    const uint64_t kept = std::min<uint64_t>(slots / 64, 32) + 1;
+    room.ssd_bytes = (slots > kept ? slots - kept : 0) * slot_bytes;
+    room.ssd_bytes_per_chunk = slot_bytes;
+  }
+  return room;
+}
+
 // ---- the public calls ----
 
-absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota) {
-  if (group == 0) return absl::InvalidArgumentError("quota group 0 is the one without a quota");
+ChunkStore::QuotaRoom ChunkStore::QuotaCapacity() const {
   MutexLock lk(impl_->mu);
-  impl_->quota_groups[group].quota = quota;
+  return impl_->QuotaRoomLocked();
+}
+
+
+absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota, bool must_fit) {
+  if (group == 0) return absl::InvalidArgumentError("quota group 0 is the one without a quota");
+  Impl& s = *impl_;
+  MutexLock lk(s.mu);
+  if (must_fit) {
+    uint64_t ram = quota.ram_bytes, ssd = quota.ssd_bytes;
+    for (const auto& [g, q] : s.quota_groups) {
+      if (g == group) continue;
+      ram += q.quota.ram_bytes;
+      ssd += q.quota.ssd_bytes;
+    }
+    const QuotaRoom room = s.QuotaRoomLocked();
+    auto refuse = [&](const char* tier, uint64_t sum, uint64_t cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the quota of ", quota.owner, " does not fit: with it, quotas would guarantee ", sum,
+          " bytes of ", tier, " and the tier holds ", cap,
+          " for them (a chunk is charged the whole slot it takes)"));
+    };
+    if (s.ram && quota.ram_bytes > 0 && ram > room.ram_bytes) return refuse("RAM", ram, room.ram_bytes);
+    if (s.ssd && quota.ssd_bytes > 0 && ssd > room.ssd_bytes) return refuse("SSD", ssd, room.ssd_bytes);
+  }
+  s.quota_groups[group].quota = quota;
   return absl::OkStatus();
 }
 

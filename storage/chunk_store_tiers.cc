@@ -42,12 +42,13 @@ void ChunkStore::Impl::LeftStore(NamespaceId ns, const ChunkKey& key) {
 absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, bool allow_writeback) {
   while (true) {
     if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool)) return *slot;
-    std::optional<ChunkKey> victim = ram->PickVictim(pool, NowS());
+    std::optional<ChunkKey> victim = PickRamVictim(pool);
     if (!victim) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(pool == 0 ? std::string("the RAM tier") : absl::StrCat("RAM pool ", pool),
-                       " is full: its ", ram->arena(pool)->slots(),
-                       " slots hold pinned chunks, leased ones or writes in flight"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          pool == 0 ? std::string("the RAM tier") : absl::StrCat("RAM pool ", pool),
+          " is full: its ", ram->arena(pool)->slots(),
+          " slots hold pinned chunks, leased ones, writes in flight or chunks of tenants "
+          "within their quotas"));
     }
     if (absl::Status st = ReleaseRam(*victim, allow_writeback); !st.ok()) return st;
   }
@@ -84,10 +85,11 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
                                          std::span<const uint8_t> bytes, uint64_t checksum,
                                          bool dirty, int64_t expires_s, bool allow_writeback) {
   const RamPoolId pool = ram->PoolOf(ns);
-  absl::StatusOr<QuotaState*> quota = FitRamQuota(ns, bytes.size(), allow_writeback);
+  const uint64_t charged = ram->SlotBytesOf(pool);  // the whole slot (quota.h)
+  absl::StatusOr<QuotaState*> quota = FitRamQuota(ns, charged, allow_writeback);
   if (!quota.ok()) return quota.status();
   auto done_in_flight = [&] {
-    if (*quota != nullptr) (*quota)->ram_in_flight -= bytes.size();
+    if (*quota != nullptr) (*quota)->ram_in_flight -= charged;
   };
   absl::StatusOr<uint32_t> slot = AllocRamSlot(pool, allow_writeback);
   if (!slot.ok()) {
@@ -194,7 +196,7 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
   if (ssd_free.size() + named < missing) {
     const size_t ahead = std::min<size_t>(ssd->capacity_slots() / 64, 32);
     while (ssd_free.size() + named < missing + ahead) {
-      std::optional<ChunkKey> victim = ssd_order.PickVictim(NowS());
+      std::optional<ChunkKey> victim = PickSsdVictim();
       if (!victim) break;
       RemoveSsd(*victim);  // its slot to ssd_free (or to reserved_free, still listed)
       evicted.push_back(*victim);
@@ -342,14 +344,14 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
       if (it == ssd_map.end() || it->second.sequence != rec.sequence) continue;  // erased since
       auto pin = pins.find(key);
       ssd_order.Add(key, rec.parent, NextAccess(), pin == pins.end() ? 0 : pin->second,
-                    rec.expires_s, rec.namespace_id, rec.payload_bytes);
+                    rec.expires_s, rec.namespace_id, slot_bytes);  // the whole slot (quota.h)
     }
   }
   // Committed chunks now count in their group's bytes (the eviction order's); the rest
   // never will.
   for (PendingWrite& w : writes) {
     if (w.quota == nullptr) continue;
-    w.quota->ssd_in_flight -= w.payload.size();
+    w.quota->ssd_in_flight -= slot_bytes;
     w.quota = nullptr;
   }
   in_flight -= slot_writes.size();

@@ -129,6 +129,18 @@ std::optional<ChunkKey> EvictionOrder::PickVictim(int64_t now_s) const {
   return std::get<2>(*best);
 }
 
+std::optional<ChunkKey> EvictionOrder::PickVictimIf(
+    int64_t now_s, const std::function<bool(NamespaceId)>& may_give_up) const {
+  std::optional<Candidate> best;
+  for (const auto& [ns, queues] : by_ns_) {
+    if (!may_give_up(ns)) continue;
+    std::optional<Candidate> c = Best(queues, now_s);
+    if (c && (!best || *c < *best)) best = c;
+  }
+  if (!best) return std::nullopt;
+  return std::get<2>(*best);
+}
+
 std::optional<ChunkKey> EvictionOrder::PickVictimAmong(
     int64_t now_s, std::span<const NamespaceId> namespaces) const {
   std::optional<Candidate> best;

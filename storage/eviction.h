@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <span>
@@ -27,7 +28,7 @@ namespace kvc::storage {
 
 class EvictionOrder {
  public:
-  // `bytes`: the chunk's payload, counted in BytesOf(ns).
+  // `bytes`: what the chunk is charged (the slot it takes), counted in BytesOf(ns).
   void Add(const ChunkKey& key, const std::optional<ChunkKey>& parent, int64_t access_us,
            int64_t pin_until_s, int64_t expires_s, NamespaceId ns = 0, uint64_t bytes = 0);
   void Remove(const ChunkKey& key);
@@ -39,7 +40,7 @@ class EvictionOrder {
   bool IsOrphan(const ChunkKey& key) const;
   bool Contains(const ChunkKey& key) const { return nodes_.contains(key); }
   size_t size() const { return nodes_.size(); }
-  // Payload bytes of the namespace's chunks here.
+  // Bytes charged to the namespace's chunks here.
   uint64_t BytesOf(NamespaceId ns) const;
 
   // The next chunk to give up at time now_s, or nullopt when every chunk left is pinned
@@ -48,6 +49,10 @@ class EvictionOrder {
   // The same among the chunks of these namespaces only.
   std::optional<ChunkKey> PickVictimAmong(int64_t now_s,
                                           std::span<const NamespaceId> namespaces) const;
+  // The same among the chunks of the namespaces `may_give_up` accepts (asked once per
+  // namespace present).
+  std::optional<ChunkKey> PickVictimIf(int64_t now_s,
+                                       const std::function<bool(NamespaceId)>& may_give_up) const;
 
  private:
   struct Node {

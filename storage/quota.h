@@ -1,12 +1,22 @@
 // Quotas: limits on what one owner (a tenant of the cache service) keeps in the store.
 //
 // Namespaces are put in quota groups (ChunkStore::SetQuotaGroup); a group's quota bounds
-// the payload bytes its namespaces hold in RAM and on SSD, and how many of their chunks
-// are pinned at once. A put that would take a group past a byte limit first evicts the
-// group's own chunks from that tier (in the tier's usual order, eviction.h) — other
-// groups' chunks are never touched for it; when everything it could give up is pinned the
-// put fails with ResourceExhausted naming the owner and the limit. A pin past the pin
-// limit fails the same way. Group 0 (every namespace not put in a group) has no quota.
+// the bytes its namespaces take in RAM and on SSD, and how many of their chunks are
+// pinned at once. A chunk is charged what it really takes: the whole slot of its tier
+// (every slot is sized for the largest chunk the store accepts), not its payload — so a
+// namespace of small chunks cannot hold more of a tier than its quota says.
+//
+// A byte quota is a guaranteed share of its tier:
+// - Admission: SetQuota refuses (ResourceExhausted) a quota with which the groups' limits
+//   would add up to more than the tier holds for them (ChunkStore::QuotaCapacity).
+// - Over its limit, a put first evicts the group's own chunks from that tier (in the
+//   tier's usual order, eviction.h) — other groups' chunks are never touched for it; when
+//   everything it could give up is pinned the put fails with ResourceExhausted naming the
+//   owner and the limit. A pin past the pin limit fails the same way.
+// - Tier pressure (a full tier or RAM pool, whoever writes) evicts only chunks of
+//   namespaces without a limit in that tier, or of groups over it (a lowered quota); a
+//   group within its limit keeps every chunk. When nothing else can go, the put fails.
+// Group 0 (every namespace not put in a group) has no quota and no guarantee.
 #pragma once
 
 #include <cstdint>

@@ -87,6 +87,12 @@ std::optional<ChunkKey> RamTier::PickVictimAmong(RamPoolId pool, int64_t now_s,
   return pools_.at(pool).order.PickVictimAmong(now_s, namespaces);
 }
 
+uint64_t RamTier::capacity_bytes() const {
+  uint64_t bytes = 0;
+  for (const Pool& p : pools_) bytes += p.arena ? p.arena->bytes() : 0;
+  return bytes;
+}
+
 uint64_t RamTier::BytesOf(NamespaceId ns) const {
   uint64_t bytes = 0;
   for (const Pool& p : pools_) bytes += p.order.BytesOf(ns);
@@ -100,7 +106,8 @@ void RamTier::Publish(const ChunkKey& key, const RamEntry& entry, int64_t access
   KVC_CHECK(!entries_.contains(key)) << "chunk " << key.Hex() << " published twice";
   p.state[entry.slot] = kUsed;
   entries_[key] = entry;
-  p.order.Add(key, entry.parent, access_us, 0, entry.expires_s, entry.ns, entry.len);
+  // Charged the whole slot it takes (quota.h), not its payload.
+  p.order.Add(key, entry.parent, access_us, 0, entry.expires_s, entry.ns, p.arena->slot_bytes());
 }
 
 void RamTier::Remove(const ChunkKey& key) {

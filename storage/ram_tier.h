@@ -58,6 +58,12 @@ class RamTier {
 
   bool empty_capacity() const { return capacity_slots_ == 0; }
   uint64_t capacity_slots() const { return capacity_slots_; }
+  // Bytes of every slot of every pool.
+  uint64_t capacity_bytes() const;
+  // The bytes one chunk of the pool takes (its slot; 0 for a pool without slots).
+  uint64_t SlotBytesOf(RamPoolId pool) const {
+    return pools_.at(pool).arena ? pools_[pool].arena->slot_bytes() : 0;
+  }
   size_t pool_count() const { return pools_.size(); }
   // Null for a pool without slots.
   const RamArena* arena(RamPoolId pool) const { return pools_.at(pool).arena.get(); }
@@ -84,7 +90,12 @@ class RamTier {
   // The same among these namespaces' chunks only (an owner over its quota, quota.h).
   std::optional<ChunkKey> PickVictimAmong(RamPoolId pool, int64_t now_s,
                                           std::span<const NamespaceId> namespaces) const;
-  // Payload bytes of the namespace's chunks, in all pools.
+  // The same among the namespaces `may_give_up` accepts.
+  std::optional<ChunkKey> PickVictimIf(RamPoolId pool, int64_t now_s,
+                                       const std::function<bool(NamespaceId)>& may_give_up) const {
+    return pools_.at(pool).order.PickVictimIf(now_s, may_give_up);
+  }
+  // Bytes of the slots the namespace's chunks take, in all pools.
   uint64_t BytesOf(NamespaceId ns) const;
 
   // Publishes a chunk in a slot reserved by TakeFreeSlot.

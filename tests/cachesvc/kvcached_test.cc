@@ -364,21 +364,112 @@ TEST(KvcachedTest, TenantsCannotSeeEachOthersChunks) {
 // --tenant-quota: a tenant past its quota evicts its own chunks and nobody else's; pins
 // past its pin limit are refused naming it and the limit (a Store refused when all a
 // tenant holds is pinned: QuotaTest in tests/storage).
+// What a chunk of the mini model is charged against quotas in each tier (its slot), read
+// from a daemon of the tests' geometry started on `dir` with a quota for its one tenant.
+struct SlotCharge {
+  uint64_t chunk_bytes = 0, ram = 0, ssd = 0;
+};
+SlotCharge ChargePerChunk(const std::string& dir) {
+  Daemon probe(dir, {"--tenant-quota", "default:ssd=1M"});
+  SlotCharge c;
+  c.chunk_bytes = Register(probe, Client{}).chunk_bytes();
+  pb::StatsResponse s;
+  EXPECT_TRUE(probe.stub().Stats(Client{}.Ctx().get(), {}, &s).ok());
+  c.ram = s.quota().ram_bytes_per_chunk();
+  c.ssd = s.quota().ssd_bytes_per_chunk();
+  EXPECT_GT(c.ram, c.chunk_bytes);
+  EXPECT_GT(c.ssd, c.chunk_bytes);
+  return c;
+}
+
+// The hostile tenant of the isolation review: small chunks under a byte quota held nearly
+// every slot of the tier and evicted another tenant's chunks that were within its own
+// quota. Chunks are charged their slots, and tier pressure spares a tenant within its
+// quota: globex keeps all it stored however much acme writes.
+TEST(KvcachedTest, SmallChunksCannotCrowdOutATenantWithinItsQuota) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\nsecret-c initech\n";
+  const SlotCharge charge = ChargePerChunk(dir.File("probe"));
+  Daemon d(dir.File("data"),
+           {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
+            "acme:ssd=" + std::to_string(12 * charge.ssd), "--tenant-quota",
+            "globex:ssd=" + std::to_string(30 * charge.ssd)});
+  const Client a{"secret-a"}, b{"secret-b"}, c{"secret-c"};
+  const pb::RegisterNamespaceResponse na = Register(d, a), nb = Register(d, b), nc = Register(d, c);
+  auto store_prefixes = [&](const Client& who, uint32_t ns, int n) {
+    std::vector<std::vector<Chunk>> prefixes;
+    for (int i = 0; i < n; ++i) {
+      prefixes.push_back(MakeChunks(rng, 1, na.chunk_tokens(), na.chunk_bytes()));
+      pb::StoreResponse stored;
+      grpc::Status st = StorePrefix(d, who, ns, prefixes.back(), &stored);
+      EXPECT_TRUE(st.ok()) << i << ": " << st.error_message();
+    }
+    return prefixes;
+  };
+  pb::StatsResponse tier;
+  ASSERT_TRUE(d.stub().Stats(b.Ctx().get(), {}, &tier).ok());
+  const auto globex = store_prefixes(b, nb.namespace_id(), 30);
+  // acme (over its quota) and initech (no quota) write several times what the tier holds.
+  store_prefixes(a, na.namespace_id(), 150);
+  store_prefixes(c, nc.namespace_id(), 300);
+  int globex_kept = 0;
+  for (const auto& p : globex) {
+    globex_kept += Lookup(d, b, nb.namespace_id(), AllTokens(p)).matched_chunks();
+  }
+  EXPECT_EQ(globex_kept, 30) << "tier pressure evicted a tenant within its quota";
+  pb::StatsResponse sa;
+  ASSERT_TRUE(d.stub().Stats(a.Ctx().get(), {}, &sa).ok());
+  EXPECT_LE(sa.quota().ssd_bytes(), 12 * charge.ssd);
+  EXPECT_LE(sa.ssd_chunks(), 12u) << "acme's small chunks held past its quota's slots";
+}
+
+// Quotas are guaranteed shares: named quotas that together exceed a tier stop the daemon
+// at start; a '*' tenant is admitted at its first namespace only while its quota fits.
+TEST(KvcachedTest, QuotasThatDoNotFitTheTiersAreRefused) {
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\n";
+  // The tests' daemons have 40,000,000 bytes of SSD.
+  testing::ProcessResult r = testing::RunProgram(
+      testing::kDaemon, {"--data-dir", dir.File("over"), "--ram-bytes", "4000000", "--ssd-bytes",
+                         "40000000", "--listen", "127.0.0.1:0", "--auth-tokens",
+                         dir.File("tokens"), "--tenant-quota", "acme:ssd=25000000",
+                         "--tenant-quota", "globex:ssd=25000000"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("the named tenants' SSD quotas add up to 50000000 bytes"),
+            std::string::npos)
+      << r.err;
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
+                              "*:ssd=25000000"});
+  const Client a{"secret-a"}, b{"secret-b"};
+  Register(d, a);
+  pb::RegisterNamespaceRequest req;
+  req.set_model_config_json(MiniConfig());
+  req.set_model_id("mini-test");
+  req.set_chunk_tokens(64);
+  pb::RegisterNamespaceResponse resp;
+  ExpectStatus(d.stub().RegisterNamespace(b.Ctx().get(), req, &resp),
+               grpc::StatusCode::RESOURCE_EXHAUSTED, "the quota of tenant globex does not fit");
+  // Refused, it left nothing behind: its namespace does not exist.
+  pb::LookupRequest look;
+  look.set_namespace_id(1 + Register(d, a).namespace_id());
+  pb::LookupResponse lr;
+  ExpectStatus(d.stub().Lookup(b.Ctx().get(), look, &lr), grpc::StatusCode::NOT_FOUND, "");
+}
+
 TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   std::mt19937_64 rng(testing::FreshSeed());
   TempDir dir;
   std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\n";
   const Client a{"secret-a"}, b{"secret-b"};
-  // The quota is 4 chunks of the mini model in RAM and on SSD; the chunk size comes from
-  // a first start (it follows from the model config).
-  uint64_t chunk_bytes = 0;
-  {
-    Daemon probe(dir.File("probe"));
-    chunk_bytes = Register(probe, Client{}).chunk_bytes();
-  }
-  const std::string quota = std::to_string(4 * chunk_bytes);
-  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
-                              "acme:ram=" + quota + ",ssd=" + quota + ",pins=3"});
+  // The quota is 4 chunks of the mini model in RAM and on SSD: 4 slots in each tier (a
+  // chunk is charged its slot). The sizes come from a first start.
+  const SlotCharge charge = ChargePerChunk(dir.File("probe"));
+  const uint64_t chunk_bytes = charge.chunk_bytes;
+  Daemon d(dir.File("data"),
+           {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
+            "acme:ram=" + std::to_string(4 * charge.ram) + ",ssd=" + std::to_string(4 * charge.ssd) +
+                ",pins=3"});
   const pb::RegisterNamespaceResponse na = Register(d, a), nb = Register(d, b);
   ASSERT_EQ(na.chunk_bytes(), chunk_bytes);
   // globex stores 6 prefixes of one chunk, acme 10.
@@ -409,9 +500,11 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   pb::StatsResponse sa, sb;
   ASSERT_TRUE(d.stub().Stats(a.Ctx().get(), {}, &sa).ok());
   ASSERT_TRUE(sa.has_quota());
-  EXPECT_EQ(sa.quota().ssd_bytes_limit(), 4 * chunk_bytes);
-  EXPECT_EQ(sa.quota().ssd_bytes(), static_cast<uint64_t>(acme_kept) * chunk_bytes);
-  EXPECT_LE(sa.quota().ram_bytes(), 4 * chunk_bytes);
+  EXPECT_EQ(sa.quota().ssd_bytes_limit(), 4 * charge.ssd);
+  EXPECT_EQ(sa.quota().ssd_bytes(), static_cast<uint64_t>(acme_kept) * charge.ssd);
+  EXPECT_LE(sa.quota().ram_bytes(), 4 * charge.ram);
+  EXPECT_EQ(sa.quota().ssd_bytes_per_chunk(), charge.ssd);
+  EXPECT_EQ(sa.quota().ram_bytes_per_chunk(), charge.ram);
   EXPECT_EQ(sa.quota().pinned_chunks_limit(), 3u);
   ASSERT_TRUE(d.stub().Stats(b.Ctx().get(), {}, &sb).ok());
   EXPECT_FALSE(sb.has_quota());

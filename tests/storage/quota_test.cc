@@ -1,7 +1,9 @@
 // Per-owner quotas (storage/quota.h): a group over its RAM or SSD quota gives up its own
 // chunks and nobody else's; when all it could give up is pinned the put fails naming the
 // owner and the limit; pins past the pin limit fail the same way; concurrent writers of
-// one group cannot pass its limit together; a reopened store counts what is on SSD.
+// one group cannot pass its limit together; a reopened store counts what is on SSD. A
+// chunk is charged the whole slot it takes; quotas that together exceed a tier are
+// refused; tier pressure never evicts a group within its quota.
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -30,9 +32,13 @@ std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t ram_chunks, ui
   return testing::OpenSmallStore(dir, kChunk, pools, ssd_chunks, {kNsA, kNsB});
 }
 
+// What one chunk is charged in each tier: its slot.
+uint64_t Ram(const ChunkStore& s) { return s.QuotaCapacity().ram_bytes_per_chunk; }
+uint64_t Ssd(const ChunkStore& s) { return s.QuotaCapacity().ssd_bytes_per_chunk; }
+
 void LimitA(ChunkStore& s, uint64_t ram_chunks, uint64_t ssd_chunks, uint64_t pins = 0) {
   ASSERT_TRUE(
-      s.SetQuota(kGroupA, {"tenant a", ram_chunks * kChunk, ssd_chunks * kChunk, pins}).ok());
+      s.SetQuota(kGroupA, {"tenant a", ram_chunks * Ram(s), ssd_chunks * Ssd(s), pins}).ok());
   s.SetQuotaGroup(kNsA, kGroupA);
 }
 
@@ -57,19 +63,19 @@ TEST(QuotaTest, AGroupOverItsSsdQuotaEvictsOnlyItsOwnChunks) {
   }
   for (uint64_t i = 0; i < 30; ++i) {
     ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), Durability::kDurable).ok()) << i;
-    EXPECT_LE(store->Usage(kGroupA).ssd_bytes, 10 * kChunk) << "after put " << i;
+    EXPECT_LE(store->Usage(kGroupA).ssd_bytes, 10 * Ssd(*store)) << "after put " << i;
   }
   for (uint64_t i = 0; i < 20; ++i) {
     EXPECT_TRUE(ReadsBack(*store, kNsB, KeyOf(seed, 1000 + i))) << "tenant b lost chunk " << i;
   }
   // A keeps its newest chunks, at most its quota (eviction runs a little ahead).
   const QuotaUsage used = store->Usage(kGroupA);
-  EXPECT_GE(used.ssd_bytes, 8 * kChunk);
+  EXPECT_GE(used.ssd_bytes, 8 * Ssd(*store));
   EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, 29)));
   EXPECT_EQ(store->Contains(kNsA, KeyOf(seed, 0)), Tier::kNone);
   const StoreStats st = store->Stats();
   EXPECT_GE(st.quota_evictions, 20u);
-  EXPECT_EQ(st.ssd_chunks, 20 + used.ssd_bytes / kChunk);
+  EXPECT_EQ(st.ssd_chunks, 20 + used.ssd_bytes / Ssd(*store));
 }
 
 TEST(QuotaTest, AGroupWhoseChunksArePinnedIsRefusedNamingItsOwnerAndLimit) {
@@ -84,7 +90,7 @@ TEST(QuotaTest, AGroupWhoseChunksArePinnedIsRefusedNamingItsOwnerAndLimit) {
   const absl::Status over = Put(*store, kNsA, KeyOf(seed, 4), Durability::kDurable);
   EXPECT_TRUE(absl::IsResourceExhausted(over)) << over;
   EXPECT_NE(over.message().find("tenant a"), std::string::npos) << over;
-  EXPECT_NE(over.message().find(std::to_string(4 * kChunk)), std::string::npos) << over;
+  EXPECT_NE(over.message().find(std::to_string(4 * Ssd(*store))), std::string::npos) << over;
   // Its pinned chunks are intact, and another group still stores.
   for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, i)));
   EXPECT_TRUE(Put(*store, kNsB, KeyOf(seed, 100), Durability::kDurable).ok());
@@ -104,12 +110,12 @@ TEST(QuotaTest, AGroupOverItsRamQuotaGivesUpItsOwnRamChunks) {
   }
   for (uint64_t i = 0; i < 12; ++i) {
     ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), Durability::kMemory).ok()) << i;
-    EXPECT_LE(store->Usage(kGroupA).ram_bytes, 4 * kChunk);
+    EXPECT_LE(store->Usage(kGroupA).ram_bytes, 4 * Ram(*store));
   }
   for (uint64_t i = 0; i < 8; ++i) {
     EXPECT_TRUE(ReadsBack(*store, kNsB, KeyOf(seed, 1000 + i))) << "tenant b lost chunk " << i;
   }
-  EXPECT_EQ(store->Usage(kGroupA).ram_bytes, 4 * kChunk);
+  EXPECT_EQ(store->Usage(kGroupA).ram_bytes, 4 * Ram(*store));
   for (uint64_t i = 8; i < 12; ++i) EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, i)));
   EXPECT_EQ(store->Contains(kNsA, KeyOf(seed, 0)), Tier::kNone);
 }
@@ -163,10 +169,85 @@ TEST(QuotaTest, ConcurrentWritersOfOneGroupStayWithinItsQuota) {
   }
   for (auto& w : writers) w.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_LE(max_seen.load(), 12 * kChunk);
+  EXPECT_LE(max_seen.load(), 12 * Ssd(*store));
   for (uint64_t i = 0; i < 25; ++i) EXPECT_TRUE(ReadsBack(*store, kNsB, KeyOf(seed, 3000 + i)));
   // Evictions ran ahead while others wrote: every slot is still accounted for.
   EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
+}
+
+// A namespace of small chunks (a twentieth of the slot) is charged whole slots: a quota
+// of 10 slots holds 10 of them, not 200, and so cannot crowd out the tier.
+TEST(QuotaTest, AChunkIsChargedTheWholeSlotItTakes) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 16, 64);
+  constexpr NamespaceId kSmall = 9;
+  ASSERT_TRUE(store->RegisterNamespace(kSmall, kChunk / 20).ok());
+  ASSERT_TRUE(store->SetQuota(kGroupA, {"tenant a", 4 * Ram(*store), 10 * Ssd(*store), 0}).ok());
+  store->SetQuotaGroup(kSmall, kGroupA);
+  for (uint64_t i = 0; i < 60; ++i) {
+    const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk / 20);
+    ASSERT_TRUE(store->Put({kSmall, KeyOf(seed, i), std::nullopt, p}, {Durability::kDurable, 0})
+                    .ok())
+        << i;
+  }
+  const QuotaUsage used = store->Usage(kGroupA);
+  EXPECT_LE(used.ssd_bytes, 10 * Ssd(*store));
+  EXPECT_LE(used.ram_bytes, 4 * Ram(*store));
+  uint64_t held = 0;
+  for (uint64_t i = 0; i < 60; ++i) held += store->Contains(kSmall, KeyOf(seed, i)) != Tier::kNone;
+  EXPECT_LE(held, 10u) << "small chunks held past the quota's slots";
+  EXPECT_EQ(used.ssd_bytes % Ssd(*store), 0u) << "charged in whole slots";
+  EXPECT_GT(Ssd(*store), kChunk) << "an SSD slot holds a header and is 4 KiB aligned";
+}
+
+// Quotas are guaranteed shares: together they must fit each tier.
+TEST(QuotaTest, QuotasThatTogetherExceedATierAreRefused) {
+  TempDir dir;
+  auto store = Open(dir.path(), 16, 64);
+  const ChunkStore::QuotaRoom room = store->QuotaCapacity();
+  EXPECT_EQ(room.ram_bytes, 16 * Ram(*store));
+  EXPECT_GT(room.ssd_bytes, 56 * Ssd(*store));
+  EXPECT_LT(room.ssd_bytes, 64 * Ssd(*store)) << "SSD keeps a few slots for its own work";
+  ASSERT_TRUE(store->SetQuota(1, {"tenant a", 10 * Ram(*store), room.ssd_bytes / 2, 0}).ok());
+  const absl::Status ram = store->SetQuota(2, {"tenant b", 7 * Ram(*store), 0, 0});
+  EXPECT_TRUE(absl::IsResourceExhausted(ram)) << ram;
+  EXPECT_NE(ram.message().find("tenant b does not fit"), std::string::npos) << ram;
+  EXPECT_NE(ram.message().find(std::to_string(17 * Ram(*store)) + " bytes of RAM"),
+            std::string::npos)
+      << ram;
+  const absl::Status ssd = store->SetQuota(2, {"tenant b", 0, room.ssd_bytes / 2 + 1, 0});
+  EXPECT_TRUE(absl::IsResourceExhausted(ssd)) << ssd;
+  EXPECT_NE(ssd.message().find("of SSD"), std::string::npos) << ssd;
+  EXPECT_TRUE(store->SetQuota(2, {"tenant b", 6 * Ram(*store), room.ssd_bytes / 2, 0}).ok());
+  // A group's own limit may change without counting itself twice; an overcommit is set
+  // only when asked (a quota admitted before a restart).
+  EXPECT_TRUE(store->SetQuota(2, {"tenant b", 6 * Ram(*store), room.ssd_bytes / 2, 0}).ok());
+  EXPECT_TRUE(store->SetQuota(3, {"tenant c", Ram(*store), 0, 0}, /*must_fit=*/false).ok());
+}
+
+// Tier pressure — a tier full with no group over its quota — takes chunks of namespaces
+// without a quota only: a group within its quota keeps every chunk, in both tiers.
+TEST(QuotaTest, TierPressureNeverEvictsAGroupWithinItsQuota) {
+  const uint64_t seed = testing::FreshSeed();
+  for (const bool in_ram : {false, true}) {
+    SCOPED_TRACE(in_ram ? "RAM" : "SSD");
+    TempDir dir;
+    auto store = in_ram ? Open(dir.path(), 16, 0) : Open(dir.path(), 0, 64);
+    LimitA(*store, in_ram ? 8 : 0, in_ram ? 0 : 20);
+    const Durability d = in_ram ? Durability::kMemory : Durability::kDurable;
+    const uint64_t a_chunks = in_ram ? 8 : 20;
+    for (uint64_t i = 0; i < a_chunks; ++i) ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, i), d).ok());
+    // B, without a quota, writes far more than the tier holds, long after A's last access.
+    for (uint64_t i = 0; i < 200; ++i) {
+      ASSERT_TRUE(Put(*store, kNsB, KeyOf(seed, 1000 + i), d).ok()) << i;
+    }
+    for (uint64_t i = 0; i < a_chunks; ++i) {
+      EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, i))) << "a lost chunk " << i;
+    }
+    EXPECT_TRUE(ReadsBack(*store, kNsB, KeyOf(seed, 1199)));
+    EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
+  }
 }
 
 TEST(QuotaTest, AReopenedStoreCountsWhatAGroupHasOnSsd) {
@@ -180,9 +261,9 @@ TEST(QuotaTest, AReopenedStoreCountsWhatAGroupHasOnSsd) {
   }
   auto store = Open(dir.path(), 0, 64);
   LimitA(*store, 0, 5);
-  EXPECT_EQ(store->Usage(kGroupA).ssd_bytes, 6 * kChunk);  // over: a lowered quota
+  EXPECT_EQ(store->Usage(kGroupA).ssd_bytes, 6 * Ssd(*store));  // over: a lowered quota
   ASSERT_TRUE(Put(*store, kNsA, KeyOf(seed, 6), Durability::kDurable).ok());
-  EXPECT_LE(store->Usage(kGroupA).ssd_bytes, 5 * kChunk);
+  EXPECT_LE(store->Usage(kGroupA).ssd_bytes, 5 * Ssd(*store));
   EXPECT_TRUE(ReadsBack(*store, kNsA, KeyOf(seed, 6)));
   EXPECT_TRUE(absl::IsInvalidArgument(store->SetQuota(0, {"nobody", 1, 1, 1})));
 }
