@@ -71,6 +71,15 @@ absl::StatusOr<cluster::NodeInfo> LoadNodeIdentity(const std::string& data_dir,
   n.generation = gen + 1;
   if (absl::Status s = WriteSynced(gen_path, absl::StrCat(n.generation, "\n")); !s.ok()) return s;
   n.started_unix = static_cast<int64_t>(time(nullptr));
+  // The folder's instance: made once, so that a restart on this folder is known for this
+  // node's own (membership.h) and a process on another folder claiming the id is not.
+  const std::string instance_path = data_dir + "/node_instance";
+  n.instance = ReadTrimmed(instance_path, &exists);
+  if (!exists || n.instance.size() != 32) {
+    std::random_device rd;
+    n.instance = absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    if (absl::Status s = WriteSynced(instance_path, n.instance + "\n"); !s.ok()) return s;
+  }
   return n;
 }
 

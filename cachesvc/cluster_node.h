@@ -13,7 +13,8 @@ namespace kvc::cachesvc {
 // `requested_id` empty: the id this folder had, or a new random one ("node-" + 8 hex
 // digits) saved in DATA_DIR/node_id. Set: it must match the folder's (a folder holds one
 // node's chunks) or the folder must be new. The generation in DATA_DIR/node_generation
-// goes up by one per call.
+// goes up by one per call. DATA_DIR/node_instance holds the folder's random instance id
+// (NodeInfo::instance), made at the first call.
 absl::StatusOr<cluster::NodeInfo> LoadNodeIdentity(const std::string& data_dir,
                                                    const std::string& requested_id);
 

@@ -245,6 +245,46 @@ absl::Status Etcd::Put(const std::string& key, const std::string& value, int64_t
   return s.ok() ? absl::OkStatus() : FromGrpc(s, "Put");
 }
 
+absl::StatusOr<std::optional<Etcd::KeyValue>> Etcd::CreateIfAbsent(const std::string& key,
+                                                                    const std::string& value,
+                                                                    int64_t lease) {
+  epb::TxnRequest req;
+  epb::Compare* absent = req.add_compare();
+  absent->set_key(key);
+  absent->set_target(epb::Compare::CREATE);
+  absent->set_result(epb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  epb::PutRequest* put = req.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  req.add_failure()->mutable_request_range()->set_key(key);
+  epb::TxnResponse resp;
+  grpc::Status s =
+      Authorized([&](grpc::ClientContext* ctx) { return stubs_->kv->Txn(ctx, req, &resp); });
+  if (!s.ok()) return FromGrpc(s, "Txn");
+  if (resp.succeeded()) return std::nullopt;
+  for (const epb::ResponseOp& op : resp.responses()) {
+    for (const auto& kv : op.response_range().kvs()) {
+      return KeyValue{kv.key(), kv.value(), kv.lease()};
+    }
+  }
+  // Deleted between the compare and the range of the same transaction cannot happen; a
+  // key that exists has its range.
+  return absl::InternalError(absl::StrCat("etcd Txn on ", key, " failed without the key"));
+}
+
+absl::StatusOr<std::optional<Etcd::KeyValue>> Etcd::Get(const std::string& key) {
+  epb::RangeRequest req;
+  req.set_key(key);
+  epb::RangeResponse resp;
+  grpc::Status s =
+      Authorized([&](grpc::ClientContext* ctx) { return stubs_->kv->Range(ctx, req, &resp); });
+  if (!s.ok()) return FromGrpc(s, "Range");
+  for (const auto& kv : resp.kvs()) return KeyValue{kv.key(), kv.value(), kv.lease()};
+  return std::nullopt;
+}
+
 absl::StatusOr<Etcd::RangeResult> Etcd::RangePrefix(const std::string& prefix) {
   epb::RangeRequest req;
   req.set_key(prefix);
@@ -255,7 +295,7 @@ absl::StatusOr<Etcd::RangeResult> Etcd::RangePrefix(const std::string& prefix) {
   if (!s.ok()) return FromGrpc(s, "Range");
   RangeResult r;
   r.revision = resp.header().revision();
-  for (const auto& kv : resp.kvs()) r.kvs.push_back({kv.key(), kv.value()});
+  for (const auto& kv : resp.kvs()) r.kvs.push_back({kv.key(), kv.value(), kv.lease()});
   return r;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -42,6 +43,7 @@ class Etcd {
  public:
   struct KeyValue {
     std::string key, value;
+    int64_t lease = 0;  // the lease the key is attached to (0: none)
   };
   struct RangeResult {
     std::vector<KeyValue> kvs;
@@ -61,6 +63,12 @@ class Etcd {
   absl::StatusOr<int64_t> KeepAlive(int64_t lease);
   absl::Status RevokeLease(int64_t lease);
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease);
+  // Puts the key only if it does not exist (one transaction on create_revision == 0):
+  // nullopt when it was created, else the key as it is (nothing written).
+  absl::StatusOr<std::optional<KeyValue>> CreateIfAbsent(const std::string& key,
+                                                         const std::string& value, int64_t lease);
+  // The key, or nullopt when it does not exist.
+  absl::StatusOr<std::optional<KeyValue>> Get(const std::string& key);
   absl::StatusOr<RangeResult> RangePrefix(const std::string& prefix);
   // Streams changes under `prefix` from `start_revision` into `on_event` (put = false: the
   // key was deleted or its lease expired) until the stream breaks or CancelWatches is

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -16,6 +17,7 @@ std::string NodeInfo::ToJson() const {
                       {"ssd_bytes", ssd_bytes},
                       {"hbm_bytes", hbm_bytes},
                       {"started_unix", started_unix},
+                      {"instance", instance},
                       {"placement", kPlacementRuleName}};
   return j.dump();
 }
@@ -37,6 +39,7 @@ absl::StatusOr<NodeInfo> NodeInfo::FromJson(const std::string& json) {
   n.ssd_bytes = u64("ssd_bytes");
   n.hbm_bytes = u64("hbm_bytes");
   n.started_unix = static_cast<int64_t>(u64("started_unix"));
+  if (j.contains("instance") && j["instance"].is_string()) n.instance = j["instance"];
   if (absl::Status s = CheckNodeId(n.id); !s.ok()) return s;
   return n;
 }
@@ -65,25 +68,92 @@ absl::StatusOr<std::unique_ptr<NodeRegistration>> NodeRegistration::Start(Option
   if (!etcd.ok()) return etcd.status();
   std::unique_ptr<NodeRegistration> r(new NodeRegistration(std::move(options)));
   r->etcd_ = *std::move(etcd);
-  r->Register();
+  // A holder may be a node that just died: its entry goes when its lease ends, so look
+  // again for one lease period before refusing.
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(r->opt_.lease_seconds * 1000 + 500);
+  absl::Status s = r->Register();
+  while (absl::IsFailedPrecondition(s) && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    s = r->Register();
+  }
+  if (absl::IsFailedPrecondition(s)) return s;
   r->thread_ = std::thread([p = r.get()] { p->Loop(); });
   return r;
 }
 
-bool NodeRegistration::Register() {
-  absl::StatusOr<int64_t> lease = etcd_->GrantLease(opt_.lease_seconds);
-  absl::Status s = lease.status();
-  if (s.ok()) s = etcd_->Put(kNodesPrefix + opt_.node.id, opt_.node.ToJson(), *lease);
+absl::Status NodeRegistration::Register(int64_t lease, bool reclaim) {
+  const std::string key = kNodesPrefix + opt_.node.id;
+  auto refuse = [&](const std::string& why) {
+    opt_.log("cluster_register_refused", why);
+    return absl::FailedPreconditionError(why);
+  };
+  // Another node advertising this address would get this node's clients (and tokens).
+  absl::StatusOr<Etcd::RangeResult> all = etcd_->RangePrefix(kNodesPrefix);
+  absl::Status s = all.status();
+  if (s.ok()) {
+    for (const Etcd::KeyValue& kv : all->kvs) {
+      absl::StatusOr<NodeInfo> other = NodeInfo::FromJson(kv.value);
+      if (!other.ok() || kv.key == key || other->address != opt_.node.address) continue;
+      if (other->instance == opt_.node.instance) continue;  // this node, renamed
+      return refuse(absl::StrCat("address ", opt_.node.address, " is advertised by node ",
+                                 other->id, " (generation ", other->generation,
+                                 "); each node needs an address of its own (--advertise)"));
+    }
+  }
+  const bool own_lease = lease == 0;
+  if (s.ok() && own_lease) {
+    absl::StatusOr<int64_t> granted = etcd_->GrantLease(opt_.lease_seconds);
+    s = granted.status();
+    if (s.ok()) lease = *granted;
+  }
+  absl::StatusOr<std::optional<Etcd::KeyValue>> held = absl::UnknownError("");
+  if (s.ok()) {
+    held = etcd_->CreateIfAbsent(key, opt_.node.ToJson(), lease);
+    s = held.status();
+  }
+  if (s.ok() && held->has_value()) {
+    absl::StatusOr<NodeInfo> holder = NodeInfo::FromJson((*held)->value);
+    if (holder.ok() && !holder->instance.empty() && holder->instance == opt_.node.instance) {
+      // This node's own record from before a restart (or from before a lost lease):
+      // taken over under the new lease, so the old lease's end no longer removes it.
+      s = etcd_->Put(key, opt_.node.ToJson(), lease);
+    } else if (reclaim) {
+      opt_.log("cluster_entry_reclaimed",
+               absl::StrCat("node ", opt_.node.id, " replaced a record it did not write: ",
+                            (*held)->value));
+      s = etcd_->Put(key, opt_.node.ToJson(), lease);
+    } else {
+      if (own_lease) (void)etcd_->RevokeLease(lease);
+      return refuse(
+          holder.ok()
+              ? absl::StrCat("node id ", opt_.node.id, " is held by another live node at ",
+                             holder->address, " (generation ", holder->generation,
+                             ", started at unix time ", holder->started_unix,
+                             "); stop it, or start this node with another --node-id")
+              : absl::StrCat("node id ", opt_.node.id, " is held by a record that is not "
+                             "a node's; remove the key ", key, " from etcd"));
+    }
+  }
   if (!s.ok()) {
+    if (own_lease && lease != 0) (void)etcd_->RevokeLease(lease);
     opt_.log("cluster_register_failed", std::string(s.message()));
-    return false;
+    return s;
   }
   std::lock_guard lk(mu_);
-  lease_ = *lease;
+  lease_ = lease;
   opt_.log("cluster_registered",
            absl::StrCat("node ", opt_.node.id, " at ", opt_.node.address, ", generation ",
-                        opt_.node.generation, ", lease ", *lease, " (", opt_.lease_seconds, " s)"));
-  return true;
+                        opt_.node.generation, ", lease ", lease, " (", opt_.lease_seconds, " s)"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> NodeRegistration::StillOurs() {
+  absl::StatusOr<std::optional<Etcd::KeyValue>> kv = etcd_->Get(kNodesPrefix + opt_.node.id);
+  if (!kv.ok()) return kv.status();
+  if (!kv->has_value()) return false;
+  absl::StatusOr<NodeInfo> n = NodeInfo::FromJson((*kv)->value);
+  return n.ok() && n->instance == opt_.node.instance && n->address == opt_.node.address;
 }
 
 void NodeRegistration::Loop() {
@@ -101,13 +171,22 @@ void NodeRegistration::Loop() {
       lease = lease_;
     }
     if (lease == 0) {
-      Register();
+      (void)Register();
       continue;
     }
     absl::StatusOr<int64_t> ttl = etcd_->KeepAlive(lease);
     if (ttl.ok()) {
       if (etcd_down) opt_.log("cluster_etcd_back", "lease kept");
       etcd_down = false;
+      // The lease alone does not say the entry is there: someone may have deleted the key
+      // or written another record under it. Claim it back (under the same lease).
+      absl::StatusOr<bool> ours = StillOurs();
+      if (ours.ok() && !*ours) {
+        opt_.log("cluster_entry_lost",
+                 absl::StrCat("the key of node ", opt_.node.id,
+                              " is gone or names another node; registering again"));
+        (void)Register(lease, /*reclaim=*/true);
+      }
       continue;
     }
     if (absl::IsNotFound(ttl.status())) {  // expired while etcd or this node was away
@@ -174,8 +253,10 @@ absl::Status MembershipView::Reload() {
   if (!r.ok()) return r.status();
   auto snap = std::make_shared<Snapshot>();
   for (const Etcd::KeyValue& kv : r->kvs) {
+    // A node's id is its key's: a record whose value names another id (or that is not a
+    // node's record) is ignored, as the watch does (Apply).
     absl::StatusOr<NodeInfo> n = NodeInfo::FromJson(kv.value);
-    if (n.ok()) snap->nodes.push_back(*std::move(n));  // a foreign record is not a node
+    if (n.ok() && kNodesPrefix + n->id == kv.key) snap->nodes.push_back(*std::move(n));
   }
   std::sort(snap->nodes.begin(), snap->nodes.end(),
             [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });

@@ -28,6 +28,10 @@ struct NodeInfo {
   std::string id;           // stable across restarts (the data folder keeps it)
   std::string address;      // HOST:PORT clients dial
   uint64_t generation = 0;  // +1 at every start of the node
+  // Random, kept in the data folder: tells this node's own earlier record (a restart
+  // before its lease ran out) from another process claiming the same id. It guards
+  // against mistakes, not against whoever can write to etcd (docs/security.md).
+  std::string instance;
   uint64_t ram_bytes = 0, ssd_bytes = 0, hbm_bytes = 0;
   int64_t started_unix = 0;
 
@@ -41,6 +45,12 @@ absl::Status CheckNodeId(const std::string& id);
 // Called with an event name and a detail for the daemon's log.
 using MembershipLog = std::function<void(const std::string& event, const std::string& detail)>;
 
+// Registration claims the node's key with create-if-absent, so a second process started
+// with a live node's id never takes over (nor, when it exits, deletes) that node's entry:
+// it is refused, naming the holder. A record under the key with this node's instance is
+// its own (a restart on the same data folder) and is taken over. Another node advertising
+// the same address is refused too. While running, the node checks its key at every
+// refresh and claims it again when it has gone or names another address.
 class NodeRegistration {
  public:
   struct Options {
@@ -51,6 +61,8 @@ class NodeRegistration {
     MembershipLog log;
   };
   // Registers at once if etcd answers (else logs and keeps trying in the background).
+  // FailedPrecondition naming the holder when another live node holds the id or the
+  // address (after waiting up to one lease period for a dying holder's lease to end).
   static absl::StatusOr<std::unique_ptr<NodeRegistration>> Start(Options options);
   // Leaves the cluster: revokes the lease, so clients drop the node at once.
   ~NodeRegistration();
@@ -59,7 +71,14 @@ class NodeRegistration {
  private:
   explicit NodeRegistration(Options o) : opt_(std::move(o)) {}
   void Loop();
-  bool Register();  // under no lock; true on success
+  // Claims the key under a new lease (or `lease`, when nonzero); under no lock. OK when
+  // registered; FailedPrecondition when another node holds the id or the address. With
+  // `reclaim` (a registered node whose key was overwritten since: no node could have
+  // claimed it through registration, so the record is a stray put), the record is
+  // replaced instead.
+  absl::Status Register(int64_t lease = 0, bool reclaim = false);
+  // Whether the key still holds this node's record (a read of etcd).
+  absl::StatusOr<bool> StillOurs();
 
   Options opt_;
   std::unique_ptr<Etcd> etcd_;

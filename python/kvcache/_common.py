@@ -68,14 +68,23 @@ class StoreResult:
     keys: List[bytes] = field(default_factory=list)
 
 
-def check_keys(keys):
-    out = []
-    for i, k in enumerate(keys):
+def key_bytes(k, what):
+    """A 16-byte key from bytes-like `k`; InvalidArgumentError naming `what` otherwise (a
+    str or an int is refused: bytes(5) would be five zero bytes, not a key)."""
+    if isinstance(k, (str, int, float)) or k is None:
+        raise InvalidArgumentError(f"{what} is a {type(k).__name__}; keys are 16 bytes")
+    try:
         k = bytes(k)
-        if len(k) != 16:
-            raise InvalidArgumentError(f"keys[{i}] is {len(k)} bytes; keys are 16 bytes")
-        out.append(k)
-    return out
+    except TypeError:
+        raise InvalidArgumentError(
+            f"{what} ({type(k).__name__}) is not bytes-like; keys are 16 bytes") from None
+    if len(k) != 16:
+        raise InvalidArgumentError(f"{what} is {len(k)} bytes; keys are 16 bytes")
+    return k
+
+
+def check_keys(keys):
+    return [key_bytes(k, f"keys[{i}]") for i, k in enumerate(keys)]
 
 
 def byte_view(obj, what):
@@ -267,6 +276,11 @@ class Common:
     def register_request(model_config_json, model_id, chunk_tokens):
         if not model_id:
             raise InvalidArgumentError("model_id is empty")
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or \
+                not 0 <= chunk_tokens < 2**32:
+            raise InvalidArgumentError(
+                f"chunk_tokens is {chunk_tokens!r}; it must be an int from 0 (the server's "
+                "default) to 2**32 - 1")
         if isinstance(model_config_json, dict):
             model_config_json = json.dumps(model_config_json)
         return pb.RegisterNamespaceRequest(model_config_json=model_config_json,
@@ -378,9 +392,7 @@ class Common:
         if ttl_s < 0 or ttl_s >= 2**32:
             raise InvalidArgumentError(f"ttl_s is {ttl_s}")
         views = chunk_payloads(ns, payloads, chunks)
-        parent = b"" if parent is None else bytes(parent)
-        if parent and len(parent) != 16:
-            raise InvalidArgumentError(f"parent is {len(parent)} bytes; keys are 16 bytes")
+        parent = b"" if parent is None else key_bytes(parent, "parent")
         durability = pb.DURABILITY_DURABLE if durable else pb.DURABILITY_MEMORY
         keys = chunk_keys(parent or ns.root_key, arr, ns.chunk_tokens)
         requests = []

@@ -193,8 +193,11 @@ class _MembershipWatch:
             resp = json.load(r)
         nodes = {}
         for kv in resp.get("kvs", []):
+            # A node's id is its key's: a record naming another id is ignored (as _watch does).
+            key_id = base64.b64decode(kv.get("key", ""))[len(NODES_PREFIX):].decode(
+                errors="replace")
             n = _node_from(kv.get("value", ""))
-            if n is not None:
+            if n is not None and n.id == key_id:
                 nodes[n.id] = n
         with self._lock:
             self._nodes = nodes

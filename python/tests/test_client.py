@@ -228,6 +228,14 @@ def test_bad_arguments_are_refused_before_any_call(mini_config):
         kvcache.Client("etcd://127.0.0.1:1", timeout_s=1)
     with pytest.raises(ValueError):  # InvalidArgumentError is a ValueError too
         c.pin(ns, [bytes(16)], 0)
+    for bad in (-1, 2**32, 1.5, True, "64"):
+        with pytest.raises(kvcache.InvalidArgumentError, match="chunk_tokens is"):
+            c.register_namespace(mini_config, "mini", bad)
+    for bad in ("a" * 16, 16, None):
+        with pytest.raises(kvcache.InvalidArgumentError, match=r"keys\[0\] is a"):
+            c.fetch(ns, [bad])
+    with pytest.raises(kvcache.InvalidArgumentError, match="parent is a str"):
+        c.store(ns, [1, 2, 3, 4], bytes(100), parent="k" * 16)
     c.close()
 
 

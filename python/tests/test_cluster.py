@@ -219,3 +219,24 @@ def test_a_cluster_on_an_etcd_with_tls_and_users(tmp_path, seed, mini_config):
         if node is not None:
             node.stop(signal.SIGKILL)
         etcd.stop()
+
+
+def test_a_record_under_another_key_does_not_rename_a_node(cluster):
+    """A client's first read takes a node's id from its key, as the watch does: a record
+    under any other key that names n1 (with an address of its own) is not n1."""
+    import base64
+    import urllib.request
+    etcd, nodes = cluster
+    rogue = {"id": "n1", "address": "127.0.0.1:1", "generation": 1}
+    body = {"key": base64.b64encode(b"/kvcache/v1/nodes/rogue").decode(),
+            "value": base64.b64encode(json.dumps(rogue).encode()).decode()}
+    req = urllib.request.Request(f"http://127.0.0.1:{etcd.port}/v3/kv/put",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+    c = kvcache.Client(etcd.url, timeout_s=5)
+    try:
+        got = {n.id: n.address for n in c.membership.nodes}
+        assert got == {f"n{i}": nodes[i].address for i in range(3)}, got
+    finally:
+        c.close()

@@ -13,6 +13,8 @@
 #include <set>
 #include <thread>
 
+#include "cluster/etcd.h"
+#include "cluster/membership.h"
 #include "cluster/placement.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -326,6 +328,122 @@ TEST_F(ClusterTest, TenantsNeverSeeEachOthersChunks) {
   ASSERT_TRUE(deleted.ok()) << deleted.status();
   EXPECT_EQ(*deleted, 0u);
   ExpectFetchExact(*client_, p, 16);
+}
+
+// A hostile tenant knows the victim's root key (public facts: tenant name, model, chunk
+// size) and stores into its own namespace with the victim's chain as parent — which a
+// cluster node accepts, since a chunk's parent is usually on another node. Its keys are
+// then the victim's keys. Neither its answers nor the victim's stores may depend on that.
+TEST_F(ClusterTest, ATenantCanNeitherProbeNorSquatAnotherTenantsKeys) {
+  std::unique_ptr<ClusterClient> bob = Connect(kTokenB, 2);
+  absl::StatusOr<RemoteNamespace> bob_ns = bob->RegisterNamespace(config_, "mini", 64);
+  ASSERT_TRUE(bob_ns.ok()) << bob_ns.status();
+  const Prefix cached = MakePrefix(rng_, ns_, 6);    // alice stores it first
+  const Prefix upcoming = MakePrefix(rng_, ns_, 6);  // alice stores it after bob
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, cached.tokens, cached.payloads).ok());
+
+  // The probe: a prompt alice cached and one she has not answer alike.
+  for (const Prefix* p : {&cached, &upcoming}) {
+    const Prefix forged = MakePrefix(rng_, ns_, 6);  // bob's own bytes under alice's keys
+    absl::StatusOr<StoreResult> st = bob->Store(*bob_ns, ns_.root, p->tokens, forged.payloads);
+    ASSERT_TRUE(st.ok()) << (p == &cached ? "cached" : "upcoming") << ": " << st.status();
+    EXPECT_EQ(st->stored, 6u * 2) << "bob's chunks are his own, whatever alice holds";
+    EXPECT_EQ(st->already_present, 0u);
+    EXPECT_EQ(st->keys, client_->Keys(ns_, p->tokens)) << "the test forges alice's keys";
+  }
+  // The squat: alice's store of the prompt bob forged first is whole, and hers alone.
+  absl::StatusOr<StoreResult> mine =
+      client_->Store(ns_, std::nullopt, upcoming.tokens, upcoming.payloads);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->stored, 6u * 2);
+  for (const Prefix* p : {&cached, &upcoming}) {
+    absl::StatusOr<LookupResult> look = client_->Lookup(ns_, p->tokens);
+    ASSERT_TRUE(look.ok()) << look.status();
+    EXPECT_EQ(look->matched_chunks, 6u);
+    ExpectFetchExact(*client_, *p, 6);
+  }
+  // Each node counts bob's and alice's copies apart: 2 × (6 + 6) chunks each.
+  uint64_t ssd_chunks = 0;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<pb::StatsResponse> s = Direct(i)->Stats();
+    ASSERT_TRUE(s.ok()) << s.status();
+    ssd_chunks += s->ssd_chunks();
+  }
+  EXPECT_EQ(ssd_chunks, 2u * 12u) << "alice's chunks on the nodes, seen by alice";
+}
+
+// Another process started with a live node's id (on a folder of its own) is refused,
+// naming the holder, and leaves the live node's entry in place; so is one advertising a
+// live node's address.
+TEST_F(ClusterTest, ASecondProcessWithALiveNodesIdOrAddressIsRefused) {
+  auto start = [&](const std::string& folder, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--data-dir", dir_.File(folder), "--ram-bytes", "4000000",
+                                     "--ssd-bytes", "40000000", "--listen", "127.0.0.1:0",
+                                     "--cluster", etcd_->url(), "--cluster-lease-seconds", "2",
+                                     "--auth-tokens", dir_.File("tokens")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::RunProgram(testing::kDaemon, args);
+  };
+  testing::ProcessResult same_id = start("impostor", {"--node-id", NodeId(1)});
+  EXPECT_EQ(same_id.exit_code, 1);
+  EXPECT_NE(same_id.err.find("node id n1 is held by another live node at " + nodes_[1]->address()),
+            std::string::npos)
+      << same_id.err;
+  testing::ProcessResult same_address =
+      start("twin", {"--node-id", "n9", "--advertise", nodes_[0]->address()});
+  EXPECT_EQ(same_address.exit_code, 1);
+  EXPECT_NE(same_address.err.find("address " + nodes_[0]->address() + " is advertised by node n0"),
+            std::string::npos)
+      << same_address.err;
+  // Past a lease period after they exited, every node is still there, at its address.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  std::unique_ptr<ClusterClient> fresh = Connect(kTokenA, 2);
+  ASSERT_NE(fresh, nullptr);
+  const auto members = fresh->membership();
+  ASSERT_EQ(members->nodes.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(members->nodes[i].id, NodeId(i));
+    EXPECT_EQ(members->nodes[i].address, nodes_[i]->address());
+  }
+}
+
+// A node whose entry is overwritten claims it back; a record under another key naming a
+// node (a rename) is not taken for that node, by the watch nor by a client's first read.
+TEST_F(ClusterTest, AnOverwrittenEntryIsClaimedBackAndRecordsNamingAnotherKeyAreIgnored) {
+  absl::StatusOr<std::string> endpoints = cluster::ParseEtcdUrl(etcd_->url());
+  ASSERT_TRUE(endpoints.ok()) << endpoints.status();
+  absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(*endpoints);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  cluster::NodeInfo forged;
+  forged.id = NodeId(1);
+  forged.address = "127.0.0.1:1";
+  ASSERT_TRUE((*etcd)->Put(std::string(cluster::kNodesPrefix) + NodeId(1), forged.ToJson(), 0).ok());
+  forged.id = NodeId(2);
+  forged.address = "127.0.0.1:2";
+  ASSERT_TRUE((*etcd)->Put(std::string(cluster::kNodesPrefix) + "rogue", forged.ToJson(), 0).ok());
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<std::optional<cluster::Etcd::KeyValue>> kv =
+            (*etcd)->Get(std::string(cluster::kNodesPrefix) + NodeId(1));
+        if (!kv.ok() || !kv->has_value()) return false;
+        absl::StatusOr<cluster::NodeInfo> n = cluster::NodeInfo::FromJson((*kv)->value);
+        return n.ok() && n->address == nodes_[1]->address();
+      },
+      5))
+      << "n1 did not claim its entry back";
+  std::unique_ptr<ClusterClient> fresh = Connect(kTokenA, 2);  // its first read
+  ASSERT_NE(fresh, nullptr);
+  auto right = [&](const ClusterClient& c) {
+    const auto members = c.membership();
+    if (members->nodes.size() != 3) return false;
+    for (int i = 0; i < 3; ++i) {
+      if (members->nodes[i].id != NodeId(i) || members->nodes[i].address != nodes_[i]->address())
+        return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(right(*fresh)) << "a client's first read";
+  EXPECT_TRUE(WaitFor([&] { return right(*client_); }, 5)) << "a client's watch";
 }
 
 TEST_F(ClusterTest, KvctlShowsEveryNodeAndSaysWhenMembershipIsStale) {
