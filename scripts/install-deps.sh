@@ -20,6 +20,8 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-pip python3-venv
   # capacity plots (scripts/plot_capacity.py)
   python3-matplotlib
+  # training and the quality model (train/): PyTorch, CPU
+  python3-torch
   # fuzzing (scripts/fuzz.sh): clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
   # cluster mode (cluster/): etcd, and the .proto files of its v3 API

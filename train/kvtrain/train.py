@@ -1,0 +1,256 @@
+"""Training a V4.1 model on the byte-level corpus (python3 -m kvtrain.train --help).
+
+    /usr/bin/python3 -m kvtrain.train --config ../configs/small.json --out runs/small-replay \\
+        --replay-aware 0.5 --minutes 60 --seed 1
+
+Resumes from OUT/checkpoint.pt when it exists; prints step, tokens/s, loss and ETA; writes
+OUT/loss.png and OUT/log.jsonl; exports OUT/model.safetensors (the engine's layout,
+`kvmodel check` accepts it) with the recipe (command, seed, corpus hash, steps, loss) in
+OUT/recipe.json.
+
+What is trained: next-token cross-entropy of the trunk; each indexer towards the main
+attention's choice (KL between its scores' softmax and the heads' mean attention over the
+compressed entries, as DeepSeek trained V3.2's); the DSpark drafter on blocks at random
+anchors (its ring from the trunk's hidden states, detached); MoE gate biases by load
+balance (noaux_tc: no gradient). `--replay-aware F`: on a fraction F of the batches, each
+sequence gets a random resume point P (a multiple of 64, past the window) and its windows
+are cut as a resume from P cuts them — the encoder's from P − W (the bounded replay), the
+decoder's from P (its segment) — so the model learns to work from a replayed state.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import corpus, safetensors_io, tokenizer
+from .config import load_config
+from .model import V41, rms_norm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_MANIFEST = os.path.join(HERE, "..", "corpus.json")
+
+
+def batch_of(data: np.ndarray, rng: np.random.Generator, batch: int, seq: int) -> torch.Tensor:
+    starts = rng.integers(0, len(data) - seq - 1, size=batch)
+    return torch.from_numpy(np.stack([data[s:s + seq + 1] for s in starts]).astype(np.int64))
+
+
+def resume_starts(rng: np.random.Generator, batch: int, seq: int, window: int):
+    """Per sequence a resume point P (a multiple of 64 past the window): the encoder's
+    windows start at P − W, the decoder's at P."""
+    lo = (window + 63) // 64 + 1
+    hi = max(lo + 1, (seq - 16) // 64)
+    p = torch.from_numpy(rng.integers(lo, hi, size=batch) * 64)
+    return p - window, p
+
+
+def indexer_loss(aux: list) -> torch.Tensor:
+    """KL(target ‖ indexer) per query over the visible compressed entries, where target
+    is the heads' mean attention distribution over those entries (detached)."""
+    total = torch.zeros(())
+    for iscore, visible, q, main, scale in aux:
+        logits = torch.einsum("bnhd,bmd->bhnm", q, main) * scale
+        logits = logits.masked_fill(~visible[None, None], float("-inf"))
+        has = visible.any(-1)  # queries with at least one entry
+        if not bool(has.any()):
+            continue
+        target = torch.softmax(logits[:, :, has], dim=-1).mean(1)  # [B, n, Nc]
+        logp = torch.log_softmax(iscore[:, has], dim=-1)
+        kl = (target * (torch.log(target.clamp(min=1e-12)) - logp)).masked_fill(
+            ~visible[has][None], 0.0).sum(-1)
+        total = total + kl.mean()
+    return total
+
+
+def draft_loss(model: V41, hidden: torch.Tensor, tokens: torch.Tensor, rng: np.random.Generator,
+               anchors: int) -> torch.Tensor:
+    """The drafter's cross-entropy at random anchors a: block [t_a, noise…] at positions
+    a…a+S−1 predicts t_{a+1}…t_{a+S}, its ring the trunk's last window before a."""
+    c = model.c
+    S, W = c.dspark_block_size, c.sliding_window
+    B, N = tokens.shape
+    losses = []
+    for _ in range(anchors):
+        a = int(rng.integers(W, N - S - 1))
+        first = a - W
+        ring = model.draft_ring(hidden[:, first:a].detach(), torch.arange(first, a))
+        base = model.draft_logits(ring, tokens[:, a], a)  # [B, S, V]
+        prev = tokens[:, a:a + S]  # the token before each row's target (teacher forcing)
+        logits = base + model.markov_bias(prev)
+        target = tokens[:, a + 1:a + S + 1]
+        losses.append(F.cross_entropy(logits.reshape(-1, c.vocab_size), target.reshape(-1)))
+    return torch.stack(losses).mean()
+
+
+def update_gate_biases(model: V41, stats: Dict[int, torch.Tensor], rate: float) -> None:
+    """noaux_tc: an expert that got more than its share of tokens has its bias lowered."""
+    with torch.no_grad():
+        for l, load in stats.items():
+            b = model.p(f"layers.{l}.ffn.gate.bias")
+            b += rate * torch.sign(load.mean() - load)
+
+
+def evaluate(model: V41, data: np.ndarray, seq: int, batches: int, seed: int,
+             enc_start=None, dec_start=None) -> float:
+    """Held-out bits per byte (one byte per token) over fixed windows of the data."""
+    rng = np.random.default_rng(seed)
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for _ in range(batches):
+            x = batch_of(data, rng, 2, seq)
+            logits = model(x[:, :-1], enc_start=enc_start, dec_start=dec_start)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                   reduction="sum")
+            total += float(loss)
+            n += x[:, 1:].numel()
+    return total / n / math.log(2)
+
+
+def plot(log_path: str, png_path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(l) for l in open(log_path)]
+    steps = [r["step"] for r in rows if "loss" in r]
+    loss = [r["loss"] / math.log(2) for r in rows if "loss" in r]
+    ev = [(r["step"], r["held_out_bpb"]) for r in rows if "held_out_bpb" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, loss, lw=0.8, label="train (bits/byte)")
+    if ev:
+        ax.plot([s for s, _ in ev], [v for _, v in ev], "o-", label="held-out (bits/byte)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("bits per byte")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
+def export(model: V41, path: str, recipe: dict) -> None:
+    safetensors_io.write(path, model.tensors(), {"recipe": json.dumps(recipe, sort_keys=True)})
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True, help="run folder (checkpoint, log, weights)")
+    ap.add_argument("--manifest", default=DEFAULT_MANIFEST)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=1024, help="training sequence length")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: --minutes)")
+    ap.add_argument("--minutes", type=float, default=60.0, help="stop after this long")
+    ap.add_argument("--replay-aware", type=float, default=0.0,
+                    help="fraction of batches trained with resume-point window cuts")
+    ap.add_argument("--draft-anchors", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--checkpoint-every", type=int, default=50)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+    c = load_config(args.config)
+    tokenizer.check_vocab(c.vocab_size, c.dspark_noise_token_id)
+    train_bytes, manifest = corpus.load(args.manifest, "train")
+    held_bytes, _ = corpus.load(args.manifest, "held_out")
+    train = np.array(tokenizer.encode(train_bytes), dtype=np.int32)
+    held = np.array(tokenizer.encode(held_bytes), dtype=np.int32)
+    torch.manual_seed(args.seed)
+    model = V41(c, init_seed=args.seed)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
+                            betas=(0.9, 0.95), weight_decay=0.01)
+    rng = np.random.default_rng(args.seed)
+    ckpt = os.path.join(args.out, "checkpoint.pt")
+    log_path = os.path.join(args.out, "log.jsonl")
+    step, elapsed = 0, 0.0
+    if os.path.exists(ckpt):
+        st = torch.load(ckpt)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed = st["step"], st["elapsed"]
+        rng = np.random.default_rng([args.seed, step])
+        print(f"resumed at step {step} ({elapsed / 60:.1f} min trained)", flush=True)
+    budget = args.minutes * 60.0
+    tokens_per_step = args.batch * args.seq
+    t0 = time.time() - elapsed
+    last_loss = float("nan")
+    while True:
+        elapsed = time.time() - t0
+        if (args.steps and step >= args.steps) or (not args.steps and elapsed >= budget):
+            break
+        frac = step / args.steps if args.steps else elapsed / budget
+        lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x = batch_of(train, rng, args.batch, args.seq)
+        enc_start = dec_start = None
+        if args.replay_aware > 0 and rng.random() < args.replay_aware:
+            enc_start, dec_start = resume_starts(rng, args.batch, args.seq, c.sliding_window)
+        aux: list = []
+        stats: Dict[int, torch.Tensor] = {}
+        want = c.num_nextn_predict_layers > 0 and args.draft_anchors > 0
+        out = model(x[:, :-1], enc_start=enc_start, dec_start=dec_start, aux=aux, stats=stats,
+                    want_hidden=want)
+        logits, hidden = out if want else (out, None)
+        lm = F.cross_entropy(logits.reshape(-1, c.vocab_size), x[:, 1:].reshape(-1))
+        loss = lm + 0.1 * indexer_loss(aux)
+        if want:
+            loss = loss + 0.5 * draft_loss(model, hidden, x, rng, args.draft_anchors)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        update_gate_biases(model, stats, 1e-3)
+        step += 1
+        last_loss = float(lm)
+        elapsed = time.time() - t0
+        rec = {"step": step, "loss": last_loss, "lr": lr, "elapsed_s": round(elapsed, 1),
+               "replay": enc_start is not None}
+        if step % args.eval_every == 0:
+            rec["held_out_bpb"] = evaluate(model, held, args.seq, 2, 1234)
+        with open(log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        tps = step * tokens_per_step / max(elapsed, 1e-9)
+        left = (args.steps - step) * elapsed / step if args.steps else budget - elapsed
+        print(f"step {step}  loss {last_loss:.3f} ({last_loss / math.log(2):.3f} bits/byte)  "
+              f"{tps:.0f} tok/s  ETA {left / 60:.1f} min"
+              + (f"  held-out {rec['held_out_bpb']:.3f} bits/byte" if "held_out_bpb" in rec else ""),
+              flush=True)
+        if step % args.checkpoint_every == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                        "elapsed": elapsed}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "elapsed": time.time() - t0}, ckpt + ".tmp")
+    os.replace(ckpt + ".tmp", ckpt)
+    bpb = evaluate(model, held, args.seq, 8, 1234)
+    recipe = {"command": "python3 -m kvtrain.train " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+              "seed": args.seed, "corpus_sha256": manifest["corpus_sha256"], "steps": step,
+              "train_loss_bits_per_byte": last_loss / math.log(2), "held_out_bits_per_byte": bpb,
+              "replay_aware": args.replay_aware, "seq": args.seq, "batch": args.batch,
+              "config": os.path.basename(args.config), "minutes": round((time.time() - t0) / 60, 1)}
+    export(model, os.path.join(args.out, "model.safetensors"), recipe)
+    with open(os.path.join(args.out, "recipe.json"), "w") as f:
+        json.dump(recipe, f, indent=1)
+        f.write("\n")
+    plot(log_path, os.path.join(args.out, "loss.png"))
+    print(json.dumps(recipe), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""The PyTorch V4.1 against the C++ engine, which is the reference at inference:
+
+- the KV formats' fake quantization gives the golden vectors' dequantized bits;
+- on the engine's own random weights (kvmodel init) and on weights this package exports,
+  `kvgen --dump-logits` (CED prefill, then greedy decode) and the PyTorch forward pick the
+  same top-1 token at every step, with the largest logit difference within 1e-3 of the
+  logits' scale (float32 in both; seen: ~6e-7), and full-depth prefill (--no-ced) too;
+- exported weights pass `kvmodel check`;
+- a few training steps lower the loss on a fixed batch.
+
+Random prompts and weights take a fresh seed each run, printed (KVC_TEST_SEED replays)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from kvtrain import safetensors_io, tokenizer  # noqa: E402
+from kvtrain.config import load_config  # noqa: E402
+from kvtrain.model import V41, topk_ascending  # noqa: E402
+from kvtrain.quant import fake_quant  # noqa: E402
+
+SOURCE = os.environ.get("KVC_SOURCE_DIR", os.path.join(HERE, "..", ".."))
+BIN = os.environ.get("KVC_BIN_DIR", os.path.join(SOURCE, "build", "bin"))
+MINI = os.path.join(SOURCE, "configs", "mini.json")
+REL_BOUND = 1e-3
+
+
+@pytest.fixture
+def seed():
+    s = int(os.environ.get("KVC_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"[seed] KVC_TEST_SEED={s}")
+    return s
+
+
+def run(*args):
+    r = subprocess.run(list(args), capture_output=True, text=True)
+    assert r.returncode == 0, f"{args[0]} failed: {r.stderr}"
+    return r.stdout
+
+
+def engine_logits(tmp_path, config, weights, prompt, new_tokens, ced=True):
+    p = tmp_path / "prompt.txt"
+    p.write_text(" ".join(map(str, prompt)))
+    dump = tmp_path / "logits.f32"
+    out = run(os.path.join(BIN, "kvgen"), "--config", config, "--weights", weights, "--prompt",
+              str(p), "--max-new-tokens", str(new_tokens), "--greedy", "--dump-logits", str(dump),
+              "--json", *([] if ced else ["--no-ced"]))
+    gen = json.loads(out)["generated"]
+    vocab = load_config(config).vocab_size
+    return gen, np.fromfile(dump, dtype="<f4").reshape(-1, vocab)
+
+
+def check_agreement(tmp_path, config, weights, prompt, new_tokens, ced=True):
+    c = load_config(config)
+    model = V41(c)
+    model.load_tensors(safetensors_io.read(weights))
+    gen, ref = engine_logits(tmp_path, config, weights, prompt, new_tokens, ced)
+    n = len(prompt)
+    toks = torch.tensor([prompt + gen[:-1]])
+    seg = torch.tensor([max(0, n - c.sliding_window)]) if ced else None
+    with torch.no_grad():
+        ours = model(toks, dec_start=seg)[0, n - 1:].numpy()
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    worst = 0.0
+    for i in range(ref.shape[0]):
+        assert ours[i].argmax() == ref[i].argmax(), f"step {i}: top-1 {ours[i].argmax()} vs " \
+                                                    f"the engine's {ref[i].argmax()}"
+        worst = max(worst, float(np.abs(ours[i] - ref[i]).max() / np.abs(ref[i]).max()))
+    print(f"max relative logit difference {worst:.3g} over {ref.shape[0]} steps")
+    assert worst < REL_BOUND
+    return worst
+
+
+def test_fake_quantization_gives_the_golden_bits():
+    dims = {"main": 512, "index": 128, "swa": 512}
+    for fmt, dim in dims.items():
+        golden = os.path.join(SOURCE, "tests", "engine", "spec", "golden")
+        x = np.fromfile(os.path.join(golden, f"{fmt}_input.f32"), dtype="<f4")
+        want = np.fromfile(os.path.join(golden, f"{fmt}_dequant.f32"), dtype="<f4")
+        got = fake_quant(torch.from_numpy(x.reshape(-1, dim)), fmt).numpy().reshape(-1)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), fmt
+
+
+def test_topk_keeps_pinned_blocks_and_breaks_ties_low():
+    s = torch.tensor([[1.0, float("inf"), 1.0, float("-inf"), 1.0]])
+    assert topk_ascending(s, 3).tolist() == [[True, True, True, False, False]]
+    assert topk_ascending(s, 9).tolist() == [[True, True, True, False, True]]
+
+
+def test_logits_agree_with_the_engine_on_its_random_weights(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    w = str(tmp_path / "w.safetensors")
+    run(os.path.join(BIN, "kvmodel"), "init", "--config", MINI, "--seed", str(seed % 1000000),
+        "--out", w)
+    prompt = [int(t) for t in rng.integers(0, 512, int(rng.integers(60, 200)))]
+    check_agreement(tmp_path, MINI, w, prompt, 6, ced=True)
+    check_agreement(tmp_path, MINI, w, prompt[:int(rng.integers(20, 60))], 3, ced=False)
+
+
+def test_exported_weights_load_in_the_engine_and_agree(tmp_path, seed):
+    c = load_config(MINI)
+    torch.manual_seed(seed)
+    model = V41(c, init_seed=seed)
+    with torch.no_grad():  # not the init's symmetric values: biases, sinks, norms vary too
+        for name in model.names:
+            p = model.p(name)
+            if p.dim() == 1 and not name.endswith("_scale") and not name.endswith("_base"):
+                p.add_(0.1 * torch.randn_like(p))
+    w = str(tmp_path / "exported.safetensors")
+    safetensors_io.write(w, model.tensors(), {"recipe": "test"})
+    out = run(os.path.join(BIN, "kvmodel"), "check", "--config", MINI, "--weights", w)
+    assert "matches" in out
+    rng = np.random.default_rng(seed)
+    prompt = tokenizer.encode(bytes(rng.integers(32, 127, 90).astype(np.uint8)))
+    check_agreement(tmp_path, MINI, w, prompt, 4, ced=True)
+
+
+def test_a_few_training_steps_lower_the_loss_on_a_fixed_batch(seed):
+    import torch.nn.functional as F
+    from kvtrain.train import draft_loss, indexer_loss, resume_starts
+    c = load_config(MINI)
+    torch.manual_seed(seed)
+    model = V41(c, init_seed=seed)
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.integers(3, 259, (2, 97)))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for step in range(6):
+        aux = []
+        enc, dec = resume_starts(rng, 2, 96, c.sliding_window) if step % 2 else (None, None)
+        logits, hidden = model(x[:, :-1], enc_start=enc, dec_start=dec, aux=aux, want_hidden=True)
+        lm = F.cross_entropy(logits.reshape(-1, c.vocab_size), x[:, 1:].reshape(-1))
+        loss = lm + 0.1 * indexer_loss(aux) + 0.5 * draft_loss(model, hidden, x, rng, 1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(lm))
+    print("losses", losses)
+    assert all(np.isfinite(losses))
+    assert losses[-1] < losses[0] - 0.1, losses
+
+
+def test_no_position_sees_a_later_token(seed):
+    """Causality, in plain and in replay-cut windows: changing the tokens from k on leaves
+    the logits before k as they were (up to float noise of other rows' shapes)."""
+    c = load_config(MINI)
+    model = V41(c, init_seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(3, 259, (2, 90), generator=g)
+    k = 40 + int(torch.randint(0, 40, (1,), generator=g))
+    y = x.clone()
+    y[:, k:] = torch.randint(3, 259, (2, 90 - k), generator=g)
+    for enc, dec in [(None, None), (torch.tensor([8, 24]), torch.tensor([16, 32]))]:
+        with torch.no_grad():
+            a, b = model(x, enc_start=enc, dec_start=dec), model(y, enc_start=enc, dec_start=dec)
+        assert float((a[:, :k] - b[:, :k]).abs().max()) < 1e-4
+        assert float((a[:, k:] - b[:, k:]).abs().max()) > 1e-2
