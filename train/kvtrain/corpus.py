@@ -1,5 +1,5 @@
-"""The training corpus: text files every Debian 12 machine with g++ has (the C++ standard
-library's headers, libstdc++'s /usr/include/c++/12, and the C library's /usr/include/*.h),
+"""The training corpus: text files every Debian 12 machine with g++ has (the headers of
+libstdc++-12-dev and libc6-dev),
 listed in a manifest with each file's SHA-256, so a corpus is reproducible and its hash
 names it. Files whose hash puts them in the held-out split are never trained on."""
 from __future__ import annotations
@@ -7,25 +7,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from typing import Dict, List, Tuple
 
-ROOTS = ["/usr/include/c++/12", "/usr/include"]
+# The C and C++ standard libraries' headers: the same bytes on every Debian 12 machine with
+# g++ (the packages' files, not whatever else a machine installed under /usr/include).
+PACKAGES = ["libstdc++-12-dev", "libc6-dev"]
 HELD_OUT_EVERY = 16  # one file in 16 (by its path's hash) is held out
 
 
 def _files() -> List[str]:
-    out = []
-    for root in ROOTS:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            if root == "/usr/include" and dirpath != root:
-                dirnames[:] = []  # only the top level of /usr/include (libc6-dev)
-                continue
-            for f in sorted(filenames):
-                p = os.path.join(dirpath, f)
-                if os.path.isfile(p) and not os.path.islink(p):
-                    out.append(p)
-    return sorted(set(out))
+    out = subprocess.run(["dpkg", "-L"] + PACKAGES, capture_output=True, text=True, check=True)
+    return sorted({p for p in out.stdout.splitlines()
+                   if p.startswith("/usr/include/") and os.path.isfile(p)
+                   and not os.path.islink(p)})
 
 
 def held_out(path: str) -> bool:
@@ -42,7 +37,7 @@ def build_manifest(path: str) -> dict:
         files.append({"path": p, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                       "split": "held_out" if held_out(p) else "train"})
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-    manifest = {"roots": ROOTS, "held_out_every": HELD_OUT_EVERY, "corpus_sha256": digest,
+    manifest = {"packages": PACKAGES, "held_out_every": HELD_OUT_EVERY, "corpus_sha256": digest,
                 "files": files}
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
