@@ -75,6 +75,14 @@ def sqrt_softplus(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(F.softplus(x))
 
 
+def topk_indices(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The k best finite scores' indices along the last dim (ties to the lower index) and
+    whether each is a real pick (fewer than k finite scores leave the rest unused)."""
+    k = min(k, scores.shape[-1])
+    srt = torch.sort(scores, dim=-1, descending=True, stable=True)
+    return srt.indices[..., :k], srt.values[..., :k] != NEG_INF
+
+
 def topk_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
     """A 0/1 mask of the k best finite scores along the last dim; ties go to the lower
     index (the engine's TopKAscending)."""
@@ -254,18 +262,25 @@ class V41(torch.nn.Module):
         gate = torch.sigmoid(torch.sign(s) * torch.sqrt(torch.clamp(s.abs(), min=1e-6)))
         return X + gate[..., None] * V[:, :, None, :]
 
-    def _window_mask(self, N: int, start: Optional[torch.Tensor], B: int,
-                     first_position: int = 0) -> torch.Tensor:
-        """[B, N, N]: query i sees key p in its window, from `start` on for i ≥ start."""
-        W = self.c.sliding_window
-        i = torch.arange(N)[:, None] + first_position
-        p = torch.arange(N)[None, :] + first_position
-        m = (p <= i) & (p > i - W)
-        m = m[None].expand(B, N, N)
+    def _window_scores(self, q: torch.Tensor, kv: torch.Tensor, start: Optional[torch.Tensor],
+                       first_position: int, scale: float):
+        """Scores of each query against the window keys of its block: [B, H, nb, Wb, 2Wb]
+        (−inf outside its window), the keys per block [B, nb, 2Wb, hd], nb and Wb."""
+        B, N, H, hd = q.shape
+        Wb = self.c.sliding_window
+        nb = (N + Wb - 1) // Wb
+        qp = F.pad(q, (0, 0, 0, 0, 0, nb * Wb - N)).reshape(B, nb, Wb, H, hd)
+        kp = F.pad(kv, (0, 0, Wb, nb * Wb - N))  # W rows before position 0
+        kb = kp.unfold(1, 2 * Wb, Wb).transpose(-1, -2)  # [B, nb, 2Wb, hd]
+        sc = torch.einsum("bxqhd,bxmd->bhxqm", qp, kb) * scale
+        i = (torch.arange(nb)[:, None, None] * Wb + torch.arange(Wb)[None, :, None])
+        p = (torch.arange(nb)[:, None, None] * Wb - Wb + torch.arange(2 * Wb)[None, None, :])
+        ok = (p <= i) & (p > i - Wb) & (p >= 0) & (p < N)  # [nb, Wb, 2Wb]
+        ok = ok[None].expand(B, nb, Wb, 2 * Wb)
         if start is not None:
-            st = start.view(B, 1, 1)
-            m = m & ((i[None] < st) | (p[None] >= st))
-        return m
+            st = start.view(B, 1, 1, 1) - first_position
+            ok = ok & ((i[None] < st) | (p[None] >= st))
+        return sc.masked_fill(~ok[:, None], NEG_INF), kb, nb, Wb
 
     def _compress(self, l: int, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """A Full layer's entries for every complete group of x [B, N, D]: the main KV
@@ -309,10 +324,11 @@ class V41(torch.nn.Module):
                       c.rms_norm_eps)
         kv = fake_quant(apply_rope(kv, cos, sin), "swa")
         scale = 1.0 / math.sqrt(hd)
-        scores_w = torch.einsum("bnhd,bmd->bhnm", q, kv) * scale
-        wmask = self._window_mask(N, window_start, B, first_position)
-        scores_w = scores_w.masked_fill(~wmask[:, None], NEG_INF)
-        parts_s, parts_v = [scores_w], [kv]
+        # The window, banded: queries in blocks of W see the 2W keys from W before their
+        # block's start (only what a window can reach, not all N).
+        scores_w, kv_blocks, nb, Wb = self._window_scores(q, kv, window_start, first_position,
+                                                          scale)
+        scores_c = gathered = None
         if plan.ratio > 0:
             ratio = plan.ratio
             if plan.mode == FULL:
@@ -336,21 +352,25 @@ class V41(torch.nn.Module):
                     state["pool"] = self._candidate_pool(sel_scores, pos, ratio)
                 elif plan.candidate_pool_layer >= 0:
                     sel_scores = sel_scores.masked_fill(~state["pool"], NEG_INF)
-                sel = topk_ascending(sel_scores, c.index_topk)
-                state["selected"][l] = sel
+                state["selected"][l] = topk_indices(sel_scores, c.index_topk)
                 if aux is not None:
                     aux.append((iscore, visible, q.detach(), main.detach(), scale))
-            sel = state["selected"][plan.topk_layer]
-            scores_c = torch.einsum("bnhd,bmd->bhnm", q, main) * scale
-            scores_c = scores_c.masked_fill(~sel[:, None], NEG_INF)
-            parts_s.append(scores_c)
-            parts_v.append(main)
+            idx, ok = state["selected"][plan.topk_layer]  # [B, N, k]
+            k = idx.shape[-1]
+            gathered = torch.gather(main[:, None].expand(B, N, Nc, hd), 2,
+                                    idx[..., None].expand(B, N, k, hd))  # [B, N, k, hd]
+            scores_c = torch.einsum("bnhd,bnkd->bhnk", q, gathered) * scale
+            scores_c = scores_c.masked_fill(~ok[:, None], NEG_INF)
         sink = self.p(a + "attn_sink").view(1, H, 1, 1).expand(B, H, N, 1)
-        allsc = torch.cat(parts_s + [sink], dim=-1)
-        lse = torch.logsumexp(allsc, dim=-1, keepdim=True)
-        probs = torch.exp(allsc[..., :-1] - lse)
-        vals = torch.cat(parts_v, dim=1)  # [B, N + Nc, hd]
-        o = torch.einsum("bhnm,bmd->bnhd", probs, vals)
+        parts = [scores_w.reshape(B, H, nb * Wb, 2 * Wb)[:, :, :N]]
+        if scores_c is not None:
+            parts.append(scores_c)
+        allsc = torch.cat(parts + [sink], dim=-1)
+        probs = torch.exp(allsc[..., :-1] - torch.logsumexp(allsc, dim=-1, keepdim=True))
+        pw = F.pad(probs[..., :2 * Wb], (0, 0, 0, nb * Wb - N)).reshape(B, H, nb, Wb, 2 * Wb)
+        o = torch.einsum("bhxqm,bxmd->bxqhd", pw, kv_blocks).reshape(B, nb * Wb, H, hd)[:, :N]
+        if gathered is not None:
+            o = o + torch.einsum("bhnk,bnkd->bnhd", probs[..., 2 * Wb:], gathered)
         o = apply_rope(o, cos[:, None, :], sin[:, None, :], inverse=True)
         G, ol = c.o_groups, c.o_lora_rank
         gw = H * hd // G
