@@ -55,20 +55,23 @@ def resume_starts(rng: np.random.Generator, batch: int, seq: int, window: int):
     return p - window, p
 
 
-def indexer_loss(aux: list) -> torch.Tensor:
-    """KL(target ‖ indexer) per query over the visible compressed entries, where target
-    is the heads' mean attention distribution over those entries (detached)."""
+def indexer_loss(aux: list, queries: int = 128) -> torch.Tensor:
+    """KL(target ‖ indexer) over the visible compressed entries of up to `queries` query
+    positions per layer, where target is the heads' mean attention distribution over those
+    entries (detached): the indexer learns to find what attention would pick."""
     total = torch.zeros(())
     for iscore, visible, q, main, scale in aux:
-        logits = torch.einsum("bnhd,bmd->bhnm", q, main) * scale
-        logits = logits.masked_fill(~visible[None, None], float("-inf"))
-        has = visible.any(-1)  # queries with at least one entry
-        if not bool(has.any()):
+        rows = visible.any(-1).nonzero(as_tuple=True)[0]  # queries with at least one entry
+        if rows.numel() == 0:
             continue
-        target = torch.softmax(logits[:, :, has], dim=-1).mean(1)  # [B, n, Nc]
-        logp = torch.log_softmax(iscore[:, has], dim=-1)
+        if rows.numel() > queries:
+            rows = rows[torch.randperm(rows.numel())[:queries]]
+        vis = visible[rows]
+        logits = torch.einsum("bnhd,bmd->bhnm", q[:, rows], main) * scale
+        target = torch.softmax(logits.masked_fill(~vis[None, None], float("-inf")), -1).mean(1)
+        logp = torch.log_softmax(iscore[:, rows], dim=-1)
         kl = (target * (torch.log(target.clamp(min=1e-12)) - logp)).masked_fill(
-            ~visible[has][None], 0.0).sum(-1)
+            ~vis[None], 0.0).sum(-1)
         total = total + kl.mean()
     return total
 
