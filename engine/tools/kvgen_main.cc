@@ -1,10 +1,12 @@
 // kvgen: runs the engine on a prompt and prints one JSON object.
 //
-//   kvgen --config C --weights W --prompt FILE --max-new-tokens N [--greedy] [--seed S]
+//   kvgen --config C --weights W (--prompt FILE | --text-file TEXT) --max-new-tokens N [--greedy] [--seed S]
 //         [--resume-at P --replay exact|bounded|full] [--no-ced] [--chunk-tokens C]
 //         [--dspark] [--dump-logits FILE] [--backend cpu|cuda|cublas] --json
 //
-// FILE holds token ids separated by whitespace. With --resume-at P, kvgen runs a cold
+// FILE holds token ids separated by whitespace; TEXT is any text, tokenized with the byte
+// tokens of the models train/ makes (engine/spec/byte_tokens.h), and the output then also
+// holds the decoded continuation ("text"). With --resume-at P, kvgen runs a cold
 // prefill of the first P tokens, takes their pages (P / chunk_tokens whole chunks), starts
 // a fresh sequence, imports the pages and resumes on the whole prompt with the replay
 // mode (`full`: ignore the pages and prefill everything at full depth, the reference).
@@ -29,6 +31,7 @@
 #include "backends/select.h"
 #include "engine/model/generate.h"
 #include "engine/model/model.h"
+#include "engine/spec/byte_tokens.h"
 #include "engine/spec/model_config.h"
 #include "nlohmann/json.hpp"
 
@@ -38,6 +41,20 @@ namespace kvc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The prompt as byte tokens of the text in `path`.
+absl::StatusOr<std::vector<uint32_t>> ReadText(const std::string& path, int64_t vocab_size) {
+  if (!HoldsByteTokens(vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--text-file needs a vocabulary of byte tokens (at least ", kFirstByteToken + kByteTokens,
+        " ids); this config has ", vocab_size));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open text file \"", path, "\""));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("text file \"", path, "\" is empty"));
+  return EncodeBytes(text);
+}
 
 absl::StatusOr<std::vector<uint32_t>> ReadTokens(const std::string& path) {
   std::ifstream in(path);
@@ -87,7 +104,8 @@ double Ms(Clock::time_point a, Clock::time_point b) {
 }
 
 absl::Status Run(const std::string& config_path, const std::string& weights_path,
-                 const std::string& prompt_path, int64_t max_new, bool greedy, uint64_t seed,
+                 const std::string& prompt_path, bool text_prompt, int64_t max_new, bool greedy,
+                 uint64_t seed,
                  int64_t resume_at, const std::string& replay, bool no_ced, int64_t chunk_tokens,
                  const std::string& dump_path, bool dspark, const std::string& backend) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
@@ -101,7 +119,8 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
       model::Model::Load(*config, weights_path, std::move(options));
   if (!loaded.ok()) return loaded.status();
   const model::Model& m = **loaded;
-  absl::StatusOr<std::vector<uint32_t>> prompt = ReadTokens(prompt_path);
+  absl::StatusOr<std::vector<uint32_t>> prompt =
+      text_prompt ? ReadText(prompt_path, config->vocab_size) : ReadTokens(prompt_path);
   if (!prompt.ok()) return prompt.status();
   for (size_t i = 0; i < prompt->size(); ++i) {
     if ((*prompt)[i] >= static_cast<uint32_t>(config->vocab_size)) {
@@ -195,6 +214,7 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   const double decode_s = std::chrono::duration<double>(Clock::now() - d0).count();
   out["prompt_tokens"] = n;
   out["generated"] = generated;
+  if (text_prompt) out["text"] = DecodeBytes(generated);
   out["prefill_tokens_computed"] = {{"encoder", stats.encoder_tokens},
                                     {"decoder", stats.decoder_tokens},
                                     {"decoder_compressor", stats.compressed_tokens}};
@@ -204,19 +224,25 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   out["decode_tok_s"] = generated.size() > 1 && decode_s > 0
                             ? static_cast<double>(generated.size() - 1) / decode_s
                             : 0.0;
-  std::cout << out.dump() << "\n";
+  // A continuation cut mid-character is not UTF-8: such bytes print as U+FFFD.
+  std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
   CLI::App app{"kvgen: run the kvcache engine on a prompt"};
-  std::string config_path, weights_path, prompt_path, replay = "exact", dump_path, backend = "cpu";
+  std::string config_path, weights_path, prompt_path, text_path, replay = "exact", dump_path,
+      backend = "cpu";
   int64_t max_new = 16, resume_at = 0, chunk_tokens = 256;
   uint64_t seed = 0;
   bool greedy = false, no_ced = false, json = false, dspark = false;
   app.add_option("--config", config_path, "model config.json")->required();
   app.add_option("--weights", weights_path, "safetensors weights")->required();
-  app.add_option("--prompt", prompt_path, "file of whitespace-separated token ids")->required();
+  CLI::Option_group* prompts = app.add_option_group("prompt", "one of --prompt, --text-file");
+  prompts->add_option("--prompt", prompt_path, "file of whitespace-separated token ids");
+  prompts->add_option("--text-file", text_path,
+                      "a text prompt, in byte tokens (models trained by train/)");
+  prompts->require_option(1);
   app.add_option("--max-new-tokens", max_new, "tokens to generate")->check(CLI::NonNegativeNumber);
   app.add_flag("--greedy", greedy, "argmax sampling");
   app.add_option("--seed", seed, "sampling seed (without --greedy)");
@@ -241,7 +267,9 @@ int Main(int argc, char** argv) {
     std::cerr << "kvgen: error: --dspark needs --greedy (speculative sampling is greedy here)\n";
     return 2;
   }
-  absl::Status s = Run(config_path, weights_path, prompt_path, max_new, greedy, seed, resume_at,
+  const bool text_prompt = !text_path.empty();
+  absl::Status s = Run(config_path, weights_path, text_prompt ? text_path : prompt_path, text_prompt,
+                       max_new, greedy, seed, resume_at,
                        replay, no_ced, chunk_tokens, dump_path, dspark, backend);
   if (!s.ok()) {
     std::cerr << "kvgen: error: " << s.message() << "\n";

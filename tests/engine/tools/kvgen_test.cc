@@ -72,6 +72,38 @@ TEST_F(KvgenTest, ResumeExactMatchesColdAndReportsTheWork) {
   EXPECT_EQ(nlohmann::json::parse(spec.out)["generated"], c["generated"]);
 }
 
+// A text prompt runs as its byte tokens, and the continuation comes back decoded: the
+// same tokens as the ids of that text given with --prompt, and "text" their bytes.
+TEST_F(KvgenTest, ATextPromptRunsAsByteTokensAndPrintsTheContinuation) {
+  const std::string text = "int main(int argc, char** argv) {\n  return";
+  std::ofstream(dir_.File("prompt.c")) << text;
+  std::ofstream ids(dir_.File("ids.txt"));
+  for (unsigned char b : text) ids << 3 + b << " ";
+  ids.close();
+  auto run = [&](const std::string& flag, const std::string& file) {
+    const auto r = RunProgram(kKvgen, {"--config", kMini, "--weights", dir_.File("w.safetensors"),
+                                       flag, dir_.File(file), "--max-new-tokens", "8", "--greedy",
+                                       "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json as_text = run("--text-file", "prompt.c");
+  const nlohmann::json as_ids = run("--prompt", "ids.txt");
+  EXPECT_EQ(as_text["prompt_tokens"], text.size());
+  EXPECT_EQ(as_text["generated"], as_ids["generated"]);
+  EXPECT_FALSE(as_ids.contains("text"));
+  std::string want;
+  for (uint32_t t : as_text["generated"].get<std::vector<uint32_t>>()) {
+    if (t >= 3 && t < 259) want.push_back(static_cast<char>(t - 3));
+  }
+  // Bytes that are not UTF-8 print as U+FFFD; the rest as they are.
+  const std::string got = as_text["text"];
+  if (nlohmann::json(want).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) ==
+      nlohmann::json(want).dump(-1, ' ', false, nlohmann::json::error_handler_t::ignore)) {
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST_F(KvgenTest, BadInputGivesOneLineErrors) {
   auto expect = [&](std::vector<std::string> args, int code, const std::string& text) {
     const auto r = RunProgram(kKvgen, args);
@@ -85,6 +117,9 @@ TEST_F(KvgenTest, BadInputGivesOneLineErrors) {
   expect(Args({"--dspark"}), 2, "--dspark needs --greedy");
   expect(Args({"--backend", "tpu"}), 1, "--backend is \"tpu\"; use cpu, cuda or cublas");
   expect({"--config", kMini}, 2, "required");
+  expect({"--config", kMini, "--weights", dir_.File("w.safetensors"), "--prompt",
+          dir_.File("prompt.txt"), "--text-file", dir_.File("prompt.txt")},
+         2, "Exactly 1 option from [--prompt,--text-file]");
   std::ofstream(dir_.File("oov.txt")) << "1 2 3 512 4";
   expect({"--config", kMini, "--weights", dir_.File("w.safetensors"), "--prompt",
           dir_.File("oov.txt")},
