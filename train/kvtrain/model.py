@@ -125,8 +125,9 @@ def hc_pre(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 
 def hc_post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    # out[k] = post[k]·f + Σ_j comb[j][k]·R[j]
-    return post[..., :, None] * f[..., None, :] + torch.einsum("...jk,...jd->...kd", comb, R)
+    # out[k] = post[k]·f + Σ_j comb[j][k]·R[j] (broadcast, not hc×hc products per token)
+    mixed = (comb[..., :, :, None] * R[..., :, None, :]).sum(-3)
+    return post[..., :, None] * f[..., None, :] + mixed
 
 
 # ---------------------------------------------------------------------------------------
@@ -357,8 +358,10 @@ class V41(torch.nn.Module):
                     aux.append((iscore, visible, q.detach(), main.detach(), scale))
             idx, ok = state["selected"][plan.topk_layer]  # [B, N, k]
             k = idx.shape[-1]
-            gathered = torch.gather(main[:, None].expand(B, N, Nc, hd), 2,
-                                    idx[..., None].expand(B, N, k, hd))  # [B, N, k, hd]
+            # Rows of the flattened entries (its backward is an index_add, not a copy of
+            # the entries per query).
+            flat = (idx + torch.arange(B).view(B, 1, 1) * Nc).reshape(-1)
+            gathered = main.reshape(B * Nc, hd)[flat].reshape(B, N, k, hd)
             scores_c = torch.einsum("bnhd,bnkd->bhnk", q, gathered) * scale
             scores_c = scores_c.masked_fill(~ok[:, None], NEG_INF)
         sink = self.p(a + "attn_sink").view(1, H, 1, 1).expand(B, H, N, 1)

@@ -176,7 +176,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = V41(c, init_seed=args.seed)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                             betas=(0.9, 0.95), weight_decay=0.01)
+    # Separate streams: the data are the same batches in both variants whatever the
+    # replay draws take.
     rng = np.random.default_rng(args.seed)
+    replay_rng = np.random.default_rng([args.seed, 1])
+    draft_rng = np.random.default_rng([args.seed, 2])
     ckpt = os.path.join(args.out, "checkpoint.pt")
     log_path = os.path.join(args.out, "log.jsonl")
     step, elapsed = 0, 0.0
@@ -186,6 +190,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
         rng = np.random.default_rng([args.seed, step])
+        replay_rng = np.random.default_rng([args.seed, step, 1])
+        draft_rng = np.random.default_rng([args.seed, step, 2])
         print(f"resumed at step {step} ({elapsed / 60:.1f} min trained)", flush=True)
     budget = args.minutes * 60.0
     tokens_per_step = args.batch * args.seq
@@ -201,8 +207,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             g["lr"] = lr
         x = batch_of(train, rng, args.batch, args.seq)
         enc_start = dec_start = None
-        if args.replay_aware > 0 and rng.random() < args.replay_aware:
-            enc_start, dec_start = resume_starts(rng, args.batch, args.seq, c.sliding_window)
+        if args.replay_aware > 0 and replay_rng.random() < args.replay_aware:
+            enc_start, dec_start = resume_starts(replay_rng, args.batch, args.seq,
+                                                 c.sliding_window)
         aux: list = []
         stats: Dict[int, torch.Tensor] = {}
         want = c.num_nextn_predict_layers > 0 and args.draft_anchors > 0
@@ -212,7 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         lm = F.cross_entropy(logits.reshape(-1, c.vocab_size), x[:, 1:].reshape(-1))
         loss = lm + 0.1 * indexer_loss(aux)
         if want:
-            loss = loss + 0.5 * draft_loss(model, hidden, x, rng, args.draft_anchors)
+            loss = loss + 0.5 * draft_loss(model, hidden, x, draft_rng, args.draft_anchors)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
