@@ -5,10 +5,12 @@
 //   kvplan simulate --trace FILE --config FILE [--hbm GiB] [--ram GiB] [--ssd GiB]
 //          [--chunk-tokens C] [--limit N] [--target-hit-rate R] [--curve-points N] [--json]
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
 #include "bench/kvplan/capacity.h"
+#include "bench/kvplan/decode_flops.h"
 #include "bench/kvplan/simulate.h"
 
 namespace kvc {
@@ -68,6 +70,15 @@ int Main(int argc, char** argv) {
                    "also the hit rate at N RAM and N SSD sizes (for plots)")
       ->check(CLI::NonNegativeNumber);
   simulate->add_flag("--json", json, "print one JSON object");
+  CLI::App* flops = app.add_subcommand(
+      "flops", "the work of one decoded token by component (multiply-adds) at each context");
+  std::string flops_config;
+  std::vector<int64_t> flops_contexts = {4096, 16384, 65536, 262144, 1048576};
+  flops->add_option("--config", flops_config, "model config.json")->required();
+  flops->add_option("--contexts", flops_contexts, "context lengths, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  flops->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -77,6 +88,20 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
+  if (flops->parsed()) {
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(flops_config);
+    absl::StatusOr<std::vector<DecodeWork>> rows =
+        config.ok() ? DecodeWorkAt(*config, flops_contexts)
+                    : absl::StatusOr<std::vector<DecodeWork>>(config.status());
+    if (!rows.ok()) {
+      std::cerr << "kvplan: error: " << flops_config << ": " << rows.status().message() << "\n";
+      return 1;
+    }
+    const std::string name = std::filesystem::path(flops_config).filename().string();
+    std::cout << (json ? DecodeWorkToJson(name, *rows).dump(2) + "\n"
+                       : DecodeWorkToText(name, *rows));
+    return 0;
+  }
   if (simulate->parsed()) {
     absl::StatusOr<ModelConfig> config = LoadModelConfig(sim_config);
     absl::StatusOr<nlohmann::json> r =

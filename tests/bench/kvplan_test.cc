@@ -1,6 +1,7 @@
 // kvplan, as a library and as the program a capacity planner runs.
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "bench/kvplan/capacity.h"
 #include "gtest/gtest.h"
@@ -28,6 +29,34 @@ Json RunJson(const std::vector<std::string>& args) {
   Json j = Json::parse(r.out, nullptr, /*allow_exceptions=*/false);
   EXPECT_FALSE(j.is_discarded()) << r.out.substr(0, 300);
   return j;
+}
+
+// Decode work by component: what reads past positions grows with the context, the rest
+// does not; each Full layer's indexer scores every visible position, so they set the
+// growth — computed here from the config's own fields, not from kvplan's code.
+TEST(KvplanTest, DecodeWorkGrowsOnlyWithTheIndexersOfFullLayers) {
+  const Json cfg = LoadJson(kReferenceConfig())["text_config"];
+  const Json j = RunJson({"flops", "--config", kReferenceConfig(), "--contexts",
+                          "4096,65536,1048576", "--json"});
+  const Json& rows = j["contexts"];
+  ASSERT_EQ(rows.size(), 3u);
+  const double index_row = cfg["index_n_heads"].get<double>() * cfg["index_head_dim"].get<double>();
+  const std::vector<int64_t> ratios = cfg["compress_ratios"].get<std::vector<int64_t>>();
+  for (const Json& r : rows) {
+    const double ctx = r["context_tokens"].get<double>();
+    double full = 0;
+    for (int64_t l : cfg["kv_source_layer_ids"].get<std::vector<int64_t>>())
+      full += index_row * std::floor(ctx / static_cast<double>(ratios[l]));
+    EXPECT_DOUBLE_EQ(r["full_indexers"].get<double>(), full) << ctx;
+    EXPECT_EQ(r["dense"], rows[0]["dense"]);
+    EXPECT_EQ(r["window_attention"], rows[0]["window_attention"]);
+    EXPECT_GT(r["dense"].get<double>(), 1e9);
+  }
+  const double growth = rows[2]["growth_vs_first"].get<double>();
+  EXPECT_GT(growth, 1.0);
+  EXPECT_DOUBLE_EQ(growth, rows[2]["total"].get<double>() / rows[0]["total"].get<double>());
+  auto bad = RunProgram(kKvplan, {"flops", "--config", kReferenceConfig(), "--contexts", "0"});
+  EXPECT_NE(bad.exit_code, 0);
 }
 
 TEST(KvplanTest, ReferenceJsonReports890AndTheSchedule) {
