@@ -20,8 +20,11 @@
 // The session's text is real: a system prompt, then this repository's source files (read
 // from --source-dir, default the checkout the binary was built in), then per turn a "tool
 // result" (another file) and the model's answer; a byte-level tokenizer turns text into
-// token ids. The weights are random (configs/mini.json, seed 1), so the answers are noise;
-// the cache, the replay and the timings are real.
+// token ids (engine/spec/byte_tokens.h). The model is the replay-aware small V4.1 trained
+// in train/ (train/weights/small-replay.safetensors, configs/small.json), so each turn
+// prints the start of a real continuation; --random-weights runs configs/mini.json with
+// random weights instead (answers are noise). The cache, the replay and the timings are
+// real either way.
 #include <signal.h>
 #include <unistd.h>
 
@@ -41,6 +44,7 @@
 #include "backends/select.h"
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
+#include "engine/spec/byte_tokens.h"
 #include "nlohmann/json.hpp"
 #include "serve/embedded_mini_config.h"
 #include "serve/kvcached_process.h"
@@ -86,6 +90,29 @@ const char kSystemPrompt[] =
     "files you are given, run tools when you need facts, and answer with precise, tested "
     "changes. Keep the architecture visible: each folder one job, one-way dependencies. ";
 
+// The start of an answer for one line of the table: its bytes, with what would break the
+// line (newlines, tabs, other control bytes) written as escapes, at most `max_chars` long.
+std::string AnswerSample(const std::vector<uint32_t>& tokens, size_t max_chars) {
+  std::string out = "\"";
+  for (char ch : DecodeBytes(tokens)) {
+    if (out.size() > max_chars) {
+      out += "…";
+      break;
+    }
+    const auto b = static_cast<unsigned char>(ch);
+    if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (b < 0x20 || b == 0x7F) {
+      out += absl::StrFormat("\\x%02x", b);
+    } else {
+      out.push_back(ch);
+    }
+  }
+  return out + "\"";
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"kvdemo: a multi-day coding-agent session resumed from kvcached"};
   int turns = 6, nodes = 1;
@@ -120,6 +147,13 @@ int Main(int argc, char** argv) {
   app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas")
       ->capture_default_str();
   app.add_flag("--keep", keep, "keep the scratch folder (weights, kvcached data and log)");
+  std::string weights_opt, config_opt;
+  bool random_weights = false;
+  app.add_option("--weights", weights_opt,
+                 "trained weights (default: SOURCE_DIR/train/weights/small-replay.safetensors)");
+  app.add_option("--config", config_opt, "their config (default: SOURCE_DIR/configs/small.json)");
+  app.add_flag("--random-weights", random_weights,
+               "configs/mini.json with random weights (seed 1) instead of a trained model");
   app.add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
@@ -146,13 +180,35 @@ int Main(int argc, char** argv) {
     if (!json) std::cout << m << std::flush;
   };
 
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(kEmbeddedMiniConfig, "configs/mini.json");
+  // The model: the shipped trained one unless asked otherwise (or missing), else random.
+  const bool asked_for_weights = !weights_opt.empty();
+  if (weights_opt.empty()) weights_opt = source_dir + "/train/weights/small-replay.safetensors";
+  if (config_opt.empty()) config_opt = source_dir + "/configs/small.json";
+  bool trained = !random_weights;
+  if (trained && !fs::exists(weights_opt)) {
+    if (asked_for_weights) return fail(absl::StrCat("--weights ", weights_opt, " does not exist"));
+    say(absl::StrCat("kvdemo: no trained weights at ", weights_opt, "; random weights instead\n"));
+    trained = false;
+  }
+  std::string config_text = kEmbeddedMiniConfig, config_name = "configs/mini.json";
+  if (trained) {
+    std::ifstream in(config_opt);
+    if (!in) return fail(absl::StrCat("cannot read --config ", config_opt));
+    config_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    config_name = config_opt;
+  }
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(config_text, config_name);
   if (!config.ok()) return fail(std::string(config.status().message()));
+  if (!HoldsByteTokens(config->vocab_size))
+    return fail(absl::StrCat(config_name, ": its vocabulary does not hold the byte tokens"));
   absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
   if (!schedule.ok()) return fail(std::string(schedule.status().message()));
-  const std::string weights = (work / "mini.safetensors").string();
-  if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok())
-    return fail(std::string(s.message()));
+  std::string weights = weights_opt;
+  if (!trained) {
+    weights = (work / "mini.safetensors").string();
+    if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok())
+      return fail(std::string(s.message()));
+  }
   model::ModelOptions options;
   if (absl::Status st = model::SelectBackends(backend, replay == "exact", options); !st.ok())
     return fail(std::string(st.message()));
@@ -160,11 +216,13 @@ int Main(int argc, char** argv) {
       model::Model::Load(*config, weights, std::move(options));
   if (!loaded.ok()) return fail(std::string(loaded.status().message()));
   const model::Model& m = **loaded;
-  say(
-      absl::StrFormat("kvdemo: mini model (%d layers, %.0f B/token of global KV, %d-token "
-                      "chunks), random weights; scratch folder %s\n",
-                      config->num_hidden_layers, m.layout().bytes_per_token(),
-                      m.layout().chunk_tokens, work.string()));
+  say(absl::StrFormat(
+      "kvdemo: %s model (%d layers, %d-token window, %.0f B/token of global KV, %d-token "
+      "chunks), %s; scratch folder %s\n",
+      trained ? "small" : "mini", config->num_hidden_layers, config->sliding_window,
+      m.layout().bytes_per_token(), m.layout().chunk_tokens,
+      trained ? absl::StrCat("trained weights ", weights) : std::string("random weights"),
+      work.string()));
 
   const std::vector<std::string> capacity = {"--ram-bytes", "268435456", "--ssd-bytes",
                                              "1073741824"};
@@ -173,8 +231,8 @@ int Main(int argc, char** argv) {
   node_flags.insert(node_flags.end(), {"--cluster-lease-seconds", "2"});
   LocalCluster cluster((bin / "kvcached").string(), (work / "cluster").string(), nodes, node_flags);
   ConnectorOptions copt;
-  copt.model_config_json = kEmbeddedMiniConfig;
-  copt.model_id = "mini-seed1";
+  copt.model_config_json = config_text;
+  copt.model_id = trained ? fs::path(weights).stem().string() : "mini-seed1";
   copt.replay = replay == "exact" ? model::ReplayMode::kExact : model::ReplayMode::kBounded;
   // On the GPU the chunks a co-located kvcached holds in HBM come out over CUDA IPC.
   if (backend != "cpu") copt.hbm_reader = model::MakeHbmChunkReader();
@@ -198,10 +256,10 @@ int Main(int argc, char** argv) {
 
   // The session: system prompt + repository files, then per turn a tool result.
   const std::vector<std::string> files = SourceFiles(source_dir);
-  std::vector<uint32_t> context = ByteTokens(kSystemPrompt);
+  std::vector<uint32_t> context = EncodeBytes(kSystemPrompt);
   size_t next_file = 0;
   while (static_cast<int64_t>(context.size()) < initial_tokens && next_file < files.size() / 2) {
-    const std::vector<uint32_t> t = ByteTokens(files[next_file++]);
+    const std::vector<uint32_t> t = EncodeBytes(files[next_file++]);
     context.insert(context.end(), t.begin(), t.end());
   }
   if (static_cast<int64_t>(context.size()) > initial_tokens) context.resize(initial_tokens);
@@ -218,7 +276,7 @@ int Main(int argc, char** argv) {
       // The tool result: the next file, cut to the turn's budget.
       std::string text = absl::StrCat("\n[tool: cat] ", files[next_file++ % files.size()]);
       text.resize(std::min<size_t>(text.size(), static_cast<size_t>(tool_tokens)));
-      const std::vector<uint32_t> t = ByteTokens(text);
+      const std::vector<uint32_t> t = EncodeBytes(text);
       context.insert(context.end(), t.begin(), t.end());
     }
     const bool after_restart = turn == restart_after + 1;
@@ -260,6 +318,7 @@ int Main(int argc, char** argv) {
     tj["ttft_cold_ms"] = cold_ms;
     tj["first_token_matches_cold"] = same_first;
     tj["after_restart"] = after_restart;
+    tj["answer"] = DecodeBytes(warm->generated);
     out["turns"].push_back(tj);
     say(absl::StrFormat("%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens,
                         r.reused_tokens, r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms,
@@ -267,6 +326,7 @@ int Main(int argc, char** argv) {
                         show_nodes      ? r.nodes
                         : after_restart ? "(from SSD after restart)"
                                         : ""));
+    say(absl::StrCat("     answer: ", AnswerSample(warm->generated, 72), "\n"));
     context.insert(context.end(), warm->generated.begin(), warm->generated.end());
   }
   const int64_t stored = cache->Drain();
@@ -280,7 +340,7 @@ int Main(int argc, char** argv) {
       "\n%d %s stored in the last day's connection; replay %s. TTFT warm includes lookup, "
       "fetch, replay and the new tokens' prefill; cold prefills the whole context.\n",
       stored, show_nodes ? "chunk copies" : "chunks", replay));
-  if (json) std::cout << out.dump(2) << "\n";
+  if (json) std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   if (!keep) fs::remove_all(work);
   return 0;
 }

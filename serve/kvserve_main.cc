@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "backends/select.h"
+#include "engine/spec/byte_tokens.h"
 #include "nlohmann/json.hpp"
 #include "serve/session.h"
 
@@ -83,7 +84,7 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
     if (!t.ok()) return t.status();
     fresh = *t;
   } else {
-    fresh = ByteTokens(text);
+    fresh = EncodeBytes(text);
   }
   if (fresh.empty()) return absl::InvalidArgumentError("the turn has no new tokens");
   for (size_t i = 0; i < fresh.size(); ++i) {
@@ -122,7 +123,7 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
   j["session"] = session;
   j["stored_chunks"] = stored;
   j["generated"] = turn->generated;
-  if (tokens_file.empty()) j["text"] = BytesFromTokens(turn->generated);
+  if (tokens_file.empty()) j["text"] = DecodeBytes(turn->generated);
   if (json) {
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {

@@ -46,15 +46,4 @@ nlohmann::json TurnJson(const TurnResult& t) {
           {"warnings", r.warnings}};
 }
 
-std::vector<uint32_t> ByteTokens(const std::string& text) {
-  return std::vector<uint32_t>(reinterpret_cast<const uint8_t*>(text.data()),
-                               reinterpret_cast<const uint8_t*>(text.data()) + text.size());
-}
-
-std::string BytesFromTokens(std::span<const uint32_t> tokens) {
-  std::string s;
-  for (uint32_t t : tokens) s.push_back(t < 256 ? static_cast<char>(t) : '?');
-  return s;
-}
-
 }  // namespace kvc::serve

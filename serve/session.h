@@ -30,7 +30,5 @@ absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& ca
 // fetch_ms, fetch_wait_ms, ttft_ms, decode_tok_s, warnings.
 nlohmann::json TurnJson(const TurnResult& turn);
 
-std::vector<uint32_t> ByteTokens(const std::string& text);
-std::string BytesFromTokens(std::span<const uint32_t> tokens);  // ids > 255 become '?'
 
 }  // namespace kvc::serve

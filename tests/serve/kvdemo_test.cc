@@ -34,6 +34,7 @@ TEST(KvdemoTest, ASessionResumesEveryTurnAndFromSsdAfterTheRestart) {
               t["reused_tokens"].get<int>() + t["new_tokens"].get<int>());
     EXPECT_GT(t["ttft_cold_ms"].get<double>(), 0.0);
     EXPECT_TRUE(t["warnings"].empty()) << t["warnings"];
+    EXPECT_TRUE(t["answer"].is_string()) << t;
   }
   EXPECT_EQ(turns[0]["reused_tokens"], 0);
   EXPECT_EQ(turns[0]["tier"], "none");
