@@ -374,6 +374,13 @@ class V41(torch.nn.Module):
         o = torch.einsum("bhxqm,bxmd->bxqhd", pw, kv_blocks).reshape(B, nb * Wb, H, hd)[:, :N]
         if gathered is not None:
             o = o + torch.einsum("bhnk,bnkd->bnhd", probs[..., 2 * Wb:], gathered)
+        return self._output(a, o, cos, sin)
+
+    def _output(self, a: str, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """What follows attention: the inverse RoPE of each head's output [B, N, H, hd], then
+        the grouped low-rank projection (wo_a per group of heads, then wo_b)."""
+        c = self.c
+        B, N, H, hd = o.shape
         o = apply_rope(o, cos[:, None, :], sin[:, None, :], inverse=True)
         G, ol = c.o_groups, c.o_lora_rank
         gw = H * hd // G
@@ -532,12 +539,7 @@ class V41(torch.nn.Module):
         allsc = torch.cat([sc, sink], dim=-1)
         probs = torch.exp(allsc[..., :-1] - torch.logsumexp(allsc, -1, keepdim=True))
         o = torch.einsum("bhsm,bmd->bshd", probs, keys)
-        o = apply_rope(o, cos[:, None, :], sin[:, None, :], inverse=True)
-        G, ol = c.o_groups, c.o_lora_rank
-        gw = H * hd // G
-        wo_a = self.p(a + "wo_a.weight").reshape(G, ol, gw)
-        u = torch.einsum("bngw,gow->bngo", o.reshape(B, S, G, gw), wo_a).reshape(B, S, G * ol)
-        return self._linear(u, a + "wo_b.weight")
+        return self._output(a, o, cos, sin)
 
     def draft_logits(self, ring: List[torch.Tensor], next_tokens: torch.Tensor,
                      first_position: int, ring_mask: Optional[torch.Tensor] = None,
