@@ -100,6 +100,10 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32, help="prompt tokens after P")
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--max-prompt-tokens", type=int, default=3072,
+                    help="resume points at most this far into a document (a cold prefill at "
+                         "full depth is quadratic in the prompt: every indexer scores every "
+                         "position)")
     ap.add_argument("--dspark-prompts", type=int, default=4)
     ap.add_argument("--bin-dir", default=os.path.join(HERE, "..", "..", "build", "bin"))
     ap.add_argument("--json", default="")
@@ -122,7 +126,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for doc in names:
                 toks = tokenizer.encode(docs[doc])
-                last = (len(toks) - args.new_tokens - args.steps - 1) // args.chunk_tokens
+                last = (min(len(toks) - args.steps - 1, args.max_prompt_tokens) -
+                        args.new_tokens) // args.chunk_tokens
                 first = (2 * W + args.chunk_tokens - 1) // args.chunk_tokens
                 points = np.linspace(first, max(first, last), args.points).astype(int)
                 for k in sorted(set(points.tolist())):

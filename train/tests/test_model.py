@@ -182,3 +182,25 @@ def test_quality_harness_finds_exact_resume_bit_identical(tmp_path, seed):
     assert v["exact_vs_ced"]["bit_identical"] and v["exact_vs_ced"]["kl_mean"] == 0.0
     assert v["bounded_vs_full"]["cases"] >= 1 and v["bounded_vs_full"]["kl_mean"] >= 0.0
     assert 0.0 <= v["dspark"]["acceptance"] <= 1.0
+
+
+@pytest.mark.parametrize("variant", ["plain", "replay"])
+def test_shipped_weights_load_and_give_their_recorded_held_out_loss(variant):
+    """The committed weights are what their recipe says: kvmodel check accepts them, and
+    the held-out bits per byte their recipe recorded come back (the same corpus windows)."""
+    from kvtrain import corpus
+    from kvtrain.train import evaluate
+    weights = os.path.join(SOURCE, "train", "weights", f"small-{variant}.safetensors")
+    config = os.path.join(SOURCE, "configs", "small.json")
+    with open(os.path.join(SOURCE, "train", "weights", f"small-{variant}.recipe.json")) as f:
+        recipe = json.load(f)
+    assert "matches" in run(os.path.join(BIN, "kvmodel"), "check", "--config", config,
+                            "--weights", weights)
+    held, manifest = corpus.load(os.path.join(SOURCE, "train", "corpus.json"), "held_out")
+    assert manifest["corpus_sha256"] == recipe["corpus_sha256"]
+    model = V41(load_config(config))
+    model.load_tensors(safetensors_io.read(weights))
+    data = np.array(tokenizer.encode(held), dtype=np.int32)
+    bpb = evaluate(model, data, recipe["seq"], 8, 1234)
+    print(f"{variant}: held-out {bpb:.4f} bits/byte, recorded {recipe['held_out_bits_per_byte']:.4f}")
+    assert abs(bpb - recipe["held_out_bits_per_byte"]) < 0.01
