@@ -165,8 +165,7 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
              pb::DeleteResponse* resp) -> absl::Status {
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
-        absl::StatusOr<uint32_t> n =
-            Impl::CountOk(impl_->store->EraseBatch(nk->ns.id, nk->stored));
+        absl::StatusOr<uint32_t> n = Impl::CountOk(impl_->store->EraseBatch(nk->ns.id, nk->stored));
         if (!n.ok()) return n.status();
         resp->set_deleted(*n);
         return absl::OkStatus();

@@ -101,8 +101,8 @@ absl::Status TenantQuotas::CheckNamedFit(const storage::ChunkStore::QuotaRoom& r
   auto check = [](const char* tier, uint64_t sum, uint64_t cap) {
     if (sum <= cap) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "--tenant-quota: the named tenants' ", tier, " quotas add up to ", sum,
-        " bytes; the ", tier, " tier holds ", cap,
+        "--tenant-quota: the named tenants' ", tier, " quotas add up to ", sum, " bytes; the ",
+        tier, " tier holds ", cap,
         " bytes for quotas (each chunk is charged the whole slot it takes); lower them or "
         "give the tier more room"));
   };

@@ -246,8 +246,8 @@ absl::Status Etcd::Put(const std::string& key, const std::string& value, int64_t
 }
 
 absl::StatusOr<std::optional<Etcd::KeyValue>> Etcd::CreateIfAbsent(const std::string& key,
-                                                                    const std::string& value,
-                                                                    int64_t lease) {
+                                                                   const std::string& value,
+                                                                   int64_t lease) {
   epb::TxnRequest req;
   epb::Compare* absent = req.add_compare();
   absent->set_key(key);

@@ -120,19 +120,20 @@ absl::Status NodeRegistration::Register(int64_t lease, bool reclaim) {
       s = etcd_->Put(key, opt_.node.ToJson(), lease);
     } else if (reclaim) {
       opt_.log("cluster_entry_reclaimed",
-               absl::StrCat("node ", opt_.node.id, " replaced a record it did not write: ",
-                            (*held)->value));
+               absl::StrCat("node ", opt_.node.id,
+                            " replaced a record it did not write: ", (*held)->value));
       s = etcd_->Put(key, opt_.node.ToJson(), lease);
     } else {
       if (own_lease) (void)etcd_->RevokeLease(lease);
       return refuse(
-          holder.ok()
-              ? absl::StrCat("node id ", opt_.node.id, " is held by another live node at ",
-                             holder->address, " (generation ", holder->generation,
-                             ", started at unix time ", holder->started_unix,
-                             "); stop it, or start this node with another --node-id")
-              : absl::StrCat("node id ", opt_.node.id, " is held by a record that is not "
-                             "a node's; remove the key ", key, " from etcd"));
+          holder.ok() ? absl::StrCat("node id ", opt_.node.id, " is held by another live node at ",
+                                     holder->address, " (generation ", holder->generation,
+                                     ", started at unix time ", holder->started_unix,
+                                     "); stop it, or start this node with another --node-id")
+                      : absl::StrCat("node id ", opt_.node.id,
+                                     " is held by a record that is not "
+                                     "a node's; remove the key ",
+                                     key, " from etcd"));
     }
   }
   if (!s.ok()) {

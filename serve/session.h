@@ -30,5 +30,4 @@ absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& ca
 // fetch_ms, fetch_wait_ms, ttft_ms, decode_tok_s, warnings.
 nlohmann::json TurnJson(const TurnResult& turn);
 
-
 }  // namespace kvc::serve

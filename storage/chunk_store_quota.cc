@@ -181,7 +181,6 @@ ChunkStore::QuotaRoom ChunkStore::QuotaCapacity() const {
   return impl_->QuotaRoomLocked();
 }
 
-
 absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota, bool must_fit) {
   if (group == 0) return absl::InvalidArgumentError("quota group 0 is the one without a quota");
   Impl& s = *impl_;
@@ -200,8 +199,10 @@ absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota, bool mus
           " bytes of ", tier, " and the tier holds ", cap,
           " for them (a chunk is charged the whole slot it takes)"));
     };
-    if (s.ram && quota.ram_bytes > 0 && ram > room.ram_bytes) return refuse("RAM", ram, room.ram_bytes);
-    if (s.ssd && quota.ssd_bytes > 0 && ssd > room.ssd_bytes) return refuse("SSD", ssd, room.ssd_bytes);
+    if (s.ram && quota.ram_bytes > 0 && ram > room.ram_bytes)
+      return refuse("RAM", ram, room.ram_bytes);
+    if (s.ssd && quota.ssd_bytes > 0 && ssd > room.ssd_bytes)
+      return refuse("SSD", ssd, room.ssd_bytes);
   }
   s.quota_groups[group].quota = quota;
   return absl::OkStatus();

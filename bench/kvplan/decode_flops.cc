@@ -20,8 +20,7 @@ absl::StatusOr<std::vector<DecodeWork>> DecodeWorkAt(const ModelConfig& c,
       static_cast<double>(c.hidden_size) +
       static_cast<double>(c.engram_layer_ids.size() * (c.engram_max_ngram_size - 1) *
                           c.engram_n_heads * c.engram_head_dim);
-  const double H = static_cast<double>(c.num_attention_heads),
-               hd = static_cast<double>(c.head_dim),
+  const double H = static_cast<double>(c.num_attention_heads), hd = static_cast<double>(c.head_dim),
                per_index_row = static_cast<double>(c.index_n_heads * c.index_head_dim);
   const double pool = static_cast<double>(c.candidate_topk_blocks * c.candidate_block_size);
   std::vector<DecodeWork> rows;
@@ -65,14 +64,12 @@ std::string DecodeWorkToText(const std::string& name, const std::vector<DecodeWo
   std::string s = absl::StrFormat(
       "decode work per token, %s (multiply-adds; GMAC = 1e9)\n%10s %10s %10s %10s %12s %12s "
       "%10s %8s\n",
-      name, "context", "dense", "window", "sparse", "full idx", "reindex idx", "total",
-      "growth");
+      name, "context", "dense", "window", "sparse", "full idx", "reindex idx", "total", "growth");
   for (const DecodeWork& w : rows) {
     absl::StrAppendFormat(&s, "%10d %10.4f %10.4f %10.4f %12.4f %12.4f %10.4f %7.2fx\n",
                           w.context_tokens, w.dense / 1e9, w.window_attention / 1e9,
-                          w.sparse_attention / 1e9, w.full_indexers / 1e9,
-                          w.reindex_indexers / 1e9, w.total() / 1e9,
-                          w.total() / rows.front().total());
+                          w.sparse_attention / 1e9, w.full_indexers / 1e9, w.reindex_indexers / 1e9,
+                          w.total() / 1e9, w.total() / rows.front().total());
   }
   return s;
 }

@@ -22,11 +22,11 @@ namespace kvc {
 struct DecodeWork {
   int64_t context_tokens = 0;
   // Multiply-adds per decoded token.
-  double dense = 0;               // projections, experts (k routed + shared), Engram, head
-  double window_attention = 0;    // q·k and p·v over the sliding window, every layer
-  double sparse_attention = 0;    // q·k and p·v over the selected compressed rows
-  double full_indexers = 0;       // the Full layers' indexers: every visible position
-  double reindex_indexers = 0;    // the Reindex layers' indexers: the candidate pool
+  double dense = 0;             // projections, experts (k routed + shared), Engram, head
+  double window_attention = 0;  // q·k and p·v over the sliding window, every layer
+  double sparse_attention = 0;  // q·k and p·v over the selected compressed rows
+  double full_indexers = 0;     // the Full layers' indexers: every visible position
+  double reindex_indexers = 0;  // the Reindex layers' indexers: the candidate pool
   double total() const {
     return dense + window_attention + sparse_attention + full_indexers + reindex_indexers;
   }

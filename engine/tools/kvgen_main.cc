@@ -1,6 +1,7 @@
 // kvgen: runs the engine on a prompt and prints one JSON object.
 //
-//   kvgen --config C --weights W (--prompt FILE | --text-file TEXT) --max-new-tokens N [--greedy] [--seed S]
+//   kvgen --config C --weights W (--prompt FILE | --text-file TEXT) --max-new-tokens N [--greedy]
+//   [--seed S]
 //         [--resume-at P --replay exact|bounded|full] [--no-ced] [--chunk-tokens C]
 //         [--dspark] [--dump-logits FILE] [--backend cpu|cuda|cublas] --json
 //
@@ -45,14 +46,15 @@ using Clock = std::chrono::steady_clock;
 // The prompt as byte tokens of the text in `path`.
 absl::StatusOr<std::vector<uint32_t>> ReadText(const std::string& path, int64_t vocab_size) {
   if (!HoldsByteTokens(vocab_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--text-file needs a vocabulary of byte tokens (at least ", kFirstByteToken + kByteTokens,
-        " ids); this config has ", vocab_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--text-file needs a vocabulary of byte tokens (at least ",
+                     kFirstByteToken + kByteTokens, " ids); this config has ", vocab_size));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open text file \"", path, "\""));
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("text file \"", path, "\" is empty"));
+  if (text.empty())
+    return absl::InvalidArgumentError(absl::StrCat("text file \"", path, "\" is empty"));
   return EncodeBytes(text);
 }
 
@@ -105,9 +107,9 @@ double Ms(Clock::time_point a, Clock::time_point b) {
 
 absl::Status Run(const std::string& config_path, const std::string& weights_path,
                  const std::string& prompt_path, bool text_prompt, int64_t max_new, bool greedy,
-                 uint64_t seed,
-                 int64_t resume_at, const std::string& replay, bool no_ced, int64_t chunk_tokens,
-                 const std::string& dump_path, bool dspark, const std::string& backend) {
+                 uint64_t seed, int64_t resume_at, const std::string& replay, bool no_ced,
+                 int64_t chunk_tokens, const std::string& dump_path, bool dspark,
+                 const std::string& backend) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
   if (!config.ok()) return config.status();
   model::ModelOptions options;
@@ -232,7 +234,7 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
 int Main(int argc, char** argv) {
   CLI::App app{"kvgen: run the kvcache engine on a prompt"};
   std::string config_path, weights_path, prompt_path, text_path, replay = "exact", dump_path,
-      backend = "cpu";
+                                                                 backend = "cpu";
   int64_t max_new = 16, resume_at = 0, chunk_tokens = 256;
   uint64_t seed = 0;
   bool greedy = false, no_ced = false, json = false, dspark = false;
@@ -268,9 +270,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const bool text_prompt = !text_path.empty();
-  absl::Status s = Run(config_path, weights_path, text_prompt ? text_path : prompt_path, text_prompt,
-                       max_new, greedy, seed, resume_at,
-                       replay, no_ced, chunk_tokens, dump_path, dspark, backend);
+  absl::Status s =
+      Run(config_path, weights_path, text_prompt ? text_path : prompt_path, text_prompt, max_new,
+          greedy, seed, resume_at, replay, no_ced, chunk_tokens, dump_path, dspark, backend);
   if (!s.ok()) {
     std::cerr << "kvgen: error: " << s.message() << "\n";
     return 1;

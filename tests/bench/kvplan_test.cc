@@ -36,8 +36,8 @@ Json RunJson(const std::vector<std::string>& args) {
 // growth — computed here from the config's own fields, not from kvplan's code.
 TEST(KvplanTest, DecodeWorkGrowsOnlyWithTheIndexersOfFullLayers) {
   const Json cfg = LoadJson(kReferenceConfig())["text_config"];
-  const Json j = RunJson({"flops", "--config", kReferenceConfig(), "--contexts",
-                          "4096,65536,1048576", "--json"});
+  const Json j = RunJson(
+      {"flops", "--config", kReferenceConfig(), "--contexts", "4096,65536,1048576", "--json"});
   const Json& rows = j["contexts"];
   ASSERT_EQ(rows.size(), 3u);
   const double index_row = cfg["index_n_heads"].get<double>() * cfg["index_head_dim"].get<double>();

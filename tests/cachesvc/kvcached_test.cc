@@ -391,10 +391,9 @@ TEST(KvcachedTest, SmallChunksCannotCrowdOutATenantWithinItsQuota) {
   TempDir dir;
   std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\nsecret-c initech\n";
   const SlotCharge charge = ChargePerChunk(dir.File("probe"));
-  Daemon d(dir.File("data"),
-           {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
-            "acme:ssd=" + std::to_string(12 * charge.ssd), "--tenant-quota",
-            "globex:ssd=" + std::to_string(30 * charge.ssd)});
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
+                              "acme:ssd=" + std::to_string(12 * charge.ssd), "--tenant-quota",
+                              "globex:ssd=" + std::to_string(30 * charge.ssd)});
   const Client a{"secret-a"}, b{"secret-b"}, c{"secret-c"};
   const pb::RegisterNamespaceResponse na = Register(d, a), nb = Register(d, b), nc = Register(d, c);
   auto store_prefixes = [&](const Client& who, uint32_t ns, int n) {
@@ -431,16 +430,15 @@ TEST(KvcachedTest, QuotasThatDoNotFitTheTiersAreRefused) {
   std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\n";
   // The tests' daemons have 40,000,000 bytes of SSD.
   testing::ProcessResult r = testing::RunProgram(
-      testing::kDaemon, {"--data-dir", dir.File("over"), "--ram-bytes", "4000000", "--ssd-bytes",
-                         "40000000", "--listen", "127.0.0.1:0", "--auth-tokens",
-                         dir.File("tokens"), "--tenant-quota", "acme:ssd=25000000",
-                         "--tenant-quota", "globex:ssd=25000000"});
+      testing::kDaemon,
+      {"--data-dir", dir.File("over"), "--ram-bytes", "4000000", "--ssd-bytes", "40000000",
+       "--listen", "127.0.0.1:0", "--auth-tokens", dir.File("tokens"), "--tenant-quota",
+       "acme:ssd=25000000", "--tenant-quota", "globex:ssd=25000000"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("the named tenants' SSD quotas add up to 50000000 bytes"),
-            std::string::npos)
+  EXPECT_NE(r.err.find("the named tenants' SSD quotas add up to 50000000 bytes"), std::string::npos)
       << r.err;
-  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
-                              "*:ssd=25000000"});
+  Daemon d(dir.File("data"),
+           {"--auth-tokens", dir.File("tokens"), "--tenant-quota", "*:ssd=25000000"});
   const Client a{"secret-a"}, b{"secret-b"};
   Register(d, a);
   pb::RegisterNamespaceRequest req;
@@ -466,10 +464,9 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   // chunk is charged its slot). The sizes come from a first start.
   const SlotCharge charge = ChargePerChunk(dir.File("probe"));
   const uint64_t chunk_bytes = charge.chunk_bytes;
-  Daemon d(dir.File("data"),
-           {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
-            "acme:ram=" + std::to_string(4 * charge.ram) + ",ssd=" + std::to_string(4 * charge.ssd) +
-                ",pins=3"});
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
+                              "acme:ram=" + std::to_string(4 * charge.ram) +
+                                  ",ssd=" + std::to_string(4 * charge.ssd) + ",pins=3"});
   const pb::RegisterNamespaceResponse na = Register(d, a), nb = Register(d, b);
   ASSERT_EQ(na.chunk_bytes(), chunk_bytes);
   // globex stores 6 prefixes of one chunk, acme 10.

@@ -377,10 +377,20 @@ TEST_F(ClusterTest, ATenantCanNeitherProbeNorSquatAnotherTenantsKeys) {
 // live node's address.
 TEST_F(ClusterTest, ASecondProcessWithALiveNodesIdOrAddressIsRefused) {
   auto start = [&](const std::string& folder, std::vector<std::string> extra) {
-    std::vector<std::string> args = {"--data-dir", dir_.File(folder), "--ram-bytes", "4000000",
-                                     "--ssd-bytes", "40000000", "--listen", "127.0.0.1:0",
-                                     "--cluster", etcd_->url(), "--cluster-lease-seconds", "2",
-                                     "--auth-tokens", dir_.File("tokens")};
+    std::vector<std::string> args = {"--data-dir",
+                                     dir_.File(folder),
+                                     "--ram-bytes",
+                                     "4000000",
+                                     "--ssd-bytes",
+                                     "40000000",
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--cluster",
+                                     etcd_->url(),
+                                     "--cluster-lease-seconds",
+                                     "2",
+                                     "--auth-tokens",
+                                     dir_.File("tokens")};
     args.insert(args.end(), extra.begin(), extra.end());
     return testing::RunProgram(testing::kDaemon, args);
   };
@@ -417,7 +427,8 @@ TEST_F(ClusterTest, AnOverwrittenEntryIsClaimedBackAndRecordsNamingAnotherKeyAre
   cluster::NodeInfo forged;
   forged.id = NodeId(1);
   forged.address = "127.0.0.1:1";
-  ASSERT_TRUE((*etcd)->Put(std::string(cluster::kNodesPrefix) + NodeId(1), forged.ToJson(), 0).ok());
+  ASSERT_TRUE(
+      (*etcd)->Put(std::string(cluster::kNodesPrefix) + NodeId(1), forged.ToJson(), 0).ok());
   forged.id = NodeId(2);
   forged.address = "127.0.0.1:2";
   ASSERT_TRUE((*etcd)->Put(std::string(cluster::kNodesPrefix) + "rogue", forged.ToJson(), 0).ok());

@@ -187,8 +187,8 @@ TEST(QuotaTest, AChunkIsChargedTheWholeSlotItTakes) {
   store->SetQuotaGroup(kSmall, kGroupA);
   for (uint64_t i = 0; i < 60; ++i) {
     const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk / 20);
-    ASSERT_TRUE(store->Put({kSmall, KeyOf(seed, i), std::nullopt, p}, {Durability::kDurable, 0})
-                    .ok())
+    ASSERT_TRUE(
+        store->Put({kSmall, KeyOf(seed, i), std::nullopt, p}, {Durability::kDurable, 0}).ok())
         << i;
   }
   const QuotaUsage used = store->Usage(kGroupA);

@@ -81,9 +81,9 @@ TEST_F(KvgenTest, ATextPromptRunsAsByteTokensAndPrintsTheContinuation) {
   for (unsigned char b : text) ids << 3 + b << " ";
   ids.close();
   auto run = [&](const std::string& flag, const std::string& file) {
-    const auto r = RunProgram(kKvgen, {"--config", kMini, "--weights", dir_.File("w.safetensors"),
-                                       flag, dir_.File(file), "--max-new-tokens", "8", "--greedy",
-                                       "--json"});
+    const auto r =
+        RunProgram(kKvgen, {"--config", kMini, "--weights", dir_.File("w.safetensors"), flag,
+                            dir_.File(file), "--max-new-tokens", "8", "--greedy", "--json"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return nlohmann::json::parse(r.out);
   };
