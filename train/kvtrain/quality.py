@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def kvgen(bin_dir: str, config: str, weights: str, prompt: List[int], steps: int, tmp: str,
-          *extra: str) -> dict:
+          *extra: str, vocab: int = 0) -> dict:
     p = os.path.join(tmp, "prompt.txt")
     with open(p, "w") as f:
         f.write(" ".join(map(str, prompt)))
@@ -49,7 +49,7 @@ def kvgen(bin_dir: str, config: str, weights: str, prompt: List[int], steps: int
     if r.returncode != 0:
         raise RuntimeError(f"kvgen {' '.join(extra)}: {r.stderr.strip()}")
     out = json.loads(r.stdout)
-    out["logits"] = np.fromfile(dump, dtype="<f4").reshape(-1, load_config(config).vocab_size)
+    out["logits"] = np.fromfile(dump, dtype="<f4").reshape(-1, vocab or load_config(config).vocab_size)
     return out
 
 
@@ -135,7 +135,8 @@ def main(argv=None) -> int:
                     prompt = toks[:P + args.new_tokens]
                     nxt = toks[P + args.new_tokens]
                     run = lambda *e: kvgen(args.bin_dir, args.config, path, prompt, args.steps,
-                                           tmp, "--chunk-tokens", str(args.chunk_tokens), *e)
+                                           tmp, "--chunk-tokens", str(args.chunk_tokens), *e,
+                                           vocab=c.vocab_size)
                     full, ced = run("--no-ced"), run()
                     bounded = run("--resume-at", str(P), "--replay", "bounded")
                     exact = run("--resume-at", str(P), "--replay", "exact")
