@@ -164,6 +164,9 @@ class ChunkStore::Impl {
   // How many slots one reservation takes beyond what is asked for: enough to make the
   // synced commit rare, few enough that a small tier keeps most slots for chunks.
   size_t ReserveAhead() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // How many slots eviction frees beyond what a reservation needs when the tier is full:
+  // 1/64 of the tier, at most 32 (none in a tier under 64 slots).
+  size_t EvictAhead() const { return std::min<size_t>(ssd->capacity_slots() / 64, 32); }
 
   // Takes a chunk that is on SSD off the tier's map and eviction order, and returns its
   // slot — not yet free: CommitSsdRemovals frees it once the removal is durable.

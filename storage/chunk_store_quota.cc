@@ -167,7 +167,7 @@ ChunkStore::QuotaRoom ChunkStore::Impl::QuotaRoomLocked() const {
     // Less what the tier keeps free for its own work: the slots eviction runs ahead by
     // (EnsureReserved) and the one a reservation names for the next.
     const uint64_t slots = ssd->capacity_slots();
-    const uint64_t kept = std::min<uint64_t>(slots / 64, 32) + 1;
+    const uint64_t kept = EvictAhead() + 1;
     room.ssd_bytes = (slots > kept ? slots - kept : 0) * slot_bytes;
     room.ssd_bytes_per_chunk = slot_bytes;
   }

@@ -194,7 +194,7 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
   // named as this one's first.
   const size_t named = next_first_slot ? 1 : 0;
   if (ssd_free.size() + named < missing) {
-    const size_t ahead = std::min<size_t>(ssd->capacity_slots() / 64, 32);
+    const size_t ahead = EvictAhead();
     while (ssd_free.size() + named < missing + ahead) {
       std::optional<ChunkKey> victim = PickSsdVictim();
       if (!victim) break;
