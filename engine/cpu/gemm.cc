@@ -121,7 +121,9 @@ PackedMatrix::PackedMatrix(std::span<const float> w, int64_t rows, int64_t cols)
   }
 }
 
-void UsePortableGemm(bool portable) { g_force_portable = portable; }
+bool Avx2FmaInUse() { return HaveAvx2(); }
+
+void UsePortableKernels(bool portable) { g_force_portable = portable; }
 
 void GemmSerial(const float* x, int64_t m, const PackedMatrix& w, float* y) {
   Block(x, 0, m, w, 0, w.panels(), y);

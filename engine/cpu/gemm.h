@@ -40,7 +40,10 @@ class PackedMatrix {
 void Gemm(const float* x, int64_t m, const PackedMatrix& w, float* y);
 // The same without threads (for callers already inside a parallel loop).
 void GemmSerial(const float* x, int64_t m, const PackedMatrix& w, float* y);
-// Forces the portable path even where AVX2+FMA exist (tests compare the two).
-void UsePortableGemm(bool portable);
+// Whether the AVX2+FMA paths run (the CPU has them and UsePortableKernels is off). Gemm and
+// model::AttendHead dispatch on it; both paths round identically (fmaf chains in one order).
+bool Avx2FmaInUse();
+// Forces the portable paths even where AVX2+FMA exist (tests compare the two).
+void UsePortableKernels(bool portable);
 
 }  // namespace kvc::cpu

@@ -94,22 +94,33 @@ void HcPost(const float* f, const float* R, const HcCoefficients& c, int64_t hc,
 }
 
 std::vector<int32_t> TopKAscending(std::span<const float> scores, int64_t k) {
-  // One scan keeping the k best so far, best first; "better" is the higher score, then the
-  // lower index, so a later index with an equal score never displaces an earlier one.
-  std::vector<std::pair<float, int32_t>> best;
-  best.reserve(k + 1);
-  for (size_t i = 0; i < scores.size() && k > 0; ++i) {
+  // One scan keeping the k best so far in a heap whose top is the worst of them; "better" is
+  // the higher score, then the lower index. The scan runs in index order, so a later index
+  // with a score equal to the worst kept never displaces it: only a strictly higher score
+  // enters. A heap, not a sorted array: trained indexers score recent positions higher, so
+  // most positions enter and a sorted insert would shift k entries each time.
+  using Entry = std::pair<float, int32_t>;
+  const auto better = [](const Entry& a, const Entry& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::vector<Entry> heap;
+  if (k <= 0) return {};
+  heap.reserve(static_cast<size_t>(std::min<int64_t>(k, static_cast<int64_t>(scores.size()))));
+  for (size_t i = 0; i < scores.size(); ++i) {
     const float v = scores[i];
     if (v == -std::numeric_limits<float>::infinity()) continue;
-    if (static_cast<int64_t>(best.size()) == k && !(v > best.back().first)) continue;
-    auto at = best.end();
-    while (at != best.begin() && v > std::prev(at)->first) --at;
-    best.insert(at, {v, static_cast<int32_t>(i)});
-    if (static_cast<int64_t>(best.size()) > k) best.pop_back();
+    if (static_cast<int64_t>(heap.size()) < k) {
+      heap.emplace_back(v, static_cast<int32_t>(i));
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (v > heap.front().first) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = {v, static_cast<int32_t>(i)};
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
   }
   std::vector<int32_t> idx;
-  idx.reserve(best.size());
-  for (const auto& [v, i] : best) idx.push_back(i);
+  idx.reserve(heap.size());
+  for (const auto& [v, i] : heap) idx.push_back(i);
   std::sort(idx.begin(), idx.end());
   return idx;
 }

@@ -65,9 +65,9 @@ TEST(GemmTest, PortablePathRoundsExactlyLikeTheVectorPath) {
   const PackedMatrix p(w, n, k);
   std::vector<float> fast(m * n), portable(m * n);
   Gemm(x.data(), m, p, fast.data());
-  UsePortableGemm(true);
+  UsePortableKernels(true);
   Gemm(x.data(), m, p, portable.data());
-  UsePortableGemm(false);
+  UsePortableKernels(false);
   EXPECT_EQ(std::memcmp(fast.data(), portable.data(), fast.size() * sizeof(float)), 0);
 }
 

@@ -121,15 +121,19 @@ TEST(OpsTest, TopKBreaksTiesTowardsLowerIndexAndSkipsMinusInfinity) {
   EXPECT_EQ(TopKAscending(s, 4), (std::vector<int32_t>{1, 2, 4, 5}));
   EXPECT_EQ(TopKAscending(s, 10), (std::vector<int32_t>{0, 1, 2, 4, 5}));
   std::mt19937_64 rng(testing::FreshSeed());
-  std::vector<float> r(500);
-  for (float& v : r) v = static_cast<float>(rng() % 50);  // many ties
-  const std::vector<int32_t> got = TopKAscending(r, 17);
-  std::vector<int32_t> order(r.size());
-  for (size_t i = 0; i < r.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return r[a] > r[b]; });
-  order.resize(17);
-  std::sort(order.begin(), order.end());
-  EXPECT_EQ(got, order);
+  for (bool rising : {false, true}) {  // random, and mostly rising as trained indexers score
+    std::vector<float> r(500);
+    for (size_t i = 0; i < r.size(); ++i)
+      r[i] = static_cast<float>(rng() % 50) + (rising ? static_cast<float>(i / 8) : 0.0f);
+    const std::vector<int32_t> got = TopKAscending(r, 17);
+    std::vector<int32_t> order(r.size());
+    for (size_t i = 0; i < r.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return r[a] > r[b]; });
+    order.resize(17);
+    std::sort(order.begin(), order.end());
+    EXPECT_EQ(got, order) << (rising ? "rising" : "random") << " scores";
+  }
 }
 
 // Every n-th float bit pattern, NaNs and infinities included.

@@ -3,12 +3,14 @@
 #include "engine/model/layer_ops.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
 
 #include "absl/numeric/int128.h"
+#include "engine/cpu/gemm.h"
 #include "gtest/gtest.h"
 #include "tests/testing/random.h"
 #include "tests/testing/seed.h"
@@ -61,6 +63,27 @@ TEST(LayerOpsTest, AttendHeadMatchesSoftmaxWithASinkInTheDenominator) {
   std::vector<float> o(8, 1.0f), q(8, 1.0f);
   AttendHead(q.data(), {}, 8, 0.0f, 1.0f, o.data());
   EXPECT_EQ(o, std::vector<float>(8, 0.0f)) << "no visible key: zero output";
+}
+
+TEST(LayerOpsTest, AttendHeadsVectorPathIsBitIdenticalToThePortableOne) {
+  if (!cpu::Avx2FmaInUse()) GTEST_SKIP() << "no AVX2+FMA on this CPU";
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (int64_t dim : {64, 128, 40, 13}) {
+    for (int n : {1, 7, 8, 9, 31, 192}) {
+      const std::vector<float> q = NormalFloats(rng, dim), k = NormalFloats(rng, n * dim);
+      std::vector<const float*> keys;
+      for (int t = 0; t < n; ++t) keys.push_back(&k[(n - 1 - t) * dim]);  // any order
+      const float sink = NormalFloats(rng, 1)[0];
+      std::vector<float> fast(dim), slow(dim);
+      AttendHead(q.data(), keys, dim, sink, 0.125f, fast.data());
+      cpu::UsePortableKernels(true);
+      AttendHead(q.data(), keys, dim, sink, 0.125f, slow.data());
+      cpu::UsePortableKernels(false);
+      for (int64_t e = 0; e < dim; ++e)
+        ASSERT_EQ(std::bit_cast<uint32_t>(fast[e]), std::bit_cast<uint32_t>(slow[e]))
+            << "dim " << dim << ", " << n << " keys, element " << e;
+    }
+  }
 }
 
 TEST(LayerOpsTest, CandidateMaskKeepsTheBestBlocksAndTheNewest) {
