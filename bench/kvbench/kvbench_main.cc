@@ -13,6 +13,9 @@
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
 //                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
 //   kvbench soak [--seconds S] [--clients N] [--kill-every S] [--io-fault-rate N] [--json]
+//   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
+//                   [--windows 0,32,64,128,256] [--documents N] [--points N]
+//                   [--decode-contexts 4096,16384,...] [--json]
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
 //                   [--dataset-chunks N | --dataset-bytes B] [--depths 1,8,32]
 //                   [--ops fetch,store] [--no-fio]
@@ -29,6 +32,7 @@
 #include "bench/kvbench/e2e_bench.h"
 #include "bench/kvbench/engine_bench.h"
 #include "bench/kvbench/kernels_bench.h"
+#include "bench/kvbench/quality_bench.h"
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/soak.h"
 #include "bench/kvbench/storage_bench.h"
@@ -305,6 +309,57 @@ int Main(int argc, char** argv) {
   soak->add_option("--config", soak_config, "model config giving the chunk size")
       ->capture_default_str();
   soak->add_flag("--json", json, "print one JSON object");
+  CLI::App* quality = app.add_subcommand(
+      "quality", "what a resume costs in answers: bounded/exact replay and CED vs full depth, "
+                 "DSpark, decode cost by component (a trained model, held-out text)");
+  bench::QualityBenchOptions qopt;
+  const std::string src = KVC_SOURCE_DIR;
+  qopt.config = src + "/configs/small.json";
+  qopt.manifest = src + "/train/corpus.json";
+  std::vector<std::string> qweights;
+  quality->add_option("--config", qopt.config, "model config")->capture_default_str();
+  quality->add_option("--weights", qweights,
+                      "NAME=FILE, repeatable (default: the shipped small-plain and small-replay)");
+  quality->add_option("--manifest", qopt.manifest, "corpus manifest (its held-out split)")
+      ->capture_default_str();
+  quality->add_option("--held-out", qopt.held_out, "text files instead of the held-out split");
+  quality->add_option("--documents", qopt.documents, "documents (the first by path)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality->add_option("--points", qopt.points, "resume points per document")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality->add_option("--chunk-tokens", qopt.chunk_tokens, "page size (resume points)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality->add_option("--new-tokens", qopt.new_tokens, "prompt tokens after the resume point")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality->add_option("--steps", qopt.steps, "tokens decoded and read teacher-forced per case")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality
+      ->add_option("--max-prompt-tokens", qopt.max_prompt_tokens,
+                   "resume points at most this far in (a full-depth prefill is quadratic)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality->add_option("--windows", qopt.windows, "bounded replay lengths")
+      ->delimiter(',')
+      ->capture_default_str();
+  quality->add_option("--dspark-prompts", qopt.dspark_prompts, "prompts decoded with DSpark")
+      ->capture_default_str();
+  quality->add_option("--dspark-steps", qopt.dspark_steps, "tokens per DSpark/plain decode")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality
+      ->add_option("--decode-contexts", qopt.decode_contexts,
+                   "decode cost by component at these contexts (the last variant)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  quality->add_option("--decode-tokens", qopt.decode_tokens, "tokens timed per context")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  quality->add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -327,6 +382,21 @@ int Main(int argc, char** argv) {
                  "without it (nvcc not found)\n";
     return 1;
 #endif
+  }
+  if (quality->parsed()) {
+    if (qweights.empty()) {
+      qweights = {"plain=" + src + "/train/weights/small-plain.safetensors",
+                  "replay-aware=" + src + "/train/weights/small-replay.safetensors"};
+    }
+    for (const std::string& w : qweights) {
+      const size_t eq = w.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == w.size()) {
+        std::cerr << "kvbench: error: --weights \"" << w << "\" is not NAME=FILE\n";
+        return 2;
+      }
+      qopt.variants.emplace_back(w.substr(0, eq), w.substr(eq + 1));
+    }
+    return Report(bench::RunQualityBench(qopt), json, bench::QualityBenchToText);
   }
   if (soak->parsed()) {
     std::optional<std::string> text = ReadModelConfig(soak_config);

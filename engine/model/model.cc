@@ -245,15 +245,17 @@ void Model::Rollback(Sequence& seq, const SequenceCheckpoint& cp) const {
 
 absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, std::span<const uint8_t> pages,
                                                  int64_t cached, std::span<const uint32_t> tokens,
-                                                 ReplayMode replay) const {
+                                                 ReplayMode replay,
+                                                 int64_t bounded_replay_tokens) const {
   return Resume(
       seq, [pages]() -> absl::StatusOr<std::span<const uint8_t>> { return pages; }, cached, tokens,
-      replay);
+      replay, bounded_replay_tokens);
 }
 
 absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource& source,
                                                  int64_t cached, std::span<const uint32_t> tokens,
-                                                 ReplayMode replay) const {
+                                                 ReplayMode replay,
+                                                 int64_t bounded_replay_tokens) const {
   const ModelImpl& m = *impl_;
   SequenceState& s = *seq.s_;
   const int64_t C = m.layout.chunk_tokens, n = static_cast<int64_t>(tokens.size());
@@ -262,6 +264,12 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
     return absl::FailedPreconditionError(
         absl::StrCat("exact replay needs a batch-invariant matmul backend; \"", m.mm->name(),
                      "\" gives a row other bits in calls of other heights (use bounded replay)"));
+  }
+  if (bounded_replay_tokens < -1 ||
+      (replay == ReplayMode::kExact && bounded_replay_tokens != -1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bounded_replay_tokens is ", bounded_replay_tokens,
+        "; it must be -1 (the model's window) or, with bounded replay only, a length ≥ 0"));
   }
   if (cached <= 0 || cached % C != 0) {
     return absl::InvalidArgumentError(absl::StrCat("the cached prefix is ", cached,
@@ -280,7 +288,11 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
   // Replay start: the model's window, or the encoder's whole dependency window before the
   // first position the decoder reads (exact).
   const int64_t seg = std::max<int64_t>(0, n - m.win);
-  int64_t start = std::max<int64_t>(0, cached - m.win);
+  // A chosen replay length still covers the decoder's segment (the decoder reads the
+  // encoder's output over its window): at least seg … cached is replayed.
+  int64_t start = std::min(
+      seg,
+      std::max<int64_t>(0, cached - (bounded_replay_tokens >= 0 ? bounded_replay_tokens : m.win)));
   if (replay == ReplayMode::kExact) {
     start = std::max<int64_t>(0, std::min(cached, seg) - m.E * m.win);
   }

@@ -16,7 +16,11 @@
 // Resume(pages of P tokens, whole prompt): imports the pages, replays cached tokens
 // through the encoder (never rewriting a global row the pages hold), runs the new tokens,
 // then the decoder segment as in kCed. Replay:
-//   kBounded    the last `sliding_window` cached tokens (the model's own rule);
+//   kBounded    the last `sliding_window` cached tokens (the model's own rule), or the
+//               last `bounded_replay_tokens` when that is ≥ 0 (0: no replay; the encoder's
+//               windows then start at the first new token), but never fewer than the
+//               decoder's segment needs (its window's encoder outputs: window − new tokens)
+//               — for measuring what the replay's length buys (kvbench quality);
 //   kExact      the encoder's whole dependency window, encoder layers × window tokens,
 //               before the first position the decoder reads: the resumed sequence is
 //               then bit-identical to a cold kCed prefill of the same prompt. Needs a
@@ -137,7 +141,8 @@ class Model {
   // the first P tokens of `tokens`) and runs the rest of `tokens` (P < tokens.size()).
   absl::StatusOr<std::vector<float>> Resume(Sequence& seq, std::span<const uint8_t> pages,
                                             int64_t cached_tokens, std::span<const uint32_t> tokens,
-                                            ReplayMode replay) const;
+                                            ReplayMode replay,
+                                            int64_t bounded_replay_tokens = -1) const;
   // The same with the pages still on their way: the layers that read no page (the
   // sliding-window-only layers before the first compressed one) run first, then `pages`
   // is called once and may block until the fetch is done. An error it returns ends the
@@ -145,7 +150,8 @@ class Model {
   using PageSource = std::function<absl::StatusOr<std::span<const uint8_t>>()>;
   absl::StatusOr<std::vector<float>> Resume(Sequence& seq, const PageSource& pages,
                                             int64_t cached_tokens, std::span<const uint32_t> tokens,
-                                            ReplayMode replay) const;
+                                            ReplayMode replay,
+                                            int64_t bounded_replay_tokens = -1) const;
 
  private:
   explicit Model(std::unique_ptr<ModelImpl> impl);

@@ -33,6 +33,14 @@ def read(path: str) -> Dict[str, torch.Tensor]:
     return out
 
 
+def metadata(path: str) -> Dict[str, str]:
+    """The file's __metadata__ (empty when it has none)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return dict(header.get("__metadata__", {}))
+
+
 def write(path: str, tensors: Dict[str, torch.Tensor], metadata: Dict[str, str] = None) -> None:
     header: dict = {}
     if metadata:

@@ -16,6 +16,12 @@ balance (noaux_tc: no gradient). `--replay-aware F`: on a fraction F of the batc
 sequence gets a random resume point P (a multiple of 64, past the window) and its windows
 are cut as a resume from P cuts them — the encoder's from P − W (the bounded replay), the
 decoder's from P (its segment) — so the model learns to work from a replayed state.
+
+`--init W --draft-only`: a second stage for the DSpark drafter alone. The trunk is frozen
+(and run without gradients), the drafter distilled from it: at many anchors per batch its
+block's distributions are pulled towards the trunk's own next-token distributions at the
+same positions (soft cross-entropy), which is what greedy verification accepts — a drafter
+trained on the data's tokens learns the data, not the model it must agree with.
 """
 from __future__ import annotations
 
@@ -96,6 +102,31 @@ def draft_loss(model: V41, hidden: torch.Tensor, tokens: torch.Tensor, rng: np.r
     return torch.stack(losses).mean()
 
 
+def is_draft_parameter(c, name: str) -> bool:
+    """The DSpark drafter's own tensors (the embedding and head it shares are the trunk's)."""
+    if name.startswith("dspark."):
+        return True
+    return name.startswith("layers.") and int(name.split(".")[1]) >= c.num_hidden_layers
+
+
+def draft_distill_loss(model: V41, hidden: torch.Tensor, teacher: torch.Tensor,
+                       tokens: torch.Tensor, rng: np.random.Generator,
+                       anchors: int) -> torch.Tensor:
+    """Soft cross-entropy of the drafter's block at random anchors a against the trunk's
+    distributions at a…a+S−1 (teacher: the trunk's logits [B, N, V], no gradient)."""
+    c = model.c
+    S, W = c.dspark_block_size, c.sliding_window
+    N = tokens.shape[1]
+    losses = []
+    for _ in range(anchors):
+        a = int(rng.integers(W, N - S - 1))
+        ring = model.draft_ring(hidden[:, a - W:a], torch.arange(a - W, a))
+        logits = model.draft_logits(ring, tokens[:, a], a) + model.markov_bias(tokens[:, a:a + S])
+        target = torch.softmax(teacher[:, a:a + S].float(), dim=-1)
+        losses.append(-(target * torch.log_softmax(logits, dim=-1)).sum(-1).mean())
+    return torch.stack(losses).mean()
+
+
 def update_gate_biases(model: V41, stats: Dict[int, torch.Tensor], rate: float) -> None:
     """noaux_tc: an expert that got more than its share of tokens has its bias lowered."""
     with torch.no_grad():
@@ -159,6 +190,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--replay-aware", type=float, default=0.0,
                     help="fraction of batches trained with resume-point window cuts")
     ap.add_argument("--draft-anchors", type=int, default=2)
+    ap.add_argument("--init", default="", help="start from these weights (safetensors)")
+    ap.add_argument("--draft-only", action="store_true",
+                    help="train only the DSpark drafter, distilled from the frozen trunk")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--checkpoint-every", type=int, default=50)
@@ -174,6 +208,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     held = np.array(tokenizer.encode(held_bytes), dtype=np.int32)
     torch.manual_seed(args.seed)
     model = V41(c, init_seed=args.seed)
+    if args.init:
+        model.load_tensors(safetensors_io.read(args.init))
+    if args.draft_only:
+        if c.num_nextn_predict_layers == 0:
+            raise SystemExit(f"--draft-only: {args.config} has no DSpark draft layers")
+        for name in model.names:
+            if not is_draft_parameter(c, name):
+                model.p(name).requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                             betas=(0.9, 0.95), weight_decay=0.01)
     # Separate streams: the data are the same batches in both variants whatever the
@@ -212,21 +254,28 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                  c.sliding_window)
         aux: list = []
         stats: Dict[int, torch.Tensor] = {}
-        want = c.num_nextn_predict_layers > 0 and args.draft_anchors > 0
-        out = model(x[:, :-1], enc_start=enc_start, dec_start=dec_start, aux=aux, stats=stats,
-                    want_hidden=want)
-        logits, hidden = out if want else (out, None)
-        lm = F.cross_entropy(logits.reshape(-1, c.vocab_size), x[:, 1:].reshape(-1))
-        loss = lm + 0.1 * indexer_loss(aux)
-        if want:
-            loss = loss + 0.5 * draft_loss(model, hidden, x, draft_rng, args.draft_anchors)
+        if args.draft_only:
+            with torch.no_grad():
+                logits, hidden = model(x[:, :-1], want_hidden=True)
+            lm = draft_distill_loss(model, hidden, logits, x, draft_rng, args.draft_anchors)
+            loss = lm
+        else:
+            want = c.num_nextn_predict_layers > 0 and args.draft_anchors > 0
+            out = model(x[:, :-1], enc_start=enc_start, dec_start=dec_start, aux=aux,
+                        stats=stats, want_hidden=want)
+            logits, hidden = out if want else (out, None)
+            lm = F.cross_entropy(logits.reshape(-1, c.vocab_size), x[:, 1:].reshape(-1))
+            loss = lm + 0.1 * indexer_loss(aux)
+            if want:
+                loss = loss + 0.5 * draft_loss(model, hidden, x, draft_rng, args.draft_anchors)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        update_gate_biases(model, stats, 1e-3)
+        if not args.draft_only:
+            update_gate_biases(model, stats, 1e-3)
         step += 1
-        last_loss = float(lm)
+        last_loss = float(lm)  # the drafter's distillation loss with --draft-only
         elapsed = time.time() - t0
         rec = {"step": step, "loss": last_loss, "lr": lr, "elapsed_s": round(elapsed, 1),
                "replay": enc_start is not None}
@@ -253,6 +302,13 @@ def main(argv: Optional[List[str]] = None) -> int:
               "train_loss_bits_per_byte": last_loss / math.log(2), "held_out_bits_per_byte": bpb,
               "replay_aware": args.replay_aware, "seq": args.seq, "batch": args.batch,
               "config": os.path.basename(args.config), "minutes": round((time.time() - t0) / 60, 1)}
+    if args.draft_only:
+        # The trunk is the init's: its recipe stays the record of how it was trained.
+        recipe["draft_distill_loss"] = recipe.pop("train_loss_bits_per_byte") * math.log(2)
+        recipe["draft_anchors"] = args.draft_anchors
+    if args.init:
+        init_recipe = safetensors_io.metadata(args.init).get("recipe")
+        recipe["init"] = json.loads(init_recipe) if init_recipe else os.path.basename(args.init)
     export(model, os.path.join(args.out, "model.safetensors"), recipe)
     with open(os.path.join(args.out, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=1)

@@ -444,6 +444,43 @@ TEST_F(ModelTest, BoundedReplayAndCedStayCloseToTheirReferences) {
   EXPECT_LT(max_ced, 10.0);
 }
 
+TEST_F(ModelTest, TheBoundedReplaysLengthCanBeChosen) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  const int64_t cached = 160, win = config_->sliding_window;
+  const std::vector<uint32_t> prompt = Prompt(rng, cached + 21);
+  Sequence prefix = model_->NewSequence(), cold = model_->NewSequence();
+  ASSERT_TRUE(model_->Prefill(prefix, std::span(prompt).first(cached), PrefillMode::kCed).ok());
+  const std::vector<uint8_t> pages = Pages(prefix, cached / kChunk);
+  const std::vector<float> ced = *model_->Prefill(cold, prompt, PrefillMode::kCed);
+  auto resume = [&](int64_t replay_tokens, int64_t* replayed) {
+    Sequence s = model_->NewSequence();
+    absl::StatusOr<std::vector<float>> l =
+        model_->Resume(s, pages, cached, prompt, ReplayMode::kBounded, replay_tokens);
+    EXPECT_TRUE(l.ok()) << l.status();
+    *replayed = s.last_stats().replayed_tokens;
+    return l.ok() ? *l : std::vector<float>{};
+  };
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  };
+  int64_t replayed = -1;
+  const std::vector<float> model_rule = resume(-1, &replayed);
+  EXPECT_EQ(replayed, win);
+  EXPECT_TRUE(same_bits(model_rule, resume(win, &replayed))) << "-1 is the model's window";
+  const std::vector<float> none = resume(0, &replayed);
+  EXPECT_EQ(replayed, 0);
+  EXPECT_FALSE(same_bits(none, model_rule)) << "no replay loses the encoder's window";
+  // Replaying every cached token recomputes what a cold CED prefill computes, bit for bit.
+  EXPECT_TRUE(same_bits(resume(cached, &replayed), ced));
+  EXPECT_EQ(replayed, cached);
+  Sequence s = model_->NewSequence();
+  EXPECT_EQ(model_->Resume(s, pages, cached, prompt, ReplayMode::kBounded, -2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Sequence t = model_->NewSequence();
+  absl::Status st = model_->Resume(t, pages, cached, prompt, ReplayMode::kExact, 8).status();
+  EXPECT_NE(st.message().find("with bounded replay only"), std::string::npos) << st;
+}
+
 TEST_F(ModelTest, BadInputIsRefusedWithTheReason) {
   std::mt19937_64 rng(testing::FreshSeed());
   const std::vector<uint32_t> prompt = Prompt(rng, 100);
@@ -557,6 +594,16 @@ TEST_F(ModelTest, DSparkGreedyOutputEqualsPlainGreedy) {
     }
     EXPECT_GT(b->drafted, 0);
     EXPECT_LE(b->main_passes, 29);  // never more main passes than plain decoding
+    // Per depth: each depth's kept count is at most the one before it, and they sum to
+    // the proposals kept.
+    ASSERT_EQ(static_cast<int64_t>(b->kept_at_depth.size()), config_->dspark_block_size);
+    int64_t sum = 0;
+    for (size_t d = 0; d < b->kept_at_depth.size(); ++d) {
+      EXPECT_LE(b->kept_at_depth[d], d == 0 ? b->blocks : b->kept_at_depth[d - 1]) << d;
+      sum += b->kept_at_depth[d];
+    }
+    EXPECT_EQ(sum, b->accepted);
+    EXPECT_EQ(b->blocks, b->main_passes);
   }
 }
 

@@ -1,0 +1,640 @@
+#include "bench/kvbench/quality_bench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/kvbench/harness.h"
+#include "bench/kvplan/decode_flops.h"
+#include "engine/model/generate.h"
+#include "engine/model/model.h"
+#include "engine/spec/byte_tokens.h"
+
+namespace kvc::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// ---- held-out text ----
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read \"", path, "\""));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// (path, bytes) of the documents: the files given, or the manifest's held-out split (each
+// file's size checked against the manifest, so a changed corpus is named, not measured).
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
+    const QualityBenchOptions& o) {
+  std::vector<std::pair<std::string, std::string>> docs;
+  if (!o.held_out.empty()) {
+    for (const std::string& p : o.held_out) {
+      absl::StatusOr<std::string> text = ReadFile(p);
+      if (!text.ok()) return text.status();
+      docs.emplace_back(p, *std::move(text));
+    }
+    return docs;
+  }
+  absl::StatusOr<std::string> text = ReadFile(o.manifest);
+  if (!text.ok()) return text.status();
+  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.contains("files")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", o.manifest, "\" is not a corpus manifest (no \"files\")"));
+  }
+  for (const nlohmann::json& f : m["files"]) {
+    if (f.value("split", "") != "held_out") continue;
+    const std::string path = f.value("path", "");
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok()) {
+      return absl::NotFoundError(absl::StrCat("held-out file ", path, " of ", o.manifest,
+                                              " cannot be read (", bytes.status().message(),
+                                              "); give --held-out FILE… instead"));
+    }
+    if (static_cast<int64_t>(bytes->size()) != f.value("bytes", int64_t{-1})) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "held-out file ", path, " is ", bytes->size(), " bytes; ", o.manifest, " says ",
+          f.value("bytes", int64_t{-1}), " (the corpus changed)"));
+    }
+    docs.emplace_back(path, *std::move(bytes));
+  }
+  return docs;
+}
+
+// ---- one case's runs ----
+
+std::vector<double> LogSoftmax(const std::vector<float>& x) {
+  double mx = -INFINITY;
+  for (float v : x) mx = std::max(mx, static_cast<double>(v));
+  double sum = 0;
+  for (float v : x) sum += std::exp(v - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] - lse;
+  return out;
+}
+
+double Kl(const std::vector<float>& ref, const std::vector<float>& other) {
+  const std::vector<double> p = LogSoftmax(ref), q = LogSoftmax(other);
+  double kl = 0;
+  for (size_t i = 0; i < p.size(); ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
+  return std::max(0.0, kl);
+}
+
+struct Run {
+  std::vector<uint32_t> tokens;             // greedy continuation
+  std::vector<std::vector<float>> logits;   // logits[k] chose tokens[k]
+  std::vector<std::vector<float>> forced;   // teacher-forced: forced[k] predicts truth[k]
+  double loss_bits = 0;                     // teacher-forced bits per byte over truth
+};
+
+// After a prefill or resume whose last logits are `first`: the teacher-forced read of
+// `truth` (the document's next tokens), rolled back, then greedy decoding.
+absl::StatusOr<Run> Continue(const model::Model& m, model::Sequence& seq,
+                             absl::StatusOr<std::vector<float>> first,
+                             std::span<const uint32_t> truth, int64_t steps) {
+  if (!first.ok()) return first.status();
+  Run r;
+  const model::SequenceCheckpoint cp = m.Checkpoint(seq);
+  r.forced.push_back(*first);
+  if (truth.size() > 1) {
+    absl::StatusOr<std::vector<std::vector<float>>> ext =
+        m.Extend(seq, truth.first(truth.size() - 1));
+    if (!ext.ok()) return ext.status();
+    for (std::vector<float>& l : *ext) r.forced.push_back(std::move(l));
+  }
+  for (size_t k = 0; k < truth.size(); ++k) r.loss_bits -= LogSoftmax(r.forced[k])[truth[k]];
+  r.loss_bits /= std::log(2.0) * static_cast<double>(truth.size());
+  m.Rollback(seq, cp);
+  absl::StatusOr<model::Generation> g = model::GenerateGreedy(m, seq, *first, steps, false);
+  if (!g.ok()) return g.status();
+  r.tokens = std::move(g->tokens);
+  r.logits = std::move(g->logits);
+  return r;
+}
+
+struct Comparison {
+  double kl_first = 0;
+  std::vector<double> kl_steps;  // while both contexts are still the same
+  double agreement = 0, loss_diff_bits = 0;
+  bool identical = true;
+};
+
+Comparison Compare(const Run& ref, const Run& run) {
+  Comparison c;
+  size_t same = 0;
+  while (same < ref.tokens.size() && same < run.tokens.size() &&
+         (same == 0 || ref.tokens[same - 1] == run.tokens[same - 1]))
+    ++same;
+  for (size_t k = 0; k < same; ++k) c.kl_steps.push_back(Kl(ref.logits[k], run.logits[k]));
+  c.kl_first = c.kl_steps.empty() ? 0 : c.kl_steps[0];
+  size_t agree = 0;
+  for (size_t k = 0; k < std::min(ref.tokens.size(), run.tokens.size()); ++k)
+    agree += ref.tokens[k] == run.tokens[k];
+  c.agreement = static_cast<double>(agree) / static_cast<double>(std::max<size_t>(1, ref.tokens.size()));
+  c.loss_diff_bits = run.loss_bits - ref.loss_bits;
+  auto same_bits = [](const std::vector<std::vector<float>>& a,
+                      const std::vector<std::vector<float>>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (a[k].size() != b[k].size() ||
+          std::memcmp(a[k].data(), b[k].data(), a[k].size() * sizeof(float)) != 0)
+        return false;
+    }
+    return true;
+  };
+  c.identical = ref.tokens == run.tokens && same_bits(ref.logits, run.logits) &&
+                same_bits(ref.forced, run.forced);
+  return c;
+}
+
+nlohmann::json Summarize(const std::vector<Comparison>& rows) {
+  std::vector<double> first, steps, agree, loss;
+  bool identical = !rows.empty();
+  for (const Comparison& c : rows) {
+    first.push_back(c.kl_first);
+    steps.insert(steps.end(), c.kl_steps.begin(), c.kl_steps.end());
+    agree.push_back(c.agreement);
+    loss.push_back(c.loss_diff_bits);
+    identical = identical && c.identical;
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+  };
+  return {{"cases", rows.size()},
+          {"kl_mean", mean(first)},
+          {"kl_p99", Percentile(first, 0.99)},
+          {"kl_steps_mean", mean(steps)},
+          {"kl_steps_p99", Percentile(steps, 0.99)},
+          {"agreement", mean(agree)},
+          {"loss_diff_bits", mean(loss)},
+          {"bit_identical", identical}};
+}
+
+// ---- decode cost by component: the backends, timed ----
+
+struct ComponentTimes {
+  std::atomic<int64_t> attention_ns{0}, indexer_ns{0}, dense_ns{0}, experts_ns{0};
+  void Reset() { attention_ns = indexer_ns = dense_ns = experts_ns = 0; }
+};
+
+class Timer {
+ public:
+  explicit Timer(std::atomic<int64_t>& into) : into_(into), t0_(Clock::now()) {}
+  ~Timer() {
+    into_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_).count();
+  }
+
+ private:
+  std::atomic<int64_t>& into_;
+  Clock::time_point t0_;
+};
+
+class TimedAttention final : public model::AttentionBackend {
+ public:
+  TimedAttention(std::unique_ptr<model::AttentionBackend> inner, ComponentTimes* t)
+      : inner_(std::move(inner)), t_(t) {}
+  const char* name() const override { return inner_->name(); }
+  absl::Status CheckShape(int64_t heads, int64_t dim) const override {
+    return inner_->CheckShape(heads, dim);
+  }
+  bool ReadsHeld(const model::HeldSelection& s) const override { return inner_->ReadsHeld(s); }
+  void Attend(const model::AttentionBatch& b) const override {
+    Timer timer(t_->attention_ns);
+    inner_->Attend(b);
+  }
+  bool AttendAndProject(const model::AttentionBatch& b, const model::OutputPath& p,
+                        float* out) const override {
+    Timer timer(t_->attention_ns);
+    return inner_->AttendAndProject(b, p, out);
+  }
+  bool AttendThenMoe(const model::AttentionBatch& b, const model::OutputPath& p,
+                     const model::MoeSublayer& then) const override {
+    Timer timer(t_->attention_ns);
+    return inner_->AttendThenMoe(b, p, then);
+  }
+  bool WriteEntries(const model::EntryBatch& b) const override { return inner_->WriteEntries(b); }
+
+ private:
+  std::unique_ptr<model::AttentionBackend> inner_;
+  ComponentTimes* t_;
+};
+
+class TimedIndexer final : public model::IndexerBackend {
+ public:
+  TimedIndexer(std::unique_ptr<model::IndexerBackend> inner, ComponentTimes* t)
+      : inner_(std::move(inner)), t_(t) {}
+  const char* name() const override { return inner_->name(); }
+  void Select(const model::IndexerBatch& b) const override {
+    Timer timer(t_->indexer_ns);
+    inner_->Select(b);
+  }
+  std::unique_ptr<model::HeldSelection> SelectHeld(const model::IndexerBatch& b) const override {
+    Timer timer(t_->indexer_ns);
+    return inner_->SelectHeld(b);
+  }
+
+ private:
+  std::unique_ptr<model::IndexerBackend> inner_;
+  ComponentTimes* t_;
+};
+
+// The inner backend's own calls (GemmGroup's Gemm, Experts' products) stay inside it, so
+// each product is timed once, by the call the model made.
+class TimedMatmul final : public model::MatmulBackend {
+ public:
+  TimedMatmul(std::unique_ptr<model::MatmulBackend> inner, ComponentTimes* t)
+      : inner_(std::move(inner)), t_(t) {}
+  const char* name() const override { return inner_->name(); }
+  bool batch_invariant() const override { return inner_->batch_invariant(); }
+  void Register(const cpu::PackedMatrix& w) override { inner_->Register(w); }
+  void Gemm(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
+    Timer timer(t_->dense_ns);
+    inner_->Gemm(x, m, w, y);
+  }
+  // Called inside another component's parallel loop (the indexer's): timed there.
+  void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w,
+                  float* y) const override {
+    inner_->GemmSerial(x, m, w, y);
+  }
+  void GemmGroup(std::span<const model::GemmCall> calls) const override {
+    Timer timer(t_->dense_ns);
+    inner_->GemmGroup(calls);
+  }
+  void GemmGroupLater(std::span<const model::GemmCall> calls) const override {
+    Timer timer(t_->dense_ns);
+    inner_->GemmGroupLater(calls);
+  }
+  void Settle() const override { inner_->Settle(); }
+  void CopyWhenLanded(const float* from, int64_t count, float* to) const override {
+    inner_->CopyWhenLanded(from, count, to);
+  }
+  void Experts(const float* x, int64_t rows, std::span<const model::ExpertJob> jobs, float limit,
+               float* out) const override {
+    Timer timer(t_->experts_ns);
+    inner_->Experts(x, rows, jobs, limit, out);
+  }
+  bool RoutedMoe(const float* x, int64_t rows, const model::MoeBlock& moe,
+                 std::span<const model::GemmCall> also, float* out) const override {
+    Timer timer(t_->experts_ns);
+    return inner_->RoutedMoe(x, rows, moe, also, out);
+  }
+
+ private:
+  std::unique_ptr<model::MatmulBackend> inner_;
+  ComponentTimes* t_;
+};
+
+absl::StatusOr<nlohmann::json> DecodeCost(const QualityBenchOptions& o, const ModelConfig& config,
+                                          const std::string& weights,
+                                          const std::vector<uint32_t>& text) {
+  ComponentTimes times;
+  model::ModelOptions options;
+  options.chunk_tokens = o.chunk_tokens;
+  options.matmul = std::make_unique<TimedMatmul>(model::MakeCpuMatmul(), &times);
+  options.attention = std::make_unique<TimedAttention>(model::MakeCpuAttention(), &times);
+  options.indexer = std::make_unique<TimedIndexer>(model::MakeCpuIndexer(), &times);
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
+      model::Model::Load(config, weights, std::move(options));
+  if (!loaded.ok()) return loaded.status();
+  const model::Model& m = **loaded;
+  absl::StatusOr<std::vector<DecodeWork>> work = DecodeWorkAt(config, o.decode_contexts);
+  if (!work.ok()) return work.status();
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < o.decode_contexts.size(); ++i) {
+    const int64_t n = o.decode_contexts[i];
+    std::vector<uint32_t> prompt;  // the held-out text, repeated to the length
+    while (static_cast<int64_t>(prompt.size()) < n)
+      prompt.insert(prompt.end(), text.begin(),
+                    text.begin() + std::min<int64_t>(static_cast<int64_t>(text.size()),
+                                                     n - static_cast<int64_t>(prompt.size())));
+    model::Sequence seq = m.NewSequence();
+    const auto p0 = Clock::now();
+    absl::StatusOr<std::vector<float>> first = m.Prefill(seq, prompt, model::PrefillMode::kCed);
+    if (!first.ok()) return first.status();
+    const double prefill_s = Since(p0);
+    times.Reset();
+    const auto d0 = Clock::now();
+    absl::StatusOr<model::Generation> g =
+        model::GenerateGreedy(m, seq, *std::move(first), o.decode_tokens + 1, false);
+    if (!g.ok()) return g.status();
+    const double per = 1e3 / static_cast<double>(o.decode_tokens);  // ms per token
+    const double total = Since(d0) * per;
+    auto ms = [&](const std::atomic<int64_t>& ns) { return static_cast<double>(ns) * 1e-9 * per; };
+    const double attention = ms(times.attention_ns), indexer = ms(times.indexer_ns),
+                 dense = ms(times.dense_ns), experts = ms(times.experts_ns);
+    const DecodeWork& w = (*work)[i];
+    rows.push_back({{"context_tokens", n},
+                    {"prefill_s", prefill_s},
+                    {"ms_per_token", total},
+                    {"attention_ms", attention},
+                    {"indexer_ms", indexer},
+                    {"dense_ms", dense},
+                    {"experts_ms", experts},
+                    {"rest_ms", std::max(0.0, total - attention - indexer - dense - experts)},
+                    {"madds", {{"dense", w.dense},
+                               {"window_attention", w.window_attention},
+                               {"sparse_attention", w.sparse_attention},
+                               {"full_indexers", w.full_indexers},
+                               {"reindex_indexers", w.reindex_indexers}}}});
+  }
+  return rows;
+}
+
+// ---- DSpark on the trained draft heads ----
+
+absl::StatusOr<nlohmann::json> DSpark(const QualityBenchOptions& o, const model::Model& m,
+                                      const std::vector<std::vector<uint32_t>>& prompts) {
+  if (!m.has_drafter()) return nlohmann::json{{"skipped", "the config has no draft layers"}};
+  int64_t drafted = 0, accepted = 0, blocks = 0, passes = 0, tokens = 0;
+  std::vector<int64_t> kept;
+  double plain_s = 0, spec_s = 0;
+  for (const std::vector<uint32_t>& prompt : prompts) {
+    model::Sequence a = m.NewSequence(), b = m.NewSequence();
+    absl::StatusOr<std::vector<float>> fa = m.Prefill(a, prompt, model::PrefillMode::kCed);
+    absl::StatusOr<std::vector<float>> fb = m.Prefill(b, prompt, model::PrefillMode::kCed);
+    if (!fa.ok()) return fa.status();
+    if (!fb.ok()) return fb.status();
+    auto t = Clock::now();
+    absl::StatusOr<model::Generation> plain =
+        model::GenerateGreedy(m, a, *std::move(fa), o.dspark_steps, false);
+    plain_s += Since(t);
+    t = Clock::now();
+    absl::StatusOr<model::Generation> spec =
+        model::GenerateGreedy(m, b, *std::move(fb), o.dspark_steps, true);
+    spec_s += Since(t);
+    if (!plain.ok()) return plain.status();
+    if (!spec.ok()) return spec.status();
+    if (plain->tokens != spec->tokens) {
+      return absl::InternalError("DSpark's output differs from plain greedy decoding");
+    }
+    drafted += spec->drafted;
+    accepted += spec->accepted;
+    blocks += spec->blocks;
+    passes += spec->main_passes;
+    tokens += static_cast<int64_t>(spec->tokens.size()) - 1;  // the first came from the prefill
+    if (kept.size() < spec->kept_at_depth.size()) kept.resize(spec->kept_at_depth.size(), 0);
+    for (size_t d = 0; d < spec->kept_at_depth.size(); ++d) kept[d] += spec->kept_at_depth[d];
+  }
+  // What one speculative step costs beside one decoded token, on the last prompt's state:
+  // the bound on DSpark's speedup even when every proposal is kept is (S + 1) tokens per
+  // (verify + draft) — on a CPU, where a pass's cost grows with its rows, that bound can sit
+  // below 1 whatever the acceptance.
+  double decode_ms = 0, verify_ms = 0, draft_ms = 0;
+  const int64_t S = m.config().dspark_block_size;
+  if (!prompts.empty()) {
+    model::Sequence seq = m.NewSequence();
+    absl::StatusOr<std::vector<float>> f = m.Prefill(seq, prompts.back(), model::PrefillMode::kCed);
+    if (!f.ok()) return f.status();
+    const uint32_t next = model::Argmax(*f);
+    const std::vector<uint32_t> block(S + 1, next);
+    constexpr int kReps = 8;
+    for (int r = 0; r < kReps; ++r) {
+      const model::SequenceCheckpoint cp = m.Checkpoint(seq);
+      auto t = Clock::now();
+      if (absl::Status st = m.Decode(seq, next).status(); !st.ok()) return st;
+      decode_ms += Since(t) * 1e3 / kReps;
+      m.Rollback(seq, cp);
+      t = Clock::now();
+      if (absl::Status st = m.Extend(seq, block).status(); !st.ok()) return st;
+      verify_ms += Since(t) * 1e3 / kReps;
+      m.Rollback(seq, cp);
+      t = Clock::now();
+      if (absl::Status st = m.Draft(seq, next).status(); !st.ok()) return st;
+      draft_ms += Since(t) * 1e3 / kReps;
+    }
+  }
+  nlohmann::json depth = nlohmann::json::array();
+  for (int64_t k : kept) depth.push_back(blocks > 0 ? static_cast<double>(k) / blocks : 0.0);
+  const double decoded = static_cast<double>(tokens);
+  return nlohmann::json{
+      {"prompts", prompts.size()},
+      {"prompt_tokens", prompts.empty() ? 0 : prompts[0].size()},
+      {"drafted", drafted},
+      {"accepted", accepted},
+      {"acceptance", drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0},
+      {"acceptance_by_depth", depth},
+      {"tokens_per_main_pass", passes > 0 ? decoded / passes : 0.0},
+      {"plain_tok_s", decoded / plain_s},
+      {"dspark_tok_s", decoded / spec_s},
+      {"speedup", plain_s / spec_s},
+      {"decode_ms", decode_ms},
+      {"verify_ms", verify_ms},
+      {"draft_ms", draft_ms},
+      {"speedup_bound_all_kept",
+       decode_ms > 0 ? static_cast<double>(S + 1) * decode_ms / (verify_ms + draft_ms) : 0.0}};
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.config);
+  if (!config.ok()) return config.status();
+  if (!HoldsByteTokens(config->vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.config, ": a vocabulary of ", config->vocab_size, " cannot hold the byte tokens"));
+  }
+  if (o.variants.empty()) return absl::InvalidArgumentError("no weights to measure (--weights)");
+  const int64_t W = config->sliding_window, C = o.chunk_tokens;
+  for (int64_t w : o.windows) {
+    if (w < 0) return absl::InvalidArgumentError(absl::StrCat("--windows has ", w, " (< 0)"));
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> all = Documents(o);
+  if (!all.ok()) return all.status();
+  // Documents long enough for a resume point past twice the window and a continuation.
+  const int64_t min_len = 2 * W + 2 * C + o.new_tokens + o.steps + 1;
+  std::vector<std::pair<std::string, std::vector<uint32_t>>> docs;
+  for (const auto& [path, text] : *all) {
+    if (static_cast<int64_t>(text.size()) >= min_len) docs.emplace_back(path, EncodeBytes(text));
+  }
+  std::sort(docs.begin(), docs.end());
+  if (static_cast<int>(docs.size()) > o.documents) docs.resize(o.documents);
+  if (docs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no document has the ", min_len,
+                                                   " bytes a resume point past the window needs"));
+  }
+  nlohmann::json out = {{"config", o.config},
+                        {"window", W},
+                        {"chunk_tokens", C},
+                        {"new_tokens", o.new_tokens},
+                        {"steps", o.steps},
+                        {"windows", o.windows},
+                        {"documents", nlohmann::json::array()},
+                        {"variants", nlohmann::json::object()}};
+  for (const auto& d : docs) out["documents"].push_back(d.first);
+  for (const auto& [name, weights] : o.variants) {
+    model::ModelOptions options;
+    options.chunk_tokens = C;
+    absl::StatusOr<std::unique_ptr<model::Model>> loaded =
+        model::Model::Load(*config, weights, std::move(options));
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat(name, " (", weights, "): ", loaded.status().message()));
+    }
+    const model::Model& m = **loaded;
+    std::map<std::string, std::vector<Comparison>> rows;
+    std::vector<double> reference_loss;
+    std::map<int64_t, int64_t> replayed;  // replay length → tokens replayed over the cases
+    int64_t cases = 0;
+    const auto t0 = Clock::now();
+    for (const auto& [path, toks] : docs) {
+      const int64_t len = static_cast<int64_t>(toks.size());
+      const int64_t last = (std::min(len - o.steps - 1, o.max_prompt_tokens) - o.new_tokens) / C;
+      const int64_t first = (2 * W + C - 1) / C;
+      std::vector<int64_t> points;
+      for (int i = 0; i < o.points; ++i) {
+        const int64_t k = o.points == 1 ? std::max(first, last)
+                                        : first + (std::max(first, last) - first) * i / (o.points - 1);
+        if (points.empty() || points.back() != k) points.push_back(k);
+      }
+      for (int64_t k : points) {
+        const int64_t P = k * C, n = P + o.new_tokens;
+        const std::span<const uint32_t> prompt(toks.data(), n);
+        const std::span<const uint32_t> truth(toks.data() + n, o.steps);
+        model::Sequence full_seq = m.NewSequence(), ced_seq = m.NewSequence(),
+                        prefix = m.NewSequence();
+        absl::StatusOr<Run> full = Continue(
+            m, full_seq, m.Prefill(full_seq, prompt, model::PrefillMode::kFullDepth), truth, o.steps);
+        if (!full.ok()) return full.status();
+        absl::StatusOr<Run> ced =
+            Continue(m, ced_seq, m.Prefill(ced_seq, prompt, model::PrefillMode::kCed), truth, o.steps);
+        if (!ced.ok()) return ced.status();
+        if (absl::Status st = m.Prefill(prefix, prompt.first(P), model::PrefillMode::kCed).status();
+            !st.ok())
+          return st;
+        std::vector<uint8_t> pages;
+        for (int64_t c = 0; c < P / C; ++c) {
+          const std::span<const uint8_t> pg = prefix.page(c);
+          pages.insert(pages.end(), pg.begin(), pg.end());
+        }
+        reference_loss.push_back(full->loss_bits);
+        rows["ced_vs_full"].push_back(Compare(*full, *ced));
+        for (int64_t w : o.windows) {
+          model::Sequence s = m.NewSequence();
+          absl::StatusOr<std::vector<float>> l =
+              m.Resume(s, pages, P, prompt, model::ReplayMode::kBounded, w);
+          replayed[w] += s.last_stats().replayed_tokens;
+          absl::StatusOr<Run> b = Continue(m, s, std::move(l), truth, o.steps);
+          if (!b.ok()) return b.status();
+          rows[absl::StrCat("bounded_", w, "_vs_full")].push_back(Compare(*full, *b));
+          rows[absl::StrCat("bounded_", w, "_vs_ced")].push_back(Compare(*ced, *b));
+        }
+        model::Sequence s = m.NewSequence();
+        absl::StatusOr<Run> exact = Continue(
+            m, s, m.Resume(s, pages, P, prompt, model::ReplayMode::kExact), truth, o.steps);
+        if (!exact.ok()) return exact.status();
+        rows["exact_vs_ced"].push_back(Compare(*ced, *exact));
+        ++cases;
+      }
+    }
+    nlohmann::json v = {{"weights", weights}, {"cases", cases}, {"seconds", Since(t0)}};
+    double ref = 0;
+    for (double x : reference_loss) ref += x;
+    v["held_out_bits_per_byte"] = ref / static_cast<double>(std::max<size_t>(1, reference_loss.size()));
+    for (const auto& [key, r] : rows) v["modes"][key] = Summarize(r);
+    for (int64_t w : o.windows) {
+      // What was replayed: at least the decoder's segment (window − new tokens).
+      const double mean = static_cast<double>(replayed[w]) / static_cast<double>(std::max<int64_t>(1, cases));
+      v["modes"][absl::StrCat("bounded_", w, "_vs_full")]["replayed_tokens"] = mean;
+      v["modes"][absl::StrCat("bounded_", w, "_vs_ced")]["replayed_tokens"] = mean;
+    }
+    std::vector<std::vector<uint32_t>> prompts;
+    for (const auto& [path, toks] : docs) {
+      if (static_cast<int>(prompts.size()) >= o.dspark_prompts) break;
+      const int64_t n = std::min<int64_t>(4 * W, static_cast<int64_t>(toks.size()));
+      prompts.emplace_back(toks.begin(), toks.begin() + n);
+    }
+    absl::StatusOr<nlohmann::json> ds = DSpark(o, m, prompts);
+    if (!ds.ok()) return ds.status();
+    v["dspark"] = *ds;
+    out["variants"][name] = v;
+  }
+  if (!o.decode_contexts.empty()) {
+    std::vector<uint32_t> text;
+    for (const auto& d : docs) text.insert(text.end(), d.second.begin(), d.second.end());
+    absl::StatusOr<nlohmann::json> cost = DecodeCost(o, *config, o.variants.back().second, text);
+    if (!cost.ok()) return cost.status();
+    out["decode_cost"] = {{"variant", o.variants.back().first}, {"rows", *cost}};
+  }
+  return out;
+}
+
+std::string QualityBenchToText(const nlohmann::json& r) {
+  std::string s = absl::StrFormat(
+      "kvbench quality: %s, window %d, %d documents, resume points every %d tokens + %d new, "
+      "%d steps decoded and read teacher-forced per case\n",
+      r["config"].get<std::string>(), r["window"].get<int64_t>(), r["documents"].size(),
+      r["chunk_tokens"].get<int64_t>(), r["new_tokens"].get<int64_t>(), r["steps"].get<int64_t>());
+  for (const auto& [name, v] : r["variants"].items()) {
+    absl::StrAppendFormat(&s,
+                          "\n%s (%s): %d cases in %.0f s; held-out %.3f bits/byte (full depth, "
+                          "teacher-forced)\n",
+                          name, v["weights"].get<std::string>(), v["cases"].get<int64_t>(),
+                          v["seconds"].get<double>(), v["held_out_bits_per_byte"].get<double>());
+    absl::StrAppend(&s, absl::StrFormat("  %-22s %11s %11s %11s %7s %11s %s\n", "mode", "KL mean",
+                                        "KL p99", "KL steps", "agree", "Δloss b/B", "bits"));
+    for (const auto& [key, m] : v["modes"].items()) {
+      absl::StrAppend(
+          &s, absl::StrFormat("  %-22s %11.3g %11.3g %11.3g %7.3f %+11.4f %s\n", key,
+                              m["kl_mean"].get<double>(), m["kl_p99"].get<double>(),
+                              m["kl_steps_mean"].get<double>(), m["agreement"].get<double>(),
+                              m["loss_diff_bits"].get<double>(),
+                              m["bit_identical"].get<bool>() ? "identical" : "differ"));
+    }
+    const nlohmann::json& d = v["dspark"];
+    if (d.contains("acceptance")) {
+      std::string depth;
+      for (const auto& a : d["acceptance_by_depth"])
+        absl::StrAppendFormat(&depth, " %.2f", a.get<double>());
+      absl::StrAppendFormat(&s,
+                            "  DSpark: acceptance %.3f (by depth:%s), %.2f tokens per main pass; "
+                            "%.1f tok/s vs plain %.1f tok/s: %.2fx\n",
+                            d["acceptance"].get<double>(), depth,
+                            d["tokens_per_main_pass"].get<double>(), d["dspark_tok_s"].get<double>(),
+                            d["plain_tok_s"].get<double>(), d["speedup"].get<double>());
+      absl::StrAppendFormat(&s,
+                            "          one decoded token %.2f ms, a %d-token verify pass %.2f ms, "
+                            "a draft %.2f ms: at most %.2fx even if every proposal were kept\n",
+                            d["decode_ms"].get<double>(), d["acceptance_by_depth"].size() + 1,
+                            d["verify_ms"].get<double>(), d["draft_ms"].get<double>(),
+                            d["speedup_bound_all_kept"].get<double>());
+    }
+  }
+  if (r.contains("decode_cost")) {
+    absl::StrAppendFormat(&s, "\ndecode cost by component (%s), ms per token:\n",
+                          r["decode_cost"]["variant"].get<std::string>());
+    absl::StrAppend(&s, absl::StrFormat("  %9s %9s %9s %9s %9s %9s %9s %10s\n", "context", "total",
+                                        "attention", "indexer", "dense", "experts", "rest",
+                                        "prefill s"));
+    for (const auto& row : r["decode_cost"]["rows"]) {
+      absl::StrAppend(&s, absl::StrFormat("  %9d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.1f\n",
+                                          row["context_tokens"].get<int64_t>(),
+                                          row["ms_per_token"].get<double>(),
+                                          row["attention_ms"].get<double>(),
+                                          row["indexer_ms"].get<double>(),
+                                          row["dense_ms"].get<double>(),
+                                          row["experts_ms"].get<double>(),
+                                          row["rest_ms"].get<double>(),
+                                          row["prefill_s"].get<double>()));
+    }
+  }
+  return s;
+}
+
+}  // namespace kvc::bench
