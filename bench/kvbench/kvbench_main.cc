@@ -332,8 +332,8 @@ int Main(int argc, char** argv) {
   quality->add_option("--chunk-tokens", qopt.chunk_tokens, "page size (resume points)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  quality->add_option("--new-tokens", qopt.new_tokens, "prompt tokens after the resume point")
-      ->check(CLI::PositiveNumber)
+  quality->add_option("--new-tokens", qopt.new_tokens, "prompt tokens after the resume point (0: the window)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   quality->add_option("--steps", qopt.steps, "tokens decoded and read teacher-forced per case")
       ->check(CLI::PositiveNumber)

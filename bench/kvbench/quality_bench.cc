@@ -362,6 +362,7 @@ absl::StatusOr<nlohmann::json> DecodeCost(const QualityBenchOptions& o, const Mo
 absl::StatusOr<nlohmann::json> DSpark(const QualityBenchOptions& o, const model::Model& m,
                                       const std::vector<std::vector<uint32_t>>& prompts) {
   if (!m.has_drafter()) return nlohmann::json{{"skipped", "the config has no draft layers"}};
+  if (prompts.empty()) return nlohmann::json{{"skipped", "--dspark-prompts 0"}};
   int64_t drafted = 0, accepted = 0, blocks = 0, passes = 0, tokens = 0;
   std::vector<int64_t> kept;
   double plain_s = 0, spec_s = 0;
@@ -452,13 +453,14 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
   }
   if (o.variants.empty()) return absl::InvalidArgumentError("no weights to measure (--weights)");
   const int64_t W = config->sliding_window, C = o.chunk_tokens;
+  const int64_t fresh = o.new_tokens > 0 ? o.new_tokens : W;
   for (int64_t w : o.windows) {
     if (w < 0) return absl::InvalidArgumentError(absl::StrCat("--windows has ", w, " (< 0)"));
   }
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> all = Documents(o);
   if (!all.ok()) return all.status();
   // Documents long enough for a resume point past twice the window and a continuation.
-  const int64_t min_len = 2 * W + 2 * C + o.new_tokens + o.steps + 1;
+  const int64_t min_len = 2 * W + 2 * C + fresh + o.steps + 1;
   std::vector<std::pair<std::string, std::vector<uint32_t>>> docs;
   for (const auto& [path, text] : *all) {
     if (static_cast<int64_t>(text.size()) >= min_len) docs.emplace_back(path, EncodeBytes(text));
@@ -472,7 +474,7 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
   nlohmann::json out = {{"config", o.config},
                         {"window", W},
                         {"chunk_tokens", C},
-                        {"new_tokens", o.new_tokens},
+                        {"new_tokens", fresh},
                         {"steps", o.steps},
                         {"windows", o.windows},
                         {"documents", nlohmann::json::array()},
@@ -495,7 +497,7 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
     const auto t0 = Clock::now();
     for (const auto& [path, toks] : docs) {
       const int64_t len = static_cast<int64_t>(toks.size());
-      const int64_t last = (std::min(len - o.steps - 1, o.max_prompt_tokens) - o.new_tokens) / C;
+      const int64_t last = (std::min(len - o.steps - 1, o.max_prompt_tokens) - fresh) / C;
       const int64_t first = (2 * W + C - 1) / C;
       std::vector<int64_t> points;
       for (int i = 0; i < o.points; ++i) {
@@ -504,7 +506,7 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
         if (points.empty() || points.back() != k) points.push_back(k);
       }
       for (int64_t k : points) {
-        const int64_t P = k * C, n = P + o.new_tokens;
+        const int64_t P = k * C, n = P + fresh;
         const std::span<const uint32_t> prompt(toks.data(), n);
         const std::span<const uint32_t> truth(toks.data() + n, o.steps);
         model::Sequence full_seq = m.NewSequence(), ced_seq = m.NewSequence(),

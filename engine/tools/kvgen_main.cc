@@ -13,7 +13,8 @@
 // mode (`full`: ignore the pages and prefill everything at full depth, the reference).
 // Output: generated, prefill_tokens_computed {encoder, decoder}, replayed_tokens,
 // ttft_ms (of the run that produces the first token: the resume when resuming),
-// decode_tok_s. --dump-logits writes float32 logits (vocab_size each, little-endian) of
+// decode_tok_s; with --dspark also the acceptance and first_draft (the drafter's block
+// right after the prompt). --dump-logits writes float32 logits (vocab_size each, little-endian) of
 // the prompt's last position and then of every generated position. --backend cuda runs
 // the matrix products on the GPU (same bits as the CPU); cublas through cuBLAS (faster,
 // not batch invariant: no exact replay). Both need a build with the CUDA backend.
@@ -185,6 +186,13 @@ absl::Status Run(const std::string& config_path, const std::string& weights_path
   std::vector<uint32_t> generated;
   const auto d0 = Clock::now();
   if (greedy) {
+    if (dspark) {
+      // The drafter's first block after the prompt, as proposed (train/'s tests hold the
+      // PyTorch drafter to it).
+      absl::StatusOr<std::vector<uint32_t>> first = m.Draft(seq, model::Argmax(*logits));
+      if (!first.ok()) return first.status();
+      out["first_draft"] = *first;
+    }
     absl::StatusOr<model::Generation> g =
         model::GenerateGreedy(m, seq, *std::move(logits), max_new, dspark);
     if (!g.ok()) return g.status();

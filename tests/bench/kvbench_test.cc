@@ -169,6 +169,56 @@ TEST(KvbenchTest, EngineContextSweepReportsPrefillAndDecodeAtEachLength) {
   EXPECT_NE(text.out.find("decode tok/s"), std::string::npos) << text.out;
 }
 
+// The shipped trained model on one held-out document of the corpus: every mode measured,
+// exact resume bit-identical to CED, a replay that covers the whole prefix too, the
+// approximations not.
+TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
+  auto r = RunProgram(
+      kKvbench,
+      {"quality", "--weights",
+       "replay-aware=" + std::string(KVC_SOURCE_DIR) + "/train/weights/small-replay.safetensors",
+       "--documents", "1", "--points", "1", "--steps", "12", "--windows", "0,128,100000",
+       "--max-prompt-tokens", "800", "--dspark-prompts", "1", "--dspark-steps", "24",
+       "--decode-contexts", "600", "--decode-tokens", "4", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  const nlohmann::json& v = j["variants"]["replay-aware"];
+  ASSERT_EQ(v["cases"].get<int64_t>(), 1) << r.out;
+  const double bpb = v["held_out_bits_per_byte"].get<double>();
+  EXPECT_GT(bpb, 0.05) << "a trained model, not a memorized text";
+  EXPECT_LT(bpb, 4.0) << "random weights would be ~9 bits/byte";
+  const nlohmann::json& modes = v["modes"];
+  EXPECT_TRUE(modes["exact_vs_ced"]["bit_identical"].get<bool>()) << modes.dump();
+  EXPECT_EQ(modes["exact_vs_ced"]["kl_mean"].get<double>(), 0.0);
+  EXPECT_TRUE(modes["bounded_100000_vs_ced"]["bit_identical"].get<bool>())
+      << "replaying every cached token is a cold CED prefill";
+  EXPECT_FALSE(modes["bounded_128_vs_full"]["bit_identical"].get<bool>());
+  EXPECT_FALSE(modes["ced_vs_full"]["bit_identical"].get<bool>());
+  for (const char* m : {"ced_vs_full", "bounded_0_vs_full", "bounded_128_vs_full"}) {
+    EXPECT_GT(modes[m]["kl_mean"].get<double>(), 0.0) << m;
+    EXPECT_LT(modes[m]["kl_mean"].get<double>(), 0.5) << m;
+    EXPECT_GE(modes[m]["agreement"].get<double>(), 0.0) << m;
+  }
+  EXPECT_EQ(modes["bounded_128_vs_full"]["replayed_tokens"].get<double>(), 128.0);
+  const nlohmann::json& d = v["dspark"];
+  ASSERT_EQ(d["acceptance_by_depth"].size(), 5u) << d.dump();  // small.json's block
+  for (size_t k = 1; k < d["acceptance_by_depth"].size(); ++k)
+    EXPECT_LE(d["acceptance_by_depth"][k].get<double>(), d["acceptance_by_depth"][k - 1].get<double>());
+  EXPECT_GT(d["verify_ms"].get<double>(), 0.0);
+  EXPECT_GT(d["speedup"].get<double>(), 0.0);
+  ASSERT_EQ(j["decode_cost"]["rows"].size(), 1u);
+  const nlohmann::json& row = j["decode_cost"]["rows"][0];
+  EXPECT_GT(row["indexer_ms"].get<double>(), 0.0) << row.dump();
+  EXPECT_GT(row["attention_ms"].get<double>(), 0.0) << row.dump();
+  EXPECT_LE(row["attention_ms"].get<double>() + row["indexer_ms"].get<double>() +
+                row["dense_ms"].get<double>() + row["experts_ms"].get<double>(),
+            row["ms_per_token"].get<double>() * 1.01);
+  auto bad = RunProgram(kKvbench, {"quality", "--weights", "nameless"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("is not NAME=FILE"), std::string::npos) << bad.err;
+}
+
 TEST(KvbenchTest, E2eJsonHasEveryCase) {
   TempDir dir;
   auto r =
