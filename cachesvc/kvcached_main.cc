@@ -11,6 +11,7 @@
 // (JSON lines, see cachesvc/log.h) on stderr.
 // SIGTERM or SIGINT: stop accepting calls, finish the ones in flight (up to 10 s), flush
 // memory-acknowledged chunks to SSD, exit 0.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
@@ -334,6 +335,10 @@ int Main(int argc, char** argv) {
     creds = grpc::SslServerCredentials(ssl);
   }
   grpc::EnableDefaultHealthCheckService(true);
+  // Server reflection, so generic tools (grpcurl, grpc_cli, evans) list and call our methods
+  // without the .proto files. It reveals only the API's shape, which is public anyway; every
+  // method still checks its tenant's token.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, creds, &port);

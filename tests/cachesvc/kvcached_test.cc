@@ -13,9 +13,12 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
+#include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -718,6 +721,97 @@ TEST(KvcachedTest, AnswersTheStandardHealthCheck) {
   std::string bytes;
   for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+// grpc.reflection.v1alpha.ServerReflection, as grpcurl / grpc_cli / evans ask it: one
+// request on the bidi stream, one response. Messages by hand (field numbers of
+// reflection.proto): the request's list_services (7) or file_containing_symbol (4); the
+// response's list_services_response (6: repeated service (1) { name (1) }) or
+// file_descriptor_response (4: repeated bytes file_descriptor_proto (1)).
+std::string AskReflection(const std::string& address, const std::string& request) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto step = [&](auto&& start) {
+    start(reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return ok;
+  };
+  grpc::Slice slice(request);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  std::string bytes;
+  if (step([&](void* t) { call->StartCall(t); }) &&
+      step([&](void* t) { call->Write(req, t); }) &&
+      step([&](void* t) { call->WritesDone(t); }) &&
+      step([&](void* t) { call->Read(&resp, t); })) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(resp.Dump(&slices).ok());
+    for (const auto& sl : slices)
+      bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  grpc::Status status;
+  step([&](void* t) { call->Finish(&status, t); });
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return bytes;
+}
+
+// The length-delimited fields numbered `field` of a message's bytes.
+std::vector<std::string> Fields(const std::string& message, int field) {
+  google::protobuf::UnknownFieldSet set;
+  EXPECT_TRUE(set.ParseFromString(message));
+  std::vector<std::string> out;
+  for (int i = 0; i < set.field_count(); ++i) {
+    if (set.field(i).number() == field &&
+        set.field(i).type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED)
+      out.push_back(set.field(i).length_delimited());
+  }
+  return out;
+}
+
+TEST(KvcachedTest, GenericToolsCanListAndDescribeItsMethodsByReflection) {
+  TempDir dir;
+  Daemon d(dir.File("data"));
+  const std::string listed = AskReflection(d.address(), std::string("\x3a\x01*", 3));
+  std::set<std::string> names;
+  for (const std::string& list : Fields(listed, 6)) {
+    for (const std::string& service : Fields(list, 1)) {
+      for (const std::string& name : Fields(service, 1)) names.insert(name);
+    }
+  }
+  EXPECT_TRUE(names.contains("kvcache.v1.KVCache")) << listed.size() << " bytes";
+  EXPECT_TRUE(names.contains("grpc.health.v1.Health"));
+  const std::string symbol = "kvcache.v1.KVCache";
+  std::string ask = "\x22";
+  ask.push_back(static_cast<char>(symbol.size()));
+  ask += symbol;
+  const std::string described = AskReflection(d.address(), ask);
+  const std::vector<std::string> files = Fields(described, 4);
+  ASSERT_EQ(files.size(), 1u) << described.size() << " bytes";
+  bool found = false;
+  for (const std::string& bytes : Fields(files[0], 1)) {
+    google::protobuf::FileDescriptorProto file;
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    for (const auto& service : file.service()) {
+      if (service.name() != "KVCache") continue;
+      found = true;
+      std::set<std::string> methods;
+      for (const auto& m : service.method()) methods.insert(m.name());
+      for (const char* m : {"Lookup", "Fetch", "Store", "RegisterNamespace"})
+        EXPECT_TRUE(methods.contains(m)) << m;
+    }
+  }
+  EXPECT_TRUE(found) << "no file describes the KVCache service";
 }
 
 TEST(KvcachedTest, AClientThatStopsReadingIsCutOffAtItsDeadline) {
