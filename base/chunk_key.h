@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-namespace kvc::storage {
+namespace kvc {
 
 using NamespaceId = uint32_t;
 
@@ -42,4 +42,11 @@ inline std::string ChunkKey::Hex() const {
   return s;
 }
 
+}  // namespace kvc
+
+// storage/ names them too: the tiers are where keys are used most.
+namespace kvc::storage {
+using ::kvc::ChunkKey;
+using ::kvc::ChunkKeyHash;
+using ::kvc::NamespaceId;
 }  // namespace kvc::storage

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvc::cachesvc {
 namespace {
@@ -163,13 +164,12 @@ absl::StatusOr<ReceivedArena> ReceiveArenaFd(const std::string& socket_path,
 
 absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
                                      const std::string& bearer_token) {
-  absl::StatusOr<ReceivedArena> received = ReceiveArenaFd(socket_path, bearer_token);
-  if (!received.ok()) return received.status();
-  void* base = mmap(nullptr, received->bytes, PROT_READ, MAP_SHARED, received->fd, 0);
-  const uint64_t id = ArenaIdentity(received->fd);
-  close(received->fd);  // the mapping keeps the memory alive
+  KVC_ASSIGN_OR_RETURN(ReceivedArena received, ReceiveArenaFd(socket_path, bearer_token));
+  void* base = mmap(nullptr, received.bytes, PROT_READ, MAP_SHARED, received.fd, 0);
+  const uint64_t id = ArenaIdentity(received.fd);
+  close(received.fd);  // the mapping keeps the memory alive
   if (base == MAP_FAILED) return Errno("mmap shared arena");
-  return MappedArena{static_cast<const uint8_t*>(base), received->bytes, id};
+  return MappedArena{static_cast<const uint8_t*>(base), received.bytes, id};
 }
 
 uint64_t ArenaIdentity(int fd) {

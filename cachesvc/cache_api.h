@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/chunk_key.h"
 #include "cluster/etcd.h"
 #include "kvcache/v1/kvcache.pb.h"
-#include "storage/chunk_key.h"
 
 namespace kvc::cachesvc {
 
@@ -67,6 +67,8 @@ struct StoreResult {
   uint32_t stored = 0;
   uint32_t already_present = 0;
   std::vector<storage::ChunkKey> keys;
+  // Store: the tokens its whole chunks cover (a partial last chunk is not stored).
+  size_t tokens = 0;
 };
 
 // One chunk of a StoreChunks stream.
@@ -96,8 +98,10 @@ class CacheApi {
                                        std::span<const storage::ChunkKey> keys,
                                        std::span<uint8_t> out,
                                        std::string* short_reason = nullptr) = 0;
-  // Stores the whole chunks of `tokens` with their payloads (chunk_bytes each), chained
-  // after `parent` (nullopt: the prefix starts here).
+  // Stores the whole chunks of `tokens` with their payloads (chunk_bytes each, whole chunks
+  // only), chained after `parent` (nullopt: the prefix starts here). A partial last chunk —
+  // a prompt almost always ends mid-chunk — is left out: StoreResult::tokens says how many
+  // tokens were covered, and the rest is stored once whole, after the last key.
   virtual absl::StatusOr<StoreResult> Store(
       const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
       std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
@@ -112,8 +116,8 @@ class CacheApi {
                                           std::span<const storage::ChunkKey> keys) = 0;
 };
 
-// How many whole chunks `tokens` token ids and `payload_bytes` bytes make in `ns`;
-// InvalidArgument naming both sizes when they are not whole, matching chunks.
+// How many whole chunks `tokens` token ids make in `ns` (a partial tail left out);
+// InvalidArgument naming the sizes when `payload_bytes` is not exactly theirs.
 absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes);
 
 // One daemon or a cluster, by `options.address` (see ClientOptions::address).

@@ -8,8 +8,10 @@
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cachesvc/prefix_hash.h"
 #include "cachesvc/status.h"
+#include "wire/wire.h"
 
 namespace kvc::cachesvc {
 
@@ -18,15 +20,12 @@ using storage::ChunkKey;
 
 namespace {
 
-std::string KeyBytes(const ChunkKey& k) {
-  return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16);
-}
+using wire::KeyBytes;
 
+// A key the server sent: one of another size is the server's fault, not the caller's.
 absl::StatusOr<ChunkKey> KeyFrom(const std::string& b) {
-  if (b.size() != 16)
-    return absl::DataLossError(absl::StrCat("server sent a ", b.size(), "-byte key"));
-  ChunkKey k;
-  std::memcpy(k.bytes.data(), b.data(), 16);
+  absl::StatusOr<ChunkKey> k = wire::KeyFrom(b, "a key the server sent");
+  if (!k.ok()) return absl::DataLossError(k.status().message());
   return k;
 }
 
@@ -174,20 +173,19 @@ absl::StatusOr<RemoteNamespace> CacheClient::RegisterNamespace(const std::string
   req.set_model_id(model_id);
   req.set_chunk_tokens(chunk_tokens);
   pb::RegisterNamespaceResponse resp;
-  if (absl::Status s = FromGrpc(stub_->RegisterNamespace(Context().get(), req, &resp)); !s.ok())
-    return s;
-  absl::StatusOr<ChunkKey> root = KeyFrom(resp.root_key());
-  if (!root.ok()) return root.status();
-  return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), *root,
+  KVC_RETURN_IF_ERROR(FromGrpc(stub_->RegisterNamespace(Context().get(), req, &resp)));
+  KVC_ASSIGN_OR_RETURN(ChunkKey root, KeyFrom(resp.root_key()));
+  return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), root,
                          resp.vocab_size()};
 }
 
 absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes) {
-  const size_t chunks = tokens / ns.chunk_tokens;
-  if (tokens % ns.chunk_tokens != 0 || payload_bytes != chunks * ns.chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        tokens, " tokens and ", payload_bytes, " payload bytes are not whole chunks of ",
-        ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
+  const size_t chunks = tokens / ns.chunk_tokens;  // a partial last chunk is not stored
+  if (payload_bytes != chunks * ns.chunk_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(payload_bytes, " payload bytes for ", tokens, " tokens: their ", chunks,
+                     " whole chunks of ", ns.chunk_tokens, " tokens take ", chunks * ns.chunk_bytes,
+                     " bytes (", ns.chunk_bytes, " each)"));
   }
   return chunks;
 }
@@ -216,7 +214,7 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace&
   r.keys.assign(keys.begin(), keys.end());
   if (keys.empty()) return r;
   pb::LookupResponse resp;
-  if (absl::Status s = LookupByKeys(req, keys, &resp); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(LookupByKeys(req, keys, &resp));
   r.matched_chunks = resp.matched_chunks();
   for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
   if (r.tiers.size() != r.keys.size()) {
@@ -228,11 +226,8 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace&
 
 absl::Status CacheClient::LookupByKeys(pb::LookupRequest& req, std::span<const ChunkKey> keys,
                                        pb::LookupResponse* resp) {
-  std::string* packed = req.mutable_packed_chunk_keys();
-  packed->resize(keys.size() * 16);
-  for (size_t i = 0; i < keys.size(); ++i)
-    std::memcpy(packed->data() + 16 * i, keys[i].bytes.data(), 16);
-  if (absl::Status s = FromGrpc(stub_->Lookup(Context().get(), req, resp)); !s.ok()) return s;
+  *req.mutable_packed_chunk_keys() = wire::PackKeys(keys);
+  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Lookup(Context().get(), req, resp)));
   if (resp->keys_seen() == keys.size()) return absl::OkStatus();
   // A daemon older than packed keys saw none: the same question, one string per key.
   req.clear_packed_chunk_keys();
@@ -265,15 +260,13 @@ absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
     req.mutable_tokens()->Add(tokens.begin(), tokens.end());
   }
   pb::LookupResponse resp;
-  absl::Status s = by_key ? LookupByKeys(req, r.keys, &resp)
-                          : FromGrpc(stub_->Lookup(Context().get(), req, &resp));
-  if (!s.ok()) return s;
+  KVC_RETURN_IF_ERROR(by_key ? LookupByKeys(req, r.keys, &resp)
+                             : FromGrpc(stub_->Lookup(Context().get(), req, &resp)));
   r.matched_chunks = resp.matched_chunks();
   if (!by_key) {
     for (const std::string& k : resp.chunk_keys()) {
-      absl::StatusOr<ChunkKey> key = KeyFrom(k);
-      if (!key.ok()) return key.status();
-      r.keys.push_back(*key);
+      KVC_ASSIGN_OR_RETURN(ChunkKey key, KeyFrom(k));
+      r.keys.push_back(key);
     }
   }
   for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
@@ -324,8 +317,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
     for (uint64_t id : TakeLeasesToRelease()) refs_req.add_release_lease_ids(id);
     const auto sent = std::chrono::steady_clock::now();
     pb::FetchRefsResponse refs;
-    if (absl::Status s = FromGrpc(stub_->FetchRefs(Context().get(), refs_req, &refs)); !s.ok())
-      return s;
+    KVC_RETURN_IF_ERROR(FromGrpc(stub_->FetchRefs(Context().get(), refs_req, &refs)));
     if (refs.arena_id() != arena_.id) {
       // kvcached restarted: its offsets are into a new arena, not the one mapped here.
       // Map the new one (the old mapping stays until this client ends: a copy from a held
@@ -385,9 +377,8 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
                                                std::span<const uint32_t> tokens,
                                                std::span<const uint8_t> payloads,
                                                pb::Durability durability, uint32_t ttl_seconds) {
-  absl::StatusOr<size_t> whole = WholeChunks(ns, tokens.size(), payloads.size());
-  if (!whole.ok()) return whole.status();
-  const size_t chunks = *whole;
+  KVC_ASSIGN_OR_RETURN(size_t whole, WholeChunks(ns, tokens.size(), payloads.size()));
+  const size_t chunks = whole;
   std::vector<ChunkToStore> each(chunks);
   std::optional<ChunkKey> prev = parent;
   for (size_t i = 0; i < chunks; ++i) {
@@ -396,7 +387,9 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
     each[i].payload = payloads.subspan(i * ns.chunk_bytes, ns.chunk_bytes);
     prev = NextChunkKey(prev ? *prev : ns.root, each[i].tokens);
   }
-  return StoreChunks(ns, each, durability, ttl_seconds);
+  KVC_ASSIGN_OR_RETURN(StoreResult r, StoreChunks(ns, each, durability, ttl_seconds));
+  r.tokens = chunks * ns.chunk_tokens;
+  return r;
 }
 
 absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
@@ -429,12 +422,11 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
     if (!writer->Write(req)) break;  // the server ended the call: Finish says why
   }
   writer->WritesDone();
-  if (absl::Status s = FromGrpc(writer->Finish()); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
   StoreResult r{resp.stored(), resp.already_present(), {}};
   for (const std::string& k : resp.chunk_keys()) {
-    absl::StatusOr<ChunkKey> key = KeyFrom(k);
-    if (!key.ok()) return key.status();
-    r.keys.push_back(*key);
+    KVC_ASSIGN_OR_RETURN(ChunkKey key, KeyFrom(k));
+    r.keys.push_back(key);
   }
   return r;
 }
@@ -446,7 +438,7 @@ absl::StatusOr<uint32_t> CacheClient::Pin(const RemoteNamespace& ns, std::span<c
   AddKeys(&req, keys);
   req.set_ttl_seconds(ttl_seconds);
   pb::PinResponse resp;
-  if (absl::Status s = FromGrpc(stub_->Pin(Context().get(), req, &resp)); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Pin(Context().get(), req, &resp)));
   return resp.pinned();
 }
 
@@ -456,7 +448,7 @@ absl::StatusOr<uint32_t> CacheClient::Unpin(const RemoteNamespace& ns,
   req.set_namespace_id(ns.id);
   AddKeys(&req, keys);
   pb::UnpinResponse resp;
-  if (absl::Status s = FromGrpc(stub_->Unpin(Context().get(), req, &resp)); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Unpin(Context().get(), req, &resp)));
   return resp.unpinned();
 }
 
@@ -478,14 +470,13 @@ absl::StatusOr<uint32_t> CacheClient::Delete(const RemoteNamespace& ns,
   req.set_namespace_id(ns.id);
   AddKeys(&req, keys);
   pb::DeleteResponse resp;
-  if (absl::Status s = FromGrpc(stub_->Delete(Context().get(), req, &resp)); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Delete(Context().get(), req, &resp)));
   return resp.deleted();
 }
 
 absl::StatusOr<pb::StatsResponse> CacheClient::Stats() {
   pb::StatsResponse resp;
-  if (absl::Status s = FromGrpc(stub_->Stats(Context().get(), pb::StatsRequest(), &resp)); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Stats(Context().get(), pb::StatsRequest(), &resp)));
   return resp;
 }
 
@@ -497,8 +488,7 @@ absl::StatusOr<DeviceRefs> CacheClient::FetchDeviceRefs(const RemoteNamespace& n
   AddKeys(&req, keys);
   pb::FetchDeviceRefsResponse resp;
   const auto sent = std::chrono::steady_clock::now();
-  if (absl::Status s = FromGrpc(stub_->FetchDeviceRefs(Context().get(), req, &resp)); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(FromGrpc(stub_->FetchDeviceRefs(Context().get(), req, &resp)));
   DeviceRefs out;
   out.lease_id = resp.lease_id();
   out.ipc_handle = resp.ipc_handle();

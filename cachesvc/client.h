@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/chunk_key.h"
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/cache_api.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
-#include "storage/chunk_key.h"
 
 namespace kvc::cachesvc {
 

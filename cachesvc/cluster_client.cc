@@ -8,6 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/clock.h"
+#include "base/status_macros.h"
 #include "cachesvc/prefix_hash.h"
 #include "cluster/etcd.h"
 #include "cluster/placement.h"
@@ -26,11 +28,7 @@ struct ClusterClient::Node {
 
 namespace {
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t NowMs() { return SteadyMillis(); }
 
 // Runs f(0..n-1) on a thread each (the calls are network round trips; nodes are few).
 template <typename F>
@@ -61,26 +59,23 @@ std::vector<std::string> Ids(const std::vector<std::shared_ptr<ClusterClient::No
 
 absl::StatusOr<std::unique_ptr<CacheApi>> ConnectCache(const ClientOptions& options) {
   if (absl::StartsWith(options.address, "etcd://")) {
-    absl::StatusOr<std::unique_ptr<ClusterClient>> c = ClusterClient::Connect(options);
-    if (!c.ok()) return c.status();
-    return std::unique_ptr<CacheApi>(*std::move(c));
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<ClusterClient> c, ClusterClient::Connect(options));
+    return std::unique_ptr<CacheApi>(std::move(c));
   }
-  absl::StatusOr<std::unique_ptr<CacheClient>> c = CacheClient::Connect(options);
-  if (!c.ok()) return c.status();
-  return std::unique_ptr<CacheApi>(*std::move(c));
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheClient> c, CacheClient::Connect(options));
+  return std::unique_ptr<CacheApi>(std::move(c));
 }
 
 absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
     const ClientOptions& options) {
-  absl::StatusOr<std::string> endpoints = cluster::ParseEtcdUrl(options.address);
-  if (!endpoints.ok()) return endpoints.status();
+  KVC_ASSIGN_OR_RETURN(std::string endpoints, cluster::ParseEtcdUrl(options.address));
   if (!options.shm_socket.empty()) {
     return absl::InvalidArgumentError(
         "shared memory maps one daemon's arena; a cluster client uses gRPC to every node");
   }
   std::unique_ptr<ClusterClient> c(new ClusterClient(options));
   absl::StatusOr<std::unique_ptr<cluster::MembershipView>> view =
-      cluster::MembershipView::Open(*endpoints, options.etcd);
+      cluster::MembershipView::Open(endpoints, options.etcd);
   if (!view.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot read the cluster membership from ",
                                                options.address, ": ", view.status().message()));
@@ -205,12 +200,12 @@ absl::Status ClusterClient::EnsureNamespace(Node& node, const RemoteNamespace& n
     }
     reg = it->second;
   }
-  absl::StatusOr<RemoteNamespace> got =
-      node.client->RegisterNamespace(reg.model_config_json, reg.model_id, reg.chunk_tokens);
-  if (!got.ok()) return got.status();
-  if (got->id != ns.id || got->root != ns.root || got->chunk_bytes != ns.chunk_bytes) {
+  KVC_ASSIGN_OR_RETURN(
+      RemoteNamespace got,
+      node.client->RegisterNamespace(reg.model_config_json, reg.model_id, reg.chunk_tokens));
+  if (got.id != ns.id || got.root != ns.root || got.chunk_bytes != ns.chunk_bytes) {
     return absl::FailedPreconditionError(
-        absl::StrCat("node ", node.info.id, " gives the namespace id ", got->id, " (expected ",
+        absl::StrCat("node ", node.info.id, " gives the namespace id ", got.id, " (expected ",
                      ns.id, "): is it running with --cluster?"));
   }
   std::lock_guard lk(node.mu);
@@ -472,9 +467,8 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
                                                  std::span<const uint32_t> tokens,
                                                  std::span<const uint8_t> payloads,
                                                  pb::Durability durability, uint32_t ttl_seconds) {
-  absl::StatusOr<size_t> whole = WholeChunks(ns, tokens.size(), payloads.size());
-  if (!whole.ok()) return whole.status();
-  const size_t chunks = *whole;
+  KVC_ASSIGN_OR_RETURN(size_t whole, WholeChunks(ns, tokens.size(), payloads.size()));
+  const size_t chunks = whole;
   std::vector<std::shared_ptr<Node>> nodes = Members();
   if (nodes.empty()) {
     return absl::UnavailableError(
@@ -484,6 +478,7 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
   const uint32_t want = ReplicasFor(nodes.size());
   std::vector<ChunkToStore> each(chunks);
   StoreResult r;
+  r.tokens = chunks * ns.chunk_tokens;
   std::vector<std::vector<size_t>> order(chunks);  // each chunk's nodes by rank
   std::optional<ChunkKey> prev = parent;
   for (size_t c = 0; c < chunks; ++c) {
@@ -570,7 +565,7 @@ absl::StatusOr<uint32_t> OnEveryNode(const std::vector<std::shared_ptr<ClusterCl
 absl::StatusOr<uint32_t> ClusterClient::Pin(const RemoteNamespace& ns,
                                             std::span<const ChunkKey> keys, uint32_t ttl_seconds) {
   return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
-    if (absl::Status s = EnsureNamespace(n, ns); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(EnsureNamespace(n, ns));
     return n.client->Pin(ns, keys, ttl_seconds);
   });
 }
@@ -578,7 +573,7 @@ absl::StatusOr<uint32_t> ClusterClient::Pin(const RemoteNamespace& ns,
 absl::StatusOr<uint32_t> ClusterClient::Unpin(const RemoteNamespace& ns,
                                               std::span<const ChunkKey> keys) {
   return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
-    if (absl::Status s = EnsureNamespace(n, ns); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(EnsureNamespace(n, ns));
     return n.client->Unpin(ns, keys);
   });
 }
@@ -590,7 +585,7 @@ absl::StatusOr<uint32_t> ClusterClient::Delete(const RemoteNamespace& ns,
     for (const ChunkKey& k : keys) holders_.erase(k);
   }
   return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
-    if (absl::Status s = EnsureNamespace(n, ns); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(EnsureNamespace(n, ns));
     return n.client->Delete(ns, keys);
   });
 }

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 
 namespace kvc::cachesvc {
 namespace {
@@ -58,9 +59,9 @@ absl::StatusOr<cluster::NodeInfo> LoadNodeIdentity(const std::string& data_dir,
     std::random_device rd;
     n.id = absl::StrFormat("node-%08x", rd());
   }
-  if (absl::Status s = cluster::CheckNodeId(n.id); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(cluster::CheckNodeId(n.id));
   if (!exists) {
-    if (absl::Status s = WriteSynced(id_path, n.id + "\n"); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(WriteSynced(id_path, n.id + "\n"));
   }
   const std::string gen_path = data_dir + "/node_generation";
   uint64_t gen = 0;
@@ -69,7 +70,7 @@ absl::StatusOr<cluster::NodeInfo> LoadNodeIdentity(const std::string& data_dir,
     return absl::DataLossError(absl::StrCat(gen_path, " holds \"", gen_text, "\", not a number"));
   }
   n.generation = gen + 1;
-  if (absl::Status s = WriteSynced(gen_path, absl::StrCat(n.generation, "\n")); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(WriteSynced(gen_path, absl::StrCat(n.generation, "\n")));
   n.started_unix = static_cast<int64_t>(time(nullptr));
   // The folder's instance: made once, so that a restart on this folder is known for this
   // node's own (membership.h) and a process on another folder claiming the id is not.
@@ -78,7 +79,7 @@ absl::StatusOr<cluster::NodeInfo> LoadNodeIdentity(const std::string& data_dir,
   if (!exists || n.instance.size() != 32) {
     std::random_device rd;
     n.instance = absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-    if (absl::Status s = WriteSynced(instance_path, n.instance + "\n"); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(WriteSynced(instance_path, n.instance + "\n"));
   }
   return n;
 }

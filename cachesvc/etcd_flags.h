@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "base/status_macros.h"
 #include "cluster/etcd.h"
 
 namespace kvc::cachesvc {
@@ -45,7 +46,7 @@ struct EtcdFlags {
     if (!s.user.empty() && s.password.empty()) {
       return absl::InvalidArgumentError("--etcd-user needs --etcd-password-file");
     }
-    if (absl::Status st = s.Check(); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(s.Check());
     return s;
   }
 };

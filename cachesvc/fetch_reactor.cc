@@ -3,6 +3,7 @@
 // in flight), then written one by one.
 #include "cachesvc/service_impl.h"
 #include "cachesvc/tsan_handoff.h"
+#include "wire/wire.h"
 
 namespace kvc::cachesvc {
 
@@ -22,27 +23,9 @@ struct PayloadOwner {
 
 void DestroyPayloadOwner(void* owner) { delete static_cast<PayloadOwner*>(owner); }
 
-// FetchResponse{chunk_key = key, payload = <len bytes>}, payload excluded: the header.
-std::string FetchResponseHeader(const ChunkKey& key, uint64_t len) {
-  std::string h;
-  h.reserve(32);
-  h.push_back(0x0A);  // field 1, length-delimited
-  h.push_back(16);
-  h.append(reinterpret_cast<const char*>(key.bytes.data()), 16);
-  h.push_back(0x12);  // field 2, length-delimited
-  for (uint64_t v = len;; v >>= 7) {
-    if (v < 0x80) {
-      h.push_back(static_cast<char>(v));
-      break;
-    }
-    h.push_back(static_cast<char>((v & 0x7F) | 0x80));
-  }
-  return h;
-}
-
 grpc::ByteBuffer FetchResponseFrame(const ChunkKey& key, std::span<const uint8_t> payload,
                                     PayloadOwner* owner) {
-  const std::string header = FetchResponseHeader(key, payload.size());
+  const std::string header = wire::FetchResponseHeader(key, payload.size());
   grpc::Slice slices[2] = {grpc::Slice(header),
                            grpc::Slice(const_cast<uint8_t*>(payload.data()), payload.size(),
                                        DestroyPayloadOwner, owner)};

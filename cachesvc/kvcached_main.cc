@@ -37,6 +37,7 @@
 #include "engine/spec/chunk_layout.h"
 #include "storage/disk_space.h"
 #if KVC_WITH_CUDA
+#include "base/status_macros.h"
 #include "kernels/hbm_arena.h"
 #endif
 
@@ -44,14 +45,11 @@ namespace kvc::cachesvc {
 namespace {
 
 absl::StatusOr<uint64_t> ReferenceChunkBytes() {
-  absl::StatusOr<ModelConfig> c =
-      ParseModelConfig(kEmbeddedReferenceConfig, "embedded reference config");
-  if (!c.ok()) return c.status();
-  absl::StatusOr<LayerSchedule> s = BuildLayerSchedule(*c);
-  if (!s.ok()) return s.status();
-  absl::StatusOr<ChunkLayout> l = BuildChunkLayout(*c, *s, kDefaultChunkTokens);
-  if (!l.ok()) return l.status();
-  return static_cast<uint64_t>(l->chunk_bytes);
+  KVC_ASSIGN_OR_RETURN(ModelConfig c,
+                       ParseModelConfig(kEmbeddedReferenceConfig, "embedded reference config"));
+  KVC_ASSIGN_OR_RETURN(LayerSchedule s, BuildLayerSchedule(c));
+  KVC_ASSIGN_OR_RETURN(ChunkLayout l, BuildChunkLayout(c, s, kDefaultChunkTokens));
+  return static_cast<uint64_t>(l.chunk_bytes);
 }
 
 std::string ReadAll(const std::string& path) {
@@ -361,9 +359,8 @@ int Main(int argc, char** argv) {
     storage::ChunkStore* chunks = store->get();
     arena_socket = std::make_unique<ArenaSocketServer>(
         &auth, [chunks, access = *shm](const std::string& tenant) -> absl::StatusOr<SharedArena> {
-          absl::StatusOr<storage::RamPoolId> pool = access.MappablePool(tenant, *chunks);
-          if (!pool.ok()) return pool.status();
-          return SharedArena{chunks->ram_arena_fd(*pool), chunks->ram_arena_bytes(*pool)};
+          KVC_ASSIGN_OR_RETURN(storage::RamPoolId pool, access.MappablePool(tenant, *chunks));
+          return SharedArena{chunks->ram_arena_fd(pool), chunks->ram_arena_bytes(pool)};
         });
     if (shm_socket.empty()) shm_socket = data_dir + "/kvcached.sock";
     if (absl::Status s = arena_socket->Start(shm_socket); !s.ok())

@@ -23,6 +23,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cachesvc/client.h"
 #include "cachesvc/cluster_client.h"
 #include "cachesvc/etcd_flags.h"
@@ -42,9 +43,8 @@ absl::StatusOr<std::string> ReadAll(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<uint32_t>> ReadTokens(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadAll(path);
-  if (!text.ok()) return text.status();
-  std::istringstream in(*text);
+  KVC_ASSIGN_OR_RETURN(std::string text, ReadAll(path));
+  std::istringstream in(text);
   std::vector<uint32_t> tokens;
   std::string word;
   while (in >> word) {
@@ -125,9 +125,8 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     storage::StoreOptions o;
     o.data_dir = a.data_dir;
     o.max_chunk_bytes = 0;  // the folder's own geometry
-    absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(o);
-    if (!store.ok()) return store.status();
-    const auto chunks = (*store)->ListSsd();
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> store, storage::ChunkStore::Open(o));
+    const auto chunks = store->ListSsd();
     if (cmd == "ls") {
       std::map<storage::NamespaceId, size_t> per_ns;
       for (const auto& [ns, key] : chunks) {
@@ -140,10 +139,9 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     size_t bad = 0, done = 0;
     std::vector<uint8_t> buf;
     for (const auto& [ns, key] : chunks) {
-      absl::StatusOr<uint64_t> bytes = (*store)->ChunkBytes(ns);
-      if (!bytes.ok()) return bytes.status();
-      buf.resize(*bytes);
-      absl::Status st = (*store)->Get(ns, key, buf);  // verifies; a bad chunk is dropped
+      KVC_ASSIGN_OR_RETURN(uint64_t bytes, store->ChunkBytes(ns));
+      buf.resize(bytes);
+      absl::Status st = store->Get(ns, key, buf);  // verifies; a bad chunk is dropped
       if (!st.ok()) {
         ++bad;
         std::fprintf(stderr, "\n%s\n", std::string(st.message()).c_str());
@@ -159,33 +157,30 @@ absl::Status Run(const std::string& cmd, const Args& a) {
   options.address = a.cluster.empty() ? a.server : a.cluster;
   options.bearer_token = a.token;
   options.timeout_ms = 60000;
-  absl::StatusOr<cluster::EtcdSecurity> etcd = a.etcd.Resolve();
-  if (!etcd.ok()) return etcd.status();
-  options.etcd = *etcd;
-  absl::StatusOr<std::unique_ptr<CacheApi>> client = ConnectCache(options);
-  if (!client.ok()) return client.status();
+  KVC_ASSIGN_OR_RETURN(cluster::EtcdSecurity etcd, a.etcd.Resolve());
+  options.etcd = etcd;
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> client, ConnectCache(options));
   if (cmd == "stats") {
-    if (auto* cluster = dynamic_cast<ClusterClient*>(client->get()); cluster != nullptr) {
+    if (auto* cluster = dynamic_cast<ClusterClient*>(client.get()); cluster != nullptr) {
       return PrintClusterStats(*cluster);
     }
-    absl::StatusOr<pb::StatsResponse> s = dynamic_cast<CacheClient&>(**client).Stats();
-    if (!s.ok()) return s.status();
+    KVC_ASSIGN_OR_RETURN(pb::StatsResponse s, dynamic_cast<CacheClient&>(*client).Stats());
     std::printf(
         "ram  %llu / %llu chunks\nssd  %llu / %llu chunks\nhits ram %llu, ssd %llu; misses %llu\n"
         "checksum failures %llu, evictions %llu, io %s\n",
-        (unsigned long long)s->ram_chunks(), (unsigned long long)s->ram_capacity_chunks(),
-        (unsigned long long)s->ssd_chunks(), (unsigned long long)s->ssd_capacity_chunks(),
-        (unsigned long long)s->ram_hits(), (unsigned long long)s->ssd_hits(),
-        (unsigned long long)s->misses(), (unsigned long long)s->checksum_failures(),
-        (unsigned long long)s->evictions(), s->io_backend().c_str());
+        (unsigned long long)s.ram_chunks(), (unsigned long long)s.ram_capacity_chunks(),
+        (unsigned long long)s.ssd_chunks(), (unsigned long long)s.ssd_capacity_chunks(),
+        (unsigned long long)s.ram_hits(), (unsigned long long)s.ssd_hits(),
+        (unsigned long long)s.misses(), (unsigned long long)s.checksum_failures(),
+        (unsigned long long)s.evictions(), s.io_backend().c_str());
     std::printf(
         "ssd io errors: read %llu, write %llu; at the last start %llu chunks were "
         "indexed from their slots%s\n",
-        (unsigned long long)s->read_errors(), (unsigned long long)s->write_errors(),
-        (unsigned long long)s->recovered_chunks(),
-        s->index_rebuilds() > 0 ? " (the index was damaged and rebuilt)" : "");
-    if (s->has_quota()) {
-      const pb::TenantQuota& q = s->quota();
+        (unsigned long long)s.read_errors(), (unsigned long long)s.write_errors(),
+        (unsigned long long)s.recovered_chunks(),
+        s.index_rebuilds() > 0 ? " (the index was damaged and rebuilt)" : "");
+    if (s.has_quota()) {
+      const pb::TenantQuota& q = s.quota();
       auto limit = [](uint64_t x) { return x > 0 ? std::to_string(x) : std::string("none"); };
       std::printf("quota: ram %llu / %s bytes, ssd %llu / %s bytes, pins %llu / %s\n",
                   (unsigned long long)q.ram_bytes(), limit(q.ram_bytes_limit()).c_str(),
@@ -194,69 +189,61 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> config = ReadAll(a.config);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<RemoteNamespace> ns =
-      (*client)->RegisterNamespace(*config, a.model_id, a.chunk_tokens);
-  if (!ns.ok()) return ns.status();
+  KVC_ASSIGN_OR_RETURN(std::string config, ReadAll(a.config));
+  KVC_ASSIGN_OR_RETURN(RemoteNamespace ns,
+                       client->RegisterNamespace(config, a.model_id, a.chunk_tokens));
   if (cmd == "register") {
-    std::printf("namespace %u: %u tokens and %llu bytes per chunk, root %s\n", ns->id,
-                ns->chunk_tokens, (unsigned long long)ns->chunk_bytes, ns->root.Hex().c_str());
+    std::printf("namespace %u: %u tokens and %llu bytes per chunk, root %s\n", ns.id,
+                ns.chunk_tokens, (unsigned long long)ns.chunk_bytes, ns.root.Hex().c_str());
     return absl::OkStatus();
   }
-  absl::StatusOr<std::vector<uint32_t>> tokens = ReadTokens(a.tokens_file);
-  if (!tokens.ok()) return tokens.status();
-  absl::StatusOr<LookupResult> found = (*client)->Lookup(*ns, *tokens);
-  if (!found.ok()) return found.status();
+  KVC_ASSIGN_OR_RETURN(std::vector<uint32_t> tokens, ReadTokens(a.tokens_file));
+  KVC_ASSIGN_OR_RETURN(LookupResult found, client->Lookup(ns, tokens));
   if (cmd == "lookup") {
-    std::printf("matched %u of %zu chunks (%llu tokens)\n", found->matched_chunks,
-                found->keys.size(),
-                static_cast<unsigned long long>(found->matched_chunks) * ns->chunk_tokens);
+    std::printf("matched %u of %zu chunks (%llu tokens)\n", found.matched_chunks, found.keys.size(),
+                static_cast<unsigned long long>(found.matched_chunks) * ns.chunk_tokens);
     return absl::OkStatus();
   }
   if (cmd == "hash") {
-    for (size_t i = 0; i < found->keys.size(); ++i) {
-      std::printf("%zu %s %s\n", i, found->keys[i].Hex().c_str(),
-                  i < found->matched_chunks ? TierName(found->tiers[i]) : "-");
+    for (size_t i = 0; i < found.keys.size(); ++i) {
+      std::printf("%zu %s %s\n", i, found.keys[i].Hex().c_str(),
+                  i < found.matched_chunks ? TierName(found.tiers[i]) : "-");
     }
     return absl::OkStatus();
   }
   if (cmd == "put") {
-    absl::StatusOr<std::string> payload = ReadAll(a.payload_file);
-    if (!payload.ok()) return payload.status();
-    const size_t chunks = tokens->size() / ns->chunk_tokens;
-    if (payload->size() != chunks * ns->chunk_bytes) {
+    KVC_ASSIGN_OR_RETURN(std::string payload, ReadAll(a.payload_file));
+    const size_t chunks = tokens.size() / ns.chunk_tokens;
+    if (payload.size() != chunks * ns.chunk_bytes) {
       return absl::InvalidArgumentError("\"" + a.payload_file + "\" is " +
-                                        std::to_string(payload->size()) + " bytes; " +
+                                        std::to_string(payload.size()) + " bytes; " +
                                         std::to_string(chunks) + " chunks of this namespace are " +
-                                        std::to_string(chunks * ns->chunk_bytes));
+                                        std::to_string(chunks * ns.chunk_bytes));
     }
-    absl::StatusOr<StoreResult> r = (*client)->Store(
-        *ns, std::nullopt, std::span(*tokens).first(chunks * ns->chunk_tokens),
-        std::span(reinterpret_cast<const uint8_t*>(payload->data()), payload->size()),
-        a.memory ? pb::DURABILITY_MEMORY : pb::DURABILITY_DURABLE, a.ttl);
-    if (!r.ok()) return r.status();
-    std::printf("stored %u, already present %u\n", r->stored, r->already_present);
+    KVC_ASSIGN_OR_RETURN(
+        StoreResult r,
+        client->Store(ns, std::nullopt, std::span(tokens).first(chunks * ns.chunk_tokens),
+                      std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()),
+                      a.memory ? pb::DURABILITY_MEMORY : pb::DURABILITY_DURABLE, a.ttl));
+    std::printf("stored %u, already present %u\n", r.stored, r.already_present);
     return absl::OkStatus();
   }
   if (cmd == "get") {
-    std::vector<uint8_t> out(found->matched_chunks * ns->chunk_bytes);
-    absl::StatusOr<size_t> n =
-        (*client)->Fetch(*ns, std::span(found->keys).first(found->matched_chunks), out);
-    if (!n.ok()) return n.status();
+    std::vector<uint8_t> out(found.matched_chunks * ns.chunk_bytes);
+    KVC_ASSIGN_OR_RETURN(size_t n,
+                         client->Fetch(ns, std::span(found.keys).first(found.matched_chunks), out));
     std::ofstream f(a.out, std::ios::binary | std::ios::trunc);
     f.write(reinterpret_cast<const char*>(out.data()),
-            static_cast<std::streamsize>(*n * ns->chunk_bytes));
+            static_cast<std::streamsize>(n * ns.chunk_bytes));
     if (!f) return absl::InternalError("cannot write \"" + a.out + "\"");
-    std::printf("fetched %zu of %zu chunks\n", *n, found->keys.size());
+    std::printf("fetched %zu of %zu chunks\n", n, found.keys.size());
     return absl::OkStatus();
   }
-  const std::span<const storage::ChunkKey> keys(found->keys);
-  absl::StatusOr<uint32_t> n = cmd == "pin"     ? (*client)->Pin(*ns, keys, a.ttl)
-                               : cmd == "unpin" ? (*client)->Unpin(*ns, keys)
-                                                : (*client)->Delete(*ns, keys);
-  if (!n.ok()) return n.status();
-  std::printf("%s: %u of %zu chunks\n", cmd.c_str(), *n, keys.size());
+  const std::span<const storage::ChunkKey> keys(found.keys);
+  KVC_ASSIGN_OR_RETURN(uint32_t n, cmd == "pin"     ? client->Pin(ns, keys, a.ttl)
+                                   : cmd == "unpin" ? client->Unpin(ns, keys)
+                                                    : client->Delete(ns, keys));
+  std::printf("%s: %u of %zu chunks\n", cmd.c_str(), n, keys.size());
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cachesvc/prefix_hash.h"
 #include "nlohmann/json.hpp"
 
@@ -106,7 +107,7 @@ uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& 
 absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(
     const std::string& data_dir, size_t max_per_tenant, NamespaceIds ids) {
   std::unique_ptr<NamespaceRegistry> r(new NamespaceRegistry(data_dir, max_per_tenant, ids));
-  if (absl::Status s = r->Load(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(r->Load());
   return r;
 }
 
@@ -129,9 +130,8 @@ absl::Status NamespaceRegistry::Load() {
         if (!whole && in.peek() == EOF) break;  // the torn tail: dropped below
         return absl::DataLossError(absl::StrCat(log, ":", n, " is not a namespace entry"));
       }
-      absl::StatusOr<NamespaceInfo> e = FromJson(j, absl::StrCat(log, ":", n));
-      if (!e.ok()) return e.status();
-      entries.push_back(*e);
+      KVC_ASSIGN_OR_RETURN(NamespaceInfo e, FromJson(j, absl::StrCat(log, ":", n)));
+      entries.push_back(e);
       at += line.size() + 1;
       good_bytes = at;
     }
@@ -144,9 +144,8 @@ absl::Status NamespaceRegistry::Load() {
       return absl::DataLossError(absl::StrCat(old, " is not a JSON array of namespaces"));
     }
     for (const auto& e : j) {
-      absl::StatusOr<NamespaceInfo> n = FromJson(e, old);
-      if (!n.ok()) return n.status();
-      entries.push_back(*n);
+      KVC_ASSIGN_OR_RETURN(NamespaceInfo n, FromJson(e, old));
+      entries.push_back(n);
     }
     std::string lines;
     for (const NamespaceInfo& n : entries) lines += ToJson(n).dump() + "\n";
@@ -158,7 +157,7 @@ absl::Status NamespaceRegistry::Load() {
     close(fd);
     if (!w.ok()) return w;
     if (rename(tmp.c_str(), log.c_str()) != 0) return Errno("rename " + tmp);
-    if (absl::Status s = SyncDir(dir_); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(SyncDir(dir_));
     unlink(old.c_str());
     good_bytes = lines.size();
   }
@@ -214,7 +213,7 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
   } else {
     info.id = by_id_.empty() ? 1 : by_id_.rbegin()->first + 1;
   }
-  if (absl::Status s = Append(info); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(Append(info));
   by_id_[info.id] = info;
   by_root_[{info.tenant, info.root}] = info.id;
   ++per_tenant_[info.tenant];

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 
 namespace kvc::cachesvc {
 

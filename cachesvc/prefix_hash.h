@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "base/chunk_key.h"
 #include "engine/spec/chunk_layout.h"
-#include "storage/chunk_key.h"
 
 namespace kvc::cachesvc {
 

@@ -1,5 +1,6 @@
 #include "cachesvc/service.h"
 
+#include "base/status_macros.h"
 #include "cachesvc/service_impl.h"
 
 namespace kvc::cachesvc {
@@ -132,9 +133,8 @@ grpc::ServerUnaryReactor* KvCacheService::Pin(grpc::CallbackServerContext* ctx,
              pb::PinResponse* resp) -> absl::Status {
         if (req->ttl_seconds() == 0)
           return absl::InvalidArgumentError("ttl_seconds must be positive (use Unpin to unpin)");
-        absl::StatusOr<uint32_t> n = impl_->DoPin(t, *req, NowS() + req->ttl_seconds());
-        if (!n.ok()) return n.status();
-        resp->set_pinned(*n);
+        KVC_ASSIGN_OR_RETURN(uint32_t n, impl_->DoPin(t, *req, NowS() + req->ttl_seconds()));
+        resp->set_pinned(n);
         return absl::OkStatus();
       });
 }
@@ -148,10 +148,9 @@ grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx
              pb::UnpinResponse* resp) -> absl::Status {
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
-        absl::StatusOr<uint32_t> n =
-            Impl::CountOk(impl_->store->PinBatch(nk->ns.id, nk->stored, 0));
-        if (!n.ok()) return n.status();
-        resp->set_unpinned(*n);
+        KVC_ASSIGN_OR_RETURN(uint32_t n,
+                             Impl::CountOk(impl_->store->PinBatch(nk->ns.id, nk->stored, 0)));
+        resp->set_unpinned(n);
         return absl::OkStatus();
       });
 }
@@ -165,9 +164,9 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
              pb::DeleteResponse* resp) -> absl::Status {
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
-        absl::StatusOr<uint32_t> n = Impl::CountOk(impl_->store->EraseBatch(nk->ns.id, nk->stored));
-        if (!n.ok()) return n.status();
-        resp->set_deleted(*n);
+        KVC_ASSIGN_OR_RETURN(uint32_t n,
+                             Impl::CountOk(impl_->store->EraseBatch(nk->ns.id, nk->stored)));
+        resp->set_deleted(n);
         return absl::OkStatus();
       });
 }

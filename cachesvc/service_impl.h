@@ -15,24 +15,23 @@
 #include <grpcpp/support/proto_buffer_writer.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/check.h"
+#include "base/clock.h"
+#include "base/status_macros.h"
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/log.h"
 #include "cachesvc/prefix_hash.h"
 #include "cachesvc/service.h"
 #include "cachesvc/status.h"
-#include "engine/spec/check.h"
 #include "engine/spec/chunk_layout.h"
+#include "wire/wire.h"
 
 namespace kvc::cachesvc {
 
 namespace pb = ::kvcache::v1;
 using storage::ChunkKey;
 
-inline int64_t NowS() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+inline int64_t NowS() { return WallSeconds(); }
 
 inline pb::Tier ToProto(storage::Tier t) {
   switch (t) {
@@ -60,37 +59,16 @@ inline absl::StatusOr<std::vector<ChunkKey>> ParseKeys(
     return absl::InvalidArgumentError(
         absl::StrCat(raw.size(), " chunk keys in one call; the limit is ", max_keys));
   }
-  std::vector<ChunkKey> keys(raw.size());
+  std::vector<ChunkKey> keys;
+  keys.reserve(raw.size());
   for (int i = 0; i < raw.size(); ++i) {
-    if (raw[i].size() != 16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk_keys[", i, "] is ", raw[i].size(), " bytes; keys are 16 bytes"));
-    }
-    std::memcpy(keys[i].bytes.data(), raw[i].data(), 16);
+    KVC_ASSIGN_OR_RETURN(ChunkKey k, wire::KeyFrom(raw[i], absl::StrCat("chunk_keys[", i, "]")));
+    keys.push_back(k);
   }
   return keys;
 }
 
-// Keys sent end to end (16 bytes each), as LookupRequest.packed_chunk_keys carries them.
-inline absl::StatusOr<std::vector<ChunkKey>> ParsePackedKeys(const std::string& raw,
-                                                             uint32_t max_keys) {
-  if (raw.size() % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("packed_chunk_keys is ", raw.size(),
-                                                   " bytes, not a whole number of 16-byte keys"));
-  }
-  if (raw.size() / 16 > max_keys) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(raw.size() / 16, " chunk keys in one call; the limit is ", max_keys));
-  }
-  std::vector<ChunkKey> keys(raw.size() / 16);
-  for (size_t i = 0; i < keys.size(); ++i)
-    std::memcpy(keys[i].bytes.data(), raw.data() + 16 * i, 16);
-  return keys;
-}
-
-inline std::string KeyBytes(const ChunkKey& k) {
-  return std::string(reinterpret_cast<const char*>(k.bytes.data()), 16);
-}
+using wire::KeyBytes;
 
 class KvCacheService::Impl {
  public:
@@ -148,7 +126,7 @@ class KvCacheService::Impl {
     std::lock_guard lk(quota_mu);
     if (quota_groups.contains(tenant)) return absl::OkStatus();
     const auto group = static_cast<storage::QuotaGroup>(quota_groups.size() + 1);
-    if (absl::Status s = store->SetQuota(group, *quota, must_fit); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(store->SetQuota(group, *quota, must_fit));
     quota_groups.emplace(tenant, group);
     return absl::OkStatus();
   }
@@ -193,10 +171,9 @@ class KvCacheService::Impl {
   // once known (for the log); callers start it as "-".
   absl::StatusOr<TenantLimiter::Slot> Admit(const grpc::CallbackServerContext* ctx,
                                             std::string* tenant) {
-    absl::StatusOr<std::string> t = auth->TenantFor(Authorization(ctx));
-    if (!t.ok()) return t.status();
-    *tenant = *t;
-    return limiter.Acquire(*t);
+    KVC_ASSIGN_OR_RETURN(std::string t, auth->TenantFor(Authorization(ctx)));
+    *tenant = t;
+    return limiter.Acquire(t);
   }
 
   // Runs `work` on the executor (or right here when `inline_work`: short, never blocking
@@ -249,7 +226,7 @@ class KvCacheService::Impl {
                 method, ": the request does not parse as ", Req::descriptor()->name()));
           }
           Resp response;
-          if (absl::Status s = work(tenant, &request, &response); !s.ok()) return s;
+          KVC_RETURN_IF_ERROR(work(tenant, &request, &response));
           bool own_buffer = false;
           if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, Resp>(response, raw_response,
                                                                      &own_buffer)
@@ -270,43 +247,39 @@ class KvCacheService::Impl {
   absl::Status Register(const std::string& tenant, const pb::RegisterNamespaceRequest& req,
                         pb::RegisterNamespaceResponse* resp) {
     if (req.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
-    absl::StatusOr<ModelConfig> config =
-        ParseModelConfig(req.model_config_json(), "model_config_json");
-    if (!config.ok()) return config.status();
-    absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
-    if (!schedule.ok()) return schedule.status();
+    KVC_ASSIGN_OR_RETURN(ModelConfig config,
+                         ParseModelConfig(req.model_config_json(), "model_config_json"));
+    KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(config));
     const uint32_t chunk_tokens =
         req.chunk_tokens() ? req.chunk_tokens() : opt.default_chunk_tokens;
-    absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(*config, *schedule, chunk_tokens);
-    if (!layout.ok()) return layout.status();
-    if (static_cast<uint64_t>(layout->chunk_bytes) > opt.max_chunk_bytes) {
+    KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, schedule, chunk_tokens));
+    if (static_cast<uint64_t>(layout.chunk_bytes) > opt.max_chunk_bytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("a chunk of ", chunk_tokens, " tokens is ", layout->chunk_bytes,
+          absl::StrCat("a chunk of ", chunk_tokens, " tokens is ", layout.chunk_bytes,
                        " bytes; this server stores chunks of at most ", opt.max_chunk_bytes));
     }
     NamespaceInfo info;
     info.tenant = tenant;
     info.model_id = req.model_id();
     info.chunk_tokens = chunk_tokens;
-    info.chunk_bytes = static_cast<uint64_t>(layout->chunk_bytes);
-    info.vocab_size = static_cast<uint64_t>(config->vocab_size);
-    info.root = NamespaceRoot(tenant, ModelFingerprint(req.model_id(), *layout), kKvLayoutVersion,
+    info.chunk_bytes = static_cast<uint64_t>(layout.chunk_bytes);
+    info.vocab_size = static_cast<uint64_t>(config.vocab_size);
+    info.root = NamespaceRoot(tenant, ModelFingerprint(req.model_id(), layout), kKvLayoutVersion,
                               chunk_tokens);
     info.key_scope = kKeyScopeBound;  // a namespace registered before keeps its own
     // The tenant's quota is admitted before its first namespace exists: a quota that does
     // not fit refuses the registration and leaves nothing behind.
-    if (absl::Status s = AdmitQuota(tenant, /*must_fit=*/true); !s.ok()) return s;
-    absl::StatusOr<NamespaceInfo> ns = registry->FindOrAdd(info);
-    if (!ns.ok()) return ns.status();
-    if (absl::Status s = store->RegisterNamespace(ns->id, ns->chunk_bytes); !s.ok()) return s;
-    AssignRamPool(*ns);
-    AssignQuota(*ns);
-    resp->set_namespace_id(ns->id);
-    resp->set_chunk_bytes(ns->chunk_bytes);
-    resp->set_chunk_tokens(ns->chunk_tokens);
-    resp->set_root_key(KeyBytes(ns->root));
+    KVC_RETURN_IF_ERROR(AdmitQuota(tenant, /*must_fit=*/true));
+    KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, registry->FindOrAdd(info));
+    KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.id, ns.chunk_bytes));
+    AssignRamPool(ns);
+    AssignQuota(ns);
+    resp->set_namespace_id(ns.id);
+    resp->set_chunk_bytes(ns.chunk_bytes);
+    resp->set_chunk_tokens(ns.chunk_tokens);
+    resp->set_root_key(KeyBytes(ns.root));
     resp->set_kv_layout_version(kKvLayoutVersion);
-    resp->set_vocab_size(ns->vocab_size);
+    resp->set_vocab_size(ns.vocab_size);
     return absl::OkStatus();
   }
 
@@ -323,8 +296,7 @@ class KvCacheService::Impl {
 
   absl::Status DoLookup(const std::string& tenant, const pb::LookupRequest& req,
                         pb::LookupResponse* resp) {
-    absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
-    if (!ns.ok()) return ns.status();
+    KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, Namespace(req.namespace_id(), tenant));
     std::vector<ChunkKey> keys;
     const bool packed = !req.packed_chunk_keys().empty();
     const bool by_key = packed || req.chunk_keys_size() > 0;
@@ -334,24 +306,23 @@ class KvCacheService::Impl {
             "a Lookup gives one of tokens, chunk_keys and packed_chunk_keys");
       }
       // The keys of a max_lookup_tokens prefix at the namespace's chunk size, at most.
-      const uint64_t limit = opt.max_lookup_tokens / std::max<uint32_t>(1, ns->chunk_tokens);
+      const uint64_t limit = opt.max_lookup_tokens / std::max<uint32_t>(1, ns.chunk_tokens);
       const auto max_keys = static_cast<uint32_t>(std::min<uint64_t>(limit, UINT32_MAX));
-      absl::StatusOr<std::vector<ChunkKey>> parsed =
-          packed ? ParsePackedKeys(req.packed_chunk_keys(), max_keys)
-                 : ParseKeys(req.chunk_keys(), max_keys);
-      if (!parsed.ok()) return parsed.status();
-      keys = *std::move(parsed);
+      KVC_ASSIGN_OR_RETURN(std::vector<ChunkKey> parsed,
+                           packed ? wire::UnpackKeys(req.packed_chunk_keys(), max_keys)
+                                  : ParseKeys(req.chunk_keys(), max_keys));
+      keys = std::move(parsed);
       resp->set_keys_seen(static_cast<uint32_t>(keys.size()));
     } else {
       if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
             req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
       }
-      if (absl::Status s = CheckTokens(*ns, req.tokens()); !s.ok()) return s;
-      keys = ChunkKeys(ns->root, std::span(req.tokens().data(), req.tokens().size()),
-                       ns->chunk_tokens);
+      KVC_RETURN_IF_ERROR(CheckTokens(ns, req.tokens()));
+      keys =
+          ChunkKeys(ns.root, std::span(req.tokens().data(), req.tokens().size()), ns.chunk_tokens);
     }
-    const std::vector<storage::Tier> tiers = store->Lookup(ns->id, StorageKeys(*ns, keys));
+    const std::vector<storage::Tier> tiers = store->Lookup(ns.id, StorageKeys(ns, keys));
     uint32_t matched = 0;
     while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
     resp->set_matched_chunks(matched);
@@ -372,12 +343,11 @@ class KvCacheService::Impl {
   };
   template <typename Req>
   absl::StatusOr<ScopedKeys> NamespaceAndKeys(const std::string& tenant, const Req& req) {
-    absl::StatusOr<NamespaceInfo> ns = Namespace(req.namespace_id(), tenant);
-    if (!ns.ok()) return ns.status();
-    absl::StatusOr<std::vector<ChunkKey>> keys = ParseKeys(req.chunk_keys(), opt.max_keys_per_call);
-    if (!keys.ok()) return keys.status();
-    std::vector<ChunkKey> stored = StorageKeys(*ns, *keys);
-    return ScopedKeys{*std::move(ns), *std::move(keys), std::move(stored)};
+    KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, Namespace(req.namespace_id(), tenant));
+    KVC_ASSIGN_OR_RETURN(std::vector<ChunkKey> keys,
+                         ParseKeys(req.chunk_keys(), opt.max_keys_per_call));
+    std::vector<ChunkKey> stored = StorageKeys(ns, keys);
+    return ScopedKeys{std::move(ns), std::move(keys), std::move(stored)};
   }
 
   // Counts the OK statuses; the first error other than NotFound fails the call.
@@ -418,8 +388,7 @@ class KvCacheService::Impl {
 
   absl::Status DoFetchRefs(const std::string& tenant, const pb::FetchRefsRequest& req,
                            pb::FetchRefsResponse* resp) {
-    absl::StatusOr<storage::RamPoolId> pool = opt.shm.MappablePool(tenant, *store);
-    if (!pool.ok()) return pool.status();
+    KVC_ASSIGN_OR_RETURN(storage::RamPoolId pool, opt.shm.MappablePool(tenant, *store));
     auto nk = NamespaceAndKeys(tenant, req);
     if (!nk.ok()) return nk.status();
     for (uint64_t done : req.release_lease_ids())
@@ -428,14 +397,14 @@ class KvCacheService::Impl {
     const uint32_t ms =
         std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
     resp->set_lease_ms(ms);
-    resp->set_arena_id(arena_ids.at(*pool));
+    resp->set_arena_id(arena_ids.at(pool));
     RefLease lease{
         tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
     for (size_t i = 0; i < nk->keys.size(); ++i) {
       absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->ns.id, nk->stored[i]);
       // The leading chunks only; the client fetches the rest over gRPC. A chunk in another
       // pool (stored before the tenant had its own) is not in the caller's mapping.
-      if (!l.ok() || l->pool() != *pool) break;
+      if (!l.ok() || l->pool() != pool) break;
       CountFetch(tenant, 1, 0, 0);
       pb::ChunkRef* ref = resp->add_refs();
       ref->set_chunk_key(KeyBytes(nk->keys[i]));

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 
 namespace kvc::cachesvc {
 
@@ -29,10 +30,9 @@ absl::StatusOr<ShmAccess> ShmAccess::Plan(absl::string_view flag, bool auth_enab
     }
     std::optional<uint64_t> size;
     if (item.find('=') != absl::string_view::npos) {
-      absl::StatusOr<uint64_t> b =
-          ParseByteSize("--shm-tenants", item, absl::StripAsciiWhitespace(kv.second));
-      if (!b.ok()) return b.status();
-      size = *b;
+      KVC_ASSIGN_OR_RETURN(
+          uint64_t b, ParseByteSize("--shm-tenants", item, absl::StripAsciiWhitespace(kv.second)));
+      size = b;
     }
     a.pools_[name] = static_cast<storage::RamPoolId>(sizes.size() + 1);
     sizes.push_back(size);

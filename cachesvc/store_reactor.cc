@@ -8,6 +8,7 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
+#include "base/status_macros.h"
 #include "cachesvc/service_impl.h"
 #include "cachesvc/tsan_handoff.h"
 
@@ -83,29 +84,28 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   absl::Status StoreOne() {
-    absl::StatusOr<NamespaceInfo> ns = svc_->Namespace(req_.namespace_id(), tenant_);
-    if (!ns.ok()) return ns.status();
-    if (static_cast<uint32_t>(req_.tokens_size()) != ns->chunk_tokens) {
+    KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, svc_->Namespace(req_.namespace_id(), tenant_));
+    if (static_cast<uint32_t>(req_.tokens_size()) != ns.chunk_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("chunk has ", req_.tokens_size(),
-                                                     " tokens; namespace ", ns->id, " uses ",
-                                                     ns->chunk_tokens));
+                                                     " tokens; namespace ", ns.id, " uses ",
+                                                     ns.chunk_tokens));
     }
-    if (absl::Status s = svc_->CheckTokens(*ns, req_.tokens()); !s.ok()) return s;
-    if (req_.payload().size() != ns->chunk_bytes) {
+    KVC_RETURN_IF_ERROR(svc_->CheckTokens(ns, req_.tokens()));
+    if (req_.payload().size() != ns.chunk_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
-                                                     " bytes, namespace ", ns->id, " expects ",
-                                                     ns->chunk_bytes));
+                                                     " bytes, namespace ", ns.id, " expects ",
+                                                     ns.chunk_bytes));
     }
     std::optional<ChunkKey> parent;
-    ChunkKey chain = ns->root;
+    ChunkKey chain = ns.root;
     if (!req_.parent_key().empty()) {
       if (req_.parent_key().size() != 16) {
         return absl::InvalidArgumentError(
             absl::StrCat("parent_key is ", req_.parent_key().size(), " bytes; keys are 16"));
       }
       std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
-      const ChunkKey stored_parent = StorageKey(*ns, chain);
-      const bool parent_here = svc_->store->Contains(ns->id, stored_parent) != storage::Tier::kNone;
+      const ChunkKey stored_parent = StorageKey(ns, chain);
+      const bool parent_here = svc_->store->Contains(ns.id, stored_parent) != storage::Tier::kNone;
       // A chunk is only reachable through its prefix: refuse orphans (and keys chained
       // from another namespace's chunks). In a cluster the parent is usually on another
       // node (placement is per chunk); the chunk is then a root of this node's eviction.
@@ -114,7 +114,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // other tenant's chunk.
       if (!parent_here && !svc_->opt.cluster) {
         return absl::FailedPreconditionError(
-            absl::StrCat("parent chunk ", chain.Hex(), " is not cached in namespace ", ns->id));
+            absl::StrCat("parent chunk ", chain.Hex(), " is not cached in namespace ", ns.id));
       }
       if (parent_here) parent = stored_parent;
     }
@@ -122,12 +122,13 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const auto durability = req_.durability() == pb::DURABILITY_DURABLE
                                 ? storage::Durability::kDurable
                                 : storage::Durability::kMemory;
-    absl::StatusOr<storage::PutResult> put = svc_->store->Put(
-        {ns->id, StorageKey(*ns, key), parent,
-         std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()), req_.payload().size())},
-        {durability, static_cast<int64_t>(req_.ttl_seconds())});
-    if (!put.ok()) return put.status();
-    if (put->already_present) {
+    KVC_ASSIGN_OR_RETURN(
+        storage::PutResult put,
+        svc_->store->Put({ns.id, StorageKey(ns, key), parent,
+                          std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()),
+                                    req_.payload().size())},
+                         {durability, static_cast<int64_t>(req_.ttl_seconds())}));
+    if (put.already_present) {
       resp_.set_already_present(resp_.already_present() + 1);
     } else {
       resp_.set_stored(resp_.stored() + 1);

@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 
 namespace kvc::cachesvc {
 
@@ -58,9 +59,8 @@ absl::StatusOr<TenantQuotas> TenantQuotas::Parse(const std::vector<std::string>&
       const absl::string_view kind = absl::StripAsciiWhitespace(kv.first);
       const absl::string_view value = absl::StripAsciiWhitespace(kv.second);
       if (kind == "ram" || kind == "ssd") {
-        absl::StatusOr<uint64_t> bytes = ParseByteSize(kFlag, item, value);
-        if (!bytes.ok()) return bytes.status();
-        (kind == "ram" ? quota.ram_bytes : quota.ssd_bytes) = *bytes;
+        KVC_ASSIGN_OR_RETURN(uint64_t bytes, ParseByteSize(kFlag, item, value));
+        (kind == "ram" ? quota.ram_bytes : quota.ssd_bytes) = bytes;
       } else if (kind == "pins") {
         if (!absl::SimpleAtoi(value, &quota.pinned_chunks) || quota.pinned_chunks == 0) {
           return absl::InvalidArgumentError(
@@ -106,7 +106,7 @@ absl::Status TenantQuotas::CheckNamedFit(const storage::ChunkStore::QuotaRoom& r
         " bytes for quotas (each chunk is charged the whole slot it takes); lower them or "
         "give the tier more room"));
   };
-  if (absl::Status s = check("RAM", ram, room.ram_bytes); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(check("RAM", ram, room.ram_bytes));
   return check("SSD", ssd, room.ssd_bytes);
 }
 

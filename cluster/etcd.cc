@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace kvc::cluster {
@@ -106,7 +107,7 @@ Etcd::~Etcd() = default;
 
 absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints,
                                                     const EtcdSecurity& security) {
-  if (absl::Status s = security.Check(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(security.Check());
   std::vector<std::string> eps = absl::StrSplit(endpoints, ',', absl::SkipEmpty());
   if (eps.empty()) return absl::InvalidArgumentError("no etcd endpoint");
   std::string target = eps[0];
@@ -131,16 +132,13 @@ absl::StatusOr<std::unique_ptr<Etcd>> Etcd::Connect(const std::string& endpoints
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (security.tls()) {
     grpc::SslCredentialsOptions ssl;
-    absl::StatusOr<std::string> ca = ReadPem(security.ca_file, "CA file");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
+    KVC_ASSIGN_OR_RETURN(std::string ca, ReadPem(security.ca_file, "CA file"));
+    ssl.pem_root_certs = ca;
     if (!security.cert_file.empty()) {
-      absl::StatusOr<std::string> cert = ReadPem(security.cert_file, "client certificate");
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem(security.key_file, "client key");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
+      KVC_ASSIGN_OR_RETURN(std::string cert, ReadPem(security.cert_file, "client certificate"));
+      KVC_ASSIGN_OR_RETURN(std::string key, ReadPem(security.key_file, "client key"));
+      ssl.pem_cert_chain = cert;
+      ssl.pem_private_key = key;
     }
     creds = grpc::SslCredentials(ssl);
   }

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace kvc::cluster {
@@ -40,7 +41,7 @@ absl::StatusOr<NodeInfo> NodeInfo::FromJson(const std::string& json) {
   n.hbm_bytes = u64("hbm_bytes");
   n.started_unix = static_cast<int64_t>(u64("started_unix"));
   if (j.contains("instance") && j["instance"].is_string()) n.instance = j["instance"];
-  if (absl::Status s = CheckNodeId(n.id); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(CheckNodeId(n.id));
   return n;
 }
 
@@ -61,13 +62,12 @@ absl::Status CheckNodeId(const std::string& id) {
 // --- NodeRegistration ---------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<NodeRegistration>> NodeRegistration::Start(Options options) {
-  if (absl::Status s = CheckNodeId(options.node.id); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(CheckNodeId(options.node.id));
   if (options.lease_seconds < 1) return absl::InvalidArgumentError("lease_seconds must be ≥ 1");
   if (!options.log) options.log = [](const std::string&, const std::string&) {};
-  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(options.endpoints, options.etcd);
-  if (!etcd.ok()) return etcd.status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<Etcd> etcd, Etcd::Connect(options.endpoints, options.etcd));
   std::unique_ptr<NodeRegistration> r(new NodeRegistration(std::move(options)));
-  r->etcd_ = *std::move(etcd);
+  r->etcd_ = std::move(etcd);
   // A holder may be a node that just died: its entry goes when its lease ends, so look
   // again for one lease period before refusing.
   const auto give_up = std::chrono::steady_clock::now() +
@@ -150,10 +150,9 @@ absl::Status NodeRegistration::Register(int64_t lease, bool reclaim) {
 }
 
 absl::StatusOr<bool> NodeRegistration::StillOurs() {
-  absl::StatusOr<std::optional<Etcd::KeyValue>> kv = etcd_->Get(kNodesPrefix + opt_.node.id);
-  if (!kv.ok()) return kv.status();
-  if (!kv->has_value()) return false;
-  absl::StatusOr<NodeInfo> n = NodeInfo::FromJson((*kv)->value);
+  KVC_ASSIGN_OR_RETURN(std::optional<Etcd::KeyValue> kv, etcd_->Get(kNodesPrefix + opt_.node.id));
+  if (!kv.has_value()) return false;
+  absl::StatusOr<NodeInfo> n = NodeInfo::FromJson(kv->value);
   return n.ok() && n->instance == opt_.node.instance && n->address == opt_.node.address;
 }
 
@@ -224,12 +223,11 @@ NodeRegistration::~NodeRegistration() {
 
 absl::StatusOr<std::unique_ptr<MembershipView>> MembershipView::Open(
     const std::string& endpoints, const EtcdSecurity& etcd_security) {
-  absl::StatusOr<std::unique_ptr<Etcd>> etcd = Etcd::Connect(endpoints, etcd_security);
-  if (!etcd.ok()) return etcd.status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<Etcd> etcd, Etcd::Connect(endpoints, etcd_security));
   std::unique_ptr<MembershipView> v(new MembershipView());
-  v->etcd_ = *std::move(etcd);
+  v->etcd_ = std::move(etcd);
   v->current_ = std::make_shared<Snapshot>();
-  if (absl::Status s = v->Reload(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(v->Reload());
   v->thread_ = std::thread([p = v.get()] { p->Loop(); });
   return v;
 }
@@ -250,10 +248,9 @@ std::shared_ptr<const MembershipView::Snapshot> MembershipView::Current() const 
 }
 
 absl::Status MembershipView::Reload() {
-  absl::StatusOr<Etcd::RangeResult> r = etcd_->RangePrefix(kNodesPrefix);
-  if (!r.ok()) return r.status();
+  KVC_ASSIGN_OR_RETURN(Etcd::RangeResult r, etcd_->RangePrefix(kNodesPrefix));
   auto snap = std::make_shared<Snapshot>();
-  for (const Etcd::KeyValue& kv : r->kvs) {
+  for (const Etcd::KeyValue& kv : r.kvs) {
     // A node's id is its key's: a record whose value names another id (or that is not a
     // node's record) is ignored, as the watch does (Apply).
     absl::StatusOr<NodeInfo> n = NodeInfo::FromJson(kv.value);
@@ -261,7 +258,7 @@ absl::Status MembershipView::Reload() {
   }
   std::sort(snap->nodes.begin(), snap->nodes.end(),
             [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });
-  snap->revision = r->revision;
+  snap->revision = r.revision;
   std::lock_guard lk(mu_);
   snap->version = current_->version + 1;
   current_ = std::move(snap);

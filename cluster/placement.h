@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 
 namespace kvc::cluster {
 

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/check.h"
 #include "engine/cpu/ops.h"
-#include "engine/spec/check.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_matmul.h"
 #include "kernels/device_buffer.h"

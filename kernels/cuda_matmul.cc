@@ -10,7 +10,8 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "engine/spec/check.h"
+#include "base/check.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
 #include "kernels/device_matmul.h"
@@ -134,10 +135,9 @@ absl::StatusOr<std::vector<float>> GemmOnDevice(std::span<const float> x, int64_
     return absl::InvalidArgumentError(absl::StrCat("gemm of ", m, " rows × ", w.in_features(),
                                                    " inputs: got ", x.size(), " values"));
   }
-  absl::StatusOr<std::unique_ptr<model::MatmulBackend>> mm = MakeCudaMatmul();
-  if (!mm.ok()) return mm.status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<model::MatmulBackend> mm, MakeCudaMatmul());
   std::vector<float> y(static_cast<size_t>(m * w.out_features()));
-  (*mm)->Gemm(x.data(), m, w, y.data());
+  mm->Gemm(x.data(), m, w, y.data());
   return y;
 }
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/check.h"
 #include "engine/cpu/ops.h"
-#include "engine/spec/check.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kv_ops.h"
 #include "kernels/row_ops_kernel.cuh"

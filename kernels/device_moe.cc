@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/spec/check.h"
+#include "base/check.h"
 #include "kernels/cuda_check.h"
 #include "kernels/device_matmul.h"
 #include "kernels/moe_kernel.cuh"

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_status.h"
 #include "kernels/kv_dequant.h"
 
@@ -21,9 +22,7 @@ absl::StatusOr<std::unique_ptr<DevicePages>> DevicePages::Create(const ChunkLayo
         "cannot allocate ", bytes, " bytes of device memory for ", capacity_chunks, " pages"));
   }
   cudaStream_t s = nullptr;
-  if (absl::Status st = FromCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-      !st.ok())
-    return st;
+  KVC_RETURN_IF_ERROR(FromCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"));
   p->stream_ = s;
   return p;
 }

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_status.h"
 
 namespace kvc::cuda {
@@ -31,15 +32,13 @@ class CudaHbmArena final : public storage::DeviceArena {
   uint64_t bytes() const override { return bytes_; }
   absl::Status Write(uint64_t offset, std::span<const uint8_t> host) override {
     if (offset + host.size() > bytes_) return absl::OutOfRangeError("write past the HBM arena");
-    if (absl::Status s = FromCuda(cudaSetDevice(device_), "select the HBM tier's GPU"); !s.ok())
-      return s;
+    KVC_RETURN_IF_ERROR(FromCuda(cudaSetDevice(device_), "select the HBM tier's GPU"));
     return FromCuda(cudaMemcpy(base_ + offset, host.data(), host.size(), cudaMemcpyHostToDevice),
                     "copy a chunk into HBM");
   }
   absl::Status Read(uint64_t offset, std::span<uint8_t> host) const override {
     if (offset + host.size() > bytes_) return absl::OutOfRangeError("read past the HBM arena");
-    if (absl::Status s = FromCuda(cudaSetDevice(device_), "select the HBM tier's GPU"); !s.ok())
-      return s;
+    KVC_RETURN_IF_ERROR(FromCuda(cudaSetDevice(device_), "select the HBM tier's GPU"));
     return FromCuda(cudaMemcpy(host.data(), base_ + offset, host.size(), cudaMemcpyDeviceToHost),
                     "copy a chunk out of HBM");
   }
@@ -68,8 +67,7 @@ absl::StatusOr<std::unique_ptr<storage::DeviceArena>> MakeHbmArena(int device, u
   if (!HaveDevice(device)) {
     return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device));
   }
-  if (absl::Status s = FromCuda(cudaSetDevice(device), "select the HBM tier's GPU"); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(FromCuda(cudaSetDevice(device), "select the HBM tier's GPU"));
   uint8_t* base = nullptr;
   if (cudaMalloc(reinterpret_cast<void**>(&base), bytes) != cudaSuccess) {
     cudaGetLastError();
@@ -88,17 +86,14 @@ absl::StatusOr<std::unique_ptr<MappedHbmArena>> MappedHbmArena::Open(std::string
   if (!HaveDevice(device)) {
     return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device));
   }
-  if (absl::Status s = FromCuda(cudaSetDevice(device), "select the HBM tier's GPU"); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(FromCuda(cudaSetDevice(device), "select the HBM tier's GPU"));
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof h);
   std::unique_ptr<MappedHbmArena> m(new MappedHbmArena());
   m->device_ = device;
   void* p = nullptr;
-  if (absl::Status s = FromCuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
-                                "map the HBM tier (cudaIpcOpenMemHandle)");
-      !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(FromCuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+                               "map the HBM tier (cudaIpcOpenMemHandle)"));
   m->base_ = static_cast<uint8_t*>(p);
   return m;
 }
@@ -118,10 +113,8 @@ absl::Status MappedHbmArena::CopyToPages(std::span<const HbmChunk> chunks, Devic
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", i, " has ", chunks[i].length, " bytes; a page has ", page_bytes));
     }
-    if (absl::Status s = pages.CopyPageFromDeviceAsync(first + static_cast<int64_t>(i),
-                                                       base_ + chunks[i].offset);
-        !s.ok())
-      return s;
+    KVC_RETURN_IF_ERROR(
+        pages.CopyPageFromDeviceAsync(first + static_cast<int64_t>(i), base_ + chunks[i].offset));
   }
   return absl::OkStatus();
 }
@@ -134,8 +127,7 @@ absl::Status MappedHbmArena::CopyToHost(std::span<const HbmChunk> chunks,
     return absl::InvalidArgumentError(
         absl::StrCat(chunks.size(), " chunks hold ", total, " bytes; the buffer has ", out.size()));
   }
-  if (absl::Status s = FromCuda(cudaSetDevice(device_), "select the HBM tier's GPU"); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(FromCuda(cudaSetDevice(device_), "select the HBM tier's GPU"));
   uint8_t* at = out.data();
   for (const HbmChunk& c : chunks) {
     if (absl::Status s =

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/attention_kernel.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
@@ -164,7 +165,7 @@ absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
     std::span<const uint8_t> pages, const ChunkLayout& layout, int64_t layer,
     std::span<const int32_t> offsets, std::span<const int32_t> list, std::span<const float> sink,
     float scale, AttentionKernel kernel) {
-  if (absl::Status s = CheckAttentionShapes(q, heads, dim, offsets, list, sink); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(CheckAttentionShapes(q, heads, dim, offsets, list, sink));
   if (pages.size() % layout.chunk_bytes != 0) {
     return absl::InvalidArgumentError("pages are not whole chunks");
   }
@@ -180,7 +181,7 @@ absl::StatusOr<std::vector<float>> SparseAttentionOnDevice(
     const DevicePages& pages, int64_t page_count, int64_t layer, std::span<const int32_t> offsets,
     std::span<const int32_t> list, std::span<const float> sink, float scale,
     AttentionKernel kernel) {
-  if (absl::Status s = CheckAttentionShapes(q, heads, dim, offsets, list, sink); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(CheckAttentionShapes(q, heads, dim, offsets, list, sink));
   if (page_count < 0 || page_count > pages.capacity_chunks()) {
     return absl::InvalidArgumentError("page count beyond the device pages");
   }
@@ -227,8 +228,7 @@ absl::StatusOr<std::vector<float>> PagedIndexerScoresOnDevice(
     const ChunkLayout& layout, int64_t layer, std::span<const int32_t> visible, int64_t heads,
     int64_t dim, int64_t positions) {
   const int64_t queries = static_cast<int64_t>(visible.size());
-  if (absl::Status s = CheckIndexerInputs(qi, w, pages, layout, queries, heads, dim); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(CheckIndexerInputs(qi, w, pages, layout, queries, heads, dim));
   const int64_t held = static_cast<int64_t>(pages.size()) / layout.chunk_bytes *
                        layout.Section(layer, SectionKind::kIndexCodes).positions;
   if (positions > held) {
@@ -250,8 +250,7 @@ absl::StatusOr<std::vector<float>> PagedIndexerScoresAtOnDevice(
     const ChunkLayout& layout, int64_t layer, std::span<const int32_t> list, int64_t heads,
     int64_t dim) {
   const int64_t queries = heads > 0 && dim > 0 ? static_cast<int64_t>(w.size()) / heads : 0;
-  if (absl::Status s = CheckIndexerInputs(qi, w, pages, layout, queries, heads, dim); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(CheckIndexerInputs(qi, w, pages, layout, queries, heads, dim));
   if (queries == 0 || list.size() % queries != 0) {
     return absl::InvalidArgumentError("the position list is not the same length for every query");
   }
@@ -304,7 +303,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> TopKOnDevice(std::span<const f
                                                                int64_t ld,
                                                                std::span<const int32_t> counts,
                                                                int64_t k) {
-  if (absl::Status s = CheckRows(scores, ld, counts); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(CheckRows(scores, ld, counts));
   if (k <= 0) return absl::InvalidArgumentError(absl::StrCat("top-k of k = ", k));
   if (DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device");
   const int64_t queries = static_cast<int64_t>(counts.size());
@@ -318,7 +317,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> TopKOnDevice(std::span<const f
 absl::StatusOr<std::vector<std::vector<int32_t>>> CandidatePoolOnDevice(
     std::span<const float> scores, int64_t ld, std::span<const int32_t> counts, int64_t block,
     int64_t topk_blocks) {
-  if (absl::Status s = CheckRows(scores, ld, counts); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(CheckRows(scores, ld, counts));
   if (block <= 0 || topk_blocks <= 0) {
     return absl::InvalidArgumentError("candidate blocks and their count must be positive");
   }

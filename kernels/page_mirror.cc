@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/spec/check.h"
+#include "base/check.h"
 #include "kernels/cuda_check.h"
 
 namespace kvc::cuda {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "backends/select.h"
+#include "base/status_macros.h"
 #include "engine/spec/byte_tokens.h"
 #include "nlohmann/json.hpp"
 #include "serve/session.h"
@@ -64,36 +65,31 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
     return absl::NotFoundError(absl::StrCat("cannot open model config \"", config_path, "\""));
   std::stringstream config_text;
   config_text << cin.rdbuf();
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(config_text.str(), config_path);
-  if (!config.ok()) return config.status();
+  KVC_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(config_text.str(), config_path));
   model::ModelOptions options;
-  if (absl::Status st = model::SelectBackends(backend, replay == "exact", options); !st.ok())
-    return st;
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(*config, weights, std::move(options));
-  if (!loaded.ok()) return loaded.status();
-  const model::Model& m = **loaded;
+  KVC_RETURN_IF_ERROR(model::SelectBackends(backend, replay == "exact", options));
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> loaded,
+                       model::Model::Load(config, weights, std::move(options)));
+  const model::Model& m = *loaded;
 
   fs::create_directories(state_dir);
   const std::string history_path = (fs::path(state_dir) / (session + ".tokens")).string();
-  absl::StatusOr<std::vector<uint32_t>> history = ReadIds(history_path, true);
-  if (!history.ok()) return history.status();
+  KVC_ASSIGN_OR_RETURN(std::vector<uint32_t> history, ReadIds(history_path, true));
   std::vector<uint32_t> fresh;
   if (!tokens_file.empty()) {
-    absl::StatusOr<std::vector<uint32_t>> t = ReadIds(tokens_file, false);
-    if (!t.ok()) return t.status();
-    fresh = *t;
+    KVC_ASSIGN_OR_RETURN(std::vector<uint32_t> t, ReadIds(tokens_file, false));
+    fresh = t;
   } else {
     fresh = EncodeBytes(text);
   }
   if (fresh.empty()) return absl::InvalidArgumentError("the turn has no new tokens");
   for (size_t i = 0; i < fresh.size(); ++i) {
-    if (fresh[i] >= static_cast<uint32_t>(config->vocab_size)) {
+    if (fresh[i] >= static_cast<uint32_t>(config.vocab_size)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "new token ", i, " is ", fresh[i], ", outside the vocabulary of ", config->vocab_size));
+          "new token ", i, " is ", fresh[i], ", outside the vocabulary of ", config.vocab_size));
     }
   }
-  std::vector<uint32_t> context = *history;
+  std::vector<uint32_t> context = history;
   context.insert(context.end(), fresh.begin(), fresh.end());
 
   ConnectorOptions o;
@@ -106,10 +102,9 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
   // On the GPU the chunks a co-located kvcached holds in HBM come out over CUDA IPC.
   if (backend != "cpu") o.hbm_reader = model::MakeHbmChunkReader();
   std::unique_ptr<CacheConnector> connector = CacheConnector::Create(m, o);
-  absl::StatusOr<TurnResult> turn = RunTurn(m, *connector, context, max_new);
-  if (!turn.ok()) return turn.status();
+  KVC_ASSIGN_OR_RETURN(TurnResult turn, RunTurn(m, *connector, context, max_new));
   const int64_t stored = connector->Drain();
-  context.insert(context.end(), turn->generated.begin(), turn->generated.end());
+  context.insert(context.end(), turn.generated.begin(), turn.generated.end());
   {
     const std::string tmp = history_path + ".tmp";
     std::ofstream out(tmp, std::ios::trunc);
@@ -118,12 +113,12 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
     if (!out) return absl::DataLossError(absl::StrCat("cannot write \"", tmp, "\""));
     fs::rename(tmp, history_path);
   }
-  const TurnReport& r = turn->report;
-  nlohmann::json j = TurnJson(*turn);
+  const TurnReport& r = turn.report;
+  nlohmann::json j = TurnJson(turn);
   j["session"] = session;
   j["stored_chunks"] = stored;
-  j["generated"] = turn->generated;
-  if (tokens_file.empty()) j["text"] = DecodeBytes(turn->generated);
+  j["generated"] = turn.generated;
+  if (tokens_file.empty()) j["text"] = DecodeBytes(turn.generated);
   if (json) {
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
@@ -131,7 +126,7 @@ absl::Status Run(const std::string& cache, const std::string& config_path,
         "session %s: %d context tokens, %d reused from %s, %d replayed, TTFT %.0f ms, "
         "%.1f tok/s, %d chunks stored\n",
         session, r.prompt_tokens, r.reused_tokens, r.tier, r.replayed_tokens, r.ttft_ms,
-        turn->decode_tok_s, stored);
+        turn.decode_tok_s, stored);
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 
@@ -77,11 +78,10 @@ absl::Status EtcdProcess::Start() {
   // connections before it serves them).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (true) {
-    absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd =
-        cluster::Etcd::Connect(endpoint(), client_);
-    if (!etcd.ok()) return etcd.status();
-    (*etcd)->call_timeout_ms = 300;
-    const absl::Status s = (*etcd)->RangePrefix("/").status();
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<cluster::Etcd> etcd,
+                         cluster::Etcd::Connect(endpoint(), client_));
+    etcd->call_timeout_ms = 300;
+    const absl::Status s = etcd->RangePrefix("/").status();
     if (s.ok()) return absl::OkStatus();
     if (std::chrono::steady_clock::now() > until) {
       Stop();
@@ -112,21 +112,21 @@ LocalCluster::LocalCluster(std::string kvcached_binary, std::string dir, int nod
 }
 
 absl::Status LocalCluster::Start() {
-  if (absl::Status s = etcd_->Start(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(etcd_->Start());
   for (auto& n : nodes_) {
-    if (absl::Status s = n->Start(); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(n->Start());
   }
   return WaitForMembers(nodes_.size(), 10);
 }
 
 absl::Status LocalCluster::WaitForMembers(size_t count, double seconds) {
-  absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(etcd_->endpoint());
-  if (!etcd.ok()) return etcd.status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<cluster::Etcd> etcd,
+                       cluster::Etcd::Connect(etcd_->endpoint()));
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   size_t seen = 0;
   while (std::chrono::steady_clock::now() < until) {
-    absl::StatusOr<cluster::Etcd::RangeResult> r = (*etcd)->RangePrefix(cluster::kNodesPrefix);
+    absl::StatusOr<cluster::Etcd::RangeResult> r = etcd->RangePrefix(cluster::kNodesPrefix);
     if (r.ok() && (seen = r->kvs.size()) == count) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -135,13 +135,13 @@ absl::Status LocalCluster::WaitForMembers(size_t count, double seconds) {
 }
 
 absl::Status LocalCluster::WaitForNode(int i, double seconds) {
-  absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(etcd_->endpoint());
-  if (!etcd.ok()) return etcd.status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<cluster::Etcd> etcd,
+                       cluster::Etcd::Connect(etcd_->endpoint()));
   const std::string key = std::string(cluster::kNodesPrefix) + NodeId(i);
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   while (std::chrono::steady_clock::now() < until) {
-    absl::StatusOr<cluster::Etcd::RangeResult> r = (*etcd)->RangePrefix(key);
+    absl::StatusOr<cluster::Etcd::RangeResult> r = etcd->RangePrefix(key);
     if (r.ok()) {
       for (const cluster::Etcd::KeyValue& kv : r->kvs) {
         absl::StatusOr<cluster::NodeInfo> n = cluster::NodeInfo::FromJson(kv.value);

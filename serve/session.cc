@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "base/status_macros.h"
 #include "engine/model/generate.h"
 
 namespace kvc::serve {
@@ -10,17 +11,15 @@ absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& ca
                                    std::span<const uint32_t> context, int64_t max_new_tokens) {
   TurnResult t;
   model::Sequence seq = model.NewSequence();
-  absl::StatusOr<std::vector<float>> logits = cache.Prefill(seq, context, &t.report);
-  if (!logits.ok()) return logits.status();
-  t.first_logits = *logits;
+  KVC_ASSIGN_OR_RETURN(std::vector<float> logits, cache.Prefill(seq, context, &t.report));
+  t.first_logits = logits;
   // The prompt's pages go to the cache before decoding starts (in the background).
   cache.StoreNewChunks(seq);
   const auto d0 = std::chrono::steady_clock::now();
-  absl::StatusOr<model::Generation> g =
-      model::GenerateGreedy(model, seq, *std::move(logits), max_new_tokens, false);
-  if (!g.ok()) return g.status();
+  KVC_ASSIGN_OR_RETURN(model::Generation g,
+                       model::GenerateGreedy(model, seq, std::move(logits), max_new_tokens, false));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
-  t.generated = g->tokens;
+  t.generated = g.tokens;
   t.decode_tok_s = t.generated.size() > 1 && s > 0 ? (t.generated.size() - 1) / s : 0;
   // Pages completed while generating (the generated tokens are part of the next turn's
   // context; the last one was sampled but not run, so the next turn computes it).

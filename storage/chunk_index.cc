@@ -12,6 +12,7 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvc::storage {
 namespace {
@@ -160,7 +161,7 @@ absl::StatusOr<std::optional<std::string>> ChunkIndex::GetMeta(const std::string
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), "m" + name, &value);
   if (s.IsNotFound()) return std::optional<std::string>();
-  if (absl::Status st = FromRocks(s, "get"); !st.ok()) return st;
+  KVC_RETURN_IF_ERROR(FromRocks(s, "get"));
   return std::optional<std::string>(std::move(value));
 }
 
@@ -196,9 +197,8 @@ absl::Status ChunkIndex::ForEach(
     }
     ChunkKey key;
     std::memcpy(key.bytes.data(), it->key().data() + 1, 16);
-    absl::StatusOr<IndexRecord> rec = DecodeIndexRecord(it->value().ToString());
-    if (!rec.ok()) return rec.status();
-    fn(key, *rec);
+    KVC_ASSIGN_OR_RETURN(IndexRecord rec, DecodeIndexRecord(it->value().ToString()));
+    fn(key, rec);
   }
   return FromRocks(it->status(), "scan");
 }

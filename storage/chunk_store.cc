@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
 namespace kvc::storage {
@@ -79,7 +80,7 @@ absl::Status ChunkStore::RegisterNamespace(NamespaceId ns, uint64_t chunk_bytes)
   }
   auto next = s.namespaces;
   next[ns] = chunk_bytes;
-  if (absl::Status st = s.index->PutMeta("namespaces", EncodeNamespaces(next)); !st.ok()) return st;
+  KVC_RETURN_IF_ERROR(s.index->PutMeta("namespaces", EncodeNamespaces(next)));
   s.namespaces = std::move(next);
   return absl::OkStatus();
 }

@@ -45,7 +45,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 #include "storage/device_arena.h"
 #include "storage/fault_injection.h"
 #include "storage/hbm_tier.h"

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
 namespace kvc::storage {
@@ -37,8 +38,7 @@ absl::Status ChunkStore::CheckConsistency() const {
     return absl::OkStatus();
   };
   for (const auto& [key, record] : s.ssd_map) {
-    if (absl::Status st = claim(s.GlobalSlot(record), kChunk, "chunk " + key.Hex()); !st.ok())
-      return st;
+    KVC_RETURN_IF_ERROR(claim(s.GlobalSlot(record), kChunk, "chunk " + key.Hex()));
     if (!s.ssd_order.Contains(key)) {
       return absl::InternalError(
           absl::StrCat("chunk ", key.Hex(), " is on SSD but not in the eviction order"));
@@ -49,24 +49,21 @@ absl::Status ChunkStore::CheckConsistency() const {
                                             " chunks, the tier ", s.ssd_map.size()));
   }
   for (uint64_t slot : s.ssd_free) {
-    if (absl::Status st = claim(slot, kFree, "the free list"); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(claim(slot, kFree, "the free list"));
     if (s.reserved.contains(slot)) {
       return absl::InternalError(
           absl::StrCat("SSD slot ", slot, " is on the free list but listed in the reservation"));
     }
   }
   for (uint64_t slot : s.reserved_free) {
-    if (absl::Status st = claim(slot, kReservedFree, "the reservation's free list"); !st.ok())
-      return st;
+    KVC_RETURN_IF_ERROR(claim(slot, kReservedFree, "the reservation's free list"));
     if (!s.reserved.contains(slot)) {
       return absl::InternalError(
           absl::StrCat("SSD slot ", slot, " is free in the reservation but not listed in it"));
     }
   }
   if (s.next_first_slot) {
-    if (absl::Status st = claim(*s.next_first_slot, kNamedNext, "the reservation's next slot");
-        !st.ok())
-      return st;
+    KVC_RETURN_IF_ERROR(claim(*s.next_first_slot, kNamedNext, "the reservation's next slot"));
     if (s.reserved.contains(*s.next_first_slot)) {
       return absl::InternalError(absl::StrCat("SSD slot ", *s.next_first_slot,
                                               " is named the next reservation's first but is "

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
 namespace kvc::storage {
@@ -41,7 +42,7 @@ absl::StatusOr<HbmLease> ChunkStore::LeaseHbm(NamespaceId ns, const ChunkKey& ke
   // copy it in. The staging buffer is per thread: a lease call's promotions reuse it.
   thread_local std::vector<uint8_t> staged;
   staged.resize(chunk_bytes);
-  if (absl::Status got = Get(ns, key, staged); !got.ok()) return got;
+  KVC_RETURN_IF_ERROR(Get(ns, key, staged));
   lease = s.hbm->PutAndLease(ns, key, staged);
   if (!lease.ok()) return lease;
   MutexLock lk(s.mu);

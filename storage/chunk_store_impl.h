@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "storage/chunk_index.h"
 #include "storage/chunk_store.h"
 #include "storage/eviction.h"
@@ -30,13 +31,7 @@ namespace kvc::storage {
 class ChunkStore::Impl {
  public:
   explicit Impl(StoreOptions o) : opt(std::move(o)) {
-    if (!opt.now_s) {
-      opt.now_s = [] {
-        return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
-      };
-    }
+    if (!opt.now_s) opt.now_s = WallSeconds;
   }
 
   absl::Status Open() ABSL_LOCKS_EXCLUDED(mu);

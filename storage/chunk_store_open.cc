@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
 namespace kvc::storage {
@@ -24,19 +25,17 @@ namespace {
 // Reads every chunk record of the index.
 absl::StatusOr<std::vector<std::pair<ChunkKey, IndexRecord>>> LoadRecords(ChunkIndex& index) {
   std::vector<std::pair<ChunkKey, IndexRecord>> out;
-  absl::Status s =
-      index.ForEach([&](const ChunkKey& k, const IndexRecord& r) { out.emplace_back(k, r); });
-  if (!s.ok()) return s;
+  KVC_RETURN_IF_ERROR(
+      index.ForEach([&](const ChunkKey& k, const IndexRecord& r) { out.emplace_back(k, r); }));
   return out;
 }
 
 absl::StatusOr<uint64_t> MetaNumber(ChunkIndex& index, const std::string& name, uint64_t fallback) {
-  absl::StatusOr<std::optional<std::string>> stored = index.GetMeta(name);
-  if (!stored.ok()) return stored.status();
-  if (!stored->has_value()) return fallback;
+  KVC_ASSIGN_OR_RETURN(std::optional<std::string> stored, index.GetMeta(name));
+  if (!stored.has_value()) return fallback;
   uint64_t v = 0;
-  if (!absl::SimpleAtoi(**stored, &v)) {
-    return absl::DataLossError(absl::StrCat("corrupt metadata ", name, "=", **stored));
+  if (!absl::SimpleAtoi(*stored, &v)) {
+    return absl::DataLossError(absl::StrCat("corrupt metadata ", name, "=", *stored));
   }
   return v;
 }
@@ -97,13 +96,12 @@ absl::Status ChunkStore::Impl::Open() {
   if (ec)
     return absl::InternalError(absl::StrCat("cannot create ", opt.data_dir, ": ", ec.message()));
   std::vector<std::pair<ChunkKey, IndexRecord>> records;
-  if (absl::Status s = OpenIndex(&records); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(OpenIndex(&records));
 
   // The slot format: the folder's; one made before format 2 says none (it is 1).
-  absl::StatusOr<std::optional<std::string>> made = index->GetMeta("slot_bytes");
-  if (!made.ok()) return made.status();
+  KVC_ASSIGN_OR_RETURN(std::optional<std::string> made, index->GetMeta("slot_bytes"));
   std::error_code slab_ec;
-  if (!made->has_value() && !index_damaged &&
+  if (!made.has_value() && !index_damaged &&
       std::filesystem::exists(opt.data_dir + "/slabs/slab-000000.dat", slab_ec)) {
     // Slabs without an index: it was lost (deleted, or never reached the disk).
     index_damaged = true;
@@ -113,23 +111,20 @@ absl::Status ChunkStore::Impl::Open() {
                  opt.data_dir.c_str());
   }
   const uint64_t new_format = opt.slot_format != 0 ? opt.slot_format : kSlotFormatVersion;
-  absl::StatusOr<uint64_t> format =
-      MetaNumber(*index, "slot_format", made->has_value() ? 1 : new_format);
-  if (!format.ok()) return format.status();
-  if (SlotHeaderBytes(static_cast<uint16_t>(*format)) == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(opt.data_dir, " uses slot format ", *format,
+  KVC_ASSIGN_OR_RETURN(uint64_t format,
+                       MetaNumber(*index, "slot_format", made.has_value() ? 1 : new_format));
+  if (SlotHeaderBytes(static_cast<uint16_t>(format)) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(opt.data_dir, " uses slot format ", format,
                                                       ", which this version cannot read"));
   }
-  slot_format = static_cast<uint16_t>(*format);
-  if (absl::Status s = index->PutMeta("slot_format", std::to_string(slot_format)); !s.ok())
-    return s;
+  slot_format = static_cast<uint16_t>(format);
+  KVC_RETURN_IF_ERROR(index->PutMeta("slot_format", std::to_string(slot_format)));
 
   if (adopt) {
     for (auto [name, value] : {std::pair{"slot_bytes", &opt.max_chunk_bytes},
                                std::pair{"capacity_slots", &opt.ssd_bytes}}) {
-      absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(name);
-      if (!stored.ok()) return stored.status();
-      if (!stored->has_value() || !absl::SimpleAtoi(**stored, value)) {
+      KVC_ASSIGN_OR_RETURN(std::optional<std::string> stored, index->GetMeta(name));
+      if (!stored.has_value() || !absl::SimpleAtoi(*stored, value)) {
         return absl::FailedPreconditionError(
             absl::StrCat(opt.data_dir, " holds no chunk store (no ", name, ")"));
       }
@@ -151,16 +146,15 @@ absl::Status ChunkStore::Impl::Open() {
   }
   for (auto [name, value] :
        {std::pair{"slot_bytes", &slot_bytes}, std::pair{"slots_per_slab", &slots_per_slab}}) {
-    absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(name);
-    if (!stored.ok()) return stored.status();
-    if (!stored->has_value()) {
-      if (absl::Status s = index->PutMeta(name, std::to_string(*value)); !s.ok()) return s;
+    KVC_ASSIGN_OR_RETURN(std::optional<std::string> stored, index->GetMeta(name));
+    if (!stored.has_value()) {
+      KVC_RETURN_IF_ERROR(index->PutMeta(name, std::to_string(*value)));
       continue;
     }
     uint64_t v = 0;
-    if (!absl::SimpleAtoi(**stored, &v) || v == 0) {
+    if (!absl::SimpleAtoi(*stored, &v) || v == 0) {
       return absl::DataLossError(
-          absl::StrCat("corrupt metadata ", name, "=", **stored, " in ", opt.data_dir));
+          absl::StrCat("corrupt metadata ", name, "=", *stored, " in ", opt.data_dir));
     }
     if (std::string(name) == "slot_bytes" && v != slot_bytes) {
       return absl::FailedPreconditionError(
@@ -169,23 +163,21 @@ absl::Status ChunkStore::Impl::Open() {
     }
     *value = v;  // slots_per_slab: the folder's geometry wins over the option
   }
-  absl::StatusOr<std::optional<std::string>> ns = index->GetMeta("namespaces");
-  if (!ns.ok()) return ns.status();
-  if (ns->has_value()) {
-    for (absl::string_view item : absl::StrSplit(**ns, ',', absl::SkipEmpty())) {
+  KVC_ASSIGN_OR_RETURN(std::optional<std::string> ns, index->GetMeta("namespaces"));
+  if (ns.has_value()) {
+    for (absl::string_view item : absl::StrSplit(*ns, ',', absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(item, ':');
       NamespaceId id = 0;
       uint64_t bytes = 0;
       if (!absl::SimpleAtoi(kv.first, &id) || !absl::SimpleAtoi(kv.second, &bytes)) {
-        return absl::DataLossError(absl::StrCat("corrupt namespace list: ", **ns));
+        return absl::DataLossError(absl::StrCat("corrupt namespace list: ", *ns));
       }
       namespaces[id] = bytes;
     }
   }
 
   const uint64_t capacity_slots = opt.ssd_bytes / slot_bytes;
-  if (absl::Status s = index->PutMeta("capacity_slots", std::to_string(capacity_slots)); !s.ok())
-    return s;
+  KVC_RETURN_IF_ERROR(index->PutMeta("capacity_slots", std::to_string(capacity_slots)));
   if (capacity_slots > 0) {
     SsdTierOptions so;
     so.dir = opt.data_dir + "/slabs";
@@ -198,12 +190,11 @@ absl::Status ChunkStore::Impl::Open() {
     so.slot_format = slot_format;
     so.faults = opt.faults;
     so.power_cut = opt.power_cut;
-    absl::StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::Open(so);
-    if (!tier.ok()) return tier.status();
-    ssd = *std::move(tier);
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<SsdTier> tier, SsdTier::Open(so));
+    ssd = std::move(tier);
     commits = std::make_unique<GroupCommit>(ssd.get(), index.get());
     if (opt.preallocate_ssd) {
-      if (absl::Status s = ssd->PreallocateAll(); !s.ok()) return s;
+      KVC_RETURN_IF_ERROR(ssd->PreallocateAll());
     } else if (opt.preallocate_ssd_background) {
       ssd->PreallocateInBackground();
     }
@@ -240,10 +231,9 @@ absl::Status ChunkStore::Impl::Open() {
   std::vector<std::pair<ChunkKey, IndexRecord>> recovered;
   if (ssd) {
     SlotReservation reservation;
-    absl::StatusOr<std::optional<std::string>> stored = index->GetMeta(kReservationMeta);
-    if (!stored.ok()) return stored.status();
-    if (stored->has_value()) {
-      absl::StatusOr<SlotReservation> decoded = DecodeSlotReservation(**stored);
+    KVC_ASSIGN_OR_RETURN(std::optional<std::string> stored, index->GetMeta(kReservationMeta));
+    if (stored.has_value()) {
+      absl::StatusOr<SlotReservation> decoded = DecodeSlotReservation(*stored);
       if (decoded.ok()) {
         reservation = *std::move(decoded);
       } else if (!index_damaged) {
@@ -257,9 +247,8 @@ absl::Status ChunkStore::Impl::Open() {
     // slots included; records of earlier versions only know min_sequence).
     next_sequence = std::max({next_sequence, reservation.min_sequence, reservation.sequence_bound});
     if (!index_damaged && reservation.next_first_slot) {
-      absl::StatusOr<bool> lost = LaterReservationLost(reservation);
-      if (!lost.ok()) return lost.status();
-      if (*lost) {
+      KVC_ASSIGN_OR_RETURN(bool lost, LaterReservationLost(reservation));
+      if (lost) {
         index_damaged = true;
         ++stats.index_rebuilds;
         std::fprintf(stderr,
@@ -270,8 +259,7 @@ absl::Status ChunkStore::Impl::Open() {
       }
     }
     const size_t known_namespaces = namespaces.size();
-    if (absl::Status s = RecoverFromSlots(reservation, index_damaged, &stale, &recovered); !s.ok())
-      return s;
+    KVC_RETURN_IF_ERROR(RecoverFromSlots(reservation, index_damaged, &stale, &recovered));
     std::vector<std::pair<std::string, std::string>> meta;
     if (namespaces.size() != known_namespaces)
       meta.emplace_back("namespaces", EncodeNamespaces(namespaces));
@@ -283,7 +271,7 @@ absl::Status ChunkStore::Impl::Open() {
     }
     meta.emplace_back(kReservationMeta,
                       EncodeSlotReservation({next_sequence, {}, next_sequence, next_first_slot}));
-    if (absl::Status s = index->Commit(recovered, stale, /*sync=*/true, meta); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(index->Commit(recovered, stale, /*sync=*/true, meta));
     stats.recovered_chunks = recovered.size();
     if (!recovered.empty()) {
       std::fprintf(
@@ -324,17 +312,15 @@ absl::Status ChunkStore::Impl::Open() {
 
   std::vector<uint64_t> pool_bytes{opt.ram_bytes};
   pool_bytes.insert(pool_bytes.end(), opt.ram_pool_bytes.begin(), opt.ram_pool_bytes.end());
-  absl::StatusOr<std::unique_ptr<RamTier>> tier =
-      RamTier::Create(opt.max_chunk_bytes, pool_bytes, opt.prefault_ram);
-  if (!tier.ok()) return tier.status();
-  if (!(*tier)->empty_capacity()) ram = *std::move(tier);
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<RamTier> tier,
+                       RamTier::Create(opt.max_chunk_bytes, pool_bytes, opt.prefault_ram));
+  if (!tier->empty_capacity()) ram = std::move(tier);
   if (!ssd && !ram)
     return absl::InvalidArgumentError("neither a RAM nor an SSD tier has room for one chunk");
   if (opt.hbm_arena != nullptr) {
-    absl::StatusOr<std::unique_ptr<HbmTier>> t0 =
-        HbmTier::Create(opt.hbm_arena, opt.max_chunk_bytes);
-    if (!t0.ok()) return t0.status();
-    hbm = *std::move(t0);
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<HbmTier> t0,
+                         HbmTier::Create(opt.hbm_arena, opt.max_chunk_bytes));
+    hbm = std::move(t0);
   }
 
   stats.slot_bytes = slot_bytes;

@@ -2,6 +2,7 @@
 // evicting the group's own chunks.
 #include <algorithm>
 
+#include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
 namespace kvc::storage {
@@ -54,7 +55,7 @@ absl::StatusOr<ChunkStore::Impl::QuotaState*> ChunkStore::Impl::FitRamQuota(Name
   while (limit > 0 && RamBytesOf(*q) + q->ram_in_flight + bytes > limit) {
     std::optional<ChunkKey> victim = ram->PickVictimAmong(ram->PoolOf(ns), NowS(), q->namespaces);
     if (!victim) return absl::ResourceExhaustedError(QuotaFullError(*q, "RAM", limit));
-    if (absl::Status st = ReleaseRam(*victim, allow_writeback); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(ReleaseRam(*victim, allow_writeback));
   }
   q->ram_in_flight += bytes;
   return q;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
 namespace kvc::storage {
@@ -50,7 +51,7 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, bool all
           " slots hold pinned chunks, leased ones, writes in flight or chunks of tenants "
           "within their quotas"));
     }
-    if (absl::Status st = ReleaseRam(*victim, allow_writeback); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(ReleaseRam(*victim, allow_writeback));
   }
 }
 
@@ -86,10 +87,9 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
                                          bool dirty, int64_t expires_s, bool allow_writeback) {
   const RamPoolId pool = ram->PoolOf(ns);
   const uint64_t charged = ram->SlotBytesOf(pool);  // the whole slot (quota.h)
-  absl::StatusOr<QuotaState*> quota = FitRamQuota(ns, charged, allow_writeback);
-  if (!quota.ok()) return quota.status();
+  KVC_ASSIGN_OR_RETURN(QuotaState * quota, FitRamQuota(ns, charged, allow_writeback));
   auto done_in_flight = [&] {
-    if (*quota != nullptr) (*quota)->ram_in_flight -= charged;
+    if (quota != nullptr) quota->ram_in_flight -= charged;
   };
   absl::StatusOr<uint32_t> slot = AllocRamSlot(pool, allow_writeback);
   if (!slot.ok()) {

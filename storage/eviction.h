@@ -22,7 +22,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 
 namespace kvc::storage {
 

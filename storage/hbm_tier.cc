@@ -1,6 +1,7 @@
 #include "storage/hbm_tier.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/slot_format.h"
 
 namespace kvc::storage {
@@ -72,7 +73,7 @@ absl::Status HbmTier::Put(NamespaceId ns, const ChunkKey& key, std::span<const u
 absl::StatusOr<HbmLease> HbmTier::PutAndLease(NamespaceId ns, const ChunkKey& key,
                                               std::span<const uint8_t> bytes) {
   HbmLease lease;
-  if (absl::Status s = PutImpl(ns, key, bytes, &lease); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(PutImpl(ns, key, bytes, &lease));
   return lease;
 }
 
@@ -104,9 +105,8 @@ absl::Status HbmTier::PutImpl(NamespaceId ns, const ChunkKey& key, std::span<con
       if (lease != nullptr) *lease = LeaseSlot(it->second);
       return absl::OkStatus();
     }
-    absl::StatusOr<uint32_t> taken = TakeSlot();
-    if (!taken.ok()) return taken.status();
-    s = *taken;
+    KVC_ASSIGN_OR_RETURN(uint32_t taken, TakeSlot());
+    s = taken;
     slots_[s].leases = 1;  // the writer's: nobody takes the slot while it is written
   }
   absl::Status written = arena_->Write(s * slot_bytes_, bytes);

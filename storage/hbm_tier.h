@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 #include "storage/device_arena.h"
 #include "storage/mutex.h"
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/io_engine.h"
 
 namespace kvc::storage {
@@ -174,7 +175,7 @@ class UringIoEngine final : public IoEngine {
 
 absl::StatusOr<std::unique_ptr<IoEngine>> MakeUringIoEngine(unsigned queue_depth) {
   auto engine = std::make_unique<UringIoEngine>(queue_depth);
-  if (absl::Status s = engine->Init(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<IoEngine>(std::move(engine));
 }
 

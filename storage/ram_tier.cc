@@ -1,7 +1,8 @@
 #include "storage/ram_tier.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/spec/check.h"
+#include "base/check.h"
+#include "base/status_macros.h"
 
 namespace kvc::storage {
 
@@ -18,11 +19,11 @@ absl::StatusOr<std::unique_ptr<RamTier>> RamTier::Create(uint64_t slot_bytes,
       return absl::InvalidArgumentError(
           absl::StrCat("RAM pool ", i, " of ", pool_bytes[i], " bytes has too many slots"));
     }
-    absl::StatusOr<std::unique_ptr<RamArena>> arena = RamArena::Create(
-        rounded, static_cast<uint32_t>(slots), absl::StrCat("kvcache-ram-pool-", i), prefault);
-    if (!arena.ok()) return arena.status();
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<RamArena> arena,
+                         RamArena::Create(rounded, static_cast<uint32_t>(slots),
+                                          absl::StrCat("kvcache-ram-pool-", i), prefault));
     Pool& p = tier->pools_[i];
-    p.arena = *std::move(arena);
+    p.arena = std::move(arena);
     p.refs.assign(slots, 0);
     p.state.assign(slots, kFree);
     for (uint32_t s = static_cast<uint32_t>(slots); s-- > 0;) p.free.push_back(s);

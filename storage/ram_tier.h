@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 #include "storage/eviction.h"
 #include "storage/ram_arena.h"
 

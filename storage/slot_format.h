@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 
 namespace kvc::storage {
 

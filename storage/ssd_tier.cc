@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 
 namespace kvc::storage {
 namespace {
@@ -91,7 +92,7 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdTierOptions& opt
     return absl::InvalidArgumentError("queue depth, lanes and slots per slab must be positive");
   }
   std::unique_ptr<SsdTier> tier(new SsdTier(options));
-  if (absl::Status s = tier->Init(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(tier->Init());
   return tier;
 }
 
@@ -142,7 +143,7 @@ absl::Status SsdTier::Init() {
     for (unsigned b = 0; b < options_.queue_depth; ++b) {
       iov[b] = {lane->staging + b * options_.slot_bytes, options_.slot_bytes};
     }
-    if (absl::Status s = lane->engine->RegisterBuffers(iov); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(lane->engine->RegisterBuffers(iov));
     {
       MutexLock lock(lanes_mu_);
       idle_lanes_.push_back(lane.get());
@@ -248,10 +249,9 @@ absl::StatusOr<int> SsdTier::CreateSlab(uint64_t slab) {
 
 absl::StatusOr<IoOp> SsdTier::SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
                                      const Lane& lane, size_t staging_index) {
-  absl::StatusOr<int> fd = SlabFd(slot / options_.slots_per_slab);
-  if (!fd.ok()) return fd.status();
+  KVC_ASSIGN_OR_RETURN(int fd, SlabFd(slot / options_.slots_per_slab));
   return IoOp{kind,
-              *fd,
+              fd,
               (slot % options_.slots_per_slab) * options_.slot_bytes,
               lane.staging + staging_index * options_.slot_bytes,
               IoBytes(header_bytes(), payload_bytes),
@@ -342,9 +342,8 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
 absl::Status SsdTier::SyncSlabs(const std::set<uint64_t>& slabs) {
   LaneLease lane(this);
   for (uint64_t slab : slabs) {
-    absl::StatusOr<int> fd = SlabFd(slab);
-    if (!fd.ok()) return fd.status();
-    if (absl::Status s = lane->engine->Sync(*fd); !s.ok()) return s;
+    KVC_ASSIGN_OR_RETURN(int fd, SlabFd(slab));
+    KVC_RETURN_IF_ERROR(lane->engine->Sync(fd));
   }
   return absl::OkStatus();
 }
@@ -403,10 +402,9 @@ absl::Status SsdTier::Scan(std::span<const uint64_t> slots,
     LaneLease lane(this);
     std::vector<IoOp> ops;
     for (size_t i = 0; i < n; ++i) {
-      absl::StatusOr<IoOp> op =
-          SlotOp(IoOp::Kind::kRead, on_disk[round + i], whole_payload, *lane, i);
-      if (!op.ok()) return op.status();
-      ops.push_back(*op);
+      KVC_ASSIGN_OR_RETURN(IoOp op,
+                           SlotOp(IoOp::Kind::kRead, on_disk[round + i], whole_payload, *lane, i));
+      ops.push_back(op);
     }
     lane->engine->Execute(ops, nullptr, [&](size_t k) {
       const uint64_t slot = on_disk[round + k];

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "cachesvc/cluster_client.h"
 #include "serve/kvcached_process.h"
@@ -42,11 +43,11 @@ absl::StatusOr<std::unique_ptr<System>> StartSystem(const ClusterBenchOptions& o
     s->single = std::make_unique<serve::KvcachedProcess>(
         o.kvcached, dir + "/kvcached",
         std::vector<std::string>(kNodeFlags.begin(), kNodeFlags.begin() + 4));
-    if (absl::Status st = s->single->Start(); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(s->single->Start());
     s->address = s->single->address();
   } else {
     s->cluster = std::make_unique<serve::LocalCluster>(o.kvcached, dir, nodes, kNodeFlags);
-    if (absl::Status st = s->cluster->Start(); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(s->cluster->Start());
     s->address = s->cluster->url();
   }
   return s;
@@ -94,38 +95,34 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
   const uint64_t seed = std::random_device{}();
   out["seed"] = seed;
   for (int n : o.nodes) {
-    absl::StatusOr<std::unique_ptr<System>> sys = StartSystem(o, n);
-    if (!sys.ok()) return sys.status();
-    absl::StatusOr<std::unique_ptr<CacheApi>> client = Connect(**sys, n == 1 ? 0 : 2);
-    if (!client.ok()) return client.status();
-    absl::StatusOr<cachesvc::RemoteNamespace> ns =
-        (*client)->RegisterNamespace(o.model_config_json, "kvbench-cluster");
-    if (!ns.ok()) return ns.status();
-    nlohmann::json js = {{"system", (*sys)->name()}, {"nodes", n}};
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<System> sys, StartSystem(o, n));
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> client, Connect(*sys, n == 1 ? 0 : 2));
+    KVC_ASSIGN_OR_RETURN(cachesvc::RemoteNamespace ns,
+                         client->RegisterNamespace(o.model_config_json, "kvbench-cluster"));
+    nlohmann::json js = {{"system", sys->name()}, {"nodes", n}};
 
     // Prefix fetches.
     std::vector<Data> prefixes;
     std::vector<std::vector<storage::ChunkKey>> keys;
     for (int p = 0; p < o.prefixes; ++p) {
-      prefixes.push_back(MakeData(seed + p, *ns, o.chunks_per_call));
-      absl::StatusOr<cachesvc::StoreResult> st =
-          (*client)->Store(*ns, std::nullopt, prefixes.back().tokens, prefixes.back().payloads);
-      if (!st.ok()) return st.status();
-      keys.push_back(st->keys);
+      prefixes.push_back(MakeData(seed + p, ns, o.chunks_per_call));
+      KVC_ASSIGN_OR_RETURN(
+          cachesvc::StoreResult st,
+          client->Store(ns, std::nullopt, prefixes.back().tokens, prefixes.back().payloads));
+      keys.push_back(st.keys);
     }
-    const uint64_t call_bytes = static_cast<uint64_t>(o.chunks_per_call) * ns->chunk_bytes;
+    const uint64_t call_bytes = static_cast<uint64_t>(o.chunks_per_call) * ns.chunk_bytes;
     nlohmann::json fetch = nlohmann::json::array();
     for (int clients : o.clients) {
       std::vector<std::unique_ptr<CacheApi>> per;
       for (int c = 0; c < clients; ++c) {
-        absl::StatusOr<std::unique_ptr<CacheApi>> cc = Connect(**sys, n == 1 ? 0 : 2);
-        if (!cc.ok()) return cc.status();
+        KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> cc, Connect(*sys, n == 1 ? 0 : 2));
         if (absl::StatusOr<cachesvc::RemoteNamespace> r =
-                (*cc)->RegisterNamespace(o.model_config_json, "kvbench-cluster");
+                cc->RegisterNamespace(o.model_config_json, "kvbench-cluster");
             !r.ok()) {
           return r.status();
         }
-        per.push_back(*std::move(cc));
+        per.push_back(std::move(cc));
       }
       std::vector<std::vector<uint8_t>> bufs(clients, std::vector<uint8_t>(call_bytes));
       std::vector<double> gbps, p50, p99;
@@ -133,10 +130,9 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
         absl::StatusOr<Sample> s =
             LoopThreads(o.seconds, clients, call_bytes, [&](int t, uint64_t i) -> absl::Status {
               const size_t p = (i * 7 + t * 3) % prefixes.size();
-              absl::StatusOr<size_t> got = per[t]->Fetch(*ns, keys[p], bufs[t]);
-              if (!got.ok()) return got.status();
-              if (*got != keys[p].size() || bufs[t] != prefixes[p].payloads) {
-                return absl::DataLossError(absl::StrCat("prefix ", p, ": ", *got, " of ",
+              KVC_ASSIGN_OR_RETURN(size_t got, per[t]->Fetch(ns, keys[p], bufs[t]));
+              if (got != keys[p].size() || bufs[t] != prefixes[p].payloads) {
+                return absl::DataLossError(absl::StrCat("prefix ", p, ": ", got, " of ",
                                                         keys[p].size(), " chunks, or wrong bytes"));
               }
               return absl::OkStatus();
@@ -155,10 +151,10 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     js["prefix_fetch"] = fetch;
 
     // Resume: Lookup and Fetch of a resume_tokens prefix, freshly connected each time.
-    const int64_t resume_chunks = o.resume_tokens / ns->chunk_tokens;
-    Data resume = MakeData(seed ^ 0x5eed, *ns, resume_chunks);
+    const int64_t resume_chunks = o.resume_tokens / ns.chunk_tokens;
+    Data resume = MakeData(seed ^ 0x5eed, ns, resume_chunks);
     if (absl::StatusOr<cachesvc::StoreResult> st =
-            (*client)->Store(*ns, std::nullopt, resume.tokens, resume.payloads);
+            client->Store(ns, std::nullopt, resume.tokens, resume.payloads);
         !st.ok()) {
       return st.status();
     }
@@ -171,25 +167,22 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     };
     auto time_resume = [&](CacheApi& c) -> absl::StatusOr<Timed> {
       const auto t0 = Clock::now();
-      absl::StatusOr<cachesvc::LookupResult> look = c.Lookup(*ns, resume.tokens);
-      if (!look.ok()) return look.status();
+      KVC_ASSIGN_OR_RETURN(cachesvc::LookupResult look, c.Lookup(ns, resume.tokens));
       const auto t1 = Clock::now();
-      absl::StatusOr<size_t> got = c.Fetch(*ns, look->keys, pages);
-      if (!got.ok()) return got.status();
+      KVC_ASSIGN_OR_RETURN(size_t got, c.Fetch(ns, look.keys, pages));
       const auto t2 = Clock::now();
-      if (look->matched_chunks != resume_chunks || *got != static_cast<size_t>(resume_chunks) ||
+      if (look.matched_chunks != resume_chunks || got != static_cast<size_t>(resume_chunks) ||
           pages != resume.payloads) {
         return absl::DataLossError("the resume prefix did not come back whole and exact");
       }
       return Timed{std::chrono::duration<double, std::milli>(t1 - t0).count(),
-                   std::chrono::duration<double, std::milli>(t2 - t0).count(), look->tiers};
+                   std::chrono::duration<double, std::milli>(t2 - t0).count(), look.tiers};
     };
     std::vector<double> resume_ms, lookup_ms;
     for (int rep = 0; rep < o.repetitions; ++rep) {
-      absl::StatusOr<Timed> t = time_resume(**client);
-      if (!t.ok()) return t.status();
-      lookup_ms.push_back(t->lookup_ms);
-      resume_ms.push_back(t->total_ms);
+      KVC_ASSIGN_OR_RETURN(Timed t, time_resume(*client));
+      lookup_ms.push_back(t.lookup_ms);
+      resume_ms.push_back(t.total_ms);
     }
     js["resume"] = {{"chunks", resume_chunks},
                     {"bytes", resume.payloads.size()},
@@ -202,22 +195,20 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     if (n == 1) {
       std::vector<double> ssd_ms;
       for (int rep = 0; rep < o.repetitions; ++rep) {
-        (*sys)->single->Stop(SIGTERM);
-        if (absl::Status st = (*sys)->single->Start(); !st.ok()) return st;
-        (*sys)->address = (*sys)->single->address();
-        client = Connect(**sys, 0);
-        if (!client.ok()) return client.status();
+        sys->single->Stop(SIGTERM);
+        KVC_RETURN_IF_ERROR(sys->single->Start());
+        sys->address = sys->single->address();
+        KVC_ASSIGN_OR_RETURN(client, Connect(*sys, 0));
         if (absl::StatusOr<cachesvc::RemoteNamespace> r =
-                (*client)->RegisterNamespace(o.model_config_json, "kvbench-cluster");
+                client->RegisterNamespace(o.model_config_json, "kvbench-cluster");
             !r.ok()) {
           return r.status();
         }
-        absl::StatusOr<Timed> t = time_resume(**client);
-        if (!t.ok()) return t.status();
-        for (const pb::Tier tier : t->tiers) {
+        KVC_ASSIGN_OR_RETURN(Timed t, time_resume(*client));
+        for (const pb::Tier tier : t.tiers) {
           if (tier != pb::TIER_SSD) return absl::InternalError("a restarted daemon had RAM hits");
         }
-        ssd_ms.push_back(t->total_ms);
+        ssd_ms.push_back(t.total_ms);
       }
       js["resume_from_ssd"] = {{"chunks", resume_chunks}, {"lookup_and_fetch_ms", Median(ssd_ms)}};
     }
@@ -225,18 +216,18 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     // Lookup of a long cached prefix (the planners' 1M tokens): every chunk is stored
     // first, then Lookup is timed call by call.
     if (o.lookup_tokens > 0) {
-      const int64_t chunks = o.lookup_tokens / ns->chunk_tokens;
-      Data longp = MakeData(seed ^ 0x10ca1, *ns, chunks);
+      const int64_t chunks = o.lookup_tokens / ns.chunk_tokens;
+      Data longp = MakeData(seed ^ 0x10ca1, ns, chunks);
       for (int64_t c = 0; c < chunks; c += 256) {  // in slices: bounded messages per stream
         const int64_t k = std::min<int64_t>(256, chunks - c);
         std::optional<storage::ChunkKey> parent;
         if (c > 0) {
-          parent = (*client)->Keys(*ns, std::span(longp.tokens).first(c * ns->chunk_tokens)).back();
+          parent = client->Keys(ns, std::span(longp.tokens).first(c * ns.chunk_tokens)).back();
         }
-        if (absl::StatusOr<cachesvc::StoreResult> st = (*client)->Store(
-                *ns, parent,
-                std::span(longp.tokens).subspan(c * ns->chunk_tokens, k * ns->chunk_tokens),
-                std::span(longp.payloads).subspan(c * ns->chunk_bytes, k * ns->chunk_bytes));
+        if (absl::StatusOr<cachesvc::StoreResult> st = client->Store(
+                ns, parent,
+                std::span(longp.tokens).subspan(c * ns.chunk_tokens, k * ns.chunk_tokens),
+                std::span(longp.payloads).subspan(c * ns.chunk_bytes, k * ns.chunk_bytes));
             !st.ok()) {
           return st.status();
         }
@@ -248,11 +239,10 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
         std::vector<double> p50, p99;
         for (int rep = 0; rep < o.repetitions; ++rep) {
           absl::StatusOr<Sample> s = Loop(o.seconds, 0, [&](uint64_t) -> absl::Status {
-            absl::StatusOr<uint32_t> matched = ask();
-            if (!matched.ok()) return matched.status();
-            if (*matched != chunks) {
+            KVC_ASSIGN_OR_RETURN(uint32_t matched, ask());
+            if (matched != chunks) {
               return absl::DataLossError(
-                  absl::StrCat("Lookup matched ", *matched, " of ", chunks, " chunks"));
+                  absl::StrCat("Lookup matched ", matched, " of ", chunks, " chunks"));
             }
             return absl::OkStatus();
           });
@@ -265,23 +255,22 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
       };
       // What a worker asks: the tokens (hashed by the client, the keys sent packed).
       absl::StatusOr<nlohmann::json> by_tokens = time_lookup([&]() -> absl::StatusOr<uint32_t> {
-        absl::StatusOr<cachesvc::LookupResult> l = (*client)->Lookup(*ns, longp.tokens);
-        if (!l.ok()) return l.status();
-        return l->matched_chunks;
+        KVC_ASSIGN_OR_RETURN(cachesvc::LookupResult l, client->Lookup(ns, longp.tokens));
+        return l.matched_chunks;
       });
       if (!by_tokens.ok()) return by_tokens.status();
       js["lookup"] = *by_tokens;
-      js["lookup"]["tokens"] = chunks * ns->chunk_tokens;
+      js["lookup"]["tokens"] = chunks * ns.chunk_tokens;
       js["lookup"]["chunks"] = chunks;
       if (n == 1) {
         // One node: a worker that kept its keys from the last turn (no hashing), and the
         // same keys sent one protobuf string each (before packed keys), on one channel.
-        const std::vector<storage::ChunkKey> long_keys = (*client)->Keys(*ns, longp.tokens);
-        auto channel = grpc::CreateChannel((*sys)->address, grpc::InsecureChannelCredentials());
+        const std::vector<storage::ChunkKey> long_keys = client->Keys(ns, longp.tokens);
+        auto channel = grpc::CreateChannel(sys->address, grpc::InsecureChannelCredentials());
         std::unique_ptr<pb::KVCache::Stub> stub = pb::KVCache::NewStub(channel);
         auto ask_keys = [&](bool packed) -> absl::StatusOr<uint32_t> {
           pb::LookupRequest req;
-          req.set_namespace_id(ns->id);
+          req.set_namespace_id(ns.id);
           for (const storage::ChunkKey& k : long_keys) {
             const char* b = reinterpret_cast<const char*>(k.bytes.data());
             if (packed) {
@@ -297,22 +286,19 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
           }
           return resp.matched_chunks();
         };
-        absl::StatusOr<nlohmann::json> packed = time_lookup([&] { return ask_keys(true); });
-        if (!packed.ok()) return packed.status();
-        absl::StatusOr<nlohmann::json> unpacked = time_lookup([&] { return ask_keys(false); });
-        if (!unpacked.ok()) return unpacked.status();
-        js["lookup"]["kept_keys_packed"] = *packed;
-        js["lookup"]["kept_keys_one_string_each"] = *unpacked;
+        KVC_ASSIGN_OR_RETURN(nlohmann::json packed, time_lookup([&] { return ask_keys(true); }));
+        KVC_ASSIGN_OR_RETURN(nlohmann::json unpacked, time_lookup([&] { return ask_keys(false); }));
+        js["lookup"]["kept_keys_packed"] = packed;
+        js["lookup"]["kept_keys_one_string_each"] = unpacked;
       }
     }
 
     // Durable stores of fresh prefixes, R = 1 and R = 2 (a single node: R = 1 only).
     nlohmann::json stores = nlohmann::json::array();
     for (uint32_t r : n == 1 ? std::vector<uint32_t>{1} : std::vector<uint32_t>{1, 2}) {
-      absl::StatusOr<std::unique_ptr<CacheApi>> sc = Connect(**sys, r);
-      if (!sc.ok()) return sc.status();
+      KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> sc, Connect(*sys, r));
       if (absl::StatusOr<cachesvc::RemoteNamespace> rn =
-              (*sc)->RegisterNamespace(o.model_config_json, "kvbench-cluster");
+              sc->RegisterNamespace(o.model_config_json, "kvbench-cluster");
           !rn.ok()) {
         return rn.status();
       }
@@ -320,8 +306,8 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
       uint64_t next = 0;
       for (int rep = 0; rep < o.repetitions; ++rep) {
         absl::StatusOr<Sample> s = Loop(o.seconds, call_bytes, [&](uint64_t) -> absl::Status {
-          Data d = MakeData(seed + 1000003 * r + next++, *ns, o.chunks_per_call);
-          return (*sc)->Store(*ns, std::nullopt, d.tokens, d.payloads).status();
+          Data d = MakeData(seed + 1000003 * r + next++, ns, o.chunks_per_call);
+          return sc->Store(ns, std::nullopt, d.tokens, d.payloads).status();
         });
         if (!s.ok()) return s.status();
         gbps.push_back(s->gbps());

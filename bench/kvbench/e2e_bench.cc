@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "cachesvc/client.h"
 #include "engine/model/weights.h"
@@ -39,8 +40,7 @@ std::vector<uint32_t> Prompt(int64_t n, int64_t vocab, uint64_t seed) {
 }  // namespace
 
 absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.config);
-  if (!config.ok()) return config.status();
+  KVC_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.config));
   std::ifstream cfg(o.config);
   std::stringstream config_text;
   config_text << cfg.rdbuf();
@@ -48,16 +48,13 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
   fs::remove_all(o.dir, ec);
   fs::create_directories(o.dir);
   const std::string weights = (fs::path(o.dir) / "weights.safetensors").string();
-  absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
-  if (!schedule.ok()) return schedule.status();
-  if (absl::Status s = model::WriteRandomWeights(*config, *schedule, 1, weights); !s.ok()) return s;
+  KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(config));
+  KVC_RETURN_IF_ERROR(model::WriteRandomWeights(config, schedule, 1, weights));
   model::ModelOptions options;
-  if (absl::Status st = model::SelectBackends(o.backend, /*exact_replay=*/true, options); !st.ok())
-    return st;
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(*config, weights, std::move(options));
-  if (!loaded.ok()) return loaded.status();
-  const model::Model& m = **loaded;
+  KVC_RETURN_IF_ERROR(model::SelectBackends(o.backend, /*exact_replay=*/true, options));
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> loaded,
+                       model::Model::Load(config, weights, std::move(options)));
+  const model::Model& m = *loaded;
 
   std::vector<std::string> flags = {"--ram-bytes", std::to_string(1ull << 30), "--ssd-bytes",
                                     std::to_string(4ull << 30)};
@@ -68,7 +65,7 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
     if (!hbm_reader) return absl::FailedPreconditionError("--hbm-bytes needs a CUDA device");
   }
   serve::KvcachedProcess daemon(o.kvcached, (fs::path(o.dir) / "kvcached").string(), flags);
-  if (absl::Status s = daemon.Start(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(daemon.Start());
   serve::ConnectorOptions copt;
   copt.model_config_json = config_text.str();
   copt.model_id = "kvbench-e2e";
@@ -87,14 +84,13 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
   // One case: prefix P cached (stored first), P + n tokens asked; cold beside warm from
   // RAM, and (with `ssd`) beside warm from SSD after a kvcached restart.
   auto run_case = [&](int64_t prefix, int64_t fresh, bool ssd, uint64_t seed) -> absl::Status {
-    const std::vector<uint32_t> prompt = Prompt(prefix + fresh, config->vocab_size, seed);
+    const std::vector<uint32_t> prompt = Prompt(prefix + fresh, config.vocab_size, seed);
     {
       std::fprintf(stderr, "kvbench: e2e %lld + %lld: caching the prefix\n",
                    static_cast<long long>(prefix), static_cast<long long>(fresh));
       model::Sequence s = m.NewSequence();
-      absl::StatusOr<std::vector<float>> l =
-          m.Prefill(s, std::span(prompt).first(prefix), model::PrefillMode::kCed);
-      if (!l.ok()) return l.status();
+      KVC_ASSIGN_OR_RETURN(std::vector<float> l,
+                           m.Prefill(s, std::span(prompt).first(prefix), model::PrefillMode::kCed));
       cache->StoreNewChunks(s);
       cache->Drain();
     }
@@ -106,16 +102,16 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
       if (tier == "hbm") {  // a lease brings the prefix into HBM; the engine reads it there
         auto* client = dynamic_cast<cachesvc::CacheClient*>(cache->client());
         if (client == nullptr) return absl::InternalError("no direct client for the HBM tier");
-        absl::StatusOr<cachesvc::DeviceRefs> refs =
-            client->FetchDeviceRefs(*cache->ns(), client->Keys(*cache->ns(), prompt));
-        if (!refs.ok()) return refs.status();
-        if (absl::Status s = client->ReleaseDeviceRefs(refs->lease_id); !s.ok()) return s;
+        KVC_ASSIGN_OR_RETURN(
+            cachesvc::DeviceRefs refs,
+            client->FetchDeviceRefs(*cache->ns(), client->Keys(*cache->ns(), prompt)));
+        KVC_RETURN_IF_ERROR(client->ReleaseDeviceRefs(refs.lease_id));
         hbm_cache = connect(/*from_hbm=*/true);
       }
       if (tier == "ssd") {
         cache.reset();
         daemon.Stop(SIGTERM);
-        if (absl::Status s = daemon.Start(); !s.ok()) return s;
+        KVC_RETURN_IF_ERROR(daemon.Start());
         cache = connect();
         if (!cache->connected()) return absl::UnavailableError(cache->connect_error());
       }
@@ -168,10 +164,10 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
   };
   uint64_t seed = 11;
   for (int64_t p : o.prefix_tokens) {
-    if (absl::Status s = run_case(p, o.new_tokens, true, seed++); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(run_case(p, o.new_tokens, true, seed++));
   }
   for (int64_t n : o.new_token_sweep) {
-    if (absl::Status s = run_case(o.sweep_prefix, n, false, seed++); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(run_case(o.sweep_prefix, n, false, seed++));
   }
   cache.reset();
   daemon.Stop(SIGTERM);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "engine/cpu/gemm.h"
 #include "engine/model/generate.h"
@@ -68,27 +69,24 @@ nlohmann::json GemmCase(int64_t m, int64_t k, int64_t n, int reps) {
 }  // namespace
 
 absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.config);
-  if (!config.ok()) return config.status();
+  KVC_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.config));
   model::ModelOptions options;
-  if (absl::Status st = model::SelectBackends(o.backend, /*exact_replay=*/true, options); !st.ok())
-    return st;
+  KVC_RETURN_IF_ERROR(model::SelectBackends(o.backend, /*exact_replay=*/true, options));
   std::string weights = o.weights;
   std::filesystem::path tmp;
   if (weights.empty()) {
     tmp = std::filesystem::temp_directory_path() / absl::StrCat("kvbench-engine-", getpid());
     std::filesystem::create_directories(tmp);
     weights = (tmp / "weights.safetensors").string();
-    absl::StatusOr<LayerSchedule> s = BuildLayerSchedule(*config);
-    if (!s.ok()) return s.status();
-    if (absl::Status st = model::WriteRandomWeights(*config, *s, 1, weights); !st.ok()) return st;
+    KVC_ASSIGN_OR_RETURN(LayerSchedule s, BuildLayerSchedule(config));
+    KVC_RETURN_IF_ERROR(model::WriteRandomWeights(config, s, 1, weights));
   }
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(*config, weights, std::move(options));
+      model::Model::Load(config, weights, std::move(options));
   if (!tmp.empty()) std::filesystem::remove_all(tmp);
   if (!loaded.ok()) return loaded.status();
   const model::Model& m = **loaded;
-  const int64_t V = config->vocab_size, W = config->sliding_window;
+  const int64_t V = config.vocab_size, W = config.sliding_window;
   nlohmann::json out;
   out["config"] = o.config;
   out["backend"] = o.backend;
@@ -100,14 +98,13 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
       const std::vector<uint32_t> prompt = Prompt(n, V, n + 1);
       model::Sequence s = m.NewSequence();
       auto t = Clock::now();
-      absl::StatusOr<std::vector<float>> l = m.Prefill(s, prompt, model::PrefillMode::kCed);
-      if (!l.ok()) return l.status();
+      KVC_ASSIGN_OR_RETURN(std::vector<float> l, m.Prefill(s, prompt, model::PrefillMode::kCed));
       const double prefill_s = Since(t);
       std::fprintf(stderr, "kvbench: context %lld: decode\n", static_cast<long long>(n));
       t = Clock::now();
-      absl::StatusOr<model::Generation> g =
-          model::GenerateGreedy(m, s, *std::move(l), o.decode_tokens, /*speculative=*/false);
-      if (!g.ok()) return g.status();
+      KVC_ASSIGN_OR_RETURN(
+          model::Generation g,
+          model::GenerateGreedy(m, s, std::move(l), o.decode_tokens, /*speculative=*/false));
       // The first generated token comes from the prefill's logits: decode_tokens − 1 steps.
       const double decode_s = Since(t);
       // Also said as soon as known: a run cut short (the GPU check's time budget) keeps it.
@@ -136,9 +133,10 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
                      mode == 0 ? "CED" : "full depth", r + 1);
         model::Sequence s = m.NewSequence();
         const auto t = Clock::now();
-        absl::StatusOr<std::vector<float>> l = m.Prefill(
-            s, prompt, mode == 0 ? model::PrefillMode::kCed : model::PrefillMode::kFullDepth);
-        if (!l.ok()) return l.status();
+        KVC_ASSIGN_OR_RETURN(
+            std::vector<float> l,
+            m.Prefill(s, prompt,
+                      mode == 0 ? model::PrefillMode::kCed : model::PrefillMode::kFullDepth));
         (mode == 0 ? ced : full).push_back(Since(t));
       }
       if (!run_full && n >= 16384) break;  // one run of the longest prompts
@@ -166,14 +164,12 @@ absl::StatusOr<nlohmann::json> RunEngineBench(const EngineBenchOptions& o) {
       for (int r = 0; r < o.repetitions; ++r) {
         std::fprintf(stderr, "kvbench: decode %s run %d\n", spec ? "DSpark" : "plain", r + 1);
         model::Sequence s = m.NewSequence();
-        absl::StatusOr<std::vector<float>> l = m.Prefill(s, prompt, model::PrefillMode::kCed);
-        if (!l.ok()) return l.status();
+        KVC_ASSIGN_OR_RETURN(std::vector<float> l, m.Prefill(s, prompt, model::PrefillMode::kCed));
         const auto t = Clock::now();
-        absl::StatusOr<model::Generation> g =
-            model::GenerateGreedy(m, s, *std::move(l), o.decode_tokens, spec);
-        if (!g.ok()) return g.status();
+        KVC_ASSIGN_OR_RETURN(model::Generation g,
+                             model::GenerateGreedy(m, s, std::move(l), o.decode_tokens, spec));
         rate.push_back(static_cast<double>(o.decode_tokens - 1) / Since(t));
-        acceptance = g->acceptance();
+        acceptance = g.acceptance();
       }
       d[spec ? "dspark_tok_s" : "plain_tok_s"] = Median(rate);
       if (spec) d["dspark_acceptance"] = acceptance;

@@ -1,4 +1,5 @@
 #include "bench/kvbench/harness.h"
+#include "base/status_macros.h"
 
 #include <thread>
 
@@ -33,7 +34,7 @@ absl::StatusOr<Sample> Loop(double seconds, uint64_t bytes_per_call,
   for (uint64_t i = 0;; ++i) {
     const auto t0 = SteadyClock::now();
     if (t0 >= end) break;
-    if (absl::Status st = op(i); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(op(i));
     s.lat_us.push_back(Micros(SteadyClock::now() - t0));
     s.bytes += bytes_per_call;
   }

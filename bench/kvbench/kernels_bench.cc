@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "engine/cpu/gemm.h"
 #include "engine/spec/chunk_layout.h"
@@ -287,33 +288,30 @@ absl::StatusOr<nlohmann::json> RunKernelBench(const KernelBenchOptions& o) {
     return absl::FailedPreconditionError("kvbench kernels needs a CUDA device; none was found");
   }
   Shapes s;
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.config);
-  if (!config.ok()) return config.status();
-  s.config = *config;
-  absl::StatusOr<LayerSchedule> sched = BuildLayerSchedule(s.config);
-  if (!sched.ok()) return sched.status();
-  s.schedule = *sched;
-  absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(s.config, s.schedule, kDefaultChunkTokens);
-  if (!layout.ok()) return layout.status();
-  s.layout = *layout;
+  KVC_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.config));
+  s.config = config;
+  KVC_ASSIGN_OR_RETURN(LayerSchedule sched, BuildLayerSchedule(s.config));
+  s.schedule = sched;
+  KVC_ASSIGN_OR_RETURN(ChunkLayout layout,
+                       BuildChunkLayout(s.config, s.schedule, kDefaultChunkTokens));
+  s.layout = layout;
   s.layer = s.schedule.FullLayers()[0];
   s.ratio = s.schedule.layers[s.layer].compress_ratio;
   int64_t longest = 0;
   for (int64_t c : o.contexts) longest = std::max(longest, c);
   for (int64_t c : o.indexer_contexts) longest = std::max(longest, c);
   const int64_t chunks = (longest + s.layout.chunk_tokens - 1) / s.layout.chunk_tokens;
-  absl::StatusOr<std::unique_ptr<cuda::DevicePages>> pages =
-      cuda::DevicePages::Create(s.layout, chunks);
-  if (!pages.ok()) return pages.status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DevicePages> pages,
+                       cuda::DevicePages::Create(s.layout, chunks));
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
   // Every page holds the same random chunk: the kernels' traffic does not depend on the
   // values, and the page pool (~1 GB at 1M tokens) is far larger than the L2 cache.
   const std::vector<uint8_t> chunk = RandomChunk(rng, s.layout, s.layer);
   for (int64_t p = 0; p < chunks; ++p) {
-    if (absl::Status st = (*pages)->UploadAsync(p, chunk); !st.ok()) return st;
+    KVC_RETURN_IF_ERROR(pages->UploadAsync(p, chunk));
   }
-  if (absl::Status st = (*pages)->Synchronize(); !st.ok()) return st;
+  KVC_RETURN_IF_ERROR(pages->Synchronize());
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   nlohmann::json r;
@@ -327,14 +325,14 @@ absl::StatusOr<nlohmann::json> RunKernelBench(const KernelBenchOptions& o) {
   r["attention"] = nlohmann::json::array();
   for (int64_t c : o.contexts) {
     for (int64_t b : o.batches) {
-      r["attention"].push_back(AttentionCase(s, **pages, c, b, o.repetitions, copy, rng));
+      r["attention"].push_back(AttentionCase(s, *pages, c, b, o.repetitions, copy, rng));
     }
   }
   r["indexer"] = nlohmann::json::array();
   for (int64_t c : o.indexer_contexts) {
-    r["indexer"].push_back(IndexerCase(s, **pages, c, o.repetitions, rng));
+    r["indexer"].push_back(IndexerCase(s, *pages, c, o.repetitions, rng));
   }
-  r["upload"] = UploadCase(s, **pages, o.upload_mib);
+  r["upload"] = UploadCase(s, *pages, o.upload_mib);
   cublasHandle_t handle = nullptr;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError("cublasCreate failed");

@@ -310,8 +310,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   soak->add_flag("--json", json, "print one JSON object");
   CLI::App* quality = app.add_subcommand(
-      "quality", "what a resume costs in answers: bounded/exact replay and CED vs full depth, "
-                 "DSpark, decode cost by component (a trained model, held-out text)");
+      "quality",
+      "what a resume costs in answers: bounded/exact replay and CED vs full depth, "
+      "DSpark, decode cost by component (a trained model, held-out text)");
   bench::QualityBenchOptions qopt;
   const std::string src = KVC_SOURCE_DIR;
   qopt.config = src + "/configs/small.json";
@@ -332,7 +333,9 @@ int Main(int argc, char** argv) {
   quality->add_option("--chunk-tokens", qopt.chunk_tokens, "page size (resume points)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  quality->add_option("--new-tokens", qopt.new_tokens, "prompt tokens after the resume point (0: the window)")
+  quality
+      ->add_option("--new-tokens", qopt.new_tokens,
+                   "prompt tokens after the resume point (0: the window)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   quality->add_option("--steps", qopt.steps, "tokens decoded and read teacher-forced per case")

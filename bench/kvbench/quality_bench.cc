@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "bench/kvplan/decode_flops.h"
 #include "engine/model/generate.h"
@@ -43,15 +44,13 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
   std::vector<std::pair<std::string, std::string>> docs;
   if (!o.held_out.empty()) {
     for (const std::string& p : o.held_out) {
-      absl::StatusOr<std::string> text = ReadFile(p);
-      if (!text.ok()) return text.status();
-      docs.emplace_back(p, *std::move(text));
+      KVC_ASSIGN_OR_RETURN(std::string text, ReadFile(p));
+      docs.emplace_back(p, std::move(text));
     }
     return docs;
   }
-  absl::StatusOr<std::string> text = ReadFile(o.manifest);
-  if (!text.ok()) return text.status();
-  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  KVC_ASSIGN_OR_RETURN(std::string text, ReadFile(o.manifest));
+  const nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded() || !m.contains("files")) {
     return absl::InvalidArgumentError(
         absl::StrCat("\"", o.manifest, "\" is not a corpus manifest (no \"files\")"));
@@ -66,9 +65,9 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
                                               "); give --held-out FILE… instead"));
     }
     if (static_cast<int64_t>(bytes->size()) != f.value("bytes", int64_t{-1})) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "held-out file ", path, " is ", bytes->size(), " bytes; ", o.manifest, " says ",
-          f.value("bytes", int64_t{-1}), " (the corpus changed)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("held-out file ", path, " is ", bytes->size(), " bytes; ", o.manifest,
+                       " says ", f.value("bytes", int64_t{-1}), " (the corpus changed)"));
     }
     docs.emplace_back(path, *std::move(bytes));
   }
@@ -96,10 +95,10 @@ double Kl(const std::vector<float>& ref, const std::vector<float>& other) {
 }
 
 struct Run {
-  std::vector<uint32_t> tokens;             // greedy continuation
-  std::vector<std::vector<float>> logits;   // logits[k] chose tokens[k]
-  std::vector<std::vector<float>> forced;   // teacher-forced: forced[k] predicts truth[k]
-  double loss_bits = 0;                     // teacher-forced bits per byte over truth
+  std::vector<uint32_t> tokens;            // greedy continuation
+  std::vector<std::vector<float>> logits;  // logits[k] chose tokens[k]
+  std::vector<std::vector<float>> forced;  // teacher-forced: forced[k] predicts truth[k]
+  double loss_bits = 0;                    // teacher-forced bits per byte over truth
 };
 
 // After a prefill or resume whose last logits are `first`: the teacher-forced read of
@@ -112,18 +111,16 @@ absl::StatusOr<Run> Continue(const model::Model& m, model::Sequence& seq,
   const model::SequenceCheckpoint cp = m.Checkpoint(seq);
   r.forced.push_back(*first);
   if (truth.size() > 1) {
-    absl::StatusOr<std::vector<std::vector<float>>> ext =
-        m.Extend(seq, truth.first(truth.size() - 1));
-    if (!ext.ok()) return ext.status();
-    for (std::vector<float>& l : *ext) r.forced.push_back(std::move(l));
+    KVC_ASSIGN_OR_RETURN(std::vector<std::vector<float>> ext,
+                         m.Extend(seq, truth.first(truth.size() - 1)));
+    for (std::vector<float>& l : ext) r.forced.push_back(std::move(l));
   }
   for (size_t k = 0; k < truth.size(); ++k) r.loss_bits -= LogSoftmax(r.forced[k])[truth[k]];
   r.loss_bits /= std::log(2.0) * static_cast<double>(truth.size());
   m.Rollback(seq, cp);
-  absl::StatusOr<model::Generation> g = model::GenerateGreedy(m, seq, *first, steps, false);
-  if (!g.ok()) return g.status();
-  r.tokens = std::move(g->tokens);
-  r.logits = std::move(g->logits);
+  KVC_ASSIGN_OR_RETURN(model::Generation g, model::GenerateGreedy(m, seq, *first, steps, false));
+  r.tokens = std::move(g.tokens);
+  r.logits = std::move(g.logits);
   return r;
 }
 
@@ -145,7 +142,8 @@ Comparison Compare(const Run& ref, const Run& run) {
   size_t agree = 0;
   for (size_t k = 0; k < std::min(ref.tokens.size(), run.tokens.size()); ++k)
     agree += ref.tokens[k] == run.tokens[k];
-  c.agreement = static_cast<double>(agree) / static_cast<double>(std::max<size_t>(1, ref.tokens.size()));
+  c.agreement =
+      static_cast<double>(agree) / static_cast<double>(std::max<size_t>(1, ref.tokens.size()));
   c.loss_diff_bits = run.loss_bits - ref.loss_bits;
   auto same_bits = [](const std::vector<std::vector<float>>& a,
                       const std::vector<std::vector<float>>& b) {
@@ -269,8 +267,7 @@ class TimedMatmul final : public model::MatmulBackend {
     inner_->Gemm(x, m, w, y);
   }
   // Called inside another component's parallel loop (the indexer's): timed there.
-  void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w,
-                  float* y) const override {
+  void GemmSerial(const float* x, int64_t m, const cpu::PackedMatrix& w, float* y) const override {
     inner_->GemmSerial(x, m, w, y);
   }
   void GemmGroup(std::span<const model::GemmCall> calls) const override {
@@ -310,12 +307,10 @@ absl::StatusOr<nlohmann::json> DecodeCost(const QualityBenchOptions& o, const Mo
   options.matmul = std::make_unique<TimedMatmul>(model::MakeCpuMatmul(), &times);
   options.attention = std::make_unique<TimedAttention>(model::MakeCpuAttention(), &times);
   options.indexer = std::make_unique<TimedIndexer>(model::MakeCpuIndexer(), &times);
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(config, weights, std::move(options));
-  if (!loaded.ok()) return loaded.status();
-  const model::Model& m = **loaded;
-  absl::StatusOr<std::vector<DecodeWork>> work = DecodeWorkAt(config, o.decode_contexts);
-  if (!work.ok()) return work.status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> loaded,
+                       model::Model::Load(config, weights, std::move(options)));
+  const model::Model& m = *loaded;
+  KVC_ASSIGN_OR_RETURN(std::vector<DecodeWork> work, DecodeWorkAt(config, o.decode_contexts));
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < o.decode_contexts.size(); ++i) {
     const int64_t n = o.decode_contexts[i];
@@ -326,20 +321,19 @@ absl::StatusOr<nlohmann::json> DecodeCost(const QualityBenchOptions& o, const Mo
                                                      n - static_cast<int64_t>(prompt.size())));
     model::Sequence seq = m.NewSequence();
     const auto p0 = Clock::now();
-    absl::StatusOr<std::vector<float>> first = m.Prefill(seq, prompt, model::PrefillMode::kCed);
-    if (!first.ok()) return first.status();
+    KVC_ASSIGN_OR_RETURN(std::vector<float> first,
+                         m.Prefill(seq, prompt, model::PrefillMode::kCed));
     const double prefill_s = Since(p0);
     times.Reset();
     const auto d0 = Clock::now();
-    absl::StatusOr<model::Generation> g =
-        model::GenerateGreedy(m, seq, *std::move(first), o.decode_tokens + 1, false);
-    if (!g.ok()) return g.status();
+    KVC_ASSIGN_OR_RETURN(model::Generation g, model::GenerateGreedy(m, seq, std::move(first),
+                                                                    o.decode_tokens + 1, false));
     const double per = 1e3 / static_cast<double>(o.decode_tokens);  // ms per token
     const double total = Since(d0) * per;
     auto ms = [&](const std::atomic<int64_t>& ns) { return static_cast<double>(ns) * 1e-9 * per; };
     const double attention = ms(times.attention_ns), indexer = ms(times.indexer_ns),
                  dense = ms(times.dense_ns), experts = ms(times.experts_ns);
-    const DecodeWork& w = (*work)[i];
+    const DecodeWork& w = (work)[i];
     rows.push_back({{"context_tokens", n},
                     {"prefill_s", prefill_s},
                     {"ms_per_token", total},
@@ -348,11 +342,12 @@ absl::StatusOr<nlohmann::json> DecodeCost(const QualityBenchOptions& o, const Mo
                     {"dense_ms", dense},
                     {"experts_ms", experts},
                     {"rest_ms", std::max(0.0, total - attention - indexer - dense - experts)},
-                    {"madds", {{"dense", w.dense},
-                               {"window_attention", w.window_attention},
-                               {"sparse_attention", w.sparse_attention},
-                               {"full_indexers", w.full_indexers},
-                               {"reindex_indexers", w.reindex_indexers}}}});
+                    {"madds",
+                     {{"dense", w.dense},
+                      {"window_attention", w.window_attention},
+                      {"sparse_attention", w.sparse_attention},
+                      {"full_indexers", w.full_indexers},
+                      {"reindex_indexers", w.reindex_indexers}}}});
   }
   return rows;
 }
@@ -401,23 +396,23 @@ absl::StatusOr<nlohmann::json> DSpark(const QualityBenchOptions& o, const model:
   const int64_t S = m.config().dspark_block_size;
   if (!prompts.empty()) {
     model::Sequence seq = m.NewSequence();
-    absl::StatusOr<std::vector<float>> f = m.Prefill(seq, prompts.back(), model::PrefillMode::kCed);
-    if (!f.ok()) return f.status();
-    const uint32_t next = model::Argmax(*f);
+    KVC_ASSIGN_OR_RETURN(std::vector<float> f,
+                         m.Prefill(seq, prompts.back(), model::PrefillMode::kCed));
+    const uint32_t next = model::Argmax(f);
     const std::vector<uint32_t> block(S + 1, next);
     constexpr int kReps = 8;
     for (int r = 0; r < kReps; ++r) {
       const model::SequenceCheckpoint cp = m.Checkpoint(seq);
       auto t = Clock::now();
-      if (absl::Status st = m.Decode(seq, next).status(); !st.ok()) return st;
+      KVC_RETURN_IF_ERROR(m.Decode(seq, next).status());
       decode_ms += Since(t) * 1e3 / kReps;
       m.Rollback(seq, cp);
       t = Clock::now();
-      if (absl::Status st = m.Extend(seq, block).status(); !st.ok()) return st;
+      KVC_RETURN_IF_ERROR(m.Extend(seq, block).status());
       verify_ms += Since(t) * 1e3 / kReps;
       m.Rollback(seq, cp);
       t = Clock::now();
-      if (absl::Status st = m.Draft(seq, next).status(); !st.ok()) return st;
+      KVC_RETURN_IF_ERROR(m.Draft(seq, next).status());
       draft_ms += Since(t) * 1e3 / kReps;
     }
   }
@@ -445,24 +440,22 @@ absl::StatusOr<nlohmann::json> DSpark(const QualityBenchOptions& o, const model:
 }  // namespace
 
 absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(o.config);
-  if (!config.ok()) return config.status();
-  if (!HoldsByteTokens(config->vocab_size)) {
+  KVC_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.config));
+  if (!HoldsByteTokens(config.vocab_size)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        o.config, ": a vocabulary of ", config->vocab_size, " cannot hold the byte tokens"));
+        o.config, ": a vocabulary of ", config.vocab_size, " cannot hold the byte tokens"));
   }
   if (o.variants.empty()) return absl::InvalidArgumentError("no weights to measure (--weights)");
-  const int64_t W = config->sliding_window, C = o.chunk_tokens;
+  const int64_t W = config.sliding_window, C = o.chunk_tokens;
   const int64_t fresh = o.new_tokens > 0 ? o.new_tokens : W;
   for (int64_t w : o.windows) {
     if (w < 0) return absl::InvalidArgumentError(absl::StrCat("--windows has ", w, " (< 0)"));
   }
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> all = Documents(o);
-  if (!all.ok()) return all.status();
+  KVC_ASSIGN_OR_RETURN(auto all, Documents(o));
   // Documents long enough for a resume point past twice the window and a continuation.
   const int64_t min_len = 2 * W + 2 * C + fresh + o.steps + 1;
   std::vector<std::pair<std::string, std::vector<uint32_t>>> docs;
-  for (const auto& [path, text] : *all) {
+  for (const auto& [path, text] : all) {
     if (static_cast<int64_t>(text.size()) >= min_len) docs.emplace_back(path, EncodeBytes(text));
   }
   std::sort(docs.begin(), docs.end());
@@ -484,7 +477,7 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
     model::ModelOptions options;
     options.chunk_tokens = C;
     absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-        model::Model::Load(*config, weights, std::move(options));
+        model::Model::Load(config, weights, std::move(options));
     if (!loaded.ok()) {
       return absl::Status(loaded.status().code(),
                           absl::StrCat(name, " (", weights, "): ", loaded.status().message()));
@@ -501,8 +494,9 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
       const int64_t first = (2 * W + C - 1) / C;
       std::vector<int64_t> points;
       for (int i = 0; i < o.points; ++i) {
-        const int64_t k = o.points == 1 ? std::max(first, last)
-                                        : first + (std::max(first, last) - first) * i / (o.points - 1);
+        const int64_t k = o.points == 1
+                              ? std::max(first, last)
+                              : first + (std::max(first, last) - first) * i / (o.points - 1);
         if (points.empty() || points.back() != k) points.push_back(k);
       }
       for (int64_t k : points) {
@@ -511,48 +505,48 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
         const std::span<const uint32_t> truth(toks.data() + n, o.steps);
         model::Sequence full_seq = m.NewSequence(), ced_seq = m.NewSequence(),
                         prefix = m.NewSequence();
-        absl::StatusOr<Run> full = Continue(
-            m, full_seq, m.Prefill(full_seq, prompt, model::PrefillMode::kFullDepth), truth, o.steps);
-        if (!full.ok()) return full.status();
-        absl::StatusOr<Run> ced =
-            Continue(m, ced_seq, m.Prefill(ced_seq, prompt, model::PrefillMode::kCed), truth, o.steps);
-        if (!ced.ok()) return ced.status();
-        if (absl::Status st = m.Prefill(prefix, prompt.first(P), model::PrefillMode::kCed).status();
-            !st.ok())
-          return st;
+        KVC_ASSIGN_OR_RETURN(
+            Run full,
+            Continue(m, full_seq, m.Prefill(full_seq, prompt, model::PrefillMode::kFullDepth),
+                     truth, o.steps));
+        KVC_ASSIGN_OR_RETURN(
+            Run ced, Continue(m, ced_seq, m.Prefill(ced_seq, prompt, model::PrefillMode::kCed),
+                              truth, o.steps));
+        KVC_RETURN_IF_ERROR(m.Prefill(prefix, prompt.first(P), model::PrefillMode::kCed).status());
         std::vector<uint8_t> pages;
         for (int64_t c = 0; c < P / C; ++c) {
           const std::span<const uint8_t> pg = prefix.page(c);
           pages.insert(pages.end(), pg.begin(), pg.end());
         }
-        reference_loss.push_back(full->loss_bits);
-        rows["ced_vs_full"].push_back(Compare(*full, *ced));
+        reference_loss.push_back(full.loss_bits);
+        rows["ced_vs_full"].push_back(Compare(full, ced));
         for (int64_t w : o.windows) {
           model::Sequence s = m.NewSequence();
           absl::StatusOr<std::vector<float>> l =
               m.Resume(s, pages, P, prompt, model::ReplayMode::kBounded, w);
           replayed[w] += s.last_stats().replayed_tokens;
-          absl::StatusOr<Run> b = Continue(m, s, std::move(l), truth, o.steps);
-          if (!b.ok()) return b.status();
-          rows[absl::StrCat("bounded_", w, "_vs_full")].push_back(Compare(*full, *b));
-          rows[absl::StrCat("bounded_", w, "_vs_ced")].push_back(Compare(*ced, *b));
+          KVC_ASSIGN_OR_RETURN(Run b, Continue(m, s, std::move(l), truth, o.steps));
+          rows[absl::StrCat("bounded_", w, "_vs_full")].push_back(Compare(full, b));
+          rows[absl::StrCat("bounded_", w, "_vs_ced")].push_back(Compare(ced, b));
         }
         model::Sequence s = m.NewSequence();
-        absl::StatusOr<Run> exact = Continue(
-            m, s, m.Resume(s, pages, P, prompt, model::ReplayMode::kExact), truth, o.steps);
-        if (!exact.ok()) return exact.status();
-        rows["exact_vs_ced"].push_back(Compare(*ced, *exact));
+        KVC_ASSIGN_OR_RETURN(
+            Run exact, Continue(m, s, m.Resume(s, pages, P, prompt, model::ReplayMode::kExact),
+                                truth, o.steps));
+        rows["exact_vs_ced"].push_back(Compare(ced, exact));
         ++cases;
       }
     }
     nlohmann::json v = {{"weights", weights}, {"cases", cases}, {"seconds", Since(t0)}};
     double ref = 0;
     for (double x : reference_loss) ref += x;
-    v["held_out_bits_per_byte"] = ref / static_cast<double>(std::max<size_t>(1, reference_loss.size()));
+    v["held_out_bits_per_byte"] =
+        ref / static_cast<double>(std::max<size_t>(1, reference_loss.size()));
     for (const auto& [key, r] : rows) v["modes"][key] = Summarize(r);
     for (int64_t w : o.windows) {
       // What was replayed: at least the decoder's segment (window − new tokens).
-      const double mean = static_cast<double>(replayed[w]) / static_cast<double>(std::max<int64_t>(1, cases));
+      const double mean =
+          static_cast<double>(replayed[w]) / static_cast<double>(std::max<int64_t>(1, cases));
       v["modes"][absl::StrCat("bounded_", w, "_vs_full")]["replayed_tokens"] = mean;
       v["modes"][absl::StrCat("bounded_", w, "_vs_ced")]["replayed_tokens"] = mean;
     }
@@ -562,17 +556,16 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
       const int64_t n = std::min<int64_t>(4 * W, static_cast<int64_t>(toks.size()));
       prompts.emplace_back(toks.begin(), toks.begin() + n);
     }
-    absl::StatusOr<nlohmann::json> ds = DSpark(o, m, prompts);
-    if (!ds.ok()) return ds.status();
-    v["dspark"] = *ds;
+    KVC_ASSIGN_OR_RETURN(nlohmann::json ds, DSpark(o, m, prompts));
+    v["dspark"] = ds;
     out["variants"][name] = v;
   }
   if (!o.decode_contexts.empty()) {
     std::vector<uint32_t> text;
     for (const auto& d : docs) text.insert(text.end(), d.second.begin(), d.second.end());
-    absl::StatusOr<nlohmann::json> cost = DecodeCost(o, *config, o.variants.back().second, text);
-    if (!cost.ok()) return cost.status();
-    out["decode_cost"] = {{"variant", o.variants.back().first}, {"rows", *cost}};
+    KVC_ASSIGN_OR_RETURN(nlohmann::json cost,
+                         DecodeCost(o, config, o.variants.back().second, text));
+    out["decode_cost"] = {{"variant", o.variants.back().first}, {"rows", cost}};
   }
   return out;
 }
@@ -608,8 +601,9 @@ std::string QualityBenchToText(const nlohmann::json& r) {
                             "  DSpark: acceptance %.3f (by depth:%s), %.2f tokens per main pass; "
                             "%.1f tok/s vs plain %.1f tok/s: %.2fx\n",
                             d["acceptance"].get<double>(), depth,
-                            d["tokens_per_main_pass"].get<double>(), d["dspark_tok_s"].get<double>(),
-                            d["plain_tok_s"].get<double>(), d["speedup"].get<double>());
+                            d["tokens_per_main_pass"].get<double>(),
+                            d["dspark_tok_s"].get<double>(), d["plain_tok_s"].get<double>(),
+                            d["speedup"].get<double>());
       absl::StrAppendFormat(&s,
                             "          one decoded token %.2f ms, a %d-token verify pass %.2f ms, "
                             "a draft %.2f ms: at most %.2fx even if every proposal were kept\n",
@@ -621,19 +615,17 @@ std::string QualityBenchToText(const nlohmann::json& r) {
   if (r.contains("decode_cost")) {
     absl::StrAppendFormat(&s, "\ndecode cost by component (%s), ms per token:\n",
                           r["decode_cost"]["variant"].get<std::string>());
-    absl::StrAppend(&s, absl::StrFormat("  %9s %9s %9s %9s %9s %9s %9s %10s\n", "context", "total",
-                                        "attention", "indexer", "dense", "experts", "rest",
-                                        "prefill s"));
+    absl::StrAppend(
+        &s, absl::StrFormat("  %9s %9s %9s %9s %9s %9s %9s %10s\n", "context", "total", "attention",
+                            "indexer", "dense", "experts", "rest", "prefill s"));
     for (const auto& row : r["decode_cost"]["rows"]) {
-      absl::StrAppend(&s, absl::StrFormat("  %9d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.1f\n",
-                                          row["context_tokens"].get<int64_t>(),
-                                          row["ms_per_token"].get<double>(),
-                                          row["attention_ms"].get<double>(),
-                                          row["indexer_ms"].get<double>(),
-                                          row["dense_ms"].get<double>(),
-                                          row["experts_ms"].get<double>(),
-                                          row["rest_ms"].get<double>(),
-                                          row["prefill_s"].get<double>()));
+      absl::StrAppend(
+          &s,
+          absl::StrFormat("  %9d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.1f\n",
+                          row["context_tokens"].get<int64_t>(), row["ms_per_token"].get<double>(),
+                          row["attention_ms"].get<double>(), row["indexer_ms"].get<double>(),
+                          row["dense_ms"].get<double>(), row["experts_ms"].get<double>(),
+                          row["rest_ms"].get<double>(), row["prefill_s"].get<double>()));
     }
   }
   return s;

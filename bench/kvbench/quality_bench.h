@@ -32,17 +32,17 @@ namespace kvc::bench {
 struct QualityBenchOptions {
   std::string config;                                         // model config
   std::vector<std::pair<std::string, std::string>> variants;  // (name, weights)
-  std::string manifest;                // corpus manifest whose held-out split is read
-  std::vector<std::string> held_out;   // text files instead of the manifest's split
-  int documents = 16;                  // documents used (long enough, by path)
-  int points = 2;                      // resume points per document
+  std::string manifest;               // corpus manifest whose held-out split is read
+  std::vector<std::string> held_out;  // text files instead of the manifest's split
+  int documents = 16;                 // documents used (long enough, by path)
+  int points = 2;                     // resume points per document
   int64_t chunk_tokens = 64;
   // Prompt tokens after P; 0: the config's window, so that a replay of any length W up to
   // the window is what it says (fewer new tokens than the window make the decoder's
   // segment reach back into the cache, and every replay covers at least that).
   int64_t new_tokens = 0;
-  int64_t steps = 64;                  // decoded / teacher-forced tokens per case
-  int64_t max_prompt_tokens = 3072;    // a full-depth prefill is quadratic in the prompt
+  int64_t steps = 64;                // decoded / teacher-forced tokens per case
+  int64_t max_prompt_tokens = 3072;  // a full-depth prefill is quadratic in the prompt
   std::vector<int64_t> windows = {0, 32, 64, 128, 256};  // bounded replay lengths
   int dspark_prompts = 4;
   int64_t dspark_steps = 96;

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "bench/kvbench/python_clients.h"
 #include "cachesvc/client.h"
@@ -81,7 +82,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   // Ours: RAM tier big enough for the data set and the store runs' steady-state eviction.
   serve::KvcachedProcess daemon(opt.kvcached, opt.dir + "/kvcached",
                                 {"--ram-bytes", std::to_string(512ull << 20), "--ssd-bytes", "0"});
-  if (absl::Status s = daemon.Start(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(daemon.Start());
   const std::string address = daemon.address();
   Process redis;
   const int redis_port = serve::FreeLoopbackPort();
@@ -100,13 +101,11 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
                                      .timeout_ms = 30000,
                                      .tls_ca_file = "",
                                      .shm_socket = ""};
-  absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> setup =
-      cachesvc::CacheClient::Connect(copt);
-  if (!setup.ok()) return setup.status();
-  absl::StatusOr<cachesvc::RemoteNamespace> ns =
-      (*setup)->RegisterNamespace(opt.model_config_json, "kvbench");
-  if (!ns.ok()) return ns.status();
-  const uint64_t chunk = ns->chunk_bytes;
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<cachesvc::CacheClient> setup,
+                       cachesvc::CacheClient::Connect(copt));
+  KVC_ASSIGN_OR_RETURN(cachesvc::RemoteNamespace ns,
+                       setup->RegisterNamespace(opt.model_config_json, "kvbench"));
+  const uint64_t chunk = ns.chunk_bytes;
   std::vector<uint8_t> payload(chunk);
   std::mt19937_64 rng(chunk);
   for (auto& b : payload) b = static_cast<uint8_t>(rng());
@@ -131,11 +130,10 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::vector<std::vector<uint32_t>> tokens(opt.dataset_chunks);
   std::vector<storage::ChunkKey> keys;
   for (int i = 0; i < opt.dataset_chunks; ++i) {
-    for (uint32_t t = 0; t < ns->chunk_tokens; ++t) tokens[i].push_back((i * 7919 + t) % 512);
-    absl::StatusOr<cachesvc::StoreResult> r =
-        (*setup)->Store(*ns, std::nullopt, tokens[i], payload, kvcache::v1::DURABILITY_MEMORY);
-    if (!r.ok()) return r.status();
-    keys.push_back(r->keys[0]);
+    for (uint32_t t = 0; t < ns.chunk_tokens; ++t) tokens[i].push_back((i * 7919 + t) % 512);
+    KVC_ASSIGN_OR_RETURN(cachesvc::StoreResult r, setup->Store(ns, std::nullopt, tokens[i], payload,
+                                                               kvcache::v1::DURABILITY_MEMORY));
+    keys.push_back(r.keys[0]);
     redisReply* rep = static_cast<redisReply*>(
         redisCommand(redis_clients[0], "SET chunk:%d %b", i, payload.data(), payload.size()));
     if (rep == nullptr) return absl::UnavailableError("redis SET failed");
@@ -176,29 +174,29 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       // The smallest call there is: a unary Lookup of one key, no payload. Its latency is
       // the floor under every call of ours, whatever it carries.
       return [&](int c, uint64_t i) -> absl::Status {
-        absl::StatusOr<cachesvc::LookupResult> r =
-            clients[c]->LookupKeysEvery(*ns, std::span(keys).subspan(first(i, c), 1));
-        if (!r.ok()) return r.status();
-        return r->matched_chunks == 1 ? absl::OkStatus() : absl::InternalError("lookup missed");
+        KVC_ASSIGN_OR_RETURN(
+            cachesvc::LookupResult r,
+            clients[c]->LookupKeysEvery(ns, std::span(keys).subspan(first(i, c), 1)));
+        return r.matched_chunks == 1 ? absl::OkStatus() : absl::InternalError("lookup missed");
       };
     }
     if (op == "fetch") {
       return [&, shm](int c, uint64_t i) -> absl::Status {
-        absl::StatusOr<size_t> n = (shm ? shm_clients : clients)[c]->Fetch(
-            *ns, std::span(keys).subspan(first(i, c), per_call), outs[c]);
-        if (!n.ok()) return n.status();
-        return *n == static_cast<size_t>(per_call) ? absl::OkStatus()
-                                                   : absl::InternalError("fetch missed");
+        KVC_ASSIGN_OR_RETURN(size_t n,
+                             (shm ? shm_clients : clients)[c]->Fetch(
+                                 ns, std::span(keys).subspan(first(i, c), per_call), outs[c]));
+        return n == static_cast<size_t>(per_call) ? absl::OkStatus()
+                                                  : absl::InternalError("fetch missed");
       };
     }
     return [&](int c, uint64_t) -> absl::Status {
       // A fresh prefix of per_call chunks each time (its first chunk's tokens are new), in
       // one Store stream.
-      std::vector<uint32_t> t(per_call * ns->chunk_tokens, 0);
+      std::vector<uint32_t> t(per_call * ns.chunk_tokens, 0);
       const uint64_t n = next_token++;
       for (size_t k = 0; k < 4; ++k) t[k] = static_cast<uint32_t>((n >> (9 * k)) & 511);
       return clients[c]
-          ->Store(*ns, std::nullopt, t, store_payload, kvcache::v1::DURABILITY_MEMORY)
+          ->Store(ns, std::nullopt, t, store_payload, kvcache::v1::DURABILITY_MEMORY)
           .status();
     };
   };
@@ -270,9 +268,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     key_lines.close();
     for (const std::string system : {"python-grpc", "python-shm"}) {
       po.shm_socket = system == "python-shm" ? daemon.shm_socket() : "";
-      absl::StatusOr<std::unique_ptr<PythonClients>> p = PythonClients::Start(po, max_clients);
-      if (!p.ok()) return p.status();
-      python[system] = *std::move(p);
+      KVC_ASSIGN_OR_RETURN(std::unique_ptr<PythonClients> p, PythonClients::Start(po, max_clients));
+      python[system] = std::move(p);
       systems.push_back(system);
     }
   }
@@ -321,7 +318,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   for (redisContext* r : redis_clients) redisFree(r);
   clients.clear();
   shm_clients.clear();
-  setup->reset();
+  setup.reset();
   daemon.Stop(SIGTERM);
   redis.Stop();
   std::filesystem::remove_all(opt.dir, ec);

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "cachesvc/client.h"
 #include "serve/kvcached_process.h"
 
@@ -97,11 +98,9 @@ absl::StatusOr<std::pair<std::unique_ptr<CacheClient>, RemoteNamespace>> Connect
   o.address = address;
   o.bearer_token = token;
   o.timeout_ms = timeout_ms;
-  absl::StatusOr<std::unique_ptr<CacheClient>> c = CacheClient::Connect(o);
-  if (!c.ok()) return c.status();
-  absl::StatusOr<RemoteNamespace> ns = (*c)->RegisterNamespace(config, kModelId);
-  if (!ns.ok()) return ns.status();
-  return std::make_pair(*std::move(c), *ns);
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheClient> c, CacheClient::Connect(o));
+  KVC_ASSIGN_OR_RETURN(RemoteNamespace ns, c->RegisterNamespace(config, kModelId));
+  return std::make_pair(std::move(c), ns);
 }
 
 void ClientLoop(int t, uint64_t seed, const std::string& address, const SoakOptions& opt,
@@ -277,16 +276,15 @@ absl::StatusOr<nlohmann::json> RunSoak(const SoakOptions& opt) {
   faulty.insert(faulty.end(), {"--inject-io-faults", std::to_string(opt.io_fault_rate)});
   const std::string data = opt.dir + "/data";
   auto daemon = std::make_unique<serve::KvcachedProcess>(opt.kvcached, data, faulty, port);
-  if (absl::Status s = daemon->Start(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(daemon->Start());
 
   const uint64_t seed = std::random_device{}() ^ static_cast<uint64_t>(time(nullptr));
   Shared sh;
   {
     auto c = Connect(address, kTokenA, opt.model_config_json, 30000);
     if (!c.ok()) return c.status();
-    absl::StatusOr<pb::StatsResponse> st = c->first->Stats();
-    if (!st.ok()) return st.status();
-    sh.budget = static_cast<int64_t>(st->ssd_capacity_chunks() / 2);
+    KVC_ASSIGN_OR_RETURN(pb::StatsResponse st, c->first->Stats());
+    sh.budget = static_cast<int64_t>(st.ssd_capacity_chunks() / 2);
     if (sh.budget < 16)
       return absl::InvalidArgumentError("the SSD tier holds too few chunks to soak");
   }

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/block_device.h"
 #include "bench/kvbench/harness.h"
 #include "storage/chunk_store.h"
@@ -105,20 +106,16 @@ class KvcacheSystem final : public System {
     o.io_lanes = concurrent_ ? 32 : 2;  // one lane per concurrent caller
     o.slab_bytes = 256ull << 20;
     o.preallocate_ssd = true;  // as fio lays out its file before measuring
-    absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
-    if (!s.ok()) return s.status();
-    fetch_store_ = *std::move(s);
-    if (absl::Status st = fetch_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok())
-      return st;
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> s, storage::ChunkStore::Open(o));
+    fetch_store_ = std::move(s);
+    KVC_RETURN_IF_ERROR(fetch_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes));
     if (!ssd_) {  // stores into a small, always-full RAM tier: steady-state eviction
       storage::StoreOptions so = o;
       so.data_dir = o.data_dir + "-store";
       so.ram_bytes = 256 * slot;
-      absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s2 = storage::ChunkStore::Open(so);
-      if (!s2.ok()) return s2.status();
-      store_store_ = *std::move(s2);
-      if (absl::Status st = store_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes); !st.ok())
-        return st;
+      KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> s2, storage::ChunkStore::Open(so));
+      store_store_ = std::move(s2);
+      KVC_RETURN_IF_ERROR(store_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes));
     }
     for (uint64_t i = 0; i < n; i += 32) {
       std::vector<storage::PutRequest> reqs;
@@ -332,7 +329,7 @@ class FilePerChunkSystem final : public System {
   absl::Status Prepare() override {
     std::filesystem::create_directories(dir_);
     for (uint64_t i = 0; i < sh_->opt.dataset_chunks; ++i) {
-      if (absl::Status s = WriteFile(Path(i)); !s.ok()) return s;
+      KVC_RETURN_IF_ERROR(WriteFile(Path(i)));
     }
     outs_.assign(32, std::vector<uint8_t>(sh_->opt.chunk_bytes));
     return absl::OkStatus();

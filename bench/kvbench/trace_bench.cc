@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "bench/trace/tier_sim.h"
 #include "cachesvc/client.h"
@@ -47,15 +48,11 @@ struct Totals {
 }  // namespace
 
 absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(o.model_config_json, "--config");
-  if (!config.ok()) return config.status();
-  absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
-  if (!schedule.ok()) return schedule.status();
-  absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(*config, *schedule, o.chunk_tokens);
-  if (!layout.ok()) return layout.status();
-  const uint64_t chunk_bytes = static_cast<uint64_t>(layout->chunk_bytes);
-  absl::StatusOr<std::vector<trace::Request>> requests = trace::ReadTrace(o.trace, o.limit);
-  if (!requests.ok()) return requests.status();
+  KVC_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(o.model_config_json, "--config"));
+  KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(config));
+  KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, schedule, o.chunk_tokens));
+  const uint64_t chunk_bytes = static_cast<uint64_t>(layout.chunk_bytes);
+  KVC_ASSIGN_OR_RETURN(std::vector<trace::Request> requests, trace::ReadTrace(o.trace, o.limit));
 
   std::error_code ec;
   std::filesystem::remove_all(o.dir, ec);
@@ -65,7 +62,7 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
       o.kvcached, o.dir + "/kvcached",
       {"--ram-bytes", std::to_string(o.ram_bytes), "--ssd-bytes", std::to_string(o.ssd_bytes),
        "--max-chunk-bytes", std::to_string(chunk_bytes), "--shm-socket", "off"});
-  if (absl::Status s = daemon.Start(); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(daemon.Start());
   const cachesvc::ClientOptions copt{.address = daemon.address(),
                                      .bearer_token = "",
                                      .timeout_ms = 120000,
@@ -73,25 +70,24 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
                                      .shm_socket = ""};
   std::vector<std::unique_ptr<cachesvc::CacheClient>> clients;
   for (int c = 0; c < std::max(1, o.concurrency); ++c) {
-    absl::StatusOr<std::unique_ptr<cachesvc::CacheClient>> cl =
-        cachesvc::CacheClient::Connect(copt);
-    if (!cl.ok()) return cl.status();
-    clients.push_back(*std::move(cl));
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<cachesvc::CacheClient> cl,
+                         cachesvc::CacheClient::Connect(copt));
+    clients.push_back(std::move(cl));
   }
-  absl::StatusOr<cachesvc::RemoteNamespace> ns =
-      clients[0]->RegisterNamespace(o.model_config_json, "kvbench-trace", o.chunk_tokens);
-  if (!ns.ok()) return ns.status();
+  KVC_ASSIGN_OR_RETURN(
+      cachesvc::RemoteNamespace ns,
+      clients[0]->RegisterNamespace(o.model_config_json, "kvbench-trace", o.chunk_tokens));
   const auto durability =
       o.ssd_bytes > 0 ? kvcache::v1::DURABILITY_DURABLE : kvcache::v1::DURABILITY_MEMORY;
 
   Totals t;
   std::atomic<size_t> next{0};
   const auto start = Clock::now();
-  const double first_arrival = requests->empty() ? 0 : requests->front().arrival_s;
+  const double first_arrival = requests.empty() ? 0 : requests.front().arrival_s;
   auto worker = [&](cachesvc::CacheClient& client) {
     std::vector<uint8_t> buf;
-    for (size_t i = next++; i < requests->size(); i = next++) {
-      const trace::Request& r = (*requests)[i];
+    for (size_t i = next++; i < requests.size(); i = next++) {
+      const trace::Request& r = (requests)[i];
       if (o.speedup > 0) {
         const auto due =
             start + std::chrono::duration_cast<Clock::duration>(
@@ -103,14 +99,14 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
         }
       }
       const std::vector<uint32_t> tokens =
-          trace::PromptTokens(r, static_cast<uint32_t>(config->vocab_size));
+          trace::PromptTokens(r, static_cast<uint32_t>(config.vocab_size));
       auto t0 = Clock::now();
-      absl::StatusOr<cachesvc::LookupResult> found = client.Lookup(*ns, tokens);
+      absl::StatusOr<cachesvc::LookupResult> found = client.Lookup(ns, tokens);
       auto t1 = Clock::now();
       absl::StatusOr<size_t> got = size_t{0};
       if (found.ok() && found->matched_chunks > 0) {
         buf.resize(found->matched_chunks * chunk_bytes);
-        got = client.Fetch(*ns, std::span(found->keys).first(found->matched_chunks), buf);
+        got = client.Fetch(ns, std::span(found->keys).first(found->matched_chunks), buf);
       }
       auto t2 = Clock::now();
       uint64_t wrong = 0;
@@ -134,7 +130,7 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
             *got > 0 ? std::optional(found->keys[*got - 1]) : std::nullopt;
         const size_t first_token = *got * static_cast<size_t>(o.chunk_tokens);
         stored = client
-                     .Store(*ns, parent,
+                     .Store(ns, parent,
                             std::span(tokens).subspan(
                                 first_token, new_chunks * static_cast<size_t>(o.chunk_tokens)),
                             payloads, durability)
@@ -184,8 +180,8 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
 
   trace::SimConfig sc{o.chunk_tokens, chunk_bytes, 0, static_cast<double>(o.ram_bytes),
                       static_cast<double>(o.ssd_bytes)};
-  const trace::SimReport sim = trace::Simulate(
-      *requests, sc, static_cast<uint32_t>(config->vocab_size), storage::ChunkKey{});
+  const trace::SimReport sim =
+      trace::Simulate(requests, sc, static_cast<uint32_t>(config.vocab_size), storage::ChunkKey{});
   const double prompt = std::max<double>(1, static_cast<double>(t.prompt_tokens));
   nlohmann::json by_prefix = nlohmann::json::array();
   {
@@ -204,7 +200,7 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
   }
   return nlohmann::json{
       {"trace", o.trace},
-      {"requests", requests->size()},
+      {"requests", requests.size()},
       {"chunk_tokens", o.chunk_tokens},
       {"chunk_bytes", chunk_bytes},
       {"ram_bytes", o.ram_bytes},

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 
 namespace kvc {
 namespace {
@@ -41,12 +42,10 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const ModelConfig& config, const Workl
   CapacityPlan p;
   p.config = config;
   p.workload = w;
-  absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(config);
-  if (!schedule.ok()) return schedule.status();
-  p.schedule = *std::move(schedule);
-  absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(config, p.schedule, w.chunk_tokens);
-  if (!layout.ok()) return layout.status();
-  p.layout = *std::move(layout);
+  KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(config));
+  p.schedule = std::move(schedule);
+  KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, p.schedule, w.chunk_tokens));
+  p.layout = std::move(layout);
   if (w.context_tokens < w.chunk_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("context of ", w.context_tokens, " tokens is shorter than one chunk (",

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "engine/model/weights.h"
 #include "engine/spec/layer_schedule.h"
 
@@ -11,11 +12,10 @@ namespace kvc {
 
 absl::StatusOr<std::vector<DecodeWork>> DecodeWorkAt(const ModelConfig& c,
                                                      const std::vector<int64_t>& contexts) {
-  absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(c);
-  if (!schedule.ok()) return schedule.status();
+  KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(c));
   // Parameters one decoded token multiplies: the active ones, less the rows it only looks
   // up (its embedding row, its Engram table rows).
-  const model::ActiveParameters active = model::CountActiveParameters(c, *schedule);
+  const model::ActiveParameters active = model::CountActiveParameters(c, schedule);
   const double lookups =
       static_cast<double>(c.hidden_size) +
       static_cast<double>(c.engram_layer_ids.size() * (c.engram_max_ngram_size - 1) *
@@ -30,7 +30,7 @@ absl::StatusOr<std::vector<DecodeWork>> DecodeWorkAt(const ModelConfig& c,
     w.context_tokens = ctx;
     w.dense = active.decode - lookups;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const LayerPlan& p = schedule->layers[l];
+      const LayerPlan& p = schedule.layers[l];
       w.window_attention += 2 * H * hd * static_cast<double>(std::min(ctx, c.sliding_window));
       if (p.compress_ratio == 0) continue;
       const double visible = static_cast<double>(ctx / p.compress_ratio);

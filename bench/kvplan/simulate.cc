@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/kvplan/capacity.h"
 #include "bench/trace/tier_sim.h"
 #include "storage/ram_tier.h"
@@ -40,24 +41,21 @@ absl::StatusOr<nlohmann::json> RunSimulate(const ModelConfig& config, const Simu
   Workload w;
   w.context_tokens = o.chunk_tokens;
   w.chunk_tokens = o.chunk_tokens;
-  absl::StatusOr<CapacityPlan> plan = PlanCapacity(config, w);
-  if (!plan.ok()) return plan.status();
-  absl::StatusOr<std::vector<trace::Request>> requests = trace::ReadTrace(o.trace, o.limit);
-  if (!requests.ok()) return requests.status();
-  if (requests->empty()) return absl::InvalidArgumentError("trace \"" + o.trace + "\" is empty");
+  KVC_ASSIGN_OR_RETURN(CapacityPlan plan, PlanCapacity(config, w));
+  KVC_ASSIGN_OR_RETURN(std::vector<trace::Request> requests, trace::ReadTrace(o.trace, o.limit));
+  if (requests.empty()) return absl::InvalidArgumentError("trace \"" + o.trace + "\" is empty");
   const auto keys = trace::RequestKeys(
-      *requests, o.chunk_tokens, static_cast<uint32_t>(config.vocab_size), storage::ChunkKey{});
+      requests, o.chunk_tokens, static_cast<uint32_t>(config.vocab_size), storage::ChunkKey{});
   const auto simulate = [&](uint64_t chunk_bytes, double hbm, double ram, double ssd) {
     trace::SimConfig c{o.chunk_tokens, chunk_bytes, hbm, ram, ssd};
-    return trace::SimulateKeys(*requests, keys, c);
+    return trace::SimulateKeys(requests, keys, c);
   };
   const double hbm = Bytes(o.hbm_gib), ram = Bytes(o.ram_gib), ssd = Bytes(o.ssd_gib);
-  const uint64_t ours_chunk = static_cast<uint64_t>(plan->layout.chunk_bytes);
+  const uint64_t ours_chunk = static_cast<uint64_t>(plan.layout.chunk_bytes);
 
   nlohmann::json j;
-  j["trace"] = {{"path", o.trace},
-                {"requests", requests->size()},
-                {"seconds", trace::TraceSeconds(*requests)}};
+  j["trace"] = {
+      {"path", o.trace}, {"requests", requests.size()}, {"seconds", trace::TraceSeconds(requests)}};
   j["chunk_tokens"] = o.chunk_tokens;
   j["capacity_bytes"] = {{"hbm", hbm}, {"ram", ram}, {"ssd", ssd}};
   const trace::SimReport ours = simulate(ours_chunk, hbm, ram, ssd);
@@ -70,7 +68,7 @@ absl::StatusOr<nlohmann::json> RunSimulate(const ModelConfig& config, const Simu
   j["distinct_chunks"] = distinct;
 
   j["layouts"] = nlohmann::json::array();
-  for (const Alternative& a : plan->alternatives) {
+  for (const Alternative& a : plan.alternatives) {
     if (a.name != "kvcache" && a.name != "naive-mha" && a.name != "mla-style") continue;
     const uint64_t chunk = a.name == "kvcache"
                                ? ours_chunk

@@ -24,9 +24,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/chunk_key.h"
 #include "bench/trace/trace.h"
 #include "nlohmann/json.hpp"
-#include "storage/chunk_key.h"
 #include "storage/eviction.h"
 
 namespace kvc::trace {

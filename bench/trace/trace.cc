@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace kvc::trace {
@@ -154,9 +155,8 @@ absl::StatusOr<std::vector<Request>> ReadTrace(const std::string& path, int64_t 
     if (!j.is_object()) return absl::InvalidArgumentError(where + ": not a JSON object");
     if (format == kUnknown) format = j.contains("hash_ids") ? kMooncake : kAgent;
     Request r;
-    absl::Status s =
-        format == kMooncake ? ReadMooncake(j, where, &r) : ReadAgentTurn(j, where, &sessions, &r);
-    if (!s.ok()) return s;
+    KVC_RETURN_IF_ERROR(format == kMooncake ? ReadMooncake(j, where, &r)
+                                            : ReadAgentTurn(j, where, &sessions, &r));
     if (format == kMooncake && !out.empty() && r.arrival_s < out.back().arrival_s) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": timestamp goes backwards"));
     }

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cmath>
 
+#include "base/check.h"
 #include "engine/cpu/thread_pool.h"
-#include "engine/spec/check.h"
 
 namespace kvc::cpu {
 namespace {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/check.h"
 #include "engine/cpu/swiglu.h"
 #include "engine/model/matmul.h"
-#include "engine/spec/check.h"
 
 namespace kvc::model {
 

@@ -1,4 +1,5 @@
 #include "engine/model/generate.h"
+#include "base/status_macros.h"
 
 #include <algorithm>
 
@@ -21,43 +22,39 @@ absl::StatusOr<Generation> GenerateGreedy(const Model& model, Sequence& seq,
   g.logits.push_back(std::move(first));
   while (static_cast<int64_t>(g.tokens.size()) < max_new) {
     if (!speculative) {
-      absl::StatusOr<std::vector<float>> l = model.Decode(seq, next);
-      if (!l.ok()) return l.status();
+      KVC_ASSIGN_OR_RETURN(std::vector<float> l, model.Decode(seq, next));
       ++g.main_passes;
-      next = Argmax(*l);
+      next = Argmax(l);
       g.tokens.push_back(next);
-      g.logits.push_back(*std::move(l));
+      g.logits.push_back(std::move(l));
       continue;
     }
-    absl::StatusOr<std::vector<uint32_t>> drafts = model.Draft(seq, next);
-    if (!drafts.ok()) return drafts.status();
+    KVC_ASSIGN_OR_RETURN(std::vector<uint32_t> drafts, model.Draft(seq, next));
     std::vector<uint32_t> run = {next};
-    run.insert(run.end(), drafts->begin(), drafts->end());
+    run.insert(run.end(), drafts.begin(), drafts.end());
     const SequenceCheckpoint checkpoint = model.Checkpoint(seq);
-    absl::StatusOr<std::vector<std::vector<float>>> verified = model.Extend(seq, run);
-    if (!verified.ok()) return verified.status();
+    KVC_ASSIGN_OR_RETURN(std::vector<std::vector<float>> verified, model.Extend(seq, run));
     ++g.main_passes;
     size_t kept = 0;
-    while (kept < drafts->size() && Argmax((*verified)[kept]) == (*drafts)[kept]) ++kept;
-    g.drafted += static_cast<int64_t>(drafts->size());
+    while (kept < drafts.size() && Argmax((verified)[kept]) == (drafts)[kept]) ++kept;
+    g.drafted += static_cast<int64_t>(drafts.size());
     g.accepted += static_cast<int64_t>(kept);
     ++g.blocks;
-    if (g.kept_at_depth.size() < drafts->size()) g.kept_at_depth.resize(drafts->size(), 0);
+    if (g.kept_at_depth.size() < drafts.size()) g.kept_at_depth.resize(drafts.size(), 0);
     for (size_t d = 0; d < kept; ++d) ++g.kept_at_depth[d];
-    if (kept < drafts->size()) {
+    if (kept < drafts.size()) {
       // Undo the rejected tail: roll back and run what was kept.
       model.Rollback(seq, checkpoint);
-      absl::StatusOr<std::vector<std::vector<float>>> again =
-          model.Extend(seq, std::span(run).first(kept + 1));
-      if (!again.ok()) return again.status();
+      KVC_ASSIGN_OR_RETURN(std::vector<std::vector<float>> again,
+                           model.Extend(seq, std::span(run).first(kept + 1)));
     }
     for (size_t i = 0; i < kept; ++i) {
-      g.tokens.push_back((*drafts)[i]);
-      g.logits.push_back((*verified)[i]);
+      g.tokens.push_back((drafts)[i]);
+      g.logits.push_back((verified)[i]);
     }
-    next = Argmax((*verified)[kept]);
+    next = Argmax((verified)[kept]);
     g.tokens.push_back(next);
-    g.logits.push_back((*verified)[kept]);
+    g.logits.push_back((verified)[kept]);
   }
   g.tokens.resize(max_new);
   g.logits.resize(max_new);

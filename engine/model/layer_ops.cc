@@ -30,8 +30,8 @@ std::vector<float> PoolGroup(const float* kv, const float* score, int64_t ratio,
 
 namespace {
 
-void AttendHeadPortable(const float* q, std::span<const float* const> keys, int64_t dim,
-                        float sink, float scale, float* o) {
+void AttendHeadPortable(const float* q, std::span<const float* const> keys, int64_t dim, float sink,
+                        float scale, float* o) {
   std::vector<float> sc(keys.size());
   float mx = -std::numeric_limits<float>::infinity();
   for (size_t t = 0; t < keys.size(); ++t) {

@@ -1,9 +1,9 @@
 #include "engine/model/matmul.h"
 
+#include "base/check.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/model/layer_ops.h"
-#include "engine/spec/check.h"
 
 namespace kvc::model {
 namespace {

@@ -1,3 +1,4 @@
+#include "base/status_macros.h"
 #include "engine/model/model_impl.h"
 
 #include <numeric>
@@ -56,12 +57,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
     return shape;
   }
   m->c = config;
-  absl::StatusOr<LayerSchedule> sched = BuildLayerSchedule(config);
-  if (!sched.ok()) return sched.status();
-  m->sched = *std::move(sched);
-  absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(config, m->sched, chunk_tokens);
-  if (!layout.ok()) return layout.status();
-  m->layout = *std::move(layout);
+  KVC_ASSIGN_OR_RETURN(LayerSchedule sched, BuildLayerSchedule(config));
+  m->sched = std::move(sched);
+  KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, m->sched, chunk_tokens));
+  m->layout = std::move(layout);
   m->D = config.hidden_size;
   m->H = config.num_attention_heads;
   m->hd = config.head_dim;
@@ -109,9 +108,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
         compressed ? config.rope_scaling.original_max_position_embeddings : 0,
         config.rope_scaling.factor, config.rope_scaling.beta_fast, config.rope_scaling.beta_slow));
   }
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(weights_path);
-  if (!f.ok()) return f.status();
-  if (absl::Status s = m->LoadWeights(**f); !s.ok()) return s;
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open(weights_path));
+  KVC_RETURN_IF_ERROR(m->LoadWeights(*f));
   m->ForEachWeight([&](const PackedMatrix& w) { m->mm->Register(w); });
   return std::unique_ptr<Model>(new Model(std::move(m)));
 }
@@ -137,7 +135,7 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
   SequenceState& s = *seq.s_;
   if (!s.tokens.empty()) return absl::FailedPreconditionError("Prefill needs an empty sequence");
   if (tokens.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
+  KVC_RETURN_IF_ERROR(m.CheckTokens(tokens));
   const int64_t n = static_cast<int64_t>(tokens.size());
   s.tokens.assign(tokens.begin(), tokens.end());
   s.stats = {};
@@ -184,9 +182,8 @@ std::vector<std::vector<float>> ModelImpl::Extend(SequenceState& s,
 }
 
 absl::StatusOr<std::vector<float>> Model::Decode(Sequence& seq, uint32_t token) const {
-  absl::StatusOr<std::vector<std::vector<float>>> l = Extend(seq, std::span(&token, 1));
-  if (!l.ok()) return l.status();
-  return std::move((*l)[0]);
+  KVC_ASSIGN_OR_RETURN(std::vector<std::vector<float>> l, Extend(seq, std::span(&token, 1)));
+  return std::move((l)[0]);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Model::Extend(
@@ -195,7 +192,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Model::Extend(
   SequenceState& s = *seq.s_;
   if (s.tokens.empty()) return absl::FailedPreconditionError("Decode needs a prefilled sequence");
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
-  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
+  KVC_RETURN_IF_ERROR(m.CheckTokens(tokens));
   return m.Extend(s, tokens);
 }
 
@@ -265,8 +262,7 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
         absl::StrCat("exact replay needs a batch-invariant matmul backend; \"", m.mm->name(),
                      "\" gives a row other bits in calls of other heights (use bounded replay)"));
   }
-  if (bounded_replay_tokens < -1 ||
-      (replay == ReplayMode::kExact && bounded_replay_tokens != -1)) {
+  if (bounded_replay_tokens < -1 || (replay == ReplayMode::kExact && bounded_replay_tokens != -1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bounded_replay_tokens is ", bounded_replay_tokens,
         "; it must be -1 (the model's window) or, with bounded replay only, a length ≥ 0"));
@@ -282,7 +278,7 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
         "the cached prefix (", cached, " tokens) must be shorter than the prompt (", n, ")"));
   }
   const int64_t chunks = cached / C;
-  if (absl::Status st = m.CheckTokens(tokens); !st.ok()) return st;
+  KVC_RETURN_IF_ERROR(m.CheckTokens(tokens));
   s.tokens.assign(tokens.begin(), tokens.end());
   s.stats = {};
   // Replay start: the model's window, or the encoder's whole dependency window before the
@@ -305,9 +301,8 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
   int64_t early = 0;
   while (early < m.E && m.sched.layers[early].compress_ratio == 0) ++early;
   m.RunLayers(s, 0, early, start, n, X, pre, /*compress=*/true);
-  absl::StatusOr<std::span<const uint8_t>> got = source();
-  if (!got.ok()) return got.status();
-  const std::span<const uint8_t> pages = *got;
+  KVC_ASSIGN_OR_RETURN(std::span<const uint8_t> got, source());
+  const std::span<const uint8_t> pages = got;
   if (static_cast<int64_t>(pages.size()) != chunks * m.layout.chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("pages are ", pages.size(), " bytes; ", chunks,
                                                    " chunks need ", chunks * m.layout.chunk_bytes));

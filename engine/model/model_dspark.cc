@@ -1,4 +1,5 @@
 // DSpark: the drafter's attention, its rings, and Model::Draft.
+#include "base/status_macros.h"
 #include "engine/model/model_impl.h"
 
 namespace kvc::model {
@@ -71,7 +72,7 @@ absl::StatusOr<std::vector<uint32_t>> Model::Draft(Sequence& seq, uint32_t next)
   SequenceState& s = *seq.s_;
   if (m.ND == 0) return absl::FailedPreconditionError("the config has no DSpark draft layers");
   if (s.tokens.empty()) return absl::FailedPreconditionError("Draft needs a prefilled sequence");
-  if (absl::Status st = m.CheckTokens(std::span(&next, 1)); !st.ok()) return st;
+  KVC_RETURN_IF_ERROR(m.CheckTokens(std::span(&next, 1)));
   const int64_t B = m.c.dspark_block_size, a = static_cast<int64_t>(s.tokens.size());
   // The block: the next token, then noise placeholders, at the positions after it.
   std::vector<float> X(B * m.hc * m.D), pre(B * m.hc, 0.0f);

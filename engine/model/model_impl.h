@@ -22,13 +22,13 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "base/check.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/model/layer_ops.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
-#include "engine/spec/check.h"
 #include "engine/spec/kv_codec.h"
 
 namespace kvc::model {

@@ -1,4 +1,5 @@
 // Weights: safetensors tensors into compute form (packed matrices, FP8/FP4 dequantized).
+#include "base/status_macros.h"
 #include "engine/model/model_impl.h"
 
 namespace kvc::model {
@@ -36,9 +37,8 @@ absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
   }
   std::map<std::string, std::vector<float>> t;
   for (const ParameterSpec& p : specs) {
-    absl::StatusOr<std::vector<float>> v = f.ReadF32(p.name, p.shape);
-    if (!v.ok()) return v.status();
-    t[p.name] = *std::move(v);
+    KVC_ASSIGN_OR_RETURN(std::vector<float> v, f.ReadF32(p.name, p.shape));
+    t[p.name] = std::move(v);
   }
   auto take = [&](const std::string& n) { return std::move(t.at(n)); };
   auto mat = [&](const std::string& n, int64_t rows, int64_t cols) {
@@ -47,8 +47,7 @@ absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
   embed = take("embed.weight");
   norm = take("norm.weight");
   head = mat("head.weight", c.vocab_size, D);
-  absl::StatusOr<std::vector<std::vector<int64_t>>> primes = EngramPrimes(c);
-  if (!primes.ok()) return primes.status();
+  KVC_ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> primes, EngramPrimes(c));
   layers.resize(L + ND);
   // What every block has (trunk and draft).
   auto load_block = [&](int64_t l, int64_t experts, int64_t per_token) {
@@ -135,7 +134,7 @@ absl::Status ModelImpl::LoadWeights(const SafetensorsFile& f) {
       eg->wkv = mat(e + "wkv.weight", (hc + 1) * D, width);
       eg->qw = take(e + "qw");
       eg->kw = take(e + "kw");
-      eg->primes = (*primes)[slot];
+      eg->primes = (primes)[slot];
       int64_t off = 0;
       for (int64_t pr : eg->primes) {
         eg->offsets.push_back(off);

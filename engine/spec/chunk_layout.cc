@@ -2,7 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/spec/check.h"
+#include "base/check.h"
 
 namespace kvc {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "engine/spec/check.h"
+#include "base/check.h"
 #include "engine/spec/fp_codes.h"
 
 namespace kvc {

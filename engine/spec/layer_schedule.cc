@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvc {
 namespace {
@@ -129,13 +130,13 @@ absl::StatusOr<LayerSchedule> BuildLayerSchedule(const ModelConfig& c) {
     return Invalid(absl::StrCat("num_hidden_layers is ", trunk,
                                 ", must be even (the encoder and the decoder are its halves)"));
   }
-  if (absl::Status s = CheckShapes(c); !s.ok()) return s;
+  KVC_RETURN_IF_ERROR(CheckShapes(c));
   const char* kTrunk = "layer ids must name an encoder or decoder layer";
   for (auto [key, ids] : {std::pair{"kv_source_layer_ids", &c.kv_source_layer_ids},
                           std::pair{"index_source_layer_ids", &c.index_source_layer_ids},
                           std::pair{"engram_layer_ids", &c.engram_layer_ids},
                           std::pair{"dspark_target_layer_ids", &c.dspark_target_layer_ids}}) {
-    if (absl::Status s = CheckLayerIds(key, *ids, trunk, kTrunk); !s.ok()) return s;
+    KVC_RETURN_IF_ERROR(CheckLayerIds(key, *ids, trunk, kTrunk));
   }
   if (c.candidate_source_layer_id >= trunk) {
     return Invalid(absl::StrCat("candidate_source_layer_id is ", c.candidate_source_layer_id,

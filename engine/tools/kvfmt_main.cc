@@ -21,6 +21,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/kv_codec.h"
 #include "engine/spec/layer_schedule.h"
@@ -53,9 +54,8 @@ absl::StatusOr<int64_t> RowDim(KvFormat format, const std::string& config_path, 
     return absl::InvalidArgumentError("give --config FILE or --dim N for the row length");
   }
   if (!config_path.empty()) {
-    absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
-    if (!config.ok()) return config.status();
-    dim = format == KvFormat::kIndexK ? config->index_head_dim : config->head_dim;
+    KVC_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(config_path));
+    dim = format == KvFormat::kIndexK ? config.index_head_dim : config.head_dim;
   }
   const int64_t block = SpecOf(format).scale_block;
   if (dim <= 0 || dim % block != 0) {
@@ -68,16 +68,15 @@ absl::StatusOr<int64_t> RowDim(KvFormat format, const std::string& config_path, 
 
 absl::Status Quantize(KvFormat format, int64_t dim, const std::string& in_path,
                       const std::string& out_path) {
-  absl::StatusOr<std::string> raw = ReadFile(in_path);
-  if (!raw.ok()) return raw.status();
+  KVC_ASSIGN_OR_RETURN(std::string raw, ReadFile(in_path));
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
-  if (raw->size() % row_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", in_path, "\" is ", raw->size(),
+  if (raw.size() % row_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", in_path, "\" is ", raw.size(),
                                                    " bytes, not a whole number of ", dim,
                                                    "-value float32 rows (", row_bytes, " B each)"));
   }
-  std::vector<float> x(raw->size() / sizeof(float));
-  std::memcpy(x.data(), raw->data(), raw->size());
+  std::vector<float> x(raw.size() / sizeof(float));
+  std::memcpy(x.data(), raw.data(), raw.size());
   int64_t non_finite = 0;
   for (float v : x) non_finite += std::isfinite(v) ? 0 : 1;
   if (non_finite > 0) {
@@ -93,36 +92,32 @@ absl::Status Quantize(KvFormat format, int64_t dim, const std::string& in_path,
 
 absl::Status Dequantize(KvFormat format, int64_t dim, const std::string& in_path,
                         const std::string& out_path) {
-  absl::StatusOr<std::string> raw = ReadFile(in_path);
-  if (!raw.ok()) return raw.status();
+  KVC_ASSIGN_OR_RETURN(std::string raw, ReadFile(in_path));
   const int64_t row_bytes = PackedBytes(format, dim);
-  if (raw->size() % row_bytes != 0) {
+  if (raw.size() % row_bytes != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("\"", in_path, "\" is ", raw->size(), " bytes, not a whole number of packed ",
+        absl::StrCat("\"", in_path, "\" is ", raw.size(), " bytes, not a whole number of packed ",
                      SpecOf(format).name, " rows of ", dim, " values (", row_bytes, " B each)"));
   }
-  const int64_t rows = static_cast<int64_t>(raw->size()) / row_bytes;
+  const int64_t rows = static_cast<int64_t>(raw.size()) / row_bytes;
   const int64_t n = rows * dim;
   const int64_t codes = CodesBytes(format, n);
-  std::span<const uint8_t> packed(reinterpret_cast<const uint8_t*>(raw->data()), raw->size());
+  std::span<const uint8_t> packed(reinterpret_cast<const uint8_t*>(raw.data()), raw.size());
   std::vector<float> out(n);
   Dequantize(format, packed.first(codes), packed.subspan(codes), out);
   return WriteFile(out_path, out.data(), out.size() * sizeof(float));
 }
 
 absl::Status PrintLayout(const std::string& config_path, int64_t chunk_tokens) {
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<LayerSchedule> schedule = BuildLayerSchedule(*config);
-  if (!schedule.ok()) return schedule.status();
-  absl::StatusOr<ChunkLayout> layout = BuildChunkLayout(*config, *schedule, chunk_tokens);
-  if (!layout.ok()) return layout.status();
+  KVC_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(config_path));
+  KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(config));
+  KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, schedule, chunk_tokens));
   std::printf("chunk of %lld tokens: %lld bytes (%.2f B/token), layout version %u\n",
-              static_cast<long long>(layout->chunk_tokens),
-              static_cast<long long>(layout->chunk_bytes), layout->bytes_per_token(),
+              static_cast<long long>(layout.chunk_tokens),
+              static_cast<long long>(layout.chunk_bytes), layout.bytes_per_token(),
               kKvLayoutVersion);
   std::printf("%6s %-13s %10s %10s %10s\n", "layer", "section", "positions", "offset", "bytes");
-  for (const ChunkSection& s : layout->sections) {
+  for (const ChunkSection& s : layout.sections) {
     std::printf("%6lld %-13s %10lld %10lld %10lld\n", static_cast<long long>(s.layer),
                 std::string(SectionKindName(s.kind)).c_str(), static_cast<long long>(s.positions),
                 static_cast<long long>(s.offset), static_cast<long long>(s.bytes));

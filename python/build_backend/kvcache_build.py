@@ -25,7 +25,8 @@ REQUIRES = ["grpcio", "protobuf", "xxhash", "numpy"]
 
 
 def generate(out_root):
-    """Writes kvcache/v1/kvcache_pb2.py and kvcache_pb2_grpc.py under out_root."""
+    """Writes kvcache/v1/kvcache_pb2.py, its type stub kvcache_pb2.pyi and
+    kvcache_pb2_grpc.py under out_root."""
     proto_root = PROTO_ROOT
     if not os.path.exists(os.path.join(proto_root, PROTO)):
         # An sdist or a copied folder: the proto travels beside the package.
@@ -35,7 +36,7 @@ def generate(out_root):
     if protoc is None or plugin is None:
         sys.exit("kvcache build: protoc and grpc_python_plugin are needed "
                  "(Debian: protobuf-compiler protobuf-compiler-grpc)")
-    subprocess.run([protoc, "-I", proto_root, f"--python_out={out_root}",
+    subprocess.run([protoc, "-I", proto_root, f"--python_out={out_root}", f"--pyi_out={out_root}",
                     f"--grpc_out={out_root}", f"--plugin=protoc-gen-grpc={plugin}",
                     os.path.join(proto_root, PROTO)], check=True)
 
@@ -45,7 +46,8 @@ def _files():
         if "__pycache__" in folder:
             continue
         for name in sorted(names):
-            if name.endswith(".py") and not name.endswith("_pb2.py") \
+            # py.typed: the package's type hints are for its users' type checkers (PEP 561).
+            if (name.endswith(".py") or name == "py.typed") and not name.endswith("_pb2.py") \
                     and not name.endswith("_pb2_grpc.py"):
                 full = os.path.join(folder, name)
                 yield full, os.path.relpath(full, PACKAGE_ROOT)

@@ -1,7 +1,7 @@
 """kvcache: the Python client of kvcached, the tiered KV-cache service.
 
-    from kvcache import Client
-    with Client("127.0.0.1:50051", token="...") as c:
+    import kvcache
+    with kvcache.connect("127.0.0.1:50051", token="...") as c:   # or "etcd://H:P" (a cluster)
         ns = c.register_namespace(open("config.json").read(), "my-model", chunk_tokens=256)
         match = c.lookup(ns, prompt_tokens)
         got = c.fetch(ns, match.matched_keys, out=page_buffer)
@@ -9,6 +9,7 @@
 See python/README.md.
 """
 from ._common import Fetched, Match, StoreResult
+from .api import CacheClient, connect
 from .aio import AsyncClient
 from .client import Client
 from .cluster import ClusterClient, EtcdSecurity, rank_nodes
@@ -18,7 +19,7 @@ from .errors import (AlreadyExistsError, DataLossError, FailedPreconditionError,
 from .hashing import Namespace, chunk_keys
 
 __all__ = [
-    "AsyncClient", "Client", "ClusterClient", "EtcdSecurity", "Fetched", "Match", "Namespace", "StoreResult", "chunk_keys", "rank_nodes",
+    "AsyncClient", "CacheClient", "Client", "ClusterClient", "connect", "EtcdSecurity", "Fetched", "Match", "Namespace", "StoreResult", "chunk_keys", "rank_nodes",
     "AlreadyExistsError", "DataLossError", "FailedPreconditionError", "InternalError",
     "InvalidArgumentError", "KvcacheError", "NotFoundError", "PermissionDeniedError",
     "ResourceExhaustedError", "UnavailableError",

@@ -40,16 +40,16 @@ def main(argv=None):
     try:
         with Client(a.server, token=a.token or None, timeout_s=60.0, shm_socket="") as c:
             if a.cmd == "stats":
-                s = c.stats()
-                print(f"ram  {s['ram_chunks']} / {s['ram_capacity_chunks']} chunks\n"
-                      f"ssd  {s['ssd_chunks']} / {s['ssd_capacity_chunks']} chunks\n"
-                      f"hits ram {s['ram_hits']}, ssd {s['ssd_hits']}; misses {s['misses']}\n"
-                      f"checksum failures {s['checksum_failures']}, evictions {s['evictions']}, "
-                      f"io {s['io_backend']}\n"
-                      f"ssd io errors: read {s['read_errors']}, write {s['write_errors']}; at the "
-                      f"last start {s['recovered_chunks']} chunks were indexed from their slots"
-                      + (" (the index was damaged and rebuilt)" if s['index_rebuilds'] > 0 else ""))
-                q = s["quota"]
+                st = c.stats()
+                print(f"ram  {st['ram_chunks']} / {st['ram_capacity_chunks']} chunks\n"
+                      f"ssd  {st['ssd_chunks']} / {st['ssd_capacity_chunks']} chunks\n"
+                      f"hits ram {st['ram_hits']}, ssd {st['ssd_hits']}; misses {st['misses']}\n"
+                      f"checksum failures {st['checksum_failures']}, evictions {st['evictions']}, "
+                      f"io {st['io_backend']}\n"
+                      f"ssd io errors: read {st['read_errors']}, write {st['write_errors']}; at the "
+                      f"last start {st['recovered_chunks']} chunks were indexed from their slots"
+                      + (" (the index was damaged and rebuilt)" if st['index_rebuilds'] > 0 else ""))
+                q = st["quota"]
                 if q is not None:
                     lim = lambda x: str(x) if x else "none"
                     print(f"quota: ram {q['ram_bytes']} / {lim(q['ram_bytes_limit'])} bytes, "

@@ -4,11 +4,11 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import _wire
 from .errors import DataLossError, InvalidArgumentError, KvcacheError, NotFoundError
-from .hashing import Namespace, as_tokens, chunk_keys
+from .hashing import Namespace, Tokens, as_tokens, chunk_keys
 from .shm import MappedArena
 from .v1 import kvcache_pb2 as pb
 
@@ -63,24 +63,16 @@ class Fetched:
 
 @dataclass(frozen=True)
 class StoreResult:
+    """What a store did: chunks newly stored and already present, the keys of every whole
+    chunk, and `tokens`: how many of the given tokens those chunks cover (a partial last
+    chunk is not stored; store it once it is whole, with the last key as its parent)."""
     stored: int
     already_present: int
     keys: List[bytes] = field(default_factory=list)
+    tokens: int = 0
 
 
-def key_bytes(k, what):
-    """A 16-byte key from bytes-like `k`; InvalidArgumentError naming `what` otherwise (a
-    str or an int is refused: bytes(5) would be five zero bytes, not a key)."""
-    if isinstance(k, (str, int, float)) or k is None:
-        raise InvalidArgumentError(f"{what} is a {type(k).__name__}; keys are 16 bytes")
-    try:
-        k = bytes(k)
-    except TypeError:
-        raise InvalidArgumentError(
-            f"{what} ({type(k).__name__}) is not bytes-like; keys are 16 bytes") from None
-    if len(k) != 16:
-        raise InvalidArgumentError(f"{what} is {len(k)} bytes; keys are 16 bytes")
-    return k
+key_bytes = _wire.key_bytes
 
 
 def check_keys(keys):
@@ -197,6 +189,7 @@ class Common:
             if held is None or self._held_leases[held[0]][0] <= now:
                 return False
             offsets.append(held[1])
+        assert self._arena is not None
         view, n = self._arena.view, ns.chunk_bytes
         for i, off in enumerate(offsets):
             out_view[i * n:(i + 1) * n] = view[off:off + n]
@@ -229,6 +222,7 @@ class Common:
         lease (or releases it with the next call); returns how many leading chunks it
         copied. A ref that does not match the request is DataLossError."""
         arena = self._arena
+        assert arena is not None
         offsets = []
         for i, ref in enumerate(resp.refs):
             if (i >= len(keys) or ref.chunk_key != keys[i] or ref.length != ns.chunk_bytes
@@ -251,6 +245,7 @@ class Common:
     def take_refs(self, ns, keys, resp, out_view, attempt):
         """A FetchRefs answer: the chunks copied, or None to ask again (the daemon
         restarted, its offsets are into a new arena, which is now mapped)."""
+        assert self._arena is not None
         if resp.arena_id == self._arena.id:
             return self.copy_refs(ns, keys, resp, out_view)
         self._drop_arena("the shared arena's identity does not match kvcached's answers")
@@ -297,7 +292,7 @@ class Common:
         return Namespace(resp.namespace_id, bytes(resp.root_key), resp.chunk_bytes,
                          resp.chunk_tokens, resp.kv_layout_version, vocab)
 
-    def chunk_keys(self, ns, tokens):
+    def chunk_keys(self, ns: Namespace, tokens: Tokens) -> List[bytes]:
         """The keys of every whole chunk of tokens in ns, computed here."""
         return chunk_keys(ns.root_key, as_tokens(tokens, ns.vocab_size), ns.chunk_tokens)
 
@@ -315,7 +310,7 @@ class Common:
     @staticmethod
     def keys_lookup_request(ns, keys, every_chunk=False):
         """A Lookup by keys, packed end to end (one field, not one string per key)."""
-        return pb.LookupRequest(namespace_id=ns.id, packed_chunk_keys=b"".join(keys),
+        return pb.LookupRequest(namespace_id=ns.id, packed_chunk_keys=_wire.pack_keys(keys),
                                 every_chunk=every_chunk)
 
     @staticmethod
@@ -324,9 +319,8 @@ class Common:
         (it saw none of them: keys_seen 0); None when the answer stands."""
         if not req.packed_chunk_keys or resp.keys_seen * 16 == len(req.packed_chunk_keys):
             return None
-        packed = req.packed_chunk_keys
         return pb.LookupRequest(namespace_id=req.namespace_id, every_chunk=req.every_chunk,
-                                chunk_keys=[packed[i:i + 16] for i in range(0, len(packed), 16)])
+                                chunk_keys=_wire.unpack_keys(req.packed_chunk_keys))
 
     @staticmethod
     def match_from(ns, resp, keys=None):
@@ -386,9 +380,7 @@ class Common:
         chunks' keys), after checking every argument."""
         arr = as_tokens(tokens, ns.vocab_size)
         chunks = arr.size // ns.chunk_tokens
-        if arr.size % ns.chunk_tokens:
-            raise InvalidArgumentError(
-                f"{arr.size} tokens are not whole chunks of {ns.chunk_tokens}")
+        arr = arr[:chunks * ns.chunk_tokens]  # a partial last chunk is not stored
         if ttl_s < 0 or ttl_s >= 2**32:
             raise InvalidArgumentError(f"ttl_s is {ttl_s}")
         views = chunk_payloads(ns, payloads, chunks)
@@ -417,5 +409,6 @@ class Common:
         return pb.DeleteRequest(namespace_id=ns.id, chunk_keys=check_keys(keys))
 
     @staticmethod
-    def store_result(resp):
-        return StoreResult(resp.stored, resp.already_present, [bytes(k) for k in resp.chunk_keys])
+    def store_result(resp, chunks, ns):
+        return StoreResult(resp.stored, resp.already_present, [bytes(k) for k in resp.chunk_keys],
+                           chunks * ns.chunk_tokens)

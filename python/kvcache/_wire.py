@@ -1,13 +1,48 @@
-"""Hand framing of the two messages that carry payloads, so a payload is copied once:
-from the received message straight into the caller's buffer (Fetch), or from the
-caller's buffer into the outgoing message (Store). The encoding is protobuf's; the
-generated classes frame everything else.
+"""The bytes kvcached and its clients frame by hand — the Python side of the C++ module
+wire/ (wire/wire.h), held to the same vectors (tests/wire/wire_vectors.json, written by
+protobuf's own encoder): a chunk key on the wire, keys packed end to end
+(LookupRequest.packed_chunk_keys), the FetchResponse frame, and the StoreRequest whose
+payload is appended without a second copy. The generated classes frame everything else.
 """
-from .errors import DataLossError
+from typing import Any, List, Sequence, Tuple, Union
+
+from .errors import DataLossError, InvalidArgumentError
 from .v1 import kvcache_pb2 as pb
 
+KEY_BYTES = 16
+BytesLike = Union[bytes, bytearray, memoryview]
 
-def _varint(value):
+
+def key_bytes(k: object, what: str) -> bytes:
+    """A 16-byte key from bytes-like `k`; InvalidArgumentError naming `what` otherwise (a
+    str or an int is refused: bytes(5) would be five zero bytes, not a key)."""
+    if isinstance(k, (str, int, float)) or k is None:
+        raise InvalidArgumentError(f"{what} is a {type(k).__name__}; keys are 16 bytes")
+    try:
+        b = bytes(k)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidArgumentError(
+            f"{what} ({type(k).__name__}) is not bytes-like; keys are 16 bytes") from None
+    if len(b) != KEY_BYTES:
+        raise InvalidArgumentError(f"{what} is {len(b)} bytes; keys are 16 bytes")
+    return b
+
+
+def pack_keys(keys: Sequence[bytes]) -> bytes:
+    """Keys end to end, 16 bytes each (checked by the caller: key_bytes)."""
+    return b"".join(keys)
+
+
+def unpack_keys(packed: BytesLike) -> List[bytes]:
+    """The keys of a packed field; InvalidArgumentError when it is not whole keys."""
+    packed = bytes(packed)
+    if len(packed) % KEY_BYTES:
+        raise InvalidArgumentError(
+            f"packed_chunk_keys is {len(packed)} bytes, not a whole number of 16-byte keys")
+    return [packed[i:i + KEY_BYTES] for i in range(0, len(packed), KEY_BYTES)]
+
+
+def _varint(value: int) -> bytes:
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -19,7 +54,7 @@ def _varint(value):
             return bytes(out)
 
 
-def _read_varint(view, pos):
+def _read_varint(view: memoryview, pos: int) -> Tuple[int, int]:
     shift = result = 0
     while pos < len(view):
         byte = view[pos]
@@ -33,7 +68,13 @@ def _read_varint(view, pos):
     raise DataLossError("FetchResponse: a malformed varint")
 
 
-def split_fetch_response(raw):
+def fetch_response_header(key: bytes, payload_bytes: int) -> bytes:
+    """FetchResponse{chunk_key = key, payload = <payload_bytes bytes>} up to the payload
+    (the daemon's framing; what wire::FetchResponseHeader writes)."""
+    return b"\x0a\x10" + key + b"\x12" + _varint(payload_bytes)
+
+
+def split_fetch_response(raw: BytesLike) -> Tuple[memoryview, memoryview]:
     """(chunk_key, payload) of a serialized FetchResponse, as memoryviews into `raw`."""
     view = memoryview(raw)
     # kvcached's own framing: key field (16 bytes), then the payload field.
@@ -58,9 +99,12 @@ def split_fetch_response(raw):
 _PAYLOAD_TAG = _varint((4 << 3) | 2)  # StoreRequest.payload, length-delimited
 
 
-def store_request(namespace_id, parent_key, tokens, payload, durability, ttl_s):
-    """A serialized StoreRequest; `payload` (any buffer) is copied once, here."""
+def store_request(namespace_id: int, parent_key: bytes, tokens: Any, payload: BytesLike,
+                  durability: Any, ttl_s: int) -> bytes:
+    """A serialized StoreRequest, fields in number order as protobuf writes them (the
+    payload, field 4, between tokens and durability); `payload` (any buffer) is copied
+    once, here."""
     head = pb.StoreRequest(namespace_id=namespace_id, parent_key=parent_key,
-                           tokens=tokens.tolist(), durability=durability,
-                           ttl_seconds=ttl_s).SerializeToString()
-    return b"".join((head, _PAYLOAD_TAG, _varint(len(payload)), payload))
+                           tokens=tokens.tolist()).SerializeToString()
+    tail = pb.StoreRequest(durability=durability, ttl_seconds=ttl_s).SerializeToString()
+    return b"".join((head, _PAYLOAD_TAG, _varint(len(payload)), payload, tail))

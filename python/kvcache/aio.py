@@ -1,9 +1,12 @@
 """The asyncio client (grpc.aio): the same methods as Client, as coroutines."""
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+
 import grpc
 import grpc.aio
 
 from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
                       StoreResult, check_keys)
+from .hashing import Namespace, Tokens
 from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
 from .v1 import kvcache_pb2_grpc as pb_grpc
@@ -32,7 +35,7 @@ class AsyncClient(Common):
     async def __aexit__(self, *exc):
         await self.close()
 
-    async def close(self):
+    async def close(self) -> None:
         if self._arena is not None:
             for lease in self._leases_to_release() + list(self._held_leases):
                 try:
@@ -50,11 +53,12 @@ class AsyncClient(Common):
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
-    async def register_namespace(self, model_config_json, model_id, chunk_tokens=0):
+    async def register_namespace(self, model_config_json: str, model_id: str,
+                               chunk_tokens: int = 0) -> Namespace:
         req = self.register_request(model_config_json, model_id, chunk_tokens)
         return self.namespace_from(req, await self._call(self._stub.RegisterNamespace, req))
 
-    async def lookup(self, ns, tokens) -> Match:
+    async def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
         req, keys = self.lookup_request(ns, tokens)
         resp = await self._call(self._stub.Lookup, req)
         retry = self.unpacked_retry(req, resp)
@@ -62,7 +66,7 @@ class AsyncClient(Common):
             resp = await self._call(self._stub.Lookup, retry)
         return self.match_from(ns, resp, keys)
 
-    async def fetch(self, ns, keys, out=None) -> Fetched:
+    async def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
         keys, out, view = self.fetch_target(ns, keys, out)
         got = shm = 0
         if self._arena is not None and keys:
@@ -78,7 +82,7 @@ class AsyncClient(Common):
             got += streamed
         return Fetched(got, out, ns.chunk_bytes, shm)
 
-    async def fetch_iter(self, ns, keys):
+    async def fetch_iter(self, ns: Namespace, keys: Sequence[bytes]) -> AsyncIterator[Tuple[int, bytes, memoryview]]:
         keys = check_keys(keys)
         async for i, payload in self._stream(ns, keys):
             yield i, keys[i], payload
@@ -111,7 +115,8 @@ class AsyncClient(Common):
                 return got
         return 0
 
-    async def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
+    async def store(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool = True,
+                  ttl_s: int = 0, parent: Optional[bytes] = None) -> StoreResult:
         requests = self.store_requests(ns, tokens, payloads, durable, ttl_s, parent)
         if not requests:
             return StoreResult(0, 0, [])
@@ -120,18 +125,18 @@ class AsyncClient(Common):
                                      metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        return self.store_result(resp)
+        return self.store_result(resp, len(requests), ns)
 
-    async def pin(self, ns, keys, ttl_s):
+    async def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
         return (await self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s))).pinned
 
-    async def unpin(self, ns, keys):
+    async def unpin(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         return (await self._call(self._stub.Unpin, self.unpin_request(ns, keys))).unpinned
 
-    async def delete(self, ns, keys):
+    async def delete(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         req = self.delete_request(ns, keys)
         self.forget_held(req.chunk_keys)
         return (await self._call(self._stub.Delete, req)).deleted
 
-    async def stats(self):
+    async def stats(self) -> Dict[str, Any]:
         return self.stats_from(await self._call(self._stub.Stats, pb.StatsRequest()))

@@ -1,9 +1,12 @@
 """The blocking client."""
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
 import grpc
 import grpc.experimental
 
 from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
                       StoreResult, check_keys)
+from .hashing import Namespace, Tokens
 from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
 from .v1 import kvcache_pb2_grpc as pb_grpc
@@ -54,7 +57,7 @@ class Client(Common):
     def __exit__(self, *exc):
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         if self._arena is not None:
             for lease in self._leases_to_release() + list(self._held_leases):
                 try:
@@ -72,12 +75,13 @@ class Client(Common):
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
-    def register_namespace(self, model_config_json, model_id, chunk_tokens=0):
+    def register_namespace(self, model_config_json: str, model_id: str,
+                               chunk_tokens: int = 0) -> Namespace:
         """The namespace of a model (config.json text or dict) for this tenant."""
         req = self.register_request(model_config_json, model_id, chunk_tokens)
         return self.namespace_from(req, self._call(self._stub.RegisterNamespace, req))
 
-    def lookup(self, ns, tokens) -> Match:
+    def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
         req, keys = self.lookup_request(ns, tokens)
         return self.match_from(ns, self._lookup(req), keys)
 
@@ -86,7 +90,7 @@ class Client(Common):
         retry = self.unpacked_retry(req, resp)
         return resp if retry is None else self._call(self._stub.Lookup, retry)
 
-    def fetch(self, ns, keys, out=None) -> Fetched:
+    def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
         """The leading chunks of `keys` that are cached, copied into `out` (any writable
         buffer: bytearray, memoryview, numpy array; a new bytearray if None) back to back.
         Stops at the first chunk not cached."""
@@ -105,7 +109,7 @@ class Client(Common):
             got += streamed
         return Fetched(got, out, ns.chunk_bytes, shm)
 
-    def fetch_iter(self, ns, keys):
+    def fetch_iter(self, ns: Namespace, keys: Sequence[bytes]) -> Iterator[Tuple[int, bytes, memoryview]]:
         """Yields (index, key, payload) per chunk as it arrives over gRPC; payload is a
         read-only memoryview valid until the next item. Stops at the first missing chunk."""
         keys = check_keys(keys)
@@ -138,13 +142,17 @@ class Client(Common):
                 return got
         return 0
 
-    def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
-        """Stores the whole chunks of `tokens` with their payloads (one buffer of chunks ×
-        chunk_bytes, or one buffer per chunk). `parent`: the key of the chunk before
-        tokens[0] (None: tokens start the prefix). durable=False acknowledges once in RAM."""
-        return self._send_store(self.store_requests(ns, tokens, payloads, durable, ttl_s, parent))
+    def store(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool = True,
+                  ttl_s: int = 0, parent: Optional[bytes] = None) -> StoreResult:
+        """Stores the whole chunks of `tokens` with their payloads (one buffer of the whole
+        chunks × chunk_bytes, or one buffer per whole chunk); a partial last chunk is left
+        out, and the result's `tokens` says how many tokens were covered. `parent`: the key
+        of the chunk before tokens[0] (None: tokens start the prefix). durable=False
+        acknowledges once in RAM."""
+        return self._send_store(self.store_requests(ns, tokens, payloads, durable, ttl_s, parent),
+                                ns)
 
-    def _send_store(self, requests):
+    def _send_store(self, requests, ns):
         if not requests:
             return StoreResult(0, 0, [])
         try:
@@ -152,7 +160,7 @@ class Client(Common):
                                wait_for_ready=self._wait)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        return self.store_result(resp)
+        return self.store_result(resp, len(requests), ns)
 
     def _lookup_every(self, ns, keys):
         """The tier of every chunk of `keys` on this daemon ("none" where it has none),
@@ -162,17 +170,17 @@ class Client(Common):
         req = self.keys_lookup_request(ns, keys, every_chunk=True)
         return self.match_from(ns, self._lookup(req), keys).tiers
 
-    def pin(self, ns, keys, ttl_s):
+    def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
         """Keeps the chunks (and so their prefix) from eviction for ttl_s; how many found."""
         return self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s)).pinned
 
-    def unpin(self, ns, keys):
+    def unpin(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         return self._call(self._stub.Unpin, self.unpin_request(ns, keys)).unpinned
 
-    def delete(self, ns, keys):
+    def delete(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         req = self.delete_request(ns, keys)
         self.forget_held(req.chunk_keys)
         return self._call(self._stub.Delete, req).deleted
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         return self.stats_from(self._call(self._stub.Stats, pb.StatsRequest()))

@@ -23,13 +23,16 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import xxhash
 
 from ._common import Common, Fetched, Match, StoreResult, check_keys, writable_view
 from .errors import InvalidArgumentError, KvcacheError, PermissionDeniedError, UnavailableError
-from .hashing import as_tokens, chunk_keys
+from .hashing import Namespace, Tokens, as_tokens, chunk_keys
+
+if TYPE_CHECKING:  # the node clients; client.py imports this module lazily
+    from .client import Client
 
 PLACEMENT_RULE = "kvcache-rendezvous-v1"
 NODES_PREFIX = b"/kvcache/v1/nodes/"
@@ -250,15 +253,15 @@ class _MembershipWatch:
                     except (KvcacheError, OSError, ValueError):
                         pass
 
-    def close(self):
+    def close(self) -> None:
         self._stop = True
 
 
 @dataclass
 class _NodeClient:
     node: Node
-    client: object
-    namespaces: set = field(default_factory=set)
+    client: "Client"
+    namespaces: Set[int] = field(default_factory=set)
     skip_until: float = 0.0
 
 
@@ -297,7 +300,7 @@ class ClusterClient:
     def __exit__(self, *exc):
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         self._watch.close()
         self._pool.shutdown(wait=True)
         for nc in self._nodes.values():
@@ -353,7 +356,7 @@ class ClusterClient:
     def _on_nodes(self, work):
         """Runs fn(node_client) for each (node_client, fn) in parallel; (result or error)."""
         futures = [self._pool.submit(fn, nc) for nc, fn in work]
-        out = []
+        out: List[Tuple[Any, Optional[KvcacheError]]] = []
         for f in futures:
             try:
                 out.append((f.result(), None))
@@ -361,7 +364,8 @@ class ClusterClient:
                 out.append((None, e))
         return out
 
-    def register_namespace(self, model_config_json, model_id, chunk_tokens=0):
+    def register_namespace(self, model_config_json: str, model_id: str,
+                               chunk_tokens: int = 0) -> Namespace:
         nodes = self._members()
         if not nodes:
             raise UnavailableError(f"the cluster at {self.target} has no nodes")
@@ -383,14 +387,15 @@ class ClusterClient:
                     f"another {ns.id} (is every node running with --cluster?)")
             nc.namespaces.add(got.id)
         if ns is None:
+            assert first_error is not None
             raise first_error
         self._registrations[ns.id] = (model_config_json, model_id, chunk_tokens)
         return ns
 
-    def chunk_keys(self, ns, tokens):
+    def chunk_keys(self, ns: Namespace, tokens: Tokens) -> List[bytes]:
         return chunk_keys(ns.root_key, as_tokens(tokens, ns.vocab_size), ns.chunk_tokens)
 
-    def lookup(self, ns, tokens) -> Match:
+    def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
         nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
         keys = self.chunk_keys(ns, tokens)
 
@@ -422,7 +427,7 @@ class ClusterClient:
             self._holders.clear()
         return Match(matched, keys, tiers, ns.chunk_tokens)
 
-    def fetch(self, ns, keys, out=None) -> Fetched:
+    def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
         """The leading chunks of `keys` that some node holds, copied into `out` back to
         back (a new bytearray if None)."""
         keys = check_keys(keys)
@@ -444,7 +449,7 @@ class ClusterClient:
         while True:
             limit = next((c for c in range(len(keys)) if not done[c] and nxt[c] >= len(cands[c])),
                          len(keys))
-            share = {}
+            share: Dict[str, List[int]] = {}
             for c in range(limit):
                 if not done[c]:
                     share.setdefault(cands[c][nxt[c]], []).append(c)
@@ -475,8 +480,10 @@ class ClusterClient:
             leading += 1
         return Fetched(leading, out, ns.chunk_bytes, 0)
 
-    def store(self, ns, tokens, payloads, durable=True, ttl_s=0, parent=None) -> StoreResult:
-        """Stores the whole chunks of `tokens` on each chunk's R owners; returns once all R
+    def store(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool = True,
+                  ttl_s: int = 0, parent: Optional[bytes] = None) -> StoreResult:
+        """Stores the whole chunks of `tokens` on each chunk's R owners (a partial last chunk
+        is left out; the result's `tokens` says how many were covered); returns once all R
         hold every chunk (UnavailableError naming the first chunk with fewer copies)."""
         requests, keys = Common.store_plan(ns, tokens, payloads, durable, ttl_s, parent)
         chunks = len(requests)
@@ -494,7 +501,7 @@ class ClusterClient:
         stored = present = 0
         last_error = None
         while True:
-            share = {}
+            share: Dict[str, List[int]] = {}
             for c in range(chunks):
                 asked = copies[c]
                 while asked < want and nxt[c] < len(order[c]):
@@ -506,7 +513,7 @@ class ClusterClient:
 
             def put(nc, idx=None):
                 self._ensure_namespace(nc, ns)
-                return nc.client._send_store([requests[c] for c in idx])
+                return nc.client._send_store([requests[c] for c in idx], ns)
             work = [(nodes[n], lambda nc, idx=idx: put(nc, idx)) for n, idx in share.items()]
             for (n, idx), (got, err) in zip(share.items(), self._on_nodes(work)):
                 if err is not None:
@@ -523,7 +530,7 @@ class ClusterClient:
         for c in range(chunks):
             if copies[c] < want:
                 raise UnavailableError(f"chunk {c} has {copies[c]} of {want} copies: {last_error}")
-        return StoreResult(stored, present, keys)
+        return StoreResult(stored, present, keys, chunks * ns.chunk_tokens)
 
     def _everywhere(self, ns, call):
         nodes = self._members()
@@ -538,20 +545,20 @@ class ClusterClient:
             total += n
         return total
 
-    def pin(self, ns, keys, ttl_s):
+    def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
         """Pins every copy; returns the copies pinned."""
         return self._everywhere(ns, lambda c: c.pin(ns, keys, ttl_s))
 
-    def unpin(self, ns, keys):
+    def unpin(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         return self._everywhere(ns, lambda c: c.unpin(ns, keys))
 
-    def delete(self, ns, keys):
+    def delete(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         """Deletes every copy; returns the copies deleted."""
         for k in check_keys(keys):
             self._holders.pop(k, None)
         return self._everywhere(ns, lambda c: c.delete(ns, keys))
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """{"membership": ..., "nodes": {id: stats dict or {"error": message}}}."""
         nodes = self._members()
         per = {}

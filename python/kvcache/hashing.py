@@ -6,7 +6,7 @@
 Only whole chunks get keys.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import xxhash
@@ -23,6 +23,10 @@ class Namespace:
     chunk_tokens: int
     kv_layout_version: int
     vocab_size: Optional[int] = None  # from the model config, when the client registered it
+
+
+# Token ids: a sequence of ints or an integer numpy array.
+Tokens = Any
 
 
 def as_tokens(tokens, vocab_size=None):

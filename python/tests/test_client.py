@@ -84,6 +84,26 @@ def test_lookup_by_keys_and_by_tokens_agree(daemon, seed, mini_config):
             c.lookup(ns, [ns.vocab_size] * 64)
 
 
+def test_store_keeps_the_whole_chunks_and_says_how_many_tokens_they_cover(daemon, seed,
+                                                                          mini_config):
+    # A worker's prompt almost always ends mid-chunk: store() takes it as it is.
+    rng = np.random.default_rng(seed)
+    with kvcache.connect(daemon.address) as c:
+        ns = c.register_namespace(mini_config, "mini", 64)
+        tokens = rng.integers(0, ns.vocab_size, 64 * 2 + 37, dtype=np.uint32)
+        payload = rng.integers(0, 256, 2 * ns.chunk_bytes, dtype=np.uint8)
+        got = c.store(ns, tokens, payload)
+        assert (got.stored, got.tokens, len(got.keys)) == (2, 128, 2)
+        assert got.keys == c.chunk_keys(ns, tokens)
+        # The tail, once whole, continues the prefix from the last stored key.
+        rest = np.concatenate([tokens[128:], rng.integers(0, ns.vocab_size, 27, dtype=np.uint32)])
+        more = c.store(ns, rest, rng.integers(0, 256, ns.chunk_bytes, dtype=np.uint8),
+                       parent=got.keys[-1])
+        assert (more.stored, more.tokens) == (1, 64)
+        everything = np.concatenate([tokens[:128], rest])
+        assert c.lookup(ns, everything).matched_chunks == 3
+
+
 def test_lookup_asks_an_older_daemon_with_one_string_per_key(seed):
     # A daemon from before packed keys: it reads chunk_keys only and never sets keys_seen.
     from concurrent import futures
@@ -208,8 +228,10 @@ def test_bad_arguments_are_refused_before_any_call(mini_config):
         c.store(ns, [1, 2, 3, 4], bytes(99))
     with pytest.raises(kvcache.InvalidArgumentError, match=r"tokens\[2\] is 512"):
         c.store(ns, [1, 2, 512, 4], bytes(100))
-    with pytest.raises(kvcache.InvalidArgumentError, match="not whole chunks"):
-        c.store(ns, [1, 2, 3], bytes(100))
+    # Fewer tokens than a chunk: nothing to store, no call made (nobody listens).
+    assert c.store(ns, [1, 2, 3], b"") == kvcache.StoreResult(0, 0, [], 0)
+    with pytest.raises(kvcache.InvalidArgumentError, match="payloads are 100 bytes; 0 chunks"):
+        c.store(ns, [1, 2, 3], bytes(100))  # payloads are the whole chunks' only
     with pytest.raises(kvcache.InvalidArgumentError, match=r"tokens\[0\] is -1"):
         c.lookup(ns, [-1, 2, 3, 4])
     with pytest.raises(kvcache.InvalidArgumentError, match="16 bytes"):

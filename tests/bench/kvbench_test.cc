@@ -173,13 +173,29 @@ TEST(KvbenchTest, EngineContextSweepReportsPrefillAndDecodeAtEachLength) {
 // exact resume bit-identical to CED, a replay that covers the whole prefix too, the
 // approximations not.
 TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
-  auto r = RunProgram(
-      kKvbench,
-      {"quality", "--weights",
-       "replay-aware=" + std::string(KVC_SOURCE_DIR) + "/train/weights/small-replay.safetensors",
-       "--documents", "1", "--points", "1", "--steps", "12", "--windows", "0,128,100000",
-       "--max-prompt-tokens", "800", "--dspark-prompts", "1", "--dspark-steps", "24",
-       "--decode-contexts", "600", "--decode-tokens", "4", "--json"});
+  auto r = RunProgram(kKvbench, {"quality",
+                                 "--weights",
+                                 "replay-aware=" + std::string(KVC_SOURCE_DIR) +
+                                     "/train/weights/small-replay.safetensors",
+                                 "--documents",
+                                 "1",
+                                 "--points",
+                                 "1",
+                                 "--steps",
+                                 "12",
+                                 "--windows",
+                                 "0,128,100000",
+                                 "--max-prompt-tokens",
+                                 "800",
+                                 "--dspark-prompts",
+                                 "1",
+                                 "--dspark-steps",
+                                 "24",
+                                 "--decode-contexts",
+                                 "600",
+                                 "--decode-tokens",
+                                 "4",
+                                 "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -204,7 +220,8 @@ TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
   const nlohmann::json& d = v["dspark"];
   ASSERT_EQ(d["acceptance_by_depth"].size(), 5u) << d.dump();  // small.json's block
   for (size_t k = 1; k < d["acceptance_by_depth"].size(); ++k)
-    EXPECT_LE(d["acceptance_by_depth"][k].get<double>(), d["acceptance_by_depth"][k - 1].get<double>());
+    EXPECT_LE(d["acceptance_by_depth"][k].get<double>(),
+              d["acceptance_by_depth"][k - 1].get<double>());
   EXPECT_GT(d["verify_ms"].get<double>(), 0.0);
   EXPECT_GT(d["speedup"].get<double>(), 0.0);
   ASSERT_EQ(j["decode_cost"]["rows"].size(), 1u);

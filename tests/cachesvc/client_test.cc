@@ -79,6 +79,28 @@ TEST_F(ClientTest, PrefixRoundTripsAndLocalKeysMatchTheServer) {
   EXPECT_EQ(client_->Lookup(ns_, all)->matched_chunks, 7u);
 }
 
+// A worker's prompt almost always ends mid-chunk: Store takes it as it is, stores the whole
+// chunks and says how many tokens they cover; the tail follows once it is whole.
+TEST_F(ClientTest, StoreKeepsTheWholeChunksAndSaysHowManyTokensTheyCover) {
+  std::mt19937_64 rng(seed_);
+  const Prefix p = MakePrefix(rng, ns_, 3);
+  std::vector<uint32_t> tokens = p.tokens;
+  const size_t tail = 1 + rng() % (ns_.chunk_tokens - 1);
+  for (size_t i = 0; i < tail; ++i) tokens.push_back(static_cast<uint32_t>(rng() % 512));
+  absl::StatusOr<StoreResult> stored = client_->Store(ns_, std::nullopt, tokens, p.payloads);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, 3u);
+  EXPECT_EQ(stored->tokens, 3u * ns_.chunk_tokens) << tail << "-token tail left out";
+  EXPECT_EQ(stored->keys, client_->Keys(ns_, tokens));
+  EXPECT_EQ(client_->Lookup(ns_, tokens)->matched_chunks, 3u);
+  // Payload bytes for the partial chunk too are refused, naming the sizes.
+  std::vector<uint8_t> too_many = p.payloads;
+  too_many.resize(too_many.size() + ns_.chunk_bytes);
+  absl::StatusOr<StoreResult> bad = client_->Store(ns_, std::nullopt, tokens, too_many);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("3 whole chunks"), std::string::npos) << bad.status();
+}
+
 TEST_F(ClientTest, LookupByKeysAgreesWithLookupByTokensAndRefusesBadInput) {
   std::mt19937_64 rng(seed_);
   const Prefix p = MakePrefix(rng, ns_, 4);

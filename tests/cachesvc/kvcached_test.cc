@@ -734,8 +734,8 @@ std::string AskReflection(const std::string& address, const std::string& request
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(
-      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   auto step = [&](auto&& start) {
     start(reinterpret_cast<void*>(1));
     void* tag = nullptr;
@@ -746,10 +746,8 @@ std::string AskReflection(const std::string& address, const std::string& request
   grpc::Slice slice(request);
   grpc::ByteBuffer req(&slice, 1), resp;
   std::string bytes;
-  if (step([&](void* t) { call->StartCall(t); }) &&
-      step([&](void* t) { call->Write(req, t); }) &&
-      step([&](void* t) { call->WritesDone(t); }) &&
-      step([&](void* t) { call->Read(&resp, t); })) {
+  if (step([&](void* t) { call->StartCall(t); }) && step([&](void* t) { call->Write(req, t); }) &&
+      step([&](void* t) { call->WritesDone(t); }) && step([&](void* t) { call->Read(&resp, t); })) {
     std::vector<grpc::Slice> slices;
     EXPECT_TRUE(resp.Dump(&slices).ok());
     for (const auto& sl : slices)

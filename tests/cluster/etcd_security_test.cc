@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "base/status_macros.h"
 #include "cachesvc/cluster_client.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
@@ -56,10 +57,9 @@ cluster::EtcdSecurity WithCert(const TempDir& dir) {
 }
 
 absl::Status CanRead(const std::string& endpoint, const cluster::EtcdSecurity& s) {
-  absl::StatusOr<std::unique_ptr<cluster::Etcd>> etcd = cluster::Etcd::Connect(endpoint, s);
-  if (!etcd.ok()) return etcd.status();
-  (*etcd)->call_timeout_ms = 1500;
-  return (*etcd)->RangePrefix("/kvcache/").status();
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<cluster::Etcd> etcd, cluster::Etcd::Connect(endpoint, s));
+  etcd->call_timeout_ms = 1500;
+  return etcd->RangePrefix("/kvcache/").status();
 }
 
 // etcd's own recipe: a root user with the root role, then authentication on.

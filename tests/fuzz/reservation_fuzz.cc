@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/spec/check.h"
+#include "base/check.h"
 #include "storage/slot_reservation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

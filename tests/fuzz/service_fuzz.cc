@@ -23,11 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "cachesvc/auth.h"
 #include "cachesvc/log.h"
 #include "cachesvc/namespace_registry.h"
 #include "cachesvc/service.h"
-#include "engine/spec/check.h"
 #include "kvcache/v1/kvcache.pb.h"
 #include "storage/chunk_store.h"
 

@@ -20,8 +20,8 @@
 #include <memory>
 #include <string>
 
+#include "base/check.h"
 #include "cachesvc/arena_socket.h"
-#include "engine/spec/check.h"
 
 namespace {
 

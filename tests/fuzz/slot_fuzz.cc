@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/spec/check.h"
+#include "base/check.h"
 #include "storage/slot_format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

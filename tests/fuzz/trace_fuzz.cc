@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "base/check.h"
 #include "bench/trace/trace.h"
-#include "engine/spec/check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/tmp/kvc-trace-fuzz-" + std::to_string(getpid()) + ".jsonl";

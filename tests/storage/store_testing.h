@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "storage/chunk_key.h"
+#include "base/chunk_key.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::testing {

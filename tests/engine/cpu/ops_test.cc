@@ -128,8 +128,7 @@ TEST(OpsTest, TopKBreaksTiesTowardsLowerIndexAndSkipsMinusInfinity) {
     const std::vector<int32_t> got = TopKAscending(r, 17);
     std::vector<int32_t> order(r.size());
     for (size_t i = 0; i < r.size(); ++i) order[i] = static_cast<int32_t>(i);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return r[a] > r[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return r[a] > r[b]; });
     order.resize(17);
     std::sort(order.begin(), order.end());
     EXPECT_EQ(got, order) << (rising ? "rising" : "random") << " scores";

@@ -1,0 +1,47 @@
+// The bytes kvcached and its clients exchange outside the generated protobuf code, written
+// once: a chunk key on the wire, keys packed end to end (LookupRequest.packed_chunk_keys),
+// and the FetchResponse frame the daemon writes by hand so a payload leaves the RAM arena
+// without a copy. python/kvcache/_wire.py mirrors this module; both are checked against
+// tests/wire/wire_vectors.json, whose frames protobuf's own encoder wrote
+// (scripts/wire_vectors.py), so the hand framing cannot drift from the .proto.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/chunk_key.h"
+
+namespace kvc::wire {
+
+inline constexpr size_t kKeyBytes = 16;
+
+// A key as a bytes field carries it.
+std::string KeyBytes(const ChunkKey& key);
+// A bytes field back to a key; InvalidArgument naming `what` and the size if it is not 16
+// bytes (the daemon's word for a client's mistake; clients map it to DataLoss).
+absl::StatusOr<ChunkKey> KeyFrom(std::string_view bytes, std::string_view what = "a chunk key");
+
+// Keys end to end, 16 bytes each.
+std::string PackKeys(std::span<const ChunkKey> keys);
+// The keys of a packed field; InvalidArgument when it is not whole keys or holds more
+// than `max_keys`.
+absl::StatusOr<std::vector<ChunkKey>> UnpackKeys(std::string_view packed, size_t max_keys);
+
+// FetchResponse{chunk_key = key, payload = <payload_bytes bytes>} up to the payload: the
+// frame is this header followed by the payload itself (fields 1 and 2, length-delimited).
+std::string FetchResponseHeader(const ChunkKey& key, uint64_t payload_bytes);
+
+// The key and payload of a serialized FetchResponse, as views into `message`: the
+// daemon's framing directly, any other valid encoding (field order, unknown fields) by a
+// field walk. DataLoss when the message is malformed.
+struct FetchFrame {
+  std::string_view key;
+  std::span<const uint8_t> payload;
+};
+absl::StatusOr<FetchFrame> SplitFetchResponse(std::span<const uint8_t> message);
+
+}  // namespace kvc::wire
