@@ -206,13 +206,8 @@ class CudaAttention final : public model::AttentionBackend {
       fits = p.wo_a[g].in_features() == gw && p.wo_a[g].out_features() == ol;
       held = held && products->Holds(p.wo_a[g]);
     }
-    if (!fits) {
-      std::fprintf(stderr,
-                   "CUDA attention: output path of %lld groups does not fit %lld heads × %lld\n",
-                   static_cast<long long>(G), static_cast<long long>(b.heads),
-                   static_cast<long long>(b.dim));
-      std::abort();
-    }
+    KVC_CHECK(fits) << "CUDA attention: output path of " << G << " groups does not fit " << b.heads
+                    << " heads × " << b.dim;
     return held ? products : nullptr;  // null: weights the matmul backend does not hold
   }
   // Attention, the inverse RoPE, the groups' products and wo_b queued on stream_; returns
@@ -253,10 +248,8 @@ class CudaAttention final : public model::AttentionBackend {
     return d_y;
   }
   void GuardShape(const model::AttentionBatch& b) const {
-    if (absl::Status shape = CheckShape(b.heads, b.dim); !shape.ok()) {  // Model::Load asked
-      std::fprintf(stderr, "%s\n", std::string(shape.message()).c_str());
-      std::abort();
-    }
+    const absl::Status shape = CheckShape(b.heads, b.dim);
+    KVC_CHECK(shape.ok()) << shape.message() << " (Model::Load asks before anything runs)";
   }
   // Queues the uploads and the attention kernel; returns the output on the device
   // (queries × heads × dim). `view` holds the pages until the caller has waited. Needs mu_.
@@ -269,15 +262,11 @@ class CudaAttention final : public model::AttentionBackend {
     const DeviceSelection* held = nullptr;
     if (b.held != nullptr) {
       held = dynamic_cast<const DeviceSelection*>(b.held);
-      if (held == nullptr || held->queries != b.queries) {
-        std::fprintf(stderr,
-                     "CUDA attention: a held selection it cannot read (%s, %lld queries for a "
-                     "batch of %lld; the model asks ReadsHeld first)\n",
-                     held == nullptr ? "not the CUDA indexer's" : "the CUDA indexer's",
-                     static_cast<long long>(held == nullptr ? 0 : held->queries),
-                     static_cast<long long>(b.queries));
-        std::abort();
-      }
+      KVC_CHECK(held != nullptr && held->queries == b.queries)
+          << "CUDA attention: a held selection it cannot read ("
+          << (held == nullptr ? "not the CUDA indexer's" : "the CUDA indexer's") << ", "
+          << (held == nullptr ? 0 : held->queries) << " queries for a batch of " << b.queries
+          << "; the model asks ReadsHeld first)";
       CUDA_CHECK(cudaStreamWaitEvent(stream_, held->ready, 0));
     }
     // The pages up to the last one a listed or held compressed row is in.

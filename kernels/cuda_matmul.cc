@@ -34,10 +34,8 @@ std::vector<float> Unpack(const cpu::PackedMatrix& w) {
 }
 
 void CublasCheck(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    std::fprintf(stderr, "cuBLAS %s failed: status %d\n", what, static_cast<int>(s));
-    std::abort();
-  }
+  KVC_CHECK(s == CUBLAS_STATUS_SUCCESS)
+      << "cuBLAS " << what << " failed: status " << static_cast<int>(s);
 }
 
 // Our batch-invariant GEMM kernel over the CPU's panel layout.
