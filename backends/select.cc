@@ -4,8 +4,8 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#if KVC_WITH_CUDA
 #include "base/status_macros.h"
+#if KVC_WITH_CUDA
 #include "kernels/cuda_attention.h"
 #include "kernels/cuda_indexer.h"
 #include "kernels/cuda_matmul.h"

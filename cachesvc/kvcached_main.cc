@@ -28,6 +28,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/cluster_node.h"
 #include "cachesvc/embedded_config.h"
@@ -37,7 +38,6 @@
 #include "engine/spec/chunk_layout.h"
 #include "storage/disk_space.h"
 #if KVC_WITH_CUDA
-#include "base/status_macros.h"
 #include "kernels/hbm_arena.h"
 #endif
 

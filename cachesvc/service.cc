@@ -192,7 +192,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
             if (ns.tenant == tenant) own.insert(ns.id);
           }
           const storage::ChunkStore::ChunkCounts n = impl_->store->CountChunks(own);
-          const KvCacheService::Impl::TenantCounters c = impl_->CountersOf(tenant);
+          const TenantCounters::Counts c = impl_->CountersOf(tenant);
           resp->set_ram_chunks(n.ram);
           resp->set_ssd_chunks(n.ssd);
           resp->set_hbm_chunks(n.hbm);

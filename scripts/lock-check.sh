@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Checks the lock annotations (storage/mutex.h: ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED)
+# Checks the lock annotations (base/mutex.h: ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED)
 # with clang's thread-safety analysis: every storage source is compiled (syntax only, no
 # objects) with -Wthread-safety as an error, so a field read or written without the mutex
 # that guards it, or a function that needs the lock called without it, fails this script.
 # GCC, which builds everything else, ignores the annotations.
-#   scripts/lock-check.sh [FILE.cc ...]    (default: storage/*.cc)
+#   scripts/lock-check.sh [FILE.cc ...]    (default: storage/*.cc and the service's classes
+#   that hold a lock: cachesvc/{lease_table,quota_groups,tenant_counters}.cc; they include the
+#   generated protobuf headers, so this runs after a build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cxx=clang++-14
 command -v "$cxx" >/dev/null || { echo "lock-check: $cxx missing (scripts/install-deps.sh installs clang-14)" >&2; exit 1; }
-if [ $# -gt 0 ]; then files=("$@"); else files=(storage/*.cc); fi
+if [ $# -gt 0 ]; then
+  files=("$@")
+else
+  files=(storage/*.cc cachesvc/lease_table.cc cachesvc/quota_groups.cc cachesvc/tenant_counters.cc)
+fi
 printf '%s\n' "${files[@]}" |
   xargs -P "$(nproc 2>/dev/null || echo 2)" -I{} \
-    "$cxx" -std=c++20 -fsyntax-only -I. -Wthread-safety -Wthread-safety-beta \
+    "$cxx" -std=c++20 -fsyntax-only -I. -Ibuild/proto/gen -Wthread-safety -Wthread-safety-beta \
     -Werror=thread-safety -Werror=thread-safety-beta {}
 echo "lock-check: ${#files[@]} files, thread-safety analysis clean"

@@ -15,12 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "storage/chunk_index.h"
 #include "storage/chunk_store.h"
 #include "storage/eviction.h"
 #include "storage/group_commit.h"
 #include "storage/hbm_tier.h"
-#include "storage/mutex.h"
 #include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 #include "storage/slot_reservation.h"

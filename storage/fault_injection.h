@@ -11,8 +11,8 @@
 #include <memory>
 #include <random>
 
+#include "base/mutex.h"
 #include "storage/io_engine.h"
-#include "storage/mutex.h"
 
 namespace kvc::storage {
 

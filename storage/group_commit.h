@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/mutex.h"
 #include "storage/chunk_index.h"
-#include "storage/mutex.h"
 #include "storage/ssd_tier.h"
 
 namespace kvc::storage {

@@ -21,8 +21,8 @@
 
 #include "absl/status/statusor.h"
 #include "base/chunk_key.h"
+#include "base/mutex.h"
 #include "storage/device_arena.h"
-#include "storage/mutex.h"
 
 namespace kvc::storage {
 

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/mutex.h"
 #include "storage/io_engine.h"
-#include "storage/mutex.h"
 
 namespace rocksdb {
 class FileSystem;

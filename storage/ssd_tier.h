@@ -21,9 +21,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/mutex.h"
 #include "storage/fault_injection.h"
 #include "storage/io_engine.h"
-#include "storage/mutex.h"
 #include "storage/power_cut.h"
 #include "storage/slot_format.h"
 

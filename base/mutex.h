@@ -1,7 +1,8 @@
 // A mutex and its scoped lock that clang's thread-safety analysis follows, so the fields a
 // mutex guards are declared (ABSL_GUARDED_BY) and every access without it is a compile
-// error in scripts/lock-check.sh (clang -Wthread-safety; GCC ignores the annotations and
-// std::mutex carries none). Underneath is a std::mutex: same speed, and TSan sees it.
+// error in scripts/lock-check.sh (storage/ and cachesvc/) (clang -Wthread-safety; GCC ignores the
+// annotations and std::mutex carries none). Underneath is a std::mutex: same speed, and TSan sees
+// it.
 //
 // A function that needs the lock says so (ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu)) and may
 // release it for I/O with mu.unlock() ... mu.lock(), as long as it holds it again on
@@ -14,7 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 
-namespace kvc::storage {
+namespace kvc {
 
 class ABSL_LOCKABLE Mutex {
  public:
@@ -49,4 +50,9 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   bool held_ = true;
 };
 
+}  // namespace kvc
+
+namespace kvc::storage {  // where the tiers' code names them
+using ::kvc::Mutex;
+using ::kvc::MutexLock;
 }  // namespace kvc::storage

@@ -1,0 +1,47 @@
+// Lookup: which leading chunks of a prefix are cached, and in which tier. The caller
+// gives the tokens (the daemon hashes them) or the keys it computed (packed end to end,
+// or one string each); the answer counts the leading chunks present.
+#include "cachesvc/service_impl.h"
+
+namespace kvc::cachesvc {
+
+absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb::LookupRequest& req,
+                                            pb::LookupResponse* resp) {
+  KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, Namespace(req.namespace_id(), tenant));
+  std::vector<ChunkKey> keys;
+  const bool packed = !req.packed_chunk_keys().empty();
+  const bool by_key = packed || req.chunk_keys_size() > 0;
+  if (by_key) {
+    if (req.tokens_size() > 0 || (packed && req.chunk_keys_size() > 0)) {
+      return absl::InvalidArgumentError(
+          "a Lookup gives one of tokens, chunk_keys and packed_chunk_keys");
+    }
+    // The keys of a max_lookup_tokens prefix at the namespace's chunk size, at most.
+    const uint64_t limit = opt.max_lookup_tokens / std::max<uint32_t>(1, ns.chunk_tokens);
+    const auto max_keys = static_cast<uint32_t>(std::min<uint64_t>(limit, UINT32_MAX));
+    KVC_ASSIGN_OR_RETURN(std::vector<ChunkKey> parsed,
+                         packed ? wire::UnpackKeys(req.packed_chunk_keys(), max_keys)
+                                : ParseKeys(req.chunk_keys(), max_keys));
+    keys = std::move(parsed);
+    resp->set_keys_seen(static_cast<uint32_t>(keys.size()));
+  } else {
+    if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
+    }
+    KVC_RETURN_IF_ERROR(CheckTokens(ns, req.tokens()));
+    keys = ChunkKeys(ns.root, std::span(req.tokens().data(), req.tokens().size()), ns.chunk_tokens);
+  }
+  const std::vector<storage::Tier> tiers = store->Lookup(ns.id, StorageKeys(ns, keys));
+  uint32_t matched = 0;
+  while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
+  resp->set_matched_chunks(matched);
+  if (!by_key) {
+    for (const ChunkKey& k : keys) resp->add_chunk_keys(KeyBytes(k));
+  }
+  const size_t reported = req.every_chunk() ? tiers.size() : matched;
+  for (size_t i = 0; i < reported; ++i) resp->add_tiers(ToProto(tiers[i]));
+  return absl::OkStatus();
+}
+
+}  // namespace kvc::cachesvc
