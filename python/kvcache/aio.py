@@ -66,6 +66,16 @@ class AsyncClient(Common):
             resp = await self._call(self._stub.Lookup, retry)
         return self.match_from(ns, resp, keys)
 
+    async def lookup_keys(self, ns: Namespace, keys: Sequence[bytes]) -> Match:
+        """lookup() by chunk keys the caller holds (nothing hashed)."""
+        keys = check_keys(keys)
+        req = self.keys_lookup_request(ns, keys)
+        resp = await self._call(self._stub.Lookup, req)
+        retry = self.unpacked_retry(req, resp)
+        if retry is not None:
+            resp = await self._call(self._stub.Lookup, retry)
+        return self.match_from(ns, resp, keys)
+
     async def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
         keys, out, view = self.fetch_target(ns, keys, out)
         got = shm = 0

@@ -85,6 +85,12 @@ class Client(Common):
         req, keys = self.lookup_request(ns, tokens)
         return self.match_from(ns, self._lookup(req), keys)
 
+    def lookup_keys(self, ns: Namespace, keys: Sequence[bytes]) -> Match:
+        """lookup() by the chunk keys a worker already holds (from chunk_keys or an earlier
+        turn): nothing is hashed, 16 bytes a chunk go out."""
+        keys = check_keys(keys)
+        return self.match_from(ns, self._lookup(self.keys_lookup_request(ns, keys)), keys)
+
     def _lookup(self, req):
         resp = self._call(self._stub.Lookup, req)
         retry = self.unpacked_retry(req, resp)

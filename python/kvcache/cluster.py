@@ -183,8 +183,12 @@ class ClusterClient:
         return chunk_keys(ns.root_key, as_tokens(tokens, ns.vocab_size), ns.chunk_tokens)
 
     def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
+        return self.lookup_keys(ns, self.chunk_keys(ns, tokens))
+
+    def lookup_keys(self, ns: Namespace, keys: Sequence[bytes]) -> Match:
+        """lookup() by the chunk keys a worker already holds (nothing hashed)."""
         nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
-        keys = self.chunk_keys(ns, tokens)
+        keys = check_keys(keys)
 
         def ask(nc):  # by key: hashed once here, not on every node
             self._ensure_namespace(nc, ns)
@@ -212,7 +216,7 @@ class ClusterClient:
                 self._holders.pop(key, None)
         if len(self._holders) > 65536:
             self._holders.clear()
-        return Match(matched, keys, tiers, ns.chunk_tokens)
+        return Match(matched, list(keys), tiers, ns.chunk_tokens)
 
     def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
         """The leading chunks of `keys` that some node holds, copied into `out` back to

@@ -80,6 +80,9 @@ def test_lookup_by_keys_and_by_tokens_agree(daemon, seed, mini_config):
         assert by_keys.matched_chunks == by_tokens.matched_chunks == 3
         assert by_keys.keys == by_tokens.keys == keys
         assert by_keys.tiers == by_tokens.tiers
+        # A worker that holds the keys already (an earlier turn's) asks by them directly.
+        held = c.lookup_keys(ns, keys)
+        assert (held.matched_chunks, held.keys, held.tiers) == (3, keys, by_keys.tiers)
         with pytest.raises(kvcache.InvalidArgumentError, match="vocabulary"):
             c.lookup(ns, [ns.vocab_size] * 64)
 
@@ -332,6 +335,7 @@ def test_async_client_does_what_the_blocking_one_does(daemon, seed, mini_config)
             assert r.stored == 4
             m = await c.lookup(ns, tokens)
             assert m.matched_chunks == 4
+            assert (await c.lookup_keys(ns, m.keys)).matched_chunks == 4
             out = np.zeros(payloads.size, np.uint8)
             got = await c.fetch(ns, m.keys, out=out)
             assert got.chunks == 4 and got.shm_chunks == 4 and np.array_equal(out, payloads)

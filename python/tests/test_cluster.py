@@ -110,6 +110,7 @@ def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_
     assert ns2.id == ns.id
     m = other.lookup(ns, tokens)
     assert m.matched_chunks == 48
+    assert other.lookup_keys(ns, m.keys).matched_chunks == 48  # the keys a worker holds
     got = other.fetch(ns, m.matched_keys)
     assert got.chunks == 48 and bytes(got.buffer) == payloads.tobytes()
     assert len(other.fetched_from) == 3, "a long prefix streams from every node"
