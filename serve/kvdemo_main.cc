@@ -41,6 +41,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "backends/program_flags.h"
 #include "backends/select.h"
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
@@ -133,9 +134,7 @@ int Main(int argc, char** argv) {
   app.add_option("--generate", generate, "tokens generated per turn")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--replay", replay, "bounded (the model's) or exact")
-      ->check(CLI::IsMember({"bounded", "exact"}))
-      ->capture_default_str();
+  model::AddReplayFlag(app, replay);
   app.add_option("--source-dir", source_dir, "repository whose files make up the session");
   CLI::Option* nodes_opt =
       app.add_option("--nodes", nodes, "1: one kvcached; N ≥ 2: a cluster of N nodes on etcd")
@@ -144,8 +143,7 @@ int Main(int argc, char** argv) {
   app.add_option("--cache", external_cache,
                  "use this running cache instead (HOST:PORT or etcd://H:P); no restart step")
       ->excludes(nodes_opt);
-  app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas")
-      ->capture_default_str();
+  model::AddBackendFlag(app, backend);
   app.add_flag("--keep", keep, "keep the scratch folder (weights, kvcached data and log)");
   std::string weights_opt, config_opt;
   bool random_weights = false;

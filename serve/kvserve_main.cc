@@ -19,6 +19,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "backends/program_flags.h"
 #include "backends/select.h"
 #include "base/status_macros.h"
 #include "engine/spec/byte_tokens.h"
@@ -148,13 +149,10 @@ int Main(int argc, char** argv) {
   app.add_option("--max-new-tokens", max_new, "tokens to generate")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--replay", replay, "bounded or exact")
-      ->check(CLI::IsMember({"bounded", "exact"}))
-      ->capture_default_str();
+  model::AddReplayFlag(app, replay);
   app.add_option("--shm-socket", shm_socket, "kvcached's arena socket (co-located)");
   app.add_option("--auth-token", token, "bearer token");
-  app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas")
-      ->capture_default_str();
+  model::AddBackendFlag(app, backend);
   app.add_flag("--json", json, "print one JSON object");
   try {
     app.parse(argc, argv);

@@ -28,6 +28,7 @@
 
 #include "CLI/CLI.hpp"
 
+#include "backends/program_flags.h"
 #include "bench/kvbench/cluster_bench.h"
 #include "bench/kvbench/e2e_bench.h"
 #include "bench/kvbench/engine_bench.h"
@@ -199,7 +200,7 @@ int Main(int argc, char** argv) {
   engine->add_option("--reps", eopt.repetitions, "alternated runs per case")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  engine->add_option("--backend", eopt.backend, "cpu, cuda or cublas")->capture_default_str();
+  model::AddBackendFlag(*engine, eopt.backend);
   engine
       ->add_option("--contexts", eopt.contexts,
                    "only a context sweep: per length, prefill then --decode-tokens decoded")
@@ -210,8 +211,7 @@ int Main(int argc, char** argv) {
       "e2e", "TTFT resuming from kvcached (RAM, SSD) vs cold prefill, by prefix and new tokens");
   bench::E2eBenchOptions xopt;
   e2e->add_option("--config", xopt.config, "model config")->capture_default_str();
-  e2e->add_option("--backend", xopt.backend, "the engine's: cpu, cuda or cublas")
-      ->capture_default_str();
+  model::AddBackendFlag(*e2e, xopt.backend);
   e2e->add_option("--dir", xopt.dir, "scratch folder (emptied)")->capture_default_str();
   e2e->add_option("--prefix-tokens", xopt.prefix_tokens, "cached prefix lengths")
       ->delimiter(',')

@@ -30,6 +30,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "backends/program_flags.h"
 #include "backends/select.h"
 #include "base/status_macros.h"
 #include "engine/model/generate.h"
@@ -257,7 +258,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--dspark", dspark, "speculative decoding with the DSpark drafter");
   app.add_option("--chunk-tokens", chunk_tokens, "tokens per page")->check(CLI::PositiveNumber);
   app.add_option("--dump-logits", dump_path, "write raw float32 logits of every step");
-  app.add_option("--backend", backend, "where the matrix products run: cpu, cuda or cublas");
+  model::AddBackendFlag(app, backend);
   app.add_flag("--json", json, "print one JSON object (the only output format)");
   try {
     app.parse(argc, argv);
