@@ -23,6 +23,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "cachesvc/client.h"
 #include "cachesvc/cluster_client.h"
@@ -34,16 +35,8 @@ namespace {
 
 namespace pb = ::kvcache::v1;
 
-absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("cannot open \"" + path + "\"");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 absl::StatusOr<std::vector<uint32_t>> ReadTokens(const std::string& path) {
-  KVC_ASSIGN_OR_RETURN(std::string text, ReadAll(path));
+  KVC_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   std::istringstream in(text);
   std::vector<uint32_t> tokens;
   std::string word;
@@ -189,7 +182,7 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     }
     return absl::OkStatus();
   }
-  KVC_ASSIGN_OR_RETURN(std::string config, ReadAll(a.config));
+  KVC_ASSIGN_OR_RETURN(std::string config, ReadFile(a.config));
   KVC_ASSIGN_OR_RETURN(RemoteNamespace ns,
                        client->RegisterNamespace(config, a.model_id, a.chunk_tokens));
   if (cmd == "register") {
@@ -212,7 +205,7 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     return absl::OkStatus();
   }
   if (cmd == "put") {
-    KVC_ASSIGN_OR_RETURN(std::string payload, ReadAll(a.payload_file));
+    KVC_ASSIGN_OR_RETURN(std::string payload, ReadFile(a.payload_file));
     const size_t chunks = tokens.size() / ns.chunk_tokens;
     if (payload.size() != chunks * ns.chunk_bytes) {
       return absl::InvalidArgumentError("\"" + a.payload_file + "\" is " +

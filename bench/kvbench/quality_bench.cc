@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "bench/kvplan/decode_flops.h"
@@ -28,14 +29,6 @@ double Since(Clock::time_point t) {
 }
 
 // ---- held-out text ----
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read \"", path, "\""));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // (path, bytes) of the documents: the files given, or the manifest's held-out split (each
 // file's size checked against the manifest, so a changed corpus is named, not measured).

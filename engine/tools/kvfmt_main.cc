@@ -21,6 +21,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/kv_codec.h"
@@ -31,14 +32,6 @@ static_assert(std::endian::native == std::endian::little, "file formats are litt
 
 namespace kvc {
 namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open \"", path, "\""));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 absl::Status WriteFile(const std::string& path, const void* data, size_t size) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/program_flags.h"
 #include "backends/select.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "engine/model/generate.h"
 #include "engine/model/model.h"
@@ -53,9 +54,7 @@ absl::StatusOr<std::vector<uint32_t>> ReadText(const std::string& path, int64_t 
         absl::StrCat("--text-file needs a vocabulary of byte tokens (at least ",
                      kFirstByteToken + kByteTokens, " ids); this config has ", vocab_size));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open text file \"", path, "\""));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  KVC_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   if (text.empty())
     return absl::InvalidArgumentError(absl::StrCat("text file \"", path, "\" is empty"));
   return EncodeBytes(text);
