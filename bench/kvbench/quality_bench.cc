@@ -351,7 +351,7 @@ absl::StatusOr<nlohmann::json> DSpark(const QualityBenchOptions& o, const model:
                                       const std::vector<std::vector<uint32_t>>& prompts) {
   if (!m.has_drafter()) return nlohmann::json{{"skipped", "the config has no draft layers"}};
   if (prompts.empty()) return nlohmann::json{{"skipped", "--dspark-prompts 0"}};
-  int64_t drafted = 0, accepted = 0, blocks = 0, passes = 0, tokens = 0;
+  int64_t drafted = 0, accepted = 0, passes = 0, tokens = 0;
   std::vector<int64_t> kept;
   double plain_s = 0, spec_s = 0;
   for (const std::vector<uint32_t>& prompt : prompts) {
@@ -375,7 +375,6 @@ absl::StatusOr<nlohmann::json> DSpark(const QualityBenchOptions& o, const model:
     }
     drafted += spec->drafted;
     accepted += spec->accepted;
-    blocks += spec->blocks;
     passes += spec->main_passes;
     tokens += static_cast<int64_t>(spec->tokens.size()) - 1;  // the first came from the prefill
     if (kept.size() < spec->kept_at_depth.size()) kept.resize(spec->kept_at_depth.size(), 0);
@@ -410,7 +409,7 @@ absl::StatusOr<nlohmann::json> DSpark(const QualityBenchOptions& o, const model:
     }
   }
   nlohmann::json depth = nlohmann::json::array();
-  for (int64_t k : kept) depth.push_back(blocks > 0 ? static_cast<double>(k) / blocks : 0.0);
+  for (int64_t k : kept) depth.push_back(passes > 0 ? static_cast<double>(k) / passes : 0.0);
   const double decoded = static_cast<double>(tokens);
   return nlohmann::json{
       {"prompts", prompts.size()},

@@ -39,7 +39,6 @@ absl::StatusOr<Generation> GenerateGreedy(const Model& model, Sequence& seq,
     while (kept < drafts.size() && Argmax((verified)[kept]) == (drafts)[kept]) ++kept;
     g.drafted += static_cast<int64_t>(drafts.size());
     g.accepted += static_cast<int64_t>(kept);
-    ++g.blocks;
     if (g.kept_at_depth.size() < drafts.size()) g.kept_at_depth.resize(drafts.size(), 0);
     for (size_t d = 0; d < kept; ++d) ++g.kept_at_depth[d];
     if (kept < drafts.size()) {

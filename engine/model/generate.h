@@ -21,9 +21,8 @@ struct Generation {
   std::vector<std::vector<float>> logits;  // logits[k] chose tokens[k]
   int64_t main_passes = 0;                 // main-model passes after the prefill
   int64_t drafted = 0, accepted = 0;       // DSpark proposals and how many were kept
-  // DSpark per draft depth: kept_at_depth[d] counts the blocks whose proposal d (0-based)
-  // was kept (and so every one before it), out of `blocks` verified blocks.
-  int64_t blocks = 0;
+  // DSpark per draft depth: kept_at_depth[d] counts the verified blocks (one per main pass)
+  // whose proposal d (0-based) was kept, and so every one before it.
   std::vector<int64_t> kept_at_depth;
   double acceptance() const {
     return drafted > 0 ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
