@@ -86,7 +86,7 @@ __attribute__((target("avx2,fma"))) void AttendHeadAvx2(const float* q,
   }
   std::fill(o, o + dim, 0.0f);
   if (n == 0) return;
-  std::vector<float> p(n);
+  std::vector<float>& p = sc;  // the weights replace the scores in place
   float den = 0.0f;
   for (size_t u = 0; u < n; ++u) {
     p[u] = cpu::ExpF(sc[u] - mx);
