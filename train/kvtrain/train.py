@@ -83,9 +83,11 @@ def indexer_loss(aux: list, queries: int = 128) -> torch.Tensor:
 
 
 def draft_loss(model: V41, hidden: torch.Tensor, tokens: torch.Tensor, rng: np.random.Generator,
-               anchors: int) -> torch.Tensor:
+               anchors: int, teacher: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The drafter's cross-entropy at random anchors a: block [t_a, noise…] at positions
-    a…a+S−1 predicts t_{a+1}…t_{a+S}, its ring the trunk's last window before a."""
+    a…a+S−1 predicts t_{a+1}…t_{a+S}, its ring the trunk's last window before a. With
+    `teacher` (the trunk's logits [B, N, V], no gradient) the targets are the trunk's own
+    distributions at a…a+S−1 (soft cross-entropy) instead of the data's tokens."""
     c = model.c
     S, W = c.dspark_block_size, c.sliding_window
     B, N = tokens.shape
@@ -97,8 +99,12 @@ def draft_loss(model: V41, hidden: torch.Tensor, tokens: torch.Tensor, rng: np.r
         base = model.draft_logits(ring, tokens[:, a], a)  # [B, S, V]
         prev = tokens[:, a:a + S]  # the token before each row's target (teacher forcing)
         logits = base + model.markov_bias(prev)
-        target = tokens[:, a + 1:a + S + 1]
-        losses.append(F.cross_entropy(logits.reshape(-1, c.vocab_size), target.reshape(-1)))
+        if teacher is None:
+            target = tokens[:, a + 1:a + S + 1]
+            losses.append(F.cross_entropy(logits.reshape(-1, c.vocab_size), target.reshape(-1)))
+        else:
+            soft = torch.softmax(teacher[:, a:a + S].float(), dim=-1)
+            losses.append(-(soft * torch.log_softmax(logits, dim=-1)).sum(-1).mean())
     return torch.stack(losses).mean()
 
 
@@ -107,24 +113,6 @@ def is_draft_parameter(c, name: str) -> bool:
     if name.startswith("dspark."):
         return True
     return name.startswith("layers.") and int(name.split(".")[1]) >= c.num_hidden_layers
-
-
-def draft_distill_loss(model: V41, hidden: torch.Tensor, teacher: torch.Tensor,
-                       tokens: torch.Tensor, rng: np.random.Generator,
-                       anchors: int) -> torch.Tensor:
-    """Soft cross-entropy of the drafter's block at random anchors a against the trunk's
-    distributions at a…a+S−1 (teacher: the trunk's logits [B, N, V], no gradient)."""
-    c = model.c
-    S, W = c.dspark_block_size, c.sliding_window
-    N = tokens.shape[1]
-    losses = []
-    for _ in range(anchors):
-        a = int(rng.integers(W, N - S - 1))
-        ring = model.draft_ring(hidden[:, a - W:a], torch.arange(a - W, a))
-        logits = model.draft_logits(ring, tokens[:, a], a) + model.markov_bias(tokens[:, a:a + S])
-        target = torch.softmax(teacher[:, a:a + S].float(), dim=-1)
-        losses.append(-(target * torch.log_softmax(logits, dim=-1)).sum(-1).mean())
-    return torch.stack(losses).mean()
 
 
 def update_gate_biases(model: V41, stats: Dict[int, torch.Tensor], rate: float) -> None:
@@ -257,7 +245,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.draft_only:
             with torch.no_grad():
                 logits, hidden = model(x[:, :-1], want_hidden=True)
-            lm = draft_distill_loss(model, hidden, logits, x, draft_rng, args.draft_anchors)
+            lm = draft_loss(model, hidden, x, draft_rng, args.draft_anchors, teacher=logits)
             loss = lm
         else:
             want = c.num_nextn_predict_layers > 0 and args.draft_anchors > 0
