@@ -98,13 +98,20 @@ absl::StatusOr<FetchFrame> SplitFetchResponse(std::span<const uint8_t> m) {
   size_t pos = 0;
   while (pos < m.size()) {
     uint64_t tag = 0, len = 0;
-    if (!GetVarint(m, pos, tag)) return absl::DataLossError("FetchResponse: a malformed varint");
+    const size_t field_at = pos;
+    if (!GetVarint(m, pos, tag)) {
+      return absl::DataLossError(
+          absl::StrCat("FetchResponse: a malformed varint at byte ", field_at, " of ", m.size()));
+    }
     if ((tag & 7) != 2) {
       return absl::DataLossError(
           absl::StrCat("FetchResponse: field ", tag >> 3, " has wire type ", tag & 7));
     }
-    if (!GetVarint(m, pos, len) || len > m.size() - pos)
-      return absl::DataLossError("FetchResponse: a field runs past the message");
+    if (!GetVarint(m, pos, len) || len > m.size() - pos) {
+      return absl::DataLossError(absl::StrCat("FetchResponse: field ", tag >> 3, " (", len,
+                                              " bytes at byte ", pos, ") runs past the message (",
+                                              m.size(), " bytes)"));
+    }
     if (tag >> 3 == 1) f.key = view(pos, len);
     if (tag >> 3 == 2) f.payload = m.subspan(pos, len);
     pos += len;

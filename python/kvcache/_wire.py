@@ -55,6 +55,7 @@ def _varint(value: int) -> bytes:
 
 
 def _read_varint(view: memoryview, pos: int) -> Tuple[int, int]:
+    start = pos
     shift = result = 0
     while pos < len(view):
         byte = view[pos]
@@ -65,7 +66,7 @@ def _read_varint(view: memoryview, pos: int) -> Tuple[int, int]:
         shift += 7
         if shift > 63:
             break
-    raise DataLossError("FetchResponse: a malformed varint")
+    raise DataLossError(f"FetchResponse: a malformed varint at byte {start} of {len(view)}")
 
 
 def fetch_response_header(key: bytes, payload_bytes: int) -> bytes:
@@ -90,7 +91,8 @@ def split_fetch_response(raw: BytesLike) -> Tuple[memoryview, memoryview]:
             raise DataLossError(f"FetchResponse: field {tag >> 3} has wire type {tag & 7}")
         length, pos = _read_varint(view, pos)
         if pos + length > len(view):
-            raise DataLossError("FetchResponse: a field runs past the message")
+            raise DataLossError(f"FetchResponse: field {tag >> 3} ({length} bytes at byte {pos}) "
+                                f"runs past the message ({len(view)} bytes)")
         fields[tag >> 3] = view[pos:pos + length]
         pos += length
     return fields.get(1, view[0:0]), fields.get(2, view[0:0])

@@ -51,7 +51,8 @@ def test_bad_bytes_are_refused_with_what_was_wrong():
         _wire.key_bytes(b"x" * 15, "parent")
     with pytest.raises(InvalidArgumentError, match="33 bytes, not a whole number"):
         _wire.unpack_keys(b"x" * 33)
-    with pytest.raises(DataLossError, match="runs past the message"):
+    with pytest.raises(DataLossError, match=r"field 2 \(100 bytes at byte 20\) runs past the "
+                       r"message \(119 bytes\)"):
         _wire.split_fetch_response(_wire.fetch_response_header(bytes(16), 100) + b"y" * 99)
     with pytest.raises(DataLossError, match="field 1 has wire type 0"):
         _wire.split_fetch_response(b"\x08\x01")
