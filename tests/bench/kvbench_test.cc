@@ -1,6 +1,7 @@
 // kvbench run as a user runs it, on a tiny data set: every system and op is reported in
 // the JSON shape the docs promise, and bad flags fail with one line. Not a timing test.
 #include <algorithm>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -173,6 +174,11 @@ TEST(KvbenchTest, EngineContextSweepReportsPrefillAndDecodeAtEachLength) {
 // exact resume bit-identical to CED, a replay that covers the whole prefix too, the
 // approximations not.
 TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
+  std::ifstream config_file(std::string(KVC_SOURCE_DIR) + "/configs/small.json");
+  const nlohmann::json config = nlohmann::json::parse(config_file)["text_config"];
+  const int64_t window = config["sliding_window"].get<int64_t>();
+  const size_t block = config["dspark_block_size"].get<size_t>();
+  const std::string w = std::to_string(window);
   auto r = RunProgram(kKvbench, {"quality",
                                  "--weights",
                                  "replay-aware=" + std::string(KVC_SOURCE_DIR) +
@@ -184,7 +190,7 @@ TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
                                  "--steps",
                                  "12",
                                  "--windows",
-                                 "0,128,100000",
+                                 "0," + w + ",100000",
                                  "--max-prompt-tokens",
                                  "800",
                                  "--dspark-prompts",
@@ -209,16 +215,19 @@ TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
   EXPECT_EQ(modes["exact_vs_ced"]["kl_mean"].get<double>(), 0.0);
   EXPECT_TRUE(modes["bounded_100000_vs_ced"]["bit_identical"].get<bool>())
       << "replaying every cached token is a cold CED prefill";
-  EXPECT_FALSE(modes["bounded_128_vs_full"]["bit_identical"].get<bool>());
+  EXPECT_FALSE(modes["bounded_" + w + "_vs_full"]["bit_identical"].get<bool>());
   EXPECT_FALSE(modes["ced_vs_full"]["bit_identical"].get<bool>());
-  for (const char* m : {"ced_vs_full", "bounded_0_vs_full", "bounded_128_vs_full"}) {
+  for (const std::string& m : {std::string("ced_vs_full"), std::string("bounded_0_vs_full"),
+                               "bounded_" + w + "_vs_full"}) {
     EXPECT_GT(modes[m]["kl_mean"].get<double>(), 0.0) << m;
     EXPECT_LT(modes[m]["kl_mean"].get<double>(), 0.5) << m;
     EXPECT_GE(modes[m]["agreement"].get<double>(), 0.0) << m;
   }
-  EXPECT_EQ(modes["bounded_128_vs_full"]["replayed_tokens"].get<double>(), 128.0);
+  // The model's rule replays one window (the default new tokens are a window, so no more).
+  EXPECT_EQ(modes["bounded_" + w + "_vs_full"]["replayed_tokens"].get<double>(),
+            static_cast<double>(window));
   const nlohmann::json& d = v["dspark"];
-  ASSERT_EQ(d["acceptance_by_depth"].size(), 5u) << d.dump();  // small.json's block
+  ASSERT_EQ(d["acceptance_by_depth"].size(), block) << d.dump();
   for (size_t k = 1; k < d["acceptance_by_depth"].size(); ++k)
     EXPECT_LE(d["acceptance_by_depth"][k].get<double>(),
               d["acceptance_by_depth"][k - 1].get<double>());
