@@ -1,7 +1,6 @@
 #include "cachesvc/arena_socket.h"
 
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -11,33 +10,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
+#include "wire/arena_handshake.h"
 
 namespace kvc::cachesvc {
 namespace {
 
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
-}
-
-sockaddr_un Address(const std::string& path) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-  return a;
-}
-
-// One line of at most 4 KiB, without the newline.
-bool ReadLine(int fd, std::string* line) {
-  char c;
-  while (line->size() < 4096) {
-    const ssize_t n = read(fd, &c, 1);
-    if (n < 0 && errno == EINTR) continue;  // a signal, not the client
-    if (n <= 0) return false;
-    if (c == '\n') return true;
-    line->push_back(c);
-  }
-  return false;
 }
 
 }  // namespace
@@ -55,7 +34,7 @@ absl::Status ArenaSocketServer::Start(const std::string& path) {
   unlink(path.c_str());  // a stale socket from a previous run
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) return Errno("socket");
-  const sockaddr_un a = Address(path);
+  const sockaddr_un a = wire::UnixAddress(path);
   if (bind(listen_fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
     return Errno("bind " + path);
   chmod(path.c_str(), 0600);
@@ -80,106 +59,13 @@ void ArenaSocketServer::Serve() {
 
 void ArenaSocketServer::Answer(int conn) {
   std::string token;
-  auto reply = [&](const std::string& text, int fd) {
-    iovec iov{const_cast<char*>(text.data()), text.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    }
-    (void)sendmsg(conn, &msg, MSG_NOSIGNAL);
-  };
-  if (!ReadLine(conn, &token)) return reply("ERR expected a token line\n", -1);
+  auto reply = [&](const std::string& text, int fd) { wire::SendHandshakeAnswer(conn, text, fd); };
+  if (!wire::ReadHandshakeLine(conn, &token)) return reply("ERR expected a token line\n", -1);
   absl::StatusOr<std::string> tenant = auth_->TenantFor("Bearer " + token);
   if (!tenant.ok()) return reply("ERR unknown bearer token\n", -1);
   absl::StatusOr<SharedArena> arena = arena_for_(*tenant);
   if (!arena.ok()) return reply(absl::StrCat("ERR ", arena.status().message(), "\n"), -1);
   reply(absl::StrCat("OK ", arena->bytes, "\n"), arena->fd);
-}
-
-HandshakeAnswer ReadHandshakeAnswer(int socket_fd) {
-  char text[256] = {0};
-  iovec iov{text, sizeof text - 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {  // a signal (a profiler's, a fuzzer's timer) must not read as "no answer"
-    n = recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  HandshakeAnswer a;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-      std::memcpy(&a.fd, CMSG_DATA(c), sizeof a.fd);
-  }
-  if (n > 0) a.text.assign(text, static_cast<size_t>(n));
-  return a;
-}
-
-absl::StatusOr<ReceivedArena> ReceiveArenaFd(const std::string& socket_path,
-                                             const std::string& bearer_token) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno("socket");
-  const sockaddr_un a = Address(socket_path);
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    const absl::Status s =
-        absl::UnavailableError(absl::StrCat("connect ", socket_path, ": ", strerror(errno)));
-    close(fd);
-    return s;
-  }
-  const std::string line = bearer_token + "\n";
-  if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-    close(fd);
-    return Errno("write " + socket_path);
-  }
-  const HandshakeAnswer answer = ReadHandshakeAnswer(fd);
-  close(fd);
-  if (answer.text.empty()) {
-    if (answer.fd >= 0) close(answer.fd);
-    return absl::UnavailableError("no answer from " + socket_path);
-  }
-  const int arena_fd = answer.fd;
-  const char* text = answer.text.c_str();
-  unsigned long long bytes = 0;
-  if (std::strncmp(text, "OK ", 3) != 0 || arena_fd < 0 ||
-      std::sscanf(text + 3, "%llu", &bytes) != 1) {
-    if (arena_fd >= 0) close(arena_fd);
-    std::string reason(text);
-    while (!reason.empty() && reason.back() == '\n') reason.pop_back();
-    return absl::PermissionDeniedError(absl::StrCat("shared arena refused: ", reason));
-  }
-  return ReceivedArena{arena_fd, bytes};
-}
-
-absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
-                                     const std::string& bearer_token) {
-  KVC_ASSIGN_OR_RETURN(ReceivedArena received, ReceiveArenaFd(socket_path, bearer_token));
-  void* base = mmap(nullptr, received.bytes, PROT_READ, MAP_SHARED, received.fd, 0);
-  const uint64_t id = ArenaIdentity(received.fd);
-  close(received.fd);  // the mapping keeps the memory alive
-  if (base == MAP_FAILED) return Errno("mmap shared arena");
-  return MappedArena{static_cast<const uint8_t*>(base), received.bytes, id};
-}
-
-uint64_t ArenaIdentity(int fd) {
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return 0;
-  return (static_cast<uint64_t>(st.st_dev) << 40) ^ static_cast<uint64_t>(st.st_ino);
-}
-
-void UnmapArena(const MappedArena& arena) {
-  if (arena.base != nullptr) munmap(const_cast<uint8_t*>(arena.base), arena.bytes);
 }
 
 }  // namespace kvc::cachesvc

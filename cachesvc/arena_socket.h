@@ -1,7 +1,6 @@
-// The co-located fast path's handshake: a Unix socket (mode 0600) through which a client
-// on the same machine gets a read-only fd of its tenant's RAM arena (SCM_RIGHTS) and maps
-// it read-only. Protocol: the client sends one line, its bearer token (may be empty); the
-// server answers "OK <arena_bytes>\n" with the fd attached, or "ERR <reason>\n".
+// The daemon's side of the co-located fast path's handshake (wire/arena_handshake.h): a
+// Unix socket (mode 0600) through which a client on the same machine gets a read-only fd
+// of its tenant's RAM arena.
 //
 // Which arena a tenant gets (or none) is the server's `ArenaFor` rule; the daemon gives
 // each tenant an arena holding its own chunks only (shm_access.h), sealed so that no
@@ -45,34 +44,5 @@ class ArenaSocketServer {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
-
-// Client side: connects, authenticates, receives the fd and maps the arena read-only.
-struct MappedArena {
-  const uint8_t* base = nullptr;
-  uint64_t bytes = 0;
-  uint64_t id = 0;  // ArenaIdentity of the mapped memfd
-};
-// Which arena an fd is (device and inode of the memfd): FetchRefs answers carry it, so a
-// client never reads offsets of a new daemon's arena from an old daemon's mapping.
-uint64_t ArenaIdentity(int fd);
-// The server's answer on a connected socket: its text and the fd it carried (-1 if none;
-// the caller closes it). Empty text if nothing came.
-struct HandshakeAnswer {
-  std::string text;
-  int fd = -1;
-};
-HandshakeAnswer ReadHandshakeAnswer(int socket_fd);
-// The handshake alone: the received fd (the caller closes it) and the arena's size.
-// Unavailable if nobody answers, PermissionDenied with the server's reason if refused.
-struct ReceivedArena {
-  int fd = -1;
-  uint64_t bytes = 0;
-};
-absl::StatusOr<ReceivedArena> ReceiveArenaFd(const std::string& socket_path,
-                                             const std::string& bearer_token);
-// The handshake, then a read-only shared mapping of the arena.
-absl::StatusOr<MappedArena> MapArena(const std::string& socket_path,
-                                     const std::string& bearer_token);
-void UnmapArena(const MappedArena& arena);
 
 }  // namespace kvc::cachesvc

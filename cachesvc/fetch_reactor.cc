@@ -183,8 +183,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Ahead& a = cur_.items[next_ - cur_.from];
     if (!a.status.ok()) {
       svc_->CountFetch(slot_.tenant(), 0, 0, absl::IsNotFound(a.status) ? 1 : 0);
-      Done(ToGrpc(absl::Status(a.status.code(),
-                               absl::StrCat("chunk_keys[", next_, "]: ", a.status.message()))));
+      Done(wire::ToGrpc(absl::Status(
+          a.status.code(), absl::StrCat("chunk_keys[", next_, "]: ", a.status.message()))));
       return;
     }
     const std::span<const uint8_t> payload(a.owner->heap.get(), ns_.chunk_bytes);

@@ -5,10 +5,11 @@
 //   kvctl register --config F --model-id M [--chunk-tokens C]
 //   kvctl hash     --config F --model-id M [--chunk-tokens C] --tokens-file F
 //   kvctl lookup   --config F --model-id M [--chunk-tokens C] --tokens-file F
-//   kvctl put      --config F --model-id M [--chunk-tokens C] --tokens-file F --payload-file P
-//   [--memory] [--ttl S] kvctl get      --config F --model-id M [--chunk-tokens C] --tokens-file F
-//   --out P kvctl pin|unpin|evict --config F --model-id M [--chunk-tokens C] --tokens-file F [--ttl
-//   S]
+//   kvctl put      --config F --model-id M [--chunk-tokens C] --tokens-file F
+//                  --payload-file P [--memory] [--ttl S]
+//   kvctl get      --config F --model-id M [--chunk-tokens C] --tokens-file F --out P
+//   kvctl pin|unpin|evict --config F --model-id M [--chunk-tokens C] --tokens-file F
+//                  [--ttl S]
 // On a stopped daemon's data folder:
 //   kvctl ls     --data-dir DIR      (namespace and stored key of every chunk on SSD: keys as
 //                                    storage holds them, bound to their namespace)
@@ -25,15 +26,25 @@
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/status_macros.h"
-#include "cachesvc/client.h"
-#include "cachesvc/cluster_client.h"
 #include "cachesvc/etcd_flags.h"
+#include "client/client.h"
+#include "client/cluster_client.h"
+#include "client/stats.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::cachesvc {
 namespace {
 
 namespace pb = ::kvcache::v1;
+using client::CacheApi;
+using client::CacheClient;
+using client::ClientOptions;
+using client::ClusterClient;
+using client::ConnectCache;
+using client::Durability;
+using client::LookupResult;
+using client::RemoteNamespace;
+using client::StoreResult;
 
 absl::StatusOr<std::vector<uint32_t>> ReadTokens(const std::string& path) {
   KVC_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
@@ -50,19 +61,6 @@ absl::StatusOr<std::vector<uint32_t>> ReadTokens(const std::string& path) {
     tokens.push_back(static_cast<uint32_t>(v));
   }
   return tokens;
-}
-
-const char* TierName(int t) {
-  switch (t) {
-    case pb::TIER_HBM:
-      return "hbm";
-    case pb::TIER_RAM:
-      return "ram";
-    case pb::TIER_SSD:
-      return "ssd";
-    default:
-      return "-";
-  }
 }
 
 // A one-line progress bar on stderr for long work.
@@ -91,7 +89,7 @@ absl::Status PrintClusterStats(ClusterClient& c) {
   std::printf("%-16s %-22s %4s %15s %15s %8s %8s %8s %6s\n", "node", "address", "gen", "ram chunks",
               "ssd chunks", "ram hits", "ssd hits", "misses", "hit %");
   size_t down = 0;
-  for (const ClusterClient::NodeStats& n : c.Stats()) {
+  for (const client::NodeStats& n : c.Stats()) {
     if (!n.stats.ok()) {
       ++down;
       std::printf("%-16s %-22s %4llu  unreachable: %s\n", n.node.id.c_str(), n.node.address.c_str(),
@@ -200,7 +198,7 @@ absl::Status Run(const std::string& cmd, const Args& a) {
   if (cmd == "hash") {
     for (size_t i = 0; i < found.keys.size(); ++i) {
       std::printf("%zu %s %s\n", i, found.keys[i].Hex().c_str(),
-                  i < found.matched_chunks ? TierName(found.tiers[i]) : "-");
+                  i < found.matched_chunks ? client::TierName(found.tiers[i]) : "-");
     }
     return absl::OkStatus();
   }
@@ -217,7 +215,7 @@ absl::Status Run(const std::string& cmd, const Args& a) {
         StoreResult r,
         client->Store(ns, std::nullopt, std::span(tokens).first(chunks * ns.chunk_tokens),
                       std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()),
-                      a.memory ? pb::DURABILITY_MEMORY : pb::DURABILITY_DURABLE, a.ttl));
+                      a.memory ? Durability::kMemory : Durability::kDurable, a.ttl));
     std::printf("stored %u, already present %u\n", r.stored, r.already_present);
     return absl::OkStatus();
   }

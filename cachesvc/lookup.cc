@@ -30,7 +30,8 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
           req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
     }
     KVC_RETURN_IF_ERROR(CheckTokens(ns, req.tokens()));
-    keys = ChunkKeys(ns.root, std::span(req.tokens().data(), req.tokens().size()), ns.chunk_tokens);
+    keys = client::ChunkKeys(ns.root, std::span(req.tokens().data(), req.tokens().size()),
+                             ns.chunk_tokens);
   }
   const std::vector<storage::Tier> tiers = store->Lookup(ns.id, StorageKeys(ns, keys));
   uint32_t matched = 0;

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "cachesvc/prefix_hash.h"
+#include "client/prefix_hash.h"
 #include "nlohmann/json.hpp"
 
 namespace kvc::cachesvc {
@@ -86,7 +86,7 @@ absl::Status WriteAll(int fd, const std::string& text, const std::string& path) 
 }  // namespace
 
 storage::ChunkKey StorageKey(const NamespaceInfo& ns, const storage::ChunkKey& key) {
-  return ns.key_scope == kKeyScopeBound ? BoundChunkKey(ns.root, key) : key;
+  return ns.key_scope == kKeyScopeBound ? client::BoundChunkKey(ns.root, key) : key;
 }
 
 std::vector<storage::ChunkKey> StorageKeys(const NamespaceInfo& ns,

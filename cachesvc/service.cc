@@ -104,8 +104,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Fetch(grpc::Callback
     explicit Failed(const grpc::Status& s) { Finish(s); }
     void OnDone() override { delete this; }
   };
-  impl_->Observe("Fetch", tenant, ToGrpc(status), std::chrono::steady_clock::now());
-  return new Failed(ToGrpc(status));
+  impl_->Observe("Fetch", tenant, wire::ToGrpc(status), std::chrono::steady_clock::now());
+  return new Failed(wire::ToGrpc(status));
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Store(grpc::CallbackServerContext* ctx,
@@ -118,8 +118,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* KvCacheService::Store(grpc::CallbackS
       explicit Failed(const grpc::Status& s) { Finish(s); }
       void OnDone() override { delete this; }
     };
-    impl_->Observe("Store", tenant, ToGrpc(slot.status()), std::chrono::steady_clock::now());
-    return new Failed(ToGrpc(slot.status()));
+    impl_->Observe("Store", tenant, wire::ToGrpc(slot.status()), std::chrono::steady_clock::now());
+    return new Failed(wire::ToGrpc(slot.status()));
   }
   return StartStore(impl_.get(), *std::move(slot), resp);
 }

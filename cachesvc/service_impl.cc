@@ -30,7 +30,7 @@ KvCacheService::Impl::Impl(storage::ChunkStore* s, NamespaceRegistry* r, const A
   if (s->hbm_arena() != nullptr) hbm_handle = s->hbm_arena()->ExportHandle();
   for (size_t pool = 0; pool < s->ram_pool_count(); ++pool) {
     const int fd = s->ram_arena_fd(static_cast<storage::RamPoolId>(pool));
-    arena_ids.push_back(fd >= 0 ? ArenaIdentity(fd) : 0);
+    arena_ids.push_back(fd >= 0 ? wire::ArenaIdentity(fd) : 0);
   }
   // Namespaces of tenants with a RAM pool of their own keep their chunks there.
   for (const NamespaceInfo& ns : r->All()) {
@@ -53,14 +53,14 @@ void KvCacheService::Impl::Observe(const char* method, absl::string_view tenant,
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (opt.metrics != nullptr) opt.metrics->ObserveCall(method, s.error_code(), seconds);
-  const LogLevel level = s.ok()                          ? LogLevel::kDebug
-                         : IsServerFault(s.error_code()) ? LogLevel::kError
-                                                         : LogLevel::kInfo;
+  const LogLevel level = s.ok()                                ? LogLevel::kDebug
+                         : wire::IsServerFault(s.error_code()) ? LogLevel::kError
+                                                               : LogLevel::kInfo;
   if (!LogEnabled(level)) return;
   LogLine line(level, "call");
   line.Str("method", method)
       .Str("tenant", tenant)
-      .Str("code", StatusCodeName(s.error_code()))
+      .Str("code", wire::StatusCodeName(s.error_code()))
       .Num("ms", seconds * 1e3);
   if (!s.ok()) line.Str("error", s.error_message());
 }
@@ -99,8 +99,8 @@ absl::Status KvCacheService::Impl::Register(const std::string& tenant,
   info.chunk_tokens = chunk_tokens;
   info.chunk_bytes = static_cast<uint64_t>(layout.chunk_bytes);
   info.vocab_size = static_cast<uint64_t>(config.vocab_size);
-  info.root = NamespaceRoot(tenant, ModelFingerprint(req.model_id(), layout), kKvLayoutVersion,
-                            chunk_tokens);
+  info.root = client::NamespaceRoot(tenant, client::ModelFingerprint(req.model_id(), layout),
+                                    kKvLayoutVersion, chunk_tokens);
   info.key_scope = kKeyScopeBound;  // a namespace registered before keeps its own
   // The tenant's quota is admitted before its first namespace exists: a quota that does
   // not fit refuses the registration and leaves nothing behind.

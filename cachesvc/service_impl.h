@@ -23,12 +23,13 @@
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/lease_table.h"
 #include "cachesvc/log.h"
-#include "cachesvc/prefix_hash.h"
 #include "cachesvc/quota_groups.h"
 #include "cachesvc/service.h"
-#include "cachesvc/status.h"
 #include "cachesvc/tenant_counters.h"
+#include "client/prefix_hash.h"
 #include "engine/spec/chunk_layout.h"
+#include "wire/arena_handshake.h"
+#include "wire/grpc_status.h"
 #include "wire/wire.h"
 
 namespace kvc::cachesvc {
@@ -95,8 +96,8 @@ class KvCacheService::Impl {
     std::string tenant(1, '-');
     absl::StatusOr<TenantLimiter::Slot> admitted = Admit(ctx, &tenant);
     if (!admitted.ok()) {
-      Observe(method, tenant, ToGrpc(admitted.status()), start);
-      reactor->Finish(ToGrpc(admitted.status()));
+      Observe(method, tenant, wire::ToGrpc(admitted.status()), start);
+      reactor->Finish(wire::ToGrpc(admitted.status()));
       return reactor;
     }
     // The slot is held until the call finishes.
@@ -107,9 +108,10 @@ class KvCacheService::Impl {
       reactor->Finish(s);
     };
     if (inline_work) {
-      finish(ToGrpc(work(slot->tenant())));
-    } else if (!executor.Submit(
-                   [finish, work, slot]() mutable { finish(ToGrpc(work(slot->tenant()))); })) {
+      finish(wire::ToGrpc(work(slot->tenant())));
+    } else if (!executor.Submit([finish, work, slot]() mutable {
+                 finish(wire::ToGrpc(work(slot->tenant())));
+               })) {
       finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
     return reactor;

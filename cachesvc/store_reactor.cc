@@ -61,7 +61,8 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (s.ok()) s = StoreOne();
     raw_.Clear();
     if (!s.ok()) {
-      Done(ToGrpc(absl::Status(s.code(), absl::StrCat("message ", index_, ": ", s.message()))));
+      Done(wire::ToGrpc(
+          absl::Status(s.code(), absl::StrCat("message ", index_, ": ", s.message()))));
       return;
     }
     if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/true, req_.payload().size());
@@ -118,7 +119,8 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       }
       if (parent_here) parent = stored_parent;
     }
-    const ChunkKey key = NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
+    const ChunkKey key =
+        client::NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
     const auto durability = req_.durability() == pb::DURABILITY_DURABLE
                                 ? storage::Durability::kDurable
                                 : storage::Durability::kMemory;

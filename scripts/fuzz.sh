@@ -29,14 +29,14 @@ declare -A sources=(
   [slot]="storage/slot_format.cc"
   [reservation]="storage/slot_reservation.cc"
   [trace]="bench/trace/trace.cc"
-  [shm_handshake]="cachesvc/arena_socket.cc cachesvc/auth.cc"
+  [shm_handshake]="cachesvc/arena_socket.cc cachesvc/auth.cc wire/arena_handshake.cc"
   [service]="cachesvc/service.cc cachesvc/service_impl.cc cachesvc/lookup.cc
              cachesvc/fetch_reactor.cc cachesvc/store_reactor.cc cachesvc/namespace_registry.cc
              cachesvc/lease_table.cc cachesvc/quota_groups.cc cachesvc/tenant_counters.cc
              cachesvc/log.cc cachesvc/tenant_limits.cc cachesvc/tenant_quotas.cc
-             cachesvc/shm_access.cc cachesvc/metrics.cc wire/wire.cc"
+             cachesvc/shm_access.cc cachesvc/metrics.cc wire/wire.cc wire/arena_handshake.cc"
 )
-built=(build/cachesvc/libkvc_prefix_hash.a build/cachesvc/libkvc_arena_socket.a
+built=(build/client/libkvc_prefix_hash.a build/cachesvc/libkvc_arena_socket.a
        build/storage/libkvc_storage.a build/engine/libkvc_spec.a build/proto/libkvc_proto.a)
 declare -A libs=([model_config]="" [slot]="-lxxhash" [reservation]="-lxxhash" [trace]=""
                  [shm_handshake]=""

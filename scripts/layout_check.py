@@ -28,11 +28,17 @@ MAY_INCLUDE = {
     "backends/": ["base/", "engine/", "kernels/"],
     "storage/": ["base/", "engine/spec/"],
     "cluster/": ["base/"],
-    "cachesvc/": ["base/", "wire/", "storage/", "cluster/", "engine/spec/", "proto/"],
+    "client/": ["base/", "wire/", "cluster/", "engine/spec/", "proto/"],
+    # The daemon derives keys by the clients' public algorithm.
+    "cachesvc/": ["base/", "wire/", "storage/", "cluster/", "engine/spec/", "proto/",
+                  "client/prefix_hash.h"],
+    # The admin CLI is a client of the daemon, and reads a stopped daemon's data folder.
+    "cachesvc/kvctl_main.cc": ["base/", "wire/", "storage/", "cluster/", "engine/spec/",
+                               "proto/", "client/"],
     # kvcached's GPU memory tier: the CUDA arena (built only with CUDA).
     "cachesvc/kvcached_main.cc": ["base/", "wire/", "storage/", "cluster/", "engine/spec/",
-                                  "proto/", "kernels/hbm_arena.h"],
-    "serve/": ["base/", "engine/", "cachesvc/", "cluster/", "backends/"],
+                                  "proto/", "client/prefix_hash.h", "kernels/hbm_arena.h"],
+    "serve/": ["base/", "engine/", "client/", "cluster/", "backends/"],
 }
 UNCHECKED = ("bench/", "tests/", "train/", "python/", "proto/", "scripts/")
 

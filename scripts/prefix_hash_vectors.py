@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Independent Python implementation of kvcache's public prefix hashing
-(docs/prefix-hashing.md), used to write tests/cachesvc/prefix_hash_vectors.json, which the
+(docs/prefix-hashing.md), used to write tests/client/prefix_hash_vectors.json, which the
 C++ tests check. Needs the `xxhash` module (Debian: python3-xxhash).
 
-  python3 scripts/prefix_hash_vectors.py > tests/cachesvc/prefix_hash_vectors.json
+  python3 scripts/prefix_hash_vectors.py > tests/client/prefix_hash_vectors.json
 """
 import json
 import random

@@ -1,12 +1,14 @@
 #include "serve/cache_connector.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <future>
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/client.h"
+#include "client/client.h"
 
 namespace kvc::serve {
 namespace {
@@ -22,13 +24,12 @@ double Ms(Clock::time_point a) {
 std::unique_ptr<CacheConnector> CacheConnector::Create(const model::Model& model,
                                                        ConnectorOptions o) {
   std::unique_ptr<CacheConnector> c(new CacheConnector(model, std::move(o)));
-  absl::StatusOr<std::unique_ptr<cachesvc::CacheApi>> client =
-      cachesvc::ConnectCache(c->opt_.client);
+  absl::StatusOr<std::unique_ptr<client::CacheApi>> client = client::ConnectCache(c->opt_.client);
   if (!client.ok()) {
     c->connect_error_ = std::string(client.status().message());
   } else {
     c->client_ = *std::move(client);
-    absl::StatusOr<cachesvc::RemoteNamespace> ns =
+    absl::StatusOr<client::RemoteNamespace> ns =
         c->client_->RegisterNamespace(c->opt_.model_config_json, c->opt_.model_id,
                                       static_cast<uint32_t>(model.layout().chunk_tokens));
     if (!ns.ok()) {
@@ -72,7 +73,7 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
     r->warnings.push_back(absl::StrCat("cache unavailable (", connect_error_, "): cold prefill"));
   } else if (usable > 0) {
     const auto tl = Clock::now();
-    absl::StatusOr<cachesvc::LookupResult> look = client_->Lookup(*ns_, prompt.first(usable * C));
+    absl::StatusOr<client::LookupResult> look = client_->Lookup(*ns_, prompt.first(usable * C));
     r->lookup_ms = Ms(tl);
     if (!look.ok()) {
       r->warnings.push_back(
@@ -83,15 +84,11 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
                                                 look->keys.begin() + look->matched_chunks);
       if (opt_.after_lookup) opt_.after_lookup(keys);
       // Which tiers the prefix came from, fastest first ("hbm+ram", "ssd", …).
-      bool in[4] = {};
-      for (kvcache::v1::Tier t : look->tiers) {
-        if (t >= 0 && t < 4) in[t] = true;
-      }
+      using client::Tier;
       r->tier.clear();
-      for (auto [t, name] : {std::pair{kvcache::v1::TIER_HBM, "hbm"},
-                             {kvcache::v1::TIER_RAM, "ram"},
-                             {kvcache::v1::TIER_SSD, "ssd"}}) {
-        if (in[t]) absl::StrAppend(&r->tier, r->tier.empty() ? "" : "+", name);
+      for (Tier t : {Tier::kHbm, Tier::kRam, Tier::kSsd}) {
+        if (std::find(look->tiers.begin(), look->tiers.end(), t) != look->tiers.end())
+          absl::StrAppend(&r->tier, r->tier.empty() ? "" : "+", client::TierName(t));
       }
       if (r->tier.empty()) r->tier = "none";
       std::map<std::string, int> per_node;
@@ -102,8 +99,7 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
       pages.resize(keys.size() * model_.layout().chunk_bytes);
       // The leading chunks in the daemon's HBM tier, for an engine that can read them there.
       size_t in_hbm = 0;
-      while (opt_.hbm_reader && in_hbm < keys.size() &&
-             look->tiers[in_hbm] == kvcache::v1::TIER_HBM)
+      while (opt_.hbm_reader && in_hbm < keys.size() && look->tiers[in_hbm] == client::Tier::kHbm)
         ++in_hbm;
       // Fetch on another thread while the engine runs the layers that read no page.
       std::string short_reason, hbm_warning;
@@ -195,12 +191,12 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
   return logits;
 }
 
-int64_t CacheConnector::ReadFromHbm(cachesvc::CacheApi& client,
+int64_t CacheConnector::ReadFromHbm(client::CacheApi& client,
                                     std::span<const storage::ChunkKey> keys,
                                     std::span<uint8_t> pages, std::string* warning) {
-  auto* direct = dynamic_cast<cachesvc::CacheClient*>(&client);
+  auto* direct = dynamic_cast<client::CacheClient*>(&client);
   if (direct == nullptr) return 0;  // a cluster: no one daemon's GPU to read from
-  absl::StatusOr<cachesvc::DeviceRefs> refs = direct->FetchDeviceRefs(*ns_, keys);
+  absl::StatusOr<client::DeviceRefs> refs = direct->FetchDeviceRefs(*ns_, keys);
   if (!refs.ok()) {
     *warning = absl::StrCat("HBM chunks not leased (", refs.status().message(), "): fetched");
     return 0;
@@ -209,7 +205,7 @@ int64_t CacheConnector::ReadFromHbm(cachesvc::CacheApi& client,
   const uint64_t cb = static_cast<uint64_t>(model_.layout().chunk_bytes);
   std::vector<uint64_t> offsets;
   absl::Status read = absl::OkStatus();
-  for (const cachesvc::DeviceRefs::Chunk& c : refs->chunks) {
+  for (const client::DeviceRefs::Chunk& c : refs->chunks) {
     if (c.length != cb) {
       read = absl::DataLossError(
           absl::StrCat("an HBM chunk of ", c.length, " bytes; the engine's pages have ", cb));
@@ -276,16 +272,16 @@ void CacheConnector::StoreLoop() {
     const int64_t C = model_.layout().chunk_tokens, bytes = model_.layout().chunk_bytes;
     int64_t have = 0;
     std::optional<storage::ChunkKey> parent;
-    if (absl::StatusOr<cachesvc::LookupResult> l = client_->Lookup(*ns_, job.tokens); l.ok()) {
+    if (absl::StatusOr<client::LookupResult> l = client_->Lookup(*ns_, job.tokens); l.ok()) {
       have = l->matched_chunks;
       if (have > 0) parent = l->keys[have - 1];
     }
     const int64_t total = static_cast<int64_t>(job.tokens.size()) / C;
     int64_t stored = 0;
     if (have < total) {
-      absl::StatusOr<cachesvc::StoreResult> s = client_->Store(
-          *ns_, parent, std::span(job.tokens).subspan(have * C),
-          std::span(job.pages).subspan(have * bytes), kvcache::v1::DURABILITY_DURABLE);
+      absl::StatusOr<client::StoreResult> s =
+          client_->Store(*ns_, parent, std::span(job.tokens).subspan(have * C),
+                         std::span(job.pages).subspan(have * bytes), client::Durability::kDurable);
       if (s.ok()) {
         stored = s->stored;
       } else {

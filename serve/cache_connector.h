@@ -24,14 +24,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cachesvc/cache_api.h"
+#include "client/cache_api.h"
 #include "engine/model/model.h"
 
 namespace kvc::serve {
 
 struct ConnectorOptions {
-  cachesvc::ClientOptions client;  // address "H:P" (one kvcached) or "etcd://H:P" (a cluster)
-  std::string model_config_json;   // registered as the namespace's config
+  client::ClientOptions client;   // address "H:P" (one kvcached) or "etcd://H:P" (a cluster)
+  std::string model_config_json;  // registered as the namespace's config
   std::string model_id = "kvcache-engine";
   model::ReplayMode replay = model::ReplayMode::kBounded;
   model::PrefillMode cold_mode = model::PrefillMode::kCed;
@@ -84,8 +84,8 @@ class CacheConnector {
   int64_t Drain();
   bool connected() const { return ns_.has_value(); }
   const std::string& connect_error() const { return connect_error_; }
-  cachesvc::CacheApi* client() { return client_.get(); }
-  const cachesvc::RemoteNamespace* ns() const { return ns_ ? &*ns_ : nullptr; }
+  client::CacheApi* client() { return client_.get(); }
+  const client::RemoteNamespace* ns() const { return ns_ ? &*ns_ : nullptr; }
 
  private:
   CacheConnector(const model::Model& m, ConnectorOptions o) : model_(m), opt_(std::move(o)) {}
@@ -94,13 +94,13 @@ class CacheConnector {
   // opt_.hbm_reader; returns how many (0, saying why in `warning`, when that fails). Each
   // copy is checked against the chunk's checksum; the count stops before the first that
   // fails (and `warning` says so).
-  int64_t ReadFromHbm(cachesvc::CacheApi& client, std::span<const storage::ChunkKey> keys,
+  int64_t ReadFromHbm(client::CacheApi& client, std::span<const storage::ChunkKey> keys,
                       std::span<uint8_t> pages, std::string* warning);
 
   const model::Model& model_;
   ConnectorOptions opt_;
-  std::unique_ptr<cachesvc::CacheApi> client_;
-  std::optional<cachesvc::RemoteNamespace> ns_;
+  std::unique_ptr<client::CacheApi> client_;
+  std::optional<client::RemoteNamespace> ns_;
   std::string connect_error_;
 
   struct StoreJob {

@@ -10,12 +10,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cachesvc/loopback_port.h"
+#include "base/loopback_port.h"
 
 namespace kvc::serve {
-
-// For the child processes programs start (etcd's ports, Redis in kvbench).
-using cachesvc::FreeLoopbackPort;
 
 class KvcachedProcess {
  public:

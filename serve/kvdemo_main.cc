@@ -69,7 +69,7 @@ std::string ReadText(const fs::path& p) {
 std::vector<std::string> SourceFiles(const fs::path& root) {
   std::vector<std::string> files;
   for (const char* f : {"docs/storage.md", "docs/service.md", "docs/model.md",
-                        "engine/model/model.h", "cachesvc/client.h", "storage/chunk_store.h",
+                        "engine/model/model.h", "client/client.h", "storage/chunk_store.h",
                         "docs/kv-format.md", "docs/prefix-hashing.md", "engine/spec/chunk_layout.h",
                         "serve/cache_connector.h", "docs/benchmarks.md", "README.md"}) {
     std::string t = ReadText(root / f);

@@ -1,5 +1,6 @@
 #include "bench/kvbench/cluster_bench.h"
 
+#include <grpcpp/grpcpp.h>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -10,7 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
-#include "cachesvc/cluster_client.h"
+#include "client/cluster_client.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "serve/kvcached_process.h"
 #include "serve/local_cluster.h"
 
@@ -19,7 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace pb = ::kvcache::v1;
-using cachesvc::CacheApi;
+using client::CacheApi;
 using Clock = std::chrono::steady_clock;
 
 const std::vector<std::string> kNodeFlags = {
@@ -54,11 +56,11 @@ absl::StatusOr<std::unique_ptr<System>> StartSystem(const ClusterBenchOptions& o
 }
 
 absl::StatusOr<std::unique_ptr<CacheApi>> Connect(const System& s, uint32_t replicas) {
-  cachesvc::ClientOptions c;
+  client::ClientOptions c;
   c.address = s.address;
   c.timeout_ms = 60000;
   c.replicas = replicas;
-  return cachesvc::ConnectCache(c);
+  return client::ConnectCache(c);
 }
 
 // Token ids and payload bytes of `chunks` chunks, from the seed (never all zero).
@@ -66,7 +68,7 @@ struct Data {
   std::vector<uint32_t> tokens;
   std::vector<uint8_t> payloads;
 };
-Data MakeData(uint64_t seed, const cachesvc::RemoteNamespace& ns, int64_t chunks) {
+Data MakeData(uint64_t seed, const client::RemoteNamespace& ns, int64_t chunks) {
   std::mt19937_64 rng(seed);
   Data d;
   d.tokens.resize(chunks * ns.chunk_tokens);
@@ -97,7 +99,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
   for (int n : o.nodes) {
     KVC_ASSIGN_OR_RETURN(std::unique_ptr<System> sys, StartSystem(o, n));
     KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> client, Connect(*sys, n == 1 ? 0 : 2));
-    KVC_ASSIGN_OR_RETURN(cachesvc::RemoteNamespace ns,
+    KVC_ASSIGN_OR_RETURN(client::RemoteNamespace ns,
                          client->RegisterNamespace(o.model_config_json, "kvbench-cluster"));
     nlohmann::json js = {{"system", sys->name()}, {"nodes", n}};
 
@@ -107,7 +109,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     for (int p = 0; p < o.prefixes; ++p) {
       prefixes.push_back(MakeData(seed + p, ns, o.chunks_per_call));
       KVC_ASSIGN_OR_RETURN(
-          cachesvc::StoreResult st,
+          client::StoreResult st,
           client->Store(ns, std::nullopt, prefixes.back().tokens, prefixes.back().payloads));
       keys.push_back(st.keys);
     }
@@ -117,7 +119,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
       std::vector<std::unique_ptr<CacheApi>> per;
       for (int c = 0; c < clients; ++c) {
         KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> cc, Connect(*sys, n == 1 ? 0 : 2));
-        if (absl::StatusOr<cachesvc::RemoteNamespace> r =
+        if (absl::StatusOr<client::RemoteNamespace> r =
                 cc->RegisterNamespace(o.model_config_json, "kvbench-cluster");
             !r.ok()) {
           return r.status();
@@ -153,7 +155,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     // Resume: Lookup and Fetch of a resume_tokens prefix, freshly connected each time.
     const int64_t resume_chunks = o.resume_tokens / ns.chunk_tokens;
     Data resume = MakeData(seed ^ 0x5eed, ns, resume_chunks);
-    if (absl::StatusOr<cachesvc::StoreResult> st =
+    if (absl::StatusOr<client::StoreResult> st =
             client->Store(ns, std::nullopt, resume.tokens, resume.payloads);
         !st.ok()) {
       return st.status();
@@ -163,11 +165,11 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     // tiers Lookup reported.
     struct Timed {
       double lookup_ms = 0, total_ms = 0;
-      std::vector<pb::Tier> tiers;
+      std::vector<client::Tier> tiers;
     };
     auto time_resume = [&](CacheApi& c) -> absl::StatusOr<Timed> {
       const auto t0 = Clock::now();
-      KVC_ASSIGN_OR_RETURN(cachesvc::LookupResult look, c.Lookup(ns, resume.tokens));
+      KVC_ASSIGN_OR_RETURN(client::LookupResult look, c.Lookup(ns, resume.tokens));
       const auto t1 = Clock::now();
       KVC_ASSIGN_OR_RETURN(size_t got, c.Fetch(ns, look.keys, pages));
       const auto t2 = Clock::now();
@@ -199,14 +201,15 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
         KVC_RETURN_IF_ERROR(sys->single->Start());
         sys->address = sys->single->address();
         KVC_ASSIGN_OR_RETURN(client, Connect(*sys, 0));
-        if (absl::StatusOr<cachesvc::RemoteNamespace> r =
+        if (absl::StatusOr<client::RemoteNamespace> r =
                 client->RegisterNamespace(o.model_config_json, "kvbench-cluster");
             !r.ok()) {
           return r.status();
         }
         KVC_ASSIGN_OR_RETURN(Timed t, time_resume(*client));
-        for (const pb::Tier tier : t.tiers) {
-          if (tier != pb::TIER_SSD) return absl::InternalError("a restarted daemon had RAM hits");
+        for (const client::Tier tier : t.tiers) {
+          if (tier != client::Tier::kSsd)
+            return absl::InternalError("a restarted daemon had RAM hits");
         }
         ssd_ms.push_back(t.total_ms);
       }
@@ -224,7 +227,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
         if (c > 0) {
           parent = client->Keys(ns, std::span(longp.tokens).first(c * ns.chunk_tokens)).back();
         }
-        if (absl::StatusOr<cachesvc::StoreResult> st = client->Store(
+        if (absl::StatusOr<client::StoreResult> st = client->Store(
                 ns, parent,
                 std::span(longp.tokens).subspan(c * ns.chunk_tokens, k * ns.chunk_tokens),
                 std::span(longp.payloads).subspan(c * ns.chunk_bytes, k * ns.chunk_bytes));
@@ -255,7 +258,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
       };
       // What a worker asks: the tokens (hashed by the client, the keys sent packed).
       absl::StatusOr<nlohmann::json> by_tokens = time_lookup([&]() -> absl::StatusOr<uint32_t> {
-        KVC_ASSIGN_OR_RETURN(cachesvc::LookupResult l, client->Lookup(ns, longp.tokens));
+        KVC_ASSIGN_OR_RETURN(client::LookupResult l, client->Lookup(ns, longp.tokens));
         return l.matched_chunks;
       });
       if (!by_tokens.ok()) return by_tokens.status();
@@ -297,7 +300,7 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     nlohmann::json stores = nlohmann::json::array();
     for (uint32_t r : n == 1 ? std::vector<uint32_t>{1} : std::vector<uint32_t>{1, 2}) {
       KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> sc, Connect(*sys, r));
-      if (absl::StatusOr<cachesvc::RemoteNamespace> rn =
+      if (absl::StatusOr<client::RemoteNamespace> rn =
               sc->RegisterNamespace(o.model_config_json, "kvbench-cluster");
           !rn.ok()) {
         return rn.status();

@@ -19,7 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
-#include "cachesvc/client.h"
+#include "client/client.h"
 #include "engine/model/weights.h"
 #include "serve/cache_connector.h"
 #include "serve/kvcached_process.h"
@@ -100,10 +100,10 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
     for (const std::string& tier : tiers) {
       std::unique_ptr<serve::CacheConnector> hbm_cache;
       if (tier == "hbm") {  // a lease brings the prefix into HBM; the engine reads it there
-        auto* client = dynamic_cast<cachesvc::CacheClient*>(cache->client());
+        auto* client = dynamic_cast<client::CacheClient*>(cache->client());
         if (client == nullptr) return absl::InternalError("no direct client for the HBM tier");
         KVC_ASSIGN_OR_RETURN(
-            cachesvc::DeviceRefs refs,
+            client::DeviceRefs refs,
             client->FetchDeviceRefs(*cache->ns(), client->Keys(*cache->ns(), prompt)));
         KVC_RETURN_IF_ERROR(client->ReleaseDeviceRefs(refs.lease_id));
         hbm_cache = connect(/*from_hbm=*/true);

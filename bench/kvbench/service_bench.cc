@@ -25,7 +25,7 @@
 #include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "bench/kvbench/python_clients.h"
-#include "cachesvc/client.h"
+#include "client/client.h"
 #include "serve/kvcached_process.h"
 
 namespace kvc::bench {
@@ -85,7 +85,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   KVC_RETURN_IF_ERROR(daemon.Start());
   const std::string address = daemon.address();
   Process redis;
-  const int redis_port = serve::FreeLoopbackPort();
+  const int redis_port = FreeLoopbackPort();
   absl::StatusOr<std::string> rline =
       Spawn({"/usr/bin/redis-server", "--port", std::to_string(redis_port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", opt.dir + "/redis", "--maxmemory",
@@ -96,14 +96,14 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
         "redis-server did not start (scripts/install-deps.sh installs it)");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 
-  const cachesvc::ClientOptions copt{.address = address,
-                                     .bearer_token = "",
-                                     .timeout_ms = 30000,
-                                     .tls_ca_file = "",
-                                     .shm_socket = ""};
-  KVC_ASSIGN_OR_RETURN(std::unique_ptr<cachesvc::CacheClient> setup,
-                       cachesvc::CacheClient::Connect(copt));
-  KVC_ASSIGN_OR_RETURN(cachesvc::RemoteNamespace ns,
+  const client::ClientOptions copt{.address = address,
+                                   .bearer_token = "",
+                                   .timeout_ms = 30000,
+                                   .tls_ca_file = "",
+                                   .shm_socket = ""};
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<client::CacheClient> setup,
+                       client::CacheClient::Connect(copt));
+  KVC_ASSIGN_OR_RETURN(client::RemoteNamespace ns,
                        setup->RegisterNamespace(opt.model_config_json, "kvbench"));
   const uint64_t chunk = ns.chunk_bytes;
   std::vector<uint8_t> payload(chunk);
@@ -111,14 +111,14 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   for (auto& b : payload) b = static_cast<uint8_t>(rng());
 
   const int max_clients = *std::max_element(opt.clients.begin(), opt.clients.end());
-  std::vector<std::unique_ptr<cachesvc::CacheClient>> clients, shm_clients;
+  std::vector<std::unique_ptr<client::CacheClient>> clients, shm_clients;
   std::vector<redisContext*> redis_clients;
-  cachesvc::ClientOptions shm_opt = copt;
+  client::ClientOptions shm_opt = copt;
   shm_opt.shm_socket = daemon.shm_socket();
   shm_opt.shm_lease_cache = opt.shm_lease_cache;
   for (int c = 0; c < max_clients; ++c) {
-    clients.push_back(*cachesvc::CacheClient::Connect(copt));
-    shm_clients.push_back(*cachesvc::CacheClient::Connect(shm_opt));
+    clients.push_back(*client::CacheClient::Connect(copt));
+    shm_clients.push_back(*client::CacheClient::Connect(shm_opt));
     if (!shm_clients.back()->shared_memory()) {
       return absl::UnavailableError("shared arena: " + shm_clients.back()->shared_memory_error());
     }
@@ -131,8 +131,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::vector<storage::ChunkKey> keys;
   for (int i = 0; i < opt.dataset_chunks; ++i) {
     for (uint32_t t = 0; t < ns.chunk_tokens; ++t) tokens[i].push_back((i * 7919 + t) % 512);
-    KVC_ASSIGN_OR_RETURN(cachesvc::StoreResult r, setup->Store(ns, std::nullopt, tokens[i], payload,
-                                                               kvcache::v1::DURABILITY_MEMORY));
+    KVC_ASSIGN_OR_RETURN(client::StoreResult r, setup->Store(ns, std::nullopt, tokens[i], payload,
+                                                             client::Durability::kMemory));
     keys.push_back(r.keys[0]);
     redisReply* rep = static_cast<redisReply*>(
         redisCommand(redis_clients[0], "SET chunk:%d %b", i, payload.data(), payload.size()));
@@ -175,7 +175,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       // the floor under every call of ours, whatever it carries.
       return [&](int c, uint64_t i) -> absl::Status {
         KVC_ASSIGN_OR_RETURN(
-            cachesvc::LookupResult r,
+            client::LookupResult r,
             clients[c]->LookupKeysEvery(ns, std::span(keys).subspan(first(i, c), 1)));
         return r.matched_chunks == 1 ? absl::OkStatus() : absl::InternalError("lookup missed");
       };
@@ -196,7 +196,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       const uint64_t n = next_token++;
       for (size_t k = 0; k < 4; ++k) t[k] = static_cast<uint32_t>((n >> (9 * k)) & 511);
       return clients[c]
-          ->Store(ns, std::nullopt, t, store_payload, kvcache::v1::DURABILITY_MEMORY)
+          ->Store(ns, std::nullopt, t, store_payload, client::Durability::kMemory)
           .status();
     };
   };

@@ -18,16 +18,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "cachesvc/client.h"
+#include "client/client.h"
+#include "client/stats.h"
 #include "serve/kvcached_process.h"
 
 namespace kvc::bench {
 namespace {
 
 namespace pb = ::kvcache::v1;
-using cachesvc::CacheClient;
-using cachesvc::ClientOptions;
-using cachesvc::RemoteNamespace;
+using client::CacheClient;
+using client::ClientOptions;
+using client::RemoteNamespace;
 using storage::ChunkKey;
 using Clock = std::chrono::steady_clock;
 
@@ -142,9 +143,9 @@ void ClientLoop(int t, uint64_t seed, const std::string& address, const SoakOpti
       std::optional<ChunkKey> parent;
       if (base_chunks > 0) parent = keys[base_chunks - 1];
       const bool durable = rng() % 4 != 0;
-      absl::StatusOr<cachesvc::StoreResult> r =
+      absl::StatusOr<client::StoreResult> r =
           api->Store(ns, parent, std::span(tokens).subspan(base_chunks * ns.chunk_tokens), payloads,
-                     durable ? pb::DURABILITY_DURABLE : pb::DURABILITY_MEMORY);
+                     durable ? client::Durability::kDurable : client::Durability::kMemory);
       if (!r.ok()) {
         failed(r.status());
         continue;
@@ -240,7 +241,7 @@ void HostileLoop(uint64_t seed, const std::string& address, const SoakOptions& o
       }
     }
     ++sh.hostile_calls;
-    absl::StatusOr<cachesvc::LookupResult> l = api->Lookup(ns, tokens);
+    absl::StatusOr<client::LookupResult> l = api->Lookup(ns, tokens);
     if (l.ok() && l->matched_chunks > 0) ++sh.cross_tenant_hits;
     std::vector<uint8_t> out(theirs.size() * ns.chunk_bytes);
     absl::StatusOr<size_t> f = api->Fetch(ns, theirs, out);
@@ -265,7 +266,7 @@ absl::StatusOr<nlohmann::json> RunSoak(const SoakOptions& opt) {
     std::ofstream t(tokens_file);
     t << kTokenA << " a\n" << kTokenM << " mallory\n";
   }
-  const int port = serve::FreeLoopbackPort();
+  const int port = FreeLoopbackPort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
   std::vector<std::string> base = {"--ram-bytes",     std::to_string(opt.ram_bytes),
                                    "--ssd-bytes",     std::to_string(opt.ssd_bytes),

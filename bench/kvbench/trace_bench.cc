@@ -15,7 +15,7 @@
 #include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "bench/trace/tier_sim.h"
-#include "cachesvc/client.h"
+#include "client/client.h"
 #include "engine/spec/chunk_layout.h"
 #include "engine/spec/layer_schedule.h"
 #include "engine/spec/model_config.h"
@@ -63,28 +63,28 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
       {"--ram-bytes", std::to_string(o.ram_bytes), "--ssd-bytes", std::to_string(o.ssd_bytes),
        "--max-chunk-bytes", std::to_string(chunk_bytes), "--shm-socket", "off"});
   KVC_RETURN_IF_ERROR(daemon.Start());
-  const cachesvc::ClientOptions copt{.address = daemon.address(),
-                                     .bearer_token = "",
-                                     .timeout_ms = 120000,
-                                     .tls_ca_file = "",
-                                     .shm_socket = ""};
-  std::vector<std::unique_ptr<cachesvc::CacheClient>> clients;
+  const client::ClientOptions copt{.address = daemon.address(),
+                                   .bearer_token = "",
+                                   .timeout_ms = 120000,
+                                   .tls_ca_file = "",
+                                   .shm_socket = ""};
+  std::vector<std::unique_ptr<client::CacheClient>> clients;
   for (int c = 0; c < std::max(1, o.concurrency); ++c) {
-    KVC_ASSIGN_OR_RETURN(std::unique_ptr<cachesvc::CacheClient> cl,
-                         cachesvc::CacheClient::Connect(copt));
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<client::CacheClient> cl,
+                         client::CacheClient::Connect(copt));
     clients.push_back(std::move(cl));
   }
   KVC_ASSIGN_OR_RETURN(
-      cachesvc::RemoteNamespace ns,
+      client::RemoteNamespace ns,
       clients[0]->RegisterNamespace(o.model_config_json, "kvbench-trace", o.chunk_tokens));
   const auto durability =
-      o.ssd_bytes > 0 ? kvcache::v1::DURABILITY_DURABLE : kvcache::v1::DURABILITY_MEMORY;
+      o.ssd_bytes > 0 ? client::Durability::kDurable : client::Durability::kMemory;
 
   Totals t;
   std::atomic<size_t> next{0};
   const auto start = Clock::now();
   const double first_arrival = requests.empty() ? 0 : requests.front().arrival_s;
-  auto worker = [&](cachesvc::CacheClient& client) {
+  auto worker = [&](client::CacheClient& client) {
     std::vector<uint8_t> buf;
     for (size_t i = next++; i < requests.size(); i = next++) {
       const trace::Request& r = (requests)[i];
@@ -101,7 +101,7 @@ absl::StatusOr<nlohmann::json> RunTraceBench(const TraceBenchOptions& o) {
       const std::vector<uint32_t> tokens =
           trace::PromptTokens(r, static_cast<uint32_t>(config.vocab_size));
       auto t0 = Clock::now();
-      absl::StatusOr<cachesvc::LookupResult> found = client.Lookup(ns, tokens);
+      absl::StatusOr<client::LookupResult> found = client.Lookup(ns, tokens);
       auto t1 = Clock::now();
       absl::StatusOr<size_t> got = size_t{0};
       if (found.ok() && found->matched_chunks > 0) {

@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "cachesvc/prefix_hash.h"
+#include "client/prefix_hash.h"
 #include "storage/hbm_tier.h"
 #include "storage/ram_tier.h"
 #include "storage/slot_format.h"
@@ -134,7 +134,7 @@ std::vector<std::vector<storage::ChunkKey>> RequestKeys(const std::vector<Reques
   keys.reserve(requests.size());
   for (const Request& r : requests) {
     const std::vector<uint32_t> tokens = PromptTokens(r, vocab_size);
-    keys.push_back(cachesvc::ChunkKeys(root, tokens, static_cast<uint32_t>(chunk_tokens)));
+    keys.push_back(client::ChunkKeys(root, tokens, static_cast<uint32_t>(chunk_tokens)));
   }
   return keys;
 }

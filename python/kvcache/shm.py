@@ -2,7 +2,7 @@
 socket (SCM_RIGHTS), the client maps it read-only, and FetchRefs says where leased chunks
 are. The arena is sealed by the daemon: nothing here (or anywhere) can write it.
 
-Protocol (cachesvc/arena_socket.h): send the bearer token and a newline; the answer is
+Protocol (wire/arena_handshake.h): send the bearer token and a newline; the answer is
 "OK <bytes>\\n" with the fd attached, or "ERR <reason>\\n".
 """
 import mmap

@@ -22,7 +22,7 @@ def random_prefix(rng, ns, chunks):
 
 
 def test_keys_match_the_published_vectors():
-    with open(os.path.join(SOURCE_DIR, "tests/cachesvc/prefix_hash_vectors.json")) as f:
+    with open(os.path.join(SOURCE_DIR, "tests/client/prefix_hash_vectors.json")) as f:
         vectors = json.load(f)["vectors"]
     assert vectors
     for v in vectors:

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cachesvc/loopback_port.h"
+#include "base/loopback_port.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
@@ -33,7 +33,7 @@ inline std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-using ::kvc::cachesvc::FreeLoopbackPort;
+using ::kvc::FreeLoopbackPort;
 
 // A kvcached process on a free loopback port.
 class Daemon {

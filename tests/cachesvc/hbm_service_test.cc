@@ -5,13 +5,16 @@
 // deletes end the prefix, and only trusted tenants may map the tier.
 #include <grpcpp/grpcpp.h>
 
+#include <grpcpp/grpcpp.h>
 #include <algorithm>
 #include <fstream>
 #include <random>
 
-#include "cachesvc/client.h"
 #include "cachesvc/service.h"
+#include "client/client.h"
+#include "client/stats.h"
 #include "gtest/gtest.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "tests/cachesvc/random_prefix.h"
 #include "tests/testing/host_arena.h"
 #include "tests/testing/seed.h"
@@ -19,6 +22,12 @@
 
 namespace kvc::cachesvc {
 namespace {
+
+using ::kvc::client::CacheClient;
+using ::kvc::client::ClientOptions;
+using ::kvc::client::DeviceRefs;
+using ::kvc::client::LookupResult;
+using ::kvc::client::RemoteNamespace;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -109,7 +118,7 @@ TEST(HbmServiceTest, PromotesFromRamAndSsdAndLeasesIntactBytes) {
   const std::vector<storage::ChunkKey> keys = client->Keys(*ns, p.tokens);
   absl::StatusOr<LookupResult> where = client->Lookup(*ns, p.tokens);
   ASSERT_TRUE(where.ok()) << where.status();
-  EXPECT_EQ(std::count(where->tiers.begin(), where->tiers.end(), kvcache::v1::TIER_SSD) > 0, true)
+  EXPECT_EQ(std::count(where->tiers.begin(), where->tiers.end(), client::Tier::kSsd) > 0, true)
       << "some chunks must come from SSD";
   absl::StatusOr<DeviceRefs> refs = client->FetchDeviceRefs(*ns, keys);
   ASSERT_TRUE(refs.ok()) << refs.status();
@@ -126,7 +135,7 @@ TEST(HbmServiceTest, PromotesFromRamAndSsdAndLeasesIntactBytes) {
   // Lookup now reports every chunk in T0.
   where = client->Lookup(*ns, p.tokens);
   ASSERT_TRUE(where.ok()) << where.status();
-  EXPECT_EQ(std::count(where->tiers.begin(), where->tiers.end(), kvcache::v1::TIER_HBM),
+  EXPECT_EQ(std::count(where->tiers.begin(), where->tiers.end(), client::Tier::kHbm),
             static_cast<long>(keys.size()));
   // Again: all T0 hits, no new promotion.
   refs = client->FetchDeviceRefs(*ns, keys);

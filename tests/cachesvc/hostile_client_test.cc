@@ -6,12 +6,15 @@
 #include <grpcpp/support/sync_stream.h>
 #include <sys/stat.h>
 
+#include <grpcpp/grpcpp.h>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
-#include "cachesvc/client.h"
+#include "client/client.h"
+#include "client/stats.h"
 #include "gtest/gtest.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/cachesvc/random_prefix.h"
 #include "tests/testing/seed.h"
@@ -19,6 +22,11 @@
 
 namespace kvc::cachesvc {
 namespace {
+
+using ::kvc::client::CacheClient;
+using ::kvc::client::ClientOptions;
+using ::kvc::client::LookupResult;
+using ::kvc::client::RemoteNamespace;
 
 namespace pb = ::kvcache::v1;
 using ::kvc::testing::Daemon;

@@ -4,7 +4,7 @@
 // they were stored).
 #include "cachesvc/namespace_registry.h"
 
-#include "cachesvc/prefix_hash.h"
+#include "client/prefix_hash.h"
 
 #include <sys/stat.h>
 
@@ -139,7 +139,7 @@ TEST(NamespaceRegistryTest, KeysAreBoundToTheirNamespaceExceptAnOlderKvcachedsOn
     const NamespaceInfo na = *(*r)->FindOrAdd(a), nb = *(*r)->FindOrAdd(b);
     EXPECT_NE(StorageKey(na, key), key);
     EXPECT_NE(StorageKey(na, key), StorageKey(nb, key)) << "one key, two namespaces, two chunks";
-    EXPECT_EQ(StorageKey(na, key), BoundChunkKey(na.root, key));
+    EXPECT_EQ(StorageKey(na, key), client::BoundChunkKey(na.root, key));
   }
   auto r = NamespaceRegistry::Open(dir.path());
   ASSERT_TRUE(r.ok()) << r.status();

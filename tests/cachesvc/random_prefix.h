@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "cachesvc/client.h"
+#include "client/client.h"
 
 namespace kvc::testing {
 
@@ -15,7 +15,7 @@ struct Prefix {
   std::vector<uint8_t> payloads;
 };
 
-inline Prefix MakePrefix(std::mt19937_64& rng, const cachesvc::RemoteNamespace& ns, size_t chunks) {
+inline Prefix MakePrefix(std::mt19937_64& rng, const client::RemoteNamespace& ns, size_t chunks) {
   Prefix p;
   for (size_t i = 0; i < chunks * ns.chunk_tokens; ++i)
     p.tokens.push_back(static_cast<uint32_t>(rng() % 512));

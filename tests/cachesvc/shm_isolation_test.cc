@@ -7,20 +7,27 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <grpcpp/grpcpp.h>
 #include <algorithm>
 #include <fstream>
 #include <random>
 
 #include "cachesvc/arena_socket.h"
-#include "cachesvc/client.h"
+#include "client/client.h"
 #include "gtest/gtest.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/cachesvc/random_prefix.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
+#include "wire/arena_handshake.h"
 
 namespace kvc::cachesvc {
 namespace {
+
+using ::kvc::client::CacheClient;
+using ::kvc::client::ClientOptions;
+using ::kvc::client::RemoteNamespace;
 
 namespace pb = ::kvcache::v1;
 using ::kvc::testing::Daemon;
@@ -78,7 +85,7 @@ TEST(SharedMemoryIsolationTest, ATenantMapsOnlyItsOwnChunksAndCannotWriteThem) {
   ASSERT_EQ(out, pb_.payloads);
 
   // Everything acme can see through the fd it is handed: its chunks, none of globex's.
-  absl::StatusOr<ReceivedArena> got = ReceiveArenaFd(socket, "tok-a");
+  absl::StatusOr<wire::ReceivedArena> got = wire::ReceiveArenaFd(socket, "tok-a");
   ASSERT_TRUE(got.ok()) << got.status();
   std::vector<uint8_t> arena(got->bytes);
   ASSERT_EQ(pread(got->fd, arena.data(), arena.size(), 0), static_cast<ssize_t>(arena.size()));

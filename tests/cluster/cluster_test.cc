@@ -4,7 +4,8 @@
 // node killed during fetches is routed around (R = 2) or shortens the prefix (R = 1)
 // and serves again after a restart; with etcd stopped nodes keep serving and clients say
 // their membership is stale; tenants stay apart.
-#include "cachesvc/cluster_client.h"
+#include "client/cluster_client.h"
+#include "client/stats.h"
 
 #include <atomic>
 #include <chrono>
@@ -24,7 +25,7 @@
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
-namespace kvc::cachesvc {
+namespace kvc::client {
 namespace {
 
 namespace pb = ::kvcache::v1;
@@ -137,7 +138,7 @@ TEST_F(ClusterTest, PrefixSitsOnItsRankedOwnersAndAnotherClientFetchesIt) {
   ExpectFetchExact(*other, p, 64);
 
   // Node by node: chunk c is on node i exactly when i is one of its two ranked owners.
-  std::vector<std::vector<pb::Tier>> held(nodes_.size());
+  std::vector<std::vector<client::Tier>> held(nodes_.size());
   for (size_t i = 0; i < nodes_.size(); ++i) {
     absl::StatusOr<LookupResult> l = Direct(i)->LookupEvery(ns_, p.tokens);
     ASSERT_TRUE(l.ok()) << l.status();
@@ -150,7 +151,7 @@ TEST_F(ClusterTest, PrefixSitsOnItsRankedOwnersAndAnotherClientFetchesIt) {
     ASSERT_EQ(owners.size(), 2u);
     for (size_t i = 0; i < nodes_.size(); ++i) {
       const bool owner = std::find(owners.begin(), owners.end(), NodeId(i)) != owners.end();
-      if (owner != (held[i][c] != pb::TIER_NONE)) ++misplaced;
+      if (owner != (held[i][c] != client::Tier::kNone)) ++misplaced;
     }
     EXPECT_EQ(look->nodes[c], owners[0]) << "chunk " << c << " is served by its first owner";
     serving.insert(look->nodes[c]);
@@ -237,7 +238,7 @@ TEST_F(ClusterTest, ChunksOfANodeGoneLongerThanTheGraceAreCopiedBackToTwo) {
   const auto copies_on = [&](int i) {
     absl::StatusOr<LookupResult> l = Direct(i)->LookupEvery(ns_, p.tokens);
     return l.ok() ? std::count_if(l->tiers.begin(), l->tiers.end(),
-                                  [](pb::Tier t) { return t != pb::TIER_NONE; })
+                                  [](client::Tier t) { return t != client::Tier::kNone; })
                   : -1;
   };
   EXPECT_LT(copies_on(0) + copies_on(2), 96) << "n1 held some chunks";
@@ -277,7 +278,7 @@ TEST_F(ClusterTest, AJoiningNodeTakesNewWritesAndOldChunksAreStillFound) {
     const std::vector<std::string> owners = client_->Owners(keys[c]);
     const bool owner = std::find(owners.begin(), owners.end(), "n3") != owners.end();
     owned += owner;
-    misplaced += owner != (on_n3->tiers[c] != pb::TIER_NONE);
+    misplaced += owner != (on_n3->tiers[c] != client::Tier::kNone);
   }
   EXPECT_GT(owned, 0) << "seed " << seed_;
   EXPECT_EQ(misplaced, 0);
@@ -534,4 +535,4 @@ TEST(ClusterUrl, BadAddressesAreNamed) {
 }
 
 }  // namespace
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

@@ -5,17 +5,19 @@
 // and kvctl see it.
 #include <grpcpp/grpcpp.h>
 
+#include <grpcpp/grpcpp.h>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
 
 #include "base/status_macros.h"
-#include "cachesvc/cluster_client.h"
+#include "client/cluster_client.h"
 #include "cluster/etcd.h"
 #include "cluster/membership.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "serve/local_cluster.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/testing/subprocess.h"
@@ -159,14 +161,14 @@ TEST(EtcdSecurityTest, OnlyTheRightCertificateAndPasswordReachASecuredEtcd) {
               {"--cluster", etcd.url(), "--node-id", "n0", "--etcd-ca", dir.File("ca.pem"),
                "--etcd-cert", dir.File("client.pem"), "--etcd-key", dir.File("client.key"),
                "--etcd-user", "root", "--etcd-password-file", dir.File("password")});
-  cachesvc::ClientOptions o;
+  client::ClientOptions o;
   o.address = etcd.url();
   o.etcd = root;
   size_t members = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (members == 0 && std::chrono::steady_clock::now() < deadline) {
-    absl::StatusOr<std::unique_ptr<cachesvc::ClusterClient>> client =
-        cachesvc::ClusterClient::Connect(o);
+    absl::StatusOr<std::unique_ptr<client::ClusterClient>> client =
+        client::ClusterClient::Connect(o);
     ASSERT_TRUE(client.ok()) << client.status();
     members = (*client)->membership()->nodes.size();
     if (members == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -22,6 +22,7 @@
 
 #include "base/check.h"
 #include "cachesvc/arena_socket.h"
+#include "wire/arena_handshake.h"
 
 namespace {
 
@@ -78,7 +79,7 @@ std::string Exchange(const std::string& path, const uint8_t* data, size_t size, 
     at += static_cast<size_t>(n);
   }
   shutdown(fd, SHUT_WR);
-  kvc::cachesvc::HandshakeAnswer answer = kvc::cachesvc::ReadHandshakeAnswer(fd);
+  kvc::wire::HandshakeAnswer answer = kvc::wire::ReadHandshakeAnswer(fd);
   close(fd);
   *fd_out = answer.fd;
   return answer.text;

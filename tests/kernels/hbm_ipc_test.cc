@@ -10,7 +10,8 @@
 #include <random>
 
 #include "backends/select.h"
-#include "cachesvc/client.h"
+#include "client/client.h"
+#include "client/stats.h"
 #include "engine/model/weights.h"
 #include "gtest/gtest.h"
 #include "kernels/device_pages.h"
@@ -25,9 +26,9 @@
 namespace kvc::cuda {
 namespace {
 
-using cachesvc::CacheClient;
-using cachesvc::DeviceRefs;
-using cachesvc::RemoteNamespace;
+using client::CacheClient;
+using client::DeviceRefs;
+using client::RemoteNamespace;
 
 TEST(HbmIpcTest, AHandleOfTheWrongSizeIsRefused) {
   absl::StatusOr<std::unique_ptr<MappedHbmArena>> m = MappedHbmArena::Open("short", 0);
@@ -39,7 +40,7 @@ TEST(HbmIpcTest, ChunksPromotedToHbmReachDevicePagesByIpc) {
   if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: the HBM tier cannot start here";
   testing::TempDir dir;
   testing::Daemon daemon(dir.File("data"), {"--hbm-bytes", std::to_string(64 << 20)});
-  cachesvc::ClientOptions options;
+  client::ClientOptions options;
   options.address = daemon.address();
   std::unique_ptr<CacheClient> client = *CacheClient::Connect(options);
   const std::string config = testing::ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");

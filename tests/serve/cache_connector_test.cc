@@ -10,7 +10,8 @@
 #include <cstring>
 #include <random>
 
-#include "cachesvc/client.h"
+#include "client/client.h"
+#include "client/stats.h"
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
 #include "gtest/gtest.h"
@@ -214,7 +215,7 @@ TEST_F(ConnectorTest, FaultsFallBackToAColdPrefillAndSaySo) {
   {
     ConnectorOptions o = Options(d.address());
     o.after_lookup = [&](const std::vector<storage::ChunkKey>& keys) {
-      auto c = cachesvc::CacheClient::Connect(o.client);
+      auto c = client::CacheClient::Connect(o.client);
       auto ns = (*c)->RegisterNamespace(o.model_config_json, o.model_id, 256);
       ASSERT_EQ(*(*c)->Delete(*ns, std::span(keys).subspan(2, 1)), 1u);
     };
@@ -279,7 +280,7 @@ TEST_F(ConnectorTest, SessionsSharingASystemPromptShareItsChunks) {
   }
   // Two sessions of 3 chunks each (2 shared + 1 own): 4 chunks in the cache, not 6.
   const kvcache::v1::StatsResponse st =
-      *dynamic_cast<cachesvc::CacheClient&>(*cache->client()).Stats();
+      *dynamic_cast<client::CacheClient&>(*cache->client()).Stats();
   EXPECT_EQ(st.ram_chunks(), 4u);
 }
 

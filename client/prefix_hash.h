@@ -19,7 +19,7 @@
 #include "base/chunk_key.h"
 #include "engine/spec/chunk_layout.h"
 
-namespace kvc::cachesvc {
+namespace kvc::client {
 
 using storage::ChunkKey;
 
@@ -35,4 +35,4 @@ ChunkKey BoundChunkKey(const ChunkKey& root, const ChunkKey& key);
 std::vector<ChunkKey> ChunkKeys(const ChunkKey& root, std::span<const uint32_t> tokens,
                                 uint32_t chunk_tokens);
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

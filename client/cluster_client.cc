@@ -1,4 +1,4 @@
-#include "cachesvc/cluster_client.h"
+#include "client/cluster_client.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,12 +10,12 @@
 #include "absl/strings/str_join.h"
 #include "base/clock.h"
 #include "base/status_macros.h"
-#include "cachesvc/prefix_hash.h"
+#include "client/prefix_hash.h"
+#include "client/stats.h"
 #include "cluster/etcd.h"
 #include "cluster/placement.h"
 
-namespace kvc::cachesvc {
-namespace pb = ::kvcache::v1;
+namespace kvc::client {
 using storage::ChunkKey;
 
 struct ClusterClient::Node {
@@ -128,7 +128,7 @@ void ClusterClient::Repair(const RepairJob& job) {
     Node* to = find(id);
     if (to == nullptr || !EnsureNamespace(*to, job.ns).ok()) continue;
     absl::StatusOr<StoreResult> st =
-        to->client->StoreChunks(job.ns, std::span(&chunk, 1), pb::DURABILITY_DURABLE, 0);
+        to->client->StoreChunks(job.ns, std::span(&chunk, 1), Durability::kDurable, 0);
     if (!st.ok() || st->keys.size() != 1 || st->keys[0] != key) continue;
     std::lock_guard lk(mu_);
     ++counters_.chunks_repaired;
@@ -318,10 +318,10 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
   const uint32_t want = ReplicasFor(nodes.size());
   for (size_t c = 0; c < r.keys.size(); ++c) {
     std::vector<std::string> holders;
-    pb::Tier tier = pb::TIER_NONE;
+    Tier tier = Tier::kNone;
     for (size_t i : cluster::RankNodes(r.keys[c], ids)) {
       if (!per[i].ok()) continue;
-      if (per[i]->tiers[c] == pb::TIER_NONE) continue;
+      if (per[i]->tiers[c] == Tier::kNone) continue;
       if (holders.empty()) tier = per[i]->tiers[c];
       holders.push_back(ids[i]);
     }
@@ -466,7 +466,7 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
                                                  std::optional<ChunkKey> parent,
                                                  std::span<const uint32_t> tokens,
                                                  std::span<const uint8_t> payloads,
-                                                 pb::Durability durability, uint32_t ttl_seconds) {
+                                                 Durability durability, uint32_t ttl_seconds) {
   KVC_ASSIGN_OR_RETURN(size_t whole, WholeChunks(ns, tokens.size(), payloads.size()));
   const size_t chunks = whole;
   std::vector<std::shared_ptr<Node>> nodes = Members();
@@ -595,7 +595,7 @@ ClusterClient::Counters ClusterClient::counters() const {
   return counters_;
 }
 
-std::vector<ClusterClient::NodeStats> ClusterClient::Stats() {
+std::vector<NodeStats> ClusterClient::Stats() {
   std::vector<std::shared_ptr<Node>> nodes = Members();
   std::vector<NodeStats> out(nodes.size());
   ParallelFor(nodes.size(), [&](size_t i) {
@@ -605,4 +605,4 @@ std::vector<ClusterClient::NodeStats> ClusterClient::Stats() {
   return out;
 }
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

@@ -7,8 +7,6 @@
 // as absl::Status. Thread-safe: one client may serve many threads.
 #pragma once
 
-#include <grpcpp/grpcpp.h>
-
 #include <chrono>
 #include <map>
 #include <memory>
@@ -21,11 +19,22 @@
 
 #include "absl/status/statusor.h"
 #include "base/chunk_key.h"
-#include "cachesvc/arena_socket.h"
-#include "cachesvc/cache_api.h"
-#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "client/arena_map.h"
+#include "client/cache_api.h"
 
-namespace kvc::cachesvc {
+// The generated protobuf and gRPC types stay out of this header (a worker that links the
+// client includes no protobuf); Stats' answer is defined in client/stats.h.
+namespace grpc {
+class Channel;
+class ClientContext;
+}  // namespace grpc
+namespace kvcache::v1 {
+class LookupRequest;
+class LookupResponse;
+class StatsResponse;
+}  // namespace kvcache::v1
+
+namespace kvc::client {
 
 // Chunks leased in the daemon's HBM tier: map the arena with ipc_handle on `device` (once
 // per arena_id; kernels/hbm_arena.h) and copy or read them until the lease ends.
@@ -67,11 +76,12 @@ class CacheClient final : public CacheApi {
   absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                                std::span<uint8_t> out,
                                std::string* short_reason = nullptr) override;
-  absl::StatusOr<StoreResult> Store(
-      const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
-      std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
-      kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
-      uint32_t ttl_seconds = 0) override;
+  absl::StatusOr<StoreResult> Store(const RemoteNamespace& ns,
+                                    std::optional<storage::ChunkKey> parent,
+                                    std::span<const uint32_t> tokens,
+                                    std::span<const uint8_t> payloads,
+                                    Durability durability = Durability::kDurable,
+                                    uint32_t ttl_seconds = 0) override;
   // Like Fetch, with chunk i written to dst[i] (chunk_bytes each): a cluster client puts
   // each node's share of a prefix straight where it belongs.
   absl::StatusOr<size_t> FetchScattered(const RemoteNamespace& ns,
@@ -82,13 +92,14 @@ class CacheClient final : public CacheApi {
   // stream: what a cluster client sends each node (its share of a prefix).
   absl::StatusOr<StoreResult> StoreChunks(const RemoteNamespace& ns,
                                           std::span<const ChunkToStore> chunks,
-                                          kvcache::v1::Durability durability, uint32_t ttl_seconds);
+                                          Durability durability, uint32_t ttl_seconds);
   absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                                uint32_t ttl_seconds) override;
   absl::StatusOr<uint32_t> Unpin(const RemoteNamespace& ns,
                                  std::span<const storage::ChunkKey> keys) override;
   absl::StatusOr<uint32_t> Delete(const RemoteNamespace& ns,
                                   std::span<const storage::ChunkKey> keys) override;
+  // The daemon's counters, for operators' tools (include client/stats.h to use the answer).
   absl::StatusOr<kvcache::v1::StatsResponse> Stats();
   // Co-located engines on the daemon's GPU: leases the leading chunks of `keys` in its HBM
   // tier (the daemon first copies there those in RAM or on SSD). FailedPrecondition when
@@ -102,15 +113,13 @@ class CacheClient final : public CacheApi {
   ~CacheClient();
 
  private:
-  CacheClient(ClientOptions o, std::shared_ptr<grpc::Channel> ch)
-      : options_(std::move(o)),
-        channel_(std::move(ch)),
-        stub_(kvcache::v1::KVCache::NewStub(channel_)) {}
+  CacheClient(ClientOptions o, std::shared_ptr<grpc::Channel> ch);
   std::unique_ptr<grpc::ClientContext> Context() const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<kvcache::v1::KVCache::Stub> stub_;
+  struct Rpc;  // the generated gRPC stub (client.cc)
+  std::unique_ptr<Rpc> rpc_;
   MappedArena arena_;
   std::string shm_error_;
   // Shared-memory leases this client holds, and where each leased chunk is.
@@ -154,4 +163,4 @@ class CacheClient final : public CacheApi {
   std::vector<uint64_t> to_release_;
 };
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

@@ -1,6 +1,6 @@
 // Chained prefix keys against vectors written by an independent Python implementation
 // (scripts/prefix_hash_vectors.py), plus the properties clients rely on.
-#include "cachesvc/prefix_hash.h"
+#include "client/prefix_hash.h"
 
 #include <fstream>
 #include <random>
@@ -10,11 +10,11 @@
 #include "tests/engine/spec/config_fixtures.h"
 #include "tests/testing/seed.h"
 
-namespace kvc::cachesvc {
+namespace kvc::client {
 namespace {
 
 nlohmann::json Vectors() {
-  std::ifstream in(std::string(KVC_SOURCE_DIR) + "/tests/cachesvc/prefix_hash_vectors.json");
+  std::ifstream in(std::string(KVC_SOURCE_DIR) + "/tests/client/prefix_hash_vectors.json");
   EXPECT_TRUE(in.good());
   return nlohmann::json::parse(in);
 }
@@ -70,4 +70,4 @@ TEST(PrefixHashTest, KeysDependOnEverythingBeforeThem) {
 }
 
 }  // namespace
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

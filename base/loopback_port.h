@@ -8,7 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-namespace kvc::cachesvc {
+namespace kvc {
 
 // The port, or 0 when no loopback socket could be bound.
 inline int FreeLoopbackPort() {
@@ -24,4 +24,4 @@ inline int FreeLoopbackPort() {
   return ok ? ntohs(a.sin_port) : 0;
 }
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc

@@ -1,11 +1,11 @@
-#include "cachesvc/prefix_hash.h"
+#include "client/prefix_hash.h"
 
 #include <xxhash.h>
 
 #include <bit>
 #include <cstring>
 
-namespace kvc::cachesvc {
+namespace kvc::client {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "encodings are little-endian");
@@ -91,4 +91,4 @@ std::vector<ChunkKey> ChunkKeys(const ChunkKey& root, std::span<const uint32_t> 
   return keys;
 }
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

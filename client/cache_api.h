@@ -1,4 +1,5 @@
-// CacheApi: what a worker asks of the cache, whether it is one kvcached (CacheClient,
+// CacheApi: what a worker asks of the cache (its types are plain C++: a worker that links
+// the client never sees protobuf), whether it is one kvcached (CacheClient,
 // client.h) or a cluster of them found through etcd (ClusterClient, cluster_client.h).
 // ConnectCache picks by the address: "etcd://H:P[,H:P…]" is a cluster, "H:P" one daemon.
 #pragma once
@@ -13,9 +14,19 @@
 #include "absl/status/statusor.h"
 #include "base/chunk_key.h"
 #include "cluster/etcd.h"
-#include "kvcache/v1/kvcache.pb.h"
 
-namespace kvc::cachesvc {
+namespace kvc::client {
+
+// Where a chunk is, fastest first after kNone (numbered as kvcache.v1.Tier on the wire).
+enum class Tier : uint8_t { kNone = 0, kHbm = 1, kRam = 2, kSsd = 3 };
+// "none", "hbm", "ram", "ssd".
+const char* TierName(Tier tier);
+
+// When a Store is acknowledged (numbered as kvcache.v1.Durability on the wire).
+enum class Durability : uint8_t {
+  kMemory = 0,   // once in host RAM; written to SSD behind
+  kDurable = 1,  // after the SSD write and an fdatasync begun after it
+};
 
 struct ClientOptions {
   // "H:P": one kvcached. "etcd://H:P[,H:P…]": the cluster whose membership is in that etcd.
@@ -57,8 +68,8 @@ struct RemoteNamespace {
 
 struct LookupResult {
   uint32_t matched_chunks = 0;
-  std::vector<storage::ChunkKey> keys;   // every whole chunk of the tokens
-  std::vector<kvcache::v1::Tier> tiers;  // one per matched chunk
+  std::vector<storage::ChunkKey> keys;  // every whole chunk of the tokens
+  std::vector<Tier> tiers;              // one per matched chunk
   // A cluster: the node that serves each matched chunk (its best-ranked holder).
   std::vector<std::string> nodes;
 };
@@ -102,11 +113,12 @@ class CacheApi {
   // only), chained after `parent` (nullopt: the prefix starts here). A partial last chunk —
   // a prompt almost always ends mid-chunk — is left out: StoreResult::tokens says how many
   // tokens were covered, and the rest is stored once whole, after the last key.
-  virtual absl::StatusOr<StoreResult> Store(
-      const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
-      std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
-      kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
-      uint32_t ttl_seconds = 0) = 0;
+  virtual absl::StatusOr<StoreResult> Store(const RemoteNamespace& ns,
+                                            std::optional<storage::ChunkKey> parent,
+                                            std::span<const uint32_t> tokens,
+                                            std::span<const uint8_t> payloads,
+                                            Durability durability = Durability::kDurable,
+                                            uint32_t ttl_seconds = 0) = 0;
   virtual absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns,
                                        std::span<const storage::ChunkKey> keys,
                                        uint32_t ttl_seconds) = 0;
@@ -123,4 +135,4 @@ absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, siz
 // One daemon or a cluster, by `options.address` (see ClientOptions::address).
 absl::StatusOr<std::unique_ptr<CacheApi>> ConnectCache(const ClientOptions& options);
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

@@ -1,19 +1,22 @@
-#include "cachesvc/client.h"
+#include "client/client.h"
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include <grpcpp/grpcpp.h>
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "cachesvc/prefix_hash.h"
-#include "cachesvc/status.h"
+#include "client/prefix_hash.h"
+#include "client/stats.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
+#include "wire/grpc_status.h"
 #include "wire/wire.h"
 
-namespace kvc::cachesvc {
+namespace kvc::client {
 
 namespace pb = ::kvcache::v1;
 using storage::ChunkKey;
@@ -34,7 +37,37 @@ void AddKeys(Req* req, std::span<const ChunkKey> keys) {
   for (const ChunkKey& k : keys) req->add_chunk_keys(KeyBytes(k));
 }
 
+// A tier the server named; one this client does not know reads as none (absent).
+Tier TierFromWire(int t) {
+  return t >= static_cast<int>(Tier::kNone) && t <= static_cast<int>(Tier::kSsd)
+             ? static_cast<Tier>(t)
+             : Tier::kNone;
+}
+
 }  // namespace
+
+struct CacheClient::Rpc {
+  explicit Rpc(const std::shared_ptr<grpc::Channel>& channel)
+      : stub(pb::KVCache::NewStub(channel)) {}
+  std::unique_ptr<pb::KVCache::Stub> stub;
+};
+
+CacheClient::CacheClient(ClientOptions o, std::shared_ptr<grpc::Channel> ch)
+    : options_(std::move(o)), channel_(std::move(ch)), rpc_(std::make_unique<Rpc>(channel_)) {}
+
+const char* TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kNone:
+      return "none";
+    case Tier::kHbm:
+      return "hbm";
+    case Tier::kRam:
+      return "ram";
+    case Tier::kSsd:
+      return "ssd";
+  }
+  return "unknown";
+}
 
 absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(const ClientOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
@@ -72,7 +105,7 @@ CacheClient::~CacheClient() {
     pb::ReleaseRefsRequest rel;
     rel.set_lease_id(id);
     pb::ReleaseRefsResponse ignored;
-    (void)stub_->ReleaseRefs(Context().get(), rel, &ignored);
+    (void)rpc_->stub->ReleaseRefs(Context().get(), rel, &ignored);
   }
   UnmapArena(arena_);
   for (const MappedArena& a : old_arenas_) UnmapArena(a);
@@ -173,7 +206,7 @@ absl::StatusOr<RemoteNamespace> CacheClient::RegisterNamespace(const std::string
   req.set_model_id(model_id);
   req.set_chunk_tokens(chunk_tokens);
   pb::RegisterNamespaceResponse resp;
-  KVC_RETURN_IF_ERROR(FromGrpc(stub_->RegisterNamespace(Context().get(), req, &resp)));
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->RegisterNamespace(Context().get(), req, &resp)));
   KVC_ASSIGN_OR_RETURN(ChunkKey root, KeyFrom(resp.root_key()));
   return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), root,
                          resp.vocab_size()};
@@ -216,7 +249,7 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace&
   pb::LookupResponse resp;
   KVC_RETURN_IF_ERROR(LookupByKeys(req, keys, &resp));
   r.matched_chunks = resp.matched_chunks();
-  for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
+  for (int t : resp.tiers()) r.tiers.push_back(TierFromWire(t));
   if (r.tiers.size() != r.keys.size()) {
     return absl::InternalError(
         absl::StrCat("Lookup answered ", r.tiers.size(), " tiers for ", r.keys.size(), " chunks"));
@@ -227,13 +260,13 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace&
 absl::Status CacheClient::LookupByKeys(pb::LookupRequest& req, std::span<const ChunkKey> keys,
                                        pb::LookupResponse* resp) {
   *req.mutable_packed_chunk_keys() = wire::PackKeys(keys);
-  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Lookup(Context().get(), req, resp)));
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->Lookup(Context().get(), req, resp)));
   if (resp->keys_seen() == keys.size()) return absl::OkStatus();
   // A daemon older than packed keys saw none: the same question, one string per key.
   req.clear_packed_chunk_keys();
   for (const ChunkKey& k : keys) req.add_chunk_keys(KeyBytes(k));
   resp->Clear();
-  return FromGrpc(stub_->Lookup(Context().get(), req, resp));
+  return wire::FromGrpc(rpc_->stub->Lookup(Context().get(), req, resp));
 }
 
 absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
@@ -261,7 +294,7 @@ absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
   }
   pb::LookupResponse resp;
   KVC_RETURN_IF_ERROR(by_key ? LookupByKeys(req, r.keys, &resp)
-                             : FromGrpc(stub_->Lookup(Context().get(), req, &resp)));
+                             : wire::FromGrpc(rpc_->stub->Lookup(Context().get(), req, &resp)));
   r.matched_chunks = resp.matched_chunks();
   if (!by_key) {
     for (const std::string& k : resp.chunk_keys()) {
@@ -269,7 +302,7 @@ absl::StatusOr<LookupResult> CacheClient::LookupImpl(const RemoteNamespace& ns,
       r.keys.push_back(key);
     }
   }
-  for (int t : resp.tiers()) r.tiers.push_back(static_cast<pb::Tier>(t));
+  for (int t : resp.tiers()) r.tiers.push_back(TierFromWire(t));
   if (r.tiers.size() != (every_chunk ? r.keys.size() : r.matched_chunks)) {
     return absl::InternalError(absl::StrCat("Lookup answered ", r.tiers.size(), " tiers for ",
                                             r.keys.size(), " chunks (", r.matched_chunks,
@@ -317,7 +350,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
     for (uint64_t id : TakeLeasesToRelease()) refs_req.add_release_lease_ids(id);
     const auto sent = std::chrono::steady_clock::now();
     pb::FetchRefsResponse refs;
-    KVC_RETURN_IF_ERROR(FromGrpc(stub_->FetchRefs(Context().get(), refs_req, &refs)));
+    KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->FetchRefs(Context().get(), refs_req, &refs)));
     if (refs.arena_id() != arena_.id) {
       // kvcached restarted: its offsets are into a new arena, not the one mapped here.
       // Map the new one (the old mapping stays until this client ends: a copy from a held
@@ -353,7 +386,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
   req.set_namespace_id(ns.id);
   AddKeys(&req, keys.subspan(got));
   auto ctx = Context();
-  auto reader = stub_->Fetch(ctx.get(), req);
+  auto reader = rpc_->stub->Fetch(ctx.get(), req);
   pb::FetchResponse resp;
   while (reader->Read(&resp)) {
     if (got >= keys.size() || resp.chunk_key() != KeyBytes(keys[got]) ||
@@ -366,7 +399,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
     std::memcpy(dst[got], resp.payload().data(), ns.chunk_bytes);
     ++got;
   }
-  absl::Status s = FromGrpc(reader->Finish());
+  absl::Status s = wire::FromGrpc(reader->Finish());
   if (!s.ok() && !absl::IsNotFound(s)) return s;
   if (!s.ok() && short_reason != nullptr) *short_reason = std::string(s.message());
   return got;  // NotFound mid-way: the leading chunks are usable
@@ -376,7 +409,7 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
                                                std::optional<ChunkKey> parent,
                                                std::span<const uint32_t> tokens,
                                                std::span<const uint8_t> payloads,
-                                               pb::Durability durability, uint32_t ttl_seconds) {
+                                               Durability durability, uint32_t ttl_seconds) {
   KVC_ASSIGN_OR_RETURN(size_t whole, WholeChunks(ns, tokens.size(), payloads.size()));
   const size_t chunks = whole;
   std::vector<ChunkToStore> each(chunks);
@@ -394,8 +427,7 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
 
 absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
                                                      std::span<const ChunkToStore> chunks,
-                                                     pb::Durability durability,
-                                                     uint32_t ttl_seconds) {
+                                                     Durability durability, uint32_t ttl_seconds) {
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].tokens.size() != ns.chunk_tokens || chunks[i].payload.size() != ns.chunk_bytes) {
       return absl::InvalidArgumentError(
@@ -406,7 +438,7 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
   }
   pb::StoreResponse resp;
   auto ctx = Context();
-  auto writer = stub_->Store(ctx.get(), &resp);
+  auto writer = rpc_->stub->Store(ctx.get(), &resp);
   // One message, refilled for each chunk: its payload buffer (a chunk, ~228 KB) is then
   // allocated once per call, not once per chunk (a fresh allocation that size is a fresh
   // mmap, faulted in page by page).
@@ -417,12 +449,12 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
     if (c.parent) req.set_parent_key(KeyBytes(*c.parent));
     req.mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
     req.set_payload(c.payload.data(), c.payload.size());
-    req.set_durability(durability);
+    req.set_durability(static_cast<pb::Durability>(durability));
     req.set_ttl_seconds(ttl_seconds);
     if (!writer->Write(req)) break;  // the server ended the call: Finish says why
   }
   writer->WritesDone();
-  KVC_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(writer->Finish()));
   StoreResult r{resp.stored(), resp.already_present(), {}};
   for (const std::string& k : resp.chunk_keys()) {
     KVC_ASSIGN_OR_RETURN(ChunkKey key, KeyFrom(k));
@@ -438,7 +470,7 @@ absl::StatusOr<uint32_t> CacheClient::Pin(const RemoteNamespace& ns, std::span<c
   AddKeys(&req, keys);
   req.set_ttl_seconds(ttl_seconds);
   pb::PinResponse resp;
-  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Pin(Context().get(), req, &resp)));
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->Pin(Context().get(), req, &resp)));
   return resp.pinned();
 }
 
@@ -448,7 +480,7 @@ absl::StatusOr<uint32_t> CacheClient::Unpin(const RemoteNamespace& ns,
   req.set_namespace_id(ns.id);
   AddKeys(&req, keys);
   pb::UnpinResponse resp;
-  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Unpin(Context().get(), req, &resp)));
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->Unpin(Context().get(), req, &resp)));
   return resp.unpinned();
 }
 
@@ -470,13 +502,14 @@ absl::StatusOr<uint32_t> CacheClient::Delete(const RemoteNamespace& ns,
   req.set_namespace_id(ns.id);
   AddKeys(&req, keys);
   pb::DeleteResponse resp;
-  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Delete(Context().get(), req, &resp)));
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->Delete(Context().get(), req, &resp)));
   return resp.deleted();
 }
 
 absl::StatusOr<pb::StatsResponse> CacheClient::Stats() {
   pb::StatsResponse resp;
-  KVC_RETURN_IF_ERROR(FromGrpc(stub_->Stats(Context().get(), pb::StatsRequest(), &resp)));
+  KVC_RETURN_IF_ERROR(
+      wire::FromGrpc(rpc_->stub->Stats(Context().get(), pb::StatsRequest(), &resp)));
   return resp;
 }
 
@@ -488,7 +521,7 @@ absl::StatusOr<DeviceRefs> CacheClient::FetchDeviceRefs(const RemoteNamespace& n
   AddKeys(&req, keys);
   pb::FetchDeviceRefsResponse resp;
   const auto sent = std::chrono::steady_clock::now();
-  KVC_RETURN_IF_ERROR(FromGrpc(stub_->FetchDeviceRefs(Context().get(), req, &resp)));
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->FetchDeviceRefs(Context().get(), req, &resp)));
   DeviceRefs out;
   out.lease_id = resp.lease_id();
   out.ipc_handle = resp.ipc_handle();
@@ -518,7 +551,7 @@ absl::Status CacheClient::ReleaseDeviceRefs(uint64_t lease_id) {
   pb::ReleaseRefsRequest req;
   req.set_lease_id(lease_id);
   pb::ReleaseRefsResponse resp;
-  return FromGrpc(stub_->ReleaseRefs(Context().get(), req, &resp));
+  return wire::FromGrpc(rpc_->stub->ReleaseRefs(Context().get(), req, &resp));
 }
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

@@ -2,8 +2,11 @@
 // round-trip into caller buffers, a chunk missing mid-prefix ends a fetch cleanly, a
 // truncated store stream keeps only whole messages, and 32 concurrent clients mixing
 // store, lookup and fetch see no errors.
-#include "cachesvc/client.h"
+#include "client/client.h"
+#include "client/stats.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 
+#include <grpcpp/grpcpp.h>
 #include <atomic>
 #include <fstream>
 #include <mutex>
@@ -19,7 +22,7 @@
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
-namespace kvc::cachesvc {
+namespace kvc::client {
 namespace {
 
 namespace pb = ::kvcache::v1;
@@ -219,7 +222,8 @@ TEST(ClientCompatibilityTest, LookupByKeysAsksAnOlderDaemonWithOneStringPerKey) 
   EXPECT_EQ(old_daemon.calls.load(), 2) << "packed first, then one string per key";
   ASSERT_EQ(r->tiers.size(), keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    EXPECT_EQ(r->tiers[i], keys[i].bytes[0] % 2 == 0 ? pb::TIER_RAM : pb::TIER_NONE) << i;
+    EXPECT_EQ(r->tiers[i], keys[i].bytes[0] % 2 == 0 ? client::Tier::kRam : client::Tier::kNone)
+        << i;
   }
   server->Shutdown();
 }
@@ -309,8 +313,9 @@ TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
       while (std::chrono::steady_clock::now() < deadline) {
         switch (rng() % 3) {
           case 0: {
-            auto r = client->Store(ns_, std::nullopt, p.tokens, p.payloads,
-                                   rng() % 2 ? pb::DURABILITY_DURABLE : pb::DURABILITY_MEMORY);
+            auto r = client->Store(
+                ns_, std::nullopt, p.tokens, p.payloads,
+                rng() % 2 ? client::Durability::kDurable : client::Durability::kMemory);
             if (!r.ok())
               error("Store: " + r.status().ToString());
             else
@@ -429,7 +434,7 @@ TEST(ClientSharedMemoryTest, AClientOutlivingARestartMapsTheNewArena) {
   std::unique_ptr<CacheClient> other = *CacheClient::Connect(plain);
   const Prefix filler = MakePrefix(rng, ns, 2);
   ASSERT_TRUE(
-      other->Store(ns, std::nullopt, filler.tokens, filler.payloads, kvcache::v1::DURABILITY_MEMORY)
+      other->Store(ns, std::nullopt, filler.tokens, filler.payloads, client::Durability::kMemory)
           .ok());
   std::vector<uint8_t> via_grpc(p.payloads.size());
   ASSERT_EQ(*other->Fetch(ns, keys, via_grpc), 3u);
@@ -492,4 +497,4 @@ TEST_F(ClientTest, DeviceRefsNeedAnHbmTier) {
 }
 
 }  // namespace
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

@@ -27,11 +27,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cachesvc/cache_api.h"
-#include "cachesvc/client.h"
+#include "client/cache_api.h"
+#include "client/client.h"
 #include "cluster/membership.h"
 
-namespace kvc::cachesvc {
+namespace kvc::client {
+
+struct NodeStats;
 
 class ClusterClient final : public CacheApi {
   using Clock = std::chrono::steady_clock;
@@ -50,11 +52,12 @@ class ClusterClient final : public CacheApi {
                                std::span<uint8_t> out,
                                std::string* short_reason = nullptr) override;
   // `stored` and `already_present` count copies (up to R per chunk).
-  absl::StatusOr<StoreResult> Store(
-      const RemoteNamespace& ns, std::optional<storage::ChunkKey> parent,
-      std::span<const uint32_t> tokens, std::span<const uint8_t> payloads,
-      kvcache::v1::Durability durability = kvcache::v1::DURABILITY_DURABLE,
-      uint32_t ttl_seconds = 0) override;
+  absl::StatusOr<StoreResult> Store(const RemoteNamespace& ns,
+                                    std::optional<storage::ChunkKey> parent,
+                                    std::span<const uint32_t> tokens,
+                                    std::span<const uint8_t> payloads,
+                                    Durability durability = Durability::kDurable,
+                                    uint32_t ttl_seconds = 0) override;
   // Pin, Unpin and Delete go to every node and count copies.
   absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                                uint32_t ttl_seconds) override;
@@ -84,11 +87,7 @@ class ClusterClient final : public CacheApi {
   };
   Counters counters() const;
 
-  struct NodeStats {
-    cluster::NodeInfo node;
-    absl::StatusOr<kvcache::v1::StatsResponse> stats;
-  };
-  // Every member's Stats, in parallel.
+  // Every member's Stats, in parallel (NodeStats: client/stats.h).
   std::vector<NodeStats> Stats();
 
  public:
@@ -140,4 +139,4 @@ class ClusterClient final : public CacheApi {
   std::thread repair_thread_;
 };
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::client

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 
-namespace kvc::cachesvc {
+namespace kvc::wire {
 
 inline grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -39,4 +39,4 @@ inline bool IsServerFault(grpc::StatusCode code) {
   }
 }
 
-}  // namespace kvc::cachesvc
+}  // namespace kvc::wire
