@@ -18,6 +18,8 @@ packages=(
   gnuplot-nox
   # the Python client (python/): its stubs, runtime and tests
   python3 python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-pip python3-venv
+  # its etcd access (a cluster's membership): etcd's gRPC API
+  python3-etcd3
   # its type check (mypy over python/kvcache, a test)
   python3-mypy
   # capacity plots (scripts/plot_capacity.py)

@@ -134,7 +134,7 @@ class Common:
         if target.startswith("etcd://"):
             raise InvalidArgumentError(
                 f"target {target}: AsyncClient talks to one kvcached (HOST:PORT or unix:PATH); "
-                "for a cluster use Client(\"etcd://...\"), a ClusterClient")
+                "for a cluster use kvcache.connect(\"etcd://...\"), a ClusterClient")
         self.target = target
         self.timeout_s = timeout_s
         self.lease_ms = lease_ms

@@ -7,7 +7,7 @@ import grpc.experimental
 from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
                       StoreResult, check_keys)
 from .hashing import Namespace, Tokens
-from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
+from .errors import InvalidArgumentError, KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
 from .v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -25,15 +25,14 @@ class Client(Common):
     `shm_error` say whether and why not). Not thread-safe; use one per thread.
     """
 
-    def __new__(cls, target=None, *args, **kwargs):
-        # "etcd://H:P[,H:P...]" names a cluster: the same API, routed across its nodes.
-        if cls is Client and isinstance(target, str) and target.startswith("etcd://"):
-            from .cluster import ClusterClient
-            return ClusterClient(target, *args, **kwargs)
-        return super().__new__(cls)
-
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
-                 lease_cache=True, max_held_chunks=1024, wait_for_ready=True):
+    def __init__(self, target: str, token: Optional[str] = None, timeout_s: float = 30.0,
+                 shm_socket: Optional[str] = None, lease_ms: int = 10000,
+                 lease_cache: bool = True, max_held_chunks: int = 1024,
+                 wait_for_ready: bool = True) -> None:
+        if isinstance(target, str) and target.startswith("etcd://"):
+            raise InvalidArgumentError(
+                f"{target!r} names a cluster; Client talks to one daemon: use "
+                "kvcache.connect(target) (or ClusterClient) for a cluster")
         super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
                          max_held_chunks)
         # False (a cluster's node clients): a node that is down fails the call at once, so
@@ -155,10 +154,11 @@ class Client(Common):
         out, and the result's `tokens` says how many tokens were covered. `parent`: the key
         of the chunk before tokens[0] (None: tokens start the prefix). durable=False
         acknowledges once in RAM."""
-        return self._send_store(self.store_requests(ns, tokens, payloads, durable, ttl_s, parent),
-                                ns)
+        return self.send_store(ns, self.store_requests(ns, tokens, payloads, durable, ttl_s, parent))
 
-    def _send_store(self, requests, ns):
+    def send_store(self, ns: Namespace, requests: Sequence[Any]) -> StoreResult:
+        """Sends StoreRequests made by store_requests() (any subset, each naming its parent)
+        in one stream: what a router sends each node, its share of a prefix."""
         if not requests:
             return StoreResult(0, 0, [])
         try:
@@ -168,9 +168,9 @@ class Client(Common):
             raise from_rpc_error(e) from None
         return self.store_result(resp, len(requests), ns)
 
-    def _lookup_every(self, ns, keys):
-        """The tier of every chunk of `keys` on this daemon ("none" where it has none),
-        asked by key: what a cluster client merges across nodes."""
+    def tiers_of(self, ns: Namespace, keys: Sequence[bytes]) -> List[str]:
+        """The tier of every chunk of `keys` on this daemon ("none" where it has none), not
+        only the leading run's: what a cluster client merges across nodes."""
         if not keys:
             return []
         req = self.keys_lookup_request(ns, keys, every_chunk=True)

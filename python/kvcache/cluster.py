@@ -1,7 +1,7 @@
 """The cache as many kvcached nodes whose membership is in etcd (docs/cluster.md).
 
-    from kvcache import Client
-    with Client("etcd://127.0.0.1:2379", token="...") as c:   # a ClusterClient
+    import kvcache
+    with kvcache.connect("etcd://127.0.0.1:2379", token="...") as c:   # a ClusterClient
         ns = c.register_namespace(config, "my-model", chunk_tokens=256)
         match = c.lookup(ns, prompt_tokens)
         got = c.fetch(ns, match.matched_keys, out=page_buffer)
@@ -10,7 +10,7 @@ Each chunk lives on its R best-ranked nodes by rendezvous hashing (rank_nodes, t
 "kvcache-rendezvous-v1" shared with the C++ client). lookup asks every node and merges;
 fetch pulls each chunk from a node that holds it, every node's share in parallel, and
 asks the next node in the ranking when one fails; store writes each chunk to its R owners
-and returns once all R hold it. The membership is read from etcd's v3 JSON gateway and
+and returns once all R hold it. The membership is read from etcd's v3 gRPC API and
 watched (membership.py: the etcd access; this module routes); when etcd cannot be
 reached the last membership seen is kept and `membership.stale` says so. Not thread-safe;
 use one per thread. `kvcache.connect("etcd://…")` gives one.
@@ -61,11 +61,10 @@ class ClusterClient:
     store's `stored` and `already_present` count copies (up to R per chunk).
     """
 
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=None,
-                 lease_cache=None, max_held_chunks=None, wait_for_ready=None, *, replicas=0,
-                 node_backoff_s=2.0, etcd_security=None):
-        # The shared-memory settings are Client's positional parameters too (Client(...)
-        # returns this class for an etcd:// target); a cluster has no shared memory.
+    def __init__(self, target: str, token: Optional[str] = None, timeout_s: float = 30.0, *,
+                 replicas: int = 0, node_backoff_s: float = 2.0,
+                 etcd_security: Optional[EtcdSecurity] = None,
+                 shm_socket: Optional[str] = None) -> None:
         if shm_socket:
             raise InvalidArgumentError(
                 "shared memory maps one daemon's arena; a cluster client uses gRPC to every node")
@@ -76,8 +75,9 @@ class ClusterClient:
         self._backoff = node_backoff_s
         self._watch = _MembershipWatch(parse_etcd_url(target), min(timeout_s, 5.0), etcd_security)
         self._nodes: Dict[str, _NodeClient] = {}
-        self._registrations = {}  # namespace id -> (config json, model id, chunk tokens)
-        self._holders = {}  # key -> node ids a recent lookup found it on
+        # namespace id -> (config json, model id, chunk tokens)
+        self._registrations: Dict[int, Tuple[str, str, int]] = {}
+        self._holders: Dict[bytes, List[str]] = {}  # key -> node ids a recent lookup found it on
         self._pool = ThreadPoolExecutor(max_workers=16)
         self.fetched_from: Dict[str, int] = {}  # node id -> chunks it served
 
@@ -192,7 +192,7 @@ class ClusterClient:
 
         def ask(nc):  # by key: hashed once here, not on every node
             self._ensure_namespace(nc, ns)
-            return nc.client._lookup_every(ns, keys)
+            return nc.client.tiers_of(ns, keys)
         results = self._on_nodes([(nc, ask) for nc in nodes])
         answered = {}
         for nc, (tiers, err) in zip(nodes, results):
@@ -304,7 +304,7 @@ class ClusterClient:
 
             def put(nc, idx=None):
                 self._ensure_namespace(nc, ns)
-                return nc.client._send_store([requests[c] for c in idx], ns)
+                return nc.client.send_store(ns, [requests[c] for c in idx])
             work = [(nodes[n], lambda nc, idx=idx: put(nc, idx)) for n, idx in share.items()]
             for (n, idx), (got, err) in zip(share.items(), self._on_nodes(work)):
                 if err is not None:

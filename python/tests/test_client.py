@@ -132,7 +132,7 @@ def test_lookup_asks_an_older_daemon_with_one_string_per_key(seed):
         keys = [bytes(rng.integers(0, 256, 16, dtype=np.uint8)) for _ in range(9)]
         ns = kvcache.Namespace(1, bytes(16), 1024, 64, 1)
         with kvcache.Client(f"127.0.0.1:{port}") as c:
-            tiers = c._lookup_every(ns, keys)
+            tiers = c.tiers_of(ns, keys)
         assert len(calls) == 2, "packed first, then one string per key"
         assert calls[0].packed_chunk_keys == b"".join(keys) and not calls[0].chunk_keys
         assert list(calls[1].chunk_keys) == keys and calls[1].every_chunk
@@ -248,9 +248,12 @@ def test_bad_arguments_are_refused_before_any_call(mini_config):
     with pytest.raises(kvcache.InvalidArgumentError, match="need 200"):
         c.fetch(ns, [bytes(16), bytes(16)], out=bytearray(100))
     with pytest.raises(kvcache.InvalidArgumentError, match="etcd endpoint 'h' is not HOST:PORT"):
-        kvcache.Client("etcd://h")
+        kvcache.connect("etcd://h")
     with pytest.raises(kvcache.UnavailableError, match="etcd at 127.0.0.1:1"):
-        kvcache.Client("etcd://127.0.0.1:1", timeout_s=1)
+        kvcache.connect("etcd://127.0.0.1:1", timeout_s=1)
+    # A Client is one daemon, always: a cluster address says where to go instead.
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"kvcache.connect\(target\)"):
+        kvcache.Client("etcd://127.0.0.1:1")
     with pytest.raises(ValueError):  # InvalidArgumentError is a ValueError too
         c.pin(ns, [bytes(16)], 0)
     for bad in (-1, 2**32, 1.5, True, "64"):

@@ -48,7 +48,7 @@ class Etcd:
         deadline = time.monotonic() + 20
         while True:
             try:
-                kvcache.cluster._MembershipWatch([f"127.0.0.1:{self.port}"], 0.5,
+                kvcache.membership._MembershipWatch([f"127.0.0.1:{self.port}"], 0.5,
                                                  self.tls[3] if self.tls else None).close()
                 return
             except kvcache.KvcacheError:
@@ -96,7 +96,7 @@ def test_ranking_matches_the_published_vectors():
 def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_config):
     etcd, nodes = cluster
     rng = np.random.default_rng(seed)
-    c = kvcache.Client(etcd.url, timeout_s=5)
+    c = kvcache.connect(etcd.url, timeout_s=5)
     assert isinstance(c, kvcache.ClusterClient)
     assert wait_for(lambda: len(c.membership.nodes) == 3, 10)
     ns = c.register_namespace(mini_config, "mini", 64)
@@ -105,7 +105,7 @@ def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_
     st = c.store(ns, tokens, payloads)
     assert st.stored == 48 * 2
 
-    other = kvcache.Client(etcd.url, timeout_s=5)
+    other = kvcache.connect(etcd.url, timeout_s=5)
     ns2 = other.register_namespace(mini_config, "mini", 64)
     assert ns2.id == ns.id
     m = other.lookup(ns, tokens)
@@ -119,7 +119,7 @@ def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_
     misplaced = 0
     for i, node in enumerate(nodes):
         direct = kvcache.Client(node.address, shm_socket="")
-        tiers = direct._lookup_every(ns, m.keys)
+        tiers = direct.tiers_of(ns, m.keys)
         direct.close()
         for key, tier in zip(m.keys, tiers):
             misplaced += (f"n{i}" in c.owners(key)) != (tier != "none")
@@ -163,40 +163,52 @@ def test_client_certificates_reach_an_etcd_that_asks_for_them(tmp_path):
     etcd = Etcd(tmp_path / "etcd", tls=(f("server.pem"), f("server.key"), f("ca.pem"), cert),
                 client_certs=True)
     try:
-        with kvcache.Client(etcd.url, timeout_s=2, etcd_security=cert) as c:
+        with kvcache.connect(etcd.url, timeout_s=2, etcd_security=cert) as c:
             assert c.membership.nodes == [] and not c.membership.stale
         with pytest.raises(kvcache.UnavailableError):  # the CA alone: no certificate
-            kvcache.Client(etcd.url, timeout_s=2,
+            kvcache.connect(etcd.url, timeout_s=2,
                            etcd_security=kvcache.EtcdSecurity(ca_file=f("ca.pem")))
         with pytest.raises(kvcache.InvalidArgumentError, match="go together"):
-            kvcache.Client(etcd.url, etcd_security=kvcache.EtcdSecurity(
+            kvcache.connect(etcd.url, etcd_security=kvcache.EtcdSecurity(
                 ca_file=f("ca.pem"), cert_file=f("client.pem")))
     finally:
         etcd.stop()
 
 
-def test_a_cluster_on_an_etcd_with_tls_and_users(tmp_path, seed, mini_config):
-    # etcd 3.4's JSON gateway, which this client reads, refuses a client certificate
-    # together with users (CVE-2018-16886), so this etcd asks for TLS and a password only.
+def enable_etcd_users(port, security, root_password):
+    """A root user, then authentication on (etcd's recipe), over etcd's gRPC API."""
+    import etcd3
+    from etcd3 import etcdrpc
+    c = etcd3.client(host="127.0.0.1", port=port, ca_cert=security.ca_file or None,
+                     cert_key=security.key_file or None, cert_cert=security.cert_file or None,
+                     timeout=5)
+    auth = etcdrpc.AuthStub(c.channel)
+    auth.UserAdd(etcdrpc.AuthUserAddRequest(name="root", password=root_password), 5)
+    auth.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"), 5)
+    auth.AuthEnable(etcdrpc.AuthEnableRequest(), 5)
+    c.close()
+
+
+def test_a_cluster_on_an_etcd_with_client_certificates_and_users(tmp_path, seed, mini_config):
+    # TLS, a client certificate and a password at once: over etcd's gRPC API the pair
+    # combines (its JSON gateway refuses it, CVE-2018-16886).
     make_certificates(tmp_path)
     f = lambda name: str(tmp_path / name)
-    ca = kvcache.EtcdSecurity(ca_file=f("ca.pem"))
-    etcd = Etcd(tmp_path / "etcd", tls=(f("server.pem"), f("server.key"), f("ca.pem"), ca))
+    cert = kvcache.EtcdSecurity(ca_file=f("ca.pem"), cert_file=f("client.pem"),
+                                key_file=f("client.key"))
+    etcd = Etcd(tmp_path / "etcd", tls=(f("server.pem"), f("server.key"), f("ca.pem"), cert),
+                client_certs=True)
     node = None
     try:
-        # A root user, then authentication on (etcd's recipe), through its JSON gateway.
-        w = kvcache.cluster._MembershipWatch([f"127.0.0.1:{etcd.port}"], 5, ca)
-        for path, body in [("/v3/auth/user/add", {"name": "root", "password": "pw-root"}),
-                           ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
-                           ("/v3/auth/enable", {})]:
-            w._post(path, body, 5).close()
-        w.close()
-        root = kvcache.EtcdSecurity(ca_file=f("ca.pem"), user="root", password="pw-root")
+        enable_etcd_users(etcd.port, cert, "pw-root")
+        root = kvcache.EtcdSecurity(ca_file=f("ca.pem"), cert_file=f("client.pem"),
+                                    key_file=f("client.key"), user="root", password="pw-root")
         (tmp_path / "password").write_text("pw-root\n")
         node = Daemon(tmp_path / "n0", ["--cluster", etcd.url, "--node-id", "n0",
-                                        "--etcd-ca", f("ca.pem"), "--etcd-user", "root",
+                                        "--etcd-ca", f("ca.pem"), "--etcd-cert", f("client.pem"),
+                                        "--etcd-key", f("client.key"), "--etcd-user", "root",
                                         "--etcd-password-file", f("password")])
-        with kvcache.Client(etcd.url, timeout_s=5, etcd_security=root) as c:
+        with kvcache.connect(etcd.url, timeout_s=5, etcd_security=root) as c:
             assert wait_for(lambda: len(c.membership.nodes) == 1, 10), c.membership
             rng = np.random.default_rng(seed)
             ns = c.register_namespace(mini_config, "mini", 64)
@@ -205,17 +217,19 @@ def test_a_cluster_on_an_etcd_with_tls_and_users(tmp_path, seed, mini_config):
             assert c.store(ns, tokens, payloads).stored == 4
             got = c.fetch(ns, c.lookup(ns, tokens).matched_keys)
             assert bytes(got.buffer) == payloads.tobytes()
-        # A wrong password is refused naming the user; no user, or no CA, reads nothing;
-        # a password without a user is a mistake.
-        wrong = kvcache.EtcdSecurity(ca_file=f("ca.pem"), user="root", password="no")
+        # A wrong password is refused naming the user; the certificate alone (its CN is no
+        # etcd user) reads nothing; no CA at all reaches nothing; a password without a user
+        # is a mistake.
+        wrong = kvcache.EtcdSecurity(ca_file=f("ca.pem"), cert_file=f("client.pem"),
+                                     key_file=f("client.key"), user="root", password="no")
         with pytest.raises(kvcache.PermissionDeniedError, match="user 'root'"):
-            kvcache.Client(etcd.url, timeout_s=2, etcd_security=wrong)
+            kvcache.connect(etcd.url, timeout_s=2, etcd_security=wrong)
         with pytest.raises(kvcache.PermissionDeniedError, match="etcd runs with users"):
-            kvcache.Client(etcd.url, timeout_s=2, etcd_security=ca)
+            kvcache.connect(etcd.url, timeout_s=2, etcd_security=cert)
         with pytest.raises(kvcache.UnavailableError):
-            kvcache.Client(etcd.url, timeout_s=2)
+            kvcache.connect(etcd.url, timeout_s=2)
         with pytest.raises(kvcache.InvalidArgumentError, match="without an etcd user"):
-            kvcache.Client(etcd.url, etcd_security=kvcache.EtcdSecurity(password="x"))
+            kvcache.connect(etcd.url, etcd_security=kvcache.EtcdSecurity(password="x"))
     finally:
         if node is not None:
             node.stop(signal.SIGKILL)
@@ -235,7 +249,7 @@ def test_a_record_under_another_key_does_not_rename_a_node(cluster):
                                  data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=5).read()
-    c = kvcache.Client(etcd.url, timeout_s=5)
+    c = kvcache.connect(etcd.url, timeout_s=5)
     try:
         got = {n.id: n.address for n in c.membership.nodes}
         assert got == {f"n{i}": nodes[i].address for i in range(3)}, got
