@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 
 #include "backends/program_flags.h"
 #include "bench/kvbench/cluster_bench.h"
@@ -34,6 +35,7 @@
 #include "bench/kvbench/engine_bench.h"
 #include "bench/kvbench/kernels_bench.h"
 #include "bench/kvbench/quality_bench.h"
+#include "bench/kvbench/report.h"
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/soak.h"
 #include "bench/kvbench/storage_bench.h"
@@ -61,16 +63,7 @@ std::string SiblingKvcached() {
   return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kvcached").string();
 }
 
-// Prints a case's result (JSON or its text form) or its error; the exit code.
-int Report(const absl::StatusOr<nlohmann::json>& r, bool json,
-           std::string (*to_text)(const nlohmann::json&)) {
-  if (!r.ok()) {
-    std::cerr << "kvbench: error: " << r.status().message() << "\n";
-    return 1;
-  }
-  std::cout << (json ? r->dump(2) + "\n" : to_text(*r));
-  return 0;
-}
+using bench::PrintReport;
 
 int Main(int argc, char** argv) {
   CLI::App app{"kvbench: kvcache benchmarks, ours beside a peer in the same run"};
@@ -373,13 +366,7 @@ int Main(int argc, char** argv) {
   }
   if (kernels->parsed()) {
 #if KVC_WITH_CUDA
-    absl::StatusOr<nlohmann::json> r = bench::RunKernelBench(kopt);
-    if (!r.ok()) {
-      std::cerr << "kvbench: error: " << r.status().message() << "\n";
-      return 1;
-    }
-    std::cout << (json ? r->dump(2) : bench::KernelBenchToText(*r)) << "\n";
-    return 0;
+    return PrintReport(bench::RunKernelBench(kopt), json, bench::KernelBenchToText);
 #else
     std::cerr << "kvbench: error: kernels needs the CUDA backend; this kvbench was built "
                  "without it (nvcc not found)\n";
@@ -399,7 +386,7 @@ int Main(int argc, char** argv) {
       }
       qopt.variants.emplace_back(w.substr(0, eq), w.substr(eq + 1));
     }
-    return Report(bench::RunQualityBench(qopt), json, bench::QualityBenchToText);
+    return PrintReport(bench::RunQualityBench(qopt), json, bench::QualityBenchToText);
   }
   if (soak->parsed()) {
     std::optional<std::string> text = ReadModelConfig(soak_config);
@@ -407,7 +394,7 @@ int Main(int argc, char** argv) {
     soak_opt.model_config_json = *text;
     soak_opt.kvcached = SiblingKvcached();
     absl::StatusOr<nlohmann::json> r = bench::RunSoak(soak_opt);
-    const int code = Report(r, json, bench::SoakToText);
+    const int code = PrintReport(r, json, bench::SoakToText);
     return code != 0 ? code : (bench::SoakPassed(*r) ? 0 : 1);
   }
   if (cluster->parsed()) {
@@ -415,33 +402,21 @@ int Main(int argc, char** argv) {
     if (!text) return 1;
     copt.model_config_json = *text;
     copt.kvcached = SiblingKvcached();
-    return Report(bench::RunClusterBench(copt), json, bench::ClusterBenchToText);
+    return PrintReport(bench::RunClusterBench(copt), json, bench::ClusterBenchToText);
   }
   if (trace->parsed()) {
     std::optional<std::string> text = ReadModelConfig(trace_config);
     if (!text) return 1;
     topt.model_config_json = *text;
     topt.kvcached = SiblingKvcached();
-    return Report(bench::RunTraceBench(topt), json, bench::TraceBenchToText);
+    return PrintReport(bench::RunTraceBench(topt), json, bench::TraceBenchToText);
   }
   if (e2e->parsed()) {
     xopt.kvcached = SiblingKvcached();
-    absl::StatusOr<nlohmann::json> r = bench::RunE2eBench(xopt);
-    if (!r.ok()) {
-      std::cerr << "kvbench: error: " << r.status().message() << "\n";
-      return 1;
-    }
-    std::cout << (json ? r->dump(2) : bench::E2eBenchToText(*r)) << "\n";
-    return 0;
+    return PrintReport(bench::RunE2eBench(xopt), json, bench::E2eBenchToText);
   }
   if (engine->parsed()) {
-    absl::StatusOr<nlohmann::json> r = bench::RunEngineBench(eopt);
-    if (!r.ok()) {
-      std::cerr << "kvbench: error: " << r.status().message() << "\n";
-      return 1;
-    }
-    std::cout << (json ? r->dump(2) : bench::EngineBenchToText(*r)) << "\n";
-    return 0;
+    return PrintReport(bench::RunEngineBench(eopt), json, bench::EngineBenchToText);
   }
   if (service->parsed()) {
     std::optional<std::string> text = ReadModelConfig(config);
@@ -450,18 +425,13 @@ int Main(int argc, char** argv) {
     sopt.kvcached = SiblingKvcached();
     if (no_python) sopt.python_dir.clear();
     absl::StatusOr<std::vector<bench::ServiceCase>> cases = bench::RunServiceBench(sopt);
-    if (!cases.ok()) {
-      std::cerr << "kvbench: error: " << cases.status().message() << "\n";
-      return 1;
-    }
-    if (json) {
-      std::cout << bench::ServiceCasesToJson(*cases).dump(2) << "\n";
-    } else {
-      std::cout << sopt.seconds << " s per run, " << sopt.repetitions
-                << " alternated runs per case\n"
-                << bench::ServiceCasesToText(*cases);
-    }
-    return 0;
+    return PrintReport(
+        cases.ok() ? absl::StatusOr<nlohmann::json>(bench::ServiceCasesToJson(*cases))
+                   : cases.status(),
+        json, [&](const nlohmann::json&) {
+          return absl::StrCat(sopt.seconds, " s per run, ", sopt.repetitions,
+                              " alternated runs per case\n", bench::ServiceCasesToText(*cases));
+        });
   }
   opt.run_fio = !no_fio;
   if (opt.chunk_bytes == 0) {
@@ -480,18 +450,13 @@ int Main(int argc, char** argv) {
   if (dataset_bytes > 0)
     opt.dataset_chunks = std::max<uint64_t>(1, dataset_bytes / opt.chunk_bytes);
   absl::StatusOr<std::vector<bench::BenchCase>> cases = bench::RunStorageBench(opt);
-  if (!cases.ok()) {
-    std::cerr << "kvbench: error: " << cases.status().message() << "\n";
-    return 1;
-  }
-  if (json) {
-    std::cout << bench::CasesToJson(*cases).dump(2) << "\n";
-  } else {
-    std::cout << "chunk " << opt.chunk_bytes << " B, " << opt.seconds << " s per run, "
-              << opt.repetitions << " alternated runs per case\n"
-              << bench::CasesToText(*cases);
-  }
-  return 0;
+  return PrintReport(
+      cases.ok() ? absl::StatusOr<nlohmann::json>(bench::CasesToJson(*cases)) : cases.status(),
+      json, [&](const nlohmann::json&) {
+        return absl::StrCat("chunk ", opt.chunk_bytes, " B, ", opt.seconds, " s per run, ",
+                            opt.repetitions, " alternated runs per case\n",
+                            bench::CasesToText(*cases));
+      });
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "bench/kvbench/service_bench.h"
+#include "bench/kvbench/report.h"
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
@@ -370,10 +371,7 @@ std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
     if (p <= 0) continue;
     const double target = c.op != "fetch" ? 0 : c.system == "kvcache-grpc" ? 1.0 : 0.8;
     absl::StrAppendFormat(&out, "  %-6s %2d clients  %s / %-7s %6.2f%s\n", c.op, c.clients,
-                          c.system, peer, c.gbps / p,
-                          target > 0 ? absl::StrFormat("  (target >= %.1f: %s)", target,
-                                                       c.gbps / p >= target ? "met" : "NOT met")
-                                     : "");
+                          c.system, peer, c.gbps / p, RatioNote(c.gbps / p, target));
   }
   return out;
 }

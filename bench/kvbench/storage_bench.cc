@@ -1,4 +1,5 @@
 #include "bench/kvbench/storage_bench.h"
+#include "bench/kvbench/report.h"
 
 #include <fcntl.h>
 #include <rocksdb/db.h>
@@ -582,10 +583,7 @@ std::string CasesToText(const std::vector<BenchCase>& cases) {
       if (peer == gbps.end() || peer->second <= 0) continue;
       const double ratio = c.gbps / peer->second;
       absl::StrAppendFormat(&out, "  %-6s depth %2d  %s (%s) / %-15s %6.2f%s\n", r.op, c.depth,
-                            r.ours, r.ours_mode, r.peer, ratio,
-                            r.target > 0 ? absl::StrFormat("  (target >= %.1f: %s)", r.target,
-                                                           ratio >= r.target ? "met" : "NOT met")
-                                         : "");
+                            r.ours, r.ours_mode, r.peer, ratio, RatioNote(ratio, r.target));
     }
   }
   return out;

@@ -28,7 +28,7 @@ const ForwardStats& Sequence::last_stats() const { return s_->stats; }
 
 Model::Model(std::unique_ptr<ModelImpl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
-const ModelConfig& Model::config() const { return impl_->c; }
+const ModelConfig& Model::config() const { return impl_->config; }
 const LayerSchedule& Model::schedule() const { return impl_->sched; }
 const ChunkLayout& Model::layout() const { return impl_->layout; }
 
@@ -56,28 +56,28 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
       !shape.ok()) {
     return shape;
   }
-  m->c = config;
+  m->config = config;
   KVC_ASSIGN_OR_RETURN(LayerSchedule sched, BuildLayerSchedule(config));
   m->sched = std::move(sched);
   KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, m->sched, chunk_tokens));
   m->layout = std::move(layout);
-  m->D = config.hidden_size;
-  m->H = config.num_attention_heads;
-  m->hd = config.head_dim;
-  m->rd = config.qk_rope_head_dim;
-  m->hc = config.hc_mult;
-  m->win = config.sliding_window;
-  m->E = m->sched.encoder_layers;
-  m->L = config.num_hidden_layers;
-  m->ND = config.num_nextn_predict_layers;
+  m->dim = config.hidden_size;
+  m->n_heads = config.num_attention_heads;
+  m->head_dim = config.head_dim;
+  m->rope_dim = config.qk_rope_head_dim;
+  m->hc_mult = config.hc_mult;
+  m->window = config.sliding_window;
+  m->encoder_layers = m->sched.encoder_layers;
+  m->n_layers = config.num_hidden_layers;
+  m->draft_layers = config.num_nextn_predict_layers;
   m->targets = config.dspark_target_layer_ids;
   // What this engine supports, checked up front with the key that breaks it.
-  if ((m->H * m->hd) % config.o_groups != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("num_attention_heads × head_dim (", m->H * m->hd,
-                                                   ") is not divisible by o_groups ",
-                                                   config.o_groups));
+  if ((m->n_heads * m->head_dim) % config.o_groups != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_attention_heads × head_dim (", m->n_heads * m->head_dim,
+                     ") is not divisible by o_groups ", config.o_groups));
   }
-  if (m->hd % 32 != 0 || config.index_head_dim % 32 != 0) {
+  if (m->head_dim % 32 != 0 || config.index_head_dim % 32 != 0) {
     return absl::InvalidArgumentError("head_dim and index_head_dim must be multiples of 32");
   }
   if (config.candidate_topk_blocks * config.candidate_block_size -
@@ -88,7 +88,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
         "index_topk (",
         config.index_topk, "), or positions outside the candidate pool would be selected"));
   }
-  for (int64_t l = m->E; l < m->L; ++l) {
+  for (int64_t l = m->encoder_layers; l < m->n_layers; ++l) {
     if (m->sched.layers[l].mode != AttentionMode::kFull) continue;
     if (m->decoder_full >= 0) {
       return absl::InvalidArgumentError(
@@ -97,14 +97,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const ModelConfig& config,
     }
     m->decoder_full = l;
   }
-  if (m->decoder_full != m->E) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the first decoder layer (", m->E, ") must be the decoder's only Full layer (CED)"));
+  if (m->decoder_full != m->encoder_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the first decoder layer (", m->encoder_layers,
+                     ") must be the decoder's only Full layer (CED)"));
   }
-  for (int64_t l = 0; l < m->L + m->ND; ++l) {
+  for (int64_t l = 0; l < m->n_layers + m->draft_layers; ++l) {
     const bool compressed = config.compress_ratios[l] > 0;
     m->freqs.push_back(cpu::RopeFrequencies(
-        m->rd, compressed ? config.compress_rope_theta : config.rope_theta,
+        m->rope_dim, compressed ? config.compress_rope_theta : config.rope_theta,
         compressed ? config.rope_scaling.original_max_position_embeddings : 0,
         config.rope_scaling.factor, config.rope_scaling.beta_fast, config.rope_scaling.beta_slow));
   }
@@ -120,7 +121,7 @@ namespace {
 
 void UpdateFullTokens(const ModelImpl& m, SequenceState& s) {
   int64_t full = std::numeric_limits<int64_t>::max();
-  for (int64_t l = 0; l < m.L; ++l) {
+  for (int64_t l = 0; l < m.n_layers; ++l) {
     if (m.sched.layers[l].mode == AttentionMode::kFull)
       full = std::min(full, s.layers[l].entries * m.sched.layers[l].compress_ratio);
   }
@@ -149,15 +150,15 @@ absl::StatusOr<std::vector<float>> Model::Prefill(Sequence& seq, std::span<const
     UpdateFullTokens(m, s);
     return std::move(logits[0]);
   }
-  m.RunLayers(s, 0, m.E, 0, n, X, pre, /*compress=*/true);
+  m.RunLayers(s, 0, m.encoder_layers, 0, n, X, pre, /*compress=*/true);
   m.CompressDecoder(s, 0, n, X, pre);
-  const int64_t seg = std::max<int64_t>(0, n - m.win);
-  for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
-  std::vector<float> Xs(X.begin() + seg * m.hc * m.D, X.end());
-  std::vector<float> ps(pre.begin() + seg * m.hc, pre.end());
+  const int64_t seg = std::max<int64_t>(0, n - m.window);
+  for (int64_t l = m.encoder_layers; l < m.n_layers; ++l) s.layers[l].window_start = seg;
+  std::vector<float> Xs(X.begin() + seg * m.hc_mult * m.dim, X.end());
+  std::vector<float> ps(pre.begin() + seg * m.hc_mult, pre.end());
   const int64_t last = n - seg - 1;
-  std::vector<std::vector<float>> logits =
-      m.LayersToLogits(s, m.E, seg, n, Xs, ps, /*compress=*/false, std::span(&last, 1));
+  std::vector<std::vector<float>> logits = m.LayersToLogits(
+      s, m.encoder_layers, seg, n, Xs, ps, /*compress=*/false, std::span(&last, 1));
   s.stats.encoder_tokens = n;
   s.stats.compressed_tokens = n;
   s.stats.decoder_tokens = n - seg;
@@ -196,7 +197,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Model::Extend(
   return m.Extend(s, tokens);
 }
 
-bool Model::has_drafter() const { return impl_->ND > 0; }
+bool Model::has_drafter() const { return impl_->draft_layers > 0; }
 
 struct SequenceCheckpoint::Layer {
   std::vector<float> ring, pend_kv, pend_score;
@@ -226,17 +227,17 @@ void Model::Rollback(Sequence& seq, const SequenceCheckpoint& cp) const {
   s.full_tokens_ = cp.full_tokens_;
   for (size_t l = 0; l < s.layers.size(); ++l) {
     LayerState& ls = s.layers[l];
-    const SequenceCheckpoint::Layer& c = cp.layers_[l];
-    ls.ring = c.ring;
-    ls.ring_pos = c.ring_pos;
-    ls.pend_kv = c.pend_kv;
-    ls.pend_score = c.pend_score;
-    ls.pend_rows = c.pend_rows;
+    const SequenceCheckpoint::Layer& config = cp.layers_[l];
+    ls.ring = config.ring;
+    ls.ring_pos = config.ring_pos;
+    ls.pend_kv = config.pend_kv;
+    ls.pend_score = config.pend_score;
+    ls.pend_rows = config.pend_rows;
     // Rows emitted after the checkpoint are dropped; their page bytes are rewritten when
     // the positions are compressed again.
-    ls.entries = c.entries;
-    ls.main_f.resize(c.entries * impl_->hd);
-    ls.index_f.resize(c.entries * impl_->c.index_head_dim);
+    ls.entries = config.entries;
+    ls.main_f.resize(config.entries * impl_->head_dim);
+    ls.index_f.resize(config.entries * impl_->config.index_head_dim);
   }
 }
 
@@ -283,23 +284,23 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
   s.stats = {};
   // Replay start: the model's window, or the encoder's whole dependency window before the
   // first position the decoder reads (exact).
-  const int64_t seg = std::max<int64_t>(0, n - m.win);
+  const int64_t seg = std::max<int64_t>(0, n - m.window);
   // A chosen replay length still covers the decoder's segment (the decoder reads the
   // encoder's output over its window): at least seg … cached is replayed.
   int64_t start = std::min(
-      seg,
-      std::max<int64_t>(0, cached - (bounded_replay_tokens >= 0 ? bounded_replay_tokens : m.win)));
+      seg, std::max<int64_t>(
+               0, cached - (bounded_replay_tokens >= 0 ? bounded_replay_tokens : m.window)));
   if (replay == ReplayMode::kExact) {
-    start = std::max<int64_t>(0, std::min(cached, seg) - m.E * m.win);
+    start = std::max<int64_t>(0, std::min(cached, seg) - m.encoder_layers * m.window);
   }
-  for (int64_t l = 0; l < m.E; ++l) s.layers[l].window_start = start;
-  for (int64_t l = m.E; l < m.L; ++l) s.layers[l].window_start = seg;
+  for (int64_t l = 0; l < m.encoder_layers; ++l) s.layers[l].window_start = start;
+  for (int64_t l = m.encoder_layers; l < m.n_layers; ++l) s.layers[l].window_start = seg;
   std::vector<float> pre;
   std::vector<float> X = m.Embed(s, start, n, &pre);
   // The layers before the first compressed one read no page: they run while the pages
   // are still on their way.
   int64_t early = 0;
-  while (early < m.E && m.sched.layers[early].compress_ratio == 0) ++early;
+  while (early < m.encoder_layers && m.sched.layers[early].compress_ratio == 0) ++early;
   m.RunLayers(s, 0, early, start, n, X, pre, /*compress=*/true);
   KVC_ASSIGN_OR_RETURN(std::span<const uint8_t> got, source());
   const std::span<const uint8_t> pages = got;
@@ -308,19 +309,19 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
                                                    " chunks need ", chunks * m.layout.chunk_bytes));
   }
   // Import: the pages as they are, and the dequantized rows attention reads.
-  const int64_t Id = m.c.index_head_dim;
+  const int64_t Id = m.config.index_head_dim;
   for (int64_t ch = 0; ch < chunks; ++ch) {
     std::vector<uint8_t>& page = s.WritePage(ch, m.layout.chunk_bytes);
     std::copy(pages.begin() + ch * m.layout.chunk_bytes,
               pages.begin() + (ch + 1) * m.layout.chunk_bytes, page.begin());
   }
-  for (int64_t l = 0; l < m.L; ++l) {
+  for (int64_t l = 0; l < m.n_layers; ++l) {
     const LayerPlan& plan = m.sched.layers[l];
     if (plan.mode != AttentionMode::kFull) continue;
     LayerState& ls = s.layers[l];
     const int64_t per_chunk = C / plan.compress_ratio;
     ls.entries = chunks * per_chunk;
-    ls.main_f.resize(ls.entries * m.hd);
+    ls.main_f.resize(ls.entries * m.head_dim);
     ls.index_f.resize(ls.entries * Id);
     const ChunkSection& mc = m.layout.Section(l, SectionKind::kMainCodes);
     const ChunkSection& ms = m.layout.Section(l, SectionKind::kMainScales);
@@ -328,32 +329,33 @@ absl::StatusOr<std::vector<float>> Model::Resume(Sequence& seq, const PageSource
     const ChunkSection& is = m.layout.Section(l, SectionKind::kIndexScales);
     for (int64_t ch = 0; ch < chunks; ++ch) {
       std::span<const uint8_t> pg(s.pages[ch]);
-      Dequantize(KvFormat::kMainKv, pg.subspan(mc.offset, mc.bytes),
-                 pg.subspan(ms.offset, ms.bytes),
-                 std::span<float>(ls.main_f.data() + ch * per_chunk * m.hd, per_chunk * m.hd));
+      Dequantize(
+          KvFormat::kMainKv, pg.subspan(mc.offset, mc.bytes), pg.subspan(ms.offset, ms.bytes),
+          std::span<float>(ls.main_f.data() + ch * per_chunk * m.head_dim, per_chunk * m.head_dim));
       Dequantize(KvFormat::kIndexK, pg.subspan(ic.offset, ic.bytes),
                  pg.subspan(is.offset, is.bytes),
                  std::span<float>(ls.index_f.data() + ch * per_chunk * Id, per_chunk * Id));
     }
     for (size_t i = 0; i < ls.main_f.size(); ++i) {
       if (!std::isfinite(ls.main_f[i])) {
-        return absl::DataLossError(absl::StrCat("page ", (i / m.hd) / per_chunk, " of layer ", l,
-                                                " holds a non-finite value"));
+        return absl::DataLossError(absl::StrCat("page ", (i / m.head_dim) / per_chunk, " of layer ",
+                                                l, " holds a non-finite value"));
       }
     }
   }
-  m.RunLayers(s, early, m.E, start, n, X, pre, /*compress=*/true);
+  m.RunLayers(s, early, m.encoder_layers, start, n, X, pre, /*compress=*/true);
   {
     const int64_t off = cached - start;
-    m.CompressDecoder(s, cached, n, std::vector<float>(X.begin() + off * m.hc * m.D, X.end()),
-                      std::vector<float>(pre.begin() + off * m.hc, pre.end()));
+    m.CompressDecoder(s, cached, n,
+                      std::vector<float>(X.begin() + off * m.hc_mult * m.dim, X.end()),
+                      std::vector<float>(pre.begin() + off * m.hc_mult, pre.end()));
   }
   KVC_CHECK(seg >= start);
-  std::vector<float> Xs(X.begin() + (seg - start) * m.hc * m.D, X.end());
-  std::vector<float> ps(pre.begin() + (seg - start) * m.hc, pre.end());
+  std::vector<float> Xs(X.begin() + (seg - start) * m.hc_mult * m.dim, X.end());
+  std::vector<float> ps(pre.begin() + (seg - start) * m.hc_mult, pre.end());
   const int64_t last = n - seg - 1;
-  std::vector<std::vector<float>> logits =
-      m.LayersToLogits(s, m.E, seg, n, Xs, ps, /*compress=*/false, std::span(&last, 1));
+  std::vector<std::vector<float>> logits = m.LayersToLogits(
+      s, m.encoder_layers, seg, n, Xs, ps, /*compress=*/false, std::span(&last, 1));
   s.stats.encoder_tokens = n - start;
   s.stats.replayed_tokens = cached - start;
   s.stats.compressed_tokens = n - cached;

@@ -18,27 +18,27 @@ void ModelImpl::QueriesAndWindowKv(int64_t l, int64_t a, int64_t rows, const std
   // window row normalized, turned and rounded to FP8, the indexer's queries turned and
   // rounded to its FP4, its head weights scaled by 1/√(Id·IH).
   const RowFinish q_finish{
-      .heads = H, .rope_freqs = &freqs[l], .first_position = a, .round = std::nullopt};
+      .heads = n_heads, .rope_freqs = &freqs[l], .first_position = a, .round = std::nullopt};
   const RowFinish kv_finish = WindowRowFinish(l, a);
-  const RowFinish qi_finish{.heads = c.index_n_heads,
+  const RowFinish qi_finish{.heads = config.index_n_heads,
                             .rope_freqs = &freqs[l],
                             .first_position = a,
                             .round = KvFormat::kIndexK};
   RowFinish wts_finish;
   wts_finish.multiplier =
-      static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.index_head_dim)) /
-                         std::sqrt(static_cast<double>(c.index_n_heads)));
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.index_head_dim)) /
+                         std::sqrt(static_cast<double>(config.index_n_heads)));
   std::vector<GemmCall> calls = {
       {x.data(), rows, &w.wq_a, qr.data()},
       {x.data(), rows, &w.wkv, kv.data()},
-      {nullptr, rows, &w.wq_b, q.data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps}};
+      {nullptr, rows, &w.wq_b, q.data(), /*input_of=*/0, w.q_norm.data(), config.rms_norm_eps}};
   calls[1].finish = &kv_finish;
   calls[2].finish = &q_finish;
   if (qi != nullptr) {
     qi->resize(rows * w.i_wq_b.out_features());
     wts->resize(rows * w.i_weights.out_features());
-    calls.push_back(
-        {nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(), c.rms_norm_eps});
+    calls.push_back({nullptr, rows, &w.i_wq_b, qi->data(), /*input_of=*/0, w.q_norm.data(),
+                     config.rms_norm_eps});
     calls.back().finish = &qi_finish;
     calls.push_back({x.data(), rows, &w.i_weights, wts->data()});
     calls.back().finish = &wts_finish;
@@ -82,7 +82,7 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
     if (compresses) Compress(s, l, compressor);
     kv_src = &s.layers[plan.kv_layer];
     if (runs_indexer) {
-      const int64_t IH = c.index_n_heads, Id = c.index_head_dim;
+      const int64_t IH = config.index_n_heads, Id = config.index_head_dim;
       const LayerState& ks = s.layers[plan.index_k_layer];
       auto& sel = topk[l];
       sel.assign(rows, {});
@@ -104,9 +104,9 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
       ib.sequence = s.id;
       ib.layout = &layout;
       ib.layer = plan.index_k_layer;
-      ib.topk = c.index_topk;
-      ib.block = c.candidate_block_size;
-      ib.topk_blocks = c.candidate_topk_blocks;
+      ib.topk = config.index_topk;
+      ib.block = config.candidate_block_size;
+      ib.topk_blocks = config.candidate_topk_blocks;
       ib.pool = &pool;
       ib.selected = &sel;
       ib.matmul = mm.get();
@@ -150,12 +150,13 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   std::vector<int32_t> offsets = {0}, entries;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = a + r;
-    for (int64_t p = std::max(ls.window_start, i - win + 1); p <= i; ++p) {
+    for (int64_t p = std::max(ls.window_start, i - window + 1); p <= i; ++p) {
       if (p >= a) {
-        entries.push_back(static_cast<int32_t>(win + (p - a)));
+        entries.push_back(static_cast<int32_t>(window + (p - a)));
       } else {
-        KVC_CHECK(ls.ring_pos[p % win] == p) << "layer " << l << ": window row " << p << " missing";
-        entries.push_back(static_cast<int32_t>(p % win));
+        KVC_CHECK(ls.ring_pos[p % window] == p)
+            << "layer " << l << ": window row " << p << " missing";
+        entries.push_back(static_cast<int32_t>(p % window));
       }
     }
     if (selected != nullptr && read_held == nullptr) {
@@ -183,9 +184,10 @@ bool ModelImpl::Attention(SequenceState& s, int64_t l, int64_t a, int64_t b,
   const bool moe_done = AttendAndProject(l, a, rows, q, batch, out, sublayer);
   if (held != nullptr) pass.held[l] = std::move(held);
   // The window ring keeps the last `win` rows of this pass (written when they land).
-  for (int64_t p = std::max(a, b - win); p < b; ++p) {
-    mm->CopyWhenLanded(kv.data() + (p - a) * hd, hd, ls.ring.data() + (p % win) * hd);
-    ls.ring_pos[p % win] = p;
+  for (int64_t p = std::max(a, b - window); p < b; ++p) {
+    mm->CopyWhenLanded(kv.data() + (p - a) * head_dim, head_dim,
+                       ls.ring.data() + (p % window) * head_dim);
+    ls.ring_pos[p % window] = p;
   }
   if (later) {  // they land at the pass's next wait
     for (std::vector<float>* v : {&q, &kv, &qi, &wts, &compressor.kv, &compressor.score,
@@ -201,11 +203,11 @@ bool ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::
   const AttentionWeights& w = layers[l].attn;
   // Sparse MQA: the same row is key and value; the sink enters the denominator only.
   batch.queries = rows;
-  batch.heads = H;
-  batch.dim = hd;
+  batch.heads = n_heads;
+  batch.dim = head_dim;
   batch.q = q.data();
   batch.sink = w.sink.data();
-  batch.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  batch.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   // A device backend may run the whole path below where the attention output already is.
   OutputPath path;
   path.first_position = a;
@@ -216,25 +218,26 @@ bool ModelImpl::AttendAndProject(int64_t l, int64_t a, int64_t rows, const std::
   if (then != nullptr && attn->AttendThenMoe(batch, path, *then)) return true;
   out.resize(rows * w.wo_b.out_features());
   if (attn->AttendAndProject(batch, path, out.data())) return false;
-  std::vector<float> o(rows * H * hd);
+  std::vector<float> o(rows * n_heads * head_dim);
   batch.out = o.data();
   attn->Attend(batch);
   cpu::ThreadPool::Default().ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t h = 0; h < H; ++h)
-        cpu::ApplyRope(&o[(r * H + h) * hd], hd, freqs[l], a + r, /*inverse=*/true);
+      for (int64_t h = 0; h < n_heads; ++h)
+        cpu::ApplyRope(&o[(r * n_heads + h) * head_dim], head_dim, freqs[l], a + r,
+                       /*inverse=*/true);
     }
   });
   // Grouped low-rank output.
-  const int64_t G = c.o_groups, gw = H * hd / G, ol = c.o_lora_rank;
+  const int64_t G = config.o_groups, gw = n_heads * head_dim / G, ol = config.o_lora_rank;
   std::vector<float> u(rows * G * ol);
   std::vector<std::vector<float>> og(G, std::vector<float>(rows * gw)),
       ug(G, std::vector<float>(rows * ol));
   std::vector<GemmCall> calls;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = 0; r < rows; ++r)
-      std::copy(o.begin() + r * H * hd + g * gw, o.begin() + r * H * hd + (g + 1) * gw,
-                og[g].begin() + r * gw);
+      std::copy(o.begin() + r * n_heads * head_dim + g * gw,
+                o.begin() + r * n_heads * head_dim + (g + 1) * gw, og[g].begin() + r * gw);
     calls.push_back({og[g].data(), rows, &w.wo_a[g], ug[g].data()});
   }
   mm->GemmGroup(calls);  // the groups' products together: one wait on a device

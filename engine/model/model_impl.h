@@ -123,17 +123,25 @@ class SequenceState {
 
 class ModelImpl {
  public:
-  ModelConfig c;
+  ModelConfig config;
   LayerSchedule sched;
   ChunkLayout layout;
-  int64_t D = 0, H = 0, hd = 0, rd = 0, hc = 0, win = 0, E = 0, L = 0;
-  std::vector<float> embed;  // V × D
+  // The config's sizes under the names the engine uses (the reference code's D, H, …).
+  int64_t dim = 0;             // the residual stream's width
+  int64_t n_heads = 0;         // query heads
+  int64_t head_dim = 0;        // one head's width, and one token's KV width
+  int64_t rope_dim = 0;        // the rotated part of a head
+  int64_t hc_mult = 0;         // hyper-connection copies of the residual stream
+  int64_t window = 0;          // the sliding window, in tokens
+  int64_t encoder_layers = 0;  // the CED encoder's layers (from the schedule)
+  int64_t n_layers = 0;        // trunk layers (draft layers follow them in `layers`)
+  std::vector<float> embed;    // vocab × dim
   std::vector<float> norm;
   PackedMatrix head;
   std::vector<LayerWeights> layers;        // trunk, then draft layers
   std::vector<std::vector<double>> freqs;  // per layer
   int64_t decoder_full = -1;               // the decoder's Full layer (its global KV)
-  int64_t ND = 0;                          // DSpark draft layers
+  int64_t draft_layers = 0;                // DSpark draft layers
   std::vector<int64_t> targets;            // DSpark target layers, in order
   DraftWeights draft;
 
@@ -196,7 +204,7 @@ class ModelImpl {
   // by kv_norm, RoPE at its position (rows from `first_position` on), FP8 rounding.
   RowFinish WindowRowFinish(int64_t l, int64_t first_position) const {
     return {.norm = layers[l].attn.kv_norm.data(),
-            .eps = c.rms_norm_eps,
+            .eps = config.rms_norm_eps,
             .rope_freqs = &freqs[l],
             .first_position = first_position,
             .round = KvFormat::kSwaKv};
@@ -331,10 +339,10 @@ std::span<const T> Row(const std::vector<T>& v, int64_t row, int64_t width) {
 // Appends `also` to a group; a chained input in `also` counts from the first of `also`.
 inline void AppendToGroup(std::vector<GemmCall>& calls, std::span<const GemmCall> also) {
   const int64_t base = static_cast<int64_t>(calls.size());
-  for (GemmCall c : also) {
-    if (c.input_of >= 0) c.input_of += base;
-    if (c.score_of >= 0) c.score_of += base;
-    calls.push_back(c);
+  for (GemmCall config : also) {
+    if (config.input_of >= 0) config.input_of += base;
+    if (config.score_of >= 0) config.score_of += base;
+    calls.push_back(config);
   }
 }
 

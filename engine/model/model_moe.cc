@@ -12,9 +12,9 @@ MoeBlock ModelImpl::MoeBlockOf(int64_t l) const {
                  {},
                  {},
                  w.experts_per_token,
-                 c.norm_topk_prob,
-                 static_cast<float>(c.routed_scaling_factor),
-                 static_cast<float>(c.swiglu_limit)};
+                 config.norm_topk_prob,
+                 static_cast<float>(config.routed_scaling_factor),
+                 static_cast<float>(config.swiglu_limit)};
   for (int64_t e = 0; e <= E_; ++e) {
     const ExpertWeights& ew = e < E_ ? w.experts[e] : w.shared;
     block.w1.push_back(&ew.w1);
@@ -28,7 +28,7 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::v
                     std::span<const GemmCall> also) const {
   const LayerWeights& w = layers[l];
   const int64_t E_ = static_cast<int64_t>(w.experts.size()), k = w.experts_per_token;
-  out.resize(rows * D);
+  out.resize(rows * dim);
   // A device backend may route where the gate's logits are: no round trip in between.
   const MoeBlock block = MoeBlockOf(l);
   if (mm->RoutedMoe(x.data(), rows, block, also, out.data())) return;
@@ -40,8 +40,9 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::v
   // the order their outputs are summed in.
   std::vector<ExpertJob> jobs(E_);
   for (int64_t r = 0; r < rows; ++r) {
-    for (const auto& [e, weight] : RouteToken(Row(logits, r, E_), w.gate_bias, k, c.norm_topk_prob,
-                                              static_cast<float>(c.routed_scaling_factor))) {
+    for (const auto& [e, weight] :
+         RouteToken(Row(logits, r, E_), w.gate_bias, k, config.norm_topk_prob,
+                    static_cast<float>(config.routed_scaling_factor))) {
       jobs[e].rows.push_back(r);
       jobs[e].weights.push_back(weight);
     }
@@ -53,7 +54,7 @@ void ModelImpl::Moe(int64_t l, const std::vector<float>& x, int64_t rows, std::v
   }
   std::erase_if(jobs, [](const ExpertJob& j) { return j.rows.empty(); });
   jobs.push_back({&w.shared.w1, &w.shared.w3, &w.shared.w2, {}, {}});
-  mm->Experts(x.data(), rows, jobs, static_cast<float>(c.swiglu_limit), out.data());
+  mm->Experts(x.data(), rows, jobs, static_cast<float>(config.swiglu_limit), out.data());
 }
 
 }  // namespace kvc::model
