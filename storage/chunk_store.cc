@@ -1,6 +1,7 @@
 #include "storage/chunk_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +44,7 @@ RamLease& RamLease::operator=(RamLease&& o) noexcept {
     pool_ = o.pool_;
     slot_ = o.slot_;
     offset_ = o.offset_;
+    checksum_ = o.checksum_;
     bytes_ = o.bytes_;
   }
   return *this;
@@ -190,6 +192,13 @@ absl::Status ChunkStore::Get(NamespaceId ns, const ChunkKey& key, std::span<uint
 std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                                std::span<const std::span<uint8_t>> outs,
                                                std::vector<Tier>* served_from) {
+  return GetBatchImpl(ns, keys, outs, served_from, impl_->verify_ram_reads());
+}
+
+std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<const ChunkKey> keys,
+                                                   std::span<const std::span<uint8_t>> outs,
+                                                   std::vector<Tier>* served_from,
+                                                   bool verify_ram) {
   Impl& s = *impl_;
   std::vector<absl::Status> status(keys.size());
   if (outs.size() != keys.size()) {
@@ -247,9 +256,14 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
   std::vector<size_t> corrupt;  // ram_hits entries whose copy did not verify
   for (size_t h = 0; h < ram_hits.size(); ++h) {
     const RamHit& hit = ram_hits[h];
-    std::memcpy(outs[hit.index].data(), s.ram_arenas()->SlotData(hit.pool, hit.slot),
-                outs[hit.index].size());
-    if (!s.RamCopyVerifies(outs[hit.index], hit.checksum)) corrupt.push_back(h);
+    const std::span<const uint8_t> src(s.ram_arenas()->SlotData(hit.pool, hit.slot),
+                                       outs[hit.index].size());
+    if (!verify_ram) {
+      // Verified when it entered RAM and by the scrub since; the arena is sealed.
+      std::memcpy(outs[hit.index].data(), src.data(), src.size());
+    } else if (CopyWithChecksum(outs[hit.index], src) != hit.checksum) {
+      corrupt.push_back(h);
+    }
   }
   std::vector<absl::Status> io;
   if (!reads.empty()) io = s.ssd->Read(reads);
@@ -338,6 +352,11 @@ absl::StatusOr<RamLease> ChunkStore::LeaseRam(NamespaceId ns, const ChunkKey& ke
   lease.offset_ = s.ram->SlotOffset(r->pool, r->slot);
   lease.bytes_ = std::span<const uint8_t>(s.ram->SlotData(r->pool, r->slot), r->len);
   const uint64_t checksum = r->checksum;
+  lease.checksum_ = checksum;
+  if (!s.verify_ram_reads()) {
+    ++s.stats.ram_hits;  // verified when it entered RAM and by the scrub since
+    return lease;
+  }
   // Verified outside the lock; the lease keeps the slot, and no client can write it
   // (ram_arena.h), so what verifies here is what the holder reads.
   lk.unlock();
@@ -354,6 +373,82 @@ absl::StatusOr<RamLease> ChunkStore::LeaseRam(NamespaceId ns, const ChunkKey& ke
   }
   ++s.stats.ram_hits;
   return lease;
+}
+
+uint64_t ChunkStore::ScrubRam(uint64_t max_bytes) { return impl_->ScrubRam(max_bytes); }
+
+uint64_t ChunkStore::Impl::ScrubRam(uint64_t max_bytes) {
+  Impl& s = *this;
+  uint64_t verified = 0;
+  MutexLock lk(s.mu);
+  if (!s.ram) return 0;
+  uint64_t total_slots = 0;
+  for (RamPoolId p = 0; p < s.ram->pool_count(); ++p) total_slots += s.ram->SlotCount(p);
+  if (total_slots == 0) return 0;
+  for (uint64_t walked = 0; verified < max_bytes; ++walked) {
+    if ((walked & 1023) == 1023) {  // a long walk over empty slots lets readers in
+      lk.unlock();
+      lk.lock();
+    }
+    const RamPoolId pool = s.scrub_pool;
+    const uint32_t slot = s.scrub_slot;
+    bool pass_done = false;
+    if (++s.scrub_slot >= s.ram->SlotCount(s.scrub_pool)) {
+      s.scrub_slot = 0;
+      do {
+        if (++s.scrub_pool >= s.ram->pool_count()) {
+          s.scrub_pool = 0;
+          pass_done = true;
+        }
+      } while (s.ram->SlotCount(s.scrub_pool) == 0);
+    }
+    ++s.scrub_slots_walked;
+    const ChunkKey* at = slot < s.ram->SlotCount(pool) ? s.ram->KeyAt(pool, slot) : nullptr;
+    const RamEntry* e = at != nullptr ? s.ram->Find(*at) : nullptr;
+    if (e != nullptr && e->pool == pool && e->slot == slot) {
+      const ChunkKey key = *at;
+      const uint64_t checksum = e->checksum;
+      const std::span<const uint8_t> bytes(s.ram->SlotData(pool, slot), e->len);
+      // Hashed outside the lock; the reference keeps the slot from being reused meanwhile.
+      s.ram->Ref(pool, slot);
+      lk.unlock();
+      const bool ok = s.RamCopyVerifies(bytes, checksum);
+      lk.lock();
+      const RamEntry* now = s.ram->Find(key);
+      if (!ok && now != nullptr && now->pool == pool && now->slot == slot) {
+        std::fprintf(stderr, "kvcache storage: the RAM scrub found %s corrupt; copy dropped\n",
+                     s.Where(key).c_str());
+        s.DropCorruptRam(key);
+      }
+      s.ram->Unref(pool, slot);
+      verified += bytes.size();
+      s.stats.ram_scrub_bytes += bytes.size();
+    }
+    if (pass_done) {  // a call ends with its pass: the next one starts the next pass
+      ++s.stats.ram_scrub_passes;
+      s.stats.ram_scrub_last_pass_s = s.NowS();
+      s.scrub_slots_walked = 0;
+      break;
+    }
+  }
+  s.stats.ram_scrub_progress =
+      static_cast<double>(s.scrub_slots_walked) / static_cast<double>(total_slots);
+  return verified;
+}
+
+void ChunkStore::Impl::ScrubLoop() {
+  // Steps of ~50 ms' worth of bytes, each followed by the rest of its time slice.
+  const uint64_t rate = opt.ram_scrub_bytes_per_s;
+  const uint64_t step = std::max<uint64_t>(rate / 20, 1);
+  while (true) {
+    const auto begun = std::chrono::steady_clock::now();
+    const uint64_t done = ScrubRam(step);
+    const auto due = begun + std::chrono::nanoseconds(
+                                 static_cast<int64_t>(std::max<uint64_t>(done, step) * 1e9 / rate));
+    MutexLock lk(mu);
+    while (!stopping && std::chrono::steady_clock::now() < due) work.wait_until(mu, due);
+    if (stopping) return;
+  }
 }
 
 void ChunkStore::ReleaseRamSlot(RamPoolId pool, uint32_t slot) {

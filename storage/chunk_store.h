@@ -18,9 +18,12 @@
 // index is salvaged and rebuilt from every slot. kMemory acknowledges once the chunk is in
 // RAM and a background writer copies it to SSD. After any crash every durably acknowledged
 // chunk reads back byte-exact; an entry whose slot does not verify is never served.
-// Every read verifies the chunk's checksum — from SSD, and from RAM too (Get,
-// LeaseRam; a RAM copy is also checked before it is written to SSD); a mismatch is a miss
-// (NotFound), counted, and the copy is dropped — bad bytes are never handed out.
+// Every byte handed out verified against the chunk's checksum: every SSD read is checked;
+// a RAM copy is checked when it enters RAM (its writer's check, or the SSD read's), when it
+// leaves (to SSD, to GPU memory), by a background scrub of every RAM copy at a configured
+// rate, and — with RamVerify::kEveryRead — on every read too (StoreOptions::ram_verify).
+// RAM copies live in sealed memory no other process can write. A mismatch is a miss
+// (NotFound), counted, and the copy is dropped.
 //
 // Capacity limits are hard, and so are per-owner quotas (quota.h). Eviction is prefix-aware
 // (eviction.h): leaves before their ancestors, least recently used first, expired TTLs first,
@@ -61,6 +64,8 @@ const char* TierName(Tier t);  // "none", "ram", "ssd", "hbm"
 
 enum class Durability { kMemory, kDurable };
 
+enum class RamVerify { kScrub, kEveryRead };
+
 struct StoreOptions {
   std::string data_dir;  // created if missing; holds index/ and slabs/
   // The largest chunk any namespace may use; 0 reopens an existing folder with its own slot
@@ -79,6 +84,13 @@ struct StoreOptions {
   bool preallocate_ssd = false;             // lay out every slab at open, not on first use
   bool preallocate_ssd_background = false;  // lay slabs out on a background thread instead
   bool prefault_ram = false;                // fault the RAM tier's pages in at open (ram_arena.h)
+  // When RAM copies are checked against their checksums (docs/storage.md, "Verification").
+  // kScrub: when a copy enters RAM (from a client: the service's check; from SSD: the
+  // slot's) and when it leaves (to SSD, to GPU memory), and by a background scrub of every
+  // RAM copy at ram_scrub_bytes_per_s; reads copy without hashing (the arena is sealed
+  // against every other writer). kEveryRead: also on every read, hashing while copying.
+  RamVerify ram_verify = RamVerify::kScrub;
+  uint64_t ram_scrub_bytes_per_s = 256ull << 20;  // 0: no background scrub (ScrubRam only)
   // T0: device memory for copies of chunks (max_chunk_bytes a slot); null: no T0. Shared
   // so a caller may keep it (its IPC handle) and StoreOptions stays copyable.
   std::shared_ptr<DeviceArena> hbm_arena;
@@ -115,6 +127,7 @@ class RamLease {
   std::span<const uint8_t> bytes() const { return bytes_; }
   RamPoolId pool() const { return pool_; }           // whose arena the offset is in
   uint64_t arena_offset() const { return offset_; }  // for a process that mapped the arena
+  uint64_t checksum() const { return checksum_; }    // PayloadChecksum of the chunk
 
  private:
   friend class ChunkStore;
@@ -122,10 +135,16 @@ class RamLease {
   RamPoolId pool_ = 0;
   uint32_t slot_ = 0;
   uint64_t offset_ = 0;
+  uint64_t checksum_ = 0;
   std::span<const uint8_t> bytes_;
 };
 
 struct StoreStats {
+  // The background scrub of RAM copies (StoreOptions::ram_verify).
+  uint64_t ram_scrub_bytes = 0;       // bytes of RAM copies verified by the scrub, in all
+  uint64_t ram_scrub_passes = 0;      // passes completed over every RAM slot
+  int64_t ram_scrub_last_pass_s = 0;  // when the last pass completed (store clock); 0: none
+  double ram_scrub_progress = 0;      // of the current pass, the fraction of slots walked
   const char* io_backend = "";
   std::string io_fallback_reason;
   uint64_t ram_chunks = 0, ram_capacity_chunks = 0;
@@ -169,8 +188,8 @@ class ChunkStore {
   std::vector<absl::Status> GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                      std::span<const std::span<uint8_t>> outs,
                                      std::vector<Tier>* served_from = nullptr);
-  // Zero-copy read of a chunk in RAM, its bytes verified against its checksum; NotFound
-  // if it is not in RAM (or its copy did not verify, and was dropped).
+  // Zero-copy read of a chunk in RAM (with kEveryRead its bytes verified first); NotFound if
+  // it is not in RAM (or its copy did not verify, and was dropped).
   absl::StatusOr<RamLease> LeaseRam(NamespaceId ns, const ChunkKey& key);
 
   // T0: a lease on the chunk's copy in device memory — found there, or read (verified)
@@ -234,6 +253,12 @@ class ChunkStore {
   [[nodiscard]] absl::Status Flush();
   StoreStats Stats() const;
 
+  // One step of the RAM scrub: verifies RAM copies from where the last step stopped until
+  // at least `max_bytes` were checked or a pass over every slot completed, dropping copies
+  // that do not verify (counted as RAM checksum failures). The background scrub calls it
+  // at ram_scrub_bytes_per_s; tests call it directly. Returns the bytes verified.
+  uint64_t ScrubRam(uint64_t max_bytes);
+
   // The store's own bookkeeping checked against itself, for tests and debugging, at a
   // quiet moment (no call in flight; leases may be held): every SSD slot is exactly one of
   // a chunk's, free, free in the reservation, or held back by a removal whose commit
@@ -248,6 +273,11 @@ class ChunkStore {
   friend class RamLease;
   explicit ChunkStore(std::unique_ptr<Impl> impl);
   void ReleaseRamSlot(RamPoolId pool, uint32_t slot);
+  // GetBatch; `verify_ram`: RAM copies are hashed while copied, whatever ram_verify says
+  // (a copy leaving RAM for another tier is checked on its way out).
+  std::vector<absl::Status> GetBatchImpl(NamespaceId ns, std::span<const ChunkKey> keys,
+                                         std::span<const std::span<uint8_t>> outs,
+                                         std::vector<Tier>* served_from, bool verify_ram);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -42,7 +42,10 @@ absl::StatusOr<HbmLease> ChunkStore::LeaseHbm(NamespaceId ns, const ChunkKey& ke
   // copy it in. The staging buffer is per thread: a lease call's promotions reuse it.
   thread_local std::vector<uint8_t> staged;
   staged.resize(chunk_bytes);
-  KVC_RETURN_IF_ERROR(Get(ns, key, staged));
+  std::span<uint8_t> outs[] = {staged};
+  const std::vector<absl::Status> got =
+      GetBatchImpl(ns, std::span(&key, 1), outs, nullptr, /*verify_ram=*/true);
+  KVC_RETURN_IF_ERROR(got[0]);
   lease = s.hbm->PutAndLease(ns, key, staged);
   if (!lease.ok()) return lease;
   MutexLock lk(s.mu);

@@ -92,6 +92,7 @@ class ChunkStore::Impl {
   bool RamCopyVerifies(std::span<const uint8_t> bytes, uint64_t checksum) const {
     return PayloadChecksum(bytes) == checksum;
   }
+  bool verify_ram_reads() const { return opt.ram_verify == RamVerify::kEveryRead; }
 
   // `key` is in neither tier any more: the chunks after it can no longer be reached by
   // a lookup, so they are the first to go, and its T0 copy goes now.
@@ -303,6 +304,14 @@ class ChunkStore::Impl {
   int flushes_in_progress ABSL_GUARDED_BY(mu) = 0;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::thread writer;
+  // The RAM scrub (ChunkStore::ScrubRam): where the walk over every pool's slots stands,
+  // and the thread that runs it at ram_scrub_bytes_per_s (woken early to stop).
+  RamPoolId scrub_pool ABSL_GUARDED_BY(mu) = 0;
+  uint32_t scrub_slot ABSL_GUARDED_BY(mu) = 0;
+  uint64_t scrub_slots_walked ABSL_GUARDED_BY(mu) = 0;  // of the current pass
+  std::thread scrubber;
+  uint64_t ScrubRam(uint64_t max_bytes) ABSL_LOCKS_EXCLUDED(mu);
+  void ScrubLoop() ABSL_LOCKS_EXCLUDED(mu);
   StoreStats stats ABSL_GUARDED_BY(mu);
 };
 

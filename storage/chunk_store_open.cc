@@ -335,6 +335,7 @@ absl::Status ChunkStore::Impl::Open() {
     }
   }
   writer = std::thread([this] { WriterLoop(); });
+  if (ram && opt.ram_scrub_bytes_per_s > 0) scrubber = std::thread([this] { ScrubLoop(); });
   return absl::OkStatus();
 }
 
@@ -345,6 +346,7 @@ void ChunkStore::Impl::Close() {
   }
   work.notify_all();
   if (writer.joinable()) writer.join();
+  if (scrubber.joinable()) scrubber.join();
   // Persist coarse last-access times so LRU order survives the restart.
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
   {

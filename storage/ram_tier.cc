@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<RamTier>> RamTier::Create(uint64_t slot_bytes,
     p.arena = std::move(arena);
     p.refs.assign(slots, 0);
     p.state.assign(slots, kFree);
+    p.keys.assign(slots, ChunkKey{});
     for (uint32_t s = static_cast<uint32_t>(slots); s-- > 0;) p.free.push_back(s);
     tier->capacity_slots_ += slots;
   }
@@ -106,6 +107,7 @@ void RamTier::Publish(const ChunkKey& key, const RamEntry& entry, int64_t access
       << "RAM pool " << entry.pool << " slot " << entry.slot << " published but not reserved";
   KVC_CHECK(!entries_.contains(key)) << "chunk " << key.Hex() << " published twice";
   p.state[entry.slot] = kUsed;
+  p.keys[entry.slot] = key;
   entries_[key] = entry;
   // Charged the whole slot it takes (quota.h), not its payload.
   p.order.Add(key, entry.parent, access_us, 0, entry.expires_s, entry.ns, p.arena->slot_bytes());
@@ -124,6 +126,16 @@ void RamTier::Remove(const ChunkKey& key) {
   } else {
     p.state[slot] = kFreeOnRelease;
   }
+}
+
+const ChunkKey* RamTier::KeyAt(RamPoolId pool, uint32_t slot) const {
+  const Pool& p = pools_.at(pool);
+  if (slot >= p.state.size() || p.state[slot] != kUsed) return nullptr;
+  return &p.keys[slot];
+}
+
+uint32_t RamTier::SlotCount(RamPoolId pool) const {
+  return static_cast<uint32_t>(pools_.at(pool).state.size());
 }
 
 uint64_t RamTier::CountIn(const std::set<NamespaceId>& namespaces) const {

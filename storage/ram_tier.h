@@ -7,8 +7,8 @@
 // map shared memory a pool of its own, so a mapping shows that tenant's chunks and no one
 // else's, and one tenant's traffic never evicts another's pool.
 //
-// Each chunk carries the XXH3-64 of its payload (the SSD slot's checksum), so a reader can
-// verify what it hands out.
+// Each chunk carries the XXH3-64 of its payload (the SSD slot's checksum), so a reader or
+// the scrub can verify it.
 //
 // Not thread-safe: the store calls it under its own mutex. Slot reference counts and free
 // lists are checked: a release without a reference, or a slot freed twice, aborts.
@@ -77,6 +77,10 @@ class RamTier {
 
   RamEntry* Find(const ChunkKey& key);
   const RamEntry* Find(const ChunkKey& key) const;
+  // The chunk published in `slot` of `pool`, or null (free, reserved, or being freed): a
+  // walk over the slots (the scrub) finds each chunk by where it lies.
+  const ChunkKey* KeyAt(RamPoolId pool, uint32_t slot) const;
+  uint32_t SlotCount(RamPoolId pool) const;
   // The entry if it is in RAM in namespace ns.
   RamEntry* FindIn(NamespaceId ns, const ChunkKey& key);
   bool Contains(const ChunkKey& key) const { return entries_.contains(key); }
@@ -126,6 +130,7 @@ class RamTier {
     std::vector<uint32_t> free;  // lowest slot on top
     std::vector<int> refs;
     std::vector<uint8_t> state;  // SlotState per slot
+    std::vector<ChunkKey> keys;  // the chunk a kUsed slot holds
     EvictionOrder order;
   };
   enum SlotState : uint8_t { kFree, kReserved, kUsed, kFreeOnRelease };

@@ -63,6 +63,9 @@ struct SlotHeader {
 };
 
 uint64_t PayloadChecksum(std::span<const uint8_t> payload);
+// Copies src into dst (same size) and returns PayloadChecksum(src) in one pass over the
+// bytes: block by block, each hashed while it is still in cache from its copy.
+uint64_t CopyWithChecksum(std::span<uint8_t> dst, std::span<const uint8_t> src);
 
 // Writes the header (format `version`) into the first SlotHeaderBytes(version) of `slot`.
 void EncodeSlotHeader(const SlotHeader& h, uint8_t* slot, uint16_t version = kSlotFormatVersion);

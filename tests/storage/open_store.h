@@ -1,6 +1,8 @@
 // Opening a store in a gtest: the store with one namespace registered, or a test failure.
 #pragma once
 
+#include <functional>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +31,8 @@ inline std::unique_ptr<storage::ChunkStore> OpenStoreWith(const storage::StoreOp
 // registered. Null (and a test failure) if anything fails.
 inline std::unique_ptr<storage::ChunkStore> OpenSmallStore(
     const std::string& dir, uint64_t chunk_bytes, const std::vector<uint64_t>& ram_pool_chunks,
-    uint64_t ssd_chunks, const std::vector<storage::NamespaceId>& namespaces) {
+    uint64_t ssd_chunks, const std::vector<storage::NamespaceId>& namespaces,
+    const std::function<void(storage::StoreOptions&)>& adjust = {}) {
   storage::StoreOptions o;
   o.data_dir = dir;
   o.max_chunk_bytes = chunk_bytes;
@@ -41,6 +44,7 @@ inline std::unique_ptr<storage::ChunkStore> OpenSmallStore(
   o.slab_bytes = 16 * storage::SlotBytesFor(chunk_bytes);
   o.queue_depth = 8;
   o.io_lanes = 2;
+  if (adjust) adjust(o);
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return nullptr;

@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
@@ -32,9 +35,18 @@ constexpr uint64_t kChunk = 20000;
 constexpr NamespaceId kNsA = 3, kNsB = 4;
 
 std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t pool0_chunks,
-                                 std::vector<uint64_t> pool_chunks, uint64_t ssd_chunks) {
+                                 std::vector<uint64_t> pool_chunks, uint64_t ssd_chunks,
+                                 const std::function<void(StoreOptions&)>& adjust = {}) {
   pool_chunks.insert(pool_chunks.begin(), pool0_chunks);
-  return testing::OpenSmallStore(dir, kChunk, pool_chunks, ssd_chunks, {kNsA, kNsB});
+  return testing::OpenSmallStore(dir, kChunk, pool_chunks, ssd_chunks, {kNsA, kNsB}, adjust);
+}
+
+// The server's own mapping stands in for a memory fault: flips one bit of key's RAM copy.
+void FlipBitInRam(ChunkStore& store, const ChunkKey& key, size_t byte, int bit) {
+  absl::StatusOr<RamLease> lease = store.LeaseRam(kNsA, key);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const_cast<uint8_t*>(lease->bytes().data())[byte] ^= static_cast<uint8_t>(1u << bit);
+  std::printf("flipped bit %d of byte %zu\n", bit, byte);
 }
 
 absl::Status PutMemory(ChunkStore& s, NamespaceId ns, const ChunkKey& key) {
@@ -174,21 +186,18 @@ TEST(RamPoolTest, ANamespaceInItsOwnPoolIsInThatArenaOnlyAndKeepsItsSlots) {
   for (const ChunkKey& k : a_in_ram) EXPECT_EQ(store->Contains(kNsA, k), Tier::kRam);
 }
 
-TEST(RamChecksumTest, ACorruptedRamCopyIsACountedMissNeverHandedOut) {
+TEST(RamChecksumTest, WithEveryReadVerifiedACorruptedRamCopyIsACountedMissNeverHandedOut) {
   const uint64_t seed = testing::FreshSeed();
   TempDir dir;
-  auto store = Open(dir.path(), 4, {}, 0);  // RAM only: the copy is the only one
+  // RAM only: the copy is the only one.
+  auto store = Open(dir.path(), 4, {}, 0, [](StoreOptions& o) {
+    o.ram_verify = RamVerify::kEveryRead;
+    o.ram_scrub_bytes_per_s = 0;
+  });
   const ChunkKey a = KeyOf(seed, 1), b = KeyOf(seed, 2);
   ASSERT_TRUE(PutMemory(*store, kNsA, a).ok());
   ASSERT_TRUE(PutMemory(*store, kNsA, b).ok());
-  {
-    // The server's own mapping stands in for a memory fault: flip one bit of a.
-    absl::StatusOr<RamLease> lease = store->LeaseRam(kNsA, a);
-    ASSERT_TRUE(lease.ok());
-    const size_t at = seed % kChunk;
-    const_cast<uint8_t*>(lease->bytes().data())[at] ^= 1u << (seed % 8);
-    std::printf("flipped byte %zu\n", at);
-  }
+  FlipBitInRam(*store, a, seed % kChunk, static_cast<int>(seed % 8));
   std::vector<uint8_t> out(kChunk);
   absl::Status got = store->Get(kNsA, a, out);
   EXPECT_TRUE(absl::IsNotFound(got)) << got;
@@ -202,15 +211,90 @@ TEST(RamChecksumTest, ACorruptedRamCopyIsACountedMissNeverHandedOut) {
   EXPECT_EQ(st.ram_checksum_failures, 1u);
 
   // The same through a lease (the path gRPC Fetch and shared memory take).
-  {
-    absl::StatusOr<RamLease> lease = store->LeaseRam(kNsA, b);
-    ASSERT_TRUE(lease.ok());
-    const_cast<uint8_t*>(lease->bytes().data())[kChunk - 1] ^= 0x80;
-  }
+  FlipBitInRam(*store, b, kChunk - 1, 7);
   absl::StatusOr<RamLease> again = store->LeaseRam(kNsA, b);
   EXPECT_TRUE(absl::IsNotFound(again.status())) << again.status();
   EXPECT_EQ(store->Stats().ram_checksum_failures, 2u);
   EXPECT_EQ(store->Stats().ram_chunks, 0u);
+}
+
+// Each RAM chunk once, by lease (the path gRPC Fetch and shared memory take) and by Get:
+// which keys came back, and whether each one's bytes are its own.
+void ExpectServedOnlyIntact(ChunkStore& store, const std::vector<ChunkKey>& keys,
+                            const ChunkKey& corrupt) {
+  std::vector<uint8_t> out(kChunk);
+  for (const ChunkKey& k : keys) {
+    absl::Status got = store.Get(kNsA, k, out);
+    absl::StatusOr<RamLease> lease = store.LeaseRam(kNsA, k);
+    if (k == corrupt) {
+      EXPECT_TRUE(absl::IsNotFound(got)) << got;
+      EXPECT_TRUE(absl::IsNotFound(lease.status())) << lease.status();
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << got;
+    EXPECT_EQ(out, PayloadOf(k, kChunk));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), lease->bytes().begin()));
+    EXPECT_EQ(lease->checksum(), PayloadChecksum(out));
+  }
+}
+
+TEST(RamScrubTest, ACopyTheScrubFoundCorruptIsNeverServedAgain) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 6, {}, 0, [](StoreOptions& o) {
+    o.ram_verify = RamVerify::kScrub;
+    o.ram_scrub_bytes_per_s = 0;  // the test drives the scrub
+  });
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 5; ++i) {
+    keys.push_back(KeyOf(seed, 10 + i));
+    ASSERT_TRUE(PutMemory(*store, kNsA, keys.back()).ok());
+  }
+  const ChunkKey bad = keys[seed % keys.size()];
+  FlipBitInRam(*store, bad, (seed >> 8) % kChunk, static_cast<int>((seed >> 4) % 8));
+  EXPECT_EQ(store->Stats().ram_checksum_failures, 0u) << "reads do not hash in kScrub";
+  // A step smaller than the tier verifies part of it; the pass goes on where it stopped.
+  uint64_t verified = store->ScrubRam(kChunk);
+  EXPECT_GE(verified, kChunk);
+  EXPECT_LT(verified, 5 * kChunk);
+  EXPECT_EQ(store->Stats().ram_scrub_passes, 0u);
+  while (store->Stats().ram_scrub_passes == 0) {
+    const uint64_t step = store->ScrubRam(kChunk);
+    verified += step;
+    ASSERT_LE(verified, 6 * kChunk) << "a pass over 6 slots verified more than 6 chunks";
+  }
+  const StoreStats st = store->Stats();
+  EXPECT_EQ(st.ram_scrub_bytes, 5 * kChunk) << "every RAM copy, each once";
+  EXPECT_EQ(st.ram_checksum_failures, 1u);
+  EXPECT_EQ(st.ram_chunks, 4u);
+  EXPECT_GT(st.ram_scrub_last_pass_s, 0);
+  EXPECT_EQ(store->Contains(kNsA, bad), Tier::kNone);
+  ExpectServedOnlyIntact(*store, keys, bad);
+  EXPECT_EQ(store->CheckConsistency(), absl::OkStatus());
+}
+
+TEST(RamScrubTest, TheBackgroundScrubFindsACorruptCopyOnItsOwn) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = Open(dir.path(), 4, {}, 0, [](StoreOptions& o) {
+    o.ram_verify = RamVerify::kScrub;
+    o.ram_scrub_bytes_per_s = 64 * kChunk;  // a pass over 4 slots: well under a second
+  });
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 3; ++i) {
+    keys.push_back(KeyOf(seed, 30 + i));
+    ASSERT_TRUE(PutMemory(*store, kNsA, keys.back()).ok());
+  }
+  const ChunkKey bad = keys[seed % keys.size()];
+  FlipBitInRam(*store, bad, seed % kChunk, static_cast<int>((seed >> 3) % 8));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (store->Contains(kNsA, bad) != Tier::kNone && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(store->Contains(kNsA, bad), Tier::kNone) << "the scrub never dropped the bad copy";
+  EXPECT_EQ(store->Stats().ram_checksum_failures, 1u);
+  ExpectServedOnlyIntact(*store, keys, bad);
 }
 
 }  // namespace
