@@ -179,6 +179,17 @@ int Main(int argc, char** argv) {
   app.add_flag("--prefault-ram,!--no-prefault-ram", prefault_ram,
                "fault the RAM tier's pages in at start, the default (its memory is taken at once; "
                "fills and promotions of SSD hits then pay no first-touch page faults)");
+  std::string ram_verify = "scrub";
+  app.add_option("--ram-verify", ram_verify,
+                 "when RAM copies are checked against their checksums: scrub (on entering and "
+                 "leaving RAM and by a background scrub, the default) or every-read (also on "
+                 "every read; docs/storage.md)")
+      ->check(CLI::IsMember({"scrub", "every-read"}))
+      ->capture_default_str();
+  uint64_t ram_scrub_mbps = 256;
+  app.add_option("--ram-scrub-mbps", ram_scrub_mbps,
+                 "the background scrub's rate over every RAM copy, MB/s (0: off)")
+      ->capture_default_str();
   uint32_t inject_io_faults = 0;
   app.add_option("--inject-io-faults", inject_io_faults,
                  "soak tests only: about 1 in N SSD operations fails (EIO or ENOSPC on a read, "
@@ -269,6 +280,9 @@ int Main(int argc, char** argv) {
   // writes so that a put rarely waits for a slab to be laid out.
   so.preallocate_ssd_background = true;
   so.prefault_ram = prefault_ram;
+  so.ram_verify =
+      ram_verify == "every-read" ? storage::RamVerify::kEveryRead : storage::RamVerify::kScrub;
+  so.ram_scrub_bytes_per_s = ram_scrub_mbps * 1000 * 1000;
   if (inject_io_faults > 0) {
     so.faults =
         std::make_shared<storage::FaultPlan>(static_cast<uint64_t>(getpid()) ^ time(nullptr));

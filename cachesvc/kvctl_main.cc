@@ -17,6 +17,7 @@
 // Token files hold whitespace-separated token ids; payload files the chunks' bytes back
 // to back.
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -170,6 +171,15 @@ absl::Status Run(const std::string& cmd, const Args& a) {
         (unsigned long long)s.read_errors(), (unsigned long long)s.write_errors(),
         (unsigned long long)s.recovered_chunks(),
         s.index_rebuilds() > 0 ? " (the index was damaged and rebuilt)" : "");
+    const int64_t since = s.ram_scrub_last_pass_unix_s() > 0
+                              ? static_cast<int64_t>(time(nullptr)) - s.ram_scrub_last_pass_unix_s()
+                              : -1;
+    std::printf(
+        "ram scrub: %llu passes, %.1f MB verified, last pass %s, current pass %.0f%%; "
+        "corrupt RAM copies dropped %llu\n",
+        (unsigned long long)s.ram_scrub_passes(), s.ram_scrub_bytes() / 1e6,
+        since < 0 ? "never" : (std::to_string(since) + " s ago").c_str(),
+        100 * s.ram_scrub_progress(), (unsigned long long)s.ram_checksum_failures());
     if (s.has_quota()) {
       const pb::TenantQuota& q = s.quota();
       auto limit = [](uint64_t x) { return x > 0 ? std::to_string(x) : std::string("none"); };

@@ -207,6 +207,11 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_ssd_hits(s.ssd_hits);
         resp->set_misses(s.misses);
         resp->set_checksum_failures(s.checksum_failures);
+        resp->set_ram_checksum_failures(s.ram_checksum_failures);
+        resp->set_ram_scrub_bytes(s.ram_scrub_bytes);
+        resp->set_ram_scrub_passes(s.ram_scrub_passes);
+        resp->set_ram_scrub_last_pass_unix_s(s.ram_scrub_last_pass_s);
+        resp->set_ram_scrub_progress(s.ram_scrub_progress);
         resp->set_evictions(s.ram_evictions + s.ssd_evictions);
         resp->set_read_errors(s.read_errors);
         resp->set_write_errors(s.write_errors);

@@ -169,6 +169,9 @@ absl::Status KvCacheService::Impl::DoFetchRefs(const std::string& tenant,
     ref->set_chunk_key(KeyBytes(nk->keys[i]));
     ref->set_arena_offset(l->arena_offset());
     ref->set_length(l->bytes().size());
+    // A client that copies the chunk again later without asking (a held lease) checks
+    // each copy against it, so a copy the scrub later finds corrupt is not used again.
+    ref->set_checksum(l->checksum());
     lease.ram.push_back(*std::move(l));
   }
   if (lease.ram.empty()) return absl::OkStatus();

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <grpcpp/grpcpp.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,20 @@ absl::StatusOr<ChunkKey> KeyFrom(const std::string& b) {
 template <typename Req>
 void AddKeys(Req* req, std::span<const ChunkKey> keys) {
   for (const ChunkKey& k : keys) req->add_chunk_keys(KeyBytes(k));
+}
+
+// Copies n bytes and returns their XXH3-64, block by block (each hashed while it is still
+// in cache from its copy): one pass over shared memory, not two.
+uint64_t CopyWithChecksum(uint8_t* dst, const uint8_t* src, size_t n) {
+  constexpr size_t kBlock = 16 << 10;
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t len = std::min(kBlock, n - at);
+    std::memcpy(dst + at, src + at, len);
+    XXH3_64bits_update(&state, dst + at, len);
+  }
+  return XXH3_64bits_digest(&state);
 }
 
 // A tier the server named; one this client does not know reads as none (absent).
@@ -134,18 +149,26 @@ bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const 
                                      std::span<uint8_t* const> dst) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lk(lease_mu_);
-  std::vector<uint64_t> offsets;
-  offsets.reserve(keys.size());
+  std::vector<const HeldRef*> refs;
+  refs.reserve(keys.size());
   for (const ChunkKey& key : keys) {
     auto it = held_refs_.find(key);
     if (it == held_refs_.end() || held_leases_.at(it->second.lease_id).usable_until <= now) {
       return false;
     }
-    offsets.push_back(it->second.arena_offset);
+    refs.push_back(&it->second);
   }
   // Copies under the lock: a lease is never released while a copy reads from it.
   for (size_t i = 0; i < keys.size(); ++i) {
-    std::memcpy(dst[i], arena_.base + offsets[i], ns.chunk_bytes);
+    const uint8_t* src = arena_.base + refs[i]->arena_offset;
+    if (refs[i]->checksum == 0) {
+      std::memcpy(dst[i], src, ns.chunk_bytes);
+    } else if (CopyWithChecksum(dst[i], src, ns.chunk_bytes) != refs[i]->checksum) {
+      auto lease = held_leases_.find(refs[i]->lease_id);
+      if (lease != held_leases_.end() && lease->second.refs > 0) --lease->second.refs;
+      held_refs_.erase(keys[i]);
+      return false;
+    }
   }
   return true;
 }
@@ -167,16 +190,18 @@ std::vector<uint64_t> CacheClient::TakeLeasesToRelease() {
 }
 
 void CacheClient::HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
-                            std::span<const ChunkKey> keys, const std::vector<uint64_t>& offsets) {
+                            std::span<const ChunkKey> keys, const std::vector<uint64_t>& offsets,
+                            const std::vector<uint64_t>& checksums) {
   std::lock_guard lk(lease_mu_);
   HeldLease& lease = held_leases_[lease_id];
   lease.usable_until = usable_until;
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto [it, inserted] = held_refs_.try_emplace(keys[i], HeldRef{lease_id, offsets[i]});
+    const HeldRef ref{lease_id, offsets[i], checksums[i]};
+    auto [it, inserted] = held_refs_.try_emplace(keys[i], ref);
     if (!inserted) {  // the newer lease holds this chunk longer
       auto old = held_leases_.find(it->second.lease_id);
       if (old != held_leases_.end() && old->second.refs > 0) --old->second.refs;
-      it->second = HeldRef{lease_id, offsets[i]};
+      it->second = ref;
     }
     ++lease.refs;
   }
@@ -358,7 +383,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
       RemapArena(refs.lease_id(), may_remap);
       return FetchImpl(ns, keys, dst, short_reason, /*may_remap=*/false);
     }
-    std::vector<uint64_t> offsets;
+    std::vector<uint64_t> offsets, checksums;
     for (const pb::ChunkRef& ref : refs.refs()) {
       if (got >= keys.size() || ref.length() != ns.chunk_bytes ||
           ref.arena_offset() + ref.length() > arena_.bytes ||
@@ -367,6 +392,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
       }
       std::memcpy(dst[got], arena_.base + ref.arena_offset(), ns.chunk_bytes);
       offsets.push_back(ref.arena_offset());
+      checksums.push_back(ref.checksum());
       ++got;
     }
     if (refs.lease_id() != 0) {
@@ -374,7 +400,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
       const auto margin = std::chrono::milliseconds(refs.lease_ms() / 4);
       const auto until = sent + std::chrono::milliseconds(refs.lease_ms()) - margin;
       if (options_.shm_lease_cache) {
-        HoldLease(refs.lease_id(), until, keys.first(got), offsets);
+        HoldLease(refs.lease_id(), until, keys.first(got), offsets, checksums);
       } else {
         std::lock_guard lk(lease_mu_);
         to_release_.push_back(refs.lease_id());  // goes with the next call

@@ -126,20 +126,24 @@ class CacheClient final : public CacheApi {
   struct HeldRef {
     uint64_t lease_id;
     uint64_t arena_offset;
+    uint64_t checksum;  // the chunk's, from FetchRefs (0: an older daemon, not checked)
   };
   struct HeldLease {
     std::chrono::steady_clock::time_point usable_until;  // a margin before the server's end
     uint32_t refs = 0;                                   // entries of held_refs_ naming it
   };
-  // Takes every key from held leases (all or nothing) and copies it out; false if one is
-  // missing or its lease is about to end.
+  // Takes every key from held leases (all or nothing) and copies it out, each copy checked
+  // against the chunk's checksum while it is made; false if one is missing, its lease is
+  // about to end, or its copy does not verify (that chunk is then no longer held: the next
+  // call asks the daemon, whose scrub has the last word on it).
   bool CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                           std::span<uint8_t* const> dst);
   // Leases whose time is up or that no held chunk names any more, to release on the next
   // FetchRefs (the server would end them on time anyway).
   std::vector<uint64_t> TakeLeasesToRelease();
   void HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
-                 std::span<const storage::ChunkKey> keys, const std::vector<uint64_t>& offsets);
+                 std::span<const storage::ChunkKey> keys, const std::vector<uint64_t>& offsets,
+                 const std::vector<uint64_t>& checksums);
 
   // Asks with the keys packed end to end; again with one string per key if the daemon
   // predates packed keys (req: namespace and every_chunk set).

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+import xxhash
+
 from . import _wire
 from .errors import DataLossError, InvalidArgumentError, KvcacheError, NotFoundError
 from .hashing import Namespace, Tokens, as_tokens, chunk_keys
@@ -149,7 +151,7 @@ class Common:
         # of their lease is left, so fetching them again is a copy with no call at all.
         self._lease_cache = lease_cache
         self._max_held = max_held_chunks
-        self._held_refs = {}    # key -> (lease id, arena offset)
+        self._held_refs = {}    # key -> (lease id, arena offset, checksum)
         self._held_leases = {}  # lease id -> [usable until (monotonic s), chunks held]
         if self._shm_socket:
             self._map_arena()
@@ -178,21 +180,26 @@ class Common:
         self.shm_error = why
 
     def copy_from_held(self, ns, keys, out_view):
-        """Copies every key from held leases (all or nothing); False if one is missing or
-        its lease is about to end."""
+        """Copies every key from held leases (all or nothing), each copy checked against the
+        chunk's checksum; False if one is missing, its lease is about to end, or its copy
+        does not verify (the daemon's RAM scrub may have found it corrupt since: that chunk
+        is no longer held, and the next call asks the daemon)."""
         if not self._lease_cache:
             return False
         now = time.monotonic()
-        offsets = []
+        held_refs = []
         for k in keys:
             held = self._held_refs.get(k)
             if held is None or self._held_leases[held[0]][0] <= now:
                 return False
-            offsets.append(held[1])
+            held_refs.append(held)
         assert self._arena is not None
         view, n = self._arena.view, ns.chunk_bytes
-        for i, off in enumerate(offsets):
+        for i, (lease_id, off, checksum) in enumerate(held_refs):
             out_view[i * n:(i + 1) * n] = view[off:off + n]
+            if checksum and xxhash.xxh3_64_intdigest(out_view[i * n:(i + 1) * n]) != checksum:
+                self.forget_held([keys[i]])
+                return False
         return True
 
     def _leases_to_release(self):
@@ -223,7 +230,7 @@ class Common:
         copied. A ref that does not match the request is DataLossError."""
         arena = self._arena
         assert arena is not None
-        offsets = []
+        offsets, checksums = [], []
         for i, ref in enumerate(resp.refs):
             if (i >= len(keys) or ref.chunk_key != keys[i] or ref.length != ns.chunk_bytes
                     or ref.arena_offset + ref.length > arena.bytes):
@@ -233,11 +240,12 @@ class Common:
             at = i * ns.chunk_bytes
             out_view[at:at + ns.chunk_bytes] = arena.view[ref.arena_offset:ref.arena_offset + ref.length]
             offsets.append(ref.arena_offset)
+            checksums.append(ref.checksum)
         if resp.lease_id:
             if self._lease_cache:
                 # The lease started after the request left; stop using it a quarter early.
                 until = self.refs_sent + resp.lease_ms * 0.75e-3
-                self._hold(resp.lease_id, until, keys[:len(offsets)], offsets)
+                self._hold(resp.lease_id, until, keys[:len(offsets)], offsets, checksums)
             else:
                 self._pending_release.append(resp.lease_id)
         return len(offsets)
@@ -253,13 +261,13 @@ class Common:
             self._map_arena()
         return None if self._arena is not None and attempt == 0 else 0
 
-    def _hold(self, lease_id, until, keys, offsets):
+    def _hold(self, lease_id, until, keys, offsets, checksums):
         self._held_leases[lease_id] = [until, 0]
-        for k, off in zip(keys, offsets):
+        for k, off, checksum in zip(keys, offsets, checksums):
             old = self._held_refs.get(k)
             if old is not None:
                 self._held_leases[old[0]][1] -= 1
-            self._held_refs[k] = (lease_id, off)
+            self._held_refs[k] = (lease_id, off, checksum)
             self._held_leases[lease_id][1] += 1
         while len(self._held_refs) > self._max_held and len(self._held_leases) > 1:
             oldest = next(iter(self._held_leases))  # dicts keep insertion order

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kvcache
+from kvcache.v1 import kvcache_pb2 as pb
 from kvcache import _wire
 from conftest import BIN_DIR, MINI_CONFIG, SOURCE_DIR, run
 
@@ -292,6 +293,49 @@ def test_shared_memory_path_is_taken_and_equals_grpc(daemon, seed, mini_config):
         via_grpc = remote.fetch(ns, keys)
         assert via_grpc.shm_chunks == 0
         assert bytes(via_shm.buffer) == bytes(via_grpc.buffer) == payloads.tobytes()
+
+
+def flip_bit_in_daemon_ram(pid, arena_offset, bit):
+    """One bit of the daemon's RAM arena (pool 0), written as a DRAM fault would be:
+    through /proc/PID/mem (the test started the daemon)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        line = next(l for l in maps if "kvcache-ram-pool-0" in l and " rw-s " in l)
+    base = int(line.split("-", 1)[0], 16)
+    with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
+        mem.seek(base + arena_offset)
+        b = mem.read(1)[0]
+        mem.seek(base + arena_offset)
+        mem.write(bytes([b ^ (1 << bit)]))
+
+
+def test_a_held_lease_never_hands_out_a_chunk_the_scrub_found_corrupt(make_daemon, seed,
+                                                                       mini_config):
+    """Fetching again within a lease copies from shared memory with no call; a chunk the
+    daemon's RAM scrub has since found corrupt fails the copy's checksum, so the client
+    asks again and gets the SSD copy."""
+    rng = np.random.default_rng(seed)
+    d = make_daemon(["--ram-scrub-mbps", "200"])
+    with kvcache.Client(d.address, shm_socket=d.socket, lease_ms=60000) as c:
+        assert c.shared_memory, c.shm_error
+        ns = c.register_namespace(mini_config, "mini", 64)
+        tokens, payloads = random_prefix(rng, ns, 4)
+        c.store(ns, tokens, payloads)  # durable: on SSD too
+        keys = c.chunk_keys(ns, tokens)
+        assert c.fetch(ns, keys).shm_chunks == 4  # leases held from here on
+        refs = c._call(c._stub.FetchRefs, pb.FetchRefsRequest(
+            namespace_id=ns.id, chunk_keys=keys))
+        victim = seed % 4
+        assert refs.refs[victim].checksum != 0
+        at = refs.refs[victim].arena_offset + (seed >> 8) % ns.chunk_bytes
+        flip_bit_in_daemon_ram(d.proc.pid, at, (seed >> 4) % 8)
+        print(f"flipped a bit of chunk {victim} at arena offset {at}")
+        deadline = time.monotonic() + 30
+        while c.stats()["ram_checksum_failures"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert c.stats()["ram_checksum_failures"] == 1, "the scrub never found the flipped bit"
+        got = c.fetch(ns, keys)
+        assert got.chunks == 4
+        assert bytes(got.buffer) == payloads.tobytes(), "a held lease handed out the corrupt chunk"
 
 
 def test_a_refused_tenant_falls_back_to_grpc(make_daemon, seed, mini_config, tmp_path):

@@ -47,6 +47,7 @@ class Daemon {
   ~Daemon() {
     if (pid_ > 0) Stop(SIGKILL);
   }
+  pid_t pid() const { return pid_; }
   void Start() {
     std::vector<std::string> args = {kDaemon,   "--data-dir",  dir_,      "--ram-bytes",
                                      "4000000", "--ssd-bytes", "40000000"};

@@ -6,8 +6,12 @@
 #include "client/stats.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 #include <atomic>
+#include <chrono>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -400,6 +404,91 @@ TEST_F(ClientTest, CoLocatedClientReadsChunksFromSharedMemory) {
   got = (*local)->Fetch(ns_, keys, out);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, 1u);
+}
+
+// Flips one bit of the daemon's RAM copy at `arena_offset` of pool 0, writing its memory as
+// a DRAM fault would (through /proc/PID/mem: the test is the daemon's parent).
+void FlipBitInDaemonRam(pid_t pid, uint64_t arena_offset, int bit) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  uint64_t base = 0;
+  while (std::getline(maps, line)) {
+    // "start-end rw-s offset dev inode /memfd:kvcache-ram-pool-0 (deleted)"
+    if (line.find("kvcache-ram-pool-0") == std::string::npos ||
+        line.find(" rw-s ") == std::string::npos)
+      continue;
+    base = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    break;
+  }
+  ASSERT_NE(base, 0u) << "no writable mapping of the daemon's RAM arena";
+  const int fd = open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << "open /proc/" << pid << "/mem: " << strerror(errno);
+  uint8_t b = 0;
+  const off_t at = static_cast<off_t>(base + arena_offset);
+  ASSERT_EQ(pread(fd, &b, 1, at), 1);
+  b ^= static_cast<uint8_t>(1u << bit);
+  ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+  close(fd);
+}
+
+// A co-located client copies a prefix again from the leases it holds without asking the
+// daemon. When the daemon's RAM scrub has since found one of those chunks corrupt, that
+// copy must not be used: the client checks each copy against the chunk's checksum, and
+// the prefix then comes back right (the chunk from SSD).
+TEST(ClientSharedMemoryTest, AHeldLeaseNeverHandsOutAChunkTheScrubFoundCorrupt) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  TempDir dir;
+  Daemon d(dir.File("data"), {"--ram-scrub-mbps", "200"});
+  ClientOptions o;
+  o.address = d.address();
+  o.shm_socket = dir.File("data") + "/kvcached.sock";
+  o.lease_ms = 60000;
+  std::unique_ptr<CacheClient> local = *CacheClient::Connect(o);
+  ASSERT_TRUE(local->shared_memory()) << local->shared_memory_error();
+  const RemoteNamespace ns = *local->RegisterNamespace(
+      ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "mini", 64);
+  const Prefix p = MakePrefix(rng, ns, 4);
+  ASSERT_TRUE(local->Store(ns, std::nullopt, p.tokens, p.payloads).ok());  // durable: on SSD too
+  const std::vector<storage::ChunkKey> keys = local->Keys(ns, p.tokens);
+  std::vector<uint8_t> out(p.payloads.size());
+  ASSERT_EQ(*local->Fetch(ns, keys, out), 4u);  // leases held from here on
+  ASSERT_EQ(out, p.payloads);
+
+  // Where the victim lies in the arena, asked the way the client asks.
+  const size_t victim = seed % keys.size();
+  auto channel = grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto stub = pb::KVCache::NewStub(channel);
+  pb::FetchRefsRequest req;
+  req.set_namespace_id(ns.id);
+  for (const auto& k : keys) req.add_chunk_keys(std::string(k.bytes.begin(), k.bytes.end()));
+  pb::FetchRefsResponse refs;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->FetchRefs(&ctx, req, &refs).ok());
+  ASSERT_EQ(refs.refs_size(), 4);
+  EXPECT_NE(refs.refs(victim).checksum(), 0u) << "FetchRefs names each chunk's checksum";
+  const uint64_t at = refs.refs(victim).arena_offset() + (seed >> 8) % ns.chunk_bytes;
+  FlipBitInDaemonRam(d.pid(), at, static_cast<int>((seed >> 4) % 8));
+  std::printf("flipped a bit of chunk %zu at arena offset %llu\n", victim,
+              static_cast<unsigned long long>(at));
+
+  // The scrub finds it and drops the RAM copy.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (local->Stats()->ram_checksum_failures() == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const pb::StatsResponse st = *local->Stats();
+  ASSERT_EQ(st.ram_checksum_failures(), 1u) << "the scrub never found the flipped bit";
+  EXPECT_GT(st.ram_scrub_bytes(), 0u);
+  EXPECT_GT(st.ram_scrub_passes(), 0u);
+  // Within the lease the client would copy the prefix out of shared memory with no call;
+  // the corrupt chunk's copy does not verify, so it asks, and gets the SSD copy.
+  std::fill(out.begin(), out.end(), 0);
+  absl::StatusOr<size_t> got = local->Fetch(ns, keys, out);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 4u);
+  EXPECT_EQ(out, p.payloads) << "a held lease handed out the corrupt chunk";
 }
 
 // A long-lived co-located client across a kvcached restart: the new daemon's offsets are
