@@ -158,6 +158,9 @@ absl::Status KvCacheService::Impl::DoFetchRefs(const std::string& tenant,
       std::min(req.lease_ms() ? req.lease_ms() : opt.default_lease_ms, opt.max_lease_ms);
   resp->set_lease_ms(ms);
   resp->set_arena_id(arena_ids.at(pool));
+  static_assert(storage::RamArena::kVerdictPageBytes == wire::kVerdictPageBytes,
+                "the arena's layout is the handshake's");
+  resp->set_verdict_offset(store->ram_verdict_offset(pool));
   RefLease lease{tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
   for (size_t i = 0; i < nk->keys.size(); ++i) {
     absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->ns.id, nk->stored[i]);

@@ -14,6 +14,7 @@
 #include "client/prefix_hash.h"
 #include "client/stats.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
+#include "wire/arena_handshake.h"
 #include "wire/grpc_status.h"
 #include "wire/wire.h"
 
@@ -153,7 +154,15 @@ bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const 
   refs.reserve(keys.size());
   for (const ChunkKey& key : keys) {
     auto it = held_refs_.find(key);
-    if (it == held_refs_.end() || held_leases_.at(it->second.lease_id).usable_until <= now) {
+    if (it == held_refs_.end()) return false;
+    const HeldLease& lease = held_leases_.at(it->second.lease_id);
+    if (lease.usable_until <= now) return false;
+    if (lease.verdict_offset != 0 && ReadVerdicts(lease.verdict_offset) != lease.verdicts) {
+      // A copy in this arena was found corrupt since: perhaps one of ours. Give up every
+      // held lease (the server ends them; their chunks come back with the next FetchRefs).
+      for (const auto& [id, held] : held_leases_) to_release_.push_back(id);
+      held_refs_.clear();
+      held_leases_.clear();
       return false;
     }
     refs.push_back(&it->second);
@@ -161,16 +170,24 @@ bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const 
   // Copies under the lock: a lease is never released while a copy reads from it.
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint8_t* src = arena_.base + refs[i]->arena_offset;
-    if (refs[i]->checksum == 0) {
+    const HeldLease& lease = held_leases_.at(refs[i]->lease_id);
+    if (lease.verdict_offset != 0 || refs[i]->checksum == 0) {
       std::memcpy(dst[i], src, ns.chunk_bytes);
     } else if (CopyWithChecksum(dst[i], src, ns.chunk_bytes) != refs[i]->checksum) {
-      auto lease = held_leases_.find(refs[i]->lease_id);
-      if (lease != held_leases_.end() && lease->second.refs > 0) --lease->second.refs;
+      auto held = held_leases_.find(refs[i]->lease_id);
+      if (held != held_leases_.end() && held->second.refs > 0) --held->second.refs;
       held_refs_.erase(keys[i]);
       return false;
     }
   }
   return true;
+}
+
+uint64_t CacheClient::ReadVerdicts(uint64_t offset) const {
+  if (offset == 0 || arena_.base == nullptr || offset + sizeof(uint64_t) > arena_.bytes) return 0;
+  // The daemon adds to it with a release store (storage/ram_arena.h).
+  return std::atomic_ref<const uint64_t>(*reinterpret_cast<const uint64_t*>(arena_.base + offset))
+      .load(std::memory_order_acquire);
 }
 
 std::vector<uint64_t> CacheClient::TakeLeasesToRelease() {
@@ -191,10 +208,13 @@ std::vector<uint64_t> CacheClient::TakeLeasesToRelease() {
 
 void CacheClient::HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
                             std::span<const ChunkKey> keys, const std::vector<uint64_t>& offsets,
-                            const std::vector<uint64_t>& checksums) {
+                            const std::vector<uint64_t>& checksums, uint64_t verdicts,
+                            uint64_t verdict_offset) {
   std::lock_guard lk(lease_mu_);
   HeldLease& lease = held_leases_[lease_id];
   lease.usable_until = usable_until;
+  lease.verdicts = verdicts;
+  lease.verdict_offset = verdict_offset;
   for (size_t i = 0; i < keys.size(); ++i) {
     const HeldRef ref{lease_id, offsets[i], checksums[i]};
     auto [it, inserted] = held_refs_.try_emplace(keys[i], ref);
@@ -373,6 +393,12 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
     refs_req.set_lease_ms(options_.lease_ms);
     AddKeys(&refs_req, keys);
     for (uint64_t id : TakeLeasesToRelease()) refs_req.add_release_lease_ids(id);
+    // Read before asking: a verdict that lands while the call is under way counts as news.
+    // The count sits at the start of the arena's last page (wire/arena_handshake.h); the
+    // answer says whether this daemon keeps one there.
+    const uint64_t verdict_at =
+        arena_.bytes >= wire::kVerdictPageBytes ? arena_.bytes - wire::kVerdictPageBytes : 0;
+    const uint64_t verdicts = ReadVerdicts(verdict_at);
     const auto sent = std::chrono::steady_clock::now();
     pb::FetchRefsResponse refs;
     KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->FetchRefs(Context().get(), refs_req, &refs)));
@@ -400,7 +426,8 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
       const auto margin = std::chrono::milliseconds(refs.lease_ms() / 4);
       const auto until = sent + std::chrono::milliseconds(refs.lease_ms()) - margin;
       if (options_.shm_lease_cache) {
-        HoldLease(refs.lease_id(), until, keys.first(got), offsets, checksums);
+        HoldLease(refs.lease_id(), until, keys.first(got), offsets, checksums, verdicts,
+                  refs.verdict_offset() == verdict_at ? verdict_at : 0);
       } else {
         std::lock_guard lk(lease_mu_);
         to_release_.push_back(refs.lease_id());  // goes with the next call

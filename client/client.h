@@ -130,12 +130,17 @@ class CacheClient final : public CacheApi {
   };
   struct HeldLease {
     std::chrono::steady_clock::time_point usable_until;  // a margin before the server's end
-    uint32_t refs = 0;                                   // entries of held_refs_ naming it
+    // The arena's verdict count read before the FetchRefs that took this lease, and where
+    // it lies (0: a daemon without one; each copy is then checked against its checksum).
+    uint64_t verdicts = 0;
+    uint64_t verdict_offset = 0;
+    uint32_t refs = 0;  // entries of held_refs_ naming it
   };
-  // Takes every key from held leases (all or nothing) and copies it out, each copy checked
-  // against the chunk's checksum while it is made; false if one is missing, its lease is
-  // about to end, or its copy does not verify (that chunk is then no longer held: the next
-  // call asks the daemon, whose scrub has the last word on it).
+  // Takes every key from held leases (all or nothing) and copies it out; false if one is
+  // missing or its lease is about to end, or if the daemon has dropped a copy in the arena
+  // as corrupt since the lease was taken (its verdict count moved; the held leases are
+  // then given up and the next call asks the daemon, whose scrub has the last word). With
+  // a daemon that keeps no count, each copy is checked against its checksum instead.
   bool CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                           std::span<uint8_t* const> dst);
   // Leases whose time is up or that no held chunk names any more, to release on the next
@@ -143,7 +148,10 @@ class CacheClient final : public CacheApi {
   std::vector<uint64_t> TakeLeasesToRelease();
   void HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_point usable_until,
                  std::span<const storage::ChunkKey> keys, const std::vector<uint64_t>& offsets,
-                 const std::vector<uint64_t>& checksums);
+                 const std::vector<uint64_t>& checksums, uint64_t verdicts,
+                 uint64_t verdict_offset);
+  // The arena's verdict count at `offset` (0 when offset is 0 or outside the mapping).
+  uint64_t ReadVerdicts(uint64_t offset) const;
 
   // Asks with the keys packed end to end; again with one string per key if the daemon
   // predates packed keys (req: namespace and every_chunk set).

@@ -478,6 +478,12 @@ int ChunkStore::ram_arena_fd(RamPoolId pool) const {
   return a ? a->read_only_fd() : -1;
 }
 
+uint64_t ChunkStore::ram_verdict_offset(RamPoolId pool) const {
+  const RamTier* ram = impl_->ram_arenas();
+  const RamArena* a = ram && pool < ram->pool_count() ? ram->arena(pool) : nullptr;
+  return a && a->slots() > 0 ? a->verdict_offset() : 0;
+}
+
 uint64_t ChunkStore::ram_arena_bytes(RamPoolId pool) const {
   const RamTier* ram = impl_->ram_arenas();
   const RamArena* a = ram && pool < ram->pool_count() ? ram->arena(pool) : nullptr;

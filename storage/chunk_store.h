@@ -210,6 +210,9 @@ class ChunkStore {
   // slots), and its size in bytes.
   int ram_arena_fd(RamPoolId pool = 0) const;
   uint64_t ram_arena_bytes(RamPoolId pool = 0) const;
+  // Where the pool's verdict count lies in its arena (ram_arena.h); 0 for a pool without
+  // slots.
+  uint64_t ram_verdict_offset(RamPoolId pool = 0) const;
 
   // Quotas (quota.h). Not durable: set them at every start. A namespace's group applies
   // to its chunks already stored too. InvalidArgument for group 0 in SetQuota; with

@@ -24,6 +24,8 @@ void ChunkStore::Impl::DropCorruptRam(const ChunkKey& key) {
   ++stats.ram_checksum_failures;
   RamEntry* e = ram->Find(key);
   if (e == nullptr) return;
+  // Clients holding leases in this arena hear of it before their next copy (ram_arena.h).
+  if (const RamArena* arena = ram->arena(e->pool); arena != nullptr) arena->AddVerdict();
   // Still dirty: the only copy is bad, nothing to write to SSD.
   e->dirty = false;
   DropRam(key);

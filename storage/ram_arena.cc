@@ -26,7 +26,7 @@ absl::Status Fail(int fd, const std::string& what) {
 
 absl::StatusOr<std::unique_ptr<RamArena>> RamArena::Create(uint64_t slot_bytes, uint32_t slots,
                                                            const std::string& name, bool prefault) {
-  const uint64_t bytes = slot_bytes * slots;
+  const uint64_t bytes = slots == 0 ? 0 : slot_bytes * slots + kVerdictPageBytes;
   const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Fail(-1, "memfd_create");
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)

@@ -9,8 +9,15 @@
 // it, or this process itself — can make another writable mapping, write(2) it, punch holes
 // in it, or resize it. So a client that maps the arena can read it but never change a
 // chunk under the server or under another reader.
+//
+// After the slots, one 4 KiB verdict page: its first 8 bytes count the copies the store
+// dropped from this arena as corrupt (a RAM scrub's verdict, ChunkStore::ScrubRam). A
+// client that copies a chunk again from a lease it holds reads the count first; a change
+// since it took the lease means a verdict it has not heard, so it asks the daemon instead
+// (wire/arena_handshake.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,7 +41,17 @@ class RamArena {
 
   // An fd opened read-only on the sealed memfd: what is handed to co-located clients.
   int read_only_fd() const { return read_only_fd_; }
-  uint64_t bytes() const { return slot_bytes_ * slots_; }
+  // The whole memfd: the slots, then the verdict page (none without slots).
+  uint64_t bytes() const { return slots_ == 0 ? 0 : verdict_offset() + kVerdictPageBytes; }
+  uint64_t verdict_offset() const { return slot_bytes_ * slots_; }
+  static constexpr uint64_t kVerdictPageBytes = 4096;
+  // Counts one more copy dropped as corrupt (a release store: a reader that sees the new
+  // count also sees the store's bookkeeping that dropped it).
+  void AddVerdict() const {
+    if (slots_ > 0)
+      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(base_ + verdict_offset()))
+          .fetch_add(1, std::memory_order_release);
+  }
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint32_t slots() const { return slots_; }
   // The store's own (writable) view of slot i.

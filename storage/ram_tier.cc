@@ -91,7 +91,7 @@ std::optional<ChunkKey> RamTier::PickVictimAmong(RamPoolId pool, int64_t now_s,
 
 uint64_t RamTier::capacity_bytes() const {
   uint64_t bytes = 0;
-  for (const Pool& p : pools_) bytes += p.arena ? p.arena->bytes() : 0;
+  for (const Pool& p : pools_) bytes += p.arena ? p.arena->verdict_offset() : 0;  // the slots
   return bytes;
 }
 

@@ -3,6 +3,11 @@
 // Protocol: the client sends one line, its bearer token (may be empty); the server answers
 // "OK <arena_bytes>\n" with the fd attached, or "ERR <reason>\n". The daemon's acceptor is
 // cachesvc/arena_socket.h, the client's mapping client/arena_map.h.
+//
+// The arena: slots, then a verdict page of kVerdictPageBytes whose first 8 bytes are a
+// little-endian count of the copies the daemon dropped from this arena as corrupt
+// (storage/ram_arena.h). FetchRefsResponse.verdict_offset names it (arena_bytes −
+// kVerdictPageBytes; 0 from a daemon without one).
 #pragma once
 
 #include <sys/un.h>
@@ -13,6 +18,8 @@
 #include "absl/status/statusor.h"
 
 namespace kvc::wire {
+
+inline constexpr uint64_t kVerdictPageBytes = 4096;
 
 // The socket address of `path` (truncated to sun_path; callers check the length).
 sockaddr_un UnixAddress(const std::string& path);

@@ -8,6 +8,7 @@ The output is byte for byte that of `kvctl` with the same arguments.
 """
 import argparse
 import sys
+import time
 
 from .client import Client
 from .errors import KvcacheError
@@ -49,6 +50,12 @@ def main(argv=None):
                       f"ssd io errors: read {st['read_errors']}, write {st['write_errors']}; at the "
                       f"last start {st['recovered_chunks']} chunks were indexed from their slots"
                       + (" (the index was damaged and rebuilt)" if st['index_rebuilds'] > 0 else ""))
+                last = st["ram_scrub_last_pass_unix_s"]
+                since = f"{int(time.time()) - last} s ago" if last > 0 else "never"
+                print(f"ram scrub: {st['ram_scrub_passes']} passes, "
+                      f"{st['ram_scrub_bytes'] / 1e6:.1f} MB verified, last pass {since}, "
+                      f"current pass {100 * st['ram_scrub_progress']:.0f}%; "
+                      f"corrupt RAM copies dropped {st['ram_checksum_failures']}")
                 q = st["quota"]
                 if q is not None:
                     lim = lambda x: str(x) if x else "none"

@@ -152,7 +152,9 @@ class Common:
         self._lease_cache = lease_cache
         self._max_held = max_held_chunks
         self._held_refs = {}    # key -> (lease id, arena offset, checksum)
-        self._held_leases = {}  # lease id -> [usable until (monotonic s), chunks held]
+        # lease id -> [usable until (monotonic s), chunks held, verdict count, its offset]
+        self._held_leases = {}
+        self.refs_verdicts = 0  # the arena's verdict count read before the last FetchRefs
         if self._shm_socket:
             self._map_arena()
         else:
@@ -187,24 +189,38 @@ class Common:
         if not self._lease_cache:
             return False
         now = time.monotonic()
+        arena = self._arena
+        assert arena is not None
         held_refs = []
         for k in keys:
             held = self._held_refs.get(k)
-            if held is None or self._held_leases[held[0]][0] <= now:
+            if held is None:
+                return False
+            until, _, verdicts, verdict_offset = self._held_leases[held[0]]
+            if until <= now:
+                return False
+            if verdict_offset and arena.verdicts(verdict_offset) != verdicts:
+                # A copy in this arena was found corrupt since the lease: perhaps one of
+                # ours. Give up every held lease; the daemon's answer decides.
+                self._pending_release.extend(self._held_leases)
+                self._held_leases.clear()
+                self._held_refs.clear()
                 return False
             held_refs.append(held)
-        assert self._arena is not None
-        view, n = self._arena.view, ns.chunk_bytes
+        view, n = arena.view, ns.chunk_bytes
         for i, (lease_id, off, checksum) in enumerate(held_refs):
             out_view[i * n:(i + 1) * n] = view[off:off + n]
-            if checksum and xxhash.xxh3_64_intdigest(out_view[i * n:(i + 1) * n]) != checksum:
+            # A daemon without a verdict count: each copy is checked instead.
+            if (not self._held_leases[lease_id][3] and checksum and
+                    xxhash.xxh3_64_intdigest(out_view[i * n:(i + 1) * n]) != checksum):
                 self.forget_held([keys[i]])
                 return False
         return True
 
     def _leases_to_release(self):
         now = time.monotonic()
-        done = [lid for lid, (until, refs) in self._held_leases.items() if refs == 0 or until <= now]
+        done = [lid for lid, (until, refs, _, _) in self._held_leases.items()
+                if refs == 0 or until <= now]
         for lid in done:
             del self._held_leases[lid]
         if done:
@@ -221,6 +237,9 @@ class Common:
 
     def refs_request(self, ns, keys):
         self.refs_sent = time.monotonic()
+        # Read before asking: a verdict that lands while the call is under way is news.
+        arena = self._arena
+        self.refs_verdicts = arena.verdicts(arena.verdict_offset) if arena is not None else 0
         return pb.FetchRefsRequest(namespace_id=ns.id, chunk_keys=keys, lease_ms=self.lease_ms,
                                    release_lease_ids=self._leases_to_release())
 
@@ -245,7 +264,9 @@ class Common:
             if self._lease_cache:
                 # The lease started after the request left; stop using it a quarter early.
                 until = self.refs_sent + resp.lease_ms * 0.75e-3
-                self._hold(resp.lease_id, until, keys[:len(offsets)], offsets, checksums)
+                verdict_offset = resp.verdict_offset if resp.verdict_offset == arena.verdict_offset else 0
+                self._hold(resp.lease_id, until, keys[:len(offsets)], offsets, checksums,
+                           self.refs_verdicts, verdict_offset)
             else:
                 self._pending_release.append(resp.lease_id)
         return len(offsets)
@@ -261,8 +282,8 @@ class Common:
             self._map_arena()
         return None if self._arena is not None and attempt == 0 else 0
 
-    def _hold(self, lease_id, until, keys, offsets, checksums):
-        self._held_leases[lease_id] = [until, 0]
+    def _hold(self, lease_id, until, keys, offsets, checksums, verdicts, verdict_offset):
+        self._held_leases[lease_id] = [until, 0, verdicts, verdict_offset]
         for k, off, checksum in zip(keys, offsets, checksums):
             old = self._held_refs.get(k)
             if old is not None:

@@ -42,6 +42,21 @@ class MappedArena:
                 os.close(fd)
         self.view = memoryview(self._map)
 
+    VERDICT_PAGE_BYTES = 4096
+
+    @property
+    def verdict_offset(self) -> int:
+        """Where the arena's verdict count would be (wire/arena_handshake.h): the start of
+        its last page. A FetchRefs answer naming the same offset says the daemon keeps it."""
+        return self.bytes - self.VERDICT_PAGE_BYTES if self.bytes >= self.VERDICT_PAGE_BYTES else 0
+
+    def verdicts(self, offset: int) -> int:
+        """The count of copies the daemon dropped from this arena as corrupt (an aligned
+        8-byte read: whole, never torn, on the machines this runs on)."""
+        if offset == 0 or offset + 8 > self.bytes:
+            return 0
+        return int.from_bytes(self.view[offset:offset + 8], "little")
+
     def close(self):
         self.view.release()
         self._map.close()
