@@ -1,5 +1,4 @@
 #include "bench/kvbench/service_bench.h"
-#include "bench/kvbench/report.h"
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
@@ -17,8 +16,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,7 @@
 #include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "bench/kvbench/python_clients.h"
+#include "bench/kvbench/report.h"
 #include "client/client.h"
 #include "serve/kvcached_process.h"
 
@@ -274,10 +276,26 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       systems.push_back(system);
     }
   }
+  // What a server process has spent on the CPU so far (utime + stime), in µs.
+  auto cpu_us = [](pid_t pid) -> double {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');  // the command name may hold spaces
+    if (close == std::string::npos) return -1;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string f;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> f; ++i) {  // field 3 is the state
+      if (i == 14) utime = std::stod(f);
+      if (i == 15) stime = std::stod(f);
+    }
+    return (utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  };
   std::vector<ServiceCase> cases;
   for (const std::string op : {"fetch", "call", "store"}) {  // stores last: they evict
     for (int n : opt.clients) {
       std::map<std::string, std::vector<Sample>> runs;
+      std::map<std::string, std::vector<double>> server_cpu;  // µs per chunk, per run
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (const std::string& system : systems) {
           if (system == "kvcache-shm" && op == "store") continue;  // stores go over gRPC
@@ -287,6 +305,10 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           std::fprintf(stderr, "kvbench: %s %s %d clients run %d\n", system.c_str(), op.c_str(), n,
                        rep + 1);
           const uint64_t bytes_per_call = op == "call" ? 0 : per_call * chunk;
+          const pid_t server = system == "memcpy"  ? -1
+                               : system == "redis" ? redis.pid
+                                                   : daemon.pid();
+          const double cpu_before = server > 0 ? cpu_us(server) : -1;
           absl::StatusOr<Sample> s;
           if (python.contains(system)) {
             s = python[system]->Run(n, opt.seconds, bytes_per_call);
@@ -299,6 +321,11 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           if (!s.ok())
             return absl::Status(s.status().code(),
                                 absl::StrCat(system, " ", op, ": ", s.status().message()));
+          if (server > 0 && cpu_before >= 0) {
+            const double units = op == "call" ? static_cast<double>(s->lat_us.size())
+                                              : static_cast<double>(s->bytes) / chunk;
+            if (units > 0) server_cpu[system].push_back((cpu_us(server) - cpu_before) / units);
+          }
           runs[system].push_back(*std::move(s));
         }
       }
@@ -311,7 +338,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
           p50.push_back(s.p50_us);
           p99.push_back(s.p99_us);
         }
-        cases.push_back({system, op, n, per_call, Median(gbps), Median(p50), Median(p99)});
+        cases.push_back({system, op, n, per_call, Median(gbps), Median(p50), Median(p99),
+                         server_cpu[system].empty() ? -1 : Median(server_cpu[system])});
       }
     }
   }
@@ -336,18 +364,21 @@ nlohmann::json ServiceCasesToJson(const std::vector<ServiceCase>& cases) {
                           {"chunks_per_call", c.chunks_per_call},
                           {"gbps", c.gbps},
                           {"p50_us", c.p50_us},
-                          {"p99_us", c.p99_us}});
+                          {"p99_us", c.p99_us},
+                          {"server_cpu_us_per_chunk", c.server_cpu_us_per_chunk}});
   }
   return j;
 }
 
 std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
-  std::string out = absl::StrFormat("%-6s %7s  %-13s %9s %10s %10s\n", "op", "clients", "system",
-                                    "GB/s", "p50 us", "p99 us");
+  std::string out = absl::StrFormat("%-6s %7s  %-13s %9s %10s %10s %12s\n", "op", "clients",
+                                    "system", "GB/s", "p50 us", "p99 us", "srv us/chunk");
   std::map<std::tuple<std::string, int, std::string>, double> gbps, p50;
   for (const ServiceCase& c : cases) {
-    absl::StrAppendFormat(&out, "%-6s %7d  %-13s %9.3f %10.1f %10.1f\n", c.op, c.clients, c.system,
-                          c.gbps, c.p50_us, c.p99_us);
+    absl::StrAppendFormat(
+        &out, "%-6s %7d  %-13s %9.3f %10.1f %10.1f %12s\n", c.op, c.clients, c.system, c.gbps,
+        c.p50_us, c.p99_us,
+        c.server_cpu_us_per_chunk >= 0 ? absl::StrFormat("%.1f", c.server_cpu_us_per_chunk) : "-");
     gbps[{c.op, c.clients, c.system}] = c.gbps;
     p50[{c.op, c.clients, c.system}] = c.p50_us;
   }
@@ -372,6 +403,18 @@ std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
     const double target = c.op != "fetch" ? 0 : c.system == "kvcache-grpc" ? 1.0 : 0.8;
     absl::StrAppendFormat(&out, "  %-6s %2d clients  %s / %-7s %6.2f%s\n", c.op, c.clients,
                           c.system, peer, c.gbps / p, RatioNote(c.gbps / p, target));
+  }
+  out += "\nserver CPU per chunk (per call for call), ours / redis's:\n";
+  std::map<std::tuple<std::string, int>, double> redis_cpu;
+  for (const ServiceCase& c : cases) {
+    if (c.system == "redis") redis_cpu[{c.op, c.clients}] = c.server_cpu_us_per_chunk;
+  }
+  for (const ServiceCase& c : cases) {
+    if (c.system != "kvcache-grpc" || c.server_cpu_us_per_chunk < 0) continue;
+    const double r = redis_cpu[{c.op, c.clients}];
+    if (r <= 0) continue;
+    absl::StrAppendFormat(&out, "  %-6s %2d clients  %.1f us / %.1f us = %.2f\n", c.op, c.clients,
+                          c.server_cpu_us_per_chunk, r, c.server_cpu_us_per_chunk / r);
   }
   return out;
 }

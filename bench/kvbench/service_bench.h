@@ -38,6 +38,10 @@ struct ServiceCase {
   int clients = 0;
   int chunks_per_call = 1;
   double gbps = 0, p50_us = 0, p99_us = 0;
+  // The server process's CPU (user + system, /proc/PID/stat) per chunk moved (per call for
+  // "call"): kvcached for the kvcache and python systems, redis-server for redis; -1 for
+  // memcpy. Medians of the runs, like the rest.
+  double server_cpu_us_per_chunk = -1;
 };
 
 absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptions& options);
