@@ -54,6 +54,10 @@ struct ClientOptions {
   // to its missing owners once the membership has been unchanged this long and every
   // member answered — so a node that is only restarting is not replaced. <0: never.
   int repair_grace_ms = 30000;
+  // A cluster: a Lookup asks each chunk's R owners and this many next-ranked nodes (where a
+  // copy sits after a node joins, until repair moves it), not every member — except while
+  // the cluster is unsettled (above), when it asks every member.
+  uint32_t lookup_extra_nodes = 2;
   // A cluster: how to reach its etcd when it runs with TLS and/or authentication.
   cluster::EtcdSecurity etcd = {};
 };

@@ -272,9 +272,30 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
   LookupResult r;
   r.keys = Keys(ns, tokens);  // hashed once; every node is asked by key
   if (nodes.empty()) return r;
+  const std::vector<std::string> ids = Ids(nodes);
+  const uint32_t want = ReplicasFor(nodes.size());
+  // Lookup by ranking: each key goes to its R owners and the next lookup_extra_nodes,
+  // unless the cluster is unsettled — the membership changed within the repair grace
+  // period, or repairs are queued or running — when a copy may sit anywhere: then every
+  // member is asked about every key.
+  bool wide = false;
+  {
+    std::lock_guard lk(mu_);
+    const uint64_t version = membership()->version;
+    if (version != seen_version_) {
+      seen_version_ = version;
+      membership_changed_ = Clock::now();
+    }
+    wide = Clock::now() - membership_changed_ <
+               std::chrono::milliseconds(std::max(options_.repair_grace_ms, 0)) ||
+           !repairs_.empty() || !repairing_.empty();
+  }
+  const cluster::LookupPlan plan = cluster::PlanLookup(
+      r.keys, ids, wide ? nodes.size() : static_cast<size_t>(want) + options_.lookup_extra_nodes);
   std::vector<absl::StatusOr<LookupResult>> per(nodes.size(), absl::UnknownError("not asked"));
   std::vector<char> skipped(nodes.size(), 0);
   ParallelFor(nodes.size(), [&](size_t i) {
+    if (plan[i].empty()) return;
     if (Skipped(*nodes[i])) {
       skipped[i] = 1;
       per[i] = absl::UnavailableError(
@@ -286,11 +307,26 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
       per[i] = s;
       return;
     }
-    per[i] = nodes[i]->client->LookupKeysEvery(ns, r.keys);
+    std::vector<ChunkKey> asked;
+    asked.reserve(plan[i].size());
+    for (size_t c : plan[i]) asked.push_back(r.keys[c]);
+    absl::StatusOr<LookupResult> got = nodes[i]->client->LookupKeysEvery(ns, asked);
+    if (!got.ok()) {
+      per[i] = got.status();
+      return;
+    }
+    // Back to one tier per key of the whole lookup (none where this node was not asked).
+    LookupResult all;
+    all.tiers.assign(r.keys.size(), Tier::kNone);
+    for (size_t j = 0; j < plan[i].size() && j < got->tiers.size(); ++j)
+      all.tiers[plan[i][j]] = got->tiers[j];
+    per[i] = std::move(all);
   });
-  size_t answered = 0;
+  size_t asked = 0, answered = 0;
   absl::Status first_error = absl::OkStatus();
   for (size_t i = 0; i < nodes.size(); ++i) {
+    if (plan[i].empty()) continue;
+    ++asked;
     if (per[i].ok()) {  // LookupKeysEvery answers a tier for every key, or an error
       ++answered;
       continue;
@@ -298,24 +334,23 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
     if (first_error.ok()) first_error = per[i].status();
     if (!skipped[i]) MarkFailed(*nodes[i], per[i].status());
   }
-  if (answered == 0) {
+  if (answered == 0 && asked > 0) {
     return absl::UnavailableError(
         absl::StrCat("no node of the cluster answered Lookup: ", first_error.message()));
   }
-  const std::vector<std::string> ids = Ids(nodes);
   std::lock_guard lk(mu_);
+  const cluster::FanOut fan = cluster::FanOutOf(plan);
+  ++counters_.lookups;
+  counters_.wide_lookups += wide ? 1 : 0;
+  counters_.lookup_nodes_asked += fan.nodes;
+  counters_.lookup_keys_asked += fan.keys;
   if (holders_.size() > (1u << 16)) holders_.clear();  // a hint cache, bounded
-  // Repairs only on a settled cluster: every member answered, and the membership has not
-  // changed for the grace period (a restarting node keeps its chunks and is not replaced).
-  const uint64_t version = membership()->version;
-  if (version != seen_version_) {
-    seen_version_ = version;
-    membership_changed_ = Clock::now();
-  }
+  // Repairs only on a settled cluster: every node asked answered, and the membership has
+  // not changed for the grace period (a restarting node keeps its chunks and is not
+  // replaced).
   const bool may_repair =
-      options_.repair_grace_ms >= 0 && answered == nodes.size() &&
+      options_.repair_grace_ms >= 0 && answered == asked &&
       Clock::now() - membership_changed_ >= std::chrono::milliseconds(options_.repair_grace_ms);
-  const uint32_t want = ReplicasFor(nodes.size());
   for (size_t c = 0; c < r.keys.size(); ++c) {
     std::vector<std::string> holders;
     Tier tier = Tier::kNone;

@@ -2,7 +2,9 @@
 // (docs/cluster.md). Every chunk lives on its R best-ranked nodes by rendezvous hashing
 // (cluster/placement.h); the client computes the ranking itself and talks to the nodes
 // directly, all of them in parallel:
-// - Lookup asks every node which chunks it holds and merges: the prefix is the leading
+// - Lookup asks each chunk's R owners and the next few ranked nodes (lookup_extra_nodes)
+//   which of them hold it, every member while the cluster is unsettled (a membership change
+//   within the repair grace period, repairs queued), and merges: the prefix is the leading
 //   run of chunks that some node holds.
 // - Fetch pulls each chunk from its best-ranked holder, every node's share at once; a node
 //   that fails or misses a chunk is skipped and the next one in the ranking is asked.
@@ -84,6 +86,9 @@ class ClusterClient final : public CacheApi {
     std::map<std::string, NodeCounters> nodes;
     uint64_t fetch_failovers = 0;  // chunks fetched from other than the first node asked
     uint64_t chunks_repaired = 0;  // copies made to bring chunks back to R
+    // Lookup's fan-out: calls made and keys asked in all, over `lookups` lookups, of which
+    // `wide_lookups` asked every member (the cluster was unsettled).
+    uint64_t lookups = 0, wide_lookups = 0, lookup_nodes_asked = 0, lookup_keys_asked = 0;
   };
   Counters counters() const;
 

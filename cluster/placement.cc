@@ -34,4 +34,48 @@ std::vector<size_t> RankNodes(const storage::ChunkKey& key, std::span<const std:
   return order;
 }
 
+std::vector<size_t> TopRanked(const storage::ChunkKey& key, std::span<const std::string> node_ids,
+                              size_t n) {
+  std::vector<std::pair<uint64_t, size_t>> w;
+  w.reserve(node_ids.size());
+  for (size_t i = 0; i < node_ids.size(); ++i)
+    w.emplace_back(RendezvousWeight(key, node_ids[i]), i);
+  const auto better = [&](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first > b.first;
+    return node_ids[a.second] < node_ids[b.second];
+  };
+  n = std::min(n, w.size());
+  std::partial_sort(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(n), w.end(), better);
+  std::vector<size_t> top;
+  top.reserve(n);
+  for (size_t i = 0; i < n; ++i) top.push_back(w[i].second);
+  return top;
+}
+
+LookupPlan PlanLookup(std::span<const storage::ChunkKey> keys,
+                      std::span<const std::string> node_ids, size_t ask) {
+  LookupPlan plan(node_ids.size());
+  if (ask >= node_ids.size()) {
+    for (auto& p : plan) {
+      p.resize(keys.size());
+      for (size_t c = 0; c < keys.size(); ++c) p[c] = c;
+    }
+    return plan;
+  }
+  for (size_t c = 0; c < keys.size(); ++c) {
+    for (size_t i : TopRanked(keys[c], node_ids, ask)) plan[i].push_back(c);
+  }
+  return plan;
+}
+
+FanOut FanOutOf(const LookupPlan& plan) {
+  FanOut f;
+  for (const auto& p : plan) {
+    if (p.empty()) continue;
+    ++f.nodes;
+    f.keys += p.size();
+  }
+  return f;
+}
+
 }  // namespace kvc::cluster

@@ -24,5 +24,22 @@ uint64_t RendezvousWeight(const storage::ChunkKey& key, const std::string& node_
 
 // Indices into `node_ids`, best owner first (the whole ranking).
 std::vector<size_t> RankNodes(const storage::ChunkKey& key, std::span<const std::string> node_ids);
+// The first `n` of that ranking (all of it when n ≥ the nodes), without sorting the rest.
+std::vector<size_t> TopRanked(const storage::ChunkKey& key, std::span<const std::string> node_ids,
+                              size_t n);
+
+// Lookup by ranking (docs/cluster.md): each key is asked of its first `ask` ranked nodes —
+// its R owners and the next few, where a copy may still sit after a membership change —
+// not of every member. plan[i] lists, in order, the indices of the keys to ask node i
+// (empty: node i is not asked). ask ≥ the number of nodes: every node, every key.
+using LookupPlan = std::vector<std::vector<size_t>>;
+LookupPlan PlanLookup(std::span<const storage::ChunkKey> keys,
+                      std::span<const std::string> node_ids, size_t ask);
+// How wide a plan is: nodes asked (calls), and keys asked in all (per-node work summed).
+struct FanOut {
+  size_t nodes = 0;
+  size_t keys = 0;
+};
+FanOut FanOutOf(const LookupPlan& plan);
 
 }  // namespace kvc::cluster

@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "bench/kvbench/harness.h"
 #include "client/cluster_client.h"
+#include "cluster/placement.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "serve/kvcached_process.h"
 #include "serve/local_cluster.h"
@@ -338,6 +339,27 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
           s["store"][1]["gbps"].get<double>() / s["store"][0]["gbps"].get<double>();
     }
   }
+  // Lookup's fan-out at fleet sizes no machine here runs: the plan is pure (placement.h),
+  // so it is computed for simulated members. R = 2 with the default 2 extra nodes, against
+  // the wide ask of an unsettled cluster (every member, every key).
+  std::mt19937_64 rng(seed);
+  for (size_t members : {3, 16, 100, 300}) {
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < members; ++i) ids.push_back(absl::StrCat("node-", i));
+    for (size_t chunks : {32, 4096}) {
+      std::vector<storage::ChunkKey> keys(chunks);
+      for (storage::ChunkKey& k : keys)
+        for (uint8_t& b : k.bytes) b = static_cast<uint8_t>(rng());
+      const cluster::FanOut narrow = cluster::FanOutOf(cluster::PlanLookup(keys, ids, 2 + 2));
+      const cluster::FanOut wide = cluster::FanOutOf(cluster::PlanLookup(keys, ids, members));
+      out["lookup_fanout"].push_back({{"members", members},
+                                      {"chunks", chunks},
+                                      {"calls", narrow.nodes},
+                                      {"keys_asked", narrow.keys},
+                                      {"calls_every_member", wide.nodes},
+                                      {"keys_asked_every_member", wide.keys}});
+    }
+  }
   return out;
 }
 
@@ -387,6 +409,17 @@ std::string ClusterBenchToText(const nlohmann::json& r) {
         absl::StrAppendFormat(&t, "  %-26s  p50 %7.2f ms  p99 %7.2f ms\n", kept,
                               l["p50_ms"].get<double>(), l["p99_ms"].get<double>());
       }
+    }
+  }
+  if (r.contains("lookup_fanout")) {
+    t += "\nLookup fan-out (R = 2, 2 extra ranked nodes; simulated members): calls and keys "
+         "asked, and with every member asked\n";
+    for (const auto& f : r["lookup_fanout"]) {
+      absl::StrAppendFormat(&t,
+                            "  %4d members %5d chunks: %4d calls %7d keys  |  %4d calls %8d keys\n",
+                            f["members"].get<int>(), f["chunks"].get<int>(), f["calls"].get<int>(),
+                            f["keys_asked"].get<int>(), f["calls_every_member"].get<int>(),
+                            f["keys_asked_every_member"].get<int>());
     }
   }
   t += "\ndurable stores:\n";

@@ -44,6 +44,21 @@ def rank_nodes(key, node_ids):
     return sorted(node_ids, key=lambda n: (-rendezvous_weight(key, n), n))
 
 
+def plan_lookup(keys: Sequence[bytes], node_ids: Sequence[str], ask: int) -> List[List[int]]:
+    """Lookup by ranking (docs/cluster.md): each key is asked of its first `ask` ranked
+    nodes (its R owners and the next few), not of every member. Per node (in node_ids'
+    order), the indices of the keys to ask it; ask >= len(node_ids): every node, every key.
+    Held to tests/cluster/lookup_plan_vectors.json with the C++ client's planner."""
+    index = {n: i for i, n in enumerate(node_ids)}
+    plan: List[List[int]] = [[] for _ in node_ids]
+    if ask >= len(node_ids):
+        return [list(range(len(keys))) for _ in node_ids]
+    for c, key in enumerate(keys):
+        for n in rank_nodes(key, node_ids)[:ask]:
+            plan[index[n]].append(c)
+    return plan
+
+
 @dataclass
 class _NodeClient:
     node: Node
@@ -58,13 +73,16 @@ class ClusterClient:
     target: "etcd://H:P[,H:P...]". replicas: copies of each chunk (0: 2 when the cluster
     has at least 2 nodes). A node that fails a call is skipped for node_backoff_s.
     etcd_security: an EtcdSecurity when etcd runs with TLS and/or authentication.
-    store's `stored` and `already_present` count copies (up to R per chunk).
+    store's `stored` and `already_present` count copies (up to R per chunk). lookup asks
+    each chunk's R owners and the next lookup_extra_nodes ranked nodes, every member for
+    settle_s after the membership changes.
     """
 
     def __init__(self, target: str, token: Optional[str] = None, timeout_s: float = 30.0, *,
                  replicas: int = 0, node_backoff_s: float = 2.0,
                  etcd_security: Optional[EtcdSecurity] = None,
-                 shm_socket: Optional[str] = None) -> None:
+                 shm_socket: Optional[str] = None, lookup_extra_nodes: int = 2,
+                 settle_s: float = 30.0) -> None:
         if shm_socket:
             raise InvalidArgumentError(
                 "shared memory maps one daemon's arena; a cluster client uses gRPC to every node")
@@ -79,6 +97,14 @@ class ClusterClient:
         self._registrations: Dict[int, Tuple[str, str, int]] = {}
         self._holders: Dict[bytes, List[str]] = {}  # key -> node ids a recent lookup found it on
         self._pool = ThreadPoolExecutor(max_workers=16)
+        # Lookup by ranking: each key goes to its R owners and lookup_extra_nodes more; to
+        # every member for settle_s after the membership last changed (copies may sit
+        # anywhere then). lookup_fanout counts what that cost.
+        self._lookup_extra = lookup_extra_nodes
+        self._repair_grace_s = settle_s
+        self._seen_membership: Tuple = ()
+        self._membership_changed = 0.0
+        self.lookup_fanout: Dict[str, int] = {"lookups": 0, "wide": 0, "nodes": 0, "keys": 0}
         self.fetched_from: Dict[str, int] = {}  # node id -> chunks it served
 
     def __enter__(self):
@@ -101,6 +127,9 @@ class ClusterClient:
     @property
     def replicas(self):
         n = len(self.membership.nodes)
+        return min(self._replicas or (2 if n >= 2 else 1), n)
+
+    def _replicas_for(self, n: int) -> int:
         return min(self._replicas or (2 if n >= 2 else 1), n)
 
     def owners(self, key):
@@ -186,23 +215,41 @@ class ClusterClient:
         return self.lookup_keys(ns, self.chunk_keys(ns, tokens))
 
     def lookup_keys(self, ns: Namespace, keys: Sequence[bytes]) -> Match:
-        """lookup() by the chunk keys a worker already holds (nothing hashed)."""
+        """lookup() by the chunk keys a worker already holds (nothing hashed). Each key is
+        asked of its R owners and the next lookup_extra_nodes ranked nodes; of every node
+        while the membership changed within the last repair_grace_s."""
         nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
         keys = check_keys(keys)
+        ids = [nc.node.id for nc in nodes]
+        version = tuple((n.id, n.address, n.generation) for n in self.membership.nodes)
+        if version != self._seen_membership:
+            self._seen_membership = version
+            self._membership_changed = time.monotonic()
+        wide = time.monotonic() - self._membership_changed < self._repair_grace_s
+        plan = plan_lookup(keys, ids, len(ids) if wide else
+                           self._replicas_for(len(ids)) + self._lookup_extra)
+        self.lookup_fanout["lookups"] += 1
+        self.lookup_fanout["wide"] += 1 if wide else 0
+        self.lookup_fanout["nodes"] += sum(1 for p in plan if p)
+        self.lookup_fanout["keys"] += sum(len(p) for p in plan)
 
-        def ask(nc):  # by key: hashed once here, not on every node
+        def ask(nc, idx):  # by key: hashed once here, not on every node
             self._ensure_namespace(nc, ns)
-            return nc.client.tiers_of(ns, keys)
-        results = self._on_nodes([(nc, ask) for nc in nodes])
+            tiers = nc.client.tiers_of(ns, [keys[c] for c in idx])
+            every = ["none"] * len(keys)
+            for c, t in zip(idx, tiers):
+                every[c] = t
+            return every
+        asked = [(nc, idx) for nc, idx in zip(nodes, plan) if idx]
+        results = self._on_nodes([(nc, lambda n, idx=idx: ask(n, idx)) for nc, idx in asked])
         answered = {}
-        for nc, (tiers, err) in zip(nodes, results):
+        for (nc, _), (tiers, err) in zip(asked, results):
             if err is None and len(tiers) == len(keys):
                 answered[nc.node.id] = tiers
             elif err is not None:
                 self._failed(nc, err)
-        if nodes and not answered:
+        if asked and not answered:
             raise UnavailableError(f"no node of the cluster answered lookup: {results[0][1]}")
-        ids = [nc.node.id for nc in nodes]
         matched, tiers = 0, []
         for c, key in enumerate(keys):
             holders = [n for n in rank_nodes(key, ids)

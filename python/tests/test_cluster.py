@@ -93,6 +93,43 @@ def test_ranking_matches_the_published_vectors():
             assert format(kvcache.cluster.rendezvous_weight(key, n), "016x") == v["weights"][n]
 
 
+def test_lookup_plans_match_the_published_vectors():
+    """The same vectors the C++ planner is held to (scripts/lookup_plan_vectors.py)."""
+    with open(os.path.join(SOURCE_DIR, "tests", "cluster", "lookup_plan_vectors.json")) as f:
+        doc = json.load(f)
+    keys = [bytes.fromhex(k) for k in doc["keys"]]
+    assert len(doc["cases"]) >= 6
+    for case in doc["cases"]:
+        plan = kvcache.cluster.plan_lookup(keys, case["nodes"], case["ask"])
+        assert {n: p for n, p in zip(case["nodes"], plan)} == case["plan"]
+
+
+def test_a_settled_cluster_is_asked_only_by_each_chunks_ranked_nodes(cluster, seed, mini_config):
+    etcd, nodes = cluster
+    rng = np.random.default_rng(seed)
+    with kvcache.connect(etcd.url, timeout_s=5) as writer:
+        assert wait_for(lambda: len(writer.membership.nodes) == 3, 10)
+        ns = writer.register_namespace(mini_config, "mini", 64)
+        tokens = rng.integers(0, 512, 16 * 64, dtype=np.uint32)
+        payloads = rng.integers(1, 256, 16 * ns.chunk_bytes, dtype=np.uint8)
+        writer.store(ns, tokens, payloads)  # R = 2
+    with kvcache.connect(etcd.url, timeout_s=5, replicas=1, lookup_extra_nodes=0,
+                         settle_s=0) as narrow:
+        assert wait_for(lambda: len(narrow.membership.nodes) == 3, 10)
+        ns = narrow.register_namespace(mini_config, "mini", 64)
+        m = narrow.lookup(ns, tokens)
+        assert m.matched_chunks == 16
+        assert narrow.lookup_fanout == {"lookups": 1, "wide": 0,
+                                        "nodes": narrow.lookup_fanout["nodes"], "keys": 16}
+        got = narrow.fetch(ns, m.matched_keys)
+        assert bytes(got.buffer) == payloads.tobytes()
+    with kvcache.connect(etcd.url, timeout_s=5, replicas=1, lookup_extra_nodes=0) as unsettled:
+        assert wait_for(lambda: len(unsettled.membership.nodes) == 3, 10)
+        ns = unsettled.register_namespace(mini_config, "mini", 64)
+        assert unsettled.lookup(ns, tokens).matched_chunks == 16
+        assert unsettled.lookup_fanout["wide"] == 1 and unsettled.lookup_fanout["keys"] == 48
+
+
 def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_config):
     etcd, nodes = cluster
     rng = np.random.default_rng(seed)

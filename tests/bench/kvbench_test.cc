@@ -105,6 +105,14 @@ TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   ASSERT_EQ(c["store"].size(), 2u);
   EXPECT_EQ(c["store"][1]["replicas"].get<int>(), 2);
   EXPECT_GT(c["store"][1]["vs_r1"].get<double>(), 0);
+  // Lookup by ranking at simulated fleet sizes: R + 2 nodes per key, not every member.
+  ASSERT_FALSE(j["lookup_fanout"].empty());
+  for (const auto& f : j["lookup_fanout"]) {
+    const int members = f["members"], chunks = f["chunks"];
+    EXPECT_EQ(f["keys_asked"].get<int>(), chunks * std::min(members, 4)) << f.dump();
+    EXPECT_EQ(f["keys_asked_every_member"].get<int>(), chunks * members) << f.dump();
+    EXPECT_LE(f["calls"].get<int>(), members);
+  }
 }
 
 // The soak as CI runs it: short, but with SIGKILLs, SSD faults, dropped streams and a

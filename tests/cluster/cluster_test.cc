@@ -77,9 +77,11 @@ class ClusterTest : public ::testing::Test {
   static std::string NodeId(int i) { return "n" + std::to_string(i); }
 
   std::unique_ptr<ClusterClient> Connect(const std::string& token, uint32_t replicas,
-                                         int repair_grace_ms = 30000) {
+                                         int repair_grace_ms = 30000,
+                                         uint32_t lookup_extra_nodes = 2) {
     ClientOptions o;
     o.repair_grace_ms = repair_grace_ms;
+    o.lookup_extra_nodes = lookup_extra_nodes;
     o.address = etcd_->url();
     o.bearer_token = token;
     o.timeout_ms = 5000;
@@ -162,6 +164,33 @@ TEST_F(ClusterTest, PrefixSitsOnItsRankedOwnersAndAnotherClientFetchesIt) {
   uint64_t fetched = 0;
   for (const auto& [id, n] : counters.nodes) fetched += n.chunks_fetched;
   EXPECT_EQ(fetched, 64u);
+}
+
+TEST_F(ClusterTest, ASettledClusterIsAskedOnlyByEachChunksRankedNodes) {
+  const Prefix p = MakePrefix(rng_, ns_, 16);
+  ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());  // R = 2
+  // Settled (no grace to wait out), R = 1 and no extra nodes: each chunk is asked of its
+  // first owner alone, which holds it.
+  std::unique_ptr<ClusterClient> narrow = Connect(kTokenA, 1, /*repair_grace_ms=*/0, 0);
+  ASSERT_TRUE(narrow->RegisterNamespace(config_, "mini", 64).ok());
+  absl::StatusOr<LookupResult> look = narrow->Lookup(ns_, p.tokens);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->matched_chunks, 16u);
+  ClusterClient::Counters c = narrow->counters();
+  EXPECT_EQ(c.lookups, 1u);
+  EXPECT_EQ(c.wide_lookups, 0u);
+  EXPECT_EQ(c.lookup_keys_asked, 16u) << "one node per chunk";
+  for (size_t k = 0; k < 16; ++k) EXPECT_EQ(look->nodes[k], narrow->Owners(look->keys[k])[0]);
+  ExpectFetchExact(*narrow, p, 16);
+  // A client within the grace period after it saw the membership asks every member.
+  std::unique_ptr<ClusterClient> unsettled = Connect(kTokenA, 1, /*repair_grace_ms=*/60000, 0);
+  ASSERT_TRUE(unsettled->RegisterNamespace(config_, "mini", 64).ok());
+  look = unsettled->Lookup(ns_, p.tokens);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->matched_chunks, 16u);
+  c = unsettled->counters();
+  EXPECT_EQ(c.wide_lookups, 1u);
+  EXPECT_EQ(c.lookup_keys_asked, 16u * nodes_.size());
 }
 
 TEST_F(ClusterTest, KilledNodeIsRoutedAroundAndServesAgainAfterRestart) {
@@ -502,6 +531,59 @@ TEST(ClusterPlacement, RankingMatchesThePublishedVectors) {
       EXPECT_EQ(w, v["weights"][n].get<std::string>()) << hex << " " << n;
     }
   }
+}
+
+TEST(ClusterPlacement, LookupPlansMatchThePublishedVectors) {
+  // Written by the Python client's planner (scripts/lookup_plan_vectors.py).
+  std::ifstream in(std::string(KVC_SOURCE_DIR) + "/tests/cluster/lookup_plan_vectors.json");
+  ASSERT_TRUE(in);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc["rule"], cluster::kPlacementRuleName);
+  std::vector<ChunkKey> keys;
+  for (const std::string hex : doc["keys"]) {
+    ChunkKey key;
+    for (size_t i = 0; i < 16; ++i) key.bytes[i] = std::stoi(hex.substr(2 * i, 2), nullptr, 16);
+    keys.push_back(key);
+  }
+  ASSERT_GE(doc["cases"].size(), 6u);
+  for (const auto& c : doc["cases"]) {
+    const std::vector<std::string> nodes = c["nodes"];
+    const size_t ask = c["ask"];
+    const cluster::LookupPlan plan = cluster::PlanLookup(keys, nodes, ask);
+    ASSERT_EQ(plan.size(), nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      EXPECT_EQ(plan[i], c["plan"][nodes[i]].get<std::vector<size_t>>())
+          << nodes.size() << " nodes, ask " << ask << ", node " << nodes[i];
+    }
+  }
+}
+
+TEST(ClusterPlacement, ALookupOfAFleetAsksEachKeyOfItsTopRankedNodesOnly) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> nodes;
+  for (int i = 0; i < 128; ++i) nodes.push_back("gpu-host-" + std::to_string(rng() % 100000));
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  std::vector<ChunkKey> keys(64);
+  for (ChunkKey& k : keys)
+    for (uint8_t& b : k.bytes) b = static_cast<uint8_t>(rng());
+  const size_t ask = 4;  // R = 2, two extra
+  const cluster::LookupPlan plan = cluster::PlanLookup(keys, nodes, ask);
+  std::vector<std::set<size_t>> asked_of(keys.size());
+  for (size_t i = 0; i < plan.size(); ++i)
+    for (size_t c : plan[i]) asked_of[c].insert(i);
+  for (size_t c = 0; c < keys.size(); ++c) {
+    const std::vector<size_t> ranked = cluster::RankNodes(keys[c], nodes);
+    EXPECT_EQ(asked_of[c], std::set<size_t>(ranked.begin(), ranked.begin() + ask)) << c;
+  }
+  const cluster::FanOut f = cluster::FanOutOf(plan);
+  EXPECT_EQ(f.keys, keys.size() * ask) << "each key asked of exactly `ask` nodes";
+  EXPECT_LE(f.nodes, nodes.size());
+  const cluster::FanOut every = cluster::FanOutOf(cluster::PlanLookup(keys, nodes, nodes.size()));
+  EXPECT_EQ(every.keys, keys.size() * nodes.size());
+  std::printf("%zu nodes, %zu keys: %zu calls and %zu keys asked (every member: %zu and %zu)\n",
+              nodes.size(), keys.size(), f.nodes, f.keys, every.nodes, every.keys);
 }
 
 TEST(ClusterPlacement, AJoiningNodeTakesOnlyItsShare) {

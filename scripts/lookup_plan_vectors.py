@@ -1,0 +1,38 @@
+#!/usr/bin/python3
+"""Writes the lookup-by-ranking vectors (tests/cluster/lookup_plan_vectors.json): for a few
+memberships, keys and widths, which keys a Lookup asks each node about (docs/cluster.md,
+"Lookup by ranking"). Computed from the placement rule's ranking (rank_nodes, itself held to
+tests/cluster/placement_vectors.json); the C++ and Python cluster clients' planners are both
+held to these vectors.
+
+  PYTHONPATH=python /usr/bin/python3 scripts/lookup_plan_vectors.py \\
+      > tests/cluster/lookup_plan_vectors.json
+"""
+import hashlib
+import json
+import sys
+
+from kvcache.cluster import PLACEMENT_RULE, plan_lookup
+
+
+def main():
+    memberships = [
+        ["n0", "n1", "n2"],
+        ["node-a", "node-b", "node-c", "gpu-host-17.rack2", "n1"],
+        [f"gpu-{i:03d}" for i in range(12)],
+    ]
+    # Keys anyone can recompute: SHA-256 of "key i", first 16 bytes.
+    keys = [hashlib.sha256(f"key {i}".encode()).digest()[:16] for i in range(10)]
+    cases = []
+    for nodes in memberships:
+        for ask in (1, 3, len(nodes)):
+            plan = plan_lookup(keys, nodes, ask)
+            cases.append({"nodes": nodes, "ask": ask,
+                          "plan": {n: idx for n, idx in zip(nodes, plan)}})
+    json.dump({"rule": PLACEMENT_RULE, "keys": [k.hex() for k in keys], "cases": cases},
+              sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
