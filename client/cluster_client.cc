@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/clock.h"
 #include "base/status_macros.h"
+#include "base/task_pool.h"
 #include "client/prefix_hash.h"
 #include "client/stats.h"
 #include "cluster/etcd.h"
@@ -29,19 +30,6 @@ struct ClusterClient::Node {
 namespace {
 
 int64_t NowMs() { return SteadyMillis(); }
-
-// Runs f(0..n-1) on a thread each (the calls are network round trips; nodes are few).
-template <typename F>
-void ParallelFor(size_t n, F f) {
-  if (n == 1) {
-    f(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) threads.emplace_back([&f, i] { f(i); });
-  for (std::thread& t : threads) t.join();
-}
 
 // A node's failure worth skipping it for: it did not answer, not a refusal of the request.
 bool NodeTrouble(const absl::Status& s) {
@@ -221,7 +209,7 @@ absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
         absl::StrCat("the cluster at ", options_.address, " has no nodes"));
   }
   std::vector<absl::StatusOr<RemoteNamespace>> got(nodes.size(), absl::UnknownError("not asked"));
-  ParallelFor(nodes.size(), [&](size_t i) {
+  pool_->ParallelFor(nodes.size(), [&](size_t i) {
     got[i] = nodes[i]->client->RegisterNamespace(model_config_json, model_id, chunk_tokens);
   });
   std::optional<RemoteNamespace> ns;
@@ -294,7 +282,7 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
       r.keys, ids, wide ? nodes.size() : static_cast<size_t>(want) + options_.lookup_extra_nodes);
   std::vector<absl::StatusOr<LookupResult>> per(nodes.size(), absl::UnknownError("not asked"));
   std::vector<char> skipped(nodes.size(), 0);
-  ParallelFor(nodes.size(), [&](size_t i) {
+  pool_->ParallelFor(nodes.size(), [&](size_t i) {
     if (plan[i].empty()) return;
     if (Skipped(*nodes[i])) {
       skipped[i] = 1;
@@ -445,7 +433,7 @@ absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
     std::vector<std::pair<size_t, std::vector<size_t>>> work(share.begin(), share.end());
     std::vector<absl::StatusOr<size_t>> got(work.size(), absl::UnknownError("not asked"));
     std::vector<std::string> reasons(work.size());
-    ParallelFor(work.size(), [&](size_t w) {
+    pool_->ParallelFor(work.size(), [&](size_t w) {
       Node& node = *nodes[work[w].first];
       const std::vector<size_t>& idx = work[w].second;
       if (absl::Status s = EnsureNamespace(node, ns); !s.ok()) {
@@ -543,7 +531,7 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
     if (share.empty()) break;
     std::vector<std::pair<size_t, std::vector<size_t>>> work(share.begin(), share.end());
     std::vector<absl::StatusOr<StoreResult>> got(work.size(), absl::UnknownError("not asked"));
-    ParallelFor(work.size(), [&](size_t w) {
+    pool_->ParallelFor(work.size(), [&](size_t w) {
       Node& node = *nodes[work[w].first];
       if (absl::Status s = EnsureNamespace(node, ns); !s.ok()) {
         got[w] = s;
@@ -581,10 +569,11 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
 namespace {
 // Runs `call` on every member that is not being skipped and sums the counts.
 template <typename Call>
-absl::StatusOr<uint32_t> OnEveryNode(const std::vector<std::shared_ptr<ClusterClient::Node>>& nodes,
+absl::StatusOr<uint32_t> OnEveryNode(TaskPool& pool,
+                                     const std::vector<std::shared_ptr<ClusterClient::Node>>& nodes,
                                      Call call) {
   std::vector<absl::StatusOr<uint32_t>> got(nodes.size(), 0u);
-  ParallelFor(nodes.size(), [&](size_t i) { got[i] = call(*nodes[i]); });
+  pool.ParallelFor(nodes.size(), [&](size_t i) { got[i] = call(*nodes[i]); });
   uint32_t sum = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!got[i].ok()) {
@@ -599,7 +588,7 @@ absl::StatusOr<uint32_t> OnEveryNode(const std::vector<std::shared_ptr<ClusterCl
 
 absl::StatusOr<uint32_t> ClusterClient::Pin(const RemoteNamespace& ns,
                                             std::span<const ChunkKey> keys, uint32_t ttl_seconds) {
-  return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
+  return OnEveryNode(*pool_, Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
     KVC_RETURN_IF_ERROR(EnsureNamespace(n, ns));
     return n.client->Pin(ns, keys, ttl_seconds);
   });
@@ -607,7 +596,7 @@ absl::StatusOr<uint32_t> ClusterClient::Pin(const RemoteNamespace& ns,
 
 absl::StatusOr<uint32_t> ClusterClient::Unpin(const RemoteNamespace& ns,
                                               std::span<const ChunkKey> keys) {
-  return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
+  return OnEveryNode(*pool_, Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
     KVC_RETURN_IF_ERROR(EnsureNamespace(n, ns));
     return n.client->Unpin(ns, keys);
   });
@@ -619,7 +608,7 @@ absl::StatusOr<uint32_t> ClusterClient::Delete(const RemoteNamespace& ns,
     std::lock_guard lk(mu_);
     for (const ChunkKey& k : keys) holders_.erase(k);
   }
-  return OnEveryNode(Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
+  return OnEveryNode(*pool_, Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
     KVC_RETURN_IF_ERROR(EnsureNamespace(n, ns));
     return n.client->Delete(ns, keys);
   });
@@ -633,7 +622,7 @@ ClusterClient::Counters ClusterClient::counters() const {
 std::vector<NodeStats> ClusterClient::Stats() {
   std::vector<std::shared_ptr<Node>> nodes = Members();
   std::vector<NodeStats> out(nodes.size());
-  ParallelFor(nodes.size(), [&](size_t i) {
+  pool_->ParallelFor(nodes.size(), [&](size_t i) {
     out[i].node = nodes[i]->info;
     out[i].stats = nodes[i]->client->Stats();
   });

@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/task_pool.h"
 #include "client/cache_api.h"
 #include "client/client.h"
 #include "cluster/membership.h"
@@ -122,6 +123,8 @@ class ClusterClient final : public CacheApi {
 
   ClientOptions options_;
   std::unique_ptr<cluster::MembershipView> view_;
+  // Fans a call out to the nodes (base/task_pool.h): workers live as long as the client.
+  std::unique_ptr<TaskPool> pool_ = std::make_unique<TaskPool>(8);
 
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Node>> nodes_;
