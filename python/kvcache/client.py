@@ -114,6 +114,19 @@ class Client(Common):
             got += streamed
         return Fetched(got, out, ns.chunk_bytes, shm)
 
+    def fetch_scattered(self, ns: Namespace, keys: Sequence[bytes], dsts: Sequence[memoryview]) -> int:
+        """Like fetch over gRPC, with chunk i written straight into dsts[i] (chunk_bytes
+        each): a cluster client puts each node's share of a prefix where it belongs, with no
+        buffer in between. Returns how many leading chunks arrived."""
+        keys = check_keys(keys)
+        if len(dsts) != len(keys):
+            raise InvalidArgumentError(f"{len(dsts)} destinations for {len(keys)} chunks")
+        got = 0
+        for i, payload in self._stream(ns, keys):
+            dsts[i][:] = payload
+            got = i + 1
+        return got
+
     def fetch_iter(self, ns: Namespace, keys: Sequence[bytes]) -> Iterator[Tuple[int, bytes, memoryview]]:
         """Yields (index, key, payload) per chunk as it arrives over gRPC; payload is a
         read-only memoryview valid until the next item. Stops at the first missing chunk."""

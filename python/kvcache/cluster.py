@@ -296,7 +296,10 @@ class ClusterClient:
 
             def pull(nc, idx=None):
                 self._ensure_namespace(nc, ns)
-                return nc.client.fetch(ns, [keys[c] for c in idx])
+                # Each chunk straight to its place in the caller's buffer.
+                return nc.client.fetch_scattered(
+                    ns, [keys[c] for c in idx],
+                    [view[c * ns.chunk_bytes:(c + 1) * ns.chunk_bytes] for c in idx])
             work = [(nodes[n], lambda nc, idx=idx: pull(nc, idx)) for n, idx in share.items()]
             for (n, idx), (got, err) in zip(share.items(), self._on_nodes(work)):
                 if err is not None:
@@ -304,15 +307,11 @@ class ClusterClient:
                     for c in idx:
                         nxt[c] += 1
                     continue
-                src = memoryview(got.buffer)
-                for j in range(got.chunks):
-                    c = idx[j]
-                    view[c * ns.chunk_bytes:(c + 1) * ns.chunk_bytes] = \
-                        src[j * ns.chunk_bytes:(j + 1) * ns.chunk_bytes]
-                    done[c] = True
-                self.fetched_from[n] = self.fetched_from.get(n, 0) + got.chunks
-                if got.chunks < len(idx):
-                    nxt[idx[got.chunks]] += 1  # not on this node; those after it not asked
+                for j in range(got):
+                    done[idx[j]] = True
+                self.fetched_from[n] = self.fetched_from.get(n, 0) + got
+                if got < len(idx):
+                    nxt[idx[got]] += 1  # not on this node; those after it not asked
         leading = 0
         while leading < len(keys) and done[leading]:
             leading += 1
