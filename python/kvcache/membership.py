@@ -9,11 +9,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-import etcd3
-import etcd3.exceptions
 import grpc
-from etcd3 import etcdrpc
-from etcd3.etcdrpc import kv_pb2
+
+try:  # only a cluster client needs it; one daemon works without
+    import etcd3
+    import etcd3.exceptions
+    from etcd3 import etcdrpc
+    from etcd3.etcdrpc import kv_pb2
+    _ETCD3_MISSING = ""
+except ImportError as e:  # pragma: no cover - exercised where python3-etcd3 is absent
+    _ETCD3_MISSING = str(e)
 
 from .errors import InvalidArgumentError, KvcacheError, PermissionDeniedError, UnavailableError
 
@@ -97,6 +102,9 @@ class _MembershipWatch:
                  security: Optional[EtcdSecurity] = None) -> None:
         self._endpoints = endpoints
         self._timeout_s = timeout_s
+        if _ETCD3_MISSING:
+            raise UnavailableError(f"a cluster client needs python3-etcd3 (apt-get install "
+                                   f"python3-etcd3): {_ETCD3_MISSING}")
         self._security = security or EtcdSecurity()
         self._security.check()
         for name in ("ca_file", "cert_file", "key_file"):
