@@ -340,9 +340,10 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
     }
   }
   // Lookup's fan-out at fleet sizes no machine here runs: the plan is pure (placement.h),
-  // so it is computed for simulated members. R = 2 with the default 2 extra nodes, against
-  // the wide ask of an unsettled cluster (every member, every key).
+  // so it is computed for simulated members. R = 2 with the client's default extra nodes,
+  // against the wide ask of an unsettled cluster (every member, every key).
   std::mt19937_64 rng(seed);
+  const size_t ask = 2 + client::ClientOptions{}.lookup_extra_nodes;
   for (size_t members : {3, 16, 100, 300}) {
     std::vector<std::string> ids;
     for (size_t i = 0; i < members; ++i) ids.push_back(absl::StrCat("node-", i));
@@ -350,10 +351,11 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
       std::vector<storage::ChunkKey> keys(chunks);
       for (storage::ChunkKey& k : keys)
         for (uint8_t& b : k.bytes) b = static_cast<uint8_t>(rng());
-      const cluster::FanOut narrow = cluster::FanOutOf(cluster::PlanLookup(keys, ids, 2 + 2));
+      const cluster::FanOut narrow = cluster::FanOutOf(cluster::PlanLookup(keys, ids, ask));
       const cluster::FanOut wide = cluster::FanOutOf(cluster::PlanLookup(keys, ids, members));
       out["lookup_fanout"].push_back({{"members", members},
                                       {"chunks", chunks},
+                                      {"nodes_per_key", ask},
                                       {"calls", narrow.nodes},
                                       {"keys_asked", narrow.keys},
                                       {"calls_every_member", wide.nodes},
@@ -412,8 +414,8 @@ std::string ClusterBenchToText(const nlohmann::json& r) {
     }
   }
   if (r.contains("lookup_fanout")) {
-    t += "\nLookup fan-out (R = 2, 2 extra ranked nodes; simulated members): calls and keys "
-         "asked, and with every member asked\n";
+    t += "\nLookup fan-out (R = 2 and the default extra ranked nodes; simulated members): calls "
+         "and keys asked, and with every member asked\n";
     for (const auto& f : r["lookup_fanout"]) {
       absl::StrAppendFormat(&t,
                             "  %4d members %5d chunks: %4d calls %7d keys  |  %4d calls %8d keys\n",
