@@ -121,6 +121,10 @@ class Client(Common):
         keys = check_keys(keys)
         if len(dsts) != len(keys):
             raise InvalidArgumentError(f"{len(dsts)} destinations for {len(keys)} chunks")
+        for i, d in enumerate(dsts):
+            if len(d) != ns.chunk_bytes:
+                raise InvalidArgumentError(
+                    f"destination {i} is {len(d)} bytes; a chunk of this namespace is {ns.chunk_bytes}")
         got = 0
         for i, payload in self._stream(ns, keys):
             dsts[i][:] = payload
