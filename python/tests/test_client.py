@@ -253,8 +253,8 @@ def test_bad_arguments_are_refused_before_any_call(mini_config):
         c.fetch(ns, [bytes(16)], out=bytes(100))
     with pytest.raises(kvcache.InvalidArgumentError, match="need 200"):
         c.fetch(ns, [bytes(16), bytes(16)], out=bytearray(100))
-    with pytest.raises(kvcache.InvalidArgumentError, match="destination 0 is 100 bytes"):
-        c.fetch_scattered(ns, [bytes(16)], [memoryview(bytearray(100))])
+    with pytest.raises(kvcache.InvalidArgumentError, match="destination 0 is 99 bytes; a chunk of this namespace is 100"):
+        c.fetch_scattered(ns, [bytes(16)], [memoryview(bytearray(99))])
     with pytest.raises(kvcache.InvalidArgumentError, match="etcd endpoint 'h' is not HOST:PORT"):
         kvcache.connect("etcd://h")
     with pytest.raises(kvcache.UnavailableError, match="etcd at 127.0.0.1:1"):
