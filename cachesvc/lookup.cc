@@ -25,6 +25,10 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
     keys = std::move(parsed);
     resp->set_keys_seen(static_cast<uint32_t>(keys.size()));
   } else {
+    if (ns.key_mode == kKeysFromCaller) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "namespace ", ns.id, " is caller-keyed: look up by chunk keys, not tokens"));
+    }
     if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
           req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));

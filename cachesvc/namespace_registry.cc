@@ -39,7 +39,8 @@ nlohmann::json ToJson(const NamespaceInfo& n) {
           {"chunk_bytes", n.chunk_bytes},
           {"vocab_size", n.vocab_size},
           {"root_key", n.root.Hex()},
-          {"key_scope", n.key_scope}};
+          {"key_scope", n.key_scope},
+          {"key_mode", n.key_mode}};
 }
 
 absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::string& where) {
@@ -54,6 +55,8 @@ absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::strin
     if (!FromHex(e.at("root_key"), &n.root)) throw std::runtime_error("root_key");
     n.key_scope = e.value("key_scope", 0u);  // absent: registered before keys were bound
     if (n.key_scope > kKeyScopeBound) throw std::runtime_error("key_scope");
+    n.key_mode = e.value("key_mode", kKeysFromTokens);  // absent: before caller keys
+    if (n.key_mode > kKeysFromCaller) throw std::runtime_error("key_mode");
   } catch (const std::exception& ex) {
     return absl::DataLossError(
         absl::StrCat(where, ": bad namespace entry ", e.dump(), ": ", ex.what()));

@@ -34,7 +34,14 @@ struct NamespaceInfo {
   // namespace registered since keys are bound, 0 for one an older kvcached registered
   // (its chunks stay stored under the keys as given, so a restart loses none of them).
   uint32_t key_scope = 0;
+  // Where the chunk keys come from: kKeysFromTokens (derived; chunk_tokens and vocab_size
+  // are the model's) or kKeysFromCaller (the caller's own keys mapped by CallerChunkKey;
+  // chunk_bytes is the caller's page size, vocab_size 0: no tokens are ever given).
+  uint32_t key_mode = 0;
 };
+
+inline constexpr uint32_t kKeysFromTokens = 0;  // = kvcache.v1.KEY_MODE_TOKENS
+inline constexpr uint32_t kKeysFromCaller = 1;  // = kvcache.v1.KEY_MODE_CALLER
 
 // Chunk keys bound to their namespace: the same key in two namespaces is two chunks, so
 // one tenant's stores can neither fail because of, nor reveal, another tenant's chunks.

@@ -83,25 +83,19 @@ absl::Status KvCacheService::Impl::Register(const std::string& tenant,
                                             const pb::RegisterNamespaceRequest& req,
                                             pb::RegisterNamespaceResponse* resp) {
   if (req.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
-  KVC_ASSIGN_OR_RETURN(ModelConfig config,
-                       ParseModelConfig(req.model_config_json(), "model_config_json"));
-  KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(config));
-  const uint32_t chunk_tokens = req.chunk_tokens() ? req.chunk_tokens() : opt.default_chunk_tokens;
-  KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, schedule, chunk_tokens));
-  if (static_cast<uint64_t>(layout.chunk_bytes) > opt.max_chunk_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a chunk of ", chunk_tokens, " tokens is ", layout.chunk_bytes,
-                     " bytes; this server stores chunks of at most ", opt.max_chunk_bytes));
-  }
   NamespaceInfo info;
   info.tenant = tenant;
   info.model_id = req.model_id();
-  info.chunk_tokens = chunk_tokens;
-  info.chunk_bytes = static_cast<uint64_t>(layout.chunk_bytes);
-  info.vocab_size = static_cast<uint64_t>(config.vocab_size);
-  info.root = client::NamespaceRoot(tenant, client::ModelFingerprint(req.model_id(), layout),
-                                    kKvLayoutVersion, chunk_tokens);
   info.key_scope = kKeyScopeBound;  // a namespace registered before keeps its own
+  if (req.key_mode() == pb::KEY_MODE_CALLER) {
+    KVC_RETURN_IF_ERROR(CallerKeyedNamespace(req, &info));
+  } else if (req.key_mode() == pb::KEY_MODE_TOKENS) {
+    KVC_RETURN_IF_ERROR(TokenKeyedNamespace(req, &info));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key_mode is ", req.key_mode(), "; it must be ", pb::KEY_MODE_TOKENS, " (tokens) or ",
+        pb::KEY_MODE_CALLER, " (caller)"));
+  }
   // The tenant's quota is admitted before its first namespace exists: a quota that does
   // not fit refuses the registration and leaves nothing behind.
   KVC_RETURN_IF_ERROR(quotas.Admit(tenant, /*must_fit=*/true));
@@ -113,8 +107,57 @@ absl::Status KvCacheService::Impl::Register(const std::string& tenant,
   resp->set_chunk_bytes(ns.chunk_bytes);
   resp->set_chunk_tokens(ns.chunk_tokens);
   resp->set_root_key(KeyBytes(ns.root));
-  resp->set_kv_layout_version(kKvLayoutVersion);
+  resp->set_kv_layout_version(ns.key_mode == kKeysFromCaller ? 0 : kKvLayoutVersion);
   resp->set_vocab_size(ns.vocab_size);
+  resp->set_key_mode(static_cast<pb::KeyMode>(ns.key_mode));
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheService::Impl::CallerKeyedNamespace(const pb::RegisterNamespaceRequest& req,
+                                                        NamespaceInfo* info) const {
+  // The caller lays its pages out itself: the server needs their size, not the model.
+  if (req.page_bytes() == 0) {
+    return absl::InvalidArgumentError(
+        "page_bytes is 0; a caller-keyed namespace needs the bytes of one page");
+  }
+  if (req.page_bytes() > opt.max_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("page_bytes is ", req.page_bytes(),
+                                                   "; this server stores chunks of at most ",
+                                                   opt.max_chunk_bytes, " bytes"));
+  }
+  info->chunk_tokens = req.chunk_tokens();
+  info->chunk_bytes = req.page_bytes();
+  info->vocab_size = 0;
+  info->key_mode = kKeysFromCaller;
+  info->root = client::CallerNamespaceRoot(info->tenant, info->model_id, info->chunk_bytes,
+                                           info->chunk_tokens);
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheService::Impl::TokenKeyedNamespace(const pb::RegisterNamespaceRequest& req,
+                                                       NamespaceInfo* info) const {
+  if (req.page_bytes() != 0) {
+    return absl::InvalidArgumentError(
+        "page_bytes is for caller-keyed namespaces (key_mode CALLER); a token-keyed "
+        "namespace's chunk size follows from the model config");
+  }
+  KVC_ASSIGN_OR_RETURN(ModelConfig config,
+                       ParseModelConfig(req.model_config_json(), "model_config_json"));
+  KVC_ASSIGN_OR_RETURN(LayerSchedule schedule, BuildLayerSchedule(config));
+  const uint32_t chunk_tokens = req.chunk_tokens() ? req.chunk_tokens() : opt.default_chunk_tokens;
+  KVC_ASSIGN_OR_RETURN(ChunkLayout layout, BuildChunkLayout(config, schedule, chunk_tokens));
+  if (static_cast<uint64_t>(layout.chunk_bytes) > opt.max_chunk_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a chunk of ", chunk_tokens, " tokens is ", layout.chunk_bytes,
+                     " bytes; this server stores chunks of at most ", opt.max_chunk_bytes));
+  }
+  info->chunk_tokens = chunk_tokens;
+  info->chunk_bytes = static_cast<uint64_t>(layout.chunk_bytes);
+  info->vocab_size = static_cast<uint64_t>(config.vocab_size);
+  info->key_mode = kKeysFromTokens;
+  info->root = client::NamespaceRoot(info->tenant,
+                                     client::ModelFingerprint(req.model_id(), layout),
+                                     kKvLayoutVersion, chunk_tokens);
   return absl::OkStatus();
 }
 

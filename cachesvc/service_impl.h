@@ -152,6 +152,11 @@ class KvCacheService::Impl {
   absl::StatusOr<NamespaceInfo> Namespace(uint32_t id, const std::string& tenant) const;
   absl::Status Register(const std::string& tenant, const pb::RegisterNamespaceRequest& req,
                         pb::RegisterNamespaceResponse* resp);
+  // The layout and root of a namespace of each key mode (Register's two halves).
+  absl::Status CallerKeyedNamespace(const pb::RegisterNamespaceRequest& req,
+                                    NamespaceInfo* info) const;
+  absl::Status TokenKeyedNamespace(const pb::RegisterNamespaceRequest& req,
+                                   NamespaceInfo* info) const;
   absl::Status CheckTokens(const NamespaceInfo& ns,
                            const google::protobuf::RepeatedField<uint32_t>& tokens) const;
   // lookup.cc

@@ -86,6 +86,12 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   absl::Status StoreOne() {
     KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, svc_->Namespace(req_.namespace_id(), tenant_));
+    if (ns.key_mode == kKeysFromCaller) return StoreByCallerKey(ns);
+    if (!req_.chunk_key().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk_key is given, but namespace ", ns.id,
+          " derives its keys from tokens (register it with key_mode CALLER to choose keys)"));
+    }
     if (static_cast<uint32_t>(req_.tokens_size()) != ns.chunk_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("chunk has ", req_.tokens_size(),
                                                      " tokens; namespace ", ns.id, " uses ",
@@ -121,12 +127,46 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     const ChunkKey key =
         client::NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
+    return Put(ns, key, parent);
+  }
+
+  // A caller-keyed namespace: the key is the caller's (already mapped to 16 bytes by
+  // CallerChunkKey, client-side); no tokens. A parent is optional and only orders
+  // eviction: the caller's chain is its own, and a parent this node lacks is no error.
+  absl::Status StoreByCallerKey(const NamespaceInfo& ns) {
+    if (req_.tokens_size() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "namespace ", ns.id, " is caller-keyed: a chunk gives chunk_key, not tokens"));
+    }
+    if (req_.chunk_key().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "namespace ", ns.id, " is caller-keyed: each chunk gives its 16-byte chunk_key"));
+    }
+    if (req_.payload().size() != ns.chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
+                                                     " bytes, namespace ", ns.id, " expects ",
+                                                     ns.chunk_bytes));
+    }
+    std::optional<ChunkKey> parent;
+    if (!req_.parent_key().empty()) {
+      KVC_ASSIGN_OR_RETURN(ChunkKey given, wire::KeyFrom(req_.parent_key(), "parent_key"));
+      const ChunkKey stored_parent = StorageKey(ns, given);
+      if (svc_->store->Contains(ns.id, stored_parent) != storage::Tier::kNone) {
+        parent = stored_parent;
+      }
+    }
+    KVC_ASSIGN_OR_RETURN(ChunkKey key, wire::KeyFrom(req_.chunk_key(), "chunk_key"));
+    return Put(ns, key, parent);
+  }
+
+  absl::Status Put(const NamespaceInfo& ns, const ChunkKey& key,
+                   std::optional<ChunkKey> stored_parent) {
     const auto durability = req_.durability() == pb::DURABILITY_DURABLE
                                 ? storage::Durability::kDurable
                                 : storage::Durability::kMemory;
     KVC_ASSIGN_OR_RETURN(
         storage::PutResult put,
-        svc_->store->Put({ns.id, StorageKey(ns, key), parent,
+        svc_->store->Put({ns.id, StorageKey(ns, key), stored_parent,
                           std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()),
                                     req_.payload().size())},
                          {durability, static_cast<int64_t>(req_.ttl_seconds())}));

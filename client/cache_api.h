@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,6 +69,10 @@ struct RemoteNamespace {
   uint32_t chunk_tokens = 0;
   storage::ChunkKey root;
   uint64_t vocab_size = 0;  // 0: unknown (an older daemon), the server checks tokens
+  // Registered with CacheClient::RegisterKeyedNamespace: the caller chooses each chunk's
+  // key (CallerKey), stores with StoreChunks (each chunk's `key`, no tokens) and looks up,
+  // fetches, pins and deletes by those keys. Token-based Lookup and Store are refused.
+  bool caller_keys = false;
 };
 
 struct LookupResult {
@@ -89,9 +94,18 @@ struct StoreResult {
 // One chunk of a StoreChunks stream.
 struct ChunkToStore {
   std::optional<storage::ChunkKey> parent;  // none: the first chunk of a prefix
-  std::span<const uint32_t> tokens;         // chunk_tokens ids
+  std::span<const uint32_t> tokens;         // chunk_tokens ids (a caller-keyed namespace: none)
   std::span<const uint8_t> payload;         // chunk_bytes
+  // A caller-keyed namespace: the chunk's key, CallerKey(ns, the caller's key). There the
+  // parent is optional (the page before, if the caller's pages form a chain).
+  std::optional<storage::ChunkKey> key;
 };
+
+// The chunk key of a caller's own key (1..64 bytes, e.g. a serving engine's page hash) in a
+// caller-keyed namespace (public rule: prefix_hash.h CallerChunkKey). InvalidArgument
+// naming the size when the key is empty or longer than 64 bytes, or `ns` is not
+// caller-keyed.
+absl::StatusOr<storage::ChunkKey> CallerKey(const RemoteNamespace& ns, std::string_view caller_key);
 
 class CacheApi {
  public:

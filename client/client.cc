@@ -237,14 +237,52 @@ absl::StatusOr<RemoteNamespace> CacheClient::RegisterNamespace(const std::string
   req.set_model_config_json(model_config_json);
   req.set_model_id(model_id);
   req.set_chunk_tokens(chunk_tokens);
+  return Register(req);
+}
+
+absl::StatusOr<RemoteNamespace> CacheClient::RegisterKeyedNamespace(const std::string& model_id,
+                                                                    uint64_t page_bytes,
+                                                                    uint32_t page_tokens) {
+  pb::RegisterNamespaceRequest req;
+  req.set_model_id(model_id);
+  req.set_key_mode(pb::KEY_MODE_CALLER);
+  req.set_page_bytes(page_bytes);
+  req.set_chunk_tokens(page_tokens);
+  KVC_ASSIGN_OR_RETURN(RemoteNamespace ns, Register(req));
+  if (!ns.caller_keys) {
+    return absl::FailedPreconditionError(
+        "this kvcached predates caller-keyed namespaces (it registered a token-keyed one)");
+  }
+  return ns;
+}
+
+absl::StatusOr<RemoteNamespace> CacheClient::Register(const pb::RegisterNamespaceRequest& req) {
   pb::RegisterNamespaceResponse resp;
   KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->RegisterNamespace(Context().get(), req, &resp)));
   KVC_ASSIGN_OR_RETURN(ChunkKey root, KeyFrom(resp.root_key()));
   return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), root,
-                         resp.vocab_size()};
+                         resp.vocab_size(), resp.key_mode() == pb::KEY_MODE_CALLER};
+}
+
+absl::StatusOr<ChunkKey> CallerKey(const RemoteNamespace& ns, std::string_view caller_key) {
+  if (!ns.caller_keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace ", ns.id, " derives its keys from tokens; caller keys need a namespace "
+        "registered with RegisterKeyedNamespace"));
+  }
+  if (caller_key.empty() || caller_key.size() > kMaxCallerKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a caller key is ", caller_key.size(),
+                                                   " bytes; it must be 1 to ",
+                                                   kMaxCallerKeyBytes));
+  }
+  return CallerChunkKey(ns.root, caller_key);
 }
 
 absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes) {
+  if (ns.caller_keys || ns.chunk_tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace ", ns.id, " is caller-keyed: store each chunk under its key (StoreChunks)"));
+  }
   const size_t chunks = tokens / ns.chunk_tokens;  // a partial last chunk is not stored
   if (payload_bytes != chunks * ns.chunk_bytes) {
     return absl::InvalidArgumentError(
@@ -272,9 +310,20 @@ absl::StatusOr<LookupResult> CacheClient::LookupEvery(const RemoteNamespace& ns,
 
 absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace& ns,
                                                           std::span<const ChunkKey> keys) {
+  return LookupKeysImpl(ns, keys, /*every_chunk=*/true);
+}
+
+absl::StatusOr<LookupResult> CacheClient::LookupKeys(const RemoteNamespace& ns,
+                                                     std::span<const ChunkKey> keys) {
+  return LookupKeysImpl(ns, keys, /*every_chunk=*/false);
+}
+
+absl::StatusOr<LookupResult> CacheClient::LookupKeysImpl(const RemoteNamespace& ns,
+                                                         std::span<const ChunkKey> keys,
+                                                         bool every_chunk) {
   pb::LookupRequest req;
   req.set_namespace_id(ns.id);
-  req.set_every_chunk(true);
+  req.set_every_chunk(every_chunk);
   LookupResult r;
   r.keys.assign(keys.begin(), keys.end());
   if (keys.empty()) return r;
@@ -282,9 +331,11 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysEvery(const RemoteNamespace&
   KVC_RETURN_IF_ERROR(LookupByKeys(req, keys, &resp));
   r.matched_chunks = resp.matched_chunks();
   for (int t : resp.tiers()) r.tiers.push_back(TierFromWire(t));
-  if (r.tiers.size() != r.keys.size()) {
-    return absl::InternalError(
-        absl::StrCat("Lookup answered ", r.tiers.size(), " tiers for ", r.keys.size(), " chunks"));
+  const size_t want = every_chunk ? r.keys.size() : r.matched_chunks;
+  if (r.tiers.size() != want || r.matched_chunks > r.keys.size()) {
+    return absl::InternalError(absl::StrCat("Lookup answered ", r.matched_chunks, " matched and ",
+                                            r.tiers.size(), " tiers for ", r.keys.size(),
+                                            " chunks"));
   }
   return r;
 }
@@ -469,7 +520,20 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
                                                      std::span<const ChunkToStore> chunks,
                                                      Durability durability, uint32_t ttl_seconds) {
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (chunks[i].tokens.size() != ns.chunk_tokens || chunks[i].payload.size() != ns.chunk_bytes) {
+    if (ns.caller_keys != chunks[i].key.has_value() || (ns.caller_keys && !chunks[i].tokens.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", i, ns.caller_keys ? " gives no key or gives tokens; namespace "
+                                      : " gives a key; namespace ",
+          ns.id, ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
+                                : " derives its keys from tokens"));
+    }
+    if (ns.caller_keys && chunks[i].payload.size() != ns.chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", i, " has ", chunks[i].payload.size(),
+                                                     " payload bytes; the namespace's pages are ",
+                                                     ns.chunk_bytes));
+    }
+    if (!ns.caller_keys &&
+        (chunks[i].tokens.size() != ns.chunk_tokens || chunks[i].payload.size() != ns.chunk_bytes)) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", i, " has ", chunks[i].tokens.size(), " tokens and ",
                        chunks[i].payload.size(), " payload bytes; the namespace's chunks are ",
@@ -487,6 +551,7 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
     req.Clear();
     req.set_namespace_id(ns.id);
     if (c.parent) req.set_parent_key(KeyBytes(*c.parent));
+    if (c.key) req.set_chunk_key(KeyBytes(*c.key));
     req.mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
     req.set_payload(c.payload.data(), c.payload.size());
     req.set_durability(static_cast<pb::Durability>(durability));

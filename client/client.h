@@ -30,6 +30,7 @@ class ClientContext;
 }  // namespace grpc
 namespace kvcache::v1 {
 class LookupRequest;
+class RegisterNamespaceRequest;
 class LookupResponse;
 class StatsResponse;
 }  // namespace kvcache::v1
@@ -63,8 +64,19 @@ class CacheClient final : public CacheApi {
   absl::StatusOr<RemoteNamespace> RegisterNamespace(const std::string& model_config_json,
                                                     const std::string& model_id,
                                                     uint32_t chunk_tokens = 0) override;
+  // A namespace whose keys the caller chooses (a serving engine's page hashes; see
+  // RemoteNamespace::caller_keys): pages of `page_bytes` laid out by the caller, each
+  // covering `page_tokens` tokens (0: not said). Same tenant, model_id, page_bytes and
+  // page_tokens: the same namespace.
+  absl::StatusOr<RemoteNamespace> RegisterKeyedNamespace(const std::string& model_id,
+                                                         uint64_t page_bytes,
+                                                         uint32_t page_tokens = 0);
   absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns,
                                       std::span<const uint32_t> tokens) override;
+  // Lookup by keys the caller holds (a caller-keyed namespace's, or a token namespace's
+  // from an earlier turn): how many leading ones are cached; nothing is hashed.
+  absl::StatusOr<LookupResult> LookupKeys(const RemoteNamespace& ns,
+                                          std::span<const storage::ChunkKey> keys);
   // Every whole chunk's tier on this daemon (TIER_NONE where it has none), not only the
   // leading run's: what a cluster client merges across nodes.
   absl::StatusOr<LookupResult> LookupEvery(const RemoteNamespace& ns,
@@ -158,6 +170,10 @@ class CacheClient final : public CacheApi {
   absl::Status LookupByKeys(kvcache::v1::LookupRequest& req,
                             std::span<const storage::ChunkKey> keys,
                             kvcache::v1::LookupResponse* resp);
+  absl::StatusOr<LookupResult> LookupKeysImpl(const RemoteNamespace& ns,
+                                              std::span<const storage::ChunkKey> keys,
+                                              bool every_chunk);
+  absl::StatusOr<RemoteNamespace> Register(const kvcache::v1::RegisterNamespaceRequest& req);
   absl::StatusOr<LookupResult> LookupImpl(const RemoteNamespace& ns,
                                           std::span<const uint32_t> tokens, bool every_chunk);
   absl::StatusOr<size_t> FetchImpl(const RemoteNamespace& ns,

@@ -111,7 +111,7 @@ void ClusterClient::Repair(const RepairJob& job) {
   const ChunkKey key = job.key;
   absl::StatusOr<size_t> got = from->client->Fetch(job.ns, std::span(&key, 1), payload);
   if (!got.ok() || *got != 1) return;  // evicted or gone since: nothing to copy
-  ChunkToStore chunk{job.parent, job.tokens, payload};
+  ChunkToStore chunk{job.parent, job.tokens, payload, std::nullopt};
   for (const std::string& id : job.to) {
     Node* to = find(id);
     if (to == nullptr || !EnsureNamespace(*to, job.ns).ok()) continue;

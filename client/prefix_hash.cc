@@ -18,7 +18,7 @@ class Encoder {
   }
   void U32(uint32_t v) { Bytes(&v, 4); }
   void U64(uint64_t v) { Bytes(&v, 8); }
-  void Str(const std::string& s) {
+  void Str(std::string_view s) {
     U32(static_cast<uint32_t>(s.size()));
     Bytes(s.data(), s.size());
   }
@@ -77,6 +77,25 @@ ChunkKey BoundChunkKey(const ChunkKey& root, const ChunkKey& key) {
   e.Bytes("kvcache-scope-v1", 16);
   e.Key(root);
   e.Key(key);
+  return e.Hash();
+}
+
+ChunkKey CallerNamespaceRoot(const std::string& tenant, const std::string& model_id,
+                             uint64_t page_bytes, uint32_t page_tokens) {
+  Encoder e;
+  e.Bytes("kvcache-caller-ns-v1", 20);
+  e.Str(tenant);
+  e.Str(model_id);
+  e.U64(page_bytes);
+  e.U32(page_tokens);
+  return e.Hash();
+}
+
+ChunkKey CallerChunkKey(const ChunkKey& root, std::string_view caller_key) {
+  Encoder e;
+  e.Bytes("kvcache-caller-key-v1", 21);
+  e.Key(root);
+  e.Str(caller_key);
   return e.Hash();
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent Python implementation of kvcache's public prefix hashing
-(docs/prefix-hashing.md), used to write tests/client/prefix_hash_vectors.json, which the
+(docs/prefix-hashing.md) — derived keys and caller keys — used to write tests/client/prefix_hash_vectors.json, which the
 C++ tests check. Needs the `xxhash` module (Debian: python3-xxhash).
 
   python3 scripts/prefix_hash_vectors.py > tests/client/prefix_hash_vectors.json
@@ -40,6 +40,32 @@ def chunk_keys(root_key: bytes, tokens, chunk_tokens: int):
     return keys
 
 
+def caller_root(tenant: str, model_id: str, page_bytes: int, page_tokens: int) -> bytes:
+    return h128(b"kvcache-caller-ns-v1" + s(tenant) + s(model_id) +
+                struct.pack("<QI", page_bytes, page_tokens))
+
+
+def caller_chunk_key(root_key: bytes, caller_key: bytes) -> bytes:
+    return h128(b"kvcache-caller-key-v1" + root_key + struct.pack("<I", len(caller_key)) + caller_key)
+
+
+def caller_vectors(rng):
+    out = []
+    for tenant, model_id, page_bytes, page_tokens in [("default", "sglang/DeepSeek-V4.1-Flash", 57344, 64),
+                                                     ("acme", "vllm/llama", 2097152, 16),
+                                                     ("ünïcode-tenant", "m", 1, 0)]:
+        r = caller_root(tenant, model_id, page_bytes, page_tokens)
+        keys = [bytes(rng.randrange(256) for _ in range(32)).hex().encode(),  # a SHA-256 hex digest
+                bytes(rng.randrange(256) for _ in range(1)),
+                bytes(rng.randrange(256) for _ in range(64)),
+                "ключ".encode()]
+        out.append({"tenant": tenant, "model_id": model_id, "page_bytes": page_bytes,
+                    "page_tokens": page_tokens, "root_key": r.hex(),
+                    "keys": [{"caller_key": k.hex(), "chunk_key": caller_chunk_key(r, k).hex()}
+                             for k in keys]})
+    return out
+
+
 def main():
     rng = random.Random(20261130)
     # The reference config's chunk layout at C = 256 (kvfmt layout prints it).
@@ -58,7 +84,8 @@ def main():
                         "root_key": r.hex(), "tokens": tokens, "chunk_keys": chunk_keys(r, tokens, chunk_tokens)})
     print(json.dumps({"model_id": "deepseek-ai/DeepSeek-V4.1-Flash",
                       "config": "configs/deepseek-v4.1-flash.config.json",
-                      "model_fingerprint": fp.hex(), "vectors": vectors}, indent=1))
+                      "model_fingerprint": fp.hex(), "vectors": vectors,
+                      "caller_vectors": caller_vectors(rng)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import xxhash
 
 from . import _wire
 from .errors import DataLossError, InvalidArgumentError, KvcacheError, NotFoundError
-from .hashing import Namespace, Tokens, as_tokens, chunk_keys
+from .hashing import Namespace, Tokens, as_tokens, caller_chunk_keys, chunk_keys
 from .shm import MappedArena
 from .v1 import kvcache_pb2 as pb
 
@@ -77,6 +77,13 @@ class StoreResult:
 key_bytes = _wire.key_bytes
 
 
+def refuse_caller_keyed(ns, call):
+    if ns.caller_keys:
+        raise InvalidArgumentError(
+            f"namespace {ns.id} is caller-keyed: {call} does not apply; use caller_keys(ns, keys) "
+            "with lookup_keys, store_keys, fetch")
+
+
 def check_keys(keys):
     return [key_bytes(k, f"keys[{i}]") for i, k in enumerate(keys)]
 
@@ -106,17 +113,72 @@ def writable_view(out, need_bytes):
     return view
 
 
+class ChunkSink:
+    """Where fetched chunks go: chunk i into `out` at i × chunk_bytes (one buffer), or
+    into its own list of parts (a page split over several buffers, e.g. K and V): each
+    chunk is copied once, from the shared arena or the gRPC message, straight to its
+    place."""
+
+    def __init__(self, chunk_bytes, view=None, parts=None):
+        self.n = chunk_bytes
+        self._view = view
+        self._parts = parts
+
+    def put(self, i, src):
+        if self._parts is None:
+            self._view[i * self.n:(i + 1) * self.n] = src
+            return
+        at = 0
+        for p in self._parts[i]:
+            p[:] = src[at:at + p.nbytes]
+            at += p.nbytes
+
+    def digest(self, i):
+        """XXH3-64 of chunk i as it now lies in the destination."""
+        if self._parts is None:
+            return xxhash.xxh3_64_intdigest(self._view[i * self.n:(i + 1) * self.n])
+        h = xxhash.xxh3_64()
+        for p in self._parts[i]:
+            h.update(p)
+        return h.intdigest()
+
+
+def scatter_sink(ns, dsts, chunks):
+    """A ChunkSink over dsts: one writable buffer per chunk, or per chunk a list of
+    writable buffers whose sizes add up to chunk_bytes. InvalidArgumentError naming the
+    destination of the wrong size."""
+    if len(dsts) != chunks:
+        raise InvalidArgumentError(f"{len(dsts)} destinations for {chunks} chunks")
+    parts = []
+    for i, d in enumerate(dsts):
+        views = ([byte_view(p, f"destination {i} part {j}") for j, p in enumerate(d)]
+                 if isinstance(d, (list, tuple)) else [byte_view(d, f"destination {i}")])
+        if any(v.readonly for v in views):
+            raise InvalidArgumentError(f"destination {i} is read-only")
+        total = sum(v.nbytes for v in views)
+        if total != ns.chunk_bytes:
+            raise InvalidArgumentError(
+                f"destination {i} is {total} bytes; a chunk of this namespace is {ns.chunk_bytes}")
+        parts.append(views)
+    return ChunkSink(ns.chunk_bytes, parts=parts)
+
+
 def chunk_payloads(ns, payloads, chunks):
     """Per-chunk byte views of `payloads`: one buffer of chunks × chunk_bytes, or a
     sequence of chunk-sized buffers. InvalidArgumentError naming the wrong size."""
     if isinstance(payloads, (list, tuple)):
         if len(payloads) != chunks:
-            raise InvalidArgumentError(f"{len(payloads)} payloads for {chunks} whole chunks of tokens")
-        views = [byte_view(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
+            raise InvalidArgumentError(f"{len(payloads)} payloads for {chunks} whole chunks")
+        # A payload may itself be a list of parts (a page over several buffers), joined
+        # into the request message as it is written (the one copy a store makes).
+        views = [[byte_view(q, f"payloads[{i}][{j}]") for j, q in enumerate(p)]
+                 if isinstance(p, (list, tuple)) else byte_view(p, f"payloads[{i}]")
+                 for i, p in enumerate(payloads)]
         for i, v in enumerate(views):
-            if v.nbytes != ns.chunk_bytes:
+            size = sum(q.nbytes for q in v) if isinstance(v, list) else v.nbytes
+            if size != ns.chunk_bytes:
                 raise InvalidArgumentError(
-                    f"payloads[{i}] is {v.nbytes} bytes; namespace {ns.id} expects {ns.chunk_bytes}")
+                    f"payloads[{i}] is {size} bytes; namespace {ns.id} expects {ns.chunk_bytes}")
         return views
     view = byte_view(payloads, "payloads")
     if view.nbytes != chunks * ns.chunk_bytes:
@@ -181,7 +243,7 @@ class Common:
         self._held_leases.clear()
         self.shm_error = why
 
-    def copy_from_held(self, ns, keys, out_view):
+    def copy_from_held(self, ns, keys, sink):
         """Copies every key from held leases (all or nothing), each copy checked against the
         chunk's checksum; False if one is missing, its lease is about to end, or its copy
         does not verify (the daemon's RAM scrub may have found it corrupt since: that chunk
@@ -209,10 +271,9 @@ class Common:
             held_refs.append(held)
         view, n = arena.view, ns.chunk_bytes
         for i, (lease_id, off, checksum) in enumerate(held_refs):
-            out_view[i * n:(i + 1) * n] = view[off:off + n]
+            sink.put(i, view[off:off + n])
             # A daemon without a verdict count: each copy is checked instead.
-            if (not self._held_leases[lease_id][3] and checksum and
-                    xxhash.xxh3_64_intdigest(out_view[i * n:(i + 1) * n]) != checksum):
+            if not self._held_leases[lease_id][3] and checksum and sink.digest(i) != checksum:
                 self.forget_held([keys[i]])
                 return False
         return True
@@ -243,7 +304,7 @@ class Common:
         return pb.FetchRefsRequest(namespace_id=ns.id, chunk_keys=keys, lease_ms=self.lease_ms,
                                    release_lease_ids=self._leases_to_release())
 
-    def copy_refs(self, ns, keys, resp, out_view):
+    def copy_refs(self, ns, keys, resp, sink):
         """Copies the leased chunks of a FetchRefs answer out of the mapping and holds the
         lease (or releases it with the next call); returns how many leading chunks it
         copied. A ref that does not match the request is DataLossError."""
@@ -256,8 +317,7 @@ class Common:
                 if resp.lease_id:
                     self._pending_release.append(resp.lease_id)
                 raise DataLossError(f"FetchRefs answer {i} does not match the request")
-            at = i * ns.chunk_bytes
-            out_view[at:at + ns.chunk_bytes] = arena.view[ref.arena_offset:ref.arena_offset + ref.length]
+            sink.put(i, arena.view[ref.arena_offset:ref.arena_offset + ref.length])
             offsets.append(ref.arena_offset)
             checksums.append(ref.checksum)
         if resp.lease_id:
@@ -271,12 +331,12 @@ class Common:
                 self._pending_release.append(resp.lease_id)
         return len(offsets)
 
-    def take_refs(self, ns, keys, resp, out_view, attempt):
+    def take_refs(self, ns, keys, resp, sink, attempt):
         """A FetchRefs answer: the chunks copied, or None to ask again (the daemon
         restarted, its offsets are into a new arena, which is now mapped)."""
         assert self._arena is not None
         if resp.arena_id == self._arena.id:
-            return self.copy_refs(ns, keys, resp, out_view)
+            return self.copy_refs(ns, keys, resp, sink)
         self._drop_arena("the shared arena's identity does not match kvcached's answers")
         if attempt == 0:
             self._map_arena()
@@ -311,7 +371,25 @@ class Common:
                                            model_id=model_id, chunk_tokens=chunk_tokens)
 
     @staticmethod
+    def register_keyed_request(model_id, page_bytes, page_tokens):
+        if not model_id:
+            raise InvalidArgumentError("model_id is empty")
+        for name, value, top in (("page_bytes", page_bytes, 2**64), ("page_tokens", page_tokens, 2**32)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < top:
+                raise InvalidArgumentError(f"{name} is {value!r}; it must be an int from 0 to {top} - 1")
+        if page_bytes == 0:
+            raise InvalidArgumentError("page_bytes is 0; a caller-keyed namespace needs the bytes of one page")
+        return pb.RegisterNamespaceRequest(model_id=model_id, key_mode=pb.KEY_MODE_CALLER,
+                                           page_bytes=page_bytes, chunk_tokens=page_tokens)
+
+    @staticmethod
     def namespace_from(req, resp):
+        if req.key_mode == pb.KEY_MODE_CALLER:
+            if resp.key_mode != pb.KEY_MODE_CALLER:
+                raise KvcacheError("this kvcached predates caller-keyed namespaces "
+                                   "(it answered with a token-keyed one)")
+            return Namespace(resp.namespace_id, bytes(resp.root_key), resp.chunk_bytes,
+                             resp.chunk_tokens, resp.kv_layout_version, None, True)
         vocab = None
         try:  # a Hugging Face config keeps the text model's fields under text_config
             config = json.loads(req.model_config_json)
@@ -323,13 +401,25 @@ class Common:
 
     def chunk_keys(self, ns: Namespace, tokens: Tokens) -> List[bytes]:
         """The keys of every whole chunk of tokens in ns, computed here."""
+        refuse_caller_keyed(ns, "chunk_keys(ns, tokens)")
         return chunk_keys(ns.root_key, as_tokens(tokens, ns.vocab_size), ns.chunk_tokens)
+
+    @staticmethod
+    def caller_keys(ns: Namespace, keys: Sequence[Any]) -> List[bytes]:
+        """The chunk keys (16 bytes each) of the caller's own keys (str or bytes, 1 to 64
+        bytes: a page hash) in a caller-keyed namespace; every other call takes these."""
+        if not ns.caller_keys:
+            raise InvalidArgumentError(
+                f"namespace {ns.id} derives its keys from tokens; caller keys need a namespace "
+                "from register_keyed_namespace")
+        return caller_chunk_keys(ns.root_key, keys)
 
     @staticmethod
     def lookup_request(ns, tokens):
         """The Lookup request for tokens, and the keys it asks about (None if the daemon is to
         hash the tokens). Knowing the vocabulary, the client checks the ids and hashes them
         itself and sends 16 bytes a chunk; the daemon then hashes nothing."""
+        refuse_caller_keyed(ns, "lookup(ns, tokens)")
         arr = as_tokens(tokens, ns.vocab_size)
         if ns.vocab_size is None:
             return pb.LookupRequest(namespace_id=ns.id, tokens=arr.tolist()), None
@@ -407,6 +497,7 @@ class Common:
     def store_plan(ns, tokens, payloads, durable, ttl_s, parent):
         """(one serialized StoreRequest per whole chunk, each naming its own parent; the
         chunks' keys), after checking every argument."""
+        refuse_caller_keyed(ns, "store(ns, tokens, …)")
         arr = as_tokens(tokens, ns.vocab_size)
         chunks = arr.size // ns.chunk_tokens
         arr = arr[:chunks * ns.chunk_tokens]  # a partial last chunk is not stored
@@ -422,6 +513,24 @@ class Common:
                 ns.id, parent if i == 0 else keys[i - 1],
                 arr[i * ns.chunk_tokens:(i + 1) * ns.chunk_tokens], views[i], durability, ttl_s))
         return requests, keys
+
+    @staticmethod
+    def keyed_store_plan(ns, keys, payloads, durable, ttl_s, chain):
+        """(one serialized StoreRequest per chunk of a caller-keyed namespace; their keys):
+        `keys` are chunk keys (caller_keys), `payloads` as in store (one buffer, or one
+        buffer — or list of part buffers — per key). chain: each chunk names the one
+        before it as its parent (eviction then takes a chain's tail first)."""
+        if not ns.caller_keys:
+            raise InvalidArgumentError(
+                f"namespace {ns.id} derives its keys from tokens: store(ns, tokens, payloads)")
+        keys = check_keys(keys)
+        if ttl_s < 0 or ttl_s >= 2**32:
+            raise InvalidArgumentError(f"ttl_s is {ttl_s}")
+        views = chunk_payloads(ns, payloads, len(keys))
+        durability = pb.DURABILITY_DURABLE if durable else pb.DURABILITY_MEMORY
+        return [_wire.store_request(ns.id, keys[i - 1] if chain and i else b"", None, views[i],
+                                    durability, ttl_s, keys[i])
+                for i in range(len(keys))], keys
 
     @staticmethod
     def pin_request(ns, keys, ttl_s):

@@ -101,12 +101,19 @@ def split_fetch_response(raw: BytesLike) -> Tuple[memoryview, memoryview]:
 _PAYLOAD_TAG = _varint((4 << 3) | 2)  # StoreRequest.payload, length-delimited
 
 
-def store_request(namespace_id: int, parent_key: bytes, tokens: Any, payload: BytesLike,
-                  durability: Any, ttl_s: int) -> bytes:
+_CHUNK_KEY_TAG = _varint((7 << 3) | 2)  # StoreRequest.chunk_key
+
+
+def store_request(namespace_id: int, parent_key: bytes, tokens: Any, payload: Any,
+                  durability: Any, ttl_s: int, chunk_key: bytes = b"") -> bytes:
     """A serialized StoreRequest, fields in number order as protobuf writes them (the
-    payload, field 4, between tokens and durability); `payload` (any buffer) is copied
-    once, here."""
+    payload, field 4, between tokens and durability; chunk_key, field 7, last); `payload`
+    (any buffer, or a list of buffers: the parts of one page, in order) is copied once,
+    here. tokens None: none (a caller-keyed namespace)."""
     head = pb.StoreRequest(namespace_id=namespace_id, parent_key=parent_key,
-                           tokens=tokens.tolist()).SerializeToString()
+                           tokens=[] if tokens is None else tokens.tolist()).SerializeToString()
     tail = pb.StoreRequest(durability=durability, ttl_seconds=ttl_s).SerializeToString()
-    return b"".join((head, _PAYLOAD_TAG, _varint(len(payload)), payload, tail))
+    parts = payload if isinstance(payload, list) else [payload]
+    size = sum(memoryview(p).nbytes for p in parts)
+    key = (_CHUNK_KEY_TAG + _varint(len(chunk_key)) + chunk_key) if chunk_key else b""
+    return b"".join((head, _PAYLOAD_TAG, _varint(size), *parts, tail, key))

@@ -4,8 +4,8 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
 import grpc
 import grpc.aio
 
-from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
-                      StoreResult, check_keys)
+from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, ChunkSink, Common, Fetched,
+                      Match, StoreResult, check_keys)
 from .hashing import Namespace, Tokens
 from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
@@ -58,6 +58,11 @@ class AsyncClient(Common):
         req = self.register_request(model_config_json, model_id, chunk_tokens)
         return self.namespace_from(req, await self._call(self._stub.RegisterNamespace, req))
 
+    async def register_keyed_namespace(self, model_id: str, page_bytes: int,
+                                       page_tokens: int = 0) -> Namespace:
+        req = self.register_keyed_request(model_id, page_bytes, page_tokens)
+        return self.namespace_from(req, await self._call(self._stub.RegisterNamespace, req))
+
     async def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
         req, keys = self.lookup_request(ns, tokens)
         resp = await self._call(self._stub.Lookup, req)
@@ -78,16 +83,16 @@ class AsyncClient(Common):
 
     async def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
         keys, out, view = self.fetch_target(ns, keys, out)
+        sink = ChunkSink(ns.chunk_bytes, view)
         got = shm = 0
         if self._arena is not None and keys:
-            if self.copy_from_held(ns, keys, view):
+            if self.copy_from_held(ns, keys, sink):
                 return Fetched(len(keys), out, ns.chunk_bytes, len(keys))
-            shm = got = await self._fetch_shared(ns, keys, view)
+            shm = got = await self._fetch_shared(ns, keys, sink)
         if got < len(keys):
             streamed = 0
             async for i, payload in self._stream(ns, keys[got:]):
-                at = (got + i) * ns.chunk_bytes
-                view[at:at + ns.chunk_bytes] = payload
+                sink.put(got + i, payload)
                 streamed = i + 1
             got += streamed
         return Fetched(got, out, ns.chunk_bytes, shm)
@@ -111,7 +116,7 @@ class AsyncClient(Common):
             if not self.ends_fetch(error):
                 raise error from None
 
-    async def _fetch_shared(self, ns, keys, view):
+    async def _fetch_shared(self, ns, keys, sink):
         for attempt in range(2):
             try:
                 resp = await self._call(self._stub.FetchRefs, self.refs_request(ns, keys))
@@ -120,14 +125,23 @@ class AsyncClient(Common):
                 return 0
             except ResourceExhaustedError:
                 return 0  # this tenant holds all the leases it may: gRPC this time
-            got = self.take_refs(ns, keys, resp, view, attempt)
+            got = self.take_refs(ns, keys, resp, sink, attempt)
             if got is not None:
                 return got
         return 0
 
     async def store(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool = True,
                   ttl_s: int = 0, parent: Optional[bytes] = None) -> StoreResult:
-        requests = self.store_requests(ns, tokens, payloads, durable, ttl_s, parent)
+        return await self._send_store(ns, self.store_requests(ns, tokens, payloads, durable,
+                                                              ttl_s, parent))
+
+    async def store_keys(self, ns: Namespace, keys: Sequence[bytes], payloads: Any,
+                         durable: bool = True, ttl_s: int = 0, chain: bool = True) -> StoreResult:
+        """Client.store_keys, as a coroutine."""
+        requests, _ = self.keyed_store_plan(ns, keys, payloads, durable, ttl_s, chain)
+        return await self._send_store(ns, requests)
+
+    async def _send_store(self, ns, requests):
         if not requests:
             return StoreResult(0, 0, [])
         try:

@@ -4,8 +4,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import grpc
 import grpc.experimental
 
-from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, Common, Fetched, Match,
-                      StoreResult, check_keys)
+from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, ChunkSink, Common, Fetched,
+                      Match, StoreResult, check_keys, scatter_sink)
 from .hashing import Namespace, Tokens
 from .errors import InvalidArgumentError, KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
@@ -80,6 +80,15 @@ class Client(Common):
         req = self.register_request(model_config_json, model_id, chunk_tokens)
         return self.namespace_from(req, self._call(self._stub.RegisterNamespace, req))
 
+    def register_keyed_namespace(self, model_id: str, page_bytes: int,
+                                 page_tokens: int = 0) -> Namespace:
+        """A namespace whose keys the caller chooses (a serving engine's page hashes; map
+        them with caller_keys): pages of page_bytes laid out by the caller, each covering
+        page_tokens tokens (0: not said). Same tenant, model_id, page_bytes and page_tokens:
+        the same namespace."""
+        req = self.register_keyed_request(model_id, page_bytes, page_tokens)
+        return self.namespace_from(req, self._call(self._stub.RegisterNamespace, req))
+
     def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
         req, keys = self.lookup_request(ns, tokens)
         return self.match_from(ns, self._lookup(req), keys)
@@ -100,36 +109,33 @@ class Client(Common):
         buffer: bytearray, memoryview, numpy array; a new bytearray if None) back to back.
         Stops at the first chunk not cached."""
         keys, out, view = self.fetch_target(ns, keys, out)
+        got, shm = self._fetch_into(ns, keys, ChunkSink(ns.chunk_bytes, view))
+        return Fetched(got, out, ns.chunk_bytes, shm)
+
+    def fetch_scattered(self, ns: Namespace, keys: Sequence[bytes], dsts: Sequence[Any]) -> int:
+        """Like fetch, with chunk i written straight into dsts[i]: one writable buffer of
+        chunk_bytes, or a list of writable buffers whose sizes add up to chunk_bytes (a page
+        split over several buffers, e.g. a serving engine's K and V). A cluster client puts
+        each node's share of a prefix where it belongs; an engine fills its host pool's
+        pages — from the shared arena when co-located, with no buffer in between. Returns
+        how many leading chunks arrived."""
+        keys = check_keys(keys)
+        return self._fetch_into(ns, keys, scatter_sink(ns, dsts, len(keys)))[0]
+
+    def _fetch_into(self, ns, keys, sink):
+        """(leading chunks delivered to sink, how many of them from shared memory)."""
         got = shm = 0
         if self._arena is not None and keys:
-            if self.copy_from_held(ns, keys, view):
-                return Fetched(len(keys), out, ns.chunk_bytes, len(keys))
-            shm = got = self._fetch_shared(ns, keys, view)
+            if self.copy_from_held(ns, keys, sink):
+                return len(keys), len(keys)
+            shm = got = self._fetch_shared(ns, keys, sink)
         if got < len(keys):
             streamed = 0
             for i, payload in self._stream(ns, keys[got:]):
-                at = (got + i) * ns.chunk_bytes
-                view[at:at + ns.chunk_bytes] = payload
+                sink.put(got + i, payload)
                 streamed = i + 1
             got += streamed
-        return Fetched(got, out, ns.chunk_bytes, shm)
-
-    def fetch_scattered(self, ns: Namespace, keys: Sequence[bytes], dsts: Sequence[memoryview]) -> int:
-        """Like fetch over gRPC, with chunk i written straight into dsts[i] (chunk_bytes
-        each): a cluster client puts each node's share of a prefix where it belongs, with no
-        buffer in between. Returns how many leading chunks arrived."""
-        keys = check_keys(keys)
-        if len(dsts) != len(keys):
-            raise InvalidArgumentError(f"{len(dsts)} destinations for {len(keys)} chunks")
-        for i, d in enumerate(dsts):
-            if len(d) != ns.chunk_bytes:
-                raise InvalidArgumentError(
-                    f"destination {i} is {len(d)} bytes; a chunk of this namespace is {ns.chunk_bytes}")
-        got = 0
-        for i, payload in self._stream(ns, keys):
-            dsts[i][:] = payload
-            got = i + 1
-        return got
+        return got, shm
 
     def fetch_iter(self, ns: Namespace, keys: Sequence[bytes]) -> Iterator[Tuple[int, bytes, memoryview]]:
         """Yields (index, key, payload) per chunk as it arrives over gRPC; payload is a
@@ -150,7 +156,7 @@ class Client(Common):
             if not self.ends_fetch(error):
                 raise error from None
 
-    def _fetch_shared(self, ns, keys, view):
+    def _fetch_shared(self, ns, keys, sink):
         for attempt in range(2):
             try:
                 resp = self._call(self._stub.FetchRefs, self.refs_request(ns, keys))
@@ -159,7 +165,7 @@ class Client(Common):
                 return 0
             except ResourceExhaustedError:
                 return 0  # this tenant holds all the leases it may: gRPC this time
-            got = self.take_refs(ns, keys, resp, view, attempt)
+            got = self.take_refs(ns, keys, resp, sink, attempt)
             if got is not None:
                 return got
         return 0
@@ -172,6 +178,15 @@ class Client(Common):
         of the chunk before tokens[0] (None: tokens start the prefix). durable=False
         acknowledges once in RAM."""
         return self.send_store(ns, self.store_requests(ns, tokens, payloads, durable, ttl_s, parent))
+
+    def store_keys(self, ns: Namespace, keys: Sequence[bytes], payloads: Any, durable: bool = True,
+                   ttl_s: int = 0, chain: bool = True) -> StoreResult:
+        """Stores chunks of a caller-keyed namespace under `keys` (from caller_keys): one
+        buffer of len(keys) × chunk_bytes, or one payload per key (a buffer, or a list of
+        part buffers that add up to chunk_bytes). chain: the keys are one prefix's pages in
+        order (each names the one before as its parent, so eviction takes the tail first)."""
+        requests, _ = self.keyed_store_plan(ns, keys, payloads, durable, ttl_s, chain)
+        return self.send_store(ns, requests)
 
     def send_store(self, ns: Namespace, requests: Sequence[Any]) -> StoreResult:
         """Sends StoreRequests made by store_requests() (any subset, each naming its parent)

@@ -18,11 +18,12 @@ use one per thread. `kvcache.connect("etcd://…")` gives one.
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import xxhash
 
-from ._common import Common, Fetched, Match, StoreResult, check_keys, writable_view
+from ._common import (Common, Fetched, Match, StoreResult, check_keys, refuse_caller_keyed,
+                      writable_view)
 from .errors import InvalidArgumentError, KvcacheError, UnavailableError
 from .hashing import Namespace, Tokens, as_tokens, chunk_keys
 from .membership import (NODES_PREFIX, EtcdSecurity, Membership, Node, _MembershipWatch,  # noqa: F401
@@ -93,8 +94,8 @@ class ClusterClient:
         self._backoff = node_backoff_s
         self._watch = _MembershipWatch(parse_etcd_url(target), min(timeout_s, 5.0), etcd_security)
         self._nodes: Dict[str, _NodeClient] = {}
-        # namespace id -> (config json, model id, chunk tokens)
-        self._registrations: Dict[int, Tuple[str, str, int]] = {}
+        # namespace id -> how to register it on a node (a node that joins later, a restart)
+        self._registrations: Dict[int, Callable[[Any], Namespace]] = {}
         self._holders: Dict[bytes, List[str]] = {}  # key -> node ids a recent lookup found it on
         self._pool = ThreadPoolExecutor(max_workers=16)
         # Lookup by ranking: each key goes to its R owners and lookup_extra_nodes more; to
@@ -162,7 +163,7 @@ class ClusterClient:
         if reg is None:
             raise InvalidArgumentError(
                 f"namespace {ns.id} was not registered through this cluster client")
-        got = nc.client.register_namespace(*reg)
+        got = reg(nc.client)
         if got.id != ns.id or got.root_key != ns.root_key:
             raise InvalidArgumentError(
                 f"node {nc.node.id} gives the namespace id {got.id} (expected {ns.id}): is it "
@@ -182,12 +183,21 @@ class ClusterClient:
 
     def register_namespace(self, model_config_json: str, model_id: str,
                                chunk_tokens: int = 0) -> Namespace:
+        return self._register(lambda client: client.register_namespace(
+            model_config_json, model_id, chunk_tokens))
+
+    def register_keyed_namespace(self, model_id: str, page_bytes: int,
+                                 page_tokens: int = 0) -> Namespace:
+        """Client.register_keyed_namespace on every node (see there)."""
+        return self._register(lambda client: client.register_keyed_namespace(
+            model_id, page_bytes, page_tokens))
+
+    def _register(self, register):
+        """`register(node client)` on every member; the namespace they agree on."""
         nodes = self._members()
         if not nodes:
             raise UnavailableError(f"the cluster at {self.target} has no nodes")
-        results = self._on_nodes(
-            [(nc, lambda nc: nc.client.register_namespace(model_config_json, model_id,
-                                                          chunk_tokens)) for nc in nodes])
+        results = self._on_nodes([(nc, lambda nc: register(nc.client)) for nc in nodes])
         ns = None
         first_error = None
         for nc, (got, err) in zip(nodes, results):
@@ -205,11 +215,14 @@ class ClusterClient:
         if ns is None:
             assert first_error is not None
             raise first_error
-        self._registrations[ns.id] = (model_config_json, model_id, chunk_tokens)
+        self._registrations[ns.id] = register
         return ns
 
     def chunk_keys(self, ns: Namespace, tokens: Tokens) -> List[bytes]:
+        refuse_caller_keyed(ns, "chunk_keys(ns, tokens)")
         return chunk_keys(ns.root_key, as_tokens(tokens, ns.vocab_size), ns.chunk_tokens)
+
+    caller_keys = staticmethod(Common.caller_keys)
 
     def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
         return self.lookup_keys(ns, self.chunk_keys(ns, tokens))
@@ -323,6 +336,15 @@ class ClusterClient:
         is left out; the result's `tokens` says how many were covered); returns once all R
         hold every chunk (UnavailableError naming the first chunk with fewer copies)."""
         requests, keys = Common.store_plan(ns, tokens, payloads, durable, ttl_s, parent)
+        return self._store_on_owners(ns, requests, keys)
+
+    def store_keys(self, ns: Namespace, keys: Sequence[bytes], payloads: Any, durable: bool = True,
+                   ttl_s: int = 0, chain: bool = True) -> StoreResult:
+        """Client.store_keys on each chunk's R owners; returns once all R hold every chunk."""
+        requests, keys = Common.keyed_store_plan(ns, keys, payloads, durable, ttl_s, chain)
+        return self._store_on_owners(ns, requests, keys)
+
+    def _store_on_owners(self, ns, requests, keys):
         chunks = len(requests)
         nodes = {nc.node.id: nc for nc in self._members()}
         if not nodes:

@@ -3,8 +3,12 @@
     key_0 = root
     key_i = XXH3-128(key_{i-1} ‖ the chunk's token ids as little-endian u32)
 
-Only whole chunks get keys.
+Only whole chunks get keys. A caller-keyed namespace (a serving engine's page hashes as
+keys) maps each caller key instead:
+
+    chunk key = XXH3-128("kvcache-caller-key-v1" ‖ root ‖ u32 length ‖ the caller key)
 """
+import struct
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -23,6 +27,45 @@ class Namespace:
     chunk_tokens: int
     kv_layout_version: int
     vocab_size: Optional[int] = None  # from the model config, when the client registered it
+    # Registered with register_keyed_namespace: keys are the caller's (caller_keys maps
+    # them), chunk_bytes the caller's page size; stores go through store_keys.
+    caller_keys: bool = False
+
+
+MAX_CALLER_KEY_BYTES = 64
+
+
+def caller_key_bytes(key, what="key"):
+    """A caller's key as bytes (a str as UTF-8); InvalidArgumentError naming `what` unless
+    it is 1..64 bytes."""
+    if isinstance(key, str):
+        b = key.encode("utf-8")
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        b = bytes(key)
+    else:
+        raise InvalidArgumentError(f"{what} is a {type(key).__name__}; caller keys are str or bytes")
+    if not 0 < len(b) <= MAX_CALLER_KEY_BYTES:
+        raise InvalidArgumentError(
+            f"{what} is {len(b)} bytes; caller keys are 1 to {MAX_CALLER_KEY_BYTES} bytes")
+    return b
+
+
+def caller_namespace_root(tenant: str, model_id: str, page_bytes: int, page_tokens: int) -> bytes:
+    """The root of a caller-keyed namespace (the daemon computes it; for checking)."""
+    t, m = tenant.encode("utf-8"), model_id.encode("utf-8")
+    return xxhash.xxh3_128_digest(
+        b"kvcache-caller-ns-v1" + struct.pack("<I", len(t)) + t + struct.pack("<I", len(m)) + m +
+        struct.pack("<QI", page_bytes, page_tokens))
+
+
+def caller_chunk_keys(root_key, keys):
+    """The 16-byte chunk key of each caller key (str or bytes, 1..64 bytes) under root_key."""
+    prefix = b"kvcache-caller-key-v1" + bytes(root_key)
+    out = []
+    for i, k in enumerate(keys):
+        b = caller_key_bytes(k, f"keys[{i}]")
+        out.append(xxhash.xxh3_128_digest(prefix + struct.pack("<I", len(b)) + b))
+    return out
 
 
 # Token ids: a sequence of ints or an integer numpy array.

@@ -150,3 +150,38 @@ TEST(NamespaceRegistryTest, KeysAreBoundToTheirNamespaceExceptAnOlderKvcachedsOn
 
 }  // namespace
 }  // namespace kvc::cachesvc
+
+namespace kvc::cachesvc {
+namespace {
+
+// A caller-keyed namespace keeps its mode across a reopen; a line an older kvcached wrote
+// (no key_mode) is token-keyed; an unknown mode is refused as damage, not guessed.
+TEST(NamespaceRegistryTest, KeyModeSurvivesReopenAndUnknownModesAreRefused) {
+  TempDir dir;
+  {
+    auto r = NamespaceRegistry::Open(dir.path());
+    ASSERT_TRUE(r.ok()) << r.status();
+    NamespaceInfo caller = Info("acme", 9);
+    caller.key_mode = kKeysFromCaller;
+    caller.vocab_size = 0;
+    ASSERT_TRUE((*r)->FindOrAdd(caller).ok());
+    ASSERT_TRUE((*r)->FindOrAdd(Info("acme", 10)).ok());
+  }
+  {
+    auto r = NamespaceRegistry::Open(dir.path());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->Get(1, "acme")->key_mode, kKeysFromCaller);
+    EXPECT_EQ((*r)->Get(2, "acme")->key_mode, kKeysFromTokens);
+  }
+  std::ofstream(dir.path() + "/namespaces.jsonl", std::ios::app)
+      << R"({"id": 3, "tenant": "acme", "model_id": "m", "chunk_tokens": 64, "chunk_bytes": 1, )"
+      << R"("vocab_size": 0, "root_key": "000102030405060708090a0b0c0d0e0f", "key_mode": 7})"
+      << "\n";
+  auto r = NamespaceRegistry::Open(dir.path());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("key_mode"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc

@@ -3,6 +3,7 @@
 // truncated store stream keeps only whole messages, and 32 concurrent clients mixing
 // store, lookup and fetch see no errors.
 #include "client/client.h"
+#include "client/prefix_hash.h"
 #include "client/stats.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
@@ -593,6 +594,130 @@ TEST_F(ClientTest, DeviceRefsNeedAnHbmTier) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("kvcached: error: --hbm-bytes: "), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+}  // namespace
+}  // namespace kvc::client
+
+namespace kvc::client {
+namespace {
+
+// Caller-keyed namespaces (a serving engine's own page hashes as keys): pages round-trip
+// byte-exact under keys of any bytes, survive a SIGKILL (durable stores), and are bound to
+// the tenant whatever keys it picks — another tenant choosing the same caller keys, or
+// replaying the first tenant's 16-byte chunk keys, neither sees nor overwrites them.
+TEST(CallerKeyedNamespaceTest, PagesRoundTripSurviveACrashAndStayWithTheirTenant) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "tok-a acme\ntok-b globex\n";
+  const int port = FreeLoopbackPort();
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--listen",
+                              "127.0.0.1:" + std::to_string(port)});
+  ClientOptions oa;
+  oa.address = d.address();
+  oa.bearer_token = "tok-a";
+  ClientOptions ob = oa;
+  ob.bearer_token = "tok-b";
+  std::unique_ptr<CacheClient> a = *CacheClient::Connect(oa), b = *CacheClient::Connect(ob);
+  const uint64_t page_bytes = 1000 + rng() % 5000;
+  absl::StatusOr<RemoteNamespace> na = a->RegisterKeyedNamespace("sglang/m", page_bytes, 64);
+  ASSERT_TRUE(na.ok()) << na.status();
+  EXPECT_TRUE(na->caller_keys);
+  EXPECT_EQ(na->chunk_bytes, page_bytes);
+  EXPECT_EQ(na->root, CallerNamespaceRoot("acme", "sglang/m", page_bytes, 64));
+  const RemoteNamespace nb = *b->RegisterKeyedNamespace("sglang/m", page_bytes, 64);
+
+  constexpr size_t kPages = 4;
+  std::vector<std::string> caller(kPages);
+  std::vector<ChunkKey> keys;
+  for (std::string& k : caller) {
+    k.resize(1 + rng() % kMaxCallerKeyBytes);
+    for (char& c : k) c = static_cast<char>(rng());
+    keys.push_back(*CallerKey(*na, k));
+  }
+  std::vector<uint8_t> pages(kPages * page_bytes);
+  for (uint8_t& x : pages) x = static_cast<uint8_t>(rng());
+  std::vector<ChunkToStore> chunks(kPages);
+  for (size_t i = 0; i < kPages; ++i) {
+    chunks[i].key = keys[i];
+    chunks[i].parent = i ? std::optional(keys[i - 1]) : std::nullopt;
+    chunks[i].payload = std::span(pages).subspan(i * page_bytes, page_bytes);
+  }
+  absl::StatusOr<StoreResult> stored = a->StoreChunks(*na, chunks, Durability::kDurable, 0);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, kPages);
+  EXPECT_EQ(stored->keys, keys);
+
+  // The leading run answers (an engine's batch_exists): a missing third page ends it.
+  std::vector<ChunkKey> asked = keys;
+  asked.insert(asked.begin() + 2, *CallerKey(*na, "not stored"));
+  EXPECT_EQ(a->LookupKeys(*na, asked)->matched_chunks, 2u);
+
+  // The other tenant: its own keys for the same caller keys, and acme's chunk keys
+  // replayed, both miss; its stores under them leave acme's pages as they were.
+  std::vector<ChunkKey> b_keys;
+  for (const std::string& k : caller) b_keys.push_back(*CallerKey(nb, k));
+  EXPECT_NE(b_keys, keys);
+  EXPECT_EQ(b->LookupKeys(nb, b_keys)->matched_chunks, 0u);
+  EXPECT_EQ(b->LookupKeys(nb, keys)->matched_chunks, 0u);
+  std::vector<uint8_t> other(pages.size(), 0x5A);
+  for (size_t i = 0; i < kPages; ++i) {
+    chunks[i].key = keys[i];
+    chunks[i].payload = std::span(other).subspan(i * page_bytes, page_bytes);
+  }
+  ASSERT_TRUE(b->StoreChunks(nb, chunks, Durability::kDurable, 0).ok());
+
+  d.Restart(SIGKILL);
+  a = *CacheClient::Connect(oa);
+  // The first call may meet the connection the crash closed; the client's caller retries.
+  absl::StatusOr<RemoteNamespace> reopened;
+  for (int i = 0; i < 50; ++i) {
+    reopened = a->RegisterKeyedNamespace("sglang/m", page_bytes, 64);
+    if (reopened.ok() || reopened.status().code() != absl::StatusCode::kUnavailable) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  const RemoteNamespace again = *reopened;
+  EXPECT_EQ(again.id, na->id);
+  EXPECT_EQ(again.root, na->root);
+  EXPECT_TRUE(again.caller_keys) << "the mode survives the restart";
+  std::vector<uint8_t> out(pages.size());
+  ASSERT_EQ(*a->Fetch(again, keys, out), kPages);
+  EXPECT_EQ(out, pages);
+}
+
+TEST(CallerKeyedNamespaceTest, EachModeRefusesTheOthersCallsNamingWhy) {
+  TempDir dir;
+  Daemon d(dir.File("data"));
+  ClientOptions o;
+  o.address = d.address();
+  std::unique_ptr<CacheClient> c = *CacheClient::Connect(o);
+  const RemoteNamespace keyed = *c->RegisterKeyedNamespace("vllm/m", 4096);
+  const RemoteNamespace tokens =
+      *c->RegisterNamespace(ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "mini", 64);
+  auto says = [](const absl::Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  std::vector<uint32_t> ids(64, 1);
+  std::vector<uint8_t> page(4096, 7);
+  says(c->Store(keyed, std::nullopt, ids, page).status(), "caller-keyed");
+  says(c->Lookup(keyed, ids).status(), "caller-keyed");
+  ChunkToStore no_key{std::nullopt, {}, page, std::nullopt};
+  says(c->StoreChunks(keyed, std::span(&no_key, 1), Durability::kMemory, 0).status(), "no key");
+  std::vector<uint8_t> chunk(tokens.chunk_bytes, 1);
+  ChunkToStore with_key{std::nullopt, ids, chunk, ChunkKey{}};
+  says(c->StoreChunks(tokens, std::span(&with_key, 1), Durability::kMemory, 0).status(),
+       "gives a key");
+  says(CallerKey(keyed, "").status(), "1 to 64");
+  says(CallerKey(keyed, std::string(65, 'k')).status(), "65 bytes");
+  says(CallerKey(tokens, "k").status(), "derives its keys from tokens");
+  says(c->RegisterKeyedNamespace("vllm/m", 0).status(), "page_bytes is 0");
+  says(c->RegisterKeyedNamespace("vllm/m", uint64_t{1} << 40).status(), "at most");
+  // A wrong-sized page names both sizes.
+  std::vector<uint8_t> small(100);
+  ChunkToStore bad{std::nullopt, {}, small, *CallerKey(keyed, "k")};
+  says(c->StoreChunks(keyed, std::span(&bad, 1), Durability::kMemory, 0).status(), "100");
 }
 
 }  // namespace

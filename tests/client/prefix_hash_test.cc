@@ -44,6 +44,47 @@ TEST(PrefixHashTest, MatchesPublishedVectors) {
   EXPECT_GT(checked, 10);
 }
 
+std::string FromHex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+TEST(PrefixHashTest, CallerKeysMatchPublishedVectors) {
+  const nlohmann::json v = Vectors();
+  int checked = 0;
+  for (const auto& ns : v["caller_vectors"]) {
+    const ChunkKey root = CallerNamespaceRoot(ns["tenant"], ns["model_id"], ns["page_bytes"],
+                                              ns["page_tokens"]);
+    EXPECT_EQ(root.Hex(), ns["root_key"].get<std::string>()) << ns["tenant"];
+    for (const auto& k : ns["keys"]) {
+      EXPECT_EQ(CallerChunkKey(root, FromHex(k["caller_key"])).Hex(),
+                k["chunk_key"].get<std::string>())
+          << k["caller_key"];
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 12);
+}
+
+TEST(PrefixHashTest, CallerKeysDependOnTheNamespaceAndEveryByte) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  std::string key(1 + rng() % kMaxCallerKeyBytes, '\0');
+  for (char& c : key) c = static_cast<char>(rng());
+  const ChunkKey root = CallerNamespaceRoot("t", "m", 4096, 16);
+  const ChunkKey k = CallerChunkKey(root, key);
+  std::string flipped = key;
+  flipped[rng() % key.size()] ^= 1;
+  EXPECT_NE(CallerChunkKey(root, flipped), k);
+  EXPECT_NE(CallerChunkKey(root, key + '\0'), k);  // the length is hashed too
+  EXPECT_NE(CallerChunkKey(CallerNamespaceRoot("u", "m", 4096, 16), key), k);
+  EXPECT_NE(CallerChunkKey(CallerNamespaceRoot("t", "m2", 4096, 16), key), k);
+  EXPECT_NE(CallerChunkKey(CallerNamespaceRoot("t", "m", 4097, 16), key), k);
+  EXPECT_NE(CallerChunkKey(CallerNamespaceRoot("t", "m", 4096, 32), key), k);
+}
+
 TEST(PrefixHashTest, KeysDependOnEverythingBeforeThem) {
   std::mt19937_64 rng(testing::FreshSeed());
   std::vector<uint32_t> tokens(64 * 5);
