@@ -31,6 +31,71 @@ def test_keys_match_the_published_vectors():
         assert [k.hex() for k in keys] == v["chunk_keys"]
 
 
+def test_caller_keys_match_the_published_vectors():
+    with open(os.path.join(SOURCE_DIR, "tests/client/prefix_hash_vectors.json")) as f:
+        vectors = json.load(f)["caller_vectors"]
+    assert vectors
+    for v in vectors:
+        root = kvcache.hashing.caller_namespace_root(v["tenant"], v["model_id"], v["page_bytes"],
+                                                     v["page_tokens"])
+        assert root.hex() == v["root_key"]
+        keys = kvcache.hashing.caller_chunk_keys(root, [bytes.fromhex(k["caller_key"]) for k in v["keys"]])
+        assert [k.hex() for k in keys] == [k["chunk_key"] for k in v["keys"]]
+
+
+def test_caller_keyed_pages_round_trip_into_scattered_parts(daemon, seed):
+    """A caller-keyed namespace from both clients: pages stored under the caller's keys
+    (str or bytes), found as a leading run, fetched into a page split over two buffers —
+    through shared memory and over gRPC — and token calls refused, naming the mode."""
+    rng = np.random.default_rng(seed)
+    page = int(rng.integers(500, 5000))
+    with kvcache.Client(daemon.address, shm_socket=daemon.socket) as c:
+        ns = c.register_keyed_namespace("vllm:m", page, 16)
+        assert ns.caller_keys and ns.chunk_bytes == page and ns.vocab_size is None
+        assert ns.root_key == kvcache.hashing.caller_namespace_root("default", "vllm:m", page, 16)
+        names = [rng.bytes(int(rng.integers(1, 65))) for _ in range(4)] + ["page-é"]
+        keys = c.caller_keys(ns, names)
+        pages = rng.integers(0, 256, (5, page), dtype=np.uint8)
+        r = c.store_keys(ns, keys, [pages[i] for i in range(5)], durable=False)
+        assert (r.stored, r.already_present, r.keys) == (5, 0, keys)
+        assert c.store_keys(ns, keys[:1], pages[0]).already_present == 1
+        assert c.lookup_keys(ns, keys[:2] + c.caller_keys(ns, ["absent"]) + keys[2:]).matched_chunks == 2
+        for shared in (True, False):
+            client = c if shared else kvcache.Client(daemon.address, shm_socket="")
+            cut = int(rng.integers(1, page))
+            heads = [np.zeros(cut, np.uint8) for _ in range(5)]
+            tails = [bytearray(page - cut) for _ in range(5)]
+            assert client.fetch_scattered(ns, keys, [[h, t] for h, t in zip(heads, tails)]) == 5
+            for i in range(5):
+                assert heads[i].tobytes() + bytes(tails[i]) == pages[i].tobytes()
+            if not shared:
+                client.close()
+        assert c.shared_memory, c.shm_error
+        with pytest.raises(kvcache.InvalidArgumentError, match="caller-keyed"):
+            c.lookup(ns, [1, 2, 3])
+        with pytest.raises(kvcache.InvalidArgumentError, match="caller-keyed"):
+            c.store(ns, list(range(16)), pages[0])
+        with pytest.raises(kvcache.InvalidArgumentError, match="1 to 64 bytes"):
+            c.caller_keys(ns, [b"x" * 65])
+        with pytest.raises(kvcache.InvalidArgumentError, match="destination 0 is"):
+            c.fetch_scattered(ns, keys[:1], [[np.zeros(3, np.uint8)]])
+
+
+def test_the_async_client_stores_and_fetches_caller_keyed_pages(daemon, seed):
+    rng = np.random.default_rng(seed)
+
+    async def main():
+        async with kvcache.AsyncClient(daemon.address) as c:
+            ns = await c.register_keyed_namespace("sglang:m", 256)
+            keys = c.caller_keys(ns, [rng.bytes(32).hex() for _ in range(3)])
+            pages = rng.integers(0, 256, 3 * 256, dtype=np.uint8)
+            assert (await c.store_keys(ns, keys, pages)).stored == 3
+            assert (await c.lookup_keys(ns, keys)).matched_chunks == 3
+            got = await c.fetch(ns, keys)
+            assert bytes(got.buffer) == pages.tobytes()
+    asyncio.run(main())
+
+
 def test_prefix_round_trips_byte_exact_into_any_buffer(daemon, seed, mini_config):
     rng = np.random.default_rng(seed)
     with kvcache.Client(daemon.address) as c:

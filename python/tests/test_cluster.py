@@ -177,6 +177,33 @@ def test_prefix_on_its_owners_and_routed_around_a_dead_node(cluster, seed, mini_
     c.close()
 
 
+def test_a_caller_keyed_namespace_places_pages_on_their_owners(cluster, seed):
+    """Engine-keyed pages (kvcache.integrations) through etcd://: each page on its R ranked
+    owners, found and fetched byte-exact by another cluster client, also after one of its
+    owners is SIGKILLed."""
+    etcd, nodes = cluster
+    rng = np.random.default_rng(seed)
+    with kvcache.connect(etcd.url, timeout_s=5) as c:
+        assert wait_for(lambda: len(c.membership.nodes) == 3, 10)
+        ns = c.register_keyed_namespace("sglang:m", 3000, 16)
+        keys = c.caller_keys(ns, [rng.bytes(32).hex() for _ in range(12)])
+        pages = rng.integers(0, 256, 12 * 3000, dtype=np.uint8)
+        assert c.store_keys(ns, keys, pages).stored == 12 * 2
+        for i, node in enumerate(nodes):
+            direct = kvcache.Client(node.address, shm_socket="")
+            tiers = direct.tiers_of(direct.register_keyed_namespace("sglang:m", 3000, 16), keys)
+            direct.close()
+            assert [f"n{i}" in c.owners(k) for k in keys] == [t != "none" for t in tiers]
+    nodes[0].stop(signal.SIGKILL)
+    with kvcache.connect(etcd.url, timeout_s=5) as other:
+        assert wait_for(lambda: len(other.membership.nodes) == 2, 10)
+        ns2 = other.register_keyed_namespace("sglang:m", 3000, 16)
+        assert ns2.id == ns.id
+        assert other.lookup_keys(ns2, keys).matched_chunks == 12
+        got = other.fetch(ns2, keys)
+        assert got.chunks == 12 and bytes(got.buffer) == pages.tobytes()
+
+
 def make_certificates(d):
     """A CA, a server certificate for 127.0.0.1 and a client certificate it signed."""
     (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")

@@ -1,0 +1,139 @@
+"""What both engine adapters share: one client per thread (engines call from their
+scheduler and I/O threads; a Client is not thread-safe), a caller-keyed namespace per page
+geometry, engine keys as caller keys, and views over the engines' host memory."""
+import ctypes
+import hashlib
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+
+from .. import api
+from ..errors import KvcacheError, NotFoundError, UnavailableError
+from ..hashing import MAX_CALLER_KEY_BYTES, Namespace
+
+log = logging.getLogger("kvcache.integrations")
+T = TypeVar("T")
+
+
+def caller_key(key: Any) -> bytes:
+    """An engine's page key as a caller key: bytes or str as they are (str as UTF-8) when
+    they fit in 64 bytes, anything longer — or of another type (a tuple of hash and group
+    id) — by the SHA-256 of its bytes (of its repr for other types)."""
+    if isinstance(key, str):
+        b = key.encode("utf-8")
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        b = bytes(key)
+    else:
+        b = repr(key).encode("utf-8")
+    return b if 0 < len(b) <= MAX_CALLER_KEY_BYTES else hashlib.sha256(b).digest()
+
+
+def raw_view(address: int, nbytes: int) -> memoryview:
+    """A writable byte view of nbytes of this process's memory at `address` (an engine's
+    pinned host pool page, from its own buffer metadata): pages go in and out with no
+    staging copy."""
+    if address <= 0 or nbytes <= 0:
+        raise ValueError(f"no memory at address {address:#x} ({nbytes} bytes)")
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
+
+
+class PageStore:
+    """Clients (one per thread) of one cache target, and each thread's caller-keyed
+    namespaces by (pool name, page bytes, page tokens)."""
+
+    def __init__(self, target: str, token: Optional[str], model_id: str, timeout_s: float,
+                 shm_socket: Optional[str], backoff_s: float = 1.0) -> None:
+        if not target:
+            raise ValueError("no kvcache target: give target (HOST:PORT, unix:PATH or "
+                             "etcd://H:P) or set $KVCACHE_TARGET")
+        self.target, self.model_id = target, model_id
+        self._token, self._timeout_s, self._shm = token, timeout_s, shm_socket
+        self._local = threading.local()
+        self._all_lock = threading.Lock()
+        self._all: list = []
+        # After a call finds the cache unreachable, calls fail at once for backoff_s (the
+        # engine gets its miss without waiting on a connection attempt every time).
+        self._backoff_s = backoff_s
+        self._down_until = 0.0
+
+    def client(self) -> Any:
+        c = getattr(self._local, "client", None)
+        if c is None:
+            options: Dict[str, Any] = {"timeout_s": self._timeout_s}
+            if not self.target.startswith("etcd://"):
+                # A daemon that is down fails the call at once (the engine gets a miss)
+                # instead of holding a scheduler thread until the timeout.
+                options["wait_for_ready"] = False
+                if self._shm:
+                    options["shm_socket"] = self._shm
+            c = api.connect(self.target, self._token, **options)
+            self._local.client, self._local.namespaces = c, {}
+            with self._all_lock:
+                self._all.append(c)
+        return c
+
+    def namespace(self, pool: str, page_bytes: int, page_tokens: int) -> Namespace:
+        self.client()
+        spaces = self._local.namespaces
+        ns = spaces.get((pool, page_bytes, page_tokens))
+        if ns is None:
+            ns = self._local.client.register_keyed_namespace(
+                f"{self.model_id}:{pool}", page_bytes, page_tokens)
+            spaces[(pool, page_bytes, page_tokens)] = ns
+        return ns
+
+    def run(self, pool: str, page_bytes: int, page_tokens: int,
+            work: Callable[[Any, Namespace], T]) -> T:
+        """work(client, namespace), once more after registering again when the daemon no
+        longer knows the namespace (it was started on a fresh data folder)."""
+        if time.monotonic() < self._down_until:
+            raise UnavailableError(f"{self.target} was unreachable moments ago; retrying after "
+                                   f"{self._backoff_s} s")
+        try:
+            for attempt in range(2):
+                ns = self.namespace(pool, page_bytes, page_tokens)
+                try:
+                    return work(self._local.client, ns)
+                except NotFoundError as e:
+                    if attempt or "namespace" not in e.message:
+                        raise
+                    self._local.namespaces.clear()
+        except KvcacheError as e:
+            if e.code is not None and e.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                self._down_until = time.monotonic() + self._backoff_s
+            raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._all_lock:
+            clients, self._all = self._all, []
+        for c in clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+
+def guarded(what: str, miss: Callable[..., T], work: Callable[[], T], *args: Any) -> T:
+    """work(), or miss(*args) when the cache fails it: an engine's scheduler or I/O thread
+    must get its documented miss, never an exception it does not expect."""
+    try:
+        return work()
+    except KvcacheError as e:
+        log.warning("kvcache %s failed (%s): %s", what, e.code.name if e.code else "?", e.message)
+    except Exception:  # noqa: BLE001 - an adapter must not kill an engine thread
+        log.exception("kvcache %s failed", what)
+    return miss(*args)
+
+
+def settings(given: Dict[str, Any]) -> Tuple[str, Optional[str], Optional[str], float]:
+    """(target, token, shm socket, timeout) from an adapter's options, falling back to
+    $KVCACHE_TARGET, the variable named by token_env (default $KVCACHE_TOKEN) and
+    $KVCACHE_SHM_SOCKET."""
+    target = str(given.get("target") or os.environ.get("KVCACHE_TARGET", ""))
+    token = given.get("token") or os.environ.get(given.get("token_env") or "KVCACHE_TOKEN")
+    shm = given.get("shm_socket") or os.environ.get("KVCACHE_SHM_SOCKET")
+    return (target, str(token) if token else None, str(shm) if shm else None,
+            float(given.get("timeout_s", 5.0)))

@@ -1,0 +1,308 @@
+"""kvcache as SGLang's HiCache storage backend (the L3 below GPU and host memory).
+
+SGLang keys each page itself (`get_hash_str`: a SHA-256 chain over the page's token ids,
+64 hex characters) and hands a backend keys and host-pool pages. KvcacheHiCacheStorage
+stores those pages in caller-keyed namespaces of kvcached — one per pool (the KV pool, and
+for hybrid models such as DeepSeek V4 the compressed, indexer and state pools) and page
+size — under SGLang's keys, so any SGLang worker that reaches the same cache (and tenant)
+finds a prefix another one computed, across restarts of either.
+
+Launch (docs/integrations.md):
+
+    python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V4.1-Flash \\
+      --enable-hierarchical-cache --hicache-storage-backend dynamic \\
+      --hicache-storage-backend-extra-config '{"backend_name": "kvcache",
+        "module_path": "kvcache.integrations.sglang", "class_name": "KvcacheHiCacheStorage",
+        "target": "127.0.0.1:50051", "shm_socket": "/var/lib/kvcache/kvcached.sock"}'
+
+extra_config keys: target ("HOST:PORT", "unix:PATH" or "etcd://H:P" for a cluster;
+default $KVCACHE_TARGET), token or token_env (default $KVCACHE_TOKEN: the tenant),
+shm_socket (co-located: pages are copied out of the daemon's shared arena straight into the
+host pool), timeout_s (default 5), durable (default true: acknowledged after the SSD sync),
+ttl_s (default 0). Every call that the cache fails returns SGLang's miss (False, None, 0),
+logged, never an exception on a HiCache thread.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ._pages import PageStore, caller_key, guarded, raw_view, settings
+
+try:  # SGLang loads a dynamic backend only if it subclasses its HiCacheStorage
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+    from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
+except ImportError:  # SGLang not installed: the same interface, for tests and tools
+    class _Base:  # type: ignore[no-redef]
+        """SGLang's HiCacheStorage's non-abstract part (hicache_storage.py)."""
+
+        def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+            self.mem_pool_host = mem_pool_host
+
+        def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+            if not hasattr(self, "registered_pools"):
+                self.registered_pools = {}
+            self.registered_pools[host_pool_name] = host_pool
+
+    @dataclass
+    class PoolTransferResult:  # type: ignore[no-redef]
+        kv_hit_pages: int
+        extra_pool_hit_pages: Dict[str, int] = field(default_factory=dict)
+
+KV_POOL = "kv"  # PoolName.KV: the pool of the generic and v1 calls
+
+
+def _pool_name(name: Any) -> str:
+    return str(getattr(name, "value", name))
+
+
+def _tensor_bytes(t: Any) -> memoryview:
+    """A CPU tensor's bytes, in place (any dtype; it must be contiguous)."""
+    import torch
+    return memoryview(t.view(-1).view(torch.uint8).numpy())
+
+
+def _is_trailing(policy: Any) -> bool:
+    return _pool_name(policy) == "trailing_pages"
+
+
+class KvcacheHiCacheStorage(_Base):
+    """SGLang's HiCacheStorage over kvcached. Constructed by SGLang's dynamic backend
+    loader as cls(storage_config, kwargs); see the module docstring for extra_config."""
+
+    def __init__(self, storage_config: Any, kwargs: Optional[Dict[str, Any]] = None) -> None:
+        extra = dict(getattr(storage_config, "extra_config", None) or {})
+        extra.update(kwargs or {})
+        target, token, shm, timeout_s = settings(extra)
+        self._durable = bool(extra.get("durable", True))
+        self._ttl_s = int(extra.get("ttl_s", 0))
+        self._store = PageStore(target, token, self._model_id(storage_config), timeout_s, shm)
+        self._page_bytes: Dict[str, int] = {}  # pool -> bytes of a page, once seen
+        self.stats: Dict[str, int] = {"pages_stored": 0, "pages_loaded": 0, "pages_missed": 0,
+                                      "failed_calls": 0}
+
+    @staticmethod
+    def _model_id(cfg: Any) -> str:
+        """What the pages depend on, as SGLang's own file backend names them: the model,
+        and — unless every rank holds the same page (MLA) — the tensor-parallel rank; the
+        pipeline and context-parallel ranks when used."""
+        name = (getattr(cfg, "model_name", None) or "model").replace("/", "-")
+        out = f"sglang:{name}"
+        if not getattr(cfg, "is_mla_model", False):
+            out += f":tp{getattr(cfg, 'tp_rank', 0)}of{getattr(cfg, 'tp_size', 1)}"
+        if getattr(cfg, "pp_size", 1) > 1:
+            out += f":pp{cfg.pp_rank}of{cfg.pp_size}"
+        if getattr(cfg, "attn_cp_size", 1) > 1:
+            out += f":cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
+        return out
+
+    # ---- geometry ----
+    def _pool(self, name: str) -> Any:
+        if name == KV_POOL and getattr(self, "mem_pool_host", None) is not None:
+            return self.mem_pool_host
+        return getattr(self, "registered_pools", {}).get(name) or (
+            getattr(self, "registered_pools", {}).get(KV_POOL) if name == KV_POOL else None)
+
+    def _pages(self, pool_name: str, host_indices: Any, n_pages: int):
+        """Per page, writable views of its parts in the host pool (from the pool's own
+        get_page_buffer_meta), and the page's bytes."""
+        pool = self._pool(pool_name)
+        if pool is None:
+            raise ValueError(f"no host pool registered for {pool_name!r}")
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        ptrs = list(ptrs)
+        sizes = [int(sizes)] * len(ptrs) if isinstance(sizes, int) else [int(s) for s in sizes]
+        if n_pages == 0 or len(ptrs) % n_pages or len(sizes) != len(ptrs):
+            raise ValueError(f"the {pool_name} pool gives {len(ptrs)} buffers for {n_pages} pages")
+        per = len(ptrs) // n_pages
+        parts = [[raw_view(ptrs[p * per + j], sizes[p * per + j]) for j in range(per)]
+                 for p in range(n_pages)]
+        page_bytes = sum(v.nbytes for v in parts[0])
+        self._page_bytes[pool_name] = page_bytes
+        return parts, page_bytes, int(getattr(pool, "page_size", 0) or 0)
+
+    def _flat_page_bytes(self) -> Optional[int]:
+        if KV_POOL in self._page_bytes:
+            return self._page_bytes[KV_POOL]
+        pool = self._pool(KV_POOL)
+        if pool is not None and hasattr(pool, "get_dummy_flat_data_page"):
+            page = pool.get_dummy_flat_data_page()
+            self._page_bytes[KV_POOL] = page.numel() * page.element_size()
+            return self._page_bytes[KV_POOL]
+        return None
+
+    def _page_tokens(self) -> int:
+        pool = self._pool(KV_POOL)
+        return int(getattr(pool, "page_size", 0) or 0) if pool is not None else 0
+
+    def _failed(self, *value: Any) -> Any:
+        self.stats["failed_calls"] += 1
+        return value[0] if value else None
+
+    # ---- existence ----
+    def _leading(self, pool: str, page_bytes: int, page_tokens: int, keys: List[Any]) -> int:
+        return self._store.run(pool, page_bytes, page_tokens, lambda c, ns: c.lookup_keys(
+            ns, c.caller_keys(ns, [caller_key(k) for k in keys])).matched_chunks)
+
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        """How many leading keys are stored (SGLang stops its prefetch at the first miss)."""
+        if not keys:
+            return 0
+        page_bytes = self._flat_page_bytes()
+        if page_bytes is None:
+            return 0  # no page seen or registered yet: nothing can be stored
+        size: int = page_bytes
+        return guarded("batch_exists", self._failed,
+                       lambda: self._leading(KV_POOL, size, self._page_tokens(), keys), 0)
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[Any]] = None,
+                        extra_info: Any = None) -> Any:
+        """The usable prefix across pools: the KV pool's leading run, shortened by each extra
+        pool's hit policy ("all_pages": every page of the prefix; "trailing_pages": only the
+        last len(transfer.keys) pages before the prefix's end)."""
+        def work():
+            kv = self.batch_exists(keys)
+            hits: Dict[str, int] = {KV_POOL: kv} if kv else {}
+            final = kv
+            for t in pool_transfers or []:
+                if final == 0:
+                    break
+                name = _pool_name(t.name)
+                present = self._present(name, keys[:kv])
+                if _is_trailing(t.hit_policy):
+                    trailing = max(1, len(t.keys) if t.keys else 1)
+                    boundary = next((n for n in range(kv, 0, -1)
+                                     if all(present[max(0, n - trailing):n])), 0)
+                else:
+                    boundary = next((i for i, p in enumerate(present) if not p), kv)
+                if boundary:
+                    hits[name] = boundary
+                final = min(final, boundary)
+            return PoolTransferResult(final, hits)
+        return guarded("batch_exists_v2", self._failed, work, PoolTransferResult(0, {}))
+
+    def _present(self, pool_name: str, keys: List[str]) -> List[bool]:
+        """Whether each key's page of an extra pool is stored (not only the leading run)."""
+        page_bytes = self._page_bytes.get(pool_name)
+        pool = self._pool(pool_name)
+        if page_bytes is None and pool is not None and keys:
+            # One page's geometry, from the pool's own metadata of its first slot.
+            import torch  # the engine's host indices are torch tensors
+            size = int(getattr(pool, "page_size", 1) or 1)
+            _, page_bytes, _ = self._pages(pool_name, torch.arange(size), 1)
+        if page_bytes is None or not keys:
+            return [False] * len(keys)
+        tokens = int(getattr(pool, "page_size", 0) or 0)
+
+        def every(c, ns):
+            chunk = c.caller_keys(ns, [caller_key(k) for k in keys])
+            tiers = c.tiers_of(ns, chunk) if hasattr(c, "tiers_of") else None
+            if tiers is not None:
+                return [t != "none" for t in tiers]
+            return [c.lookup_keys(ns, [k]).matched_chunks == 1 for k in chunk]
+        return self._store.run(pool_name, page_bytes, tokens, every)
+
+    # ---- zero-copy page I/O (host pool pages in place) ----
+    def _get_pages(self, pool: str, keys: List[Any], host_indices: Any) -> List[bool]:
+        parts, page_bytes, tokens = self._pages(pool, host_indices, len(keys))
+        got = self._store.run(pool, page_bytes, tokens, lambda c, ns: c.fetch_scattered(
+            ns, c.caller_keys(ns, [caller_key(k) for k in keys]), parts))
+        self.stats["pages_loaded"] += got
+        self.stats["pages_missed"] += len(keys) - got
+        return [i < got for i in range(len(keys))]
+
+    def _set_pages(self, pool: str, keys: List[Any], host_indices: Any) -> List[bool]:
+        parts, page_bytes, tokens = self._pages(pool, host_indices, len(keys))
+        self._store.run(pool, page_bytes, tokens, lambda c, ns: c.store_keys(
+            ns, c.caller_keys(ns, [caller_key(k) for k in keys]), parts, durable=self._durable,
+            ttl_s=self._ttl_s))
+        self.stats["pages_stored"] += len(keys)
+        return [True] * len(keys)
+
+    def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        """Pages of `keys` into the host pool at host_indices (page_size slots per key), in
+        place; per key whether it arrived (a prefix: True up to the first miss)."""
+        if not keys:
+            return []
+        return guarded("batch_get_v1", self._failed,
+                       lambda: self._get_pages(KV_POOL, keys, host_indices), [False] * len(keys))
+
+    def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
+        """The host pool's pages at host_indices stored under `keys`; per key whether it is."""
+        if not keys:
+            return []
+        return guarded("batch_set_v1", self._failed,
+                       lambda: self._set_pages(KV_POOL, keys, host_indices), [False] * len(keys))
+
+    def _batch_v2(self, transfers: List[Any], op) -> Dict[str, List[bool]]:
+        out: Dict[str, List[bool]] = {}
+        for t in transfers:
+            name, keys = _pool_name(t.name), list(t.keys or [])
+            out[name] = (guarded(f"{op.__name__} {name}", self._failed,
+                                 lambda: op(name, keys, t.host_indices), [False] * len(keys))
+                         if keys and t.host_indices is not None else [False] * len(keys))
+        return out
+
+    def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[str, List[bool]]:
+        """Each transfer's pages into its own pool (register_mem_host_pool_v2), in place."""
+        return self._batch_v2(transfers, self._get_pages)
+
+    def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[str, List[bool]]:
+        return self._batch_v2(transfers, self._set_pages)
+
+    # ---- the older calls: one flat page tensor per key ----
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        got = self.batch_get([key], [target_location])
+        return got[0] if got else None
+
+    def batch_get(self, keys: List[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> List[Any]:
+        """Each page into its target tensor; the tensor, or None from the first miss on."""
+        if not keys or target_locations is None:
+            return [None] * len(keys)
+
+        def work():
+            views = [_tensor_bytes(t) for t in target_locations]
+            page_bytes = views[0].nbytes
+            self._page_bytes.setdefault(KV_POOL, page_bytes)
+            got = self._store.run(KV_POOL, page_bytes, self._page_tokens(), lambda c, ns:
+                                  c.fetch_scattered(ns, c.caller_keys(
+                                      ns, [caller_key(k) for k in keys]), views))
+            self.stats["pages_loaded"] += got
+            return [t if i < got else None for i, t in enumerate(target_locations)]
+        return guarded("batch_get", self._failed, work, [None] * len(keys))
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        """Each flat page tensor stored under its key; True when all are."""
+        if not keys:
+            return True
+        if values is None or len(values) != len(keys):
+            return False
+
+        def work():
+            views = [_tensor_bytes(v.contiguous()) for v in values]
+            page_bytes = views[0].nbytes
+            self._page_bytes.setdefault(KV_POOL, page_bytes)
+            self._store.run(KV_POOL, page_bytes, self._page_tokens(), lambda c, ns: c.store_keys(
+                ns, c.caller_keys(ns, [caller_key(k) for k in keys]), views,
+                durable=self._durable, ttl_s=self._ttl_s))
+            self.stats["pages_stored"] += len(keys)
+            return True
+        return guarded("batch_set", self._failed, work, False)
+
+    def clear(self) -> None:
+        """SGLang's flush: kvcached keeps pages until they are evicted or their TTL ends
+        (they are shared with every worker of the tenant), so nothing is deleted here."""
+        return None
+
+    def get_stats(self) -> Dict[str, int]:
+        return dict(self.stats)
+
+    def close(self) -> None:
+        self._store.close()

@@ -1,0 +1,231 @@
+"""kvcache as a secondary tier of vLLM's offloading connector.
+
+vLLM's offloading connector keeps a CPU (primary) tier of KV blocks and cascades them to
+secondary tiers (vllm/v1/kv_offload/tiering/base.py, SecondaryTierManager): blocks are
+stored from, and loaded into, the primary tier's host memory by block id, in jobs that run
+in the background and are polled with get_finished(). KvcacheSecondaryTier keeps those
+blocks in a caller-keyed namespace of kvcached under vLLM's own block keys, so blocks
+outlive the engine and are shared by every vLLM instance of the same model on the same
+cache (and tenant).
+
+Enable it (docs/integrations.md) in kv_transfer_config:
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"num_cpu_blocks": 8192, "secondary_tiers": [
+        {"type": "kvcache", "module_path": "kvcache.integrations.vllm",
+         "class_name": "KvcacheSecondaryTier", "target": "127.0.0.1:50051"}]}}'
+
+Options: target (default $KVCACHE_TARGET), token / token_env (default $KVCACHE_TOKEN),
+shm_socket, model_id (default: from the offloading spec's model), block_bytes (when the
+primary view is flat bytes), io_threads (default 4), timeout_s (default 5), durable.
+
+vLLM's block hashes are seeded by PYTHONHASHSEED unless its hash function is a fixed one:
+set PYTHONHASHSEED (the same value on every instance, and across restarts) or choose
+`--prefix-caching-hash-algo sha256` (or sha256_cbor), or no block is ever found again.
+A request's cache_salt is already folded into vLLM's block hashes (two salts never share a
+block); kvcached's tenant (the bearer token) is the boundary the cache enforces — quotas,
+no probing of another tenant's blocks — so give each isolation domain its own token.
+"""
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Collection, Dict, List, Optional, Set
+
+from ._pages import PageStore, caller_key, guarded, settings
+
+log = logging.getLogger("kvcache.integrations")
+
+try:
+    from vllm.v1.kv_offload.tiering.base import JobResult
+    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager as _Base
+except ImportError:  # vLLM not installed: the same interface, for tests and tools
+    @dataclass
+    class JobResult:  # type: ignore[no-redef]
+        job_id: int
+        success: bool
+
+    class _Base:  # type: ignore[no-redef]
+        """SecondaryTierManager's constructor (vllm/v1/kv_offload/tiering/base.py)."""
+
+        def __init__(self, offloading_spec: Any, primary_kv_view: memoryview,
+                     tier_type: str) -> None:
+            self._offloading_spec = offloading_spec
+            self._primary_kv_view = primary_kv_view
+            self.tier_type = tier_type
+
+POOL = "blocks"
+_KNOWN = 1 << 16  # keys remembered as stored (lookups answered without a call)
+
+
+def _spec_model(spec: Any) -> str:
+    for path in (("vllm_config", "model_config", "model"), ("model_config", "model"), ("model",)):
+        obj = spec
+        for attr in path:
+            obj = getattr(obj, attr, None)
+        if isinstance(obj, str) and obj:
+            return obj
+    return "model"
+
+
+class KvcacheSecondaryTier(_Base):
+    """vLLM's SecondaryTierManager over kvcached (see the module docstring)."""
+
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str = "kvcache",
+                 **options: Any) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type)
+        view = memoryview(primary_kv_view)
+        if view.ndim >= 2 and view.shape:  # one row per block (the primary tier's layout)
+            blocks = view.shape[0]
+            block_bytes = view.nbytes // blocks
+        else:
+            block_bytes = int(options.get("block_bytes", 0))
+            if block_bytes <= 0 or view.nbytes % block_bytes:
+                raise ValueError(f"the primary view is {view.nbytes} flat bytes: give block_bytes "
+                                 "(the bytes of one block)")
+        self._flat = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self._block_bytes = block_bytes
+        self._blocks = self._flat.nbytes // block_bytes
+        target, token, shm, timeout_s = settings(options)
+        model = options.get("model_id") or f"vllm:{_spec_model(offloading_spec)}"
+        self._tokens = int(getattr(offloading_spec, "block_size", 0) or 0)
+        self._durable = bool(options.get("durable", True))
+        self._store = PageStore(target, token, model, timeout_s, shm)
+        self._pool = ThreadPoolExecutor(int(options.get("io_threads", 4)),
+                                        thread_name_prefix="kvcache-tier")
+        self._lock = threading.Lock()
+        self._finished: List[Any] = []
+        self._jobs: Set[Future] = set()
+        self._storing: Dict[Any, int] = {}  # key -> store jobs in flight
+        self._stored: "OrderedDict[bytes, None]" = OrderedDict()  # known stored (bounded)
+
+    # ---- helpers ----
+    def _blocks_of(self, block_ids: Any) -> List[memoryview]:
+        out = []
+        for b in (int(x) for x in block_ids):
+            if not 0 <= b < self._blocks:
+                raise ValueError(f"block id {b} outside the primary tier's {self._blocks} blocks")
+            out.append(self._flat[b * self._block_bytes:(b + 1) * self._block_bytes])
+        return out
+
+    def _remember(self, keys: List[bytes]) -> None:
+        with self._lock:
+            for k in keys:
+                self._stored[k] = None
+                self._stored.move_to_end(k)
+            while len(self._stored) > _KNOWN:
+                self._stored.popitem(last=False)
+
+    def _submit(self, job: Any, work: Any, keys: List[Any]) -> None:
+        def run():
+            ok = guarded("offload job", lambda: False, work)
+            with self._lock:
+                self._finished.append(JobResult(job_id=job.job_id, success=bool(ok)))
+        future = self._pool.submit(run)
+        with self._lock:
+            self._jobs.add(future)
+        future.add_done_callback(lambda f: self._discard(f))
+
+    def _discard(self, future: Future) -> None:
+        with self._lock:
+            self._jobs.discard(future)
+
+    # ---- SecondaryTierManager ----
+    def lookup(self, key: Any, req_context: Any = None) -> Optional[bool]:
+        """True if the block is stored, None while a store of it is under way, False
+        otherwise (also when the cache cannot be reached). Answered from memory for blocks
+        this tier stored or found before; otherwise one Lookup call."""
+        ck = caller_key(key)
+        with self._lock:
+            if key in self._storing:
+                return None
+            if ck in self._stored:
+                return True
+
+        def ask() -> bool:
+            found = self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns: c.lookup_keys(
+                ns, c.caller_keys(ns, [ck])).matched_chunks == 1)
+            if found:
+                self._remember([ck])
+            return found
+        return guarded("lookup", lambda: False, ask)
+
+    def submit_store(self, job_metadata: Any) -> None:
+        """Stores the primary tier's blocks (pinned by vLLM until the job finishes) under
+        the job's keys, in the background; get_finished() reports it."""
+        keys = list(job_metadata.keys)
+        with self._lock:
+            for k in keys:
+                self._storing[k] = self._storing.get(k, 0) + 1
+
+        def work() -> bool:
+            try:
+                blocks = self._blocks_of(job_metadata.block_ids)
+                cks = [caller_key(k) for k in keys]
+                self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns: c.store_keys(
+                    ns, c.caller_keys(ns, cks), blocks, durable=self._durable))
+                self._remember(cks)
+                return True
+            finally:
+                with self._lock:
+                    for k in keys:
+                        left = self._storing.get(k, 1) - 1
+                        if left:
+                            self._storing[k] = left
+                        else:
+                            self._storing.pop(k, None)
+        self._submit(job_metadata, work, keys)
+
+    def submit_load(self, job_metadata: Any) -> None:
+        """Loads the job's blocks into the primary tier's slots, in the background; the job
+        succeeds only if every block arrived."""
+        keys = list(job_metadata.keys)
+
+        def work() -> bool:
+            blocks = self._blocks_of(job_metadata.block_ids)
+            if len(blocks) != len(keys):
+                raise ValueError(f"{len(keys)} keys for {len(blocks)} block ids")
+            cks = [caller_key(k) for k in keys]
+            got = self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns:
+                                  c.fetch_scattered(ns, c.caller_keys(ns, cks), blocks))
+            if got < len(keys):
+                with self._lock:  # evicted since: do not answer lookups from memory
+                    for k in cks[got:]:
+                        self._stored.pop(k, None)
+            return got == len(keys)
+        self._submit(job_metadata, work, keys)
+
+    def get_finished(self) -> List[Any]:
+        """Jobs (loads and stores) finished since the last call."""
+        with self._lock:
+            done, self._finished = self._finished, []
+        return done
+
+    get_finished_jobs = get_finished  # the name in some vLLM versions
+
+    def touch(self, keys: Collection[Any], req_context: Any = None) -> None:
+        return None  # kvcached keeps its own recency
+
+    def drain_jobs(self) -> None:
+        """Waits for every job submitted so far."""
+        with self._lock:
+            jobs = list(self._jobs)
+        for f in jobs:
+            f.result()
+
+    def request_finished(self, req_context: Any) -> None:
+        return None
+
+    def get_request_offloading_context(self, req_context: Any) -> Any:
+        try:
+            from vllm.v1.kv_offload.base import RequestOffloadingContext
+        except ImportError:
+            return None
+        return RequestOffloadingContext()
+
+    on_new_request = get_request_offloading_context
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._store.close()

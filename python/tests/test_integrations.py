@@ -1,0 +1,387 @@
+"""The serving-engine adapters against real kvcached processes, driven through the calls the
+engines make. Neither engine can be installed here (no PyPI), so the call sequences are
+written from their source, cited per test, and the host pools are torch tensors laid out
+as the engines lay them out.
+"""
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, List, Optional
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvcache.integrations.sglang import KvcacheHiCacheStorage  # noqa: E402
+from kvcache.integrations.vllm import KvcacheSecondaryTier  # noqa: E402
+
+from conftest import free_port  # noqa: E402
+
+STORAGE_BATCH_SIZE = 128  # sglang/srt/mem_cache/hicache_storage.py
+
+
+def sglang_page_hashes(token_ids, page_size):
+    """SGLang's page keys (hicache_storage.py get_hash_str): SHA-256 over the prior page's
+    digest and the page's token ids as little-endian u32, as 64 hex characters."""
+    keys, prior = [], None
+    for at in range(0, len(token_ids) - page_size + 1, page_size):
+        h = hashlib.sha256()
+        if prior:
+            h.update(bytes.fromhex(prior))
+        for t in token_ids[at:at + page_size]:
+            h.update(int(t).to_bytes(4, "little", signed=False))
+        prior = h.hexdigest()
+        keys.append(prior)
+    return keys
+
+
+def storage_config(target, token=None, **extra):
+    """HiCacheStorageConfig's fields (hicache_storage.py), extra_config from the launch line."""
+    return SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                           attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                           is_page_first_layout=True, model_name="deepseek-ai/DeepSeek-V4.1-Flash",
+                           extra_config=dict(target=target, token=token, timeout_s=2, **extra))
+
+
+class PageFirstHostPool:
+    """An MHA host pool in SGLang's page_first layout (memory_pool_host.py
+    MHATokenToKVPoolHost): kv_buffer [2, size, layers, heads, dim]; get_page_buffer_meta
+    gives each page's K then V address, page_size tokens each."""
+
+    def __init__(self, rng, size=64, page_size=4, layers=2, heads=2, dim=8, dtype=torch.bfloat16):
+        self.page_size, self.size, self.dtype = page_size, size, dtype
+        self.layout = "page_first"
+        self.kv_buffer = torch.empty((2, size, layers, heads, dim), dtype=dtype)
+        self.kv_buffer.view(torch.uint8).copy_(torch.from_numpy(
+            rng.integers(0, 256, self.kv_buffer.numel() * self.kv_buffer.element_size(),
+                         dtype=np.uint8).reshape(self.kv_buffer.view(torch.uint8).shape)))
+        self.per_token = layers * heads * dim * self.kv_buffer.element_size()
+
+    def get_page_buffer_meta(self, indices):
+        idx = indices.tolist()
+        base = self.kv_buffer.data_ptr()
+        ptrs = []
+        for i in range(0, len(idx), self.page_size):
+            k = base + idx[i] * self.per_token
+            ptrs += [k, k + self.size * self.per_token]
+        return ptrs, [self.page_size * self.per_token] * len(ptrs)
+
+    def page(self, slot):
+        """(K bytes, V bytes) of the page whose first token is at `slot`."""
+        flat = self.kv_buffer.view(torch.uint8).reshape(2, -1)
+        n = self.page_size * self.per_token
+        return bytes(flat[0, slot * self.per_token:slot * self.per_token + n].numpy()), \
+            bytes(flat[1, slot * self.per_token:slot * self.per_token + n].numpy())
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros(2 * self.page_size * self.per_token // self.kv_buffer.element_size(),
+                           dtype=self.dtype)
+
+    def get_data_page(self, index, flat=True):
+        k, v = self.page(index)
+        return torch.frombuffer(bytearray(k + v), dtype=torch.uint8).view(self.dtype)
+
+
+class StatePool:
+    """A side pool of a hybrid model (one buffer, one row of `width` bytes per page), as
+    DeepSeek V4's compressed-state and indexer pools are registered for the v2 calls."""
+
+    def __init__(self, rng, pages=16, width=48, page_size=4):
+        self.page_size = page_size
+        self.buffer = torch.from_numpy(rng.integers(0, 256, (pages, width), dtype=np.uint8))
+
+    def get_page_buffer_meta(self, indices):
+        rows = [i // self.page_size for i in indices.tolist()[::self.page_size]]
+        return [self.buffer[r].data_ptr() for r in rows], [self.buffer.shape[1]] * len(rows)
+
+
+@dataclass
+class PoolTransfer:  # hicache_storage.py PoolTransfer
+    name: str
+    host_indices: Any = None
+    device_indices: Any = None
+    keys: Optional[List[str]] = None
+    hit_policy: str = "all_pages"
+    nodes_to_load: Any = None
+    indices_from_pool: Any = None
+
+
+def slots(first_page, pages, page_size):
+    return torch.arange(first_page * page_size, (first_page + pages) * page_size)
+
+
+def prefetch(storage, keys):
+    """cache_controller.py _storage_hit_query: batch_exists per STORAGE_BATCH_SIZE keys,
+    stopping at the first batch that is not all hits; the hit count."""
+    hit = 0
+    for at in range(0, len(keys), STORAGE_BATCH_SIZE):
+        batch = keys[at:at + STORAGE_BATCH_SIZE]
+        n = storage.batch_exists(batch, None)
+        hit += n
+        if n < len(batch):
+            break
+    return hit
+
+
+def leading(results):
+    """cache_controller.py _page_get_zero_copy: pages count up to the first False."""
+    n = 0
+    for ok in results:
+        if not ok:
+            break
+        n += 1
+    return n
+
+
+def test_sglang_zero_copy_backup_and_prefetch_survive_a_restart_and_stop_at_a_miss(make_daemon, seed):
+    rng = np.random.default_rng(seed)
+    d = make_daemon()
+    pool = PageFirstHostPool(rng)
+    storage = KvcacheHiCacheStorage(storage_config(d.address), {})
+    storage.register_mem_pool_host(pool)
+    tokens = rng.integers(0, 129280, 6 * pool.page_size).tolist()
+    keys = sglang_page_hashes(tokens, pool.page_size)
+    want = [pool.page(p * pool.page_size) for p in range(6)]
+    # cache_controller.py _page_backup -> _page_set_zero_copy: all(batch_set_v1(...)).
+    assert all(storage.batch_set_v1(keys[:4], slots(0, 4, pool.page_size), None))
+    storage.close()
+    d.restart()  # SIGTERM then start on the same folder and port: stores were durable
+    storage = KvcacheHiCacheStorage(storage_config(d.address), {})
+    storage.register_mem_pool_host(pool)
+    assert prefetch(storage, keys) == 4, "a prefix of 6 pages with the last 2 never stored"
+    # _page_get_zero_copy: batch_get_v1 into free slots of the host pool, in place.
+    results = storage.batch_get_v1(keys, slots(8, 6, pool.page_size), None)
+    assert results == [True] * 4 + [False] * 2
+    assert leading(results) == 4
+    for p in range(4):
+        assert pool.page((8 + p) * pool.page_size) == want[p], f"page {p}"
+    assert storage.exists(keys[0]) and not storage.exists(keys[5])
+    assert storage.get_stats()["failed_calls"] == 0
+    storage.close()
+
+
+def test_sglang_pages_move_through_shared_memory_when_co_located(make_daemon, seed):
+    rng = np.random.default_rng(seed)
+    d = make_daemon()
+    pool = PageFirstHostPool(rng)
+    storage = KvcacheHiCacheStorage(storage_config(d.address, shm_socket=d.socket), {})
+    storage.register_mem_pool_host(pool)
+    keys = sglang_page_hashes(rng.integers(0, 1000, 3 * pool.page_size).tolist(), pool.page_size)
+    want = [pool.page(p * pool.page_size) for p in range(3)]
+    assert storage.batch_set_v1(keys, slots(0, 3, pool.page_size)) == [True] * 3
+    assert storage.batch_get_v1(keys, slots(4, 3, pool.page_size)) == [True] * 3
+    client = storage._store.client()
+    assert client.shared_memory, client.shm_error
+    for p in range(3):
+        assert pool.page((4 + p) * pool.page_size) == want[p]
+    storage.close()
+
+
+def test_sglang_generic_get_and_set_of_flat_pages(daemon, seed):
+    """The older path (cache_controller.py _generic_page_get: batch_get into
+    get_dummy_flat_data_page() tensors, None from the first miss; backup: batch_set of
+    get_data_page tensors)."""
+    rng = np.random.default_rng(seed)
+    pool = PageFirstHostPool(rng)
+    storage = KvcacheHiCacheStorage(storage_config(daemon.address), {})
+    storage.register_mem_pool_host(pool)
+    keys = sglang_page_hashes(rng.integers(0, 1000, 3 * pool.page_size).tolist(), pool.page_size)
+    pages = [pool.get_data_page(p * pool.page_size) for p in range(3)]
+    assert storage.batch_set(keys[:2], pages[:2])
+    assert storage.set(keys[2], pages[2])
+    dst = [pool.get_dummy_flat_data_page() for _ in range(4)]
+    got = storage.batch_get(keys + ["f" * 64], dst)
+    assert got[3] is None
+    for p in range(3):
+        assert got[p] is dst[p] and bytes(got[p].view(torch.uint8).numpy()) == \
+            bytes(pages[p].view(torch.uint8).numpy())
+    assert storage.get("0" * 64, pool.get_dummy_flat_data_page()) is None
+    storage.close()
+
+
+def test_sglang_a_second_tenant_neither_sees_nor_overwrites_the_first_ones_pages(make_daemon, tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text("tok-a acme\ntok-b globex\n")
+    d = make_daemon(["--auth-tokens", str(tokens_file)])
+    pool = PageFirstHostPool(rng)
+    a = KvcacheHiCacheStorage(storage_config(d.address, "tok-a"), {})
+    b = KvcacheHiCacheStorage(storage_config(d.address, "tok-b"), {})
+    for s in (a, b):
+        s.register_mem_pool_host(pool)
+    keys = sglang_page_hashes(rng.integers(0, 1000, 2 * pool.page_size).tolist(), pool.page_size)
+    want = [pool.page(p * pool.page_size) for p in range(2)]
+    assert all(a.batch_set_v1(keys, slots(0, 2, pool.page_size)))
+    assert b.batch_exists(keys) == 0
+    assert b.batch_get_v1(keys, slots(4, 2, pool.page_size)) == [False, False]
+    # globex stores other bytes under the same keys: acme still reads its own.
+    assert all(b.batch_set_v1(keys, slots(8, 2, pool.page_size)))
+    assert all(a.batch_get_v1(keys, slots(12, 2, pool.page_size)))
+    for p in range(2):
+        assert pool.page((12 + p) * pool.page_size) == want[p]
+    a.close()
+    b.close()
+
+
+def test_sglang_a_daemon_that_is_down_gives_misses_not_exceptions(seed):
+    rng = np.random.default_rng(seed)
+    pool = PageFirstHostPool(rng)
+    storage = KvcacheHiCacheStorage(storage_config(f"127.0.0.1:{free_port()}"), {})
+    storage.register_mem_pool_host(pool)
+    storage.register_mem_host_pool_v2(pool, "kv")
+    keys = sglang_page_hashes(rng.integers(0, 1000, 2 * pool.page_size).tolist(), pool.page_size)
+    started = time.monotonic()
+    assert storage.batch_exists(keys) == 0
+    assert storage.batch_get_v1(keys, slots(0, 2, pool.page_size)) == [False, False]
+    assert storage.batch_set_v1(keys, slots(0, 2, pool.page_size)) == [False, False]
+    assert storage.batch_set(keys, [pool.get_data_page(0)] * 2) is False
+    assert storage.get(keys[0], pool.get_dummy_flat_data_page()) is None
+    assert storage.batch_exists_v2(keys, []).kv_hit_pages == 0
+    assert storage.batch_get_v2([PoolTransfer("kv", slots(0, 2, pool.page_size), keys=keys)]) == \
+        {"kv": [False, False]}
+    assert time.monotonic() - started < 5, "after the first failure, calls fail at once"
+    assert storage.get_stats()["failed_calls"] >= 6
+
+
+def test_sglang_hybrid_pools_load_the_prefix_every_pool_holds(daemon, seed):
+    """The v2 calls for a hybrid model (hicache_storage.py batch_exists_v2 / batch_get_v2 /
+    batch_set_v2; PoolHitPolicy): an indexer pool needed for every page (all_pages), a state
+    pool needed only for the prefix's last page (trailing_pages)."""
+    rng = np.random.default_rng(seed)
+    kv, indexer, state = PageFirstHostPool(rng), StatePool(rng, width=40), StatePool(rng, width=24)
+    storage = KvcacheHiCacheStorage(storage_config(daemon.address), {})
+    for name, pool in (("kv", kv), ("deepseek_v4_c4_indexer", indexer),
+                       ("deepseek_v4_c4_state", state)):
+        storage.register_mem_host_pool_v2(pool, name)
+    ps = kv.page_size
+    keys = sglang_page_hashes(rng.integers(0, 1000, 6 * ps).tolist(), ps)
+    stored = storage.batch_set_v2([
+        PoolTransfer("kv", slots(0, 6, ps), keys=keys),
+        PoolTransfer("deepseek_v4_c4_indexer", slots(0, 5, ps), keys=keys[:5]),
+        PoolTransfer("deepseek_v4_c4_state", slots(3, 1, ps), keys=[keys[3]],
+                     hit_policy="trailing_pages"),
+    ])
+    assert stored == {"kv": [True] * 6, "deepseek_v4_c4_indexer": [True] * 5,
+                      "deepseek_v4_c4_state": [True]}
+    result = storage.batch_exists_v2(keys, [
+        PoolTransfer("deepseek_v4_c4_indexer", keys=keys),
+        PoolTransfer("deepseek_v4_c4_state", keys=[keys[-1]], hit_policy="trailing_pages"),
+    ])
+    # kv: 6 pages; indexer: 5; state: only page 3's, so the usable prefix ends after it.
+    assert result.kv_hit_pages == 4
+    assert result.extra_pool_hit_pages == {"kv": 6, "deepseek_v4_c4_indexer": 5,
+                                           "deepseek_v4_c4_state": 4}
+    want_kv = [kv.page(p * ps) for p in range(4)]
+    want_idx = bytes(indexer.buffer[:4].numpy())
+    want_state = bytes(state.buffer[3].numpy())
+    loaded = storage.batch_get_v2([
+        PoolTransfer("kv", slots(8, 4, ps), keys=keys[:4]),
+        PoolTransfer("deepseek_v4_c4_indexer", slots(8, 4, ps), keys=keys[:4]),
+        PoolTransfer("deepseek_v4_c4_state", slots(15, 1, ps), keys=[keys[3]]),
+    ])
+    assert loaded == {"kv": [True] * 4, "deepseek_v4_c4_indexer": [True] * 4,
+                      "deepseek_v4_c4_state": [True]}
+    for p in range(4):
+        assert kv.page((8 + p) * ps) == want_kv[p]
+    assert bytes(indexer.buffer[8:12].numpy()) == want_idx
+    assert bytes(state.buffer[15].numpy()) == want_state
+    storage.close()
+
+
+# ---- vLLM ----
+
+@dataclass
+class JobMetadata:  # vllm/v1/kv_offload/tiering/base.py JobMetadata
+    job_id: int
+    keys: Any
+    block_ids: np.ndarray
+    is_promotion: bool = False
+    req_context: Any = field(default=None)
+
+
+def vllm_spec():
+    return SimpleNamespace(vllm_config=SimpleNamespace(
+        model_config=SimpleNamespace(model="deepseek-ai/DeepSeek-V4.1-Flash")), block_size=16)
+
+
+def primary(rng, blocks=16, elements=96):
+    """The CPU (primary) tier's blocks, one row each, as vLLM hands a tier its view."""
+    return torch.from_numpy(rng.standard_normal((blocks, elements)).astype(np.float32))
+
+
+_FINISHED = {}  # (tier, job id) -> success, as polled
+
+
+def finish(tier, job_id, timeout_s=30):
+    """Polls get_finished() as vLLM's scheduler does each step, until job_id reports."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for r in tier.get_finished():
+            _FINISHED[(id(tier), r.job_id)] = r.success
+        if (id(tier), job_id) in _FINISHED:
+            return _FINISHED.pop((id(tier), job_id))
+        time.sleep(0.005)
+    raise AssertionError(f"job {job_id} never finished")
+
+
+def block_keys(rng, n):
+    """vLLM block hashes (bytes; sha256 -> 32 bytes), and one longer key."""
+    keys = [rng.bytes(32) for _ in range(n - 1)]
+    return keys + [rng.bytes(80)]
+
+
+def test_vllm_tier_stores_and_loads_blocks_across_restarts(make_daemon, seed):
+    """The cascade and the promotion (tiering/base.py: stores GPU -> CPU -> secondary,
+    loads secondary -> CPU -> GPU; submit_* return at once, get_finished polls)."""
+    rng = np.random.default_rng(seed)
+    d = make_daemon()
+    cpu = primary(rng)
+    tier = KvcacheSecondaryTier(vllm_spec(), memoryview(cpu.numpy()), "kvcache", target=d.address)
+    keys = block_keys(rng, 4)
+    assert [tier.lookup(k, None) for k in keys] == [False] * 4
+    tier.submit_store(JobMetadata(1, keys, np.array([2, 3, 4, 5])))
+    assert finish(tier, 1)
+    assert [tier.lookup(k, None) for k in keys] == [True] * 4
+    tier.shutdown()
+
+    d.restart()
+    tier = KvcacheSecondaryTier(vllm_spec(), memoryview(cpu.numpy()), "kvcache", target=d.address)
+    assert tier.lookup(keys[0], None) is True, "found by asking the daemon, not from memory"
+    tier.submit_load(JobMetadata(2, keys, np.array([10, 11, 12, 13]), True))
+    assert finish(tier, 2)
+    assert torch.equal(cpu[10:14], cpu[2:6])
+    # A job with a block never stored fails as a whole (vLLM then recomputes).
+    tier.submit_load(JobMetadata(3, [keys[0], rng.bytes(32)], np.array([14, 15]), True))
+    assert finish(tier, 3) is False
+    tier.drain_jobs()
+    tier.shutdown()
+
+
+def test_vllm_tier_keeps_tenants_apart_and_survives_a_daemon_that_is_down(make_daemon, tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text("tok-a acme\ntok-b globex\n")
+    d = make_daemon(["--auth-tokens", str(tokens_file)])
+    cpu = primary(rng)
+    view = memoryview(cpu.numpy())
+    a = KvcacheSecondaryTier(vllm_spec(), view, "kvcache", target=d.address, token="tok-a")
+    b = KvcacheSecondaryTier(vllm_spec(), view, "kvcache", target=d.address, token="tok-b")
+    keys = block_keys(rng, 2)
+    a.submit_store(JobMetadata(1, keys, np.array([0, 1])))
+    assert finish(a, 1)
+    assert [b.lookup(k, None) for k in keys] == [False, False]
+    b.submit_load(JobMetadata(2, keys, np.array([6, 7]), True))
+    assert finish(b, 2) is False
+    a.shutdown()
+    b.shutdown()
+    d.stop()
+    down = KvcacheSecondaryTier(vllm_spec(), view, "kvcache", target=d.address, token="tok-a",
+                                timeout_s=2)
+    assert down.lookup(keys[0], None) is False
+    down.submit_store(JobMetadata(3, keys, np.array([0, 1])))
+    down.submit_load(JobMetadata(4, keys, np.array([8, 9]), True))
+    assert finish(down, 3) is False and finish(down, 4) is False
+    down.shutdown()
