@@ -25,6 +25,7 @@ struct PythonClientsOptions {
   std::string shm_socket;                   // empty: gRPC only
   std::string config_file, keys_file;       // the namespace's config; one hex key per line
   int per_call = 1;
+  std::string api = "client";  // client, sglang or vllm (python_fetch.py --api)
 };
 
 class PythonClients {

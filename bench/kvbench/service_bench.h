@@ -26,13 +26,15 @@ struct ServiceBenchOptions {
   // pays a FetchRefs round trip.
   bool shm_lease_cache = true;
   // python/ of the source tree: also measure the Python client (python-grpc, python-shm
-  // fetches, bench/kvbench/python_fetch.py beside it). Empty: skip them.
+  // fetches, bench/kvbench/python_fetch.py beside it) and the engine adapters over it
+  // (sglang-grpc, sglang-shm, vllm-grpc; they need python3-torch). Empty: skip them.
   std::string python_dir;
   std::string python_fetch_script;
 };
 
 struct ServiceCase {
-  // system: kvcache-grpc, kvcache-shm, python-grpc, python-shm, redis or memcpy; op: fetch,
+  // system: kvcache-grpc, kvcache-shm, python-grpc, python-shm, sglang-grpc, sglang-shm,
+  // vllm-grpc, redis or memcpy; op: fetch,
   // store or call (the smallest call: a one-key Lookup against a Redis EXISTS; gbps 0)
   std::string system, op;
   int clients = 0;

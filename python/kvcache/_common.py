@@ -123,6 +123,8 @@ class ChunkSink:
         self.n = chunk_bytes
         self._view = view
         self._parts = parts
+        self.chunks = len(parts) if parts is not None else (
+            view.nbytes // chunk_bytes if view is not None and chunk_bytes else 0)
 
     def put(self, i, src):
         if self._parts is None:
@@ -143,6 +145,13 @@ class ChunkSink:
         return h.intdigest()
 
 
+def _flat_view(obj, what):
+    # Flat byte views (what an engine adapter passes, per page part) are taken as they are.
+    if type(obj) is memoryview and obj.ndim == 1 and obj.format == "B":
+        return obj
+    return byte_view(obj, what)
+
+
 def scatter_sink(ns, dsts, chunks):
     """A ChunkSink over dsts: one writable buffer per chunk, or per chunk a list of
     writable buffers whose sizes add up to chunk_bytes. InvalidArgumentError naming the
@@ -151,8 +160,8 @@ def scatter_sink(ns, dsts, chunks):
         raise InvalidArgumentError(f"{len(dsts)} destinations for {chunks} chunks")
     parts = []
     for i, d in enumerate(dsts):
-        views = ([byte_view(p, f"destination {i} part {j}") for j, p in enumerate(d)]
-                 if isinstance(d, (list, tuple)) else [byte_view(d, f"destination {i}")])
+        views = ([_flat_view(p, f"destination {i} part {j}") for j, p in enumerate(d)]
+                 if isinstance(d, (list, tuple)) else [_flat_view(d, f"destination {i}")])
         if any(v.readonly for v in views):
             raise InvalidArgumentError(f"destination {i} is read-only")
         total = sum(v.nbytes for v in views)

@@ -117,10 +117,16 @@ class Client(Common):
         chunk_bytes, or a list of writable buffers whose sizes add up to chunk_bytes (a page
         split over several buffers, e.g. a serving engine's K and V). A cluster client puts
         each node's share of a prefix where it belongs; an engine fills its host pool's
-        pages — from the shared arena when co-located, with no buffer in between. Returns
-        how many leading chunks arrived."""
+        pages — from the shared arena when co-located, with no buffer in between. dsts may
+        also be a ChunkSink made once by the caller (its views are then not checked again).
+        Returns how many leading chunks arrived."""
         keys = check_keys(keys)
-        return self._fetch_into(ns, keys, scatter_sink(ns, dsts, len(keys)))[0]
+        sink = dsts if isinstance(dsts, ChunkSink) else scatter_sink(ns, dsts, len(keys))
+        if sink.chunks != len(keys) or sink.n != ns.chunk_bytes:
+            raise InvalidArgumentError(
+                f"destinations for {sink.chunks} chunks of {sink.n} bytes; asked {len(keys)} of "
+                f"{ns.chunk_bytes}")
+        return self._fetch_into(ns, keys, sink)[0]
 
     def _fetch_into(self, ns, keys, sink):
         """(leading chunks delivered to sink, how many of them from shared memory)."""

@@ -78,7 +78,8 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
   }
   EXPECT_EQ(seen, (std::set<std::string>{
                       "kvcache-grpc/fetch", "kvcache-grpc/store", "kvcache-shm/fetch",
-                      "python-grpc/fetch", "python-shm/fetch", "redis/fetch", "redis/store",
+                      "python-grpc/fetch", "python-shm/fetch", "sglang-grpc/fetch",
+                      "sglang-shm/fetch", "vllm-grpc/fetch", "redis/fetch", "redis/store",
                       "memcpy/fetch", "memcpy/store", "kvcache-grpc/call", "redis/call"}));
 }
 

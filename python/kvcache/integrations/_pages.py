@@ -30,13 +30,49 @@ def caller_key(key: Any) -> bytes:
     return b if 0 < len(b) <= MAX_CALLER_KEY_BYTES else hashlib.sha256(b).digest()
 
 
-def raw_view(address: int, nbytes: int) -> memoryview:
-    """A writable byte view of nbytes of this process's memory at `address` (an engine's
-    pinned host pool page, from its own buffer metadata): pages go in and out with no
-    staging copy."""
-    if address <= 0 or nbytes <= 0:
-        raise ValueError(f"no memory at address {address:#x} ({nbytes} bytes)")
-    return memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
+class RawViews:
+    """Writable byte views of this process's memory at given addresses (an engine's pinned
+    host pool pages, from its own buffer metadata): pages go in and out with no staging
+    copy. A pool's pages stay where they are, so views are kept (up to `keep`) and made
+    once per page, not once per call."""
+
+    def __init__(self, keep: int = 1 << 17) -> None:
+        self._views: Dict[Tuple[int, int], memoryview] = {}
+        self._keep = keep
+
+    def __call__(self, address: int, nbytes: int) -> memoryview:
+        view = self._views.get((address, nbytes))
+        if view is None:
+            if address <= 0 or nbytes <= 0:
+                raise ValueError(f"no memory at address {address:#x} ({nbytes} bytes)")
+            view = memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
+            if len(self._views) >= self._keep:
+                self._views.clear()
+            self._views[(address, nbytes)] = view
+        return view
+
+
+class CallerKeys:
+    """An engine's page keys as chunk keys of one namespace, remembered (up to `keep`):
+    the pages of a prefix are asked for again and again, and hashing each key each time
+    costs as much as the call's other work."""
+
+    def __init__(self, keep: int = 1 << 16) -> None:
+        self._keys: Dict[Tuple[bytes, bytes], bytes] = {}
+        self._keep = keep
+
+    def __call__(self, client: Any, ns: Namespace, keys: Any) -> list:
+        names = [caller_key(k) for k in keys]
+        out = [self._keys.get((ns.root_key, n)) for n in names]
+        todo = [i for i, ck in enumerate(out) if ck is None]
+        if todo:
+            mapped = client.caller_keys(ns, [names[i] for i in todo])
+            if len(self._keys) + len(todo) > self._keep:
+                self._keys.clear()
+            for i, ck in zip(todo, mapped):
+                out[i] = ck
+                self._keys[(ns.root_key, names[i])] = ck
+        return out
 
 
 class PageStore:
@@ -51,6 +87,7 @@ class PageStore:
         self.target, self.model_id = target, model_id
         self._token, self._timeout_s, self._shm = token, timeout_s, shm_socket
         self._local = threading.local()
+        self.keys = CallerKeys()  # keys(client, ns, engine keys) -> chunk keys
         self._all_lock = threading.Lock()
         self._all: list = []
         # After a call finds the cache unreachable, calls fail at once for backoff_s (the

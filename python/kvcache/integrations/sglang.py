@@ -25,7 +25,8 @@ logged, never an exception on a HiCache thread.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ._pages import PageStore, caller_key, guarded, raw_view, settings
+from .._common import ChunkSink
+from ._pages import PageStore, RawViews, guarded, settings
 
 try:  # SGLang loads a dynamic backend only if it subclasses its HiCacheStorage
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -76,6 +77,7 @@ class KvcacheHiCacheStorage(_Base):
         self._ttl_s = int(extra.get("ttl_s", 0))
         self._store = PageStore(target, token, self._model_id(storage_config), timeout_s, shm)
         self._page_bytes: Dict[str, int] = {}  # pool -> bytes of a page, once seen
+        self._raw = RawViews()
         self.stats: Dict[str, int] = {"pages_stored": 0, "pages_loaded": 0, "pages_missed": 0,
                                       "failed_calls": 0}
 
@@ -113,9 +115,11 @@ class KvcacheHiCacheStorage(_Base):
         if n_pages == 0 or len(ptrs) % n_pages or len(sizes) != len(ptrs):
             raise ValueError(f"the {pool_name} pool gives {len(ptrs)} buffers for {n_pages} pages")
         per = len(ptrs) // n_pages
-        parts = [[raw_view(ptrs[p * per + j], sizes[p * per + j]) for j in range(per)]
-                 for p in range(n_pages)]
-        page_bytes = sum(v.nbytes for v in parts[0])
+        views = [self._raw(a, n) for a, n in zip(ptrs, sizes)]
+        parts = [views[p * per:(p + 1) * per] for p in range(n_pages)]
+        page_bytes = sum(sizes[:per])
+        if any(sum(sizes[p * per:(p + 1) * per]) != page_bytes for p in range(1, n_pages)):
+            raise ValueError(f"the {pool_name} pool's pages differ in size")
         self._page_bytes[pool_name] = page_bytes
         return parts, page_bytes, int(getattr(pool, "page_size", 0) or 0)
 
@@ -140,7 +144,7 @@ class KvcacheHiCacheStorage(_Base):
     # ---- existence ----
     def _leading(self, pool: str, page_bytes: int, page_tokens: int, keys: List[Any]) -> int:
         return self._store.run(pool, page_bytes, page_tokens, lambda c, ns: c.lookup_keys(
-            ns, c.caller_keys(ns, [caller_key(k) for k in keys])).matched_chunks)
+            ns, self._store.keys(c, ns, keys)).matched_chunks)
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many leading keys are stored (SGLang stops its prefetch at the first miss)."""
@@ -196,7 +200,7 @@ class KvcacheHiCacheStorage(_Base):
         tokens = int(getattr(pool, "page_size", 0) or 0)
 
         def every(c, ns):
-            chunk = c.caller_keys(ns, [caller_key(k) for k in keys])
+            chunk = self._store.keys(c, ns, keys)
             tiers = c.tiers_of(ns, chunk) if hasattr(c, "tiers_of") else None
             if tiers is not None:
                 return [t != "none" for t in tiers]
@@ -206,8 +210,10 @@ class KvcacheHiCacheStorage(_Base):
     # ---- zero-copy page I/O (host pool pages in place) ----
     def _get_pages(self, pool: str, keys: List[Any], host_indices: Any) -> List[bool]:
         parts, page_bytes, tokens = self._pages(pool, host_indices, len(keys))
+        # The pool's own views, sized by its metadata: no second check per part.
+        sink = ChunkSink(page_bytes, parts=parts)
         got = self._store.run(pool, page_bytes, tokens, lambda c, ns: c.fetch_scattered(
-            ns, c.caller_keys(ns, [caller_key(k) for k in keys]), parts))
+            ns, self._store.keys(c, ns, keys), sink))
         self.stats["pages_loaded"] += got
         self.stats["pages_missed"] += len(keys) - got
         return [i < got for i in range(len(keys))]
@@ -215,7 +221,7 @@ class KvcacheHiCacheStorage(_Base):
     def _set_pages(self, pool: str, keys: List[Any], host_indices: Any) -> List[bool]:
         parts, page_bytes, tokens = self._pages(pool, host_indices, len(keys))
         self._store.run(pool, page_bytes, tokens, lambda c, ns: c.store_keys(
-            ns, c.caller_keys(ns, [caller_key(k) for k in keys]), parts, durable=self._durable,
+            ns, self._store.keys(c, ns, keys), parts, durable=self._durable,
             ttl_s=self._ttl_s))
         self.stats["pages_stored"] += len(keys)
         return [True] * len(keys)
@@ -267,8 +273,7 @@ class KvcacheHiCacheStorage(_Base):
             page_bytes = views[0].nbytes
             self._page_bytes.setdefault(KV_POOL, page_bytes)
             got = self._store.run(KV_POOL, page_bytes, self._page_tokens(), lambda c, ns:
-                                  c.fetch_scattered(ns, c.caller_keys(
-                                      ns, [caller_key(k) for k in keys]), views))
+                                  c.fetch_scattered(ns, self._store.keys(c, ns, keys), views))
             self.stats["pages_loaded"] += got
             return [t if i < got else None for i, t in enumerate(target_locations)]
         return guarded("batch_get", self._failed, work, [None] * len(keys))
@@ -290,7 +295,7 @@ class KvcacheHiCacheStorage(_Base):
             page_bytes = views[0].nbytes
             self._page_bytes.setdefault(KV_POOL, page_bytes)
             self._store.run(KV_POOL, page_bytes, self._page_tokens(), lambda c, ns: c.store_keys(
-                ns, c.caller_keys(ns, [caller_key(k) for k in keys]), views,
+                ns, self._store.keys(c, ns, keys), views,
                 durable=self._durable, ttl_s=self._ttl_s))
             self.stats["pages_stored"] += len(keys)
             return True

@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Collection, Dict, List, Optional, Set
 
+from .._common import ChunkSink
 from ._pages import PageStore, caller_key, guarded, settings
 
 log = logging.getLogger("kvcache.integrations")
@@ -145,7 +146,7 @@ class KvcacheSecondaryTier(_Base):
 
         def ask() -> bool:
             found = self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns: c.lookup_keys(
-                ns, c.caller_keys(ns, [ck])).matched_chunks == 1)
+                ns, self._store.keys(c, ns, [ck])).matched_chunks == 1)
             if found:
                 self._remember([ck])
             return found
@@ -164,7 +165,7 @@ class KvcacheSecondaryTier(_Base):
                 blocks = self._blocks_of(job_metadata.block_ids)
                 cks = [caller_key(k) for k in keys]
                 self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns: c.store_keys(
-                    ns, c.caller_keys(ns, cks), blocks, durable=self._durable))
+                    ns, self._store.keys(c, ns, cks), blocks, durable=self._durable))
                 self._remember(cks)
                 return True
             finally:
@@ -187,8 +188,9 @@ class KvcacheSecondaryTier(_Base):
             if len(blocks) != len(keys):
                 raise ValueError(f"{len(keys)} keys for {len(blocks)} block ids")
             cks = [caller_key(k) for k in keys]
+            sink = ChunkSink(self._block_bytes, parts=[[b] for b in blocks])  # checked above
             got = self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns:
-                                  c.fetch_scattered(ns, c.caller_keys(ns, cks), blocks))
+                                  c.fetch_scattered(ns, self._store.keys(c, ns, cks), sink))
             if got < len(keys):
                 with self._lock:  # evicted since: do not answer lookups from memory
                     for k in cks[got:]:
