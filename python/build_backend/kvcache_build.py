@@ -61,6 +61,11 @@ def _metadata():
     return "\n".join(lines) + "\n"
 
 
+# vLLM loads general plugins from this entry point in each of its processes: ours registers
+# the kvcache secondary tier (kvcache/integrations/vllm.py, docs/integrations.md).
+ENTRY_POINTS = "[vllm.general_plugins]\nkvcache = kvcache.integrations.vllm:register\n"
+
+
 def _record_line(arcname, data):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"{arcname},sha256={digest},{len(data)}"
@@ -79,6 +84,8 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     os.makedirs(info, exist_ok=True)
     with open(os.path.join(info, "METADATA"), "w") as f:
         f.write(_metadata())
+    with open(os.path.join(info, "entry_points.txt"), "w") as f:
+        f.write(ENTRY_POINTS)
     return os.path.basename(info)
 
 
@@ -102,6 +109,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             record.append(_record_line(arcname, data))
         extra = {
             f"{info}/METADATA": _metadata().encode(),
+            f"{info}/entry_points.txt": ENTRY_POINTS.encode(),
             f"{info}/WHEEL": (b"Wheel-Version: 1.0\nGenerator: kvcache_build\n"
                               b"Root-Is-Purelib: true\nTag: py3-none-any\n"),
         }

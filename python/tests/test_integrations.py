@@ -348,7 +348,11 @@ def test_vllm_tier_stores_and_loads_blocks_across_restarts(make_daemon, seed):
     tier.shutdown()
 
     d.restart()
-    tier = KvcacheSecondaryTier(vllm_spec(), memoryview(cpu.numpy()), "kvcache", target=d.address)
+    # As tiering/factory.py constructs a tier: keywords, the vllm_config, the config's options.
+    config = SimpleNamespace(model_config=SimpleNamespace(model="deepseek-ai/DeepSeek-V4.1-Flash"),
+                             cache_config=SimpleNamespace(block_size=16))
+    tier = KvcacheSecondaryTier(vllm_config=config, primary_kv_view=memoryview(cpu.numpy()),
+                                tier_type="kvcache", target=d.address)
     assert tier.lookup(keys[0], None) is True, "found by asking the daemon, not from memory"
     tier.submit_load(JobMetadata(2, keys, np.array([10, 11, 12, 13]), True))
     assert finish(tier, 2)
@@ -385,3 +389,27 @@ def test_vllm_tier_keeps_tenants_apart_and_survives_a_daemon_that_is_down(make_d
     down.submit_load(JobMetadata(4, keys, np.array([8, 9]), True))
     assert finish(down, 3) is False and finish(down, 4) is False
     down.shutdown()
+
+
+def test_vllm_finds_the_tier_through_its_plugin(monkeypatch):
+    """The package's vllm.general_plugins entry point calls register(), which puts the tier
+    in SecondaryTierFactory (tiering/factory.py register_tier) under "kvcache", once."""
+    import sys
+    import types
+    registered = {}
+
+    class SecondaryTierFactory:
+        @classmethod
+        def register_tier(cls, tier_type, module_path, class_name):
+            if tier_type in registered:
+                raise ValueError(f"Tier '{tier_type}' is already registered.")
+            registered[tier_type] = (module_path, class_name)
+    factory = types.ModuleType("vllm.v1.kv_offload.tiering.factory")
+    factory.SecondaryTierFactory = SecondaryTierFactory
+    for name in ("vllm", "vllm.v1", "vllm.v1.kv_offload", "vllm.v1.kv_offload.tiering"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, factory.__name__, factory)
+    from kvcache.integrations import vllm as adapter
+    adapter.register()
+    adapter.register()  # each vLLM process runs its plugins; a second call is harmless
+    assert registered == {"kvcache": ("kvcache.integrations.vllm", "KvcacheSecondaryTier")}

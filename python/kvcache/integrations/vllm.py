@@ -8,20 +8,20 @@ blocks in a caller-keyed namespace of kvcached under vLLM's own block keys, so b
 outlive the engine and are shared by every vLLM instance of the same model on the same
 cache (and tenant).
 
-Enable it (docs/integrations.md) in kv_transfer_config:
+Enable it (docs/integrations.md) in kv_transfer_config; the package's vllm.general_plugins
+entry point (register() below) makes the type "kvcache" known to vLLM:
 
-    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-      "kv_connector_extra_config": {"num_cpu_blocks": 8192, "secondary_tiers": [
-        {"type": "kvcache", "module_path": "kvcache.integrations.vllm",
-         "class_name": "KvcacheSecondaryTier", "target": "127.0.0.1:50051"}]}}'
+    PYTHONHASHSEED=0 vllm serve MODEL --kv-transfer-config '{"kv_connector":
+      "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 34359738368,
+        "secondary_tiers": [{"type": "kvcache", "target": "127.0.0.1:50051"}]}}'
 
 Options: target (default $KVCACHE_TARGET), token / token_env (default $KVCACHE_TOKEN),
-shm_socket, model_id (default: from the offloading spec's model), block_bytes (when the
-primary view is flat bytes), io_threads (default 4), timeout_s (default 5), durable.
+shm_socket, model_id (default: from the configured model), block_bytes (when the primary
+view is flat bytes), io_threads (default 4), timeout_s (default 5), durable.
 
-vLLM's block hashes are seeded by PYTHONHASHSEED unless its hash function is a fixed one:
-set PYTHONHASHSEED (the same value on every instance, and across restarts) or choose
-`--prefix-caching-hash-algo sha256` (or sha256_cbor), or no block is ever found again.
+The seed of vLLM's block-hash chain is random per process unless PYTHONHASHSEED is set: set
+the same value on every instance, and keep it across restarts, or no block is found again.
 A request's cache_salt is already folded into vLLM's block hashes (two salts never share a
 block); kvcached's tenant (the bearer token) is the boundary the cache enforces — quotas,
 no probing of another tenant's blocks — so give each isolation domain its own token.
@@ -57,6 +57,21 @@ except ImportError:  # vLLM not installed: the same interface, for tests and too
             self.tier_type = tier_type
 
 POOL = "blocks"
+TIER_TYPE = "kvcache"
+
+
+def register() -> None:
+    """Registers the tier with vLLM's SecondaryTierFactory as type "kvcache". vLLM runs it in
+    each of its processes as a general plugin (the package's entry point
+    `vllm.general_plugins: kvcache`); harmless when vLLM is absent or it already ran."""
+    try:
+        from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    except ImportError:
+        return
+    try:
+        SecondaryTierFactory.register_tier(TIER_TYPE, __name__, "KvcacheSecondaryTier")
+    except ValueError:
+        pass  # registered before in this process
 _KNOWN = 1 << 16  # keys remembered as stored (lookups answered without a call)
 
 
@@ -73,9 +88,17 @@ def _spec_model(spec: Any) -> str:
 class KvcacheSecondaryTier(_Base):
     """vLLM's SecondaryTierManager over kvcached (see the module docstring)."""
 
-    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str = "kvcache",
-                 **options: Any) -> None:
-        super().__init__(offloading_spec, primary_kv_view, tier_type)
+    def __init__(self, offloading_spec: Any = None, primary_kv_view: Any = None,
+                 tier_type: str = "kvcache", vllm_config: Any = None, **options: Any) -> None:
+        # vLLM versions construct tiers with the offloading spec or with the vllm_config
+        # (tiering/factory.py: cls(vllm_config=…, primary_kv_view=…, tier_type=…, **config)).
+        spec = offloading_spec if offloading_spec is not None else vllm_config
+        if primary_kv_view is None:
+            raise ValueError("no primary_kv_view: the CPU tier's blocks are where pages go")
+        try:
+            super().__init__(spec, primary_kv_view, tier_type)
+        except TypeError:  # a base whose constructor takes other arguments
+            self._primary_kv_view, self.tier_type = primary_kv_view, tier_type
         view = memoryview(primary_kv_view)
         if view.ndim >= 2 and view.shape:  # one row per block (the primary tier's layout)
             blocks = view.shape[0]
@@ -89,8 +112,9 @@ class KvcacheSecondaryTier(_Base):
         self._block_bytes = block_bytes
         self._blocks = self._flat.nbytes // block_bytes
         target, token, shm, timeout_s = settings(options)
-        model = options.get("model_id") or f"vllm:{_spec_model(offloading_spec)}"
-        self._tokens = int(getattr(offloading_spec, "block_size", 0) or 0)
+        model = options.get("model_id") or f"vllm:{_spec_model(spec)}"
+        self._tokens = int(getattr(spec, "block_size", 0) or
+                           getattr(getattr(spec, "cache_config", None), "block_size", 0) or 0)
         self._durable = bool(options.get("durable", True))
         self._store = PageStore(target, token, model, timeout_s, shm)
         self._pool = ThreadPoolExecutor(int(options.get("io_threads", 4)),
