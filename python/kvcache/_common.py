@@ -135,6 +135,12 @@ class ChunkSink:
             p[:] = src[at:at + p.nbytes]
             at += p.nbytes
 
+    def dest(self, i):
+        """Chunk i's destination: a view of chunk_bytes, or its list of parts."""
+        if self._parts is None:
+            return self._view[i * self.n:(i + 1) * self.n]
+        return self._parts[i]
+
     def digest(self, i):
         """XXH3-64 of chunk i as it now lies in the destination."""
         if self._parts is None:

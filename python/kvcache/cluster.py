@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import xxhash
 
-from ._common import (Common, Fetched, Match, StoreResult, check_keys, refuse_caller_keyed,
-                      writable_view)
+from ._common import (ChunkSink, Common, Fetched, Match, StoreResult, check_keys,
+                      refuse_caller_keyed, scatter_sink, writable_view)
 from .errors import InvalidArgumentError, KvcacheError, UnavailableError
 from .hashing import Namespace, Tokens, as_tokens, chunk_keys
 from .membership import (NODES_PREFIX, EtcdSecurity, Membership, Node, _MembershipWatch,  # noqa: F401
@@ -285,7 +285,22 @@ class ClusterClient:
         need = len(keys) * ns.chunk_bytes
         if out is None:
             out = bytearray(need)
-        view = writable_view(out, need)
+        got = self._fetch_into(ns, keys, ChunkSink(ns.chunk_bytes, writable_view(out, need)))
+        return Fetched(got, out, ns.chunk_bytes, 0)
+
+    def fetch_scattered(self, ns: Namespace, keys: Sequence[bytes], dsts: Any) -> int:
+        """Client.fetch_scattered across the cluster: chunk i straight into dsts[i] (a
+        buffer of chunk_bytes, or a list of part buffers), from whichever node holds it."""
+        keys = check_keys(keys)
+        sink = dsts if isinstance(dsts, ChunkSink) else scatter_sink(ns, dsts, len(keys))
+        if sink.chunks != len(keys) or sink.n != ns.chunk_bytes:
+            raise InvalidArgumentError(
+                f"destinations for {sink.chunks} chunks of {sink.n} bytes; asked {len(keys)} of "
+                f"{ns.chunk_bytes}")
+        return self._fetch_into(ns, keys, sink)
+
+    def _fetch_into(self, ns, keys, sink):
+        """How many leading chunks of keys reached sink, each from a node that holds it."""
         nodes = {nc.node.id: nc for nc in self._members()}
         ids = sorted(nodes)
         now = time.monotonic()
@@ -310,9 +325,8 @@ class ClusterClient:
             def pull(nc, idx=None):
                 self._ensure_namespace(nc, ns)
                 # Each chunk straight to its place in the caller's buffer.
-                return nc.client.fetch_scattered(
-                    ns, [keys[c] for c in idx],
-                    [view[c * ns.chunk_bytes:(c + 1) * ns.chunk_bytes] for c in idx])
+                return nc.client.fetch_scattered(ns, [keys[c] for c in idx],
+                                                 [sink.dest(c) for c in idx])
             work = [(nodes[n], lambda nc, idx=idx: pull(nc, idx)) for n, idx in share.items()]
             for (n, idx), (got, err) in zip(share.items(), self._on_nodes(work)):
                 if err is not None:
@@ -328,7 +342,7 @@ class ClusterClient:
         leading = 0
         while leading < len(keys) and done[leading]:
             leading += 1
-        return Fetched(leading, out, ns.chunk_bytes, 0)
+        return leading
 
     def store(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool = True,
                   ttl_s: int = 0, parent: Optional[bytes] = None) -> StoreResult:

@@ -202,6 +202,25 @@ def test_a_caller_keyed_namespace_places_pages_on_their_owners(cluster, seed):
         assert other.lookup_keys(ns2, keys).matched_chunks == 12
         got = other.fetch(ns2, keys)
         assert got.chunks == 12 and bytes(got.buffer) == pages.tobytes()
+        halves = [[bytearray(1000), bytearray(2000)] for _ in keys]
+        assert other.fetch_scattered(ns2, keys, halves) == 12
+        assert b"".join(bytes(a) + bytes(b) for a, b in halves) == pages.tobytes()
+
+    # SGLang's backend on the same cluster (extra_config target "etcd://…").
+    torch = pytest.importorskip("torch")
+    from kvcache.integrations.sglang import KvcacheHiCacheStorage
+    from test_integrations import PageFirstHostPool, sglang_page_hashes, slots, storage_config
+    pool = PageFirstHostPool(rng)
+    storage = KvcacheHiCacheStorage(storage_config(etcd.url), {})
+    storage.register_mem_pool_host(pool)
+    page_keys = sglang_page_hashes(rng.integers(0, 1000, 5 * pool.page_size).tolist(), pool.page_size)
+    want = [pool.page(p * pool.page_size) for p in range(5)]
+    assert storage.batch_set_v1(page_keys, slots(0, 5, pool.page_size)) == [True] * 5
+    assert storage.batch_exists(page_keys) == 5
+    assert storage.batch_get_v1(page_keys, slots(8, 5, pool.page_size)) == [True] * 5
+    assert [pool.page((8 + p) * pool.page_size) for p in range(5)] == want
+    assert storage.get_stats()["failed_calls"] == 0
+    storage.close()
 
 
 def make_certificates(d):
