@@ -114,6 +114,19 @@ class CacheApi {
   virtual absl::StatusOr<RemoteNamespace> RegisterNamespace(const std::string& model_config_json,
                                                             const std::string& model_id,
                                                             uint32_t chunk_tokens = 0) = 0;
+  // A caller-keyed namespace: pages of `page_bytes` stored under keys the caller chooses (a
+  // serving engine's page hashes, mapped by CallerKey); see RemoteNamespace::caller_keys.
+  virtual absl::StatusOr<RemoteNamespace> RegisterKeyedNamespace(const std::string& model_id,
+                                                                 uint64_t page_bytes,
+                                                                 uint32_t page_tokens = 0) = 0;
+  // How many leading `keys` are cached (keys a caller holds: nothing is hashed).
+  virtual absl::StatusOr<LookupResult> LookupKeys(const RemoteNamespace& ns,
+                                                  std::span<const storage::ChunkKey> keys) = 0;
+  // Chunks that each name their parent (token namespaces) or their key (caller-keyed ones).
+  virtual absl::StatusOr<StoreResult> StoreChunks(const RemoteNamespace& ns,
+                                                  std::span<const ChunkToStore> chunks,
+                                                  Durability durability = Durability::kDurable,
+                                                  uint32_t ttl_seconds = 0) = 0;
   // Keys of every whole chunk of `tokens` (no RPC).
   std::vector<storage::ChunkKey> Keys(const RemoteNamespace& ns,
                                       std::span<const uint32_t> tokens) const;

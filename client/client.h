@@ -70,13 +70,13 @@ class CacheClient final : public CacheApi {
   // page_tokens: the same namespace.
   absl::StatusOr<RemoteNamespace> RegisterKeyedNamespace(const std::string& model_id,
                                                          uint64_t page_bytes,
-                                                         uint32_t page_tokens = 0);
+                                                         uint32_t page_tokens = 0) override;
   absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns,
                                       std::span<const uint32_t> tokens) override;
   // Lookup by keys the caller holds (a caller-keyed namespace's, or a token namespace's
   // from an earlier turn): how many leading ones are cached; nothing is hashed.
   absl::StatusOr<LookupResult> LookupKeys(const RemoteNamespace& ns,
-                                          std::span<const storage::ChunkKey> keys);
+                                          std::span<const storage::ChunkKey> keys) override;
   // Every whole chunk's tier on this daemon (TIER_NONE where it has none), not only the
   // leading run's: what a cluster client merges across nodes.
   absl::StatusOr<LookupResult> LookupEvery(const RemoteNamespace& ns,
@@ -104,7 +104,8 @@ class CacheClient final : public CacheApi {
   // stream: what a cluster client sends each node (its share of a prefix).
   absl::StatusOr<StoreResult> StoreChunks(const RemoteNamespace& ns,
                                           std::span<const ChunkToStore> chunks,
-                                          Durability durability, uint32_t ttl_seconds);
+                                          Durability durability = Durability::kDurable,
+                                          uint32_t ttl_seconds = 0) override;
   absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                                uint32_t ttl_seconds) override;
   absl::StatusOr<uint32_t> Unpin(const RemoteNamespace& ns,

@@ -111,7 +111,8 @@ void ClusterClient::Repair(const RepairJob& job) {
   const ChunkKey key = job.key;
   absl::StatusOr<size_t> got = from->client->Fetch(job.ns, std::span(&key, 1), payload);
   if (!got.ok() || *got != 1) return;  // evicted or gone since: nothing to copy
-  ChunkToStore chunk{job.parent, job.tokens, payload, std::nullopt};
+  ChunkToStore chunk{job.parent, job.tokens, payload,
+                     job.ns.caller_keys ? std::optional(key) : std::nullopt};
   for (const std::string& id : job.to) {
     Node* to = find(id);
     if (to == nullptr || !EnsureNamespace(*to, job.ns).ok()) continue;
@@ -188,9 +189,7 @@ absl::Status ClusterClient::EnsureNamespace(Node& node, const RemoteNamespace& n
     }
     reg = it->second;
   }
-  KVC_ASSIGN_OR_RETURN(
-      RemoteNamespace got,
-      node.client->RegisterNamespace(reg.model_config_json, reg.model_id, reg.chunk_tokens));
+  KVC_ASSIGN_OR_RETURN(RemoteNamespace got, reg.registrar(*node.client));
   if (got.id != ns.id || got.root != ns.root || got.chunk_bytes != ns.chunk_bytes) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", node.info.id, " gives the namespace id ", got.id, " (expected ",
@@ -203,6 +202,20 @@ absl::Status ClusterClient::EnsureNamespace(Node& node, const RemoteNamespace& n
 
 absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
     const std::string& model_config_json, const std::string& model_id, uint32_t chunk_tokens) {
+  return Register([=](CacheClient& c) {
+    return c.RegisterNamespace(model_config_json, model_id, chunk_tokens);
+  });
+}
+
+absl::StatusOr<RemoteNamespace> ClusterClient::RegisterKeyedNamespace(const std::string& model_id,
+                                                                      uint64_t page_bytes,
+                                                                      uint32_t page_tokens) {
+  return Register([=](CacheClient& c) {
+    return c.RegisterKeyedNamespace(model_id, page_bytes, page_tokens);
+  });
+}
+
+absl::StatusOr<RemoteNamespace> ClusterClient::Register(const Registrar& registrar) {
   std::vector<std::shared_ptr<Node>> nodes = Members();
   if (nodes.empty()) {
     return absl::UnavailableError(
@@ -210,7 +223,7 @@ absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
   }
   std::vector<absl::StatusOr<RemoteNamespace>> got(nodes.size(), absl::UnknownError("not asked"));
   pool_->ParallelFor(nodes.size(), [&](size_t i) {
-    got[i] = nodes[i]->client->RegisterNamespace(model_config_json, model_id, chunk_tokens);
+    got[i] = registrar(*nodes[i]->client);
   });
   std::optional<RemoteNamespace> ns;
   absl::Status first_error = absl::OkStatus();
@@ -238,7 +251,7 @@ absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
   if (!ns) return first_error;
   {
     std::lock_guard lk(mu_);
-    namespaces_[ns->id] = {model_config_json, model_id, chunk_tokens, *ns};
+    namespaces_[ns->id] = {registrar, *ns};
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!got[i].ok()) continue;
@@ -250,15 +263,31 @@ absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
 
 absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
                                                    std::span<const uint32_t> tokens) {
-  std::vector<std::shared_ptr<Node>> nodes = Members();
   for (size_t i = 0; ns.vocab_size > 0 && i < tokens.size(); ++i) {
     if (tokens[i] >= ns.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tokens[", i, "] is ", tokens[i], ", outside the vocabulary of ", ns.vocab_size));
     }
   }
+  if (ns.caller_keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace ", ns.id, " is caller-keyed: look up by keys (LookupKeys), not tokens"));
+  }
+  std::vector<ChunkKey> keys = Keys(ns, tokens);  // hashed once; every node is asked by key
+  return LookupImpl(ns, std::move(keys), tokens);
+}
+
+absl::StatusOr<LookupResult> ClusterClient::LookupKeys(const RemoteNamespace& ns,
+                                                       std::span<const ChunkKey> keys) {
+  return LookupImpl(ns, std::vector<ChunkKey>(keys.begin(), keys.end()), {});
+}
+
+absl::StatusOr<LookupResult> ClusterClient::LookupImpl(const RemoteNamespace& ns,
+                                                       std::vector<ChunkKey> keys,
+                                                       std::span<const uint32_t> tokens) {
+  std::vector<std::shared_ptr<Node>> nodes = Members();
   LookupResult r;
-  r.keys = Keys(ns, tokens);  // hashed once; every node is asked by key
+  r.keys = std::move(keys);
   if (nodes.empty()) return r;
   const std::vector<std::string> ids = Ids(nodes);
   const uint32_t want = ReplicasFor(nodes.size());
@@ -357,12 +386,16 @@ absl::StatusOr<LookupResult> ClusterClient::Lookup(const RemoteNamespace& ns,
       r.tiers.push_back(tier);
       r.nodes.push_back(holders.front());
     }
-    if (may_repair && holders.size() < want && repairs_.size() < 4096 &&
+    // A copy is stored by its key (caller-keyed) or by its tokens, which only Lookup has.
+    const bool storable = ns.caller_keys || tokens.size() >= (c + 1) * ns.chunk_tokens;
+    if (may_repair && storable && holders.size() < want && repairs_.size() < 4096 &&
         repairing_.insert(r.keys[c]).second) {
       RepairJob job{ns,
                     c == 0 ? std::nullopt : std::optional<ChunkKey>(r.keys[c - 1]),
-                    std::vector<uint32_t>(tokens.begin() + c * ns.chunk_tokens,
-                                          tokens.begin() + (c + 1) * ns.chunk_tokens),
+                    ns.caller_keys
+                        ? std::vector<uint32_t>{}
+                        : std::vector<uint32_t>(tokens.begin() + c * ns.chunk_tokens,
+                                                tokens.begin() + (c + 1) * ns.chunk_tokens),
                     r.keys[c],
                     holders.front(),
                     {}};
@@ -490,8 +523,48 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
                                                  std::span<const uint32_t> tokens,
                                                  std::span<const uint8_t> payloads,
                                                  Durability durability, uint32_t ttl_seconds) {
-  KVC_ASSIGN_OR_RETURN(size_t whole, WholeChunks(ns, tokens.size(), payloads.size()));
-  const size_t chunks = whole;
+  KVC_ASSIGN_OR_RETURN(size_t chunks, WholeChunks(ns, tokens.size(), payloads.size()));
+  std::vector<ChunkToStore> each(chunks);
+  std::vector<ChunkKey> keys;
+  std::optional<ChunkKey> prev = parent;
+  for (size_t c = 0; c < chunks; ++c) {
+    each[c].parent = prev;
+    each[c].tokens = tokens.subspan(c * ns.chunk_tokens, ns.chunk_tokens);
+    each[c].payload = payloads.subspan(c * ns.chunk_bytes, ns.chunk_bytes);
+    keys.push_back(NextChunkKey(prev ? *prev : ns.root, each[c].tokens));
+    prev = keys.back();
+  }
+  KVC_ASSIGN_OR_RETURN(StoreResult r, StoreOnOwners(ns, each, keys, durability, ttl_seconds));
+  r.tokens = chunks * ns.chunk_tokens;
+  return r;
+}
+
+absl::StatusOr<StoreResult> ClusterClient::StoreChunks(const RemoteNamespace& ns,
+                                                       std::span<const ChunkToStore> chunks,
+                                                       Durability durability,
+                                                       uint32_t ttl_seconds) {
+  std::vector<ChunkKey> keys;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (ns.caller_keys != chunks[c].key.has_value() ||
+        (!ns.caller_keys && chunks[c].tokens.size() != ns.chunk_tokens)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", c, ns.caller_keys ? ": namespace " : " gives a key or the wrong token count: namespace ",
+          ns.id, ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
+                                : " derives its keys from tokens"));
+    }
+    keys.push_back(ns.caller_keys ? *chunks[c].key
+                                  : NextChunkKey(chunks[c].parent ? *chunks[c].parent : ns.root,
+                                                 chunks[c].tokens));
+  }
+  return StoreOnOwners(ns, chunks, keys, durability, ttl_seconds);
+}
+
+absl::StatusOr<StoreResult> ClusterClient::StoreOnOwners(const RemoteNamespace& ns,
+                                                         std::span<const ChunkToStore> each,
+                                                         std::span<const ChunkKey> keys,
+                                                         Durability durability,
+                                                         uint32_t ttl_seconds) {
+  const size_t chunks = each.size();
   std::vector<std::shared_ptr<Node>> nodes = Members();
   if (nodes.empty()) {
     return absl::UnavailableError(
@@ -499,23 +572,15 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
   }
   const std::vector<std::string> ids = Ids(nodes);
   const uint32_t want = ReplicasFor(nodes.size());
-  std::vector<ChunkToStore> each(chunks);
   StoreResult r;
-  r.tokens = chunks * ns.chunk_tokens;
+  r.keys.assign(keys.begin(), keys.end());
   std::vector<std::vector<size_t>> order(chunks);  // each chunk's nodes by rank
-  std::optional<ChunkKey> prev = parent;
   for (size_t c = 0; c < chunks; ++c) {
-    each[c].parent = prev;
-    each[c].tokens = tokens.subspan(c * ns.chunk_tokens, ns.chunk_tokens);
-    each[c].payload = payloads.subspan(c * ns.chunk_bytes, ns.chunk_bytes);
-    const ChunkKey key = NextChunkKey(prev ? *prev : ns.root, each[c].tokens);
-    r.keys.push_back(key);
-    order[c] = cluster::RankNodes(key, ids);
+    order[c] = cluster::RankNodes(keys[c], ids);
     // The owners are the first `want` by rank; one being skipped is stood in for by the
     // next node (its copy is found by the reads' fallback along the ranking).
     std::stable_partition(order[c].begin(), order[c].end(),
                           [&](size_t i) { return !Skipped(*nodes[i]); });
-    prev = key;
   }
   std::vector<uint32_t> copies(chunks, 0);
   std::vector<size_t> next(chunks, 0);

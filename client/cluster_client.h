@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,8 +50,17 @@ class ClusterClient final : public CacheApi {
   absl::StatusOr<RemoteNamespace> RegisterNamespace(const std::string& model_config_json,
                                                     const std::string& model_id,
                                                     uint32_t chunk_tokens = 0) override;
+  // A caller-keyed namespace on every node (CacheClient::RegisterKeyedNamespace).
+  absl::StatusOr<RemoteNamespace> RegisterKeyedNamespace(const std::string& model_id,
+                                                         uint64_t page_bytes,
+                                                         uint32_t page_tokens = 0) override;
   absl::StatusOr<LookupResult> Lookup(const RemoteNamespace& ns,
                                       std::span<const uint32_t> tokens) override;
+  // Lookup by keys the caller holds (a caller-keyed namespace's, or an earlier turn's).
+  // Repairs chunks it finds short of R copies in a caller-keyed namespace; in a token one
+  // only Lookup (which has the tokens a copy is stored with) repairs.
+  absl::StatusOr<LookupResult> LookupKeys(const RemoteNamespace& ns,
+                                          std::span<const storage::ChunkKey> keys) override;
   absl::StatusOr<size_t> Fetch(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                                std::span<uint8_t> out,
                                std::string* short_reason = nullptr) override;
@@ -61,6 +71,12 @@ class ClusterClient final : public CacheApi {
                                     std::span<const uint8_t> payloads,
                                     Durability durability = Durability::kDurable,
                                     uint32_t ttl_seconds = 0) override;
+  // Chunks that name their own parent (token namespaces) or their own key (caller-keyed
+  // ones, CallerKey), each to its R owners; counts copies like Store.
+  absl::StatusOr<StoreResult> StoreChunks(const RemoteNamespace& ns,
+                                          std::span<const ChunkToStore> chunks,
+                                          Durability durability = Durability::kDurable,
+                                          uint32_t ttl_seconds = 0) override;
   // Pin, Unpin and Delete go to every node and count copies.
   absl::StatusOr<uint32_t> Pin(const RemoteNamespace& ns, std::span<const storage::ChunkKey> keys,
                                uint32_t ttl_seconds) override;
@@ -113,11 +129,22 @@ class ClusterClient final : public CacheApi {
   struct RepairJob {
     RemoteNamespace ns;
     std::optional<storage::ChunkKey> parent;
-    std::vector<uint32_t> tokens;
+    std::vector<uint32_t> tokens;  // a caller-keyed namespace: none (stored by its key)
     storage::ChunkKey key;
     std::string from;
     std::vector<std::string> to;
   };
+  // How a namespace is registered on a node (again after a restart, on a node that joins).
+  using Registrar = std::function<absl::StatusOr<RemoteNamespace>(CacheClient&)>;
+  absl::StatusOr<RemoteNamespace> Register(const Registrar& registrar);
+  // Lookup of `keys`; `tokens` (whole chunks, as many as keys; empty: not known) let a
+  // token namespace's short chunks be repaired.
+  absl::StatusOr<LookupResult> LookupImpl(const RemoteNamespace& ns, std::vector<storage::ChunkKey> keys,
+                                          std::span<const uint32_t> tokens);
+  absl::StatusOr<StoreResult> StoreOnOwners(const RemoteNamespace& ns,
+                                            std::span<const ChunkToStore> chunks,
+                                            std::span<const storage::ChunkKey> keys,
+                                            Durability durability, uint32_t ttl_seconds);
   void RepairLoop();
   void Repair(const RepairJob& job);
 
@@ -129,8 +156,7 @@ class ClusterClient final : public CacheApi {
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Node>> nodes_;
   struct Registration {
-    std::string model_config_json, model_id;
-    uint32_t chunk_tokens = 0;
+    Registrar registrar;
     RemoteNamespace ns;
   };
   std::map<uint32_t, Registration> namespaces_;

@@ -618,3 +618,64 @@ TEST(ClusterUrl, BadAddressesAreNamed) {
 
 }  // namespace
 }  // namespace kvc::client
+
+namespace kvc::client {
+namespace {
+
+// A caller-keyed namespace (an engine's own page keys) through the C++ cluster client:
+// each page on its two ranked owners; after an owner dies and the grace passes, LookupKeys
+// copies the pages it finds short back to two (stored by their keys: no tokens exist);
+// then the other original owner dies too and every page is still fetched byte-exact.
+TEST_F(ClusterTest, CallerKeyedPagesSitOnTheirOwnersAndAreRepairedByKey) {
+  std::unique_ptr<ClusterClient> c = Connect(kTokenA, 2, /*repair_grace_ms=*/300);
+  const uint64_t page = 1000 + rng_() % 3000;
+  absl::StatusOr<RemoteNamespace> ns = c->RegisterKeyedNamespace("sglang:m", page, 16);
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  ASSERT_TRUE(ns->caller_keys);
+  constexpr size_t kPages = 24;
+  std::vector<ChunkKey> keys;
+  std::vector<uint8_t> pages(kPages * page);
+  for (uint8_t& b : pages) b = static_cast<uint8_t>(rng_());
+  std::vector<ChunkToStore> chunks(kPages);
+  for (size_t i = 0; i < kPages; ++i) {
+    keys.push_back(*CallerKey(*ns, "page-" + std::to_string(rng_())));
+    chunks[i].key = keys.back();
+    chunks[i].payload = std::span(pages).subspan(i * page, page);
+  }
+  absl::StatusOr<StoreResult> st = c->StoreChunks(*ns, chunks);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->stored, 2 * kPages);
+  EXPECT_EQ(c->LookupKeys(*ns, keys)->matched_chunks, kPages);
+  EXPECT_EQ(c->Lookup(*ns, std::vector<uint32_t>(16, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const auto copies_on = [&](int i) {
+    std::unique_ptr<CacheClient> d = Direct(i);
+    absl::StatusOr<RemoteNamespace> dns = d->RegisterKeyedNamespace("sglang:m", page, 16);
+    if (!dns.ok()) return -1L;
+    absl::StatusOr<LookupResult> l = d->LookupKeysEvery(*dns, keys);
+    return l.ok() ? static_cast<long>(std::count_if(l->tiers.begin(), l->tiers.end(),
+                                                    [](Tier t) { return t != Tier::kNone; }))
+                  : -1L;
+  };
+  long placed = 0;
+  for (int i = 0; i < 3; ++i) placed += copies_on(i);
+  EXPECT_EQ(placed, static_cast<long>(2 * kPages));
+  nodes_[1]->Stop(SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return c->membership()->nodes.size() == 2; }, 10));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        EXPECT_TRUE(c->LookupKeys(*ns, keys).ok());  // finds the short pages and repairs them
+        return copies_on(0) == static_cast<long>(kPages) && copies_on(2) == static_cast<long>(kPages);
+      },
+      15));
+  EXPECT_GT(c->counters().chunks_repaired, 0u);
+  nodes_[0]->Stop(SIGKILL);
+  std::vector<uint8_t> out(pages.size());
+  absl::StatusOr<size_t> got = c->Fetch(*ns, keys, out);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, kPages);
+  EXPECT_EQ(out, pages);
+}
+
+}  // namespace
+}  // namespace kvc::client
