@@ -13,9 +13,11 @@ Launch (docs/integrations.md):
       --enable-hierarchical-cache --hicache-storage-backend dynamic \\
       --hicache-storage-backend-extra-config '{"backend_name": "kvcache",
         "module_path": "kvcache.integrations.sglang", "class_name": "KvcacheHiCacheStorage",
-        "target": "127.0.0.1:50051", "shm_socket": "/var/lib/kvcache/kvcached.sock"}'
+        "interface_v1": 1, "target": "127.0.0.1:50051",
+        "shm_socket": "/var/lib/kvcache/kvcached.sock"}'
 
-extra_config keys: target ("HOST:PORT", "unix:PATH" or "etcd://H:P" for a cluster;
+("interface_v1": 1 is SGLang's switch to the zero-copy batch_get_v1/batch_set_v1 for a
+dynamic backend.) extra_config keys: target ("HOST:PORT", "unix:PATH" or "etcd://H:P" for a cluster;
 default $KVCACHE_TARGET), token or token_env (default $KVCACHE_TOKEN: the tenant),
 shm_socket (co-located: pages are copied out of the daemon's shared arena straight into the
 host pool), timeout_s (default 5), durable (default true: acknowledged after the SSD sync),
