@@ -4,6 +4,7 @@
 //          [--ssd TiB] [--chunk-tokens C] [--json]
 //   kvplan simulate --trace FILE --config FILE [--hbm GiB] [--ram GiB] [--ssd GiB]
 //          [--chunk-tokens C] [--limit N] [--target-hit-rate R] [--curve-points N] [--json]
+//          [--nodes N [--replicas R] [--fail-node-at HOURS …]]   (a cluster: cluster_sim.h)
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "bench/kvplan/capacity.h"
 #include "bench/kvplan/decode_flops.h"
+#include "bench/kvplan/cluster_sim.h"
 #include "bench/kvplan/simulate.h"
 
 namespace kvc {
@@ -69,6 +71,18 @@ int Main(int argc, char** argv) {
       ->add_option("--curve-points", so.curve_points,
                    "also the hit rate at N RAM and N SSD sizes (for plots)")
       ->check(CLI::NonNegativeNumber);
+  ClusterSimOptions co;
+  simulate
+      ->add_option("--nodes", co.nodes,
+                   "simulate a cluster of N nodes (--ram and --ssd are then per node)")
+      ->check(CLI::PositiveNumber);
+  simulate->add_option("--replicas", co.replicas, "copies of each chunk in the cluster")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  simulate
+      ->add_option("--fail-node-at", co.fail_at_hours,
+                   "HOURS after the first request, the fullest live node dies (repeatable)")
+      ->check(CLI::NonNegativeNumber);
   simulate->add_flag("--json", json, "print one JSON object");
   CLI::App* flops = app.add_subcommand(
       "flops", "the work of one decoded token by component (multiply-adds) at each context");
@@ -100,6 +114,17 @@ int Main(int argc, char** argv) {
     const std::string name = std::filesystem::path(flops_config).filename().string();
     std::cout << (json ? DecodeWorkToJson(name, *rows).dump(2) + "\n"
                        : DecodeWorkToText(name, *rows));
+    return 0;
+  }
+  if (simulate->parsed() && co.nodes > 0) {
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(sim_config);
+    absl::StatusOr<nlohmann::json> r = config.ok() ? RunClusterSimulate(*config, so, co)
+                                                   : absl::StatusOr<nlohmann::json>(config.status());
+    if (!r.ok()) {
+      std::cerr << "kvplan: error: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cout << (json ? r->dump(2) + "\n" : ClusterSimulateToText(*r));
     return 0;
   }
   if (simulate->parsed()) {

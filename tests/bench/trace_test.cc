@@ -191,3 +191,53 @@ TEST(KvplanSimulateTest, ReportsTiersLayoutsAndTheCapacityForATarget) {
 
 }  // namespace
 }  // namespace kvc::trace
+
+namespace kvc::trace {
+namespace {
+
+// kvplan simulate --nodes: the Mooncake trace over 4 nodes, R = 2, unlimited per-node
+// capacity, the fullest node dying twice. Both repair policies see the same trace: equal
+// until the first failure; no chunk loses its last copy at the first failure (R = 2);
+// at the second, read repair alone leaves the chunks nobody read in between on one copy
+// and loses some, anti-entropy loses none and says what it copied. Rendezvous placement
+// spreads chunks evenly.
+TEST(KvplanClusterTest, AntiEntropyKeepsEveryChunkThroughTwoFailuresAndReadRepairDoesNot) {
+  const char* requests = testing::kUnderSanitizer ? "1500" : "4000";
+  const auto r = RunProgram(
+      std::string(KVC_BIN_DIR) + "/kvplan",
+      {"simulate", "--trace", kMooncake, "--limit", requests, "--config", kReference, "--nodes",
+       "4", "--replicas", "2", "--ram", "-1", "--ssd", "-1", "--fail-node-at", "0.04",
+       "--fail-node-at", "0.08", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out.substr(0, 300);
+  ASSERT_EQ(j["policies"].size(), 2u);
+  const Json& read_repair = j["policies"][0];
+  const Json& anti_entropy = j["policies"][1];
+  EXPECT_EQ(read_repair["name"], "read-repair-only");
+  ASSERT_EQ(read_repair["windows"].size(), 3u);
+  EXPECT_EQ(read_repair["windows"][0]["hit_rate"], anti_entropy["windows"][0]["hit_rate"]);
+  EXPECT_GT(read_repair["windows"][0]["hit_rate"].get<double>(), 0);
+  ASSERT_EQ(read_repair["failures"].size(), 2u);
+  EXPECT_EQ(read_repair["failures"][0]["chunks_without_a_copy"], 0);
+  EXPECT_EQ(anti_entropy["failures"][0]["chunks_without_a_copy"], 0);
+  EXPECT_GT(read_repair["failures"][1]["chunks_without_a_copy"].get<int64_t>(), 0);
+  EXPECT_EQ(anti_entropy["failures"][1]["chunks_without_a_copy"], 0);
+  EXPECT_GT(anti_entropy["failures"][0]["anti_entropy_bytes"].get<double>(), 0);
+  EXPECT_EQ(read_repair["anti_entropy_bytes"].get<double>(), 0);
+  EXPECT_GE(anti_entropy["windows"][2]["hit_rate"].get<double>(),
+            read_repair["windows"][2]["hit_rate"].get<double>());
+  const double spread =
+      anti_entropy["balance_before_first_failure"]["chunks_held"]["max_over_mean"];
+  EXPECT_GT(spread, 0.99);
+  EXPECT_LT(spread, 1.1) << "rendezvous placement spreads chunks evenly over 4 nodes";
+  // Options that cannot describe a cluster are refused, naming the option.
+  const auto bad = RunProgram(std::string(KVC_BIN_DIR) + "/kvplan",
+                              {"simulate", "--trace", kMooncake, "--config", kReference,
+                               "--nodes", "2", "--replicas", "3"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--replicas is 3"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace kvc::trace
