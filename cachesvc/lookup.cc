@@ -26,8 +26,8 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
     resp->set_keys_seen(static_cast<uint32_t>(keys.size()));
   } else {
     if (ns.key_mode == kKeysFromCaller) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "namespace ", ns.id, " is caller-keyed: look up by chunk keys, not tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("namespace ", ns.id, " is caller-keyed: look up by chunk keys, not tokens"));
     }
     if (static_cast<uint64_t>(req.tokens_size()) > opt.max_lookup_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(

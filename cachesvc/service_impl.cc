@@ -92,9 +92,9 @@ absl::Status KvCacheService::Impl::Register(const std::string& tenant,
   } else if (req.key_mode() == pb::KEY_MODE_TOKENS) {
     KVC_RETURN_IF_ERROR(TokenKeyedNamespace(req, &info));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key_mode is ", req.key_mode(), "; it must be ", pb::KEY_MODE_TOKENS, " (tokens) or ",
-        pb::KEY_MODE_CALLER, " (caller)"));
+    return absl::InvalidArgumentError(absl::StrCat("key_mode is ", req.key_mode(), "; it must be ",
+                                                   pb::KEY_MODE_TOKENS, " (tokens) or ",
+                                                   pb::KEY_MODE_CALLER, " (caller)"));
   }
   // The tenant's quota is admitted before its first namespace exists: a quota that does
   // not fit refuses the registration and leaves nothing behind.
@@ -155,8 +155,7 @@ absl::Status KvCacheService::Impl::TokenKeyedNamespace(const pb::RegisterNamespa
   info->chunk_bytes = static_cast<uint64_t>(layout.chunk_bytes);
   info->vocab_size = static_cast<uint64_t>(config.vocab_size);
   info->key_mode = kKeysFromTokens;
-  info->root = client::NamespaceRoot(info->tenant,
-                                     client::ModelFingerprint(req.model_id(), layout),
+  info->root = client::NamespaceRoot(info->tenant, client::ModelFingerprint(req.model_id(), layout),
                                      kKvLayoutVersion, chunk_tokens);
   return absl::OkStatus();
 }

@@ -260,20 +260,21 @@ absl::StatusOr<RemoteNamespace> CacheClient::Register(const pb::RegisterNamespac
   pb::RegisterNamespaceResponse resp;
   KVC_RETURN_IF_ERROR(wire::FromGrpc(rpc_->stub->RegisterNamespace(Context().get(), req, &resp)));
   KVC_ASSIGN_OR_RETURN(ChunkKey root, KeyFrom(resp.root_key()));
-  return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(), resp.chunk_tokens(), root,
-                         resp.vocab_size(), resp.key_mode() == pb::KEY_MODE_CALLER};
+  return RemoteNamespace{resp.namespace_id(), resp.chunk_bytes(),
+                         resp.chunk_tokens(), root,
+                         resp.vocab_size(),   resp.key_mode() == pb::KEY_MODE_CALLER};
 }
 
 absl::StatusOr<ChunkKey> CallerKey(const RemoteNamespace& ns, std::string_view caller_key) {
   if (!ns.caller_keys) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "namespace ", ns.id, " derives its keys from tokens; caller keys need a namespace "
-        "registered with RegisterKeyedNamespace"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace ", ns.id,
+                     " derives its keys from tokens; caller keys need a namespace "
+                     "registered with RegisterKeyedNamespace"));
   }
   if (caller_key.empty() || caller_key.size() > kMaxCallerKeyBytes) {
     return absl::InvalidArgumentError(absl::StrCat("a caller key is ", caller_key.size(),
-                                                   " bytes; it must be 1 to ",
-                                                   kMaxCallerKeyBytes));
+                                                   " bytes; it must be 1 to ", kMaxCallerKeyBytes));
   }
   return CallerChunkKey(ns.root, caller_key);
 }
@@ -520,20 +521,22 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
                                                      std::span<const ChunkToStore> chunks,
                                                      Durability durability, uint32_t ttl_seconds) {
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (ns.caller_keys != chunks[i].key.has_value() || (ns.caller_keys && !chunks[i].tokens.empty())) {
+    if (ns.caller_keys != chunks[i].key.has_value() ||
+        (ns.caller_keys && !chunks[i].tokens.empty())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", i, ns.caller_keys ? " gives no key or gives tokens; namespace "
-                                      : " gives a key; namespace ",
-          ns.id, ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
-                                : " derives its keys from tokens"));
+          "chunk ", i,
+          ns.caller_keys ? " gives no key or gives tokens; namespace " : " gives a key; namespace ",
+          ns.id,
+          ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
+                         : " derives its keys from tokens"));
     }
     if (ns.caller_keys && chunks[i].payload.size() != ns.chunk_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", i, " has ", chunks[i].payload.size(),
                                                      " payload bytes; the namespace's pages are ",
                                                      ns.chunk_bytes));
     }
-    if (!ns.caller_keys &&
-        (chunks[i].tokens.size() != ns.chunk_tokens || chunks[i].payload.size() != ns.chunk_bytes)) {
+    if (!ns.caller_keys && (chunks[i].tokens.size() != ns.chunk_tokens ||
+                            chunks[i].payload.size() != ns.chunk_bytes)) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", i, " has ", chunks[i].tokens.size(), " tokens and ",
                        chunks[i].payload.size(), " payload bytes; the namespace's chunks are ",

@@ -210,9 +210,8 @@ absl::StatusOr<RemoteNamespace> ClusterClient::RegisterNamespace(
 absl::StatusOr<RemoteNamespace> ClusterClient::RegisterKeyedNamespace(const std::string& model_id,
                                                                       uint64_t page_bytes,
                                                                       uint32_t page_tokens) {
-  return Register([=](CacheClient& c) {
-    return c.RegisterKeyedNamespace(model_id, page_bytes, page_tokens);
-  });
+  return Register(
+      [=](CacheClient& c) { return c.RegisterKeyedNamespace(model_id, page_bytes, page_tokens); });
 }
 
 absl::StatusOr<RemoteNamespace> ClusterClient::Register(const Registrar& registrar) {
@@ -222,9 +221,7 @@ absl::StatusOr<RemoteNamespace> ClusterClient::Register(const Registrar& registr
         absl::StrCat("the cluster at ", options_.address, " has no nodes"));
   }
   std::vector<absl::StatusOr<RemoteNamespace>> got(nodes.size(), absl::UnknownError("not asked"));
-  pool_->ParallelFor(nodes.size(), [&](size_t i) {
-    got[i] = registrar(*nodes[i]->client);
-  });
+  pool_->ParallelFor(nodes.size(), [&](size_t i) { got[i] = registrar(*nodes[i]->client); });
   std::optional<RemoteNamespace> ns;
   absl::Status first_error = absl::OkStatus();
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -548,9 +545,11 @@ absl::StatusOr<StoreResult> ClusterClient::StoreChunks(const RemoteNamespace& ns
     if (ns.caller_keys != chunks[c].key.has_value() ||
         (!ns.caller_keys && chunks[c].tokens.size() != ns.chunk_tokens)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", c, ns.caller_keys ? ": namespace " : " gives a key or the wrong token count: namespace ",
-          ns.id, ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
-                                : " derives its keys from tokens"));
+          "chunk ", c,
+          ns.caller_keys ? ": namespace " : " gives a key or the wrong token count: namespace ",
+          ns.id,
+          ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
+                         : " derives its keys from tokens"));
     }
     keys.push_back(ns.caller_keys ? *chunks[c].key
                                   : NextChunkKey(chunks[c].parent ? *chunks[c].parent : ns.root,

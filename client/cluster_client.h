@@ -139,7 +139,8 @@ class ClusterClient final : public CacheApi {
   absl::StatusOr<RemoteNamespace> Register(const Registrar& registrar);
   // Lookup of `keys`; `tokens` (whole chunks, as many as keys; empty: not known) let a
   // token namespace's short chunks be repaired.
-  absl::StatusOr<LookupResult> LookupImpl(const RemoteNamespace& ns, std::vector<storage::ChunkKey> keys,
+  absl::StatusOr<LookupResult> LookupImpl(const RemoteNamespace& ns,
+                                          std::vector<storage::ChunkKey> keys,
                                           std::span<const uint32_t> tokens);
   absl::StatusOr<StoreResult> StoreOnOwners(const RemoteNamespace& ns,
                                             std::span<const ChunkToStore> chunks,

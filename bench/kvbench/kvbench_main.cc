@@ -129,7 +129,8 @@ int Main(int argc, char** argv) {
   sopt.python_fetch_script = std::string(KVC_SOURCE_DIR) + "/bench/kvbench/python_fetch.py";
   service
       ->add_option("--python-dir", sopt.python_dir,
-                   "the kvcache Python package's folder (python-grpc, python-shm, sglang-grpc, sglang-shm, vllm-grpc systems)")
+                   "the kvcache Python package's folder (python-grpc, python-shm, sglang-grpc, "
+                   "sglang-shm, vllm-grpc systems)")
       ->capture_default_str();
   bool no_python = false;
   service->add_flag("--no-python", no_python, "skip the Python client's systems");

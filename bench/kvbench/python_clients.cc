@@ -41,9 +41,9 @@ absl::StatusOr<std::unique_ptr<PythonClients>> PythonClients::Start(const Python
     // Made before fork: the child of a threaded process may only make async-signal-safe
     // calls before exec (no allocation, no setenv).
     std::vector<std::string> args = {
-        o.python,      o.script,         "--target",  o.target,     "--config",
-        o.config_file, "--keys-file",    o.keys_file, "--per-call", std::to_string(o.per_call),
-        "--client",    std::to_string(c),    "--api",     o.api};
+        o.python,      o.script,          "--target",  o.target,     "--config",
+        o.config_file, "--keys-file",     o.keys_file, "--per-call", std::to_string(o.per_call),
+        "--client",    std::to_string(c), "--api",     o.api};
     if (!o.shm_socket.empty()) args.insert(args.end(), {"--shm-socket", o.shm_socket});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

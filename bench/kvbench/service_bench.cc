@@ -273,7 +273,9 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     for (const std::string system :
          {"python-grpc", "python-shm", "sglang-grpc", "sglang-shm", "vllm-grpc"}) {
       po.shm_socket = system.ends_with("-shm") ? daemon.shm_socket() : "";
-      po.api = system.starts_with("sglang") ? "sglang" : system.starts_with("vllm") ? "vllm" : "client";
+      po.api = system.starts_with("sglang") ? "sglang"
+               : system.starts_with("vllm") ? "vllm"
+                                            : "client";
       KVC_ASSIGN_OR_RETURN(std::unique_ptr<PythonClients> p, PythonClients::Start(po, max_clients));
       python[system] = std::move(p);
       systems.push_back(system);

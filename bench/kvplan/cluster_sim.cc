@@ -208,8 +208,8 @@ absl::StatusOr<nlohmann::json> RunClusterSimulate(const ModelConfig& config,
         absl::StrCat("--replicas is ", c.replicas, "; it must be 1 to --nodes (", c.nodes, ")"));
   }
   if (static_cast<int>(c.fail_at_hours.size()) > c.nodes - 1) {
-    return absl::InvalidArgumentError(absl::StrCat(c.fail_at_hours.size(),
-                                                   " --fail-node-at for ", c.nodes,
+    return absl::InvalidArgumentError(absl::StrCat(c.fail_at_hours.size(), " --fail-node-at for ",
+                                                   c.nodes,
                                                    " nodes: at most one node must remain"));
   }
   std::vector<double> fail_s;
@@ -299,8 +299,9 @@ std::string ClusterSimulateToText(const nlohmann::json& j) {
       j["trace"]["seconds"].get<double>(), j["nodes"].get<int>(), j["replicas"].get<int>(),
       slots < 0 ? std::string("unlimited") : absl::StrCat(slots), j["chunk_bytes"].get<int64_t>());
   for (const nlohmann::json& p : j["policies"]) {
-    absl::StrAppendFormat(&out, "%s: hit rate %.4f; repair moved %.2f GB (reads) + %.2f GB "
-                                "(anti-entropy)\n",
+    absl::StrAppendFormat(&out,
+                          "%s: hit rate %.4f; repair moved %.2f GB (reads) + %.2f GB "
+                          "(anti-entropy)\n",
                           p["name"].get<std::string>(), p["hit_rate"].get<double>(),
                           p["read_repair_bytes"].get<double>() / 1e9,
                           p["anti_entropy_bytes"].get<double>() / 1e9);
@@ -309,14 +310,16 @@ std::string ClusterSimulateToText(const nlohmann::json& j) {
                             w["hit_rate"].get<double>());
     }
     for (const nlohmann::json& f : p["failures"]) {
-      absl::StrAppendFormat(&out, "  %.2f h: %s dies; %d chunks left with no copy; %.2f GB copied "
-                                  "at once\n",
+      absl::StrAppendFormat(&out,
+                            "  %.2f h: %s dies; %d chunks left with no copy; %.2f GB copied "
+                            "at once\n",
                             f["at_hours"].get<double>(), f["node"].get<std::string>(),
                             f["chunks_without_a_copy"].get<int64_t>(),
                             f["anti_entropy_bytes"].get<double>() / 1e9);
     }
     const nlohmann::json& b = p["balance_before_first_failure"];
-    absl::StrAppendFormat(&out, "  balance: chunks held max/mean %.3f, chunks served max/mean %.3f\n",
+    absl::StrAppendFormat(&out,
+                          "  balance: chunks held max/mean %.3f, chunks served max/mean %.3f\n",
                           b["chunks_held"]["max_over_mean"].get<double>(),
                           b["chunks_served"]["max_over_mean"].get<double>());
   }

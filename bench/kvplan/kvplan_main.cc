@@ -11,8 +11,8 @@
 
 #include "CLI/CLI.hpp"
 #include "bench/kvplan/capacity.h"
-#include "bench/kvplan/decode_flops.h"
 #include "bench/kvplan/cluster_sim.h"
+#include "bench/kvplan/decode_flops.h"
 #include "bench/kvplan/simulate.h"
 
 namespace kvc {
@@ -118,8 +118,9 @@ int Main(int argc, char** argv) {
   }
   if (simulate->parsed() && co.nodes > 0) {
     absl::StatusOr<ModelConfig> config = LoadModelConfig(sim_config);
-    absl::StatusOr<nlohmann::json> r = config.ok() ? RunClusterSimulate(*config, so, co)
-                                                   : absl::StatusOr<nlohmann::json>(config.status());
+    absl::StatusOr<nlohmann::json> r = config.ok()
+                                           ? RunClusterSimulate(*config, so, co)
+                                           : absl::StatusOr<nlohmann::json>(config.status());
     if (!r.ok()) {
       std::cerr << "kvplan: error: " << r.status().message() << "\n";
       return 1;

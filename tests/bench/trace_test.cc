@@ -203,11 +203,12 @@ namespace {
 // spreads chunks evenly.
 TEST(KvplanClusterTest, AntiEntropyKeepsEveryChunkThroughTwoFailuresAndReadRepairDoesNot) {
   const char* requests = testing::kUnderSanitizer ? "1500" : "4000";
-  const auto r = RunProgram(
-      std::string(KVC_BIN_DIR) + "/kvplan",
-      {"simulate", "--trace", kMooncake, "--limit", requests, "--config", kReference, "--nodes",
-       "4", "--replicas", "2", "--ram", "-1", "--ssd", "-1", "--fail-node-at", "0.04",
-       "--fail-node-at", "0.08", "--json"});
+  const auto r =
+      RunProgram(std::string(KVC_BIN_DIR) + "/kvplan",
+                 {"simulate", "--trace", kMooncake, "--limit",        requests, "--config",
+                  kReference, "--nodes", "4",       "--replicas",     "2",      "--ram",
+                  "-1",       "--ssd",   "-1",      "--fail-node-at", "0.04",   "--fail-node-at",
+                  "0.08",     "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Json j = Json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out.substr(0, 300);
@@ -233,8 +234,8 @@ TEST(KvplanClusterTest, AntiEntropyKeepsEveryChunkThroughTwoFailuresAndReadRepai
   EXPECT_LT(spread, 1.1) << "rendezvous placement spreads chunks evenly over 4 nodes";
   // Options that cannot describe a cluster are refused, naming the option.
   const auto bad = RunProgram(std::string(KVC_BIN_DIR) + "/kvplan",
-                              {"simulate", "--trace", kMooncake, "--config", kReference,
-                               "--nodes", "2", "--replicas", "3"});
+                              {"simulate", "--trace", kMooncake, "--config", kReference, "--nodes",
+                               "2", "--replicas", "3"});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("--replicas is 3"), std::string::npos) << bad.err;
 }

@@ -611,8 +611,8 @@ TEST(CallerKeyedNamespaceTest, PagesRoundTripSurviveACrashAndStayWithTheirTenant
   TempDir dir;
   std::ofstream(dir.File("tokens")) << "tok-a acme\ntok-b globex\n";
   const int port = FreeLoopbackPort();
-  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--listen",
-                              "127.0.0.1:" + std::to_string(port)});
+  Daemon d(dir.File("data"),
+           {"--auth-tokens", dir.File("tokens"), "--listen", "127.0.0.1:" + std::to_string(port)});
   ClientOptions oa;
   oa.address = d.address();
   oa.bearer_token = "tok-a";
@@ -693,8 +693,8 @@ TEST(CallerKeyedNamespaceTest, EachModeRefusesTheOthersCallsNamingWhy) {
   o.address = d.address();
   std::unique_ptr<CacheClient> c = *CacheClient::Connect(o);
   const RemoteNamespace keyed = *c->RegisterKeyedNamespace("vllm/m", 4096);
-  const RemoteNamespace tokens =
-      *c->RegisterNamespace(ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "mini", 64);
+  const RemoteNamespace tokens = *c->RegisterNamespace(
+      ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), "mini", 64);
   auto says = [](const absl::Status& s, const std::string& what) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;

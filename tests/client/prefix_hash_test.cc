@@ -56,8 +56,8 @@ TEST(PrefixHashTest, CallerKeysMatchPublishedVectors) {
   const nlohmann::json v = Vectors();
   int checked = 0;
   for (const auto& ns : v["caller_vectors"]) {
-    const ChunkKey root = CallerNamespaceRoot(ns["tenant"], ns["model_id"], ns["page_bytes"],
-                                              ns["page_tokens"]);
+    const ChunkKey root =
+        CallerNamespaceRoot(ns["tenant"], ns["model_id"], ns["page_bytes"], ns["page_tokens"]);
     EXPECT_EQ(root.Hex(), ns["root_key"].get<std::string>()) << ns["tenant"];
     for (const auto& k : ns["keys"]) {
       EXPECT_EQ(CallerChunkKey(root, FromHex(k["caller_key"])).Hex(),

@@ -665,7 +665,8 @@ TEST_F(ClusterTest, CallerKeyedPagesSitOnTheirOwnersAndAreRepairedByKey) {
   EXPECT_TRUE(WaitFor(
       [&] {
         EXPECT_TRUE(c->LookupKeys(*ns, keys).ok());  // finds the short pages and repairs them
-        return copies_on(0) == static_cast<long>(kPages) && copies_on(2) == static_cast<long>(kPages);
+        return copies_on(0) == static_cast<long>(kPages) &&
+               copies_on(2) == static_cast<long>(kPages);
       },
       15));
   EXPECT_GT(c->counters().chunks_repaired, 0u);
