@@ -163,6 +163,11 @@ class CacheApi {
 // InvalidArgument naming the sizes when `payload_bytes` is not exactly theirs.
 absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes);
 
+// OK when `chunk` (number `index` of a StoreChunks call) fits `ns`: a key and no tokens in a
+// caller-keyed namespace, chunk_tokens ids and no key in a token one, chunk_bytes of
+// payload; InvalidArgument naming what is wrong otherwise.
+absl::Status CheckChunk(const RemoteNamespace& ns, const ChunkToStore& chunk, size_t index);
+
 // One daemon or a cluster, by `options.address` (see ClientOptions::address).
 absl::StatusOr<std::unique_ptr<CacheApi>> ConnectCache(const ClientOptions& options);
 

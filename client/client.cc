@@ -279,6 +279,30 @@ absl::StatusOr<ChunkKey> CallerKey(const RemoteNamespace& ns, std::string_view c
   return CallerChunkKey(ns.root, caller_key);
 }
 
+absl::Status CheckChunk(const RemoteNamespace& ns, const ChunkToStore& chunk, size_t index) {
+  if (ns.caller_keys != chunk.key.has_value() || (ns.caller_keys && !chunk.tokens.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", index,
+        ns.caller_keys ? " gives no key or gives tokens; namespace " : " gives a key; namespace ",
+        ns.id,
+        ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
+                       : " derives its keys from tokens"));
+  }
+  if (ns.caller_keys && chunk.payload.size() != ns.chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " has ", chunk.payload.size(),
+                                                   " payload bytes; the namespace's pages are ",
+                                                   ns.chunk_bytes));
+  }
+  if (!ns.caller_keys &&
+      (chunk.tokens.size() != ns.chunk_tokens || chunk.payload.size() != ns.chunk_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", index, " has ", chunk.tokens.size(), " tokens and ",
+                     chunk.payload.size(), " payload bytes; the namespace's chunks are ",
+                     ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes) {
   if (ns.caller_keys || ns.chunk_tokens == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -520,29 +544,7 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
 absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
                                                      std::span<const ChunkToStore> chunks,
                                                      Durability durability, uint32_t ttl_seconds) {
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    if (ns.caller_keys != chunks[i].key.has_value() ||
-        (ns.caller_keys && !chunks[i].tokens.empty())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", i,
-          ns.caller_keys ? " gives no key or gives tokens; namespace " : " gives a key; namespace ",
-          ns.id,
-          ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
-                         : " derives its keys from tokens"));
-    }
-    if (ns.caller_keys && chunks[i].payload.size() != ns.chunk_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", i, " has ", chunks[i].payload.size(),
-                                                     " payload bytes; the namespace's pages are ",
-                                                     ns.chunk_bytes));
-    }
-    if (!ns.caller_keys && (chunks[i].tokens.size() != ns.chunk_tokens ||
-                            chunks[i].payload.size() != ns.chunk_bytes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", i, " has ", chunks[i].tokens.size(), " tokens and ",
-                       chunks[i].payload.size(), " payload bytes; the namespace's chunks are ",
-                       ns.chunk_tokens, " tokens and ", ns.chunk_bytes, " bytes"));
-    }
-  }
+  for (size_t i = 0; i < chunks.size(); ++i) KVC_RETURN_IF_ERROR(CheckChunk(ns, chunks[i], i));
   pb::StoreResponse resp;
   auto ctx = Context();
   auto writer = rpc_->stub->Store(ctx.get(), &resp);

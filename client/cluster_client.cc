@@ -542,15 +542,7 @@ absl::StatusOr<StoreResult> ClusterClient::StoreChunks(const RemoteNamespace& ns
                                                        uint32_t ttl_seconds) {
   std::vector<ChunkKey> keys;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    if (ns.caller_keys != chunks[c].key.has_value() ||
-        (!ns.caller_keys && chunks[c].tokens.size() != ns.chunk_tokens)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", c,
-          ns.caller_keys ? ": namespace " : " gives a key or the wrong token count: namespace ",
-          ns.id,
-          ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
-                         : " derives its keys from tokens"));
-    }
+    KVC_RETURN_IF_ERROR(CheckChunk(ns, chunks[c], c));
     keys.push_back(ns.caller_keys ? *chunks[c].key
                                   : NextChunkKey(chunks[c].parent ? *chunks[c].parent : ns.root,
                                                  chunks[c].tokens));

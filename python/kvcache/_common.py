@@ -178,6 +178,16 @@ def scatter_sink(ns, dsts, chunks):
     return ChunkSink(ns.chunk_bytes, parts=parts)
 
 
+def sink_for(ns, dsts, chunks):
+    """fetch_scattered's destinations as a ChunkSink: one given ready-made (checked for its
+    size only), or one made from the buffers (scatter_sink)."""
+    sink = dsts if isinstance(dsts, ChunkSink) else scatter_sink(ns, dsts, chunks)
+    if sink.chunks != chunks or sink.n != ns.chunk_bytes:
+        raise InvalidArgumentError(f"destinations for {sink.chunks} chunks of {sink.n} bytes; "
+                                   f"asked {chunks} of {ns.chunk_bytes}")
+    return sink
+
+
 def chunk_payloads(ns, payloads, chunks):
     """Per-chunk byte views of `payloads`: one buffer of chunks × chunk_bytes, or a
     sequence of chunk-sized buffers. InvalidArgumentError naming the wrong size."""

@@ -5,7 +5,7 @@ import grpc
 import grpc.experimental
 
 from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, ChunkSink, Common, Fetched,
-                      Match, StoreResult, check_keys, scatter_sink)
+                      Match, StoreResult, check_keys, sink_for)
 from .hashing import Namespace, Tokens
 from .errors import InvalidArgumentError, KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
@@ -121,11 +121,7 @@ class Client(Common):
         also be a ChunkSink made once by the caller (its views are then not checked again).
         Returns how many leading chunks arrived."""
         keys = check_keys(keys)
-        sink = dsts if isinstance(dsts, ChunkSink) else scatter_sink(ns, dsts, len(keys))
-        if sink.chunks != len(keys) or sink.n != ns.chunk_bytes:
-            raise InvalidArgumentError(
-                f"destinations for {sink.chunks} chunks of {sink.n} bytes; asked {len(keys)} of "
-                f"{ns.chunk_bytes}")
+        sink = sink_for(ns, dsts, len(keys))
         return self._fetch_into(ns, keys, sink)[0]
 
     def _fetch_into(self, ns, keys, sink):

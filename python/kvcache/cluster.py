@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import xxhash
 
 from ._common import (ChunkSink, Common, Fetched, Match, StoreResult, check_keys,
-                      refuse_caller_keyed, scatter_sink, writable_view)
+                      refuse_caller_keyed, sink_for, writable_view)
 from .errors import InvalidArgumentError, KvcacheError, UnavailableError
 from .hashing import Namespace, Tokens, as_tokens, chunk_keys
 from .membership import (NODES_PREFIX, EtcdSecurity, Membership, Node, _MembershipWatch,  # noqa: F401
@@ -292,11 +292,7 @@ class ClusterClient:
         """Client.fetch_scattered across the cluster: chunk i straight into dsts[i] (a
         buffer of chunk_bytes, or a list of part buffers), from whichever node holds it."""
         keys = check_keys(keys)
-        sink = dsts if isinstance(dsts, ChunkSink) else scatter_sink(ns, dsts, len(keys))
-        if sink.chunks != len(keys) or sink.n != ns.chunk_bytes:
-            raise InvalidArgumentError(
-                f"destinations for {sink.chunks} chunks of {sink.n} bytes; asked {len(keys)} of "
-                f"{ns.chunk_bytes}")
+        sink = sink_for(ns, dsts, len(keys))
         return self._fetch_into(ns, keys, sink)
 
     def _fetch_into(self, ns, keys, sink):
