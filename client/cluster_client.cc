@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -123,6 +124,11 @@ void ClusterClient::Repair(const RepairJob& job) {
     ++counters_.chunks_repaired;
     ++counters_.nodes[id].chunks_stored;
   }
+}
+
+std::string ClusterClient::RandomSalt() {
+  std::random_device rd;
+  return absl::StrCat("reader-", rd(), "-", rd());
 }
 
 uint32_t ClusterClient::ReplicasFor(size_t members) const {
@@ -433,9 +439,18 @@ absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
           if (pos != ids.end()) order.push_back(pos - ids.begin());
         }
       }
+      const size_t known = order.size();
       for (size_t i : cluster::RankNodes(keys[c], ids)) {
         if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
       }
+      // Spread reads over the copies: start at this client's pick among the holders a
+      // Lookup saw (or among the owners, when none did).
+      const size_t copies =
+          known > 0 ? known : std::min<size_t>(ReplicasFor(ids.size()), order.size());
+      std::rotate(order.begin(),
+                  order.begin() + static_cast<std::ptrdiff_t>(
+                                      cluster::FirstHolder(keys[c], read_salt_, copies)),
+                  order.begin() + static_cast<std::ptrdiff_t>(copies));
       std::stable_partition(order.begin(), order.end(),
                             [&](size_t i) { return !Skipped(*nodes[i]); });
       cands[c] = std::move(order);

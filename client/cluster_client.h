@@ -150,6 +150,9 @@ class ClusterClient final : public CacheApi {
   void Repair(const RepairJob& job);
 
   ClientOptions options_;
+  // This client's pick among a chunk's copies (cluster::FirstHolder): random per client.
+  const std::string read_salt_ = RandomSalt();
+  static std::string RandomSalt();
   std::unique_ptr<cluster::MembershipView> view_;
   // Fans a call out to the nodes (base/task_pool.h): workers live as long as the client.
   std::unique_ptr<TaskPool> pool_ = std::make_unique<TaskPool>(8);

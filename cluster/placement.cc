@@ -78,4 +78,8 @@ FanOut FanOutOf(const LookupPlan& plan) {
   return f;
 }
 
+size_t FirstHolder(const storage::ChunkKey& key, const std::string& reader_salt, size_t holders) {
+  return holders == 0 ? 0 : static_cast<size_t>(RendezvousWeight(key, reader_salt) % holders);
+}
+
 }  // namespace kvc::cluster

@@ -45,20 +45,22 @@ class ClusterModel {
     }
   }
 
-  // The leading cached chunks of `keys` (read, and read-repaired), then the rest stored.
-  size_t Serve(const std::vector<ChunkKey>& keys) {
+  // The leading cached chunks of `keys` (read, and read-repaired), then the rest stored;
+  // `reader`: the client's read salt (its pick among a chunk's copies).
+  size_t Serve(const std::vector<ChunkKey>& keys, const std::string& reader) {
     size_t hit = 0;
     while (hit < keys.size() && Holders(keys[hit]) > 0) {
       const ChunkKey& k = keys[hit];
       const std::vector<size_t> owners = Owners(k);
-      // Read from the best-ranked live holder (the client asks the ranking in order).
+      // Read from the client's pick among the live holders (cluster::FirstHolder, as the
+      // clients do), holders in rank order.
+      std::vector<size_t> holders;
       for (size_t i : RankLive(k)) {
-        if (nodes_[i].where.contains(k)) {
-          Touch(nodes_[i], k);
-          ++nodes_[i].served;
-          break;
-        }
+        if (nodes_[i].where.contains(k)) holders.push_back(i);
       }
+      Node& from = nodes_[holders[cluster::FirstHolder(k, reader, holders.size())]];
+      Touch(from, k);
+      ++from.served;
       // Read repair: the missing owners get a copy.
       for (size_t i : owners) {
         if (!nodes_[i].where.contains(k)) {
@@ -265,7 +267,8 @@ absl::StatusOr<nlohmann::json> RunClusterSimulate(const ModelConfig& config,
         windows.push_back(Window{fail_s[next_failure], 0, 0});
         ++next_failure;
       }
-      const size_t reused = m.Serve(keys[r]);
+      // 64 clients, taking requests in turn: each has its own read salt.
+      const size_t reused = m.Serve(keys[r], absl::StrCat("client-", r % 64));
       const uint64_t hit_tokens = reused * static_cast<uint64_t>(o.chunk_tokens);
       const uint64_t tokens = static_cast<uint64_t>(requests[r].input_tokens);
       prompt += tokens;

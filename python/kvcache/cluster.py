@@ -15,6 +15,7 @@ watched (membership.py: the etcd access; this module routes); when etcd cannot b
 reached the last membership seen is kept and `membership.stale` says so. Not thread-safe;
 use one per thread. `kvcache.connect("etcd://…")` gives one.
 """
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +44,14 @@ def rendezvous_weight(key, node_id):
 def rank_nodes(key, node_ids):
     """node_ids ordered best owner first: highest weight, then the smaller id."""
     return sorted(node_ids, key=lambda n: (-rendezvous_weight(key, n), n))
+
+
+def first_holder(key, reader_salt, holders):
+    """Which of a chunk's `holders` copies a reader asks first: rendezvous_weight(key,
+    reader_salt) mod holders (0 when none). Each reader has its own salt, so the readers of
+    a hot chunk share its copies instead of all asking its best-ranked holder (the C++
+    client's cluster::FirstHolder)."""
+    return rendezvous_weight(key, reader_salt) % holders if holders else 0
 
 
 def plan_lookup(keys: Sequence[bytes], node_ids: Sequence[str], ask: int) -> List[List[int]]:
@@ -97,6 +106,7 @@ class ClusterClient:
         # namespace id -> how to register it on a node (a node that joins later, a restart)
         self._registrations: Dict[int, Callable[[Any], Namespace]] = {}
         self._holders: Dict[bytes, List[str]] = {}  # key -> node ids a recent lookup found it on
+        self._read_salt = f"reader-{os.urandom(8).hex()}"  # this client's pick among copies
         self._pool = ThreadPoolExecutor(max_workers=16)
         # Lookup by ranking: each key goes to its R owners and lookup_extra_nodes more; to
         # every member for settle_s after the membership last changed (copies may sit
@@ -303,7 +313,13 @@ class ClusterClient:
         cands = []
         for k in keys:
             order = [n for n in self._holders.get(k, []) if n in nodes]
+            known = len(order)
             order += [n for n in rank_nodes(k, ids) if n not in order]
+            # Spread reads over the copies: start at this client's pick among the holders a
+            # lookup saw (or among the owners, when none did).
+            copies = known or min(self._replicas_for(len(ids)), len(order))
+            first = first_holder(k, self._read_salt, copies)
+            order[:copies] = order[first:copies] + order[:first]
             order.sort(key=lambda n: nodes[n].skip_until > now)  # stable: skipped ones last
             cands.append(order)
         nxt = [0] * len(keys)

@@ -338,3 +338,17 @@ def test_a_record_under_another_key_does_not_rename_a_node(cluster):
         assert got == {f"n{i}": nodes[i].address for i in range(3)}, got
     finally:
         c.close()
+
+
+def test_readers_of_a_chunk_share_its_copies(seed):
+    """first_holder: each reader's salt picks one of a chunk's copies; over many readers
+    each copy gets about its share (the C++ client's cluster::FirstHolder, same rule)."""
+    rng = np.random.default_rng(seed)
+    key = rng.bytes(16)
+    assert kvcache.cluster.first_holder(key, "r", 0) == 0
+    for holders in (2, 3):
+        picks = [kvcache.cluster.first_holder(key, rng.bytes(8).hex(), holders) for _ in range(3000)]
+        for i in range(holders):
+            assert abs(picks.count(i) / 3000 - 1 / holders) < 0.05, (i, holders)
+    # The same rule as the C++ client: the rendezvous weight of the key and the salt.
+    assert kvcache.cluster.first_holder(key, "s", 3) == kvcache.cluster.rendezvous_weight(key, "s") % 3

@@ -680,3 +680,35 @@ TEST_F(ClusterTest, CallerKeyedPagesSitOnTheirOwnersAndAreRepairedByKey) {
 
 }  // namespace
 }  // namespace kvc::client
+
+namespace kvc::client {
+namespace {
+
+// Readers pick among a chunk's copies by their own salt: over many readers each copy gets
+// about its share (a hot chunk's reads no longer all land on its best-ranked holder).
+TEST(ClusterPlacement, ReadersOfAChunkShareItsCopies) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  ChunkKey key;
+  for (uint8_t& b : key.bytes) b = static_cast<uint8_t>(rng());
+  EXPECT_EQ(cluster::FirstHolder(key, "r", 0), 0u);
+  EXPECT_EQ(cluster::FirstHolder(key, "r", 1), 0u);
+  for (size_t holders : {2u, 3u}) {
+    std::vector<int> picked(holders, 0);
+    constexpr int kReaders = 3000;
+    for (int r = 0; r < kReaders; ++r) {
+      const size_t i = cluster::FirstHolder(key, "reader-" + std::to_string(rng()), holders);
+      ASSERT_LT(i, holders);
+      ++picked[i];
+      EXPECT_EQ(cluster::FirstHolder(key, "same", holders),
+                cluster::FirstHolder(key, "same", holders));
+    }
+    for (size_t i = 0; i < holders; ++i) {
+      const double share = static_cast<double>(picked[i]) / kReaders;
+      EXPECT_NEAR(share, 1.0 / static_cast<double>(holders), 0.05)
+          << "copy " << i << " of " << holders;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvc::client
