@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Writes the lookup-by-ranking vectors (tests/cluster/lookup_plan_vectors.json): for a few
+"""Writes the routing vectors (tests/cluster/lookup_plan_vectors.json): for a few
 memberships, keys and widths, which keys a Lookup asks each node about (docs/cluster.md,
-"Lookup by ranking"). Computed from the placement rule's ranking (rank_nodes, itself held to
+"Lookup by ranking"); and for keys, holders a lookup saw and reader salts, the order a fetch
+asks the nodes in ("fetch_orders": fetch_order). Computed from the placement rule's ranking (rank_nodes, itself held to
 tests/cluster/placement_vectors.json); the C++ and Python cluster clients' planners are both
 held to these vectors.
 
@@ -12,7 +13,7 @@ import hashlib
 import json
 import sys
 
-from kvcache.cluster import PLACEMENT_RULE, plan_lookup
+from kvcache.cluster import PLACEMENT_RULE, fetch_order, plan_lookup, rank_nodes
 
 
 def main():
@@ -29,8 +30,19 @@ def main():
             plan = plan_lookup(keys, nodes, ask)
             cases.append({"nodes": nodes, "ask": ask,
                           "plan": {n: idx for n, idx in zip(nodes, plan)}})
-    json.dump({"rule": PLACEMENT_RULE, "keys": [k.hex() for k in keys], "cases": cases},
-              sys.stdout, indent=1)
+    fetch_orders = []
+    for nodes in memberships:
+        for i, key in enumerate(keys[:4]):
+            ranked = rank_nodes(key, nodes)
+            # No lookup yet; the second owner alone; both owners; a holder gone from the
+            # membership and one ranked last.
+            for holders in ([], [ranked[1]], ranked[:2], ["gone", ranked[-1]]):
+                for salt in ("reader-a", "reader-b", "reader-c"):
+                    fetch_orders.append({"nodes": nodes, "key": i, "holders": holders,
+                                         "replicas": 2, "salt": salt,
+                                         "order": fetch_order(key, nodes, holders, 2, salt)})
+    json.dump({"rule": PLACEMENT_RULE, "keys": [k.hex() for k in keys], "cases": cases,
+               "fetch_orders": fetch_orders}, sys.stdout, indent=1)
     sys.stdout.write("\n")
 
 

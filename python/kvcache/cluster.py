@@ -54,6 +54,22 @@ def first_holder(key, reader_salt, holders):
     return rendezvous_weight(key, reader_salt) % holders if holders else 0
 
 
+def fetch_order(key, node_ids, holders, replicas, reader_salt):
+    """The nodes a fetch asks for `key`, in order: the holders a lookup saw (in its order),
+    then every other member by rank; the first `copies` of them (the holders, or the first
+    `replicas` ranked nodes when no lookup saw any) rotated to start at this reader's pick
+    (first_holder). The client then moves nodes it is skipping to the end. Held to
+    tests/cluster/lookup_plan_vectors.json ("fetch_orders") with the C++ client's planner."""
+    present = set(node_ids)
+    order = [h for h in holders if h in present]
+    known = len(order)
+    order += [n for n in rank_nodes(key, node_ids) if n not in order]
+    copies = known or min(replicas, len(order))
+    first = first_holder(key, reader_salt, copies)
+    order[:copies] = order[first:copies] + order[:first]
+    return order
+
+
 def plan_lookup(keys: Sequence[bytes], node_ids: Sequence[str], ask: int) -> List[List[int]]:
     """Lookup by ranking (docs/cluster.md): each key is asked of its first `ask` ranked
     nodes (its R owners and the next few), not of every member. Per node (in node_ids'
@@ -312,14 +328,8 @@ class ClusterClient:
         now = time.monotonic()
         cands = []
         for k in keys:
-            order = [n for n in self._holders.get(k, []) if n in nodes]
-            known = len(order)
-            order += [n for n in rank_nodes(k, ids) if n not in order]
-            # Spread reads over the copies: start at this client's pick among the holders a
-            # lookup saw (or among the owners, when none did).
-            copies = known or min(self._replicas_for(len(ids)), len(order))
-            first = first_holder(k, self._read_salt, copies)
-            order[:copies] = order[first:copies] + order[:first]
+            order = fetch_order(k, ids, self._holders.get(k, []), self._replicas_for(len(ids)),
+                                self._read_salt)
             order.sort(key=lambda n: nodes[n].skip_until > now)  # stable: skipped ones last
             cands.append(order)
         nxt = [0] * len(keys)

@@ -102,6 +102,15 @@ def test_lookup_plans_match_the_published_vectors():
     for case in doc["cases"]:
         plan = kvcache.cluster.plan_lookup(keys, case["nodes"], case["ask"])
         assert {n: p for n, p in zip(case["nodes"], plan)} == case["plan"]
+    # The order a fetch asks nodes in: holders first, rotated to the reader's pick.
+    assert len(doc["fetch_orders"]) >= 100
+    rotated = 0
+    for case in doc["fetch_orders"]:
+        order = kvcache.cluster.fetch_order(keys[case["key"]], case["nodes"], case["holders"],
+                                            case["replicas"], case["salt"])
+        assert order == case["order"]
+        rotated += order[0] != kvcache.rank_nodes(keys[case["key"]], case["nodes"])[0]
+    assert rotated > 0, "some readers start at another copy than the best-ranked"
 
 
 def test_a_settled_cluster_is_asked_only_by_each_chunks_ranked_nodes(cluster, seed, mini_config):
