@@ -432,25 +432,15 @@ absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
   {
     std::lock_guard lk(mu_);
     for (size_t c = 0; c < keys.size(); ++c) {
-      std::vector<size_t> order;
+      std::vector<size_t> seen;  // the holders a recent Lookup saw, still members
       if (auto it = holders_.find(keys[c]); it != holders_.end()) {
         for (const std::string& id : it->second) {
           auto pos = std::find(ids.begin(), ids.end(), id);
-          if (pos != ids.end()) order.push_back(pos - ids.begin());
+          if (pos != ids.end()) seen.push_back(pos - ids.begin());
         }
       }
-      const size_t known = order.size();
-      for (size_t i : cluster::RankNodes(keys[c], ids)) {
-        if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
-      }
-      // Spread reads over the copies: start at this client's pick among the holders a
-      // Lookup saw (or among the owners, when none did).
-      const size_t copies =
-          known > 0 ? known : std::min<size_t>(ReplicasFor(ids.size()), order.size());
-      std::rotate(order.begin(),
-                  order.begin() + static_cast<std::ptrdiff_t>(
-                                      cluster::FirstHolder(keys[c], read_salt_, copies)),
-                  order.begin() + static_cast<std::ptrdiff_t>(copies));
+      std::vector<size_t> order =
+          cluster::FetchOrder(keys[c], ids, seen, ReplicasFor(ids.size()), read_salt_);
       std::stable_partition(order.begin(), order.end(),
                             [&](size_t i) { return !Skipped(*nodes[i]); });
       cands[c] = std::move(order);

@@ -82,4 +82,19 @@ size_t FirstHolder(const storage::ChunkKey& key, const std::string& reader_salt,
   return holders == 0 ? 0 : static_cast<size_t>(RendezvousWeight(key, reader_salt) % holders);
 }
 
+std::vector<size_t> FetchOrder(const storage::ChunkKey& key, std::span<const std::string> node_ids,
+                               std::span<const size_t> holders, size_t replicas,
+                               const std::string& reader_salt) {
+  std::vector<size_t> order(holders.begin(), holders.end());
+  const size_t known = order.size();
+  for (size_t i : RankNodes(key, node_ids)) {
+    if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
+  }
+  const size_t copies = known > 0 ? known : std::min(replicas, order.size());
+  std::rotate(order.begin(),
+              order.begin() + static_cast<std::ptrdiff_t>(FirstHolder(key, reader_salt, copies)),
+              order.begin() + static_cast<std::ptrdiff_t>(copies));
+  return order;
+}
+
 }  // namespace kvc::cluster

@@ -49,4 +49,14 @@ FanOut FanOutOf(const LookupPlan& plan);
 // when every read went to the first holder).
 size_t FirstHolder(const storage::ChunkKey& key, const std::string& reader_salt, size_t holders);
 
+// The nodes a fetch asks for `key`, in order (indices into node_ids): `holders` (those a
+// Lookup saw, in its order; indices into node_ids), then every other member by rank; the
+// first `copies` — the holders, or the first `replicas` ranked nodes when there are none —
+// rotated to start at FirstHolder(key, reader_salt, copies). The client then moves nodes it
+// is skipping to the end. Held with the Python client's fetch_order to
+// tests/cluster/lookup_plan_vectors.json ("fetch_orders").
+std::vector<size_t> FetchOrder(const storage::ChunkKey& key, std::span<const std::string> node_ids,
+                               std::span<const size_t> holders, size_t replicas,
+                               const std::string& reader_salt);
+
 }  // namespace kvc::cluster

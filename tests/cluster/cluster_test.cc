@@ -686,6 +686,35 @@ namespace {
 
 // Readers pick among a chunk's copies by their own salt: over many readers each copy gets
 // about its share (a hot chunk's reads no longer all land on its best-ranked holder).
+TEST(ClusterPlacement, FetchOrdersMatchThePublishedVectors) {
+  std::ifstream in(std::string(KVC_SOURCE_DIR) + "/tests/cluster/lookup_plan_vectors.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::vector<ChunkKey> keys;
+  for (const auto& hex : doc["keys"]) {
+    ChunkKey k;
+    const std::string h = hex;
+    for (size_t i = 0; i < 16; ++i)
+      k.bytes[i] = static_cast<uint8_t>(std::stoi(h.substr(2 * i, 2), nullptr, 16));
+    keys.push_back(k);
+  }
+  int checked = 0;
+  for (const auto& c : doc["fetch_orders"]) {
+    const std::vector<std::string> nodes = c["nodes"];
+    std::vector<size_t> holders;
+    for (const std::string h : c["holders"]) {
+      auto pos = std::find(nodes.begin(), nodes.end(), h);
+      if (pos != nodes.end()) holders.push_back(static_cast<size_t>(pos - nodes.begin()));
+    }
+    std::vector<std::string> got;
+    for (size_t i : cluster::FetchOrder(keys[c["key"].get<size_t>()], nodes, holders,
+                                        c["replicas"].get<size_t>(), c["salt"].get<std::string>()))
+      got.push_back(nodes[i]);
+    EXPECT_EQ(got, c["order"].get<std::vector<std::string>>()) << c.dump();
+    ++checked;
+  }
+  EXPECT_GE(checked, 100);
+}
+
 TEST(ClusterPlacement, ReadersOfAChunkShareItsCopies) {
   std::mt19937_64 rng(testing::FreshSeed());
   ChunkKey key;
