@@ -37,18 +37,18 @@ class RawViews:
     once per page, not once per call."""
 
     def __init__(self, keep: int = 1 << 17) -> None:
-        self._views: Dict[Tuple[int, int], memoryview] = {}
+        self.known: Dict[Tuple[int, int], memoryview] = {}  # (address, bytes) -> its view
         self._keep = keep
 
     def __call__(self, address: int, nbytes: int) -> memoryview:
-        view = self._views.get((address, nbytes))
+        view = self.known.get((address, nbytes))
         if view is None:
             if address <= 0 or nbytes <= 0:
                 raise ValueError(f"no memory at address {address:#x} ({nbytes} bytes)")
             view = memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
-            if len(self._views) >= self._keep:
-                self._views.clear()
-            self._views[(address, nbytes)] = view
+            if len(self.known) >= self._keep:
+                self.known.clear()
+            self.known[(address, nbytes)] = view
         return view
 
 

@@ -113,14 +113,16 @@ class KvcacheHiCacheStorage(_Base):
             raise ValueError(f"no host pool registered for {pool_name!r}")
         ptrs, sizes = pool.get_page_buffer_meta(host_indices)
         ptrs = list(ptrs)
-        sizes = [int(sizes)] * len(ptrs) if isinstance(sizes, int) else [int(s) for s in sizes]
+        sizes = [int(sizes)] * len(ptrs) if isinstance(sizes, int) else list(map(int, sizes))
         if n_pages == 0 or len(ptrs) % n_pages or len(sizes) != len(ptrs):
             raise ValueError(f"the {pool_name} pool gives {len(ptrs)} buffers for {n_pages} pages")
         per = len(ptrs) // n_pages
-        views = [self._raw(a, n) for a, n in zip(ptrs, sizes)]
+        known = self._raw.known  # views made before: the same pages come back
+        views = [known.get((a, n)) or self._raw(a, n) for a, n in zip(ptrs, sizes)]
         parts = [views[p * per:(p + 1) * per] for p in range(n_pages)]
         page_bytes = sum(sizes[:per])
-        if any(sum(sizes[p * per:(p + 1) * per]) != page_bytes for p in range(1, n_pages)):
+        if len(set(sizes)) > 1 and any(sum(sizes[p * per:(p + 1) * per]) != page_bytes
+                                       for p in range(1, n_pages)):
             raise ValueError(f"the {pool_name} pool's pages differ in size")
         self._page_bytes[pool_name] = page_bytes
         return parts, page_bytes, int(getattr(pool, "page_size", 0) or 0)
