@@ -10,7 +10,7 @@ See python/README.md.
 """
 from ._common import Fetched, Match, StoreResult
 from .api import CacheClient, connect
-from .aio import AsyncClient
+from .aio import AsyncClient, AsyncClusterClient, connect_async
 from .client import Client
 from .cluster import ClusterClient, EtcdSecurity, rank_nodes
 from .errors import (AlreadyExistsError, DataLossError, FailedPreconditionError, InternalError,
@@ -19,7 +19,7 @@ from .errors import (AlreadyExistsError, DataLossError, FailedPreconditionError,
 from .hashing import Namespace, chunk_keys
 
 __all__ = [
-    "AsyncClient", "CacheClient", "Client", "ClusterClient", "connect", "EtcdSecurity", "Fetched", "Match", "Namespace", "StoreResult", "chunk_keys", "rank_nodes",
+    "AsyncClient", "AsyncClusterClient", "CacheClient", "connect_async", "Client", "ClusterClient", "connect", "EtcdSecurity", "Fetched", "Match", "Namespace", "StoreResult", "chunk_keys", "rank_nodes",
     "AlreadyExistsError", "DataLossError", "FailedPreconditionError", "InternalError",
     "InvalidArgumentError", "KvcacheError", "NotFoundError", "PermissionDeniedError",
     "ResourceExhaustedError", "UnavailableError",

@@ -164,3 +164,99 @@ class AsyncClient(Common):
 
     async def stats(self) -> Dict[str, Any]:
         return self.stats_from(await self._call(self._stub.Stats, pb.StatsRequest()))
+
+
+class AsyncClusterClient:
+    """A cluster (ClusterClient, see there) for asyncio: the same methods as coroutines.
+
+    Each call runs the cluster client on one worker thread of its own (the cluster client
+    is not thread-safe; one thread keeps its state in one place), so the event loop never
+    blocks on the network; the cluster client itself talks to the nodes in parallel. Create
+    it inside the event loop that uses it; `await client.close()` (or `async with`)."""
+
+    def __init__(self, target: str, token: Optional[str] = None, **options: Any) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .cluster import ClusterClient
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvcache-cluster")
+        # Made on the worker thread too: its etcd watch and node clients live there.
+        self._cluster: "ClusterClient" = self._executor.submit(
+            lambda: ClusterClient(target, token, **options)).result()
+        self.target = target
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        import asyncio
+        import functools
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def cluster(self) -> Any:
+        """The ClusterClient behind it (membership, owners, counters)."""
+        return self._cluster
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self) -> None:
+        await self._run(self._cluster.close)
+        self._executor.shutdown(wait=True)
+
+    async def register_namespace(self, model_config_json: str, model_id: str,
+                                 chunk_tokens: int = 0) -> Namespace:
+        return await self._run(self._cluster.register_namespace, model_config_json, model_id,
+                               chunk_tokens)
+
+    async def register_keyed_namespace(self, model_id: str, page_bytes: int,
+                                       page_tokens: int = 0) -> Namespace:
+        return await self._run(self._cluster.register_keyed_namespace, model_id, page_bytes,
+                               page_tokens)
+
+    def chunk_keys(self, ns: Namespace, tokens: Tokens) -> List[bytes]:
+        return self._cluster.chunk_keys(ns, tokens)  # local hashing: no I/O
+
+    def caller_keys(self, ns: Namespace, keys: Sequence[Any]) -> List[bytes]:
+        return Common.caller_keys(ns, keys)
+
+    async def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
+        return await self._run(self._cluster.lookup, ns, tokens)
+
+    async def lookup_keys(self, ns: Namespace, keys: Sequence[bytes]) -> Match:
+        return await self._run(self._cluster.lookup_keys, ns, keys)
+
+    async def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
+        return await self._run(self._cluster.fetch, ns, keys, out)
+
+    async def fetch_scattered(self, ns: Namespace, keys: Sequence[bytes], dsts: Any) -> int:
+        return await self._run(self._cluster.fetch_scattered, ns, keys, dsts)
+
+    async def store(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool = True,
+                    ttl_s: int = 0, parent: Optional[bytes] = None) -> StoreResult:
+        return await self._run(self._cluster.store, ns, tokens, payloads, durable, ttl_s, parent)
+
+    async def store_keys(self, ns: Namespace, keys: Sequence[bytes], payloads: Any,
+                         durable: bool = True, ttl_s: int = 0, chain: bool = True) -> StoreResult:
+        return await self._run(self._cluster.store_keys, ns, keys, payloads, durable, ttl_s, chain)
+
+    async def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
+        return await self._run(self._cluster.pin, ns, keys, ttl_s)
+
+    async def unpin(self, ns: Namespace, keys: Sequence[bytes]) -> int:
+        return await self._run(self._cluster.unpin, ns, keys)
+
+    async def delete(self, ns: Namespace, keys: Sequence[bytes]) -> int:
+        return await self._run(self._cluster.delete, ns, keys)
+
+    async def stats(self) -> Dict[str, Any]:
+        return await self._run(self._cluster.stats)
+
+
+def connect_async(target: str, token: Optional[str] = None, **options: Any) -> Any:
+    """kvcache.connect for asyncio: an AsyncClusterClient for "etcd://H:P[,H:P…]", an
+    AsyncClient for one daemon. Call it inside the event loop that uses the client."""
+    if target.startswith("etcd://"):
+        return AsyncClusterClient(target, token, **options)
+    return AsyncClient(target, token, **options)

@@ -361,3 +361,39 @@ def test_readers_of_a_chunk_share_its_copies(seed):
             assert abs(picks.count(i) / 3000 - 1 / holders) < 0.05, (i, holders)
     # The same rule as the C++ client: the rendezvous weight of the key and the salt.
     assert kvcache.cluster.first_holder(key, "s", 3) == kvcache.cluster.rendezvous_weight(key, "s") % 3
+
+
+def test_the_asyncio_cluster_client_stores_and_fetches_a_prefix(cluster, seed, mini_config):
+    """kvcache.connect_async("etcd://…"): the cluster client's calls as coroutines, the
+    event loop free meanwhile (a ticker keeps running while a fetch is under way)."""
+    import asyncio
+    etcd, nodes = cluster
+    rng = np.random.default_rng(seed)
+
+    async def main():
+        async with kvcache.connect_async(etcd.url, timeout_s=5) as c:
+            assert isinstance(c, kvcache.AsyncClusterClient)
+            assert wait_for(lambda: len(c.cluster.membership.nodes) == 3, 10)
+            ns = await c.register_namespace(mini_config, "mini", 64)
+            tokens = rng.integers(0, 512, 24 * 64, dtype=np.uint32)
+            payloads = rng.integers(0, 256, 24 * ns.chunk_bytes, dtype=np.uint8)
+            assert (await c.store(ns, tokens, payloads)).stored == 24 * 2
+            m = await c.lookup(ns, tokens)
+            assert m.matched_chunks == 24
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0)
+            t = asyncio.ensure_future(ticker())
+            got = await c.fetch(ns, m.matched_keys)
+            t.cancel()
+            assert got.chunks == 24 and bytes(got.buffer) == payloads.tobytes()
+            assert ticks > 1, "the loop ran while the fetch was on its worker thread"
+            keyed = await c.register_keyed_namespace("sglang:m", 512)
+            keys = c.caller_keys(keyed, ["a", "b"])
+            assert (await c.store_keys(keyed, keys, bytes(1024))).stored == 4
+            assert (await c.lookup_keys(keyed, keys)).matched_chunks == 2
+    asyncio.run(main())
