@@ -257,8 +257,21 @@ class ClusterClient:
         """lookup() by the chunk keys a worker already holds (nothing hashed). Each key is
         asked of its R owners and the next lookup_extra_nodes ranked nodes; of every node
         while the membership changed within the last repair_grace_s."""
-        nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
         keys = check_keys(keys)
+        every = self._tiers_everywhere(ns, keys)
+        matched = 0
+        while matched < len(keys) and every[matched] != "none":
+            matched += 1
+        return Match(matched, list(keys), every[:matched], ns.chunk_tokens)
+
+    def tiers_of(self, ns: Namespace, keys: Sequence[bytes]) -> List[str]:
+        """The tier of every chunk of `keys` in the cluster (its best-ranked holder's; "none"
+        where no node answering has it), not only the leading run's: one lookup, for a
+        caller that needs each chunk (an engine's side pools, docs/integrations.md)."""
+        return self._tiers_everywhere(ns, check_keys(keys))
+
+    def _tiers_everywhere(self, ns, keys):
+        nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
         ids = [nc.node.id for nc in nodes]
         version = tuple((n.id, n.address, n.generation) for n in self.membership.nodes)
         if version != self._seen_membership:
@@ -289,20 +302,19 @@ class ClusterClient:
                 self._failed(nc, err)
         if asked and not answered:
             raise UnavailableError(f"no node of the cluster answered lookup: {results[0][1]}")
-        matched, tiers = 0, []
+        every = []
         for c, key in enumerate(keys):
             holders = [n for n in rank_nodes(key, ids)
                        if n in answered and answered[n][c] != "none"]
             if holders:
                 self._holders[key] = holders
-                if matched == c:
-                    matched += 1
-                    tiers.append(answered[holders[0]][c])
+                every.append(answered[holders[0]][c])
             else:
                 self._holders.pop(key, None)
+                every.append("none")
         if len(self._holders) > 65536:
             self._holders.clear()
-        return Match(matched, list(keys), tiers, ns.chunk_tokens)
+        return every
 
     def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
         """The leading chunks of `keys` that some node holds, copied into `out` back to

@@ -211,6 +211,8 @@ def test_a_caller_keyed_namespace_places_pages_on_their_owners(cluster, seed):
         assert other.lookup_keys(ns2, keys).matched_chunks == 12
         got = other.fetch(ns2, keys)
         assert got.chunks == 12 and bytes(got.buffer) == pages.tobytes()
+        tiers = other.tiers_of(ns2, keys[:3] + other.caller_keys(ns2, ["absent"]) + keys[3:5])
+        assert [t != "none" for t in tiers] == [True] * 3 + [False] + [True] * 2
         halves = [[bytearray(1000), bytearray(2000)] for _ in keys]
         assert other.fetch_scattered(ns2, keys, halves) == 12
         assert b"".join(bytes(a) + bytes(b) for a, b in halves) == pages.tobytes()

@@ -203,12 +203,8 @@ class KvcacheHiCacheStorage(_Base):
             return [False] * len(keys)
         tokens = int(getattr(pool, "page_size", 0) or 0)
 
-        def every(c, ns):
-            chunk = self._store.keys(c, ns, keys)
-            tiers = c.tiers_of(ns, chunk) if hasattr(c, "tiers_of") else None
-            if tiers is not None:
-                return [t != "none" for t in tiers]
-            return [c.lookup_keys(ns, [k]).matched_chunks == 1 for k in chunk]
+        def every(c, ns):  # one call: each page's presence, not only the leading run
+            return [t != "none" for t in c.tiers_of(ns, self._store.keys(c, ns, keys))]
         return self._store.run(pool_name, page_bytes, tokens, every)
 
     # ---- zero-copy page I/O (host pool pages in place) ----
