@@ -86,6 +86,11 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   absl::Status StoreOne() {
     KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, svc_->Namespace(req_.namespace_id(), tenant_));
+    if (req_.payload().size() != ns.chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
+                                                     " bytes, namespace ", ns.id, " expects ",
+                                                     ns.chunk_bytes));
+    }
     if (ns.key_mode == kKeysFromCaller) return StoreByCallerKey(ns);
     if (!req_.chunk_key().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -98,11 +103,6 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                                      ns.chunk_tokens));
     }
     KVC_RETURN_IF_ERROR(svc_->CheckTokens(ns, req_.tokens()));
-    if (req_.payload().size() != ns.chunk_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
-                                                     " bytes, namespace ", ns.id, " expects ",
-                                                     ns.chunk_bytes));
-    }
     std::optional<ChunkKey> parent;
     ChunkKey chain = ns.root;
     if (!req_.parent_key().empty()) {
@@ -141,11 +141,6 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (req_.chunk_key().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "namespace ", ns.id, " is caller-keyed: each chunk gives its 16-byte chunk_key"));
-    }
-    if (req_.payload().size() != ns.chunk_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
-                                                     " bytes, namespace ", ns.id, " expects ",
-                                                     ns.chunk_bytes));
     }
     std::optional<ChunkKey> parent;
     if (!req_.parent_key().empty()) {

@@ -163,6 +163,17 @@ class CacheApi {
 // InvalidArgument naming the sizes when `payload_bytes` is not exactly theirs.
 absl::StatusOr<size_t> WholeChunks(const RemoteNamespace& ns, size_t tokens, size_t payload_bytes);
 
+// The whole chunks of `tokens` (with `payloads`) chained after `parent` (nullopt: the
+// prefix starts here), as StoreChunks takes them, and their keys; WholeChunks' errors.
+struct ChainedChunks {
+  std::vector<ChunkToStore> chunks;
+  std::vector<storage::ChunkKey> keys;
+};
+absl::StatusOr<ChainedChunks> ChainChunks(const RemoteNamespace& ns,
+                                          std::optional<storage::ChunkKey> parent,
+                                          std::span<const uint32_t> tokens,
+                                          std::span<const uint8_t> payloads);
+
 // OK when `chunk` (number `index` of a StoreChunks call) fits `ns`: a key and no tokens in a
 // caller-keyed namespace, chunk_tokens ids and no key in a token one, chunk_bytes of
 // payload; InvalidArgument naming what is wrong otherwise.

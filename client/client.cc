@@ -279,14 +279,33 @@ absl::StatusOr<ChunkKey> CallerKey(const RemoteNamespace& ns, std::string_view c
   return CallerChunkKey(ns.root, caller_key);
 }
 
+absl::StatusOr<ChainedChunks> ChainChunks(const RemoteNamespace& ns, std::optional<ChunkKey> parent,
+                                          std::span<const uint32_t> tokens,
+                                          std::span<const uint8_t> payloads) {
+  KVC_ASSIGN_OR_RETURN(size_t chunks, WholeChunks(ns, tokens.size(), payloads.size()));
+  ChainedChunks out;
+  out.chunks.resize(chunks);
+  std::optional<ChunkKey> prev = parent;
+  for (size_t c = 0; c < chunks; ++c) {
+    out.chunks[c].parent = prev;
+    out.chunks[c].tokens = tokens.subspan(c * ns.chunk_tokens, ns.chunk_tokens);
+    out.chunks[c].payload = payloads.subspan(c * ns.chunk_bytes, ns.chunk_bytes);
+    out.keys.push_back(NextChunkKey(prev ? *prev : ns.root, out.chunks[c].tokens));
+    prev = out.keys.back();
+  }
+  return out;
+}
+
 absl::Status CheckChunk(const RemoteNamespace& ns, const ChunkToStore& chunk, size_t index) {
-  if (ns.caller_keys != chunk.key.has_value() || (ns.caller_keys && !chunk.tokens.empty())) {
+  if (ns.caller_keys && (!chunk.key || !chunk.tokens.empty())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "chunk ", index,
-        ns.caller_keys ? " gives no key or gives tokens; namespace " : " gives a key; namespace ",
-        ns.id,
-        ns.caller_keys ? " is caller-keyed (each chunk: its key, no tokens)"
-                       : " derives its keys from tokens"));
+        "chunk ", index, chunk.key ? " gives " : " gives no key and ", chunk.tokens.size(),
+        " tokens; namespace ", ns.id, " is caller-keyed (each chunk: its key, no tokens)"));
+  }
+  if (!ns.caller_keys && chunk.key) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " gives a key (",
+                                                   chunk.key->Hex(), "); namespace ", ns.id,
+                                                   " derives its keys from tokens"));
   }
   if (ns.caller_keys && chunk.payload.size() != ns.chunk_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " has ", chunk.payload.size(),
@@ -526,18 +545,9 @@ absl::StatusOr<StoreResult> CacheClient::Store(const RemoteNamespace& ns,
                                                std::span<const uint32_t> tokens,
                                                std::span<const uint8_t> payloads,
                                                Durability durability, uint32_t ttl_seconds) {
-  KVC_ASSIGN_OR_RETURN(size_t whole, WholeChunks(ns, tokens.size(), payloads.size()));
-  const size_t chunks = whole;
-  std::vector<ChunkToStore> each(chunks);
-  std::optional<ChunkKey> prev = parent;
-  for (size_t i = 0; i < chunks; ++i) {
-    each[i].parent = prev;
-    each[i].tokens = tokens.subspan(i * ns.chunk_tokens, ns.chunk_tokens);
-    each[i].payload = payloads.subspan(i * ns.chunk_bytes, ns.chunk_bytes);
-    prev = NextChunkKey(prev ? *prev : ns.root, each[i].tokens);
-  }
-  KVC_ASSIGN_OR_RETURN(StoreResult r, StoreChunks(ns, each, durability, ttl_seconds));
-  r.tokens = chunks * ns.chunk_tokens;
+  KVC_ASSIGN_OR_RETURN(ChainedChunks chained, ChainChunks(ns, parent, tokens, payloads));
+  KVC_ASSIGN_OR_RETURN(StoreResult r, StoreChunks(ns, chained.chunks, durability, ttl_seconds));
+  r.tokens = chained.chunks.size() * ns.chunk_tokens;
   return r;
 }
 

@@ -525,19 +525,10 @@ absl::StatusOr<StoreResult> ClusterClient::Store(const RemoteNamespace& ns,
                                                  std::span<const uint32_t> tokens,
                                                  std::span<const uint8_t> payloads,
                                                  Durability durability, uint32_t ttl_seconds) {
-  KVC_ASSIGN_OR_RETURN(size_t chunks, WholeChunks(ns, tokens.size(), payloads.size()));
-  std::vector<ChunkToStore> each(chunks);
-  std::vector<ChunkKey> keys;
-  std::optional<ChunkKey> prev = parent;
-  for (size_t c = 0; c < chunks; ++c) {
-    each[c].parent = prev;
-    each[c].tokens = tokens.subspan(c * ns.chunk_tokens, ns.chunk_tokens);
-    each[c].payload = payloads.subspan(c * ns.chunk_bytes, ns.chunk_bytes);
-    keys.push_back(NextChunkKey(prev ? *prev : ns.root, each[c].tokens));
-    prev = keys.back();
-  }
-  KVC_ASSIGN_OR_RETURN(StoreResult r, StoreOnOwners(ns, each, keys, durability, ttl_seconds));
-  r.tokens = chunks * ns.chunk_tokens;
+  KVC_ASSIGN_OR_RETURN(ChainedChunks chained, ChainChunks(ns, parent, tokens, payloads));
+  KVC_ASSIGN_OR_RETURN(StoreResult r,
+                       StoreOnOwners(ns, chained.chunks, chained.keys, durability, ttl_seconds));
+  r.tokens = chained.chunks.size() * ns.chunk_tokens;
   return r;
 }
 

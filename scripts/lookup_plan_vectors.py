@@ -30,19 +30,23 @@ def main():
             plan = plan_lookup(keys, nodes, ask)
             cases.append({"nodes": nodes, "ask": ask,
                           "plan": {n: idx for n, idx in zip(nodes, plan)}})
-    fetch_orders = []
-    for nodes in memberships:
+    fetch_orders = []  # each names its membership by index (the lists are written once)
+    for m, nodes in enumerate(memberships):
         for i, key in enumerate(keys[:4]):
             ranked = rank_nodes(key, nodes)
             # No lookup yet; the second owner alone; both owners; a holder gone from the
             # membership and one ranked last.
             for holders in ([], [ranked[1]], ranked[:2], ["gone", ranked[-1]]):
                 for salt in ("reader-a", "reader-b", "reader-c"):
-                    fetch_orders.append({"nodes": nodes, "key": i, "holders": holders,
+                    fetch_orders.append({"membership": m, "key": i, "holders": holders,
                                          "replicas": 2, "salt": salt,
                                          "order": fetch_order(key, nodes, holders, 2, salt)})
-    json.dump({"rule": PLACEMENT_RULE, "keys": [k.hex() for k in keys], "cases": cases,
-               "fetch_orders": fetch_orders}, sys.stdout, indent=1)
+    doc = json.dumps({"rule": PLACEMENT_RULE, "keys": [k.hex() for k in keys], "cases": cases,
+                      "memberships": memberships, "fetch_orders": fetch_orders}, indent=1)
+    # One fetch-order case per line: 144 of them would otherwise take thousands of lines.
+    head, _, tail = doc.partition('"fetch_orders": [')
+    sys.stdout.write(head + '"fetch_orders": [\n' +
+                     ",\n".join(json.dumps(c) for c in fetch_orders) + "\n ]\n}")
     sys.stdout.write("\n")
 
 

@@ -113,6 +113,13 @@ def slots(first_page, pages, page_size):
     return torch.arange(first_page * page_size, (first_page + pages) * page_size)
 
 
+def two_tenant_daemon(make_daemon, tmp_path):
+    """A daemon with two tenants: token tok-a is acme, tok-b is globex."""
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text("tok-a acme\ntok-b globex\n")
+    return make_daemon(["--auth-tokens", str(tokens_file)])
+
+
 def prefetch(storage, keys):
     """cache_controller.py _storage_hit_query: batch_exists per STORAGE_BATCH_SIZE keys,
     stopping at the first batch that is not all hits; the hit count."""
@@ -204,9 +211,7 @@ def test_sglang_generic_get_and_set_of_flat_pages(daemon, seed):
 
 def test_sglang_a_second_tenant_neither_sees_nor_overwrites_the_first_ones_pages(make_daemon, tmp_path, seed):
     rng = np.random.default_rng(seed)
-    tokens_file = tmp_path / "tokens"
-    tokens_file.write_text("tok-a acme\ntok-b globex\n")
-    d = make_daemon(["--auth-tokens", str(tokens_file)])
+    d = two_tenant_daemon(make_daemon, tmp_path)
     pool = PageFirstHostPool(rng)
     a = KvcacheHiCacheStorage(storage_config(d.address, "tok-a"), {})
     b = KvcacheHiCacheStorage(storage_config(d.address, "tok-b"), {})
@@ -366,9 +371,7 @@ def test_vllm_tier_stores_and_loads_blocks_across_restarts(make_daemon, seed):
 
 def test_vllm_tier_keeps_tenants_apart_and_survives_a_daemon_that_is_down(make_daemon, tmp_path, seed):
     rng = np.random.default_rng(seed)
-    tokens_file = tmp_path / "tokens"
-    tokens_file.write_text("tok-a acme\ntok-b globex\n")
-    d = make_daemon(["--auth-tokens", str(tokens_file)])
+    d = two_tenant_daemon(make_daemon, tmp_path)
     cpu = primary(rng)
     view = memoryview(cpu.numpy())
     a = KvcacheSecondaryTier(vllm_spec(), view, "kvcache", target=d.address, token="tok-a")

@@ -699,7 +699,7 @@ TEST(ClusterPlacement, FetchOrdersMatchThePublishedVectors) {
   }
   int checked = 0;
   for (const auto& c : doc["fetch_orders"]) {
-    const std::vector<std::string> nodes = c["nodes"];
+    const std::vector<std::string> nodes = doc["memberships"][c["membership"].get<size_t>()];
     std::vector<size_t> holders;
     for (const std::string h : c["holders"]) {
       auto pos = std::find(nodes.begin(), nodes.end(), h);
