@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace kvc {
@@ -28,6 +29,15 @@ struct ChunkKey {
   }
 };
 
+// The key (and parent key) a chunk was stored under by its client, before the service bound
+// them to their namespace (cachesvc: StorageKey). Storage only keeps it and hands it back:
+// a cluster node places its chunks by these keys when it repairs (docs/cluster.md).
+struct ChunkOrigin {
+  ChunkKey key;
+  std::optional<ChunkKey> parent;
+  friend bool operator==(const ChunkOrigin&, const ChunkOrigin&) = default;
+};
+
 struct ChunkKeyHash {
   size_t operator()(const ChunkKey& k) const { return static_cast<size_t>(k.Prefix64()); }
 };
@@ -48,5 +58,6 @@ inline std::string ChunkKey::Hex() const {
 namespace kvc::storage {
 using ::kvc::ChunkKey;
 using ::kvc::ChunkKeyHash;
+using ::kvc::ChunkOrigin;
 using ::kvc::NamespaceId;
 }  // namespace kvc::storage

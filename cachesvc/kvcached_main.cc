@@ -34,6 +34,8 @@
 #include "cachesvc/embedded_config.h"
 #include "cachesvc/etcd_flags.h"
 #include "cachesvc/log.h"
+#include "cachesvc/peer_service.h"
+#include "cachesvc/repair.h"
 #include "cachesvc/service.h"
 #include "engine/spec/chunk_layout.h"
 #include "storage/disk_space.h"
@@ -107,6 +109,11 @@ int Main(int argc, char** argv) {
   std::string log_level = "info";
   std::string cluster_url, advertise, node_id;
   int lease_seconds = 5;
+  std::string cluster_secret_file;
+  size_t replicas = 2;
+  double repair_grace_s = 30, repair_interval_s = 600;
+  uint64_t repair_mbps = 200;
+  bool drain_on_term = false;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
       ->capture_default_str();
@@ -175,6 +182,29 @@ int Main(int argc, char** argv) {
                  "with --cluster: a node that stops answering etcd leaves after this long")
       ->check(CLI::Range(1, 600))
       ->capture_default_str();
+  app.add_option("--cluster-secret-file", cluster_secret_file,
+                 "with --cluster: file holding the cluster credential the nodes' repair calls "
+                 "carry (one line; never a tenant token). Needed for repair when --auth-tokens "
+                 "is on");
+  app.add_option("--replicas", replicas,
+                 "with --cluster: copies of each chunk repair keeps (R; the clients' replicas)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_option("--repair-grace-seconds", repair_grace_s,
+                 "with --cluster: the membership unchanged this long before a repair pass (a "
+                 "node only restarting comes back within it)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--repair-interval-seconds", repair_interval_s,
+                 "with --cluster: a repair pass at least this often (0: only after changes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--repair-mbps", repair_mbps,
+                 "with --cluster: repair's copy bandwidth, MB/s of payload (0: unbounded)")
+      ->capture_default_str();
+  app.add_flag("--drain", drain_on_term,
+               "with --cluster: on SIGTERM, hand every chunk to its other owners before "
+               "exiting (SIGUSR1, and kvctl drain, always do)");
   bool prefault_ram = true;
   app.add_flag("--prefault-ram,!--no-prefault-ram", prefault_ram,
                "fault the RAM tier's pages in at start, the default (its memory is taken at once; "
@@ -225,6 +255,7 @@ int Main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);  // drain (kvctl drain sends the Drain call, which raises it)
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   umask(0077);
@@ -247,6 +278,26 @@ int Main(int argc, char** argv) {
     absl::StatusOr<Authenticator> a = Authenticator::FromFile(auth_file);
     if (!a.ok()) return Fail(std::string(a.status().message()));
     auth = *std::move(a);
+  }
+  std::string cluster_secret;
+  if (!cluster_secret_file.empty()) {
+    if (cluster_url.empty())
+      return Fail("--cluster-secret-file only means something with --cluster");
+    std::ifstream in(cluster_secret_file);
+    if (!in) return Fail("--cluster-secret-file: cannot read " + cluster_secret_file);
+    std::getline(in, cluster_secret);
+    while (!cluster_secret.empty() &&
+           std::isspace(static_cast<unsigned char>(cluster_secret.back())))
+      cluster_secret.pop_back();
+    if (cluster_secret.size() < 16) {
+      return Fail("--cluster-secret-file: the credential is " +
+                  std::to_string(cluster_secret.size()) +
+                  " characters; use at least 16 (e.g. from: head -c 24 /dev/urandom | base64)");
+    }
+    if (auth.enabled() && auth.TenantFor("Bearer " + cluster_secret).ok()) {
+      return Fail("--cluster-secret-file: the cluster credential is also a tenant's token in " +
+                  auth_file + "; a tenant must never hold it");
+    }
   }
   absl::StatusOr<ShmAccess> shm = ShmAccess::Plan(shm_tenants, auth.enabled(), ram_bytes);
   if (!shm.ok()) return Fail(std::string(shm.status().message()));
@@ -338,7 +389,39 @@ int Main(int argc, char** argv) {
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
   opt.cluster = node.has_value();
+  // A cluster node's repair (repair.h): started once the node is registered (below); its
+  // state goes into Stats for the tenants that see the daemon's totals.
+  std::unique_ptr<ClusterRepair> repair;
+  if (node) {
+    opt.repair_stats = [&repair](kvcache::v1::RepairStats* out) {
+      if (!repair) return;
+      const RepairStats r = repair->stats();
+      out->set_pending(r.pending);
+      out->set_running(r.running);
+      out->set_progress(r.progress);
+      out->set_passes(r.passes);
+      out->set_last_pass_unix_s(r.last_pass_unix_s);
+      out->set_under_replicated_chunks(r.under_replicated_chunks);
+      out->set_under_replicated_bytes(r.under_replicated_bytes);
+      out->set_copied_chunks(r.copied_chunks);
+      out->set_copied_bytes(r.copied_bytes);
+      out->set_failed_copies(r.failed_copies);
+      out->set_unplaceable_chunks(r.unplaceable_chunks);
+      out->set_copy_bytes_per_s(r.copy_bytes_per_s);
+    };
+  }
   auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
+  // The peers' calls (peer_service.h): Drain raises SIGUSR1, which the signal loop below
+  // handles like SIGTERM with --drain.
+  std::optional<ClusterPeerService> peer_service;
+  if (node) {
+    storage::ChunkStore* chunks = store->get();
+    peer_service.emplace(service.get(), cluster_secret, [chunks]() -> uint64_t {
+      const storage::StoreStats s = chunks->Stats();
+      kill(getpid(), SIGUSR1);
+      return s.ssd_chunks + s.ram_chunks;
+    });
+  }
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!tls_cert.empty()) {
@@ -355,6 +438,7 @@ int Main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(listen, creds, &port);
   builder.RegisterService(service.get());
+  if (peer_service) builder.RegisterService(&*peer_service);
   // Messages: a whole chunk plus its tokens, or a Lookup of max_lookup_tokens ids.
   const int max_message = static_cast<int>(
       std::max<uint64_t>(max_chunk_bytes + (1 << 20), opt.max_lookup_tokens * 5 + (1 << 20)));
@@ -423,6 +507,30 @@ int Main(int argc, char** argv) {
         cluster::NodeRegistration::Start(std::move(ro));
     if (!r.ok()) return Fail(absl::StrCat("--cluster: ", r.status().message()));
     registration = *std::move(r);
+    absl::StatusOr<std::unique_ptr<cluster::MembershipView>> view =
+        cluster::MembershipView::Open(etcd_endpoints, *etcd_security);
+    if (!view.ok()) {
+      // etcd answered the registration a moment ago; without a view there is no repair.
+      return Fail(absl::StrCat("--cluster: reading the membership: ", view.status().message()));
+    }
+    RepairOptions rep;
+    rep.self_id = node->id;
+    rep.replicas = replicas;
+    rep.grace_s = repair_grace_s;
+    rep.interval_s = repair_interval_s;
+    rep.bytes_per_s = repair_mbps * 1000 * 1000;
+    rep.secret = cluster_secret;
+    if (!tls_cert.empty()) rep.tls_roots_pem = ReadAll(tls_cert);  // the cluster's shared chain
+    rep.log = [](const std::string& event, const std::string& detail) {
+      LogLine(event == "repair_copy_failed" || event == "repair_ask_failed" ||
+                      event == "repair_pass_incomplete"
+                  ? LogLevel::kWarn
+                  : LogLevel::kInfo,
+              event)
+          .Str("detail", detail);
+    };
+    repair = std::make_unique<ClusterRepair>(std::move(rep), store->get(), registry->get(),
+                                             *std::move(view));
     std::printf("kvcached: node %s (generation %llu) in cluster %s as %s%s\n", node->id.c_str(),
                 static_cast<unsigned long long>(node->generation), cluster_url.c_str(),
                 node->address.c_str(), registration->registered() ? "" : " (etcd not reached yet)");
@@ -443,9 +551,24 @@ int Main(int argc, char** argv) {
   std::printf("kvcached: signal %d: draining\n", sig);
   std::fflush(stdout);
   LogLine(LogLevel::kInfo, "drain").Int("signal", sig);
+  if (repair && (sig == SIGUSR1 || (sig == SIGTERM && drain_on_term))) {
+    // Leaving for good: new chunks go to the next node of their ranking from now on; every
+    // chunk here goes to its other owners while this node still serves it (its copies stay
+    // readable meanwhile); then leave, and hand over anything that arrived in between.
+    service->StopTakingStores();
+    absl::Status handed = repair->Drain();
+    LogLine(handed.ok() ? LogLevel::kInfo : LogLevel::kError, "drain_handed_over")
+        .Str("status", handed.ToString());
+    registration.reset();
+    if (handed.ok()) handed = repair->Drain();
+    std::printf("kvcached: chunks handed over%s\n",
+                handed.ok() ? "" : (": " + handed.ToString()).c_str());
+    std::fflush(stdout);
+  }
   registration.reset();  // leave the cluster first: clients stop routing here at once
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
+  repair.reset();  // after the server: Stats reads it
   LogLine(LogLevel::kDebug, "server_stopped");
   service.reset();  // the executor finishes queued work; shared-memory leases end
   arena_socket.reset();

@@ -1,7 +1,9 @@
 // kvctl: the kvcache admin CLI.
 //
 // Against a running kvcached (--server ADDR, --token T) or a cluster (--server etcd://H:P):
-//   kvctl stats [--cluster etcd://H:P]   (a cluster: membership, then every node's tiers)
+//   kvctl stats [--cluster etcd://H:P]   (a cluster: membership, then every node's tiers
+//                                         and repair state)
+//   kvctl drain NODE --cluster etcd://H:P --cluster-secret-file F   (a node leaves cleanly)
 //   kvctl register --config F --model-id M [--chunk-tokens C]
 //   kvctl hash     --config F --model-id M [--chunk-tokens C] --tokens-file F
 //   kvctl lookup   --config F --model-id M [--chunk-tokens C] --tokens-file F
@@ -16,12 +18,17 @@
 //   kvctl verify --data-dir DIR      (reads every chunk on SSD and checks its checksum)
 // Token files hold whitespace-separated token ids; payload files the chunks' bytes back
 // to back.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -31,6 +38,7 @@
 #include "client/client.h"
 #include "client/cluster_client.h"
 #include "client/stats.h"
+#include "kvcache/v1/peer.grpc.pb.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::cachesvc {
@@ -78,6 +86,8 @@ struct Args {
               payload_file, out, data_dir;
   uint32_t chunk_tokens = 0, ttl = 0;
   bool memory = false;
+  std::string node_id, secret_file;  // drain
+  double wait_s = 3600;
   EtcdFlags etcd;  // a cluster whose etcd runs with TLS or authentication
 };
 
@@ -108,8 +118,90 @@ absl::Status PrintClusterStats(ClusterClient& c) {
                 (unsigned long long)s.ram_hits(), (unsigned long long)s.ssd_hits(),
                 (unsigned long long)s.misses(), asked ? 100.0 * hits / asked : 0.0);
   }
+  // Repair (docs/cluster.md, "Repair"): what each node still has to copy, what it copied,
+  // and when it last checked all its chunks. Shown to tenants that see the daemon's totals.
+  std::printf("\n%-16s %8s %14s %14s %12s %10s %8s %6s %s\n", "repair", "state", "under-repl.",
+              "bytes", "copied", "MB/s", "failed", "passes", "last full pass");
+  uint64_t under = 0, under_bytes = 0;
+  bool any_repair = false;
+  for (const client::NodeStats& n : c.Stats()) {
+    if (!n.stats.ok() || !n.stats->has_repair()) continue;
+    any_repair = true;
+    const pb::RepairStats& r = n.stats->repair();
+    under += r.under_replicated_chunks();
+    under_bytes += r.under_replicated_bytes();
+    const std::string state = r.running()
+                                  ? absl::StrCat("run ", static_cast<int>(100 * r.progress()), "%")
+                              : r.pending() ? "pending"
+                                            : "idle";
+    const std::string last =
+        r.last_pass_unix_s() > 0
+            ? absl::StrCat(static_cast<int64_t>(time(nullptr)) - r.last_pass_unix_s(), " s ago")
+            : "none yet";
+    std::printf("%-16s %8s %14llu %14llu %12llu %10.1f %8llu %6llu %s\n", n.node.id.c_str(),
+                state.c_str(), (unsigned long long)r.under_replicated_chunks(),
+                (unsigned long long)r.under_replicated_bytes(),
+                (unsigned long long)r.copied_chunks(), r.copy_bytes_per_s() / 1e6,
+                (unsigned long long)r.failed_copies(), (unsigned long long)r.passes(),
+                last.c_str());
+  }
+  if (any_repair) {
+    std::printf("%-16s %8s %14llu %14llu\n", "cluster", "", (unsigned long long)under,
+                (unsigned long long)under_bytes);
+  } else {
+    std::printf("(no node reported repair: single daemons, or a token that sees no totals)\n");
+  }
   if (down > 0) return absl::UnavailableError(absl::StrCat(down, " nodes did not answer Stats"));
   return absl::OkStatus();
+}
+
+// kvctl drain NODE: asks the node (ClusterPeer.Drain, with the cluster credential) to hand its
+// chunks over and leave, then waits until it has left the membership.
+absl::Status DrainNode(ClusterClient& c, const std::string& node_id, const std::string& secret_file,
+                       double wait_s) {
+  std::string secret;
+  if (!secret_file.empty()) {
+    std::ifstream in(secret_file);
+    if (!in) return absl::NotFoundError("--cluster-secret-file: cannot read " + secret_file);
+    std::getline(in, secret);
+    while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back())))
+      secret.pop_back();
+  }
+  std::string address;
+  for (const cluster::NodeInfo& n : c.membership()->nodes) {
+    if (n.id == node_id) address = n.address;
+  }
+  if (address.empty()) {
+    return absl::NotFoundError(absl::StrCat("node ", node_id, " is not in the cluster"));
+  }
+  auto stub =
+      pb::ClusterPeer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  if (!secret.empty()) ctx.AddMetadata("x-kvcache-peer", secret);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::DrainRequest req;
+  pb::DrainResponse resp;
+  if (grpc::Status st = stub->Drain(&ctx, req, &resp); !st.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        absl::StrCat("node ", node_id, " (", address, "): ", st.error_message()));
+  }
+  std::printf("%s: draining %llu chunks\n", node_id.c_str(), (unsigned long long)resp.chunks());
+  std::fflush(stdout);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto m = c.membership();
+    if (!m->stale && std::none_of(m->nodes.begin(), m->nodes.end(),
+                                  [&](const cluster::NodeInfo& n) { return n.id == node_id; })) {
+      std::printf("%s: handed over and left the cluster after %.1f s\n", node_id.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      return absl::OkStatus();
+    }
+    if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(wait_s)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(node_id, " is still in the cluster after ", wait_s, " s (still copying?)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 absl::Status Run(const std::string& cmd, const Args& a) {
@@ -152,6 +244,11 @@ absl::Status Run(const std::string& cmd, const Args& a) {
   KVC_ASSIGN_OR_RETURN(cluster::EtcdSecurity etcd, a.etcd.Resolve());
   options.etcd = etcd;
   KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> client, ConnectCache(options));
+  if (cmd == "drain") {
+    auto* cluster = dynamic_cast<ClusterClient*>(client.get());
+    if (cluster == nullptr) return absl::InvalidArgumentError("drain needs --cluster etcd://H:P");
+    return DrainNode(*cluster, a.node_id, a.secret_file, a.wait_s);
+  }
   if (cmd == "stats") {
     if (auto* cluster = dynamic_cast<ClusterClient*>(client.get()); cluster != nullptr) {
       return PrintClusterStats(*cluster);
@@ -263,6 +360,16 @@ int Main(int argc, char** argv) {
   };
   app.add_subcommand("stats", "service statistics (a cluster: every node's)")
       ->add_option("--cluster", a.cluster, "the cluster's etcd://H:P[,H:P…] (instead of --server)");
+  {
+    CLI::App* d = app.add_subcommand(
+        "drain", "a cluster node hands its chunks to their other owners and leaves");
+    d->add_option("node", a.node_id, "the node's id")->required();
+    d->add_option("--cluster", a.cluster, "the cluster's etcd://H:P[,H:P…] (instead of --server)");
+    d->add_option("--cluster-secret-file", a.secret_file,
+                  "the cluster credential (kvcached --cluster-secret-file)");
+    d->add_option("--wait-seconds", a.wait_s, "give up waiting for the node to leave after this")
+        ->capture_default_str();
+  }
   model(app.add_subcommand("register", "register (or find) a model's namespace"));
   for (const char* name : {"hash", "lookup", "put", "get", "pin", "unpin", "evict"}) {
     CLI::App* s = app.add_subcommand(name, std::string(name) + " the chunks of a token file");

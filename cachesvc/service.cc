@@ -171,6 +171,8 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
       });
 }
 
+void KvCacheService::StopTakingStores() { impl_->refusing_stores = true; }
+
 grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,
                                                 const grpc::ByteBuffer* raw_req,
                                                 grpc::ByteBuffer* raw_resp) {
@@ -219,6 +221,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_index_rebuilds(s.index_rebuilds);
         resp->set_hbm_chunks(s.hbm_chunks);
         resp->set_hbm_hits(s.hbm_hits);
+        if (impl_->opt.repair_stats) impl_->opt.repair_stats(resp->mutable_repair());
         return absl::OkStatus();
       });
 }

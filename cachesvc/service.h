@@ -9,6 +9,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -54,6 +55,8 @@ struct ServiceOptions {
   // A node of a cluster (docs/cluster.md): a chunk's parent may live on another node, so
   // Store does not require it here.
   bool cluster = false;
+  // A cluster node's repair state for Stats (repair.h); null: no repair runs here.
+  std::function<void(kvcache::v1::RepairStats*)> repair_stats;
 };
 
 // Every method is raw: requests are parsed by the service after authentication (a request
@@ -107,6 +110,12 @@ class KvCacheService final : public service_internal::Base {
                                         grpc::ByteBuffer* resp) override;
 
   class Impl;
+  // For the cluster's peer calls (peer_service.h), which share the service's state.
+  Impl* impl() { return impl_.get(); }
+  // A draining node (kvcached --drain, kvctl drain): Store and peers' copies are refused
+  // with UNAVAILABLE from now on, so cluster clients place new chunks on the next node of
+  // the ranking while this node hands its own over; reads go on.
+  void StopTakingStores();
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -28,6 +29,7 @@
 #include "cachesvc/tenant_counters.h"
 #include "client/prefix_hash.h"
 #include "engine/spec/chunk_layout.h"
+#include "kvcache/v1/peer.pb.h"
 #include "wire/arena_handshake.h"
 #include "wire/grpc_status.h"
 #include "wire/wire.h"
@@ -159,6 +161,11 @@ class KvCacheService::Impl {
                                    NamespaceInfo* info) const;
   absl::Status CheckTokens(const NamespaceInfo& ns,
                            const google::protobuf::RepeatedField<uint32_t>& tokens) const;
+  // peer_service.cc: the calls of a cluster's other nodes (authenticated there).
+  absl::StatusOr<std::optional<NamespaceInfo>> PeerNamespace(const pb::PeerNamespace& p,
+                                                             bool create);
+  absl::Status DoHolds(const pb::HoldsRequest& req, pb::HoldsResponse* resp);
+  absl::Status DoReplicate(const pb::ReplicateRequest& req, pb::ReplicateResponse* resp);
   // lookup.cc
   absl::Status DoLookup(const std::string& tenant, const pb::LookupRequest& req,
                         pb::LookupResponse* resp);
@@ -217,6 +224,15 @@ class KvCacheService::Impl {
   TenantCounters::Counts CountersOf(const std::string& tenant) const { return counters.Of(tenant); }
   bool SeesTotals(const std::string& tenant) const {
     return !auth->enabled() || opt.admin_tenants.contains(tenant);
+  }
+
+  // Set when the node drains (KvCacheService::StopTakingStores).
+  std::atomic<bool> refusing_stores{false};
+  absl::Status TakingStores() const {
+    return refusing_stores.load() ? absl::UnavailableError(
+                                        "this node is draining: it takes no new chunks (the "
+                                        "next node of the ranking does)")
+                                  : absl::OkStatus();
   }
 
   storage::ChunkStore* store;

@@ -85,6 +85,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   absl::Status StoreOne() {
+    KVC_RETURN_IF_ERROR(svc_->TakingStores());
     KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, svc_->Namespace(req_.namespace_id(), tenant_));
     if (req_.payload().size() != ns.chunk_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("chunk payload is ", req_.payload().size(),
@@ -103,7 +104,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                                      ns.chunk_tokens));
     }
     KVC_RETURN_IF_ERROR(svc_->CheckTokens(ns, req_.tokens()));
-    std::optional<ChunkKey> parent;
+    std::optional<ChunkKey> parent, client_parent;
     ChunkKey chain = ns.root;
     if (!req_.parent_key().empty()) {
       if (req_.parent_key().size() != 16) {
@@ -111,6 +112,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             absl::StrCat("parent_key is ", req_.parent_key().size(), " bytes; keys are 16"));
       }
       std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
+      client_parent = chain;
       const ChunkKey stored_parent = StorageKey(ns, chain);
       const bool parent_here = svc_->store->Contains(ns.id, stored_parent) != storage::Tier::kNone;
       // A chunk is only reachable through its prefix: refuse orphans (and keys chained
@@ -127,7 +129,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     const ChunkKey key =
         client::NextChunkKey(chain, std::span(req_.tokens().data(), req_.tokens().size()));
-    return Put(ns, key, parent);
+    return Put(ns, key, parent, client_parent);
   }
 
   // A caller-keyed namespace: the key is the caller's (already mapped to 16 bytes by
@@ -142,20 +144,23 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError(absl::StrCat(
           "namespace ", ns.id, " is caller-keyed: each chunk gives its 16-byte chunk_key"));
     }
-    std::optional<ChunkKey> parent;
+    std::optional<ChunkKey> parent, client_parent;
     if (!req_.parent_key().empty()) {
       KVC_ASSIGN_OR_RETURN(ChunkKey given, wire::KeyFrom(req_.parent_key(), "parent_key"));
+      client_parent = given;
       const ChunkKey stored_parent = StorageKey(ns, given);
       if (svc_->store->Contains(ns.id, stored_parent) != storage::Tier::kNone) {
         parent = stored_parent;
       }
     }
     KVC_ASSIGN_OR_RETURN(ChunkKey key, wire::KeyFrom(req_.chunk_key(), "chunk_key"));
-    return Put(ns, key, parent);
+    return Put(ns, key, parent, client_parent);
   }
 
+  // Stores under the namespace-bound key; the client's key and parent go along as the
+  // chunk's origin (what a cluster node places and repairs it by: docs/cluster.md).
   absl::Status Put(const NamespaceInfo& ns, const ChunkKey& key,
-                   std::optional<ChunkKey> stored_parent) {
+                   std::optional<ChunkKey> stored_parent, std::optional<ChunkKey> client_parent) {
     const auto durability = req_.durability() == pb::DURABILITY_DURABLE
                                 ? storage::Durability::kDurable
                                 : storage::Durability::kMemory;
@@ -163,7 +168,8 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         storage::PutResult put,
         svc_->store->Put({ns.id, StorageKey(ns, key), stored_parent,
                           std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()),
-                                    req_.payload().size())},
+                                    req_.payload().size()),
+                          ChunkOrigin{key, client_parent}},
                          {durability, static_cast<int64_t>(req_.ttl_seconds())}));
     if (put.already_present) {
       resp_.set_already_present(resp_.already_present() + 1);

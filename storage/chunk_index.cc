@@ -17,8 +17,11 @@
 namespace kvc::storage {
 namespace {
 
-constexpr uint8_t kRecordVersion = 1;
-constexpr size_t kRecordBytes = 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 16 + 8 * 4;
+// Version 2 appends the chunk's origin (a flags byte: bit 0 origin, bit 1 its parent; then
+// the two keys) to version 1, which the decoder still reads (no origin).
+constexpr uint8_t kRecordVersion = 2;
+constexpr size_t kRecordBytesV1 = 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 16 + 8 * 4;
+constexpr size_t kRecordBytes = kRecordBytesV1 + 1 + 16 + 16;
 
 std::string ChunkRowKey(const ChunkKey& k) {
   std::string s(17, 'c');
@@ -91,11 +94,17 @@ std::string EncodeIndexRecord(const IndexRecord& r) {
   w.Add(r.last_access_s);
   w.Add(r.pin_until_s);
   w.Add(r.expires_s);
+  const ChunkOrigin origin = r.origin.value_or(ChunkOrigin{});
+  w.Add<uint8_t>((r.origin ? 1 : 0) | (origin.parent ? 2 : 0));
+  w.Add(origin.key.bytes);
+  w.Add(origin.parent.value_or(ChunkKey{}).bytes);
   return w.out;
 }
 
 absl::StatusOr<IndexRecord> DecodeIndexRecord(const std::string& bytes) {
-  if (bytes.size() != kRecordBytes || static_cast<uint8_t>(bytes[0]) != kRecordVersion) {
+  const uint8_t version = bytes.empty() ? 0 : static_cast<uint8_t>(bytes[0]);
+  if (!(version == kRecordVersion && bytes.size() == kRecordBytes) &&
+      !(version == 1 && bytes.size() == kRecordBytesV1)) {
     return absl::DataLossError(absl::StrCat("index record of ", bytes.size(), " bytes, version ",
                                             bytes.empty() ? -1 : static_cast<uint8_t>(bytes[0]),
                                             "; expected ", kRecordBytes, " bytes, version ",
@@ -117,6 +126,14 @@ absl::StatusOr<IndexRecord> DecodeIndexRecord(const std::string& bytes) {
   rec.last_access_s = r.Take<int64_t>();
   rec.pin_until_s = r.Take<int64_t>();
   rec.expires_s = r.Take<int64_t>();
+  if (version >= 2) {
+    const uint8_t flags = r.Take<uint8_t>();
+    ChunkOrigin origin;
+    origin.key = ChunkKey{r.Take<std::array<uint8_t, 16>>()};
+    const auto origin_parent = r.Take<std::array<uint8_t, 16>>();
+    if (flags & 2) origin.parent = ChunkKey{origin_parent};
+    if (flags & 1) rec.origin = origin;
+  }
   return rec;
 }
 

@@ -38,9 +38,10 @@ struct IndexRecord {
   uint64_t sequence = 0;  // matches the slot header
   std::optional<ChunkKey> parent;
   int64_t created_s = 0;
-  int64_t last_access_s = 0;  // coarse: persisted on pin, erase and close
-  int64_t pin_until_s = 0;    // 0: not pinned
-  int64_t expires_s = 0;      // 0: no TTL
+  int64_t last_access_s = 0;          // coarse: persisted on pin, erase and close
+  int64_t pin_until_s = 0;            // 0: not pinned
+  int64_t expires_s = 0;              // 0: no TTL
+  std::optional<ChunkOrigin> origin;  // the client's key and parent (none: stored without)
 };
 
 std::string EncodeIndexRecord(const IndexRecord& r);

@@ -143,6 +143,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
       IndexRecord rec;
       rec.namespace_id = r.namespace_id;
       rec.parent = r.parent;
+      rec.origin = r.origin;
       rec.created_s = rec.last_access_s = now;
       rec.expires_s = expires;
       writes.push_back({r.key, rec, r.payload, i, {}, 0});
@@ -164,15 +165,15 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
           in_ram->dirty = false;
         } else {
           const PutRequest& r = requests[w.result_index];
-          (void)s.InsertRam(r.namespace_id, r.key, r.parent, r.payload, w.record.checksum, false,
-                            expires, false);
+          (void)s.InsertRam(r.namespace_id, r.key, r.parent, r.origin, r.payload, w.record.checksum,
+                            false, expires, false);
         }
       }
     }
   }
   for (size_t i : memory_puts) {
     const PutRequest& r = requests[i];
-    absl::Status st = s.InsertRam(r.namespace_id, r.key, r.parent, r.payload, 0,
+    absl::Status st = s.InsertRam(r.namespace_id, r.key, r.parent, r.origin, r.payload, 0,
                                   /*dirty=*/s.ssd != nullptr, expires, /*allow_writeback=*/true);
     if (absl::IsAlreadyExists(st)) {
       results[i] = PutResult{true};
@@ -320,9 +321,10 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
       auto d = s.ssd_map.find(keys[i]);
       if (d == s.ssd_map.end()) continue;
       const std::optional<ChunkKey> parent = d->second.parent;
+      const std::optional<ChunkOrigin> origin = d->second.origin;
       const int64_t expires = d->second.expires_s;
       const uint64_t checksum = d->second.checksum;
-      if (s.InsertRam(ns, keys[i], parent, outs[i], checksum, false, expires, false).ok())
+      if (s.InsertRam(ns, keys[i], parent, origin, outs[i], checksum, false, expires, false).ok())
         ++s.stats.promotions;
     }
   }
@@ -630,6 +632,33 @@ std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
   std::vector<std::pair<NamespaceId, ChunkKey>> out;
   out.reserve(impl_->ssd_map.size());
   for (const auto& [key, rec] : impl_->ssd_map) out.emplace_back(rec.namespace_id, key);
+  return out;
+}
+
+std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks() const {
+  std::vector<ChunkListing> out;
+  {
+    MutexLock lk(impl_->mu);
+    out.reserve(impl_->ssd_map.size() + (impl_->ram ? impl_->ram->size() : 0));
+    for (const auto& [key, rec] : impl_->ssd_map) {
+      out.push_back(
+          {rec.namespace_id, key, rec.origin, rec.payload_bytes, rec.checksum, rec.expires_s, 0});
+    }
+    if (impl_->ram) {
+      const auto& on_ssd = impl_->ssd_map;
+      impl_->ram->ForEach([&out, &on_ssd](const ChunkKey& key, const RamEntry& e) {
+        if (!on_ssd.contains(key)) {
+          out.push_back({e.ns, key, e.origin, e.len, e.checksum, e.expires_s, 0});
+        }
+      });
+    }
+    for (ChunkListing& c : out) {
+      auto p = impl_->pins.find(c.key);
+      if (p != impl_->pins.end()) c.pin_until_s = p->second;
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ChunkListing& a, const ChunkListing& b) { return a.key < b.key; });
   return out;
 }
 

@@ -102,10 +102,18 @@ struct StoreOptions {
 };
 
 struct PutRequest {
+  PutRequest() = default;
+  PutRequest(NamespaceId ns, const ChunkKey& k, std::optional<ChunkKey> p,
+             std::span<const uint8_t> bytes, std::optional<ChunkOrigin> o = std::nullopt)
+      : namespace_id(ns), key(k), parent(p), payload(bytes), origin(o) {}
+
   NamespaceId namespace_id = 0;
   ChunkKey key;
   std::optional<ChunkKey> parent;  // the previous chunk of the prefix; none for the first
   std::span<const uint8_t> payload;
+  // The client's own key and parent, kept beside the chunk and handed back by ListChunks
+  // (the service binds keys to namespaces; a cluster node places chunks by the client's).
+  std::optional<ChunkOrigin> origin;
 };
 
 struct PutOptions {
@@ -251,6 +259,19 @@ class ChunkStore {
 
   // Every chunk on SSD as (namespace, key), in no particular order (for tools).
   std::vector<std::pair<NamespaceId, ChunkKey>> ListSsd() const;
+
+  // Every chunk the store holds (RAM or SSD, each once), sorted by key: what a cluster
+  // node walks to repair (docs/cluster.md). One walk under the lock; the list is a copy.
+  struct ChunkListing {
+    NamespaceId namespace_id = 0;
+    ChunkKey key;                       // as stored
+    std::optional<ChunkOrigin> origin;  // as the client gave it (PutRequest::origin)
+    uint32_t payload_bytes = 0;
+    uint64_t checksum = 0;    // PayloadChecksum of the payload, as stored
+    int64_t expires_s = 0;    // 0: no TTL
+    int64_t pin_until_s = 0;  // 0: not pinned
+  };
+  std::vector<ChunkListing> ListChunks() const;
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();

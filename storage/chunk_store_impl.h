@@ -134,8 +134,9 @@ class ChunkStore::Impl {
   // nobody else sees it. `checksum` is the payload's, if the caller knows it (0: computed
   // here from the copy).
   absl::Status InsertRam(NamespaceId ns, const ChunkKey& key, const std::optional<ChunkKey>& parent,
-                         std::span<const uint8_t> bytes, uint64_t checksum, bool dirty,
-                         int64_t expires_s, bool allow_writeback) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+                         const std::optional<ChunkOrigin>& origin, std::span<const uint8_t> bytes,
+                         uint64_t checksum, bool dirty, int64_t expires_s, bool allow_writeback)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // ---- SSD tier (all under mu) ----
   // A slot nobody uses any more: free at once, or when its readers are done.

@@ -74,6 +74,7 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     r.checksum = h.payload_checksum;
     r.sequence = h.sequence;
     r.parent = h.parent;
+    r.origin = h.origin;
     r.created_s = r.last_access_s = h.created_s;
     r.expires_s = h.expires_s;
     ssd_map[h.key] = r;

@@ -85,6 +85,7 @@ absl::Status ChunkStore::Impl::ReleaseRam(const ChunkKey& victim, bool allow_wri
 // here from the copy).
 absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
                                          const std::optional<ChunkKey>& parent,
+                                         const std::optional<ChunkOrigin>& origin,
                                          std::span<const uint8_t> bytes, uint64_t checksum,
                                          bool dirty, int64_t expires_s, bool allow_writeback) {
   const RamPoolId pool = ram->PoolOf(ns);
@@ -115,6 +116,7 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
   e.len = static_cast<uint32_t>(bytes.size());
   e.checksum = checksum;
   e.parent = parent;
+  e.origin = origin;
   e.expires_s = expires_s;
   e.dirty = dirty;
   ram->Publish(key, e, NextAccess());
@@ -288,6 +290,7 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
     h.key = writes[i].key;
     h.sequence = r.sequence;
     h.parent = r.parent;
+    h.origin = r.origin;
     h.created_s = r.created_s;
     h.expires_s = r.expires_s;
     slot_writes.push_back({slot, h, writes[i].payload});
@@ -373,6 +376,7 @@ void ChunkStore::Impl::FlushLocked(const std::vector<ChunkKey>& keys) {
     IndexRecord r;
     r.namespace_id = e->ns;
     r.parent = e->parent;
+    r.origin = e->origin;
     r.created_s = r.last_access_s = NowS();
     r.expires_s = e->expires_s;
     writes.push_back({key,

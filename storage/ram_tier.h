@@ -43,6 +43,7 @@ struct RamEntry {
   uint32_t len = 0;
   uint64_t checksum = 0;  // PayloadChecksum of the payload
   std::optional<ChunkKey> parent;
+  std::optional<ChunkOrigin> origin;
   int64_t expires_s = 0;
   bool dirty = false;     // accepted with memory durability, not yet on SSD
   bool flushing = false;  // being written to SSD right now
@@ -70,6 +71,11 @@ class RamTier {
   size_t size() const { return entries_.size(); }
   // Chunks of the given namespaces (a walk over every chunk: for occasional questions).
   uint64_t CountIn(const std::set<NamespaceId>& namespaces) const;
+  // Calls fn for every chunk, in no particular order.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const auto& [key, e] : entries_) fn(key, e);
+  }
 
   // Namespaces not assigned stay in pool 0. InvalidArgument for a pool that does not exist.
   [[nodiscard]] absl::Status SetPool(NamespaceId ns, RamPoolId pool);

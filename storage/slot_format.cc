@@ -25,6 +25,8 @@ T Get(const uint8_t* p, size_t off) {
 }
 
 constexpr uint32_t kHasParent = 1;
+constexpr uint32_t kHasOrigin = 2;
+constexpr uint32_t kOriginHasParent = 4;
 
 }  // namespace
 
@@ -70,10 +72,20 @@ void EncodeSlotHeader(const SlotHeader& h, uint8_t* slot, uint16_t version) {
   Put<uint64_t>(slot, 32, h.payload_checksum);
   Put<uint64_t>(slot, 40, h.sequence);
   if (version >= 2) {
+    uint32_t flags = 0;
     if (h.parent) {
       std::memcpy(slot + 48, h.parent->bytes.data(), 16);
-      Put<uint32_t>(slot, 64, kHasParent);
+      flags |= kHasParent;
     }
+    if (h.origin) {
+      std::memcpy(slot + 88, h.origin->key.bytes.data(), 16);
+      flags |= kHasOrigin;
+      if (h.origin->parent) {
+        std::memcpy(slot + 104, h.origin->parent->bytes.data(), 16);
+        flags |= kOriginHasParent;
+      }
+    }
+    Put<uint32_t>(slot, 64, flags);
     Put<int64_t>(slot, 72, h.created_s);
     Put<int64_t>(slot, 80, h.expires_s);
   }
@@ -105,10 +117,21 @@ absl::StatusOr<DecodedSlot> DecodeSlotHeader(std::span<const uint8_t> slot) {
   h.payload_checksum = Get<uint64_t>(p, 32);
   h.sequence = Get<uint64_t>(p, 40);
   if (d.version >= 2) {
-    if (Get<uint32_t>(p, 64) & kHasParent) {
+    const uint32_t flags = Get<uint32_t>(p, 64);
+    if (flags & kHasParent) {
       ChunkKey parent;
       std::memcpy(parent.bytes.data(), p + 48, 16);
       h.parent = parent;
+    }
+    if (flags & kHasOrigin) {
+      ChunkOrigin origin;
+      std::memcpy(origin.key.bytes.data(), p + 88, 16);
+      if (flags & kOriginHasParent) {
+        ChunkKey parent;
+        std::memcpy(parent.bytes.data(), p + 104, 16);
+        origin.parent = parent;
+      }
+      h.origin = origin;
     }
     h.created_s = Get<int64_t>(p, 72);
     h.expires_s = Get<int64_t>(p, 80);

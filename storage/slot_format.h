@@ -12,12 +12,16 @@
 //       32    8 XXH3-64 of the payload
 //       40    8 sequence number of the write (distinguishes reuses of a slot)
 //       48   16 parent chunk key (zero without a parent)
-//       64    4 flags: bit 0 = the chunk has a parent
+//       64    4 flags: bit 0 = the chunk has a parent, bit 1 = it has an origin key,
+//                bit 2 = its origin has a parent key
 //       68    4 reserved, zero
 //       72    8 created, unix seconds
 //       80    8 TTL expiry, unix seconds (0: none)
-//       88   32 reserved, zero
+//       88   16 origin key: the key the client stored the chunk under (ChunkOrigin)
+//      104   16 origin parent key
 //      120    8 XXH3-64 of bytes [0, 120)
+// (Slots written before origins were kept have flag bits 1 and 2 clear and zeros at 88–119,
+// which every reader of format 2 ignores: the format did not change.)
 // Format 1 (older folders), a 64-byte header: bytes 0–47 as above (version 1, header
 // bytes 64), 48–55 reserved, 56 XXH3-64 of bytes [0, 56). It has no parent or times.
 // All little-endian. A folder keeps the format it was made with (its index says which).
@@ -60,6 +64,7 @@ struct SlotHeader {
   std::optional<ChunkKey> parent;
   int64_t created_s = 0;
   int64_t expires_s = 0;
+  std::optional<ChunkOrigin> origin;
 };
 
 uint64_t PayloadChecksum(std::span<const uint8_t> payload);

@@ -97,6 +97,12 @@ class Daemon {
     out_ = nullptr;
     return status;
   }
+  // The process exited by itself and the caller reaped it: nothing left to stop.
+  void Forget() {
+    pid_ = -1;
+    if (out_) fclose(out_);
+    out_ = nullptr;
+  }
   void Restart(int sig) {
     Stop(sig);
     Start();

@@ -2,6 +2,7 @@
 // folder made in slot format 1 (before slots carried parents) opened by this version.
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -167,6 +168,61 @@ TEST(IndexDamageTest, ALostIndexFolderIsRebuiltFromTheSlots) {
   ExpectAll(*store, seed, kChunks);
   EXPECT_EQ(store->Stats().index_rebuilds, 1u);
   EXPECT_EQ(store->Stats().recovered_chunks, kChunks);
+}
+
+// A chunk's origin (the client's key and parent, which a cluster node places it by) is kept
+// through every path a chunk takes: stored durably, stored in RAM and written behind,
+// reopened from the index, and rebuilt from the slots alone after the index is lost.
+TEST(OriginTest, TheClientsKeyAndParentSurviveRamSsdReopenAndARebuiltIndex) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TempDir dir;
+  constexpr uint64_t kChunks = 40;
+  StoreOptions o = Options(dir.path());
+  o.ram_bytes = 8 * RamSlotBytes(kChunk);  // RAM too, so memory puts go through it
+  auto origin_of = [&](uint64_t i) -> std::optional<ChunkOrigin> {
+    if (i % 7 == 3) return std::nullopt;  // a chunk stored without one
+    ChunkOrigin origin{KeyOf(seed ^ 0x0123, i), std::nullopt};
+    if (i % 5 != 0) origin.parent = KeyOf(seed ^ 0x0123, i - 1);
+    return origin;
+  };
+  auto expect_origins = [&](const ChunkStore& s, const char* when) {
+    const std::vector<ChunkStore::ChunkListing> list = s.ListChunks();
+    ASSERT_EQ(list.size(), kChunks) << when;
+    for (size_t k = 1; k < list.size(); ++k) ASSERT_LT(list[k - 1].key, list[k].key) << when;
+    std::map<ChunkKey, std::optional<ChunkOrigin>> got;
+    for (const ChunkStore::ChunkListing& c : list) {
+      EXPECT_EQ(c.namespace_id, kNs);
+      EXPECT_EQ(c.payload_bytes, kChunk);
+      got[c.key] = c.origin;
+    }
+    for (uint64_t i = 0; i < kChunks; ++i) {
+      EXPECT_EQ(got.at(KeyOf(seed, i)), origin_of(i)) << when << ": chunk " << i;
+    }
+  };
+  {
+    auto store = Open(o);
+    ASSERT_NE(store, nullptr);
+    for (uint64_t i = 0; i < kChunks; ++i) {
+      const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk);
+      const Durability d = i % 2 ? Durability::kMemory : Durability::kDurable;
+      PutRequest req{kNs, KeyOf(seed, i), std::nullopt, p};
+      req.origin = origin_of(i);
+      ASSERT_TRUE(store->Put(req, {d}).ok()) << i;
+    }
+    expect_origins(*store, "in RAM and on SSD");
+    ASSERT_TRUE(store->Flush().ok());
+    expect_origins(*store, "after the write-behind");
+  }
+  {
+    auto store = Open(o);
+    ASSERT_NE(store, nullptr);
+    expect_origins(*store, "reopened");
+  }
+  std::filesystem::remove_all(dir.path() + "/index");
+  auto store = Open(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->Stats().index_rebuilds, 1u);
+  expect_origins(*store, "index rebuilt from the slots");
 }
 
 TEST(SlotFormatUpgradeTest, AFolderMadeInFormat1KeepsItsChunksAndItsFormat) {

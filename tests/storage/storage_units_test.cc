@@ -60,6 +60,7 @@ TEST(SlotFormatTest, VerifyCatchesEveryMismatchInEitherFormat) {
     h.parent = KeyOf(seed, 7);
     h.created_s = 1'700'000'000 + static_cast<int64_t>(seed % 1000);
     h.expires_s = h.created_s + 60;
+    h.origin = ChunkOrigin{KeyOf(seed, 8), KeyOf(seed, 9)};
     EncodeSlotHeader(h, slot.data(), version);
     uint32_t payload_at = 0;
     ASSERT_TRUE(VerifySlot(h, slot, &payload_at).ok());
@@ -76,8 +77,19 @@ TEST(SlotFormatTest, VerifyCatchesEveryMismatchInEitherFormat) {
       EXPECT_EQ(d->header.parent, h.parent);
       EXPECT_EQ(d->header.created_s, h.created_s);
       EXPECT_EQ(d->header.expires_s, h.expires_s);
+      EXPECT_EQ(d->header.origin, h.origin);
+      // An origin without a parent, and none at all, read back as written.
+      SlotHeader bare = h;
+      bare.origin = ChunkOrigin{KeyOf(seed, 10), std::nullopt};
+      std::vector<uint8_t> other(slot.size());
+      EncodeSlotHeader(bare, other.data(), version);
+      EXPECT_EQ(DecodeSlotHeader(other)->header.origin, bare.origin);
+      bare.origin.reset();
+      EncodeSlotHeader(bare, other.data(), version);
+      EXPECT_FALSE(DecodeSlotHeader(other)->header.origin.has_value());
     } else {
       EXPECT_FALSE(d->header.parent.has_value());
+      EXPECT_FALSE(d->header.origin.has_value());
     }
 
     struct Case {
@@ -186,6 +198,21 @@ TEST(IndexRecordTest, RoundTripsAndRejectsForeignBytes) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(EncodeIndexRecord(*back), EncodeIndexRecord(r));
   EXPECT_EQ(back->parent, r.parent);
+  EXPECT_FALSE(back->origin.has_value());
+  r.origin = ChunkOrigin{KeyOf(seed, 6), KeyOf(seed, 7)};
+  EXPECT_EQ(DecodeIndexRecord(EncodeIndexRecord(r))->origin, r.origin);
+  r.origin->parent.reset();
+  EXPECT_EQ(DecodeIndexRecord(EncodeIndexRecord(r))->origin, r.origin);
+  // A version-1 record (before origins were kept) still reads: version 1 is the same
+  // bytes less the origin's 33 at the end.
+  std::string v1 = EncodeIndexRecord(r);
+  v1.resize(v1.size() - 33);
+  v1[0] = 1;
+  absl::StatusOr<IndexRecord> old = DecodeIndexRecord(v1);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->expires_s, r.expires_s);
+  EXPECT_FALSE(old->origin.has_value());
+  r.origin.reset();
   r.parent.reset();
   EXPECT_FALSE(DecodeIndexRecord(EncodeIndexRecord(r))->parent.has_value());
   EXPECT_TRUE(absl::IsDataLoss(DecodeIndexRecord("short").status()));

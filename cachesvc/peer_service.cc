@@ -1,0 +1,241 @@
+#include "cachesvc/peer_service.h"
+
+#include <algorithm>
+
+#include "cachesvc/service_impl.h"
+#include "storage/slot_format.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+// Equal strings, in time that does not depend on where they differ.
+bool SameSecret(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+// A peer's namespace made (or found) here, after checking that it is one every node
+// derives the same way. `create`: register it if this node has not seen it.
+absl::StatusOr<std::optional<NamespaceInfo>> KvCacheService::Impl::PeerNamespace(
+    const pb::PeerNamespace& p, bool create) {
+  if (p.tenant().empty()) return absl::InvalidArgumentError("peer namespace: tenant is empty");
+  if (!auth->enabled() && p.tenant() != "default") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer namespace: tenant ", p.tenant(),
+        " on a node without tenants (no --auth-tokens: every namespace is \"default\"'s)"));
+  }
+  KVC_ASSIGN_OR_RETURN(ChunkKey root, wire::KeyFrom(p.root_key(), "peer namespace root_key"));
+  if (p.namespace_id() != DerivedNamespaceId(p.tenant(), root)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer namespace ", p.namespace_id(), " is not the id tenant ", p.tenant(), " and root ",
+        root.Hex(), " derive (", DerivedNamespaceId(p.tenant(), root), ")"));
+  }
+  if (std::optional<NamespaceInfo> known = registry->Get(p.namespace_id(), p.tenant())) {
+    if (known->root != root || known->chunk_bytes != p.chunk_bytes() ||
+        known->key_mode != static_cast<uint32_t>(p.key_mode())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("peer namespace ", p.namespace_id(),
+                       " differs from this node's (root, chunk size or key mode)"));
+    }
+    return known;
+  }
+  if (!create) return std::optional<NamespaceInfo>();
+  if (p.chunk_bytes() == 0 || p.chunk_bytes() > opt.max_chunk_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer namespace: chunk_bytes is ", p.chunk_bytes(),
+                     "; this node stores chunks of 1 to ", opt.max_chunk_bytes, " bytes"));
+  }
+  NamespaceInfo info;
+  info.tenant = p.tenant();
+  info.model_id = p.model_id();
+  info.chunk_tokens = p.chunk_tokens();
+  info.chunk_bytes = p.chunk_bytes();
+  info.vocab_size = p.vocab_size();
+  info.root = root;
+  info.key_scope = kKeyScopeBound;
+  if (p.key_mode() == pb::KEY_MODE_CALLER) {
+    info.key_mode = kKeysFromCaller;
+    // A caller-keyed root follows from what the namespace is: check it.
+    if (root != client::CallerNamespaceRoot(info.tenant, info.model_id, info.chunk_bytes,
+                                            info.chunk_tokens)) {
+      return absl::InvalidArgumentError(
+          "peer namespace: root_key is not the caller-keyed root of "
+          "its tenant, model_id, chunk_bytes and chunk_tokens");
+    }
+  } else if (p.key_mode() == pb::KEY_MODE_TOKENS) {
+    info.key_mode = kKeysFromTokens;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("peer namespace: key_mode ", p.key_mode()));
+  }
+  KVC_RETURN_IF_ERROR(quotas.Admit(info.tenant, /*must_fit=*/true));
+  KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, registry->FindOrAdd(info));
+  KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.id, ns.chunk_bytes));
+  AssignRamPool(ns);
+  quotas.Assign(ns);
+  return ns;
+}
+
+absl::Status KvCacheService::Impl::DoHolds(const pb::HoldsRequest& req, pb::HoldsResponse* resp) {
+  KVC_ASSIGN_OR_RETURN(std::vector<ChunkKey> keys,
+                       wire::UnpackKeys(req.packed_chunk_keys(), opt.max_keys_per_call));
+  KVC_ASSIGN_OR_RETURN(std::optional<NamespaceInfo> ns, PeerNamespace(req.ns(), /*create=*/false));
+  if (!ns) {  // never seen here: holds none of them
+    for (size_t i = 0; i < keys.size(); ++i) resp->add_tiers(pb::TIER_NONE);
+    return absl::OkStatus();
+  }
+  for (storage::Tier t : store->Lookup(ns->id, StorageKeys(*ns, keys))) resp->add_tiers(ToProto(t));
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheService::Impl::DoReplicate(const pb::ReplicateRequest& req,
+                                               pb::ReplicateResponse* resp) {
+  if (static_cast<uint32_t>(req.chunks_size()) > opt.max_keys_per_call) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(req.chunks_size(), " chunks in one call; at most ", opt.max_keys_per_call));
+  }
+  KVC_RETURN_IF_ERROR(TakingStores());
+  KVC_ASSIGN_OR_RETURN(std::optional<NamespaceInfo> found,
+                       PeerNamespace(req.ns(), /*create=*/true));
+  const NamespaceInfo& ns = *found;
+  const int64_t now = NowS();
+  // Everything is checked before anything is stored: a bad chunk fails the call, naming it.
+  struct Checked {
+    ChunkKey key;
+    std::optional<ChunkKey> parent;
+    std::span<const uint8_t> payload;
+    int64_t ttl_s = 0;
+    int64_t pin_until_s = 0;
+  };
+  std::vector<Checked> chunks;
+  for (int i = 0; i < req.chunks_size(); ++i) {
+    const pb::ReplicaChunk& c = req.chunks(i);
+    const std::string where = absl::StrCat("chunk ", i, ": ");
+    absl::StatusOr<ChunkKey> key = wire::KeyFrom(c.chunk_key(), "chunk_key");
+    if (!key.ok()) return absl::InvalidArgumentError(where + std::string(key.status().message()));
+    Checked ck{*key, std::nullopt, {}, 0, c.pin_until_unix_s()};
+    if (!c.parent_key().empty()) {
+      absl::StatusOr<ChunkKey> parent = wire::KeyFrom(c.parent_key(), "parent_key");
+      if (!parent.ok()) {
+        return absl::InvalidArgumentError(where + std::string(parent.status().message()));
+      }
+      ck.parent = *parent;
+    }
+    if (c.payload().size() != ns.chunk_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "payload is ", c.payload().size(),
+                                                     " bytes, namespace ", ns.id, " expects ",
+                                                     ns.chunk_bytes));
+    }
+    ck.payload =
+        std::span(reinterpret_cast<const uint8_t*>(c.payload().data()), c.payload().size());
+    if (storage::PayloadChecksum(ck.payload) != c.checksum()) {
+      return absl::DataLossError(
+          absl::StrCat(where, key->Hex(), ": payload does not match its checksum"));
+    }
+    if (c.expires_unix_s() != 0) {
+      if (c.expires_unix_s() <= now) {
+        resp->set_expired(resp->expired() + 1);
+        continue;
+      }
+      ck.ttl_s = c.expires_unix_s() - now;
+    }
+    chunks.push_back(ck);
+  }
+  // One Put per TTL (a call's chunks mostly share one: none).
+  for (const Checked& c : chunks) {
+    std::optional<ChunkKey> stored_parent;
+    if (c.parent) {
+      const ChunkKey p = StorageKey(ns, *c.parent);
+      if (store->Contains(ns.id, p) != storage::Tier::kNone) stored_parent = p;
+    }
+    const ChunkKey stored = StorageKey(ns, c.key);
+    KVC_ASSIGN_OR_RETURN(
+        storage::PutResult put,
+        store->Put({ns.id, stored, stored_parent, c.payload, ChunkOrigin{c.key, c.parent}},
+                   {storage::Durability::kDurable, c.ttl_s}));
+    if (put.already_present) {
+      resp->set_already_present(resp->already_present() + 1);
+    } else {
+      resp->set_stored(resp->stored() + 1);
+    }
+    if (c.pin_until_s > now) KVC_RETURN_IF_ERROR(store->Pin(ns.id, stored, c.pin_until_s));
+  }
+  return absl::OkStatus();
+}
+
+ClusterPeerService::ClusterPeerService(KvCacheService* service, std::string secret,
+                                       std::function<uint64_t()> on_drain)
+    : svc_(service->impl()), secret_(std::move(secret)), on_drain_(std::move(on_drain)) {}
+
+absl::Status ClusterPeerService::CheckPeer(const grpc::CallbackServerContext* ctx) const {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kPeerMetadataKey);
+  if (secret_.empty()) {
+    if (svc_->auth->enabled()) {
+      return absl::UnauthenticatedError(
+          "this node takes no peer calls: it has tenants but no cluster credential "
+          "(kvcached --cluster-secret-file)");
+    }
+    return absl::OkStatus();
+  }
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("missing \"", kPeerMetadataKey, "\" metadata (the cluster credential)"));
+  }
+  if (!SameSecret(std::string_view(it->second.data(), it->second.size()), secret_)) {
+    return absl::UnauthenticatedError("wrong cluster credential");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+template <typename Work>
+grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* method,
+                                      grpc::CallbackServerContext* ctx, absl::Status admitted,
+                                      Work work) {
+  const auto start = std::chrono::steady_clock::now();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finish = [svc, reactor, method, start](const absl::Status& s) {
+    const grpc::Status g = wire::ToGrpc(s);
+    svc->Observe(method, "(peer)", g, start);
+    reactor->Finish(g);
+  };
+  if (!admitted.ok()) {
+    finish(admitted);
+  } else if (!svc->executor.Submit([finish, work]() mutable { finish(work()); })) {
+    finish(absl::ResourceExhaustedError("server busy: work queue full"));
+  }
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ClusterPeerService::Holds(grpc::CallbackServerContext* ctx,
+                                                    const pb::HoldsRequest* req,
+                                                    pb::HoldsResponse* resp) {
+  return RunPeerCall(svc_, "Peer.Holds", ctx, CheckPeer(ctx),
+                     [this, req, resp] { return svc_->DoHolds(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* ClusterPeerService::Replicate(grpc::CallbackServerContext* ctx,
+                                                        const pb::ReplicateRequest* req,
+                                                        pb::ReplicateResponse* resp) {
+  return RunPeerCall(svc_, "Peer.Replicate", ctx, CheckPeer(ctx),
+                     [this, req, resp] { return svc_->DoReplicate(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* ClusterPeerService::Drain(grpc::CallbackServerContext* ctx,
+                                                    const pb::DrainRequest*,
+                                                    pb::DrainResponse* resp) {
+  return RunPeerCall(svc_, "Peer.Drain", ctx, CheckPeer(ctx), [this, resp] {
+    if (!on_drain_) return absl::FailedPreconditionError("this node is not in a cluster");
+    resp->set_chunks(on_drain_());
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace kvc::cachesvc

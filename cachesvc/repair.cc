@@ -1,0 +1,401 @@
+#include "cachesvc/repair.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "base/clock.h"
+#include "cluster/placement.h"
+#include "kvcache/v1/peer.grpc.pb.h"
+#include "wire/grpc_status.h"
+#include "wire/wire.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+namespace pb = ::kvcache::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kPeerMetadata[] = "x-kvcache-peer";  // = kPeerMetadataKey (peer_service.h)
+constexpr size_t kHoldsKeysPerCall = 16384;
+constexpr auto kCallTimeout = std::chrono::seconds(30);
+
+pb::PeerNamespace ToPeer(const NamespaceInfo& ns) {
+  pb::PeerNamespace p;
+  p.set_namespace_id(ns.id);
+  p.set_tenant(ns.tenant);
+  p.set_root_key(wire::KeyBytes(ns.root));
+  p.set_model_id(ns.model_id);
+  p.set_chunk_tokens(ns.chunk_tokens);
+  p.set_chunk_bytes(ns.chunk_bytes);
+  p.set_vocab_size(ns.vocab_size);
+  p.set_key_mode(ns.key_mode == kKeysFromCaller ? pb::KEY_MODE_CALLER : pb::KEY_MODE_TOKENS);
+  return p;
+}
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+// One stub per peer address, made on first use; every call carries the cluster credential.
+class ClusterRepair::Peers {
+ public:
+  Peers(std::string secret, const std::string& tls_roots) : secret_(std::move(secret)) {
+    if (tls_roots.empty()) {
+      creds_ = grpc::InsecureChannelCredentials();
+    } else {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = tls_roots;
+      creds_ = grpc::SslCredentials(ssl);
+    }
+  }
+  pb::ClusterPeer::Stub* Stub(const std::string& address) {
+    std::lock_guard lk(mu_);
+    auto& stub = stubs_[address];
+    if (!stub) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(64 << 20);
+      args.SetMaxSendMessageSize(64 << 20);
+      stub = pb::ClusterPeer::NewStub(grpc::CreateCustomChannel(address, creds_, args));
+    }
+    return stub.get();
+  }
+  void Prepare(grpc::ClientContext& ctx) const {
+    if (!secret_.empty()) ctx.AddMetadata(kPeerMetadata, secret_);
+    ctx.set_deadline(std::chrono::system_clock::now() + kCallTimeout);
+  }
+
+ private:
+  std::string secret_;
+  std::shared_ptr<grpc::ChannelCredentials> creds_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<pb::ClusterPeer::Stub>> stubs_;
+};
+
+ClusterRepair::ClusterRepair(RepairOptions options, storage::ChunkStore* store,
+                             NamespaceRegistry* registry,
+                             std::unique_ptr<cluster::MembershipView> view)
+    : opt_(std::move(options)),
+      store_(store),
+      registry_(registry),
+      view_(std::move(view)),
+      peers_(std::make_unique<Peers>(opt_.secret, opt_.tls_roots_pem)) {
+  if (!opt_.log) opt_.log = [](const std::string&, const std::string&) {};
+  stats_.pending = true;  // a node that starts has not checked its chunks yet
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ClusterRepair::~ClusterRepair() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+RepairStats ClusterRepair::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+bool ClusterRepair::ShouldStop(bool draining, uint64_t membership_version) const {
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) return true;
+    if (!draining && draining_) return true;  // a drain takes over
+  }
+  return !draining && view_->Current()->version != membership_version;
+}
+
+void ClusterRepair::Loop() {
+  uint64_t seen_version = 0;
+  Clock::time_point changed_at = Clock::now();  // starting counts as a change
+  Clock::time_point last_pass = Clock::now();
+  bool pending = true;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait_for(lk, std::chrono::milliseconds(200), [this] { return stop_; });
+      if (stop_) return;
+      if (draining_) continue;
+    }
+    std::shared_ptr<const cluster::MembershipView::Snapshot> snap = view_->Current();
+    if (snap->version != seen_version) {
+      seen_version = snap->version;
+      changed_at = Clock::now();
+      pending = true;
+      std::lock_guard lk(mu_);
+      stats_.pending = true;
+    }
+    if (snap->stale) continue;  // etcd away: the membership may be old; wait for it
+    const bool registered = std::any_of(snap->nodes.begin(), snap->nodes.end(),
+                                        [&](const auto& n) { return n.id == opt_.self_id; });
+    if (!registered) continue;
+    const bool due = pending ? SecondsSince(changed_at) >= opt_.grace_s
+                             : opt_.interval_s > 0 && SecondsSince(last_pass) >= opt_.interval_s;
+    if (!due) continue;
+    std::lock_guard pass(pass_mu_);
+    absl::Status s = RunPass(snap->nodes, /*draining=*/false, snap->version);
+    last_pass = Clock::now();
+    if (s.ok()) {
+      pending = false;
+    } else if (!absl::IsAborted(s)) {
+      // Some copy failed (an owner down, a full disk): try again after another grace.
+      changed_at = Clock::now();
+      opt_.log("repair_pass_incomplete", std::string(s.message()));
+    }
+  }
+}
+
+absl::Status ClusterRepair::Drain() {
+  {
+    std::lock_guard lk(mu_);
+    draining_ = true;
+  }
+  std::lock_guard pass(pass_mu_);  // a background pass in flight stops at its next step
+  return RunPass(view_->Current()->nodes, /*draining=*/true, 0);
+}
+
+absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& members, bool draining,
+                                    uint64_t membership_version) {
+  const Clock::time_point start = Clock::now();
+  std::vector<std::string> ids, addresses;
+  for (const cluster::NodeInfo& m : members) {
+    if (draining && m.id == opt_.self_id) continue;
+    ids.push_back(m.id);
+    addresses.push_back(m.address);
+  }
+  if (ids.empty()) return absl::FailedPreconditionError("no other node to hand chunks to");
+  const auto self_at = std::find(ids.begin(), ids.end(), opt_.self_id);
+  const size_t self =
+      self_at == ids.end() ? ids.size() : static_cast<size_t>(self_at - ids.begin());
+  const size_t replicas = std::min(std::max<size_t>(opt_.replicas, 1), ids.size());
+
+  std::map<uint32_t, NamespaceInfo> namespaces;
+  for (NamespaceInfo& ns : registry_->All()) namespaces.emplace(ns.id, std::move(ns));
+  const std::vector<storage::ChunkStore::ChunkListing> chunks = store_->ListChunks();
+
+  // Each placeable chunk, its owners (indices into ids, best first) and which of them
+  // answered that they hold it (bit k: owners[k]).
+  struct Item {
+    const storage::ChunkStore::ChunkListing* chunk;
+    const NamespaceInfo* ns;
+    std::vector<size_t> owners;
+    uint32_t holds = 0;
+    int copies_left = 0;
+  };
+  std::vector<Item> items;
+  uint64_t unplaceable = 0;
+  const int64_t now_s = WallSeconds();
+  for (const storage::ChunkStore::ChunkListing& c : chunks) {
+    auto ns = namespaces.find(c.namespace_id);
+    if (!c.origin || ns == namespaces.end() || ns->second.key_scope != kKeyScopeBound) {
+      ++unplaceable;
+      continue;
+    }
+    if (c.expires_s != 0 && c.expires_s <= now_s) continue;  // going anyway
+    items.push_back({&c, &ns->second, cluster::TopRanked(c.origin->key, ids, replicas)});
+  }
+  {
+    std::lock_guard lk(mu_);
+    stats_.running = true;
+    stats_.progress = 0;
+    stats_.unplaceable_chunks = unplaceable;
+  }
+  opt_.log("repair_pass_start", absl::StrCat(items.size(), " chunks over ", ids.size(), " nodes",
+                                             draining ? " (draining)" : ""));
+  auto finish = [&](absl::Status s) {
+    std::lock_guard lk(mu_);
+    stats_.running = false;
+    if (s.ok()) {
+      ++stats_.passes;
+      stats_.last_pass_unix_s = WallSeconds();
+      stats_.pending = false;
+      stats_.progress = 1;
+    }
+    return s;
+  };
+
+  // 1. Ask each owner, per namespace, which of its chunks it holds.
+  std::map<std::pair<size_t, uint32_t>, std::vector<std::pair<size_t, size_t>>> asks;
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (size_t k = 0; k < items[i].owners.size(); ++k) {
+      if (items[i].owners[k] != self) asks[{items[i].owners[k], items[i].ns->id}].push_back({i, k});
+    }
+  }
+  std::set<size_t> unreachable;
+  uint64_t failures = 0;
+  for (const auto& [where, list] : asks) {
+    const auto [node, ns_id] = where;
+    if (unreachable.contains(node)) continue;
+    for (size_t at = 0; at < list.size() && !unreachable.contains(node); at += kHoldsKeysPerCall) {
+      if (ShouldStop(draining, membership_version)) return finish(absl::AbortedError("stopped"));
+      const size_t n = std::min(kHoldsKeysPerCall, list.size() - at);
+      pb::HoldsRequest req;
+      *req.mutable_ns() = ToPeer(namespaces.at(ns_id));
+      std::string* packed = req.mutable_packed_chunk_keys();
+      packed->reserve(n * 16);
+      for (size_t j = at; j < at + n; ++j)
+        packed->append(wire::KeyBytes(items[list[j].first].chunk->origin->key));
+      pb::HoldsResponse resp;
+      grpc::ClientContext ctx;
+      peers_->Prepare(ctx);
+      grpc::Status s = peers_->Stub(addresses[node])->Holds(&ctx, req, &resp);
+      if (!s.ok() || static_cast<size_t>(resp.tiers_size()) != n) {
+        unreachable.insert(node);
+        ++failures;
+        opt_.log("repair_ask_failed",
+                 absl::StrCat(ids[node], " (", addresses[node],
+                              "): ", s.ok() ? "answer of the wrong length" : s.error_message()));
+        break;
+      }
+      for (size_t j = 0; j < n; ++j) {
+        if (resp.tiers(static_cast<int>(j)) != pb::TIER_NONE) {
+          items[list[at + j].first].holds |= 1u << list[at + j].second;
+        }
+      }
+    }
+  }
+
+  // 2. Who lacks what, and whether this node is the one to copy it.
+  std::map<std::pair<size_t, uint32_t>, std::vector<size_t>> copies;  // (owner, ns) → items
+  uint64_t under = 0, under_bytes = 0, copies_planned = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Item& it = items[i];
+    uint32_t holders = it.holds;
+    size_t self_rank = it.owners.size();
+    for (size_t k = 0; k < it.owners.size(); ++k) {
+      if (it.owners[k] == self) {
+        self_rank = k;
+        holders |= 1u << k;
+      }
+    }
+    std::vector<size_t> missing;
+    for (size_t k = 0; k < it.owners.size(); ++k) {
+      if (!(holders & (1u << k)) && !unreachable.contains(it.owners[k]))
+        missing.push_back(it.owners[k]);
+    }
+    if (missing.empty()) continue;
+    bool copier;
+    if (draining) {
+      copier = true;
+    } else if (self_rank < it.owners.size()) {
+      copier = (holders & ((1u << self_rank) - 1)) == 0;  // no better-ranked owner holds it
+    } else {
+      copier = it.holds == 0;  // an extra copy: only when no owner has one
+    }
+    if (!copier) continue;
+    ++under;
+    under_bytes += it.chunk->payload_bytes;
+    it.copies_left = static_cast<int>(missing.size());
+    copies_planned += missing.size();
+    for (size_t owner : missing) copies[{owner, it.ns->id}].push_back(i);
+  }
+  {
+    std::lock_guard lk(mu_);
+    stats_.under_replicated_chunks = under;
+    stats_.under_replicated_bytes = under_bytes;
+  }
+
+  // 3. Copy, in calls of up to max_copy_bytes, at no more than bytes_per_s.
+  uint64_t copied = 0, copied_bytes = 0, copies_done = 0;
+  for (const auto& [where, list] : copies) {
+    const auto [node, ns_id] = where;
+    const NamespaceInfo& ns = namespaces.at(ns_id);
+    const size_t per_call =
+        std::max<size_t>(1, opt_.max_copy_bytes / std::max<uint64_t>(ns.chunk_bytes, 1));
+    for (size_t at = 0; at < list.size(); at += per_call) {
+      if (ShouldStop(draining, membership_version)) return finish(absl::AbortedError("stopped"));
+      const size_t n = std::min(per_call, list.size() - at);
+      pb::ReplicateRequest req;
+      *req.mutable_ns() = ToPeer(ns);
+      std::vector<ChunkKey> keys;
+      std::vector<std::span<uint8_t>> outs;
+      for (size_t j = at; j < at + n; ++j) {
+        const storage::ChunkStore::ChunkListing& c = *items[list[j]].chunk;
+        pb::ReplicaChunk* rc = req.add_chunks();
+        rc->set_chunk_key(wire::KeyBytes(c.origin->key));
+        if (c.origin->parent) rc->set_parent_key(wire::KeyBytes(*c.origin->parent));
+        rc->set_checksum(c.checksum);  // the stored checksum: a copy damaged here is refused there
+        rc->set_expires_unix_s(c.expires_s);
+        rc->set_pin_until_unix_s(c.pin_until_s);
+        rc->mutable_payload()->resize(c.payload_bytes);
+        keys.push_back(c.key);
+        outs.emplace_back(reinterpret_cast<uint8_t*>(rc->mutable_payload()->data()),
+                          c.payload_bytes);
+      }
+      // Read (every SSD read verified); a chunk gone since the listing is left out.
+      std::vector<absl::Status> read = store_->GetBatch(ns_id, keys, outs);
+      pb::ReplicateRequest send;
+      *send.mutable_ns() = req.ns();
+      std::vector<size_t> sent;
+      for (size_t j = 0; j < n; ++j) {
+        if (read[j].ok()) {
+          send.add_chunks()->Swap(req.mutable_chunks(static_cast<int>(j)));
+          sent.push_back(list[at + j]);
+        } else {
+          Item& it = items[list[at + j]];
+          if (--it.copies_left == 0) {
+            std::lock_guard lk(mu_);
+            --stats_.under_replicated_chunks;
+            stats_.under_replicated_bytes -= it.chunk->payload_bytes;
+          }
+        }
+      }
+      copies_done += n;
+      if (sent.empty()) continue;
+      pb::ReplicateResponse resp;
+      grpc::ClientContext ctx;
+      peers_->Prepare(ctx);
+      grpc::Status s = peers_->Stub(addresses[node])->Replicate(&ctx, send, &resp);
+      uint64_t bytes = 0;
+      for (size_t i : sent) bytes += items[i].chunk->payload_bytes;
+      std::unique_lock lk(mu_);
+      if (!s.ok()) {
+        ++failures;
+        stats_.failed_copies += sent.size();
+        opt_.log("repair_copy_failed", absl::StrCat(sent.size(), " chunks to ", ids[node], " (",
+                                                    addresses[node], "): ", s.error_message()));
+      } else {
+        copied += sent.size();
+        copied_bytes += bytes;
+        stats_.copied_chunks += sent.size();
+        stats_.copied_bytes += bytes;
+        for (size_t i : sent) {
+          if (--items[i].copies_left == 0) {
+            --stats_.under_replicated_chunks;
+            stats_.under_replicated_bytes -= items[i].chunk->payload_bytes;
+          }
+        }
+      }
+      const double elapsed = SecondsSince(start);
+      stats_.copy_bytes_per_s = elapsed > 0 ? copied_bytes / elapsed : 0;
+      stats_.progress = copies_planned ? static_cast<double>(copies_done) / copies_planned : 1;
+      if (opt_.bytes_per_s > 0) {  // hold the pass to its bandwidth
+        const double due =
+            static_cast<double>(copied_bytes) / static_cast<double>(opt_.bytes_per_s);
+        if (due > elapsed) {
+          cv_.wait_for(lk, std::chrono::duration<double>(due - elapsed), [this] { return stop_; });
+        }
+      }
+    }
+  }
+  opt_.log("repair_pass_done",
+           absl::StrCat(copied, " copies (", copied_bytes, " bytes) in ", SecondsSince(start),
+                        " s; ", under, " chunks were short of copies; ", failures, " failures"));
+  if (failures > 0 || !unreachable.empty()) {
+    (void)finish(absl::OkStatus());  // counted as a pass, but the membership stays pending
+    std::lock_guard lk(mu_);
+    stats_.pending = true;
+    return absl::UnavailableError(absl::StrCat(failures, " repair calls failed"));
+  }
+  return finish(absl::OkStatus());
+}
+
+}  // namespace kvc::cachesvc

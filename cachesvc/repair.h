@@ -1,0 +1,106 @@
+// ClusterRepair: a cluster node's anti-entropy (docs/cluster.md, "Repair"). After the
+// membership changes and then holds still for a grace period — a node gone for good, a
+// node joined — and at least every `interval_s` besides, the node walks every chunk it
+// holds, computes each chunk's owners under the current membership (kvcache-rendezvous-v1
+// over the client's key, which the store keeps beside the chunk: ChunkOrigin), asks the
+// owners which of them hold it (ClusterPeer.Holds), and copies it, node to node, to the
+// owners that lack it (ClusterPeer.Replicate) — without any client reading it.
+//
+// Who copies: a chunk's best-ranked owner that holds it; a node that holds a chunk it does
+// not own copies only when no owner holds one (a copy left behind by a join or a failed
+// store); a draining node copies everything to every owner that lacks it. Copies are
+// idempotent (a chunk's bytes follow from its key), so two nodes copying the same chunk
+// waste bandwidth and nothing else. A pass is resumable by construction: a pass cut short
+// (a restart, a membership change) is followed by one that asks again, and only the
+// copies still missing are made. Bandwidth is bounded by `bytes_per_s`.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cachesvc/namespace_registry.h"
+#include "cluster/membership.h"
+#include "storage/chunk_store.h"
+
+namespace kvc::cachesvc {
+
+struct RepairOptions {
+  std::string self_id;
+  size_t replicas = 2;              // R: must match the clients' (ClientOptions::replicas)
+  double grace_s = 30;              // the membership unchanged this long before a pass
+  double interval_s = 600;          // and a pass at least this often (0: only on changes)
+  uint64_t bytes_per_s = 0;         // copy bandwidth (payload bytes); 0: unbounded
+  std::string secret;               // the cluster credential sent to peers (may be empty)
+  std::string tls_roots_pem;        // non-empty: peers are dialled over TLS with these roots
+  size_t max_copy_bytes = 4 << 20;  // payload bytes per Replicate call
+  std::function<void(const std::string& event, const std::string& detail)> log;
+};
+
+// What repair has found and done, for Stats, metrics and kvctl stats --cluster.
+struct RepairStats {
+  bool pending = false;          // the membership changed and no pass has completed since
+  bool running = false;          // a pass is walking now
+  double progress = 0;           // of the running pass's copies (1 when none are needed)
+  uint64_t passes = 0;           // passes completed
+  int64_t last_pass_unix_s = 0;  // when the last complete pass ended (0: none yet)
+  // Chunks this node is to copy (it is their copier, see above) that lack copies on some
+  // owner, as the running or last pass found them, less those copied since: what drains
+  // to 0 after a node loss.
+  uint64_t under_replicated_chunks = 0, under_replicated_bytes = 0;
+  uint64_t copied_chunks = 0, copied_bytes = 0;  // copies made, in all
+  uint64_t failed_copies = 0;                    // copies (or owner questions) that failed, in all
+  uint64_t unplaceable_chunks = 0;  // held without the client's key (an older kvcached's)
+  double copy_bytes_per_s = 0;      // over the running or last pass
+};
+
+class ClusterRepair {
+ public:
+  // Starts the background thread, which watches the membership through `view`.
+  ClusterRepair(RepairOptions options, storage::ChunkStore* store, NamespaceRegistry* registry,
+                std::unique_ptr<cluster::MembershipView> view);
+  ~ClusterRepair();
+
+  RepairStats stats() const;
+
+  // Hands this node's chunks over as if it had left: every chunk goes to each of its owners
+  // under the membership without this node that lacks it. Runs in the caller's thread (the
+  // background passes stop first); OK when every copy was made. Call it while the node is
+  // still registered (its copies stay readable meanwhile), leave, and call it again for
+  // what arrived in between.
+  absl::Status Drain();
+
+ private:
+  struct Pass;
+  void Loop();
+  // One pass over `members` (this node among them or not); Aborted when `stop` turns true
+  // or (unless draining) the membership changes.
+  absl::Status RunPass(const std::vector<cluster::NodeInfo>& members, bool draining,
+                       uint64_t membership_version);
+  bool ShouldStop(bool draining, uint64_t membership_version) const;
+
+  RepairOptions opt_;
+  storage::ChunkStore* store_;
+  NamespaceRegistry* registry_;
+  std::unique_ptr<cluster::MembershipView> view_;
+  class Peers;
+  std::unique_ptr<Peers> peers_;
+
+  std::mutex pass_mu_;  // one pass at a time (the background's or a drain's)
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool draining_ = false;
+  RepairStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,407 @@
+// Node-side repair on real processes: Debian's etcd and four kvcached nodes on loopback,
+// R = 2, every node with the cluster credential and a 1 s repair grace.
+//   - Chaos: a data set stored through the cluster client; one node SIGKILLed and its data
+//     folder deleted; with no client reading anything, the survivors copy every chunk back
+//     to two copies (their Stats say under-replicated drains to 0); then a second node is
+//     SIGKILLed and every acknowledged chunk still fetches byte-exact, for both tenants.
+//   - Drain under load: `kvctl drain` while a writer and a reader run; the node leaves, and
+//     every chunk acknowledged before, during and after sits on two of the three others.
+//   - The peer calls take the cluster credential and nothing else (no tenant token), check
+//     each payload against its checksum and each namespace against its derived id, and
+//     store a copy in its own tenant's namespace only.
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "client/cluster_client.h"
+#include "client/prefix_hash.h"
+#include "gtest/gtest.h"
+#include "kvcache/v1/peer.grpc.pb.h"
+#include "serve/local_cluster.h"
+#include "storage/slot_format.h"
+#include "tests/cachesvc/daemon.h"
+#include "tests/cachesvc/random_prefix.h"
+#include "tests/testing/seed.h"
+#include "tests/testing/subprocess.h"
+
+namespace kvc::client {
+namespace {
+
+namespace pb = ::kvcache::v1;
+using ::kvc::serve::EtcdProcess;
+using ::kvc::testing::Daemon;
+using ::kvc::testing::MakePrefix;
+using ::kvc::testing::Prefix;
+using ::kvc::testing::ReadFile;
+using ::kvc::testing::TempDir;
+using storage::ChunkKey;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kTokenA[] = "token-of-alice";
+constexpr char kTokenB[] = "token-of-bob";
+constexpr char kTokenOps[] = "token-of-ops";  // sees the daemons' totals (repair state)
+constexpr char kSecret[] = "cluster-secret-0123456789abcdef";
+constexpr int kNodes = 4;
+
+template <typename F>
+bool WaitFor(F done, double seconds) {
+  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+  while (!done()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return true;
+}
+
+class RepairTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = testing::FreshSeed();
+    rng_.seed(seed_);
+    std::ofstream(dir_.File("tokens")) << kTokenA << " alice\n"
+                                       << kTokenB << " bob\n"
+                                       << kTokenOps << " ops\n";
+    std::ofstream(dir_.File("secret")) << kSecret << "\n";
+    etcd_ = std::make_unique<EtcdProcess>(dir_.File("etcd"));
+    ASSERT_TRUE(etcd_->Start().ok());
+    for (int i = 0; i < kNodes; ++i) StartNode(i);
+    alice_ = Connect(kTokenA);
+    bob_ = Connect(kTokenB);
+    ASSERT_NE(alice_, nullptr);
+    ASSERT_NE(bob_, nullptr);
+    config_ = ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json");
+    absl::StatusOr<RemoteNamespace> a = alice_->RegisterNamespace(config_, "mini", 64);
+    absl::StatusOr<RemoteNamespace> b = bob_->RegisterNamespace(config_, "mini", 64);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+    ns_a_ = *a;
+    ns_b_ = *b;
+  }
+
+  void TearDown() override {
+    if (!HasFailure()) return;
+    for (int i = 0; i < kNodes; ++i) {  // what the nodes logged, to see why
+      const std::string log = ReadFile(dir_.File("n" + std::to_string(i) + ".log"));
+      std::printf("---- %s's log (last 4 KB)\n%s\n", NodeId(i).c_str(),
+                  log.substr(log.size() > 4096 ? log.size() - 4096 : 0).c_str());
+    }
+  }
+
+  void StartNode(int i) {
+    nodes_[i] = std::make_unique<Daemon>(
+        NodeDir(i),
+        std::vector<std::string>{
+            "--cluster", etcd_->url(), "--node-id", NodeId(i), "--cluster-lease-seconds", "2",
+            "--auth-tokens", dir_.File("tokens"), "--admin-tenants", "ops", "--cluster-secret-file",
+            dir_.File("secret"), "--repair-grace-seconds", "1", "--replicas", "2",
+            // slots of the mini model's chunks: room for every copy
+            "--max-chunk-bytes", "8192"},
+        dir_.File("n" + std::to_string(i) + ".log"));
+  }
+  std::string NodeDir(int i) const { return dir_.File("node" + std::to_string(i)); }
+  static std::string NodeId(int i) { return "n" + std::to_string(i); }
+
+  std::unique_ptr<ClusterClient> Connect(const std::string& token) {
+    ClientOptions o;
+    o.address = etcd_->url();
+    o.bearer_token = token;
+    o.timeout_ms = 5000;
+    o.replicas = 2;
+    absl::StatusOr<std::unique_ptr<ClusterClient>> c = ClusterClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return nullptr;
+    EXPECT_TRUE(WaitFor([&] { return (*c)->membership()->nodes.size() == Live(); }, 10));
+    return *std::move(c);
+  }
+  size_t Live() const {
+    return static_cast<size_t>(
+        std::count_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n != nullptr; }));
+  }
+
+  // Node i's Stats as the ops tenant sees them (with the repair state).
+  std::optional<pb::StatsResponse> StatsOf(int i) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kTokenOps);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::StatsResponse resp;
+    if (!nodes_[i]->stub().Stats(&ctx, pb::StatsRequest(), &resp).ok()) return std::nullopt;
+    return resp;
+  }
+  // Every live node has finished a repair pass since `passes_before` and has nothing left.
+  bool RepairSettled(const std::map<int, uint64_t>& passes_before) {
+    for (int i = 0; i < kNodes; ++i) {
+      if (!nodes_[i]) continue;
+      std::optional<pb::StatsResponse> s = StatsOf(i);
+      if (!s || !s->has_repair()) return false;
+      const pb::RepairStats& r = s->repair();
+      auto before = passes_before.find(i);
+      if (r.pending() || r.running() || r.under_replicated_chunks() != 0 ||
+          r.passes() <= (before == passes_before.end() ? 0 : before->second))
+        return false;
+    }
+    return true;
+  }
+  std::map<int, uint64_t> Passes() {
+    std::map<int, uint64_t> p;
+    for (int i = 0; i < kNodes; ++i) {
+      if (nodes_[i]) {
+        std::optional<pb::StatsResponse> s = StatsOf(i);
+        p[i] = s ? s->repair().passes() : 0;
+      }
+    }
+    return p;
+  }
+
+  // How many live nodes hold each chunk of `p` (a direct Lookup on each: not a cluster read,
+  // so no read repair).
+  std::vector<int> CopiesOf(const RemoteNamespace& ns, const std::string& token, const Prefix& p) {
+    const size_t chunks = p.tokens.size() / ns.chunk_tokens;
+    std::vector<int> copies(chunks, 0);
+    for (int i = 0; i < kNodes; ++i) {
+      if (!nodes_[i]) continue;
+      ClientOptions o;
+      o.address = nodes_[i]->address();
+      o.bearer_token = token;
+      absl::StatusOr<std::unique_ptr<CacheClient>> c = CacheClient::Connect(o);
+      EXPECT_TRUE(c.ok()) << c.status();
+      absl::StatusOr<LookupResult> l = (*c)->LookupEvery(ns, p.tokens);
+      EXPECT_TRUE(l.ok()) << NodeId(i) << ": " << l.status();
+      if (!l.ok()) continue;
+      for (size_t k = 0; k < chunks && k < l->tiers.size(); ++k)
+        copies[k] += l->tiers[k] != Tier::kNone;
+    }
+    return copies;
+  }
+  static int MinCopies(const std::vector<int>& copies) {
+    return copies.empty() ? 0 : *std::min_element(copies.begin(), copies.end());
+  }
+
+  void ExpectFetchExact(ClusterClient& c, const RemoteNamespace& ns, const Prefix& p) {
+    const std::vector<ChunkKey> keys = c.Keys(ns, p.tokens);
+    std::vector<uint8_t> out(keys.size() * ns.chunk_bytes);
+    std::string why;
+    absl::StatusOr<size_t> n = c.Fetch(ns, keys, out, &why);
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(*n, keys.size()) << why;
+    EXPECT_TRUE(out == p.payloads) << "fetched bytes differ from the stored ones";
+  }
+
+  // Stops node i for good: SIGKILL, its data folder deleted with it.
+  void KillAndWipe(int i) {
+    nodes_[i]->Stop(SIGKILL);
+    nodes_[i].reset();
+    std::filesystem::remove_all(NodeDir(i));
+  }
+
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+  TempDir dir_;
+  std::unique_ptr<EtcdProcess> etcd_;
+  std::array<std::unique_ptr<Daemon>, kNodes> nodes_;
+  std::unique_ptr<ClusterClient> alice_, bob_;
+  std::string config_;
+  RemoteNamespace ns_a_, ns_b_;
+};
+
+TEST_F(RepairTest, ChunksNobodyReadsSurviveTwoNodeLossesOneAfterTheOther) {
+  std::vector<Prefix> alice, bob;
+  for (int i = 0; i < 6; ++i) {
+    alice.push_back(MakePrefix(rng_, ns_a_, 24));
+    ASSERT_TRUE(
+        alice_->Store(ns_a_, std::nullopt, alice.back().tokens, alice.back().payloads).ok());
+  }
+  bob.push_back(MakePrefix(rng_, ns_b_, 24));
+  ASSERT_TRUE(bob_->Store(ns_b_, std::nullopt, bob.back().tokens, bob.back().payloads).ok());
+  size_t chunks = 0;
+  for (const Prefix& p : alice) {
+    EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 2);
+    chunks += p.tokens.size() / ns_a_.chunk_tokens;
+  }
+  ASSERT_TRUE(WaitFor([&] { return RepairSettled({}); }, 30)) << "no first pass";
+
+  // The first loss: n1 and its disk, for good. Nobody reads anything from here on.
+  const std::map<int, uint64_t> before = Passes();
+  const auto killed_at = Clock::now();
+  KillAndWipe(1);
+  ASSERT_TRUE(WaitFor([&] { return RepairSettled(before); }, 60)) << "repair did not settle";
+  const double repair_s = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  uint64_t copied = 0, copied_bytes = 0;
+  for (int i : {0, 2, 3}) {
+    const pb::RepairStats r = StatsOf(i)->repair();
+    copied += r.copied_chunks();
+    copied_bytes += r.copied_bytes();
+    EXPECT_EQ(r.unplaceable_chunks(), 0u) << NodeId(i);
+  }
+  std::printf(
+      "repair after the loss of n1: %.1f s (lease 2 s + grace 1 s), %llu copies, %llu "
+      "bytes, for %zu chunks of alice and 24 of bob\n",
+      repair_s, (unsigned long long)copied, (unsigned long long)copied_bytes, chunks);
+  EXPECT_GT(copied, 0u) << "n1 held nothing?";
+  for (const Prefix& p : alice) EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 2);
+  EXPECT_EQ(MinCopies(CopiesOf(ns_b_, kTokenB, bob[0])), 2);
+  // The copies went to their own tenant's namespace: alice sees none of bob's chunks.
+  EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, Prefix{bob[0].tokens, {}})), 0);
+
+  // The second loss: every acknowledged chunk is still there, byte-exact.
+  KillAndWipe(2);
+  std::unique_ptr<ClusterClient> reader = Connect(kTokenA);
+  ASSERT_TRUE(reader->RegisterNamespace(config_, "mini", 64).ok());
+  for (const Prefix& p : alice) ExpectFetchExact(*reader, ns_a_, p);
+  std::unique_ptr<ClusterClient> bob_reader = Connect(kTokenB);
+  ASSERT_TRUE(bob_reader->RegisterNamespace(config_, "mini", 64).ok());
+  ExpectFetchExact(*bob_reader, ns_b_, bob[0]);
+}
+
+TEST_F(RepairTest, ADrainedNodeHandsEveryChunkOverUnderLoad) {
+  std::vector<Prefix> before;
+  for (int i = 0; i < 4; ++i) {
+    before.push_back(MakePrefix(rng_, ns_a_, 16));
+    ASSERT_TRUE(
+        alice_->Store(ns_a_, std::nullopt, before.back().tokens, before.back().payloads).ok());
+  }
+  // A writer and a reader keep going through the drain.
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<Prefix> written;
+  std::atomic<int> write_failures{0}, read_failures{0}, reads{0};
+  std::mt19937_64 writer_rng(seed_ ^ 0x5EED);
+  std::thread writer([&] {
+    std::unique_ptr<ClusterClient> c = Connect(kTokenA);
+    ASSERT_TRUE(c->RegisterNamespace(config_, "mini", 64).ok());
+    while (!stop) {
+      Prefix p = MakePrefix(writer_rng, ns_a_, 4);
+      if (c->Store(ns_a_, std::nullopt, p.tokens, p.payloads).ok()) {
+        std::lock_guard lk(mu);
+        written.push_back(std::move(p));
+      } else {
+        ++write_failures;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::thread reader([&] {
+    std::unique_ptr<ClusterClient> c = Connect(kTokenA);
+    ASSERT_TRUE(c->RegisterNamespace(config_, "mini", 64).ok());
+    for (size_t k = 0; !stop; ++k) {
+      const Prefix& p = before[k % before.size()];
+      const std::vector<ChunkKey> keys = c->Keys(ns_a_, p.tokens);
+      std::vector<uint8_t> out(keys.size() * ns_a_.chunk_bytes);
+      absl::StatusOr<size_t> n = c->Fetch(ns_a_, keys, out);
+      if (!n.ok() || *n != keys.size() || out != p.payloads) ++read_failures;
+      ++reads;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const testing::ProcessResult drained =
+      testing::RunProgram(std::string(KVC_BIN_DIR) + "/kvctl",
+                          {"drain", NodeId(3), "--cluster", etcd_->url(), "--cluster-secret-file",
+                           dir_.File("secret"), "--wait-seconds", "60"});
+  std::printf("%s", drained.out.c_str());
+  EXPECT_EQ(drained.exit_code, 0) << drained.err;
+  EXPECT_NE(drained.out.find("left the cluster"), std::string::npos) << drained.out;
+  // The node exits by itself once it has handed everything over.
+  int status = -1;
+  EXPECT_TRUE(WaitFor([&] { return waitpid(nodes_[3]->pid(), &status, WNOHANG) > 0; }, 30));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  nodes_[3]->Forget();
+  nodes_[3].reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  stop = true;
+  writer.join();
+  reader.join();
+  EXPECT_EQ(read_failures.load(), 0) << "of " << reads.load() << " reads";
+  std::printf("drain under load: %zu prefixes written during it (%d stores failed), %d reads\n",
+              written.size(), write_failures.load(), reads.load());
+  EXPECT_GT(written.size(), 0u);
+  // No chunk acknowledged before or during the drain is below two copies on the others
+  // once the grace for the changed membership has passed (chunks a client wrote to n3
+  // just as it left are copied back by the others' repair).
+  const std::map<int, uint64_t> passes = Passes();
+  ASSERT_TRUE(WaitFor([&] { return RepairSettled(passes); }, 30));
+  for (const Prefix& p : before) EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 2);
+  for (const Prefix& p : written) EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 2);
+  std::unique_ptr<ClusterClient> c = Connect(kTokenA);
+  ASSERT_TRUE(c->RegisterNamespace(config_, "mini", 64).ok());
+  for (const Prefix& p : written) ExpectFetchExact(*c, ns_a_, p);
+}
+
+TEST_F(RepairTest, PeerCallsTakeTheClusterCredentialAndCheckWhatTheyStore) {
+  auto stub = pb::ClusterPeer::NewStub(
+      grpc::CreateChannel(nodes_[0]->address(), grpc::InsecureChannelCredentials()));
+  // A chunk of alice's, as a peer would copy it.
+  const Prefix p = MakePrefix(rng_, ns_a_, 1);
+  const ChunkKey key = alice_->Keys(ns_a_, p.tokens)[0];
+  pb::ReplicateRequest req;
+  pb::PeerNamespace* ns = req.mutable_ns();
+  ns->set_namespace_id(ns_a_.id);
+  ns->set_tenant("alice");
+  ns->set_root_key(std::string(reinterpret_cast<const char*>(ns_a_.root.bytes.data()), 16));
+  ns->set_model_id("mini");
+  ns->set_chunk_tokens(ns_a_.chunk_tokens);
+  ns->set_chunk_bytes(ns_a_.chunk_bytes);
+  ns->set_vocab_size(ns_a_.vocab_size);
+  pb::ReplicaChunk* c = req.add_chunks();
+  c->set_chunk_key(std::string(reinterpret_cast<const char*>(key.bytes.data()), 16));
+  c->set_payload(std::string(p.payloads.begin(), p.payloads.end()));
+  c->set_checksum(storage::PayloadChecksum(p.payloads));
+  auto call = [&](const pb::ReplicateRequest& r, const char* md_key, const std::string& md_value) {
+    grpc::ClientContext ctx;
+    if (md_key != nullptr) ctx.AddMetadata(md_key, md_value);
+    pb::ReplicateResponse resp;
+    return stub->Replicate(&ctx, r, &resp);
+  };
+  auto holds = [&] {
+    pb::HoldsRequest h;
+    *h.mutable_ns() = req.ns();
+    h.set_packed_chunk_keys(c->chunk_key());
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-kvcache-peer", kSecret);
+    pb::HoldsResponse resp;
+    EXPECT_TRUE(stub->Holds(&ctx, h, &resp).ok());
+    return resp.tiers_size() == 1 && resp.tiers(0) != pb::TIER_NONE;
+  };
+  // No credential, a tenant's token (either way), a wrong credential: refused.
+  EXPECT_EQ(call(req, nullptr, "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(req, "authorization", std::string("Bearer ") + kTokenA).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(req, "x-kvcache-peer", kTokenA).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(req, "x-kvcache-peer", std::string(kSecret) + "x").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // A payload that does not match its checksum, or a namespace id its tenant and root do
+  // not derive: refused, and nothing stored.
+  pb::ReplicateRequest bad = req;
+  (*bad.mutable_chunks(0)->mutable_payload())[7] ^= 1;
+  grpc::Status s = call(bad, "x-kvcache-peer", kSecret);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+  bad = req;
+  bad.mutable_ns()->set_namespace_id(ns_a_.id + 1);
+  s = call(bad, "x-kvcache-peer", kSecret);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  bad = req;
+  bad.mutable_ns()->set_tenant("bob");  // alice's root under bob: another derived id
+  s = call(bad, "x-kvcache-peer", kSecret);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_FALSE(holds());
+  // The right call stores it in alice's namespace: alice finds it there, bob does not.
+  s = call(req, "x-kvcache-peer", kSecret);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(holds());
+  ClientOptions o;
+  o.address = nodes_[0]->address();
+  o.bearer_token = kTokenA;
+  std::unique_ptr<CacheClient> direct = *CacheClient::Connect(o);
+  std::vector<uint8_t> out(ns_a_.chunk_bytes);
+  absl::StatusOr<size_t> n = direct->Fetch(ns_a_, std::vector<ChunkKey>{key}, out);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1u);
+  EXPECT_TRUE(out == p.payloads);
+  EXPECT_EQ(MinCopies(CopiesOf(ns_b_, kTokenB, p)), 0);
+}
+
+}  // namespace
+}  // namespace kvc::client
