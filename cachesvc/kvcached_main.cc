@@ -392,7 +392,10 @@ int Main(int argc, char** argv) {
   // A cluster node's repair (repair.h): started once the node is registered (below); its
   // state goes into Stats for the tenants that see the daemon's totals.
   std::unique_ptr<ClusterRepair> repair;
-  if (node) {
+  // Repair needs the credential to reach the other nodes when they have tenants (without
+  // tenants the peers' calls are open: every namespace is "default"'s anyway).
+  const bool repairs = node && (!cluster_secret.empty() || !auth.enabled());
+  if (repairs) {
     opt.repair_stats = [&repair](kvcache::v1::RepairStats* out) {
       if (!repair) return;
       const RepairStats r = repair->stats();
@@ -409,6 +412,7 @@ int Main(int argc, char** argv) {
       out->set_unplaceable_chunks(r.unplaceable_chunks);
       out->set_copy_bytes_per_s(r.copy_bytes_per_s);
     };
+    metrics.SetRepairSource(opt.repair_stats);
   }
   auto service = std::make_unique<KvCacheService>(store->get(), registry->get(), &auth, opt);
   // The peers' calls (peer_service.h): Drain raises SIGUSR1, which the signal loop below
@@ -416,11 +420,17 @@ int Main(int argc, char** argv) {
   std::optional<ClusterPeerService> peer_service;
   if (node) {
     storage::ChunkStore* chunks = store->get();
-    peer_service.emplace(service.get(), cluster_secret, [chunks]() -> uint64_t {
-      const storage::StoreStats s = chunks->Stats();
-      kill(getpid(), SIGUSR1);
-      return s.ssd_chunks + s.ram_chunks;
-    });
+    peer_service.emplace(service.get(), cluster_secret,
+                         [chunks, repairs]() -> absl::StatusOr<uint64_t> {
+                           if (!repairs) {
+                             return absl::FailedPreconditionError(
+                                 "repair is off on this node (no --cluster-secret-file): it "
+                                 "cannot hand its chunks over");
+                           }
+                           const storage::StoreStats s = chunks->Stats();
+                           kill(getpid(), SIGUSR1);
+                           return s.ssd_chunks + s.ram_chunks;
+                         });
   }
 
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -507,6 +517,11 @@ int Main(int argc, char** argv) {
         cluster::NodeRegistration::Start(std::move(ro));
     if (!r.ok()) return Fail(absl::StrCat("--cluster: ", r.status().message()));
     registration = *std::move(r);
+    std::printf("kvcached: node %s (generation %llu) in cluster %s as %s%s\n", node->id.c_str(),
+                static_cast<unsigned long long>(node->generation), cluster_url.c_str(),
+                node->address.c_str(), registration->registered() ? "" : " (etcd not reached yet)");
+  }
+  if (repairs) {
     absl::StatusOr<std::unique_ptr<cluster::MembershipView>> view =
         cluster::MembershipView::Open(etcd_endpoints, *etcd_security);
     if (!view.ok()) {
@@ -531,9 +546,10 @@ int Main(int argc, char** argv) {
     };
     repair = std::make_unique<ClusterRepair>(std::move(rep), store->get(), registry->get(),
                                              *std::move(view));
-    std::printf("kvcached: node %s (generation %llu) in cluster %s as %s%s\n", node->id.c_str(),
-                static_cast<unsigned long long>(node->generation), cluster_url.c_str(),
-                node->address.c_str(), registration->registered() ? "" : " (etcd not reached yet)");
+  } else if (node) {
+    std::printf(
+        "kvcached: repair off: nodes with tenants need --cluster-secret-file to copy chunks to "
+        "each other (docs/cluster.md)\n");
   }
   std::fflush(stdout);
   LogLine(LogLevel::kInfo, "start")

@@ -37,7 +37,53 @@ prometheus::MetricFamily Family(const std::string& name, const std::string& help
 class StoreCollector final : public prometheus::Collectable {
  public:
   explicit StoreCollector(const storage::ChunkStore* store) : store_(store) {}
+  void SetRepairSource(std::function<void(kvcache::v1::RepairStats*)> source) {
+    std::lock_guard lk(mu_);
+    repair_ = std::move(source);
+  }
   std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out = StoreFamilies();
+    std::function<void(kvcache::v1::RepairStats*)> source;
+    {
+      std::lock_guard lk(mu_);
+      source = repair_;
+    }
+    if (source) {
+      using T = prometheus::MetricType;
+      kvcache::v1::RepairStats r;
+      source(&r);
+      auto add = [&](const char* name, const char* help, T type, double v) {
+        out.push_back(Family(name, help, type, {Value(v)}));
+      };
+      add("kvcache_repair_under_replicated_chunks",
+          "Chunks this node is to copy that lack a copy on one of their owners", T::Gauge,
+          r.under_replicated_chunks());
+      add("kvcache_repair_under_replicated_bytes", "Their payload bytes", T::Gauge,
+          r.under_replicated_bytes());
+      add("kvcache_repair_copied_chunks_total", "Chunk copies repair made to other nodes",
+          T::Counter, r.copied_chunks());
+      add("kvcache_repair_copied_bytes_total", "Payload bytes repair copied to other nodes",
+          T::Counter, r.copied_bytes());
+      add("kvcache_repair_failed_copies_total", "Chunk copies that failed", T::Counter,
+          r.failed_copies());
+      add("kvcache_repair_passes_total", "Repair passes completed over every chunk held",
+          T::Counter, r.passes());
+      add("kvcache_repair_last_pass_timestamp_seconds",
+          "When the last complete repair pass ended (0: none yet)", T::Gauge, r.last_pass_unix_s());
+      add("kvcache_repair_pending",
+          "1 while the membership changed and no pass has completed since", T::Gauge,
+          r.pending() ? 1 : 0);
+      add("kvcache_repair_copy_bytes_per_second", "Copy rate over the running or last pass",
+          T::Gauge, r.copy_bytes_per_s());
+      add("kvcache_repair_unplaceable_chunks",
+          "Chunks held without the client's key (stored by an older kvcached): not repaired",
+          T::Gauge, r.unplaceable_chunks());
+    }
+    return out;
+  }
+
+ private:
+  std::vector<prometheus::MetricFamily> StoreFamilies() const {
     using T = prometheus::MetricType;
     const storage::StoreStats s = store_->Stats();
     auto tiers = [](double ram, double ssd) {
@@ -89,8 +135,9 @@ class StoreCollector final : public prometheus::Collectable {
     };
   }
 
- private:
   const storage::ChunkStore* store_;
+  mutable std::mutex mu_;
+  std::function<void(kvcache::v1::RepairStats*)> repair_;
 };
 
 }  // namespace
@@ -130,6 +177,10 @@ void ServiceMetrics::ObserveCall(const std::string& method, grpc::StatusCode cod
   // Family::Add returns the existing series for the same labels.
   impl_->rpc.Add({{"method", method}, {"code", std::to_string(static_cast<int>(code))}}, kBuckets)
       .Observe(seconds);
+}
+
+void ServiceMetrics::SetRepairSource(std::function<void(kvcache::v1::RepairStats*)> source) {
+  impl_->collector->SetRepairSource(std::move(source));
 }
 
 void ServiceMetrics::AddBytes(bool in, uint64_t n) {

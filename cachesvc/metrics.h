@@ -7,15 +7,23 @@
 //   kvcache_promotions_total, kvcache_pending_write_behind, kvcache_index_rebuilds_total,
 //   kvcache_recovered_chunks
 //                                      read from the store at scrape time.
+//   kvcache_repair_under_replicated_chunks, kvcache_repair_under_replicated_bytes,
+//   kvcache_repair_copied_chunks_total, kvcache_repair_copied_bytes_total,
+//   kvcache_repair_failed_copies_total, kvcache_repair_passes_total,
+//   kvcache_repair_last_pass_timestamp_seconds, kvcache_repair_pending,
+//   kvcache_repair_copy_bytes_per_second, kvcache_repair_unplaceable_chunks
+//                                      a cluster node's repair (repair.h), at scrape time.
 // Thread-safe (prometheus-cpp metrics are atomic).
 #pragma once
 
 #include <grpcpp/support/status.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kvcache/v1/kvcache.pb.h"
 #include "storage/chunk_store.h"
 
 namespace prometheus {
@@ -32,6 +40,8 @@ class ServiceMetrics {
 
   void ObserveCall(const std::string& method, grpc::StatusCode code, double seconds);
   void AddBytes(bool in, uint64_t bytes);
+  // A cluster node's repair state, read at every scrape (null: none; the series are absent).
+  void SetRepairSource(std::function<void(kvcache::v1::RepairStats*)> source);
 
   // Serves /metrics on HOST:PORT (port 0: any); returns the port bound.
   absl::StatusOr<int> Serve(const std::string& listen);

@@ -167,7 +167,7 @@ absl::Status KvCacheService::Impl::DoReplicate(const pb::ReplicateRequest& req,
 }
 
 ClusterPeerService::ClusterPeerService(KvCacheService* service, std::string secret,
-                                       std::function<uint64_t()> on_drain)
+                                       std::function<absl::StatusOr<uint64_t>()> on_drain)
     : svc_(service->impl()), secret_(std::move(secret)), on_drain_(std::move(on_drain)) {}
 
 absl::Status ClusterPeerService::CheckPeer(const grpc::CallbackServerContext* ctx) const {
@@ -232,8 +232,8 @@ grpc::ServerUnaryReactor* ClusterPeerService::Drain(grpc::CallbackServerContext*
                                                     const pb::DrainRequest*,
                                                     pb::DrainResponse* resp) {
   return RunPeerCall(svc_, "Peer.Drain", ctx, CheckPeer(ctx), [this, resp] {
-    if (!on_drain_) return absl::FailedPreconditionError("this node is not in a cluster");
-    resp->set_chunks(on_drain_());
+    KVC_ASSIGN_OR_RETURN(uint64_t chunks, on_drain_());
+    resp->set_chunks(chunks);
     return absl::OkStatus();
   });
 }

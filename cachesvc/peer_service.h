@@ -24,9 +24,9 @@ inline constexpr char kPeerMetadataKey[] = "x-kvcache-peer";
 class ClusterPeerService final : public kvcache::v1::ClusterPeer::CallbackService {
  public:
   // `secret`: the cluster credential (empty: none). `on_drain`: starts this node's drain
-  // and returns the chunks it holds; null: Drain is refused (not a cluster node).
+  // and returns the chunks it holds, or why it cannot drain.
   ClusterPeerService(KvCacheService* service, std::string secret,
-                     std::function<uint64_t()> on_drain);
+                     std::function<absl::StatusOr<uint64_t>()> on_drain);
 
   grpc::ServerUnaryReactor* Holds(grpc::CallbackServerContext* ctx,
                                   const kvcache::v1::HoldsRequest* req,
@@ -42,7 +42,7 @@ class ClusterPeerService final : public kvcache::v1::ClusterPeer::CallbackServic
   absl::Status CheckPeer(const grpc::CallbackServerContext* ctx) const;
   KvCacheService::Impl* svc_;
   std::string secret_;
-  std::function<uint64_t()> on_drain_;
+  std::function<absl::StatusOr<uint64_t>()> on_drain_;
 };
 
 }  // namespace kvc::cachesvc

@@ -644,12 +644,9 @@ std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks() const {
       out.push_back(
           {rec.namespace_id, key, rec.origin, rec.payload_bytes, rec.checksum, rec.expires_s, 0});
     }
-    if (impl_->ram) {
-      const auto& on_ssd = impl_->ssd_map;
-      impl_->ram->ForEach([&out, &on_ssd](const ChunkKey& key, const RamEntry& e) {
-        if (!on_ssd.contains(key)) {
-          out.push_back({e.ns, key, e.origin, e.len, e.checksum, e.expires_s, 0});
-        }
+    if (impl_->ram) {  // a chunk in both tiers is listed once (its SSD entry), below
+      impl_->ram->ForEach([&out](const ChunkKey& key, const RamEntry& e) {
+        out.push_back({e.ns, key, e.origin, e.len, e.checksum, e.expires_s, 0});
       });
     }
     for (ChunkListing& c : out) {
@@ -657,8 +654,12 @@ std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks() const {
       if (p != impl_->pins.end()) c.pin_until_s = p->second;
     }
   }
-  std::sort(out.begin(), out.end(),
-            [](const ChunkListing& a, const ChunkListing& b) { return a.key < b.key; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ChunkListing& a, const ChunkListing& b) { return a.key < b.key; });
+  out.erase(
+      std::unique(out.begin(), out.end(),
+                  [](const ChunkListing& a, const ChunkListing& b) { return a.key == b.key; }),
+      out.end());
   return out;
 }
 

@@ -242,6 +242,19 @@ TEST_F(RepairTest, ChunksNobodyReadsSurviveTwoNodeLossesOneAfterTheOther) {
       "bytes, for %zu chunks of alice and 24 of bob\n",
       repair_s, (unsigned long long)copied, (unsigned long long)copied_bytes, chunks);
   EXPECT_GT(copied, 0u) << "n1 held nothing?";
+  // What an operator sees: every node's repair state, and nothing left under-replicated.
+  const testing::ProcessResult stats =
+      testing::RunProgram(std::string(KVC_BIN_DIR) + "/kvctl",
+                          {"--token", kTokenOps, "stats", "--cluster", etcd_->url()});
+  std::printf("%s", stats.out.c_str());
+  EXPECT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_NE(stats.out.find("under-repl."), std::string::npos) << stats.out;
+  EXPECT_NE(stats.out.find("idle"), std::string::npos) << stats.out;
+  const size_t total = stats.out.find("\ncluster ");
+  ASSERT_NE(total, std::string::npos) << stats.out;
+  uint64_t left = 1;
+  ASSERT_EQ(std::sscanf(stats.out.c_str() + total, "\ncluster %lu", &left), 1) << stats.out;
+  EXPECT_EQ(left, 0u) << "kvctl says chunks are still under-replicated";
   for (const Prefix& p : alice) EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 2);
   EXPECT_EQ(MinCopies(CopiesOf(ns_b_, kTokenB, bob[0])), 2);
   // The copies went to their own tenant's namespace: alice sees none of bob's chunks.
