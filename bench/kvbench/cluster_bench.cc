@@ -4,8 +4,10 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,8 +27,16 @@ namespace pb = ::kvcache::v1;
 using client::CacheApi;
 using Clock = std::chrono::steady_clock;
 
-const std::vector<std::string> kNodeFlags = {
-    "--ram-bytes", "1073741824", "--ssd-bytes", "1073741824", "--cluster-lease-seconds", "2"};
+const std::vector<std::string> kNodeFlags = {"--ram-bytes",
+                                             "1073741824",
+                                             "--ssd-bytes",
+                                             "1073741824",
+                                             "--cluster-lease-seconds",
+                                             "2",
+                                             "--repair-grace-seconds",
+                                             "1",
+                                             "--repair-mbps",
+                                             "0"};
 
 // One system under test: a single kvcached, or a local cluster of N.
 struct System {
@@ -81,6 +91,106 @@ Data MakeData(uint64_t seed, const client::RemoteNamespace& ns, int64_t chunks) 
     std::memcpy(d.payloads.data() + i, &v, std::min<size_t>(8, d.payloads.size() - i));
   }
   return d;
+}
+
+// A node's repair state (its Stats; nodes here have no tenants, so Stats shows it).
+absl::StatusOr<pb::StatsResponse> NodeStats(const std::string& address) {
+  auto stub = pb::KVCache::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::StatsResponse resp;
+  if (grpc::Status s = stub->Stats(&ctx, pb::StatsRequest(), &resp); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(address, ": ", s.error_message()));
+  }
+  return resp;
+}
+
+// Waits until every node in `live` has completed a repair pass since `passes_before` (its
+// count then) and has nothing left to copy; returns the copies' bytes made since.
+absl::StatusOr<uint64_t> WaitForRepair(serve::LocalCluster& c, const std::vector<int>& live,
+                                       const std::map<int, pb::RepairStats>& before,
+                                       double seconds) {
+  const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    bool settled = true;
+    uint64_t copied = 0;
+    for (int i : live) {
+      KVC_ASSIGN_OR_RETURN(pb::StatsResponse s, NodeStats(c.node(i).address()));
+      const pb::RepairStats& r = s.repair();
+      auto b = before.find(i);
+      settled = settled && !r.pending() && !r.running() && r.under_replicated_chunks() == 0 &&
+                r.passes() > (b == before.end() ? 0 : b->second.passes());
+      copied += r.copied_bytes() - (b == before.end() ? 0 : b->second.copied_bytes());
+    }
+    if (settled) return copied;
+    if (Clock::now() > until) {
+      return absl::DeadlineExceededError(absl::StrCat("repair did not settle in ", seconds, " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// The loss of the fullest node, for good (SIGKILL, its folder deleted): how long until the
+// others have copied every chunk it held back to R copies, without any read, and how many
+// bytes that moved; then every stored prefix must still fetch byte-exact.
+absl::StatusOr<nlohmann::json> MeasureRepair(const ClusterBenchOptions& o, System& sys,
+                                             const client::RemoteNamespace& ns,
+                                             const std::vector<Data>& prefixes,
+                                             const std::vector<std::vector<storage::ChunkKey>>& keys) {
+  serve::LocalCluster& c = *sys.cluster;
+  std::vector<int> all;
+  for (int i = 0; i < c.size(); ++i) all.push_back(i);
+  // Every node checks its chunks once first (the data was stored after its first pass).
+  std::map<int, pb::RepairStats> none;
+  for (int i : all) {
+    KVC_ASSIGN_OR_RETURN(pb::StatsResponse s, NodeStats(c.node(i).address()));
+    none[i] = s.repair();
+    none[i].set_passes(0);
+  }
+  KVC_RETURN_IF_ERROR(WaitForRepair(c, all, none, 60).status());
+  int victim = 0;
+  uint64_t victim_chunks = 0, held_chunks = 0;
+  std::map<int, pb::RepairStats> before;
+  for (int i : all) {
+    KVC_ASSIGN_OR_RETURN(pb::StatsResponse s, NodeStats(c.node(i).address()));
+    const uint64_t chunks = s.ssd_chunks();
+    held_chunks += chunks;
+    if (chunks > victim_chunks) {
+      victim_chunks = chunks;
+      victim = i;
+    }
+    before[i] = s.repair();
+  }
+  std::vector<int> live;
+  for (int i : all) {
+    if (i != victim) live.push_back(i);
+  }
+  const auto killed = Clock::now();
+  c.node(victim).Stop(SIGKILL);
+  std::error_code ec;
+  fs::remove_all(absl::StrCat(o.dir, "/", c.size(), "-nodes/", serve::LocalCluster::NodeId(victim)),
+                 ec);
+  KVC_ASSIGN_OR_RETURN(uint64_t copied, WaitForRepair(c, live, before, 600));
+  const double repair_s = std::chrono::duration<double>(Clock::now() - killed).count();
+  // Every prefix still whole and exact, from the survivors.
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> reader, Connect(sys, 2));
+  KVC_RETURN_IF_ERROR(reader->RegisterNamespace(o.model_config_json, "kvbench-cluster").status());
+  std::vector<uint8_t> buf;
+  for (size_t p = 0; p < prefixes.size(); ++p) {
+    buf.resize(prefixes[p].payloads.size());
+    KVC_ASSIGN_OR_RETURN(size_t got, reader->Fetch(ns, keys[p], buf));
+    if (got != keys[p].size() || buf != prefixes[p].payloads) {
+      return absl::DataLossError(absl::StrCat("after the repair, prefix ", p, " came back with ",
+                                              got, " of ", keys[p].size(), " chunks or wrong bytes"));
+    }
+  }
+  const double data_gb = static_cast<double>(held_chunks) * ns.chunk_bytes / 1e9;  // R copies
+  return nlohmann::json{{"killed_node_chunks", victim_chunks},
+                        {"cluster_chunk_copies", held_chunks},
+                        {"repair_s", repair_s},
+                        {"detect_s", 2.0 + 1.0},  // lease + grace, of repair_s
+                        {"copied_bytes", copied},
+                        {"copied_bytes_per_gb_held", copied / data_gb}};
 }
 
 }  // namespace
@@ -319,6 +429,9 @@ absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& o) {
       stores.push_back({{"replicas", r}, {"gbps", Median(gbps)}});
     }
     js["store"] = stores;
+    if (n >= 3) {
+      KVC_ASSIGN_OR_RETURN(js["repair"], MeasureRepair(o, *sys, ns, prefixes, keys));
+    }
     out["systems"].push_back(js);
   }
   // Ratios against the single node of the same run.
@@ -423,6 +536,19 @@ std::string ClusterBenchToText(const nlohmann::json& r) {
                             f["keys_asked"].get<int>(), f["calls_every_member"].get<int>(),
                             f["keys_asked_every_member"].get<int>());
     }
+  }
+  for (const auto& s : r["systems"]) {
+    if (!s.contains("repair")) continue;
+    const auto& rp = s["repair"];
+    absl::StrAppendFormat(
+        &t,
+        "\nrepair after the loss of the fullest node of %s (SIGKILL, folder deleted; no reads): "
+        "%lld of %lld chunk copies lost, back to R = 2 in %.1f s (of which %.0f s lease + "
+        "grace), %.1f MB copied (%.0f MB per GB held); every prefix then fetched exact\n",
+        s["system"].get<std::string>(), rp["killed_node_chunks"].get<long long>(),
+        rp["cluster_chunk_copies"].get<long long>(), rp["repair_s"].get<double>(),
+        rp["detect_s"].get<double>(), rp["copied_bytes"].get<double>() / 1e6,
+        rp["copied_bytes_per_gb_held"].get<double>() / 1e6);
   }
   t += "\ndurable stores:\n";
   for (const auto& s : r["systems"]) {

@@ -106,6 +106,10 @@ TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   ASSERT_EQ(c["store"].size(), 2u);
   EXPECT_EQ(c["store"][1]["replicas"].get<int>(), 2);
   EXPECT_GT(c["store"][1]["vs_r1"].get<double>(), 0);
+  // The loss of a node, repaired without reads (kvbench checks every prefix afterwards).
+  EXPECT_GT(c["repair"]["killed_node_chunks"].get<int>(), 0) << c["repair"].dump();
+  EXPECT_GT(c["repair"]["copied_bytes"].get<double>(), 0) << c["repair"].dump();
+  EXPECT_GT(c["repair"]["repair_s"].get<double>(), c["repair"]["detect_s"].get<double>() - 1);
   // Lookup by ranking at simulated fleet sizes: R + k nodes per key, not every member.
   ASSERT_FALSE(j["lookup_fanout"].empty());
   for (const auto& f : j["lookup_fanout"]) {
