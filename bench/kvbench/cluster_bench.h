@@ -5,9 +5,10 @@
 // `resume_tokens` prefix (Lookup + Fetch of every chunk), and for one node the same resume
 // from SSD (the daemon restarted before each, so its RAM tier is empty); Lookup p50/p99 on a cached
 // `lookup_tokens` prefix; and durable stores with R = 1
-// and R = 2. Every fetched byte is checked. All nodes share this machine's cores, so
-// the numbers show the client's routing cost, not what separate hosts would add
-// (docs/cluster.md says what that changes).
+// and R = 2; and the repair after the loss of a node (time, bytes copied per GB held) on a
+// fresh cluster, every prefix fetched afterwards. Every fetched byte is checked. All nodes share
+// this machine's cores, so the numbers show the client's routing cost, not what separate hosts
+// would add (docs/cluster.md says what that changes).
 #pragma once
 
 #include <string>
@@ -30,6 +31,9 @@ struct ClusterBenchOptions {
   int prefixes = 16;  // distinct prefixes fetched at random
   int64_t resume_tokens = 100000;
   int64_t lookup_tokens = 1000000;  // Lookup p50/p99 on a cached prefix this long (0: skip)
+  // The repair after a node loss, on a fresh cluster of the largest node count (≥ 3) holding
+  // this many chunks (R = 2), so the data fits every node and nothing is evicted (0: skip).
+  int64_t repair_chunks = 2048;
 };
 
 absl::StatusOr<nlohmann::json> RunClusterBench(const ClusterBenchOptions& options);

@@ -165,6 +165,11 @@ int Main(int argc, char** argv) {
       ->add_option("--lookup-tokens", copt.lookup_tokens,
                    "Lookup p50/p99 on a cached prefix this long (0: skip)")
       ->capture_default_str();
+  cluster
+      ->add_option("--repair-chunks", copt.repair_chunks,
+                   "chunks stored on a fresh cluster of the largest node count before one of its "
+                   "nodes is lost, to time the repair (0: skip)")
+      ->capture_default_str();
   cluster->add_option("--config", cluster_config, "model config (the chunk size)")
       ->capture_default_str();
   cluster->add_flag("--json", json, "print one JSON object");

@@ -85,10 +85,10 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
 
 TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   TempDir dir;
-  auto r = RunProgram(
-      kKvbench, {"cluster", "--dir", dir.File("scratch"), "--seconds", "0.2", "--reps", "1",
-                 "--clients", "2", "--resume-tokens", "4096", "--lookup-tokens", "8192", "--config",
-                 std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--json"});
+  auto r = RunProgram(kKvbench, {"cluster", "--dir", dir.File("scratch"), "--seconds", "0.2",
+                                 "--reps", "1", "--clients", "2", "--resume-tokens", "4096",
+                                 "--lookup-tokens", "8192", "--repair-chunks", "256", "--config",
+                                 std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -107,9 +107,12 @@ TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
   EXPECT_EQ(c["store"][1]["replicas"].get<int>(), 2);
   EXPECT_GT(c["store"][1]["vs_r1"].get<double>(), 0);
   // The loss of a node, repaired without reads (kvbench checks every prefix afterwards).
-  EXPECT_GT(c["repair"]["killed_node_chunks"].get<int>(), 0) << c["repair"].dump();
-  EXPECT_GT(c["repair"]["copied_bytes"].get<double>(), 0) << c["repair"].dump();
-  EXPECT_GT(c["repair"]["repair_s"].get<double>(), c["repair"]["detect_s"].get<double>() - 1);
+  const nlohmann::json& rp = j["repair"];
+  EXPECT_EQ(rp["system"], "cluster-3");
+  EXPECT_EQ(rp["stored_chunks"].get<int>(), 256);
+  EXPECT_GT(rp["killed_node_chunks"].get<int>(), 0) << rp.dump();
+  EXPECT_GT(rp["copied_bytes"].get<double>(), 0) << rp.dump();
+  EXPECT_GT(rp["repair_s"].get<double>(), rp["detect_s"].get<double>() - 1);
   // Lookup by ranking at simulated fleet sizes: R + k nodes per key, not every member.
   ASSERT_FALSE(j["lookup_fanout"].empty());
   for (const auto& f : j["lookup_fanout"]) {
