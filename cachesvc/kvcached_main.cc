@@ -113,7 +113,7 @@ int Main(int argc, char** argv) {
   size_t replicas = 2;
   double repair_grace_s = 30, repair_interval_s = 600;
   uint64_t repair_mbps = 200;
-  bool drain_on_term = false;
+  bool drain_on_term = false, drop_extra_copies = false;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
       ->capture_default_str();
@@ -202,6 +202,9 @@ int Main(int argc, char** argv) {
   app.add_option("--repair-mbps", repair_mbps,
                  "with --cluster: repair's copy bandwidth, MB/s of payload (0: unbounded)")
       ->capture_default_str();
+  app.add_flag("--repair-drop-extra", drop_extra_copies,
+               "with --cluster: drop a copy of a chunk this node no longer owns once every owner "
+               "holds one (default: keep it as an extra copy until eviction takes it)");
   app.add_flag("--drain", drain_on_term,
                "with --cluster: on SIGTERM, hand every chunk to its other owners before "
                "exiting (SIGUSR1, and kvctl drain, always do)");
@@ -411,6 +414,7 @@ int Main(int argc, char** argv) {
       out->set_failed_copies(r.failed_copies);
       out->set_unplaceable_chunks(r.unplaceable_chunks);
       out->set_copy_bytes_per_s(r.copy_bytes_per_s);
+      out->set_dropped_copies(r.dropped_copies);
     };
     metrics.SetRepairSource(opt.repair_stats);
   }
@@ -535,6 +539,7 @@ int Main(int argc, char** argv) {
     rep.interval_s = repair_interval_s;
     rep.bytes_per_s = repair_mbps * 1000 * 1000;
     rep.secret = cluster_secret;
+    rep.drop_extra_copies = drop_extra_copies;
     if (!tls_cert.empty()) rep.tls_roots_pem = ReadAll(tls_cert);  // the cluster's shared chain
     rep.log = [](const std::string& event, const std::string& detail) {
       LogLine(event == "repair_copy_failed" || event == "repair_ask_failed" ||

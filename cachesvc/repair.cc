@@ -265,6 +265,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
 
   // 2. Who lacks what, and whether this node is the one to copy it.
   std::map<std::pair<size_t, uint32_t>, std::vector<size_t>> copies;  // (owner, ns) → items
+  std::map<uint32_t, std::vector<ChunkKey>> extra;  // ns → stored keys of copies to drop
   uint64_t under = 0, under_bytes = 0, copies_planned = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Item& it = items[i];
@@ -281,7 +282,15 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       if (!(holders & (1u << k)) && !unreachable.contains(it.owners[k]))
         missing.push_back(it.owners[k]);
     }
-    if (missing.empty()) continue;
+    if (missing.empty()) {
+      // Not an owner, and every owner has it: this copy is an extra one.
+      const uint32_t all = it.owners.size() >= 32 ? ~0u : (1u << it.owners.size()) - 1;
+      if (opt_.drop_extra_copies && !draining && self_rank == it.owners.size() &&
+          (it.holds & all) == all) {
+        extra[it.ns->id].push_back(it.chunk->key);
+      }
+      continue;
+    }
     bool copier;
     if (draining) {
       copier = true;
@@ -386,9 +395,19 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       }
     }
   }
+  // 4. Drop the extra copies every owner confirmed.
+  uint64_t dropped = 0;
+  for (const auto& [ns_id, keys] : extra) {
+    for (const absl::Status& s : store_->EraseBatch(ns_id, keys)) dropped += s.ok();
+  }
+  if (dropped > 0) {
+    std::lock_guard lk(mu_);
+    stats_.dropped_copies += dropped;
+  }
   opt_.log("repair_pass_done",
            absl::StrCat(copied, " copies (", copied_bytes, " bytes) in ", SecondsSince(start),
-                        " s; ", under, " chunks were short of copies; ", failures, " failures"));
+                        " s; ", under, " chunks were short of copies; ", dropped,
+                        " extra copies dropped; ", failures, " failures"));
   if (failures > 0 || !unreachable.empty()) {
     (void)finish(absl::OkStatus());  // counted as a pass, but the membership stays pending
     std::lock_guard lk(mu_);

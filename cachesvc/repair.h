@@ -42,6 +42,9 @@ struct RepairOptions {
   std::string secret;               // the cluster credential sent to peers (may be empty)
   std::string tls_roots_pem;        // non-empty: peers are dialled over TLS with these roots
   size_t max_copy_bytes = 4 << 20;  // payload bytes per Replicate call
+  // A copy this node holds of a chunk it does not own is dropped once every owner says it
+  // holds one (false: kept as an extra copy until eviction takes it).
+  bool drop_extra_copies = false;
   std::function<void(const std::string& event, const std::string& detail)> log;
 };
 
@@ -58,6 +61,7 @@ struct RepairStats {
   uint64_t under_replicated_chunks = 0, under_replicated_bytes = 0;
   uint64_t copied_chunks = 0, copied_bytes = 0;  // copies made, in all
   uint64_t failed_copies = 0;                    // copies (or owner questions) that failed, in all
+  uint64_t dropped_copies = 0;                   // extra copies dropped (drop_extra_copies), in all
   uint64_t unplaceable_chunks = 0;  // held without the client's key (an older kvcached's)
   double copy_bytes_per_s = 0;      // over the running or last pass
 };

@@ -17,10 +17,12 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "client/cluster_client.h"
 #include "client/prefix_hash.h"
+#include "cluster/placement.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/peer.grpc.pb.h"
 #include "serve/local_cluster.h"
@@ -99,6 +101,7 @@ class RepairTest : public ::testing::Test {
             "--cluster", etcd_->url(), "--node-id", NodeId(i), "--cluster-lease-seconds", "2",
             "--auth-tokens", dir_.File("tokens"), "--admin-tenants", "ops", "--cluster-secret-file",
             dir_.File("secret"), "--repair-grace-seconds", "1", "--replicas", "2",
+            "--repair-interval-seconds", "2", "--repair-drop-extra",
             // slots of the mini model's chunks: room for every copy
             "--max-chunk-bytes", "8192"},
         dir_.File("n" + std::to_string(i) + ".log"));
@@ -157,11 +160,12 @@ class RepairTest : public ::testing::Test {
     return p;
   }
 
-  // How many live nodes hold each chunk of `p` (a direct Lookup on each: not a cluster read,
+  // Which live nodes hold each chunk of `p` (a direct Lookup on each: not a cluster read,
   // so no read repair).
-  std::vector<int> CopiesOf(const RemoteNamespace& ns, const std::string& token, const Prefix& p) {
+  std::vector<std::set<int>> HoldersOf(const RemoteNamespace& ns, const std::string& token,
+                                       const Prefix& p) {
     const size_t chunks = p.tokens.size() / ns.chunk_tokens;
-    std::vector<int> copies(chunks, 0);
+    std::vector<std::set<int>> holders(chunks);
     for (int i = 0; i < kNodes; ++i) {
       if (!nodes_[i]) continue;
       ClientOptions o;
@@ -170,11 +174,19 @@ class RepairTest : public ::testing::Test {
       absl::StatusOr<std::unique_ptr<CacheClient>> c = CacheClient::Connect(o);
       EXPECT_TRUE(c.ok()) << c.status();
       absl::StatusOr<LookupResult> l = (*c)->LookupEvery(ns, p.tokens);
+      if (absl::IsNotFound(l.status())) continue;  // a new node that has not seen the namespace
       EXPECT_TRUE(l.ok()) << NodeId(i) << ": " << l.status();
       if (!l.ok()) continue;
-      for (size_t k = 0; k < chunks && k < l->tiers.size(); ++k)
-        copies[k] += l->tiers[k] != Tier::kNone;
+      for (size_t k = 0; k < chunks && k < l->tiers.size(); ++k) {
+        if (l->tiers[k] != Tier::kNone) holders[k].insert(i);
+      }
     }
+    return holders;
+  }
+  std::vector<int> CopiesOf(const RemoteNamespace& ns, const std::string& token, const Prefix& p) {
+    std::vector<int> copies;
+    for (const std::set<int>& h : HoldersOf(ns, token, p))
+      copies.push_back(static_cast<int>(h.size()));
     return copies;
   }
   static int MinCopies(const std::vector<int>& copies) {
@@ -341,6 +353,46 @@ TEST_F(RepairTest, ADrainedNodeHandsEveryChunkOverUnderLoad) {
   std::unique_ptr<ClusterClient> c = Connect(kTokenA);
   ASSERT_TRUE(c->RegisterNamespace(config_, "mini", 64).ok());
   for (const Prefix& p : written) ExpectFetchExact(*c, ns_a_, p);
+}
+
+TEST_F(RepairTest, AJoiningNodeGetsItsShareAndTheOldHoldersDropTheirExtraCopies) {
+  KillAndWipe(3);
+  ASSERT_TRUE(WaitFor([&] { return alice_->membership()->nodes.size() == 3; }, 10));
+  std::vector<Prefix> data;
+  for (int i = 0; i < 6; ++i) {
+    data.push_back(MakePrefix(rng_, ns_a_, 16));
+    ASSERT_TRUE(alice_->Store(ns_a_, std::nullopt, data.back().tokens, data.back().payloads).ok());
+  }
+  StartNode(3);  // an empty folder: a new node under the old id
+  ASSERT_TRUE(WaitFor([&] { return alice_->membership()->nodes.size() == 4; }, 10));
+  // Each chunk ends on exactly its two owners under the new membership: the new node got
+  // its share from the old owners, and a node that no longer owns a chunk dropped its copy
+  // once both owners held one (--repair-drop-extra). Nobody read anything.
+  const std::vector<std::string> ids = {NodeId(0), NodeId(1), NodeId(2), NodeId(3)};
+  auto on_owners = [&](size_t* on_new) {
+    *on_new = 0;
+    for (const Prefix& p : data) {
+      const std::vector<ChunkKey> keys = alice_->Keys(ns_a_, p.tokens);
+      const std::vector<std::set<int>> holders = HoldersOf(ns_a_, kTokenA, p);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        std::set<int> owners;
+        for (size_t o : cluster::TopRanked(keys[k], ids, 2)) owners.insert(static_cast<int>(o));
+        if (holders[k] != owners) return false;
+        *on_new += holders[k].contains(3);
+      }
+    }
+    return true;
+  };
+  size_t on_new = 0;
+  EXPECT_TRUE(WaitFor([&] { return on_owners(&on_new); }, 30))
+      << "chunks are not exactly on their owners";
+  EXPECT_GT(on_new, 0u) << "the new node got nothing";
+  uint64_t dropped = 0;
+  for (int i = 0; i < 3; ++i) dropped += StatsOf(i)->repair().dropped_copies();
+  EXPECT_EQ(dropped, on_new) << "every copy the new node took was dropped by the node it replaced";
+  std::unique_ptr<ClusterClient> reader = Connect(kTokenA);
+  ASSERT_TRUE(reader->RegisterNamespace(config_, "mini", 64).ok());
+  for (const Prefix& p : data) ExpectFetchExact(*reader, ns_a_, p);
 }
 
 TEST_F(RepairTest, PeerCallsTakeTheClusterCredentialAndCheckWhatTheyStore) {
