@@ -8,9 +8,11 @@ keys) maps each caller key instead:
 
     chunk key = XXH3-128("kvcache-caller-key-v1" ‖ root ‖ u32 length ‖ the caller key)
 """
+import ctypes
+import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import xxhash
@@ -83,12 +85,43 @@ def as_tokens(tokens, vocab_size=None):
     if not np.issubdtype(arr.dtype, np.integer):
         raise InvalidArgumentError(f"tokens must be integers, not {arr.dtype}")
     limit = 2**32 if vocab_size is None else vocab_size
-    bad = np.flatnonzero((arr < 0) | (arr >= limit))
-    if bad.size:
-        i = int(bad[0])
+    # One reduction per bound (no temporary arrays); the index only when one fails. A
+    # uint32 array needs no check against uint32 (1M tokens: ~0.3 ms instead of ~2 ms).
+    unsigned = np.issubdtype(arr.dtype, np.unsignedinteger)
+    too_low = not unsigned and int(arr.min()) < 0
+    too_high = not (vocab_size is None and arr.dtype.itemsize <= 4 and unsigned) and \
+        int(arr.max()) >= limit
+    if too_low or too_high:
+        i = int(np.flatnonzero((arr < 0) | (arr >= limit))[0])
         where = "outside uint32" if vocab_size is None else f"outside the vocabulary of {vocab_size}"
         raise InvalidArgumentError(f"tokens[{i}] is {int(arr[i])}, {where}")
     return arr.astype("<u4", copy=False)
+
+
+def _load_native() -> Optional[Callable[..., int]]:
+    """kvc_chunk_keys from libkvcache_hash.so beside this file (client/prefix_hash_c.cc, built
+    with the C++ tree), or None: then chunk_keys hashes chunk by chunk in Python (same keys).
+    KVCACHE_NATIVE_HASH=0 turns the library off; KVCACHE_NATIVE_LIB names another path."""
+    if os.environ.get("KVCACHE_NATIVE_HASH", "1") == "0":
+        return None
+    path = os.environ.get("KVCACHE_NATIVE_LIB") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "libkvcache_hash.so")
+    try:
+        fn = ctypes.CDLL(path).kvc_chunk_keys
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_uint64
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                   ctypes.c_void_p]
+    return fn
+
+
+_NATIVE_CHUNK_KEYS = _load_native()
+
+
+def native_hashing() -> bool:
+    """Whether chunk_keys hashes a prefix in one native call (libkvcache_hash.so)."""
+    return _NATIVE_CHUNK_KEYS is not None
 
 
 def chunk_keys(root_key, tokens, chunk_tokens):
@@ -98,6 +131,18 @@ def chunk_keys(root_key, tokens, chunk_tokens):
     if chunk_tokens <= 0:
         raise InvalidArgumentError(f"chunk_tokens is {chunk_tokens}")
     arr = as_tokens(tokens)
+    if _NATIVE_CHUNK_KEYS is not None:
+        arr = np.ascontiguousarray(arr)
+        n = arr.size // chunk_tokens
+        out = ctypes.create_string_buffer(16 * n)
+        got = _NATIVE_CHUNK_KEYS(bytes(root_key), arr.ctypes.data, arr.size, chunk_tokens, out)
+        raw = out.raw
+        return [raw[i:i + 16] for i in range(0, 16 * got, 16)]
+    return _chunk_keys_python(root_key, arr, chunk_tokens)
+
+
+def _chunk_keys_python(root_key, arr, chunk_tokens):
+    """chunk_keys one Python call per chunk: without the native library, and its reference."""
     step = 4 * chunk_tokens
     whole = (arr.size // chunk_tokens) * step
     # One copy of the whole chunks' bytes, then a view per chunk: per chunk only the hash

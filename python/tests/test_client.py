@@ -3,6 +3,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -29,6 +30,34 @@ def test_keys_match_the_published_vectors():
     for v in vectors:
         keys = kvcache.chunk_keys(bytes.fromhex(v["root_key"]), v["tokens"], v["chunk_tokens"])
         assert [k.hex() for k in keys] == v["chunk_keys"]
+
+
+def test_native_and_python_hashing_give_the_same_keys(seed):
+    """The one-call native hashing (libkvcache_hash.so, built with the C++ tree) and the
+    Python loop agree on the vectors and on random prefixes, partial tails and all; without
+    the library (KVCACHE_NATIVE_HASH=0) chunk_keys still gives the vectors' keys."""
+    from kvcache import hashing
+    assert hashing.native_hashing(), "libkvcache_hash.so beside the package did not load"
+    with open(os.path.join(SOURCE_DIR, "tests/client/prefix_hash_vectors.json")) as f:
+        vectors = json.load(f)["vectors"]
+    rng = np.random.default_rng(seed)
+    cases = [(bytes.fromhex(v["root_key"]), v["tokens"], v["chunk_tokens"]) for v in vectors]
+    for _ in range(20):
+        chunk = int(rng.integers(1, 300))
+        cases.append((rng.bytes(16), rng.integers(0, 2**32, int(rng.integers(0, 5000)),
+                                                  dtype=np.uint64).tolist(), chunk))
+    for root, tokens, chunk in cases:
+        native = hashing.chunk_keys(root, tokens, chunk)
+        assert native == hashing._chunk_keys_python(root, hashing.as_tokens(tokens), chunk)
+        assert len(native) == len(tokens) // chunk
+    code = ("import json, sys, kvcache; from kvcache import hashing; "
+            "assert not hashing.native_hashing(); v = json.load(open(sys.argv[1]))['vectors']; "
+            "assert all([k.hex() for k in kvcache.chunk_keys(bytes.fromhex(x['root_key']), "
+            "x['tokens'], x['chunk_tokens'])] == x['chunk_keys'] for x in v)")
+    env = dict(os.environ, KVCACHE_NATIVE_HASH="0")
+    subprocess.run([sys.executable, "-c", code,
+                    os.path.join(SOURCE_DIR, "tests/client/prefix_hash_vectors.json")],
+                   env=env, check=True)
 
 
 def test_caller_keys_match_the_published_vectors():
