@@ -114,6 +114,7 @@ int Main(int argc, char** argv) {
   double repair_grace_s = 30, repair_interval_s = 600;
   uint64_t repair_mbps = 200;
   bool drain_on_term = false, drop_extra_copies = false;
+  uint64_t repair_shard_chunks = RepairOptions{}.shard_chunks;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
       ->capture_default_str();
@@ -205,6 +206,9 @@ int Main(int argc, char** argv) {
   app.add_flag("--repair-drop-extra", drop_extra_copies,
                "with --cluster: drop a copy of a chunk this node no longer owns once every owner "
                "holds one (default: keep it as an extra copy until eviction takes it)");
+  app.add_option("--repair-shard-chunks", repair_shard_chunks,
+                 "tests only: chunks a repair pass lists at a time")
+      ->group("");  // hidden from --help
   app.add_flag("--drain", drain_on_term,
                "with --cluster: on SIGTERM, hand every chunk to its other owners before "
                "exiting (SIGUSR1, and kvctl drain, always do)");
@@ -540,6 +544,7 @@ int Main(int argc, char** argv) {
     rep.bytes_per_s = repair_mbps * 1000 * 1000;
     rep.secret = cluster_secret;
     rep.drop_extra_copies = drop_extra_copies;
+    rep.shard_chunks = repair_shard_chunks;
     if (!tls_cert.empty()) rep.tls_roots_pem = ReadAll(tls_cert);  // the cluster's shared chain
     rep.log = [](const std::string& event, const std::string& detail) {
       LogLine(event == "repair_copy_failed" || event == "repair_ask_failed" ||

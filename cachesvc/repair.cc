@@ -179,40 +179,28 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
 
   std::map<uint32_t, NamespaceInfo> namespaces;
   for (NamespaceInfo& ns : registry_->All()) namespaces.emplace(ns.id, std::move(ns));
-  const std::vector<storage::ChunkStore::ChunkListing> chunks = store_->ListChunks();
-
-  // Each placeable chunk, its owners (indices into ids, best first) and which of them
-  // answered that they hold it (bit k: owners[k]).
-  struct Item {
-    const storage::ChunkStore::ChunkListing* chunk;
-    const NamespaceInfo* ns;
-    std::vector<size_t> owners;
-    uint32_t holds = 0;
-    int copies_left = 0;
-  };
-  std::vector<Item> items;
-  uint64_t unplaceable = 0;
-  const int64_t now_s = WallSeconds();
-  for (const storage::ChunkStore::ChunkListing& c : chunks) {
-    auto ns = namespaces.find(c.namespace_id);
-    if (!c.origin || ns == namespaces.end() || ns->second.key_scope != kKeyScopeBound) {
-      ++unplaceable;
-      continue;
-    }
-    if (c.expires_s != 0 && c.expires_s <= now_s) continue;  // going anyway
-    items.push_back({&c, &ns->second, cluster::TopRanked(c.origin->key, ids, replicas)});
-  }
+  // The chunks in shards of about shard_chunks (by key), each listed, asked about and
+  // copied before the next is listed: a pass holds one shard's listing, not the store's.
+  const storage::StoreStats held = store_->Stats();
+  const auto shards = static_cast<uint32_t>(std::max<uint64_t>(
+      1, (held.ram_chunks + held.ssd_chunks) / std::max<uint64_t>(opt_.shard_chunks, 1)));
+  uint64_t unplaceable = 0, under = 0, under_bytes = 0, copied = 0, copied_bytes = 0, failures = 0,
+           dropped = 0;
+  std::set<size_t> unreachable;
   {
     std::lock_guard lk(mu_);
     stats_.running = true;
     stats_.progress = 0;
-    stats_.unplaceable_chunks = unplaceable;
+    stats_.under_replicated_chunks = 0;
+    stats_.under_replicated_bytes = 0;
   }
-  opt_.log("repair_pass_start", absl::StrCat(items.size(), " chunks over ", ids.size(), " nodes",
-                                             draining ? " (draining)" : ""));
+  opt_.log("repair_pass_start",
+           absl::StrCat(held.ram_chunks + held.ssd_chunks, " chunks (", shards, " shards) over ",
+                        ids.size(), " nodes", draining ? " (draining)" : ""));
   auto finish = [&](absl::Status s) {
     std::lock_guard lk(mu_);
     stats_.running = false;
+    stats_.unplaceable_chunks = unplaceable;
     if (s.ok()) {
       ++stats_.passes;
       stats_.last_pass_unix_s = WallSeconds();
@@ -221,189 +209,218 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     }
     return s;
   };
+  for (uint32_t shard = 0; shard < shards; ++shard) {
+    const std::vector<storage::ChunkStore::ChunkListing> chunks = store_->ListChunks(shard, shards);
 
-  // 1. Ask each owner, per namespace, which of its chunks it holds.
-  std::map<std::pair<size_t, uint32_t>, std::vector<std::pair<size_t, size_t>>> asks;
-  for (size_t i = 0; i < items.size(); ++i) {
-    for (size_t k = 0; k < items[i].owners.size(); ++k) {
-      if (items[i].owners[k] != self) asks[{items[i].owners[k], items[i].ns->id}].push_back({i, k});
-    }
-  }
-  std::set<size_t> unreachable;
-  uint64_t failures = 0;
-  for (const auto& [where, list] : asks) {
-    const auto [node, ns_id] = where;
-    if (unreachable.contains(node)) continue;
-    for (size_t at = 0; at < list.size() && !unreachable.contains(node); at += kHoldsKeysPerCall) {
-      if (ShouldStop(draining, membership_version)) return finish(absl::AbortedError("stopped"));
-      const size_t n = std::min(kHoldsKeysPerCall, list.size() - at);
-      pb::HoldsRequest req;
-      *req.mutable_ns() = ToPeer(namespaces.at(ns_id));
-      std::string* packed = req.mutable_packed_chunk_keys();
-      packed->reserve(n * 16);
-      for (size_t j = at; j < at + n; ++j)
-        packed->append(wire::KeyBytes(items[list[j].first].chunk->origin->key));
-      pb::HoldsResponse resp;
-      grpc::ClientContext ctx;
-      peers_->Prepare(ctx);
-      grpc::Status s = peers_->Stub(addresses[node])->Holds(&ctx, req, &resp);
-      if (!s.ok() || static_cast<size_t>(resp.tiers_size()) != n) {
-        unreachable.insert(node);
-        ++failures;
-        opt_.log("repair_ask_failed",
-                 absl::StrCat(ids[node], " (", addresses[node],
-                              "): ", s.ok() ? "answer of the wrong length" : s.error_message()));
-        break;
+    // Each placeable chunk, its owners (indices into ids, best first) and which of them
+    // answered that they hold it (bit k: owners[k]).
+    struct Item {
+      const storage::ChunkStore::ChunkListing* chunk;
+      const NamespaceInfo* ns;
+      std::vector<size_t> owners;
+      uint32_t holds = 0;
+      int copies_left = 0;
+    };
+    std::vector<Item> items;
+    const int64_t now_s = WallSeconds();
+    for (const storage::ChunkStore::ChunkListing& c : chunks) {
+      auto ns = namespaces.find(c.namespace_id);
+      if (!c.origin || ns == namespaces.end() || ns->second.key_scope != kKeyScopeBound) {
+        ++unplaceable;
+        continue;
       }
-      for (size_t j = 0; j < n; ++j) {
-        if (resp.tiers(static_cast<int>(j)) != pb::TIER_NONE) {
-          items[list[at + j].first].holds |= 1u << list[at + j].second;
+      if (c.expires_s != 0 && c.expires_s <= now_s) continue;  // going anyway
+      items.push_back({&c, &ns->second, cluster::TopRanked(c.origin->key, ids, replicas)});
+    }
+    // 1. Ask each owner, per namespace, which of its chunks it holds.
+    std::map<std::pair<size_t, uint32_t>, std::vector<std::pair<size_t, size_t>>> asks;
+    for (size_t i = 0; i < items.size(); ++i) {
+      for (size_t k = 0; k < items[i].owners.size(); ++k) {
+        if (items[i].owners[k] != self)
+          asks[{items[i].owners[k], items[i].ns->id}].push_back({i, k});
+      }
+    }
+    for (const auto& [where, list] : asks) {
+      const auto [node, ns_id] = where;
+      if (unreachable.contains(node)) continue;
+      for (size_t at = 0; at < list.size() && !unreachable.contains(node);
+           at += kHoldsKeysPerCall) {
+        if (ShouldStop(draining, membership_version)) return finish(absl::AbortedError("stopped"));
+        const size_t n = std::min(kHoldsKeysPerCall, list.size() - at);
+        pb::HoldsRequest req;
+        *req.mutable_ns() = ToPeer(namespaces.at(ns_id));
+        std::string* packed = req.mutable_packed_chunk_keys();
+        packed->reserve(n * 16);
+        for (size_t j = at; j < at + n; ++j)
+          packed->append(wire::KeyBytes(items[list[j].first].chunk->origin->key));
+        pb::HoldsResponse resp;
+        grpc::ClientContext ctx;
+        peers_->Prepare(ctx);
+        grpc::Status s = peers_->Stub(addresses[node])->Holds(&ctx, req, &resp);
+        if (!s.ok() || static_cast<size_t>(resp.tiers_size()) != n) {
+          unreachable.insert(node);
+          ++failures;
+          opt_.log("repair_ask_failed",
+                   absl::StrCat(ids[node], " (", addresses[node],
+                                "): ", s.ok() ? "answer of the wrong length" : s.error_message()));
+          break;
         }
-      }
-    }
-  }
-
-  // 2. Who lacks what, and whether this node is the one to copy it.
-  std::map<std::pair<size_t, uint32_t>, std::vector<size_t>> copies;  // (owner, ns) → items
-  std::map<uint32_t, std::vector<ChunkKey>> extra;  // ns → stored keys of copies to drop
-  uint64_t under = 0, under_bytes = 0, copies_planned = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    Item& it = items[i];
-    uint32_t holders = it.holds;
-    size_t self_rank = it.owners.size();
-    for (size_t k = 0; k < it.owners.size(); ++k) {
-      if (it.owners[k] == self) {
-        self_rank = k;
-        holders |= 1u << k;
-      }
-    }
-    std::vector<size_t> missing;
-    for (size_t k = 0; k < it.owners.size(); ++k) {
-      if (!(holders & (1u << k)) && !unreachable.contains(it.owners[k]))
-        missing.push_back(it.owners[k]);
-    }
-    if (missing.empty()) {
-      // Not an owner, and every owner has it: this copy is an extra one.
-      const uint32_t all = it.owners.size() >= 32 ? ~0u : (1u << it.owners.size()) - 1;
-      if (opt_.drop_extra_copies && !draining && self_rank == it.owners.size() &&
-          (it.holds & all) == all) {
-        extra[it.ns->id].push_back(it.chunk->key);
-      }
-      continue;
-    }
-    bool copier;
-    if (draining) {
-      copier = true;
-    } else if (self_rank < it.owners.size()) {
-      copier = (holders & ((1u << self_rank) - 1)) == 0;  // no better-ranked owner holds it
-    } else {
-      copier = it.holds == 0;  // an extra copy: only when no owner has one
-    }
-    if (!copier) continue;
-    ++under;
-    under_bytes += it.chunk->payload_bytes;
-    it.copies_left = static_cast<int>(missing.size());
-    copies_planned += missing.size();
-    for (size_t owner : missing) copies[{owner, it.ns->id}].push_back(i);
-  }
-  {
-    std::lock_guard lk(mu_);
-    stats_.under_replicated_chunks = under;
-    stats_.under_replicated_bytes = under_bytes;
-  }
-
-  // 3. Copy, in calls of up to max_copy_bytes, at no more than bytes_per_s.
-  uint64_t copied = 0, copied_bytes = 0, copies_done = 0;
-  for (const auto& [where, list] : copies) {
-    const auto [node, ns_id] = where;
-    const NamespaceInfo& ns = namespaces.at(ns_id);
-    const size_t per_call =
-        std::max<size_t>(1, opt_.max_copy_bytes / std::max<uint64_t>(ns.chunk_bytes, 1));
-    for (size_t at = 0; at < list.size(); at += per_call) {
-      if (ShouldStop(draining, membership_version)) return finish(absl::AbortedError("stopped"));
-      const size_t n = std::min(per_call, list.size() - at);
-      pb::ReplicateRequest req;
-      *req.mutable_ns() = ToPeer(ns);
-      std::vector<ChunkKey> keys;
-      std::vector<std::span<uint8_t>> outs;
-      for (size_t j = at; j < at + n; ++j) {
-        const storage::ChunkStore::ChunkListing& c = *items[list[j]].chunk;
-        pb::ReplicaChunk* rc = req.add_chunks();
-        rc->set_chunk_key(wire::KeyBytes(c.origin->key));
-        if (c.origin->parent) rc->set_parent_key(wire::KeyBytes(*c.origin->parent));
-        rc->set_checksum(c.checksum);  // the stored checksum: a copy damaged here is refused there
-        rc->set_expires_unix_s(c.expires_s);
-        rc->set_pin_until_unix_s(c.pin_until_s);
-        rc->mutable_payload()->resize(c.payload_bytes);
-        keys.push_back(c.key);
-        outs.emplace_back(reinterpret_cast<uint8_t*>(rc->mutable_payload()->data()),
-                          c.payload_bytes);
-      }
-      // Read (every SSD read verified); a chunk gone since the listing is left out.
-      std::vector<absl::Status> read = store_->GetBatch(ns_id, keys, outs);
-      pb::ReplicateRequest send;
-      *send.mutable_ns() = req.ns();
-      std::vector<size_t> sent;
-      for (size_t j = 0; j < n; ++j) {
-        if (read[j].ok()) {
-          send.add_chunks()->Swap(req.mutable_chunks(static_cast<int>(j)));
-          sent.push_back(list[at + j]);
-        } else {
-          Item& it = items[list[at + j]];
-          if (--it.copies_left == 0) {
-            std::lock_guard lk(mu_);
-            --stats_.under_replicated_chunks;
-            stats_.under_replicated_bytes -= it.chunk->payload_bytes;
+        for (size_t j = 0; j < n; ++j) {
+          if (resp.tiers(static_cast<int>(j)) != pb::TIER_NONE) {
+            items[list[at + j].first].holds |= 1u << list[at + j].second;
           }
         }
       }
-      copies_done += n;
-      if (sent.empty()) continue;
-      pb::ReplicateResponse resp;
-      grpc::ClientContext ctx;
-      peers_->Prepare(ctx);
-      grpc::Status s = peers_->Stub(addresses[node])->Replicate(&ctx, send, &resp);
-      uint64_t bytes = 0;
-      for (size_t i : sent) bytes += items[i].chunk->payload_bytes;
-      std::unique_lock lk(mu_);
-      if (!s.ok()) {
-        ++failures;
-        stats_.failed_copies += sent.size();
-        opt_.log("repair_copy_failed", absl::StrCat(sent.size(), " chunks to ", ids[node], " (",
-                                                    addresses[node], "): ", s.error_message()));
+    }
+
+    // 2. Who lacks what, and whether this node is the one to copy it.
+    std::map<std::pair<size_t, uint32_t>, std::vector<size_t>> copies;  // (owner, ns) → items
+    std::map<uint32_t, std::vector<ChunkKey>> extra;  // ns → stored keys of copies to drop
+    const uint64_t under_before = under, under_bytes_before = under_bytes;
+    uint64_t copies_planned = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      Item& it = items[i];
+      uint32_t holders = it.holds;
+      size_t self_rank = it.owners.size();
+      for (size_t k = 0; k < it.owners.size(); ++k) {
+        if (it.owners[k] == self) {
+          self_rank = k;
+          holders |= 1u << k;
+        }
+      }
+      std::vector<size_t> missing;
+      for (size_t k = 0; k < it.owners.size(); ++k) {
+        if (!(holders & (1u << k)) && !unreachable.contains(it.owners[k]))
+          missing.push_back(it.owners[k]);
+      }
+      if (missing.empty()) {
+        // Not an owner, and every owner has it: this copy is an extra one.
+        const uint32_t all = it.owners.size() >= 32 ? ~0u : (1u << it.owners.size()) - 1;
+        if (opt_.drop_extra_copies && !draining && self_rank == it.owners.size() &&
+            (it.holds & all) == all) {
+          extra[it.ns->id].push_back(it.chunk->key);
+        }
+        continue;
+      }
+      bool copier;
+      if (draining) {
+        copier = true;
+      } else if (self_rank < it.owners.size()) {
+        copier = (holders & ((1u << self_rank) - 1)) == 0;  // no better-ranked owner holds it
       } else {
-        copied += sent.size();
-        copied_bytes += bytes;
-        stats_.copied_chunks += sent.size();
-        stats_.copied_bytes += bytes;
-        for (size_t i : sent) {
-          if (--items[i].copies_left == 0) {
-            --stats_.under_replicated_chunks;
-            stats_.under_replicated_bytes -= items[i].chunk->payload_bytes;
+        copier = it.holds == 0;  // an extra copy: only when no owner has one
+      }
+      if (!copier) continue;
+      ++under;
+      under_bytes += it.chunk->payload_bytes;
+      it.copies_left = static_cast<int>(missing.size());
+      copies_planned += missing.size();
+      for (size_t owner : missing) copies[{owner, it.ns->id}].push_back(i);
+    }
+    {
+      std::lock_guard lk(mu_);
+      stats_.under_replicated_chunks += under - under_before;
+      stats_.under_replicated_bytes += under_bytes - under_bytes_before;
+    }
+
+    // 3. Copy, in calls of up to max_copy_bytes, at no more than bytes_per_s.
+    uint64_t copies_done = 0;
+    for (const auto& [where, list] : copies) {
+      const auto [node, ns_id] = where;
+      const NamespaceInfo& ns = namespaces.at(ns_id);
+      const size_t per_call =
+          std::max<size_t>(1, opt_.max_copy_bytes / std::max<uint64_t>(ns.chunk_bytes, 1));
+      for (size_t at = 0; at < list.size(); at += per_call) {
+        if (ShouldStop(draining, membership_version)) return finish(absl::AbortedError("stopped"));
+        const size_t n = std::min(per_call, list.size() - at);
+        pb::ReplicateRequest req;
+        *req.mutable_ns() = ToPeer(ns);
+        std::vector<ChunkKey> keys;
+        std::vector<std::span<uint8_t>> outs;
+        for (size_t j = at; j < at + n; ++j) {
+          const storage::ChunkStore::ChunkListing& c = *items[list[j]].chunk;
+          pb::ReplicaChunk* rc = req.add_chunks();
+          rc->set_chunk_key(wire::KeyBytes(c.origin->key));
+          if (c.origin->parent) rc->set_parent_key(wire::KeyBytes(*c.origin->parent));
+          rc->set_checksum(
+              c.checksum);  // the stored checksum: a copy damaged here is refused there
+          rc->set_expires_unix_s(c.expires_s);
+          rc->set_pin_until_unix_s(c.pin_until_s);
+          rc->mutable_payload()->resize(c.payload_bytes);
+          keys.push_back(c.key);
+          outs.emplace_back(reinterpret_cast<uint8_t*>(rc->mutable_payload()->data()),
+                            c.payload_bytes);
+        }
+        // Read (every SSD read verified); a chunk gone since the listing is left out.
+        std::vector<absl::Status> read = store_->GetBatch(ns_id, keys, outs);
+        pb::ReplicateRequest send;
+        *send.mutable_ns() = req.ns();
+        std::vector<size_t> sent;
+        for (size_t j = 0; j < n; ++j) {
+          if (read[j].ok()) {
+            send.add_chunks()->Swap(req.mutable_chunks(static_cast<int>(j)));
+            sent.push_back(list[at + j]);
+          } else {
+            Item& it = items[list[at + j]];
+            if (--it.copies_left == 0) {
+              std::lock_guard lk(mu_);
+              --stats_.under_replicated_chunks;
+              stats_.under_replicated_bytes -= it.chunk->payload_bytes;
+            }
+          }
+        }
+        copies_done += n;
+        if (sent.empty()) continue;
+        pb::ReplicateResponse resp;
+        grpc::ClientContext ctx;
+        peers_->Prepare(ctx);
+        grpc::Status s = peers_->Stub(addresses[node])->Replicate(&ctx, send, &resp);
+        uint64_t bytes = 0;
+        for (size_t i : sent) bytes += items[i].chunk->payload_bytes;
+        std::unique_lock lk(mu_);
+        if (!s.ok()) {
+          ++failures;
+          stats_.failed_copies += sent.size();
+          opt_.log("repair_copy_failed", absl::StrCat(sent.size(), " chunks to ", ids[node], " (",
+                                                      addresses[node], "): ", s.error_message()));
+        } else {
+          copied += sent.size();
+          copied_bytes += bytes;
+          stats_.copied_chunks += sent.size();
+          stats_.copied_bytes += bytes;
+          for (size_t i : sent) {
+            if (--items[i].copies_left == 0) {
+              --stats_.under_replicated_chunks;
+              stats_.under_replicated_bytes -= items[i].chunk->payload_bytes;
+            }
+          }
+        }
+        const double elapsed = SecondsSince(start);
+        stats_.copy_bytes_per_s = elapsed > 0 ? copied_bytes / elapsed : 0;
+        stats_.progress =
+            (shard + (copies_planned ? static_cast<double>(copies_done) / copies_planned : 1)) /
+            shards;
+        if (opt_.bytes_per_s > 0) {  // hold the pass to its bandwidth
+          const double due =
+              static_cast<double>(copied_bytes) / static_cast<double>(opt_.bytes_per_s);
+          if (due > elapsed) {
+            cv_.wait_for(lk, std::chrono::duration<double>(due - elapsed),
+                         [this] { return stop_; });
           }
         }
       }
-      const double elapsed = SecondsSince(start);
-      stats_.copy_bytes_per_s = elapsed > 0 ? copied_bytes / elapsed : 0;
-      stats_.progress = copies_planned ? static_cast<double>(copies_done) / copies_planned : 1;
-      if (opt_.bytes_per_s > 0) {  // hold the pass to its bandwidth
-        const double due =
-            static_cast<double>(copied_bytes) / static_cast<double>(opt_.bytes_per_s);
-        if (due > elapsed) {
-          cv_.wait_for(lk, std::chrono::duration<double>(due - elapsed), [this] { return stop_; });
-        }
-      }
     }
-  }
-  // 4. Drop the extra copies every owner confirmed.
-  uint64_t dropped = 0;
-  for (const auto& [ns_id, keys] : extra) {
-    for (const absl::Status& s : store_->EraseBatch(ns_id, keys)) dropped += s.ok();
-  }
-  if (dropped > 0) {
-    std::lock_guard lk(mu_);
-    stats_.dropped_copies += dropped;
-  }
+    // 4. Drop the extra copies every owner confirmed.
+    uint64_t dropped_here = 0;
+    for (const auto& [ns_id, keys] : extra) {
+      for (const absl::Status& s : store_->EraseBatch(ns_id, keys)) dropped_here += s.ok();
+    }
+    if (dropped_here > 0) {
+      dropped += dropped_here;
+      std::lock_guard lk(mu_);
+      stats_.dropped_copies += dropped_here;
+    }
+  }  // shard
   opt_.log("repair_pass_done",
            absl::StrCat(copied, " copies (", copied_bytes, " bytes) in ", SecondsSince(start),
                         " s; ", under, " chunks were short of copies; ", dropped,

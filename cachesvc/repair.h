@@ -45,6 +45,7 @@ struct RepairOptions {
   // A copy this node holds of a chunk it does not own is dropped once every owner says it
   // holds one (false: kept as an extra copy until eviction takes it).
   bool drop_extra_copies = false;
+  uint64_t shard_chunks = 1 << 18;  // a pass lists about this many chunks at a time
   std::function<void(const std::string& event, const std::string& detail)> log;
 };
 

@@ -635,18 +635,21 @@ std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
   return out;
 }
 
-std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks() const {
+std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks(uint32_t shard,
+                                                             uint32_t shards) const {
   std::vector<ChunkListing> out;
+  if (shards == 0) return out;
+  auto mine = [shard, shards](const ChunkKey& key) { return key.Prefix64() % shards == shard; };
   {
     MutexLock lk(impl_->mu);
-    out.reserve(impl_->ssd_map.size() + (impl_->ram ? impl_->ram->size() : 0));
     for (const auto& [key, rec] : impl_->ssd_map) {
+      if (!mine(key)) continue;
       out.push_back(
           {rec.namespace_id, key, rec.origin, rec.payload_bytes, rec.checksum, rec.expires_s, 0});
     }
     if (impl_->ram) {  // a chunk in both tiers is listed once (its SSD entry), below
-      impl_->ram->ForEach([&out](const ChunkKey& key, const RamEntry& e) {
-        out.push_back({e.ns, key, e.origin, e.len, e.checksum, e.expires_s, 0});
+      impl_->ram->ForEach([&out, &mine](const ChunkKey& key, const RamEntry& e) {
+        if (mine(key)) out.push_back({e.ns, key, e.origin, e.len, e.checksum, e.expires_s, 0});
       });
     }
     for (ChunkListing& c : out) {

@@ -260,8 +260,10 @@ class ChunkStore {
   // Every chunk on SSD as (namespace, key), in no particular order (for tools).
   std::vector<std::pair<NamespaceId, ChunkKey>> ListSsd() const;
 
-  // Every chunk the store holds (RAM or SSD, each once), sorted by key: what a cluster
-  // node walks to repair (docs/cluster.md). One walk under the lock; the list is a copy.
+  // The chunks the store holds (RAM or SSD, each once) whose key's first 8 bytes are
+  // `shard` modulo `shards` — a uniform share, keys being hashes — sorted by key: what a
+  // cluster node walks to repair (docs/cluster.md), a shard at a time so its memory stays
+  // bounded. One walk under the lock; the list is a copy.
   struct ChunkListing {
     NamespaceId namespace_id = 0;
     ChunkKey key;                       // as stored
@@ -271,7 +273,7 @@ class ChunkStore {
     int64_t expires_s = 0;    // 0: no TTL
     int64_t pin_until_s = 0;  // 0: not pinned
   };
-  std::vector<ChunkListing> ListChunks() const;
+  std::vector<ChunkListing> ListChunks(uint32_t shard = 0, uint32_t shards = 1) const;
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();

@@ -102,6 +102,8 @@ class RepairTest : public ::testing::Test {
             "--auth-tokens", dir_.File("tokens"), "--admin-tenants", "ops", "--cluster-secret-file",
             dir_.File("secret"), "--repair-grace-seconds", "1", "--replicas", "2",
             "--repair-interval-seconds", "2", "--repair-drop-extra",
+            // passes list ~40 chunks at a time: several shards a pass
+            "--repair-shard-chunks", "40",
             // slots of the mini model's chunks: room for every copy
             "--max-chunk-bytes", "8192"},
         dir_.File("n" + std::to_string(i) + ".log"));

@@ -223,6 +223,16 @@ TEST(OriginTest, TheClientsKeyAndParentSurviveRamSsdReopenAndARebuiltIndex) {
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->Stats().index_rebuilds, 1u);
   expect_origins(*store, "index rebuilt from the slots");
+  // Listed a shard at a time (what repair does), every chunk comes once, in its shard.
+  const std::vector<ChunkStore::ChunkListing> all = store->ListChunks();
+  std::map<ChunkKey, uint32_t> shard_of;
+  for (uint32_t shard = 0; shard < 3; ++shard) {
+    for (const ChunkStore::ChunkListing& c : store->ListChunks(shard, 3)) {
+      EXPECT_TRUE(shard_of.emplace(c.key, shard).second) << c.key.Hex() << " in two shards";
+      EXPECT_EQ(c.key.Prefix64() % 3, shard);
+    }
+  }
+  EXPECT_EQ(shard_of.size(), all.size());
 }
 
 TEST(SlotFormatUpgradeTest, AFolderMadeInFormat1KeepsItsChunksAndItsFormat) {
