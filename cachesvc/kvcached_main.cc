@@ -115,6 +115,7 @@ int Main(int argc, char** argv) {
   uint64_t repair_mbps = 200;
   bool drain_on_term = false, drop_extra_copies = false;
   uint64_t repair_shard_chunks = RepairOptions{}.shard_chunks;
+  size_t durable_store_batch = ServiceOptions{}.durable_store_batch;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
       ->capture_default_str();
@@ -206,6 +207,11 @@ int Main(int argc, char** argv) {
   app.add_flag("--repair-drop-extra", drop_extra_copies,
                "with --cluster: drop a copy of a chunk this node no longer owns once every owner "
                "holds one (default: keep it as an extra copy until eviction takes it)");
+  app.add_option("--durable-store-batch", durable_store_batch,
+                 "durable chunks of one Store stream written and synced together (1: a sync per "
+                 "chunk; the stream's answer always waits for all of them)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--repair-shard-chunks", repair_shard_chunks,
                  "tests only: chunks a repair pass lists at a time")
       ->group("");  // hidden from --help
@@ -396,6 +402,7 @@ int Main(int argc, char** argv) {
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
   opt.cluster = node.has_value();
+  opt.durable_store_batch = durable_store_batch;
   // A cluster node's repair (repair.h): started once the node is registered (below); its
   // state goes into Stats for the tenants that see the daemon's totals.
   std::unique_ptr<ClusterRepair> repair;

@@ -55,6 +55,9 @@ struct ServiceOptions {
   // A node of a cluster (docs/cluster.md): a chunk's parent may live on another node, so
   // Store does not require it here.
   bool cluster = false;
+  // Durable chunks of one Store stream stored together (one group commit, one fdatasync,
+  // for up to this many); 1: each message on its own (store_reactor.cc).
+  size_t durable_store_batch = 8;
   // A cluster node's repair state for Stats (repair.h); null: no repair runs here.
   std::function<void(kvcache::v1::RepairStats*)> repair_stats;
 };

@@ -5,8 +5,16 @@
 // reactor would see it as the end of the stream and answer OK with what came before).
 // The messages before a bad one stay stored; the bad one and those after it change
 // nothing.
+//
+// Durable chunks are staged and stored durable_store_batch at a time (8; ServiceOptions) (one
+// PutBatch: their writes go out together and share one group commit — one fdatasync — instead of
+// one sync per message); the stream's answer still comes only after every staged chunk is durable.
+// A staged batch is stored before a memory-durability message, before a bad message is answered,
+// and at the stream's end.
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
+
+#include <unordered_set>
 
 #include "base/status_macros.h"
 #include "cachesvc/service_impl.h"
@@ -25,7 +33,17 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnReadDone(bool ok) override {
     TookBackFromGrpc(this);
     if (!ok) {  // the client finished sending (or went away): answer with what was stored
-      Done(grpc::Status::OK);
+      if (staged_.empty()) {
+        Done(grpc::Status::OK);
+        return;
+      }
+      HandOffToGrpc(this);
+      if (!svc_->executor.Submit([this] {
+            TookBackFromGrpc(this);
+            Done(wire::ToGrpc(Flush()));
+          })) {
+        Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+      }
       return;
     }
     HandOffToGrpc(this);
@@ -58,14 +76,19 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Handle() {
     TookBackFromGrpc(this);
     absl::Status s = Parse();
+    const size_t bytes = req_.payload().size();  // (a staged payload is moved out)
     if (s.ok()) s = StoreOne();
     raw_.Clear();
     if (!s.ok()) {
+      if (failed_at_ < 0) {  // this message is the bad one: the staged ones before it stay
+        failed_at_ = index_;
+        (void)Flush();
+      }
       Done(wire::ToGrpc(
-          absl::Status(s.code(), absl::StrCat("message ", index_, ": ", s.message()))));
+          absl::Status(s.code(), absl::StrCat("message ", failed_at_, ": ", s.message()))));
       return;
     }
-    if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/true, req_.payload().size());
+    if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/true, bytes);
     ++index_;
     HandOffToGrpc(this);
     StartRead(&raw_);
@@ -114,7 +137,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
       client_parent = chain;
       const ChunkKey stored_parent = StorageKey(ns, chain);
-      const bool parent_here = svc_->store->Contains(ns.id, stored_parent) != storage::Tier::kNone;
+      const bool parent_here = Holds(ns.id, stored_parent);
       // A chunk is only reachable through its prefix: refuse orphans (and keys chained
       // from another namespace's chunks). In a cluster the parent is usually on another
       // node (placement is per chunk); the chunk is then a root of this node's eviction.
@@ -149,9 +172,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       KVC_ASSIGN_OR_RETURN(ChunkKey given, wire::KeyFrom(req_.parent_key(), "parent_key"));
       client_parent = given;
       const ChunkKey stored_parent = StorageKey(ns, given);
-      if (svc_->store->Contains(ns.id, stored_parent) != storage::Tier::kNone) {
-        parent = stored_parent;
-      }
+      if (Holds(ns.id, stored_parent)) parent = stored_parent;
     }
     KVC_ASSIGN_OR_RETURN(ChunkKey key, wire::KeyFrom(req_.chunk_key(), "chunk_key"));
     return Put(ns, key, parent, client_parent);
@@ -161,24 +182,89 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // chunk's origin (what a cluster node places and repairs it by: docs/cluster.md).
   absl::Status Put(const NamespaceInfo& ns, const ChunkKey& key,
                    std::optional<ChunkKey> stored_parent, std::optional<ChunkKey> client_parent) {
-    const auto durability = req_.durability() == pb::DURABILITY_DURABLE
-                                ? storage::Durability::kDurable
-                                : storage::Durability::kMemory;
+    const int64_t ttl_s = static_cast<int64_t>(req_.ttl_seconds());
+    const ChunkKey stored = StorageKey(ns, key);
+    if (req_.durability() == pb::DURABILITY_DURABLE) {
+      staged_keys_.insert(stored);
+      staged_.push_back({index_, ns.id, key, stored, stored_parent, client_parent, ttl_s,
+                         std::move(*req_.mutable_payload())});
+      return staged_.size() >= svc_->opt.durable_store_batch ? Flush() : absl::OkStatus();
+    }
+    KVC_RETURN_IF_ERROR(Flush());  // the stream's order: durable chunks before this one
     KVC_ASSIGN_OR_RETURN(
         storage::PutResult put,
-        svc_->store->Put({ns.id, StorageKey(ns, key), stored_parent,
+        svc_->store->Put({ns.id, stored, stored_parent,
                           std::span(reinterpret_cast<const uint8_t*>(req_.payload().data()),
                                     req_.payload().size()),
                           ChunkOrigin{key, client_parent}},
-                         {durability, static_cast<int64_t>(req_.ttl_seconds())}));
+                         {storage::Durability::kMemory, ttl_s}));
+    Count(put, key);
+    return absl::OkStatus();
+  }
+
+  void Count(const storage::PutResult& put, const ChunkKey& key) {
     if (put.already_present) {
       resp_.set_already_present(resp_.already_present() + 1);
     } else {
       resp_.set_stored(resp_.stored() + 1);
     }
     resp_.add_chunk_keys(KeyBytes(key));
-    return absl::OkStatus();
   }
+
+  // Whether the chunk is stored here or staged in this stream.
+  bool Holds(storage::NamespaceId ns, const ChunkKey& stored) const {
+    return staged_keys_.contains(stored) ||
+           svc_->store->Contains(ns, stored) != storage::Tier::kNone;
+  }
+
+  // Stores the staged durable chunks: one PutBatch per run of equal namespace and TTL (a
+  // stream's chunks mostly share both). The first failure fails the call, naming its message
+  // (failed_at_); the chunks staged with it are attempted all the same.
+  absl::Status Flush() {
+    std::vector<Staged> staged;
+    staged.swap(staged_);
+    staged_keys_.clear();
+    absl::Status first;
+    for (size_t at = 0; at < staged.size();) {
+      size_t end = at + 1;
+      while (end < staged.size() && staged[end].ns == staged[at].ns &&
+             staged[end].ttl_s == staged[at].ttl_s) {
+        ++end;
+      }
+      std::vector<storage::PutRequest> puts;
+      for (size_t i = at; i < end; ++i) {
+        const Staged& c = staged[i];
+        puts.emplace_back(
+            c.ns, c.stored, c.stored_parent,
+            std::span(reinterpret_cast<const uint8_t*>(c.payload.data()), c.payload.size()),
+            ChunkOrigin{c.key, c.client_parent});
+      }
+      std::vector<absl::StatusOr<storage::PutResult>> results =
+          svc_->store->PutBatch(puts, {storage::Durability::kDurable, staged[at].ttl_s});
+      for (size_t i = at; i < end; ++i) {
+        const absl::StatusOr<storage::PutResult>& r = results[i - at];
+        if (r.ok()) {
+          Count(*r, staged[i].key);
+        } else if (first.ok()) {
+          first = r.status();
+          if (failed_at_ < 0) failed_at_ = staged[i].index;
+        }
+      }
+      at = end;
+    }
+    return first;
+  }
+
+  // A durable chunk waiting for its batch (its payload moved out of the request).
+  struct Staged {
+    uint32_t index;  // its message in the stream
+    storage::NamespaceId ns;
+    ChunkKey key;  // the client's
+    ChunkKey stored;
+    std::optional<ChunkKey> stored_parent, client_parent;
+    int64_t ttl_s;
+    std::string payload;
+  };
 
   KvCacheService::Impl* svc_;
   TenantLimiter::Slot slot_;
@@ -188,6 +274,9 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer raw_;
   pb::StoreRequest req_;
   uint32_t index_ = 0;
+  int64_t failed_at_ = -1;  // the message a failure is reported against
+  std::vector<Staged> staged_;
+  std::unordered_set<ChunkKey, ChunkKeyHash> staged_keys_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

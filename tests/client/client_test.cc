@@ -248,39 +248,52 @@ TEST_F(ClientTest, ChunkMissingMidPrefixEndsTheFetchThere) {
 
 TEST_F(ClientTest, TruncatedStoreStreamKeepsOnlyWholeMessages) {
   std::mt19937_64 rng(seed_);
-  const Prefix p = MakePrefix(rng, ns_, 3);
-  // Two complete messages, then the client gives up without WritesDone.
-  {
-    grpc::ClientContext ctx;
-    pb::StoreResponse resp;
-    auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
-    auto stub = pb::KVCache::NewStub(channel);
-    auto writer = stub->Store(&ctx, &resp);
-    const std::vector<storage::ChunkKey> keys = client_->Keys(ns_, p.tokens);
-    for (int i = 0; i < 2; ++i) {
-      pb::StoreRequest req;
-      req.set_namespace_id(ns_.id);
-      if (i > 0)
-        req.set_parent_key(std::string(reinterpret_cast<const char*>(keys[0].bytes.data()), 16));
-      req.mutable_tokens()->Add(p.tokens.begin() + i * ns_.chunk_tokens,
-                                p.tokens.begin() + (i + 1) * ns_.chunk_tokens);
-      req.set_payload(p.payloads.data() + i * ns_.chunk_bytes, ns_.chunk_bytes);
-      req.set_durability(pb::DURABILITY_DURABLE);
-      ASSERT_TRUE(writer->Write(req));
+  // Memory-durability chunks are stored message by message; durable ones in batches (one
+  // group commit for several), which a stream that ends — here, cancelled — stores too.
+  for (const pb::Durability durability : {pb::DURABILITY_MEMORY, pb::DURABILITY_DURABLE}) {
+    SCOPED_TRACE(pb::Durability_Name(durability));
+    const Prefix p = MakePrefix(rng, ns_, 3);
+    // Two complete messages, then the client gives up without WritesDone.
+    {
+      grpc::ClientContext ctx;
+      pb::StoreResponse resp;
+      auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
+      auto stub = pb::KVCache::NewStub(channel);
+      auto writer = stub->Store(&ctx, &resp);
+      const std::vector<storage::ChunkKey> keys = client_->Keys(ns_, p.tokens);
+      for (int i = 0; i < 2; ++i) {
+        pb::StoreRequest req;
+        req.set_namespace_id(ns_.id);
+        if (i > 0)
+          req.set_parent_key(std::string(reinterpret_cast<const char*>(keys[0].bytes.data()), 16));
+        req.mutable_tokens()->Add(p.tokens.begin() + i * ns_.chunk_tokens,
+                                  p.tokens.begin() + (i + 1) * ns_.chunk_tokens);
+        req.set_payload(p.payloads.data() + i * ns_.chunk_bytes, ns_.chunk_bytes);
+        req.set_durability(durability);
+        ASSERT_TRUE(writer->Write(req));
+      }
+      // Wait until the server has the two (memory: stored; durable: staged — give it the
+      // time to read them), then give up on the stream.
+      if (durability == pb::DURABILITY_MEMORY) {
+        for (int i = 0; i < 100 && client_->Lookup(ns_, p.tokens)->matched_chunks < 2; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+      ctx.TryCancel();
+      EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
     }
-    // Wait until the server has stored both, then give up on the stream.
     for (int i = 0; i < 100 && client_->Lookup(ns_, p.tokens)->matched_chunks < 2; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a staged batch's commit
     }
-    ctx.TryCancel();
-    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    absl::StatusOr<LookupResult> l = client_->Lookup(ns_, p.tokens);
+    ASSERT_TRUE(l.ok());
+    EXPECT_EQ(l->matched_chunks, 2u);
+    std::vector<uint8_t> out(2 * ns_.chunk_bytes);
+    ASSERT_EQ(*client_->Fetch(ns_, std::span(l->keys).first(2), out), 2u);
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), p.payloads.begin()));
   }
-  absl::StatusOr<LookupResult> l = client_->Lookup(ns_, p.tokens);
-  ASSERT_TRUE(l.ok());
-  EXPECT_EQ(l->matched_chunks, 2u);
-  std::vector<uint8_t> out(2 * ns_.chunk_bytes);
-  ASSERT_EQ(*client_->Fetch(ns_, std::span(l->keys).first(2), out), 2u);
-  EXPECT_TRUE(std::equal(out.begin(), out.end(), p.payloads.begin()));
 }
 
 TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
