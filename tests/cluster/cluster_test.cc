@@ -24,6 +24,7 @@
 #include "tests/cachesvc/random_prefix.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/wait_for.h"
 
 namespace kvc::client {
 namespace {
@@ -41,16 +42,7 @@ using Clock = std::chrono::steady_clock;
 constexpr char kTokenA[] = "token-of-alice";
 constexpr char kTokenB[] = "token-of-bob";
 
-// Polls `done` every 50 ms for up to `seconds`.
-template <typename F>
-bool WaitFor(F done, double seconds) {
-  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
-}
+using ::kvc::testing::WaitFor;
 
 class ClusterTest : public ::testing::Test {
  protected:

@@ -31,6 +31,7 @@
 #include "tests/cachesvc/random_prefix.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/wait_for.h"
 
 namespace kvc::client {
 namespace {
@@ -51,15 +52,7 @@ constexpr char kTokenOps[] = "token-of-ops";  // sees the daemons' totals (repai
 constexpr char kSecret[] = "cluster-secret-0123456789abcdef";
 constexpr int kNodes = 4;
 
-template <typename F>
-bool WaitFor(F done, double seconds) {
-  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return true;
-}
+using ::kvc::testing::WaitFor;
 
 class RepairTest : public ::testing::Test {
  protected:
