@@ -87,6 +87,7 @@ struct Args {
   uint32_t chunk_tokens = 0, ttl = 0;
   bool memory = false;
   std::string node_id, secret_file;  // drain
+  std::string tls_ca;                // reach kvcached over TLS, trusting this CA bundle
   double wait_s = 3600;
   EtcdFlags etcd;  // a cluster whose etcd runs with TLS or authentication
 };
@@ -158,7 +159,7 @@ absl::Status PrintClusterStats(ClusterClient& c) {
 // kvctl drain NODE: asks the node (ClusterPeer.Drain, with the cluster credential) to hand its
 // chunks over and leave, then waits until it has left the membership.
 absl::Status DrainNode(ClusterClient& c, const std::string& node_id, const std::string& secret_file,
-                       double wait_s) {
+                       const std::string& tls_ca, double wait_s) {
   std::string secret;
   if (!secret_file.empty()) {
     std::ifstream in(secret_file);
@@ -174,8 +175,17 @@ absl::Status DrainNode(ClusterClient& c, const std::string& node_id, const std::
   if (address.empty()) {
     return absl::NotFoundError(absl::StrCat("node ", node_id, " is not in the cluster"));
   }
-  auto stub =
-      pb::ClusterPeer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!tls_ca.empty()) {
+    std::ifstream in(tls_ca);
+    if (!in) return absl::NotFoundError("--tls-ca: cannot read " + tls_ca);
+    std::stringstream roots;
+    roots << in.rdbuf();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = roots.str();
+    creds = grpc::SslCredentials(ssl);
+  }
+  auto stub = pb::ClusterPeer::NewStub(grpc::CreateChannel(address, creds));
   grpc::ClientContext ctx;
   if (!secret.empty()) ctx.AddMetadata("x-kvcache-peer", secret);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -240,6 +250,7 @@ absl::Status Run(const std::string& cmd, const Args& a) {
   ClientOptions options;
   options.address = a.cluster.empty() ? a.server : a.cluster;
   options.bearer_token = a.token;
+  options.tls_ca_file = a.tls_ca;
   options.timeout_ms = 60000;
   KVC_ASSIGN_OR_RETURN(cluster::EtcdSecurity etcd, a.etcd.Resolve());
   options.etcd = etcd;
@@ -247,7 +258,7 @@ absl::Status Run(const std::string& cmd, const Args& a) {
   if (cmd == "drain") {
     auto* cluster = dynamic_cast<ClusterClient*>(client.get());
     if (cluster == nullptr) return absl::InvalidArgumentError("drain needs --cluster etcd://H:P");
-    return DrainNode(*cluster, a.node_id, a.secret_file, a.wait_s);
+    return DrainNode(*cluster, a.node_id, a.secret_file, a.tls_ca, a.wait_s);
   }
   if (cmd == "stats") {
     if (auto* cluster = dynamic_cast<ClusterClient*>(client.get()); cluster != nullptr) {
@@ -352,6 +363,7 @@ int Main(int argc, char** argv) {
   app.add_option("--server", a.server, "kvcached address, or a cluster's etcd://H:P[,H:P…]")
       ->capture_default_str();
   app.add_option("--token", a.token, "bearer token");
+  app.add_option("--tls-ca", a.tls_ca, "reach kvcached over TLS, trusting this CA bundle");
   a.etcd.AddTo(app);
   auto model = [&](CLI::App* s) {
     s->add_option("--config", a.config, "model config.json")->required();
