@@ -23,6 +23,7 @@
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/cachesvc/daemon.h"
+#include "tests/testing/http_get.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
@@ -643,25 +644,7 @@ TEST(KvcachedTest, PinUnpinAndDelete) {
   EXPECT_FALSE(stats.io_backend().empty());
 }
 
-// A plain HTTP GET on loopback, as Prometheus scrapes.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return out;
-}
+using ::kvc::testing::HttpGet;
 
 TEST(KvcachedTest, ServesPrometheusMetrics) {
   std::mt19937_64 rng(testing::FreshSeed());

@@ -29,6 +29,7 @@
 #include "storage/slot_format.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/cachesvc/random_prefix.h"
+#include "tests/testing/http_get.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/wait_for.h"
@@ -88,18 +89,21 @@ class RepairTest : public ::testing::Test {
   }
 
   void StartNode(int i) {
-    nodes_[i] = std::make_unique<Daemon>(
-        NodeDir(i),
-        std::vector<std::string>{
-            "--cluster", etcd_->url(), "--node-id", NodeId(i), "--cluster-lease-seconds", "2",
-            "--auth-tokens", dir_.File("tokens"), "--admin-tenants", "ops", "--cluster-secret-file",
-            dir_.File("secret"), "--repair-grace-seconds", "1", "--replicas", "2",
-            "--repair-interval-seconds", "2", "--repair-drop-extra",
-            // passes list ~40 chunks at a time: several shards a pass
-            "--repair-shard-chunks", "40",
-            // slots of the mini model's chunks: room for every copy
-            "--max-chunk-bytes", "8192"},
-        dir_.File("n" + std::to_string(i) + ".log"));
+    std::vector<std::string> flags = {
+        "--cluster", etcd_->url(), "--node-id", NodeId(i), "--cluster-lease-seconds", "2",
+        "--auth-tokens", dir_.File("tokens"), "--admin-tenants", "ops", "--cluster-secret-file",
+        dir_.File("secret"), "--repair-grace-seconds", "1", "--replicas", "2",
+        "--repair-interval-seconds", "2", "--repair-drop-extra",
+        // passes list ~40 chunks at a time: several shards a pass
+        "--repair-shard-chunks", "40",
+        // slots of the mini model's chunks: room for every copy
+        "--max-chunk-bytes", "8192"};
+    if (i == 0) {  // node 0 also serves Prometheus metrics
+      metrics_port_ = FreeLoopbackPort();
+      flags.insert(flags.end(), {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port_)});
+    }
+    nodes_[i] = std::make_unique<Daemon>(NodeDir(i), std::move(flags),
+                                         dir_.File("n" + std::to_string(i) + ".log"));
   }
   std::string NodeDir(int i) const { return dir_.File("node" + std::to_string(i)); }
   static std::string NodeId(int i) { return "n" + std::to_string(i); }
@@ -213,6 +217,7 @@ class RepairTest : public ::testing::Test {
   std::unique_ptr<ClusterClient> alice_, bob_;
   std::string config_;
   RemoteNamespace ns_a_, ns_b_;
+  int metrics_port_ = 0;
 };
 
 TEST_F(RepairTest, ChunksNobodyReadsSurviveTwoNodeLossesOneAfterTheOther) {
@@ -262,6 +267,17 @@ TEST_F(RepairTest, ChunksNobodyReadsSurviveTwoNodeLossesOneAfterTheOther) {
   uint64_t left = 1;
   ASSERT_EQ(std::sscanf(stats.out.c_str() + total, "\ncluster %lu", &left), 1) << stats.out;
   EXPECT_EQ(left, 0u) << "kvctl says chunks are still under-replicated";
+  // And Prometheus, scraping node 0: the same state as its Stats.
+  const pb::RepairStats r0 = StatsOf(0)->repair();
+  const std::string metrics = testing::HttpGet(metrics_port_, "/metrics");
+  for (const std::string& want : std::vector<std::string>{
+           "kvcache_repair_under_replicated_chunks 0", "kvcache_repair_pending 0",
+           "kvcache_repair_copied_chunks_total " + std::to_string(r0.copied_chunks()),
+           "kvcache_repair_passes_total ",  // (a periodic pass may have run since Stats)
+           "kvcache_repair_unplaceable_chunks 0"}) {
+    EXPECT_NE(metrics.find(want), std::string::npos) << "missing \"" << want << "\" in:\n"
+                                                     << metrics.substr(0, 3000);
+  }
   for (const Prefix& p : alice) EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 2);
   EXPECT_EQ(MinCopies(CopiesOf(ns_b_, kTokenB, bob[0])), 2);
   // The copies went to their own tenant's namespace: alice sees none of bob's chunks.
