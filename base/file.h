@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvc {
@@ -17,6 +18,14 @@ inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A credential kept in a file (a password, a shared secret): its text without trailing
+// whitespace (the newline an editor or `echo` leaves). NotFound naming the path.
+inline absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return std::string(absl::StripTrailingAsciiWhitespace(*text));
 }
 
 }  // namespace kvc

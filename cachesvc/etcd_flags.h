@@ -3,13 +3,11 @@
 // taken on the command line (where every local user can read it in /proc).
 #pragma once
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "cluster/etcd.h"
 
@@ -34,14 +32,12 @@ struct EtcdFlags {
   absl::StatusOr<cluster::EtcdSecurity> Resolve() const {
     cluster::EtcdSecurity s = security;
     if (!password_file.empty()) {
-      std::ifstream in(password_file);
-      std::stringstream text;
-      text << in.rdbuf();
-      if (!in) {
+      absl::StatusOr<std::string> password = ReadSecretFile(password_file);
+      if (!password.ok()) {
         return absl::InvalidArgumentError("--etcd-password-file " + password_file +
                                           " does not read");
       }
-      s.password = std::string(absl::StripTrailingAsciiWhitespace(text.str()));
+      s.password = *std::move(password);
     }
     if (!s.user.empty() && s.password.empty()) {
       return absl::InvalidArgumentError("--etcd-user needs --etcd-password-file");

@@ -28,6 +28,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/cluster_node.h"
@@ -296,12 +297,10 @@ int Main(int argc, char** argv) {
   if (!cluster_secret_file.empty()) {
     if (cluster_url.empty())
       return Fail("--cluster-secret-file only means something with --cluster");
-    std::ifstream in(cluster_secret_file);
-    if (!in) return Fail("--cluster-secret-file: cannot read " + cluster_secret_file);
-    std::getline(in, cluster_secret);
-    while (!cluster_secret.empty() &&
-           std::isspace(static_cast<unsigned char>(cluster_secret.back())))
-      cluster_secret.pop_back();
+    absl::StatusOr<std::string> secret = ReadSecretFile(cluster_secret_file);
+    if (!secret.ok())
+      return Fail("--cluster-secret-file: " + std::string(secret.status().message()));
+    cluster_secret = *std::move(secret);
     if (cluster_secret.size() < 16) {
       return Fail("--cluster-secret-file: the credential is " +
                   std::to_string(cluster_secret.size()) +

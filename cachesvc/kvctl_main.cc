@@ -40,6 +40,8 @@
 #include "client/stats.h"
 #include "kvcache/v1/peer.grpc.pb.h"
 #include "storage/chunk_store.h"
+#include "wire/grpc_status.h"
+#include "wire/wire.h"
 
 namespace kvc::cachesvc {
 namespace {
@@ -162,11 +164,7 @@ absl::Status DrainNode(ClusterClient& c, const std::string& node_id, const std::
                        const std::string& tls_ca, double wait_s) {
   std::string secret;
   if (!secret_file.empty()) {
-    std::ifstream in(secret_file);
-    if (!in) return absl::NotFoundError("--cluster-secret-file: cannot read " + secret_file);
-    std::getline(in, secret);
-    while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back())))
-      secret.pop_back();
+    KVC_ASSIGN_OR_RETURN(secret, ReadSecretFile(secret_file));
   }
   std::string address;
   for (const cluster::NodeInfo& n : c.membership()->nodes) {
@@ -177,23 +175,20 @@ absl::Status DrainNode(ClusterClient& c, const std::string& node_id, const std::
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!tls_ca.empty()) {
-    std::ifstream in(tls_ca);
-    if (!in) return absl::NotFoundError("--tls-ca: cannot read " + tls_ca);
-    std::stringstream roots;
-    roots << in.rdbuf();
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = roots.str();
+    KVC_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(tls_ca));
     creds = grpc::SslCredentials(ssl);
   }
   auto stub = pb::ClusterPeer::NewStub(grpc::CreateChannel(address, creds));
   grpc::ClientContext ctx;
-  if (!secret.empty()) ctx.AddMetadata("x-kvcache-peer", secret);
+  if (!secret.empty()) ctx.AddMetadata(wire::kPeerCredentialMetadata, secret);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   pb::DrainRequest req;
   pb::DrainResponse resp;
   if (grpc::Status st = stub->Drain(&ctx, req, &resp); !st.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                        absl::StrCat("node ", node_id, " (", address, "): ", st.error_message()));
+    const absl::Status s = wire::FromGrpc(st);
+    return absl::Status(s.code(),
+                        absl::StrCat("node ", node_id, " (", address, "): ", s.message()));
   }
   std::printf("%s: draining %llu chunks\n", node_id.c_str(), (unsigned long long)resp.chunks());
   std::fflush(stdout);

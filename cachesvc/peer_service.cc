@@ -172,7 +172,7 @@ ClusterPeerService::ClusterPeerService(KvCacheService* service, std::string secr
 
 absl::Status ClusterPeerService::CheckPeer(const grpc::CallbackServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
-  auto it = md.find(kPeerMetadataKey);
+  auto it = md.find(wire::kPeerCredentialMetadata);
   if (secret_.empty()) {
     if (svc_->auth->enabled()) {
       return absl::UnauthenticatedError(
@@ -182,8 +182,8 @@ absl::Status ClusterPeerService::CheckPeer(const grpc::CallbackServerContext* ct
     return absl::OkStatus();
   }
   if (it == md.end()) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("missing \"", kPeerMetadataKey, "\" metadata (the cluster credential)"));
+    return absl::UnauthenticatedError(absl::StrCat("missing \"", wire::kPeerCredentialMetadata,
+                                                   "\" metadata (the cluster credential)"));
   }
   if (!SameSecret(std::string_view(it->second.data(), it->second.size()), secret_)) {
     return absl::UnauthenticatedError("wrong cluster credential");

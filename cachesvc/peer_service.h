@@ -19,8 +19,6 @@
 
 namespace kvc::cachesvc {
 
-inline constexpr char kPeerMetadataKey[] = "x-kvcache-peer";
-
 class ClusterPeerService final : public kvcache::v1::ClusterPeer::CallbackService {
  public:
   // `secret`: the cluster credential (empty: none). `on_drain`: starts this node's drain

@@ -19,7 +19,6 @@ namespace {
 namespace pb = ::kvcache::v1;
 using Clock = std::chrono::steady_clock;
 
-constexpr char kPeerMetadata[] = "x-kvcache-peer";  // = kPeerMetadataKey (peer_service.h)
 constexpr size_t kHoldsKeysPerCall = 16384;
 constexpr auto kCallTimeout = std::chrono::seconds(30);
 
@@ -66,7 +65,7 @@ class ClusterRepair::Peers {
     return stub.get();
   }
   void Prepare(grpc::ClientContext& ctx) const {
-    if (!secret_.empty()) ctx.AddMetadata(kPeerMetadata, secret_);
+    if (!secret_.empty()) ctx.AddMetadata(wire::kPeerCredentialMetadata, secret_);
     ctx.set_deadline(std::chrono::system_clock::now() + kCallTimeout);
   }
 

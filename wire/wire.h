@@ -19,6 +19,10 @@ namespace kvc::wire {
 
 inline constexpr size_t kKeyBytes = 16;
 
+// The metadata a cluster's node-to-node calls carry the cluster credential in
+// (proto/kvcache/v1/peer.proto; checked by cachesvc/peer_service.h).
+inline constexpr char kPeerCredentialMetadata[] = "x-kvcache-peer";
+
 // A key as a bytes field carries it.
 std::string KeyBytes(const ChunkKey& key);
 // A bytes field back to a key; InvalidArgument naming `what` and the size if it is not 16
