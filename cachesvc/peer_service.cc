@@ -1,6 +1,7 @@
 #include "cachesvc/peer_service.h"
 
 #include <algorithm>
+#include <set>
 
 #include "cachesvc/service_impl.h"
 #include "storage/slot_format.h"
@@ -38,8 +39,10 @@ absl::StatusOr<std::optional<NamespaceInfo>> KvCacheService::Impl::PeerNamespace
     if (known->root != root || known->chunk_bytes != p.chunk_bytes() ||
         known->key_mode != static_cast<uint32_t>(p.key_mode())) {
       return absl::FailedPreconditionError(
-          absl::StrCat("peer namespace ", p.namespace_id(),
-                       " differs from this node's (root, chunk size or key mode)"));
+          absl::StrCat("peer namespace ", p.namespace_id(), " (root ", root.Hex(), ", ",
+                       p.chunk_bytes(), "-byte chunks, key mode ", p.key_mode(),
+                       ") differs from this node's (root ", known->root.Hex(), ", ",
+                       known->chunk_bytes, "-byte chunks, key mode ", known->key_mode, ")"));
     }
     return known;
   }
@@ -144,24 +147,35 @@ absl::Status KvCacheService::Impl::DoReplicate(const pb::ReplicateRequest& req,
     }
     chunks.push_back(ck);
   }
-  // One Put per TTL (a call's chunks mostly share one: none).
+  // Stored together (one group commit per run of equal TTL), as a Store stream's are. A
+  // parent is named only when held here or earlier in this call (it orders eviction).
+  std::vector<storage::PutRequest> puts;
+  std::vector<int64_t> ttls;
+  std::set<ChunkKey> in_call;
   for (const Checked& c : chunks) {
     std::optional<ChunkKey> stored_parent;
     if (c.parent) {
       const ChunkKey p = StorageKey(ns, *c.parent);
-      if (store->Contains(ns.id, p) != storage::Tier::kNone) stored_parent = p;
+      if (in_call.contains(p) || store->Contains(ns.id, p) != storage::Tier::kNone) {
+        stored_parent = p;
+      }
     }
-    const ChunkKey stored = StorageKey(ns, c.key);
-    KVC_ASSIGN_OR_RETURN(
-        storage::PutResult put,
-        store->Put({ns.id, stored, stored_parent, c.payload, ChunkOrigin{c.key, c.parent}},
-                   {storage::Durability::kDurable, c.ttl_s}));
-    if (put.already_present) {
+    puts.emplace_back(ns.id, StorageKey(ns, c.key), stored_parent, c.payload,
+                      ChunkOrigin{c.key, c.parent});
+    in_call.insert(puts.back().key);
+    ttls.push_back(c.ttl_s);
+  }
+  const std::vector<absl::StatusOr<storage::PutResult>> results = PutDurable(puts, ttls);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    KVC_RETURN_IF_ERROR(results[i].status());
+    if (results[i]->already_present) {
       resp->set_already_present(resp->already_present() + 1);
     } else {
       resp->set_stored(resp->stored() + 1);
     }
-    if (c.pin_until_s > now) KVC_RETURN_IF_ERROR(store->Pin(ns.id, stored, c.pin_until_s));
+    if (chunks[i].pin_until_s > now) {
+      KVC_RETURN_IF_ERROR(store->Pin(ns.id, puts[i].key, chunks[i].pin_until_s));
+    }
   }
   return absl::OkStatus();
 }

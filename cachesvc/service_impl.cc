@@ -72,6 +72,22 @@ absl::StatusOr<TenantLimiter::Slot> KvCacheService::Impl::Admit(
   return limiter.Acquire(t);
 }
 
+std::vector<absl::StatusOr<storage::PutResult>> KvCacheService::Impl::PutDurable(
+    std::span<const storage::PutRequest> puts, std::span<const int64_t> ttl_s) {
+  std::vector<absl::StatusOr<storage::PutResult>> results;
+  results.reserve(puts.size());
+  for (size_t at = 0; at < puts.size();) {
+    size_t end = at + 1;
+    while (end < puts.size() && ttl_s[end] == ttl_s[at]) ++end;
+    for (absl::StatusOr<storage::PutResult>& r :
+         store->PutBatch(puts.subspan(at, end - at), {storage::Durability::kDurable, ttl_s[at]})) {
+      results.push_back(std::move(r));
+    }
+    at = end;
+  }
+  return results;
+}
+
 absl::StatusOr<NamespaceInfo> KvCacheService::Impl::Namespace(uint32_t id,
                                                               const std::string& tenant) const {
   std::optional<NamespaceInfo> ns = registry->Get(id, tenant);

@@ -186,6 +186,12 @@ class KvCacheService::Impl {
     return ScopedKeys{std::move(ns), std::move(keys), std::move(stored)};
   }
 
+  // Durable puts whose TTLs may differ (ttl_s[i] for puts[i]): one PutBatch — one group
+  // commit, one fdatasync — per run of equal TTL, results in the requests' order. What a
+  // Store stream's staged chunks and a peer's copies are stored with.
+  std::vector<absl::StatusOr<storage::PutResult>> PutDurable(
+      std::span<const storage::PutRequest> puts, std::span<const int64_t> ttl_s);
+
   // Counts the OK statuses; the first error other than NotFound fails the call.
   static absl::StatusOr<uint32_t> CountOk(const std::vector<absl::Status>& statuses);
   absl::StatusOr<uint32_t> DoPin(const std::string& tenant, const pb::PinRequest& req,

@@ -217,40 +217,31 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
            svc_->store->Contains(ns, stored) != storage::Tier::kNone;
   }
 
-  // Stores the staged durable chunks: one PutBatch per run of equal namespace and TTL (a
-  // stream's chunks mostly share both). The first failure fails the call, naming its message
-  // (failed_at_); the chunks staged with it are attempted all the same.
+  // Stores the staged durable chunks (Impl::PutDurable: one group commit per run of equal
+  // TTL). The first failure fails the call, naming its message (failed_at_); the chunks
+  // staged with it are attempted all the same.
   absl::Status Flush() {
     std::vector<Staged> staged;
     staged.swap(staged_);
     staged_keys_.clear();
+    std::vector<storage::PutRequest> puts;
+    std::vector<int64_t> ttls;
+    for (const Staged& c : staged) {
+      puts.emplace_back(
+          c.ns, c.stored, c.stored_parent,
+          std::span(reinterpret_cast<const uint8_t*>(c.payload.data()), c.payload.size()),
+          ChunkOrigin{c.key, c.client_parent});
+      ttls.push_back(c.ttl_s);
+    }
+    const std::vector<absl::StatusOr<storage::PutResult>> results = svc_->PutDurable(puts, ttls);
     absl::Status first;
-    for (size_t at = 0; at < staged.size();) {
-      size_t end = at + 1;
-      while (end < staged.size() && staged[end].ns == staged[at].ns &&
-             staged[end].ttl_s == staged[at].ttl_s) {
-        ++end;
+    for (size_t i = 0; i < staged.size(); ++i) {
+      if (results[i].ok()) {
+        Count(*results[i], staged[i].key);
+      } else if (first.ok()) {
+        first = results[i].status();
+        if (failed_at_ < 0) failed_at_ = staged[i].index;
       }
-      std::vector<storage::PutRequest> puts;
-      for (size_t i = at; i < end; ++i) {
-        const Staged& c = staged[i];
-        puts.emplace_back(
-            c.ns, c.stored, c.stored_parent,
-            std::span(reinterpret_cast<const uint8_t*>(c.payload.data()), c.payload.size()),
-            ChunkOrigin{c.key, c.client_parent});
-      }
-      std::vector<absl::StatusOr<storage::PutResult>> results =
-          svc_->store->PutBatch(puts, {storage::Durability::kDurable, staged[at].ttl_s});
-      for (size_t i = at; i < end; ++i) {
-        const absl::StatusOr<storage::PutResult>& r = results[i - at];
-        if (r.ok()) {
-          Count(*r, staged[i].key);
-        } else if (first.ok()) {
-          first = r.status();
-          if (failed_at_ < 0) failed_at_ = staged[i].index;
-        }
-      }
-      at = end;
     }
     return first;
   }
