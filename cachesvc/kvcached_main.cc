@@ -410,21 +410,7 @@ int Main(int argc, char** argv) {
   const bool repairs = node && (!cluster_secret.empty() || !auth.enabled());
   if (repairs) {
     opt.repair_stats = [&repair](kvcache::v1::RepairStats* out) {
-      if (!repair) return;
-      const RepairStats r = repair->stats();
-      out->set_pending(r.pending);
-      out->set_running(r.running);
-      out->set_progress(r.progress);
-      out->set_passes(r.passes);
-      out->set_last_pass_unix_s(r.last_pass_unix_s);
-      out->set_under_replicated_chunks(r.under_replicated_chunks);
-      out->set_under_replicated_bytes(r.under_replicated_bytes);
-      out->set_copied_chunks(r.copied_chunks);
-      out->set_copied_bytes(r.copied_bytes);
-      out->set_failed_copies(r.failed_copies);
-      out->set_unplaceable_chunks(r.unplaceable_chunks);
-      out->set_copy_bytes_per_s(r.copy_bytes_per_s);
-      out->set_dropped_copies(r.dropped_copies);
+      if (repair) *out = repair->stats();
     };
     metrics.SetRepairSource(opt.repair_stats);
   }

@@ -85,7 +85,7 @@ ClusterRepair::ClusterRepair(RepairOptions options, storage::ChunkStore* store,
       view_(std::move(view)),
       peers_(std::make_unique<Peers>(opt_.secret, opt_.tls_roots_pem)) {
   if (!opt_.log) opt_.log = [](const std::string&, const std::string&) {};
-  stats_.pending = true;  // a node that starts has not checked its chunks yet
+  stats_.set_pending(true);  // a node that starts has not checked its chunks yet
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -130,7 +130,7 @@ void ClusterRepair::Loop() {
       changed_at = Clock::now();
       pending = true;
       std::lock_guard lk(mu_);
-      stats_.pending = true;
+      stats_.set_pending(true);
     }
     if (snap->stale) continue;  // etcd away: the membership may be old; wait for it
     const bool registered = std::any_of(snap->nodes.begin(), snap->nodes.end(),
@@ -188,23 +188,23 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
   std::set<size_t> unreachable;
   {
     std::lock_guard lk(mu_);
-    stats_.running = true;
-    stats_.progress = 0;
-    stats_.under_replicated_chunks = 0;
-    stats_.under_replicated_bytes = 0;
+    stats_.set_running(true);
+    stats_.set_progress(0);
+    stats_.set_under_replicated_chunks(0);
+    stats_.set_under_replicated_bytes(0);
   }
   opt_.log("repair_pass_start",
            absl::StrCat(held.ram_chunks + held.ssd_chunks, " chunks (", shards, " shards) over ",
                         ids.size(), " nodes", draining ? " (draining)" : ""));
   auto finish = [&](absl::Status s) {
     std::lock_guard lk(mu_);
-    stats_.running = false;
-    stats_.unplaceable_chunks = unplaceable;
+    stats_.set_running(false);
+    stats_.set_unplaceable_chunks(unplaceable);
     if (s.ok()) {
-      ++stats_.passes;
-      stats_.last_pass_unix_s = WallSeconds();
-      stats_.pending = false;
-      stats_.progress = 1;
+      stats_.set_passes(stats_.passes() + 1);
+      stats_.set_last_pass_unix_s(WallSeconds());
+      stats_.set_pending(false);
+      stats_.set_progress(1);
     }
     return s;
   };
@@ -318,8 +318,9 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     }
     {
       std::lock_guard lk(mu_);
-      stats_.under_replicated_chunks += under - under_before;
-      stats_.under_replicated_bytes += under_bytes - under_bytes_before;
+      stats_.set_under_replicated_chunks(stats_.under_replicated_chunks() + under - under_before);
+      stats_.set_under_replicated_bytes(stats_.under_replicated_bytes() + under_bytes -
+                                        under_bytes_before);
     }
 
     // 3. Copy, in calls of up to max_copy_bytes, at no more than bytes_per_s.
@@ -341,8 +342,8 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
           pb::ReplicaChunk* rc = req.add_chunks();
           rc->set_chunk_key(wire::KeyBytes(c.origin->key));
           if (c.origin->parent) rc->set_parent_key(wire::KeyBytes(*c.origin->parent));
-          rc->set_checksum(
-              c.checksum);  // the stored checksum: a copy damaged here is refused there
+          // The stored checksum, not one of the bytes read: a copy damaged here is refused there.
+          rc->set_checksum(c.checksum);
           rc->set_expires_unix_s(c.expires_s);
           rc->set_pin_until_unix_s(c.pin_until_s);
           rc->mutable_payload()->resize(c.payload_bytes);
@@ -350,55 +351,56 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
           outs.emplace_back(reinterpret_cast<uint8_t*>(rc->mutable_payload()->data()),
                             c.payload_bytes);
         }
-        // Read (every SSD read verified); a chunk gone since the listing is left out.
-        std::vector<absl::Status> read = store_->GetBatch(ns_id, keys, outs);
-        pb::ReplicateRequest send;
-        *send.mutable_ns() = req.ns();
-        std::vector<size_t> sent;
-        for (size_t j = 0; j < n; ++j) {
+        // Read (every SSD read verified); a chunk gone since the listing is left out — its
+        // copy is settled too: there is nothing left to copy.
+        const std::vector<absl::Status> read = store_->GetBatch(ns_id, keys, outs);
+        std::vector<size_t> sent, gone;
+        for (size_t j = n; j-- > 0;) {
           if (read[j].ok()) {
-            send.add_chunks()->Swap(req.mutable_chunks(static_cast<int>(j)));
             sent.push_back(list[at + j]);
           } else {
-            Item& it = items[list[at + j]];
-            if (--it.copies_left == 0) {
-              std::lock_guard lk(mu_);
-              --stats_.under_replicated_chunks;
-              stats_.under_replicated_bytes -= it.chunk->payload_bytes;
-            }
+            gone.push_back(list[at + j]);
+            req.mutable_chunks()->DeleteSubrange(static_cast<int>(j), 1);
           }
         }
         copies_done += n;
-        if (sent.empty()) continue;
-        pb::ReplicateResponse resp;
-        grpc::ClientContext ctx;
-        peers_->Prepare(ctx);
-        grpc::Status s = peers_->Stub(addresses[node])->Replicate(&ctx, send, &resp);
+        grpc::Status s;
+        if (!sent.empty()) {
+          pb::ReplicateResponse resp;
+          grpc::ClientContext ctx;
+          peers_->Prepare(ctx);
+          s = peers_->Stub(addresses[node])->Replicate(&ctx, req, &resp);
+        }
         uint64_t bytes = 0;
         for (size_t i : sent) bytes += items[i].chunk->payload_bytes;
         std::unique_lock lk(mu_);
+        // One copy of the item made (or no longer possible): the chunk is no longer short
+        // once its last copy is.
+        auto settle = [&](Item& it) {
+          if (--it.copies_left == 0) {
+            stats_.set_under_replicated_chunks(stats_.under_replicated_chunks() - 1);
+            stats_.set_under_replicated_bytes(stats_.under_replicated_bytes() -
+                                              it.chunk->payload_bytes);
+          }
+        };
+        for (size_t i : gone) settle(items[i]);
         if (!s.ok()) {
           ++failures;
-          stats_.failed_copies += sent.size();
+          stats_.set_failed_copies(stats_.failed_copies() + sent.size());
           opt_.log("repair_copy_failed", absl::StrCat(sent.size(), " chunks to ", ids[node], " (",
                                                       addresses[node], "): ", s.error_message()));
         } else {
           copied += sent.size();
           copied_bytes += bytes;
-          stats_.copied_chunks += sent.size();
-          stats_.copied_bytes += bytes;
-          for (size_t i : sent) {
-            if (--items[i].copies_left == 0) {
-              --stats_.under_replicated_chunks;
-              stats_.under_replicated_bytes -= items[i].chunk->payload_bytes;
-            }
-          }
+          stats_.set_copied_chunks(stats_.copied_chunks() + sent.size());
+          stats_.set_copied_bytes(stats_.copied_bytes() + bytes);
+          for (size_t i : sent) settle(items[i]);
         }
         const double elapsed = SecondsSince(start);
-        stats_.copy_bytes_per_s = elapsed > 0 ? copied_bytes / elapsed : 0;
-        stats_.progress =
+        stats_.set_copy_bytes_per_s(elapsed > 0 ? copied_bytes / elapsed : 0);
+        stats_.set_progress(
             (shard + (copies_planned ? static_cast<double>(copies_done) / copies_planned : 1)) /
-            shards;
+            shards);
         if (opt_.bytes_per_s > 0) {  // hold the pass to its bandwidth
           const double due =
               static_cast<double>(copied_bytes) / static_cast<double>(opt_.bytes_per_s);
@@ -417,7 +419,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     if (dropped_here > 0) {
       dropped += dropped_here;
       std::lock_guard lk(mu_);
-      stats_.dropped_copies += dropped_here;
+      stats_.set_dropped_copies(stats_.dropped_copies() + dropped_here);
     }
   }  // shard
   opt_.log("repair_pass_done",
@@ -427,7 +429,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
   if (failures > 0 || !unreachable.empty()) {
     (void)finish(absl::OkStatus());  // counted as a pass, but the membership stays pending
     std::lock_guard lk(mu_);
-    stats_.pending = true;
+    stats_.set_pending(true);
     return absl::UnavailableError(absl::StrCat(failures, " repair calls failed"));
   }
   return finish(absl::OkStatus());

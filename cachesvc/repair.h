@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "cachesvc/namespace_registry.h"
 #include "cluster/membership.h"
+#include "kvcache/v1/kvcache.pb.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::cachesvc {
@@ -49,23 +50,11 @@ struct RepairOptions {
   std::function<void(const std::string& event, const std::string& detail)> log;
 };
 
-// What repair has found and done, for Stats, metrics and kvctl stats --cluster.
-struct RepairStats {
-  bool pending = false;          // the membership changed and no pass has completed since
-  bool running = false;          // a pass is walking now
-  double progress = 0;           // of the running pass's copies (1 when none are needed)
-  uint64_t passes = 0;           // passes completed
-  int64_t last_pass_unix_s = 0;  // when the last complete pass ended (0: none yet)
-  // Chunks this node is to copy (it is their copier, see above) that lack copies on some
-  // owner, as the running or last pass found them, less those copied since: what drains
-  // to 0 after a node loss.
-  uint64_t under_replicated_chunks = 0, under_replicated_bytes = 0;
-  uint64_t copied_chunks = 0, copied_bytes = 0;  // copies made, in all
-  uint64_t failed_copies = 0;                    // copies (or owner questions) that failed, in all
-  uint64_t dropped_copies = 0;                   // extra copies dropped (drop_extra_copies), in all
-  uint64_t unplaceable_chunks = 0;  // held without the client's key (an older kvcached's)
-  double copy_bytes_per_s = 0;      // over the running or last pass
-};
+// What repair has found and done: the StatsResponse field itself (kvcache.proto:
+// RepairStats, whose comments say what each count means), kept in that form so Stats,
+// the metrics and kvctl read it as is. under_replicated_* count only the chunks this node
+// is the copier of (see above), so the cluster's sum counts each short chunk once.
+using RepairStats = ::kvcache::v1::RepairStats;
 
 class ClusterRepair {
  public:
