@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "client/prefix_hash.h"
 
@@ -19,15 +20,12 @@ __attribute__((visibility("default"))) uint64_t kvc_chunk_keys(const uint8_t* ro
                                                                uint64_t n_tokens,
                                                                uint32_t chunk_tokens,
                                                                uint8_t* out) {
-  if (chunk_tokens == 0) return 0;
-  kvc::client::ChunkKey prev;
-  std::memcpy(prev.bytes.data(), root, 16);
-  uint64_t n = 0;
-  for (uint64_t at = 0; at + chunk_tokens <= n_tokens; at += chunk_tokens, ++n) {
-    prev = kvc::client::NextChunkKey(prev, std::span(tokens + at, chunk_tokens));
-    std::memcpy(out + 16 * n, prev.bytes.data(), 16);
-  }
-  return n;
+  kvc::client::ChunkKey start;
+  std::memcpy(start.bytes.data(), root, 16);
+  const std::vector<kvc::client::ChunkKey> keys =
+      kvc::client::ChunkKeys(start, std::span(tokens, n_tokens), chunk_tokens);
+  for (size_t i = 0; i < keys.size(); ++i) std::memcpy(out + 16 * i, keys[i].bytes.data(), 16);
+  return keys.size();
 }
 
 }  // extern "C"

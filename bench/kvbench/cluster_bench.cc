@@ -27,14 +27,17 @@ namespace pb = ::kvcache::v1;
 using client::CacheApi;
 using Clock = std::chrono::steady_clock;
 
+// A lost node leaves the membership after its lease; repair starts after the grace.
+constexpr int kLeaseSeconds = 2;
+constexpr int kRepairGraceSeconds = 1;
 const std::vector<std::string> kNodeFlags = {"--ram-bytes",
                                              "1073741824",
                                              "--ssd-bytes",
                                              "1073741824",
                                              "--cluster-lease-seconds",
-                                             "2",
+                                             std::to_string(kLeaseSeconds),
                                              "--repair-grace-seconds",
-                                             "1",
+                                             std::to_string(kRepairGraceSeconds),
                                              "--repair-mbps",
                                              "0"};
 
@@ -189,7 +192,7 @@ absl::StatusOr<nlohmann::json> MeasureRepair(
   return nlohmann::json{{"killed_node_chunks", victim_chunks},
                         {"cluster_chunk_copies", held_chunks},
                         {"repair_s", repair_s},
-                        {"detect_s", 2.0 + 1.0},  // lease + grace, of repair_s
+                        {"detect_s", kLeaseSeconds + kRepairGraceSeconds},  // of repair_s
                         {"copied_bytes", copied},
                         {"copied_bytes_per_gb_held", copied / data_gb}};
 }
