@@ -406,6 +406,33 @@ TEST_F(RepairTest, AJoiningNodeGetsItsShareAndTheOldHoldersDropTheirExtraCopies)
   for (const Prefix& p : data) ExpectFetchExact(*reader, ns_a_, p);
 }
 
+// A credential a node must not run with is refused at start, naming what is wrong.
+TEST_F(RepairTest, ABadClusterCredentialIsRefusedAtStart) {
+  const std::string kvcached = std::string(KVC_BIN_DIR) + "/kvcached";
+  std::ofstream(dir_.File("short-secret")) << "too-short\n";
+  std::ofstream(dir_.File("tenant-secret")) << "token-of-alice-0123456789\n";
+  std::ofstream(dir_.File("tokens2")) << "token-of-alice-0123456789 alice\n";
+  struct Case {
+    std::vector<std::string> flags;
+    const char* says;
+  } cases[] = {
+      {{"--cluster", etcd_->url(), "--cluster-secret-file", dir_.File("short-secret")},
+       "the credential is 9 characters; use at least 16"},
+      {{"--cluster", etcd_->url(), "--auth-tokens", dir_.File("tokens2"), "--cluster-secret-file",
+        dir_.File("tenant-secret")},
+       "also a tenant's token"},
+      {{"--cluster", etcd_->url(), "--cluster-secret-file", dir_.File("missing")}, "missing"},
+      {{"--cluster-secret-file", dir_.File("secret")}, "only means something with --cluster"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--data-dir", dir_.File("refused"), "--listen", "127.0.0.1:0"};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    const testing::ProcessResult r = testing::RunProgram(kvcached, args);
+    EXPECT_EQ(r.exit_code, 1) << c.says;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(RepairTest, PeerCallsTakeTheClusterCredentialAndCheckWhatTheyStore) {
   auto stub = pb::ClusterPeer::NewStub(
       grpc::CreateChannel(nodes_[0]->address(), grpc::InsecureChannelCredentials()));
