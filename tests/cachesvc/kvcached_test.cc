@@ -833,6 +833,9 @@ TEST(KvcachedTest, AClientThatStopsReadingIsCutOffAtItsDeadline) {
   std::vector<pb::FetchResponse> got = Fetch(d, c, ns.namespace_id(), stored.chunk_keys(), &st);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(got.size(), 60u);
+  // Only the abandoned call may hold the stop up (to the daemon's 10 s shutdown deadline),
+  // not this idle connection's answer to the GOAWAY (see Disconnect).
+  d.Disconnect();
   const auto t0 = std::chrono::steady_clock::now();
   const int status = d.Stop(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
