@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -96,6 +97,20 @@ absl::StatusOr<uint64_t> ChunkStore::ChunkBytes(NamespaceId ns) const {
   return it->second;
 }
 
+namespace {
+constexpr char kWouldBlockPayload[] = "kvcache.storage/would-block";
+}  // namespace
+
+absl::Status WouldBlockError(const std::string& what) {
+  absl::Status s = absl::UnavailableError(absl::StrCat(what, " would wait for I/O"));
+  s.SetPayload(kWouldBlockPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsWouldBlock(const absl::Status& status) {
+  return absl::IsUnavailable(status) && status.GetPayload(kWouldBlockPayload).has_value();
+}
+
 absl::StatusOr<PutResult> ChunkStore::Put(const PutRequest& request, const PutOptions& options) {
   return PutBatch(std::span(&request, 1), options)[0];
 }
@@ -116,6 +131,12 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
       continue;
     }
     const bool durable = options.durability == Durability::kDurable || !s.HasRam(r.namespace_id);
+    if (durable && !options.may_block) {
+      results[i] = WouldBlockError(options.durability == Durability::kDurable
+                                       ? "a durable put"
+                                       : "a put to a namespace without RAM");
+      continue;
+    }
     if (durable && !s.ssd) {
       results[i] = absl::FailedPreconditionError(
           s.ram ? "durable store asked of a store with no SSD tier"
@@ -173,8 +194,9 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   }
   for (size_t i : memory_puts) {
     const PutRequest& r = requests[i];
-    absl::Status st = s.InsertRam(r.namespace_id, r.key, r.parent, r.origin, r.payload, 0,
-                                  /*dirty=*/s.ssd != nullptr, expires, /*allow_writeback=*/true);
+    absl::Status st =
+        s.InsertRam(r.namespace_id, r.key, r.parent, r.origin, r.payload, 0,
+                    /*dirty=*/s.ssd != nullptr, expires, /*allow_writeback=*/options.may_block);
     if (absl::IsAlreadyExists(st)) {
       results[i] = PutResult{true};
     } else if (!st.ok()) {

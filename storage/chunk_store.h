@@ -53,6 +53,7 @@
 #include "storage/fault_injection.h"
 #include "storage/hbm_tier.h"
 #include "storage/io_engine.h"
+#include "storage/payload.h"
 #include "storage/power_cut.h"
 #include "storage/quota.h"
 #include "storage/ram_tier.h"
@@ -103,14 +104,14 @@ struct StoreOptions {
 
 struct PutRequest {
   PutRequest() = default;
-  PutRequest(NamespaceId ns, const ChunkKey& k, std::optional<ChunkKey> p,
-             std::span<const uint8_t> bytes, std::optional<ChunkOrigin> o = std::nullopt)
+  PutRequest(NamespaceId ns, const ChunkKey& k, std::optional<ChunkKey> p, Payload bytes,
+             std::optional<ChunkOrigin> o = std::nullopt)
       : namespace_id(ns), key(k), parent(p), payload(bytes), origin(o) {}
 
   NamespaceId namespace_id = 0;
   ChunkKey key;
   std::optional<ChunkKey> parent;  // the previous chunk of the prefix; none for the first
-  std::span<const uint8_t> payload;
+  Payload payload;                 // one span, or the pieces a network message brought (payload.h)
   // The client's own key and parent, kept beside the chunk and handed back by ListChunks
   // (the service binds keys to namespaces; a cluster node places chunks by the client's).
   std::optional<ChunkOrigin> origin;
@@ -119,7 +120,17 @@ struct PutRequest {
 struct PutOptions {
   Durability durability = Durability::kDurable;
   int64_t ttl_s = 0;  // 0: no TTL; else the chunk is first to go after ttl_s seconds
+  // False: a put that would wait on I/O — a durable one, one of a namespace without RAM,
+  // or one whose room in RAM must first be made by writing a dirty chunk to SSD — stores
+  // nothing (clean RAM copies may have made room already) and fails with WouldBlockError
+  // (IsWouldBlock), for the caller to repeat where waiting is allowed. Lets a network
+  // thread store what fits in RAM without a hand-off.
+  bool may_block = true;
 };
+
+// Unavailable, marked so IsWouldBlock tells it from the store's other Unavailable errors.
+absl::Status WouldBlockError(const std::string& what);
+bool IsWouldBlock(const absl::Status& status);
 
 struct PutResult {
   bool already_present = false;

@@ -65,7 +65,14 @@ void ChunkStore::Impl::WriteThroughHbm(std::span<const PutRequest> requests,
     if (!results[i].ok() || results[i]->already_present) continue;
     const PutRequest& r = requests[i];
     // A full T0 (every slot leased) only means the chunk is copied in on a later read.
-    if (hbm->Put(r.namespace_id, r.key, r.payload).ok()) copied.push_back(i);
+    std::vector<uint8_t> gathered;  // a payload in pieces, made one for the device copy
+    std::optional<std::span<const uint8_t>> bytes = r.payload.contiguous();
+    if (!bytes) {
+      gathered.resize(r.payload.size());
+      r.payload.CopyTo(gathered.data());
+      bytes = gathered;
+    }
+    if (hbm->Put(r.namespace_id, r.key, *bytes).ok()) copied.push_back(i);
   }
   mu.lock();
   for (size_t i : copied) (void)KeepHbmCopy(requests[i].namespace_id, requests[i].key);

@@ -134,7 +134,7 @@ class ChunkStore::Impl {
   // nobody else sees it. `checksum` is the payload's, if the caller knows it (0: computed
   // here from the copy).
   absl::Status InsertRam(NamespaceId ns, const ChunkKey& key, const std::optional<ChunkKey>& parent,
-                         const std::optional<ChunkOrigin>& origin, std::span<const uint8_t> bytes,
+                         const std::optional<ChunkOrigin>& origin, const Payload& bytes,
                          uint64_t checksum, bool dirty, int64_t expires_s, bool allow_writeback)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -219,7 +219,7 @@ class ChunkStore::Impl {
   std::unordered_map<NamespaceId, QuotaGroup> quota_group_of ABSL_GUARDED_BY(mu);
 
   // Gives up one RAM chunk of `pool`: a dirty one is demoted to SSD first (with
-  // allow_writeback; without, an error). OK means progress: the caller looks again.
+  // allow_writeback; without, WouldBlockError). OK means progress: the caller looks again.
   absl::Status ReleaseRam(const ChunkKey& victim, bool allow_writeback)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -227,7 +227,7 @@ class ChunkStore::Impl {
   struct PendingWrite {
     ChunkKey key;
     IndexRecord record;
-    std::span<const uint8_t> payload;
+    Payload payload;
     size_t result_index = 0;
     absl::Status status;
     // The checksum the payload must have (a RAM copy's), or 0: a copy that no longer

@@ -60,8 +60,7 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, bool all
 absl::Status ChunkStore::Impl::ReleaseRam(const ChunkKey& victim, bool allow_writeback) {
   RamEntry& e = *ram->Find(victim);
   if (e.dirty && ssd) {
-    if (!allow_writeback)
-      return absl::ResourceExhaustedError("RAM tier is full of unflushed chunks");
+    if (!allow_writeback) return WouldBlockError("making room in RAM (a chunk not yet on SSD)");
     if (e.flushing) {
       flush_done.wait(mu);
       return absl::OkStatus();
@@ -86,8 +85,8 @@ absl::Status ChunkStore::Impl::ReleaseRam(const ChunkKey& victim, bool allow_wri
 absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
                                          const std::optional<ChunkKey>& parent,
                                          const std::optional<ChunkOrigin>& origin,
-                                         std::span<const uint8_t> bytes, uint64_t checksum,
-                                         bool dirty, int64_t expires_s, bool allow_writeback) {
+                                         const Payload& bytes, uint64_t checksum, bool dirty,
+                                         int64_t expires_s, bool allow_writeback) {
   const RamPoolId pool = ram->PoolOf(ns);
   const uint64_t charged = ram->SlotBytesOf(pool);  // the whole slot (quota.h)
   KVC_ASSIGN_OR_RETURN(QuotaState * quota, FitRamQuota(ns, charged, allow_writeback));
@@ -101,8 +100,11 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
   }
   mu.unlock();
   uint8_t* dst = ram_arenas()->SlotData(pool, *slot);
-  std::memcpy(dst, bytes.data(), bytes.size());
-  if (checksum == 0) checksum = PayloadChecksum(std::span<const uint8_t>(dst, bytes.size()));
+  if (checksum == 0) {  // hashed block by block as copied: one pass over the bytes
+    checksum = bytes.CopyWithChecksum(dst);
+  } else {
+    bytes.CopyTo(dst);
+  }
   mu.lock();
   done_in_flight();
   if (ram->Contains(key)) {  // another writer won the race

@@ -1,7 +1,5 @@
 #include "storage/slot_format.h"
 
-// The state struct on the stack (its layout is this xxhash version's, as the header is).
-#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include <algorithm>
@@ -9,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "storage/payload.h"
 
 namespace kvc::storage {
 namespace {
@@ -47,17 +46,7 @@ uint64_t PayloadChecksum(std::span<const uint8_t> payload) {
 uint64_t CopyWithChecksum(std::span<uint8_t> dst, std::span<const uint8_t> src) {
   KVC_CHECK(dst.size() == src.size())
       << "CopyWithChecksum of " << src.size() << " bytes into " << dst.size();
-  // 16 KiB: well inside L1+L2 on every x86 server part, so the hash reads what the copy
-  // just brought in instead of going to memory a second time.
-  constexpr size_t kBlock = 16 << 10;
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
-  for (size_t at = 0; at < src.size(); at += kBlock) {
-    const size_t n = std::min(kBlock, src.size() - at);
-    std::memcpy(dst.data() + at, src.data() + at, n);
-    XXH3_64bits_update(&state, dst.data() + at, n);
-  }
-  return XXH3_64bits_digest(&state);
+  return Payload(src).CopyWithChecksum(dst.data());
 }
 
 void EncodeSlotHeader(const SlotHeader& h, uint8_t* slot, uint16_t version) {

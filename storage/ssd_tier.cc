@@ -318,15 +318,14 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
       which.push_back(round + i);
     }
     // Stage each slot just before its write goes out: header, payload, zero tail, and the
-    // payload checksum computed from the staged copy while it is in cache.
+    // payload checksum computed from the staged copy block by block as it is copied.
     lane->engine->Execute(
         ops,
         [&](size_t k) {
           SlotWrite& w = writes[which[k]];
           uint8_t* buf = ops[k].buf;
-          std::memcpy(buf + header, w.payload.data(), w.payload.size());
+          w.header.payload_checksum = w.payload.CopyWithChecksum(buf + header);
           std::memset(buf + header + w.payload.size(), 0, ops[k].len - header - w.payload.size());
-          w.header.payload_checksum = PayloadChecksum({buf + header, w.payload.size()});
           EncodeSlotHeader(w.header, buf, options_.slot_format);
         },
         nullptr);

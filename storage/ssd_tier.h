@@ -24,6 +24,7 @@
 #include "base/mutex.h"
 #include "storage/fault_injection.h"
 #include "storage/io_engine.h"
+#include "storage/payload.h"
 #include "storage/power_cut.h"
 #include "storage/slot_format.h"
 
@@ -45,7 +46,7 @@ struct SsdTierOptions {
 struct SlotWrite {
   uint64_t slot = 0;
   SlotHeader header;
-  std::span<const uint8_t> payload;
+  Payload payload;
 };
 
 struct SlotRead {

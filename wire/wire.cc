@@ -1,5 +1,6 @@
 #include "wire/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -117,6 +118,117 @@ absl::StatusOr<FetchFrame> SplitFetchResponse(std::span<const uint8_t> m) {
     pos += len;
   }
   return f;
+}
+
+namespace {
+
+constexpr uint64_t kStorePayloadField = 4;  // StoreRequest.payload
+
+// Bytes read across pieces, in order.
+class PieceReader {
+ public:
+  explicit PieceReader(std::span<const std::span<const uint8_t>> pieces) : pieces_(pieces) {
+    Skip();
+  }
+  bool done() const { return piece_ == pieces_.size(); }
+  uint64_t at() const { return at_; }
+  // A varint, its bytes appended to `raw`; false when it runs out or past 64 bits.
+  bool Varint(uint64_t& v, std::string& raw) {
+    v = 0;
+    for (int shift = 0; shift < 64 && !done(); shift += 7) {
+      const uint8_t b = pieces_[piece_][offset_];
+      Advance(1);
+      raw.push_back(static_cast<char>(b));
+      v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  // The next n bytes, appended to `copy` or, with copy null, as views into `views`; false
+  // when fewer than n are left.
+  bool Take(uint64_t n, std::string* copy, std::vector<std::span<const uint8_t>>* views) {
+    while (n > 0) {
+      if (done()) return false;
+      const std::span<const uint8_t> rest = pieces_[piece_].subspan(offset_);
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, rest.size()));
+      if (copy != nullptr) {
+        copy->append(reinterpret_cast<const char*>(rest.data()), k);
+      } else {
+        views->push_back(rest.first(k));
+      }
+      Advance(k);
+      n -= k;
+    }
+    return true;
+  }
+
+ private:
+  void Advance(size_t n) {
+    offset_ += n;
+    at_ += n;
+    Skip();
+  }
+  // Past the pieces used up (and empty ones).
+  void Skip() {
+    while (piece_ < pieces_.size() && offset_ == pieces_[piece_].size()) {
+      ++piece_;
+      offset_ = 0;
+    }
+  }
+  std::span<const std::span<const uint8_t>> pieces_;
+  size_t piece_ = 0, offset_ = 0;
+  uint64_t at_ = 0;
+};
+
+}  // namespace
+
+absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces, StoreFrame* out) {
+  out->rest.clear();
+  out->payload.clear();
+  out->payload_bytes = 0;
+  PieceReader in(pieces);
+  auto bad = [&](uint64_t at, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a StoreRequest (", what, " at byte ", at, ")"));
+  };
+  while (!in.done()) {
+    const uint64_t field_at = in.at();
+    std::string header;  // the field's tag (and length) as encoded
+    uint64_t tag = 0;
+    if (!in.Varint(tag, header)) return bad(field_at, "a malformed tag");
+    if (tag >> 3 == 0) return bad(field_at, "field number 0");
+    bool ok = true;
+    switch (tag & 7) {
+      case 0: {  // varint
+        uint64_t v = 0;
+        ok = in.Varint(v, header);
+        out->rest += header;
+        break;
+      }
+      case 1:  // fixed64
+      case 5:  // fixed32
+        out->rest += header;
+        ok = in.Take((tag & 7) == 1 ? 8 : 4, &out->rest, nullptr);
+        break;
+      case 2: {  // length-delimited
+        uint64_t len = 0;
+        if (!in.Varint(len, header)) return bad(field_at, "a malformed length");
+        if (tag >> 3 == kStorePayloadField) {
+          out->payload.clear();  // the last payload field is the payload
+          out->payload_bytes = len;
+          ok = in.Take(len, nullptr, &out->payload);
+        } else {
+          out->rest += header;
+          ok = in.Take(len, &out->rest, nullptr);
+        }
+        break;
+      }
+      default:
+        return bad(field_at, absl::StrCat("wire type ", tag & 7));
+    }
+    if (!ok) return bad(field_at, absl::StrCat("field ", tag >> 3, " running past the end"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvc::wire

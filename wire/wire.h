@@ -48,4 +48,17 @@ struct FetchFrame {
 };
 absl::StatusOr<FetchFrame> SplitFetchResponse(std::span<const uint8_t> message);
 
+// A StoreRequest as it arrived, in pieces (a gRPC message's receive buffers), split so that
+// its payload is never gathered: `rest` is every other field's bytes, end to end — itself a
+// StoreRequest encoding, with no payload, for protobuf to parse — and `payload` the
+// payload field's bytes as views into the pieces (the last payload field, as protobuf
+// keeps the last of a singular field). InvalidArgument naming the byte where the pieces
+// stop being a protobuf message (a bad tag or varint, a length past the end, a group).
+struct StoreFrame {
+  std::string rest;
+  std::vector<std::span<const uint8_t>> payload;
+  uint64_t payload_bytes = 0;
+};
+absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces, StoreFrame* out);
+
 }  // namespace kvc::wire

@@ -1,7 +1,7 @@
 // kvbench: the project's benchmarks, each measured against a peer in the same run.
 //
 //   kvbench service [--dir DIR] [--seconds S] [--reps N] [--clients 1,8] [--chunks-per-call N]
-//                   [--config FILE] [--json]
+//                   [--ops fetch,call,store] [--config FILE] [--json]
 //   kvbench engine [--config FILE] [--weights FILE] [--prefill-tokens 512,2048,...]
 //                  [--full-depth-max N] [--decode-tokens N] [--resume-prefix N]
 //                  [--resume-new N] [--reps N] [--backend cpu|cuda|cublas] [--json]
@@ -117,6 +117,10 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   service->add_option("--config", config, "model config giving the chunk size")
+      ->capture_default_str();
+  service->add_option("--ops", sopt.ops, "operations to measure (stores run last)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fetch", "call", "store"}))
       ->capture_default_str();
   service->add_flag("!--no-shm-lease-cache", sopt.shm_lease_cache,
                     "shared memory: a FetchRefs round trip on every fetch");

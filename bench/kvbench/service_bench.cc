@@ -298,6 +298,7 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   };
   std::vector<ServiceCase> cases;
   for (const std::string op : {"fetch", "call", "store"}) {  // stores last: they evict
+    if (std::find(opt.ops.begin(), opt.ops.end(), op) == opt.ops.end()) continue;
     for (int n : opt.clients) {
       std::map<std::string, std::vector<Sample>> runs;
       std::map<std::string, std::vector<double>> server_cpu;  // µs per chunk, per run

@@ -22,6 +22,7 @@ struct ServiceBenchOptions {
   std::vector<int> clients = {1, 8};
   int dataset_chunks = 64;
   int chunks_per_call = 1;  // fetch: chunks per call (a prefix); Redis pipelines its GETs
+  std::vector<std::string> ops = {"fetch", "call", "store"};  // what to measure (stores last)
   // kvcache-shm keeps leases between fetches (the client's default); off, every fetch
   // pays a FetchRefs round trip.
   bool shm_lease_cache = true;

@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <random>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -451,6 +453,74 @@ TEST(ChunkStoreBasicsTest, BackgroundPreallocationLaysOutEverySlabWhileWritesGoO
   }
   auto store = OpenOrDie(o);
   for (uint64_t i = 0; i < 40; ++i) ExpectChunk(*store, KeyOf(seed, i));
+}
+
+// A payload in pieces (a network message's buffers) is stored as their concatenation, with
+// its checksum computed while copying, on every tier and across a reopen.
+TEST(ChunkStoreBasicsTest, APayloadInPiecesIsStoredAsOneOnEveryTier) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  TempDir dir;
+  const StoreOptions o = Options(dir.path(), 4, 16);
+  std::vector<ChunkKey> keys;
+  {
+    auto store = OpenOrDie(o);
+    for (uint64_t i = 0; i < 8; ++i) {
+      keys.push_back(KeyOf(seed, i));
+      const std::vector<uint8_t> whole = PayloadOf(keys.back(), kChunk);
+      std::vector<std::span<const uint8_t>> pieces;
+      for (size_t at = 0; at < whole.size();) {  // 1 byte to 40 KB, some empty
+        const size_t n =
+            std::min<size_t>(whole.size() - at, rng() % 3 == 0 ? rng() % 2 : rng() % 40000);
+        pieces.emplace_back(whole.data() + at, n);
+        at += n;
+      }
+      const Payload payload{std::span<const std::span<const uint8_t>>(pieces)};
+      ASSERT_EQ(payload.size(), whole.size());
+      std::vector<uint8_t> copy(whole.size());
+      EXPECT_EQ(payload.CopyWithChecksum(copy.data()), PayloadChecksum(whole)) << i;
+      EXPECT_EQ(copy, whole);
+      const Durability d = i % 2 ? Durability::kDurable : Durability::kMemory;
+      ASSERT_TRUE(store->Put({kNs, keys.back(), {}, payload}, {d, 0}).ok()) << i;
+    }
+    for (const ChunkKey& k : keys) ExpectChunk(*store, k);
+    ASSERT_TRUE(store->Flush().ok());
+  }
+  auto store = OpenOrDie(o);
+  for (const ChunkKey& k : keys) ExpectChunk(*store, k);
+}
+
+// may_block = false: a put is done only where no I/O is needed (a free RAM slot, or one a
+// clean copy gives up); a durable put, or room that needs a dirty chunk written first, is
+// WouldBlock and stores nothing. The same put allowed to block then succeeds.
+TEST(ChunkStoreBasicsTest, APutThatMayNotBlockStoresOnlyWhatNeedsNoIo) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  StoreOptions o = Options(dir.path(), 2, 16);
+  auto plan = std::make_shared<FaultPlan>(seed);
+  plan->set_rates({.write_eio = 1});  // chunks in RAM stay unwritten (dirty) until healed
+  o.faults = plan;
+  auto store = OpenOrDie(o);
+  const PutOptions memory_now{Durability::kMemory, 0, /*may_block=*/false};
+  const PutOptions durable_now{Durability::kDurable, 0, /*may_block=*/false};
+  auto put = [&](uint64_t i, const PutOptions& opt) {
+    const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk);
+    return store->Put({kNs, KeyOf(seed, i), {}, p}, opt).status();
+  };
+  ASSERT_TRUE(put(0, memory_now).ok());
+  ASSERT_TRUE(put(1, memory_now).ok());
+  EXPECT_EQ(store->Contains(kNs, KeyOf(seed, 1)), Tier::kRam);
+  const absl::Status durable = put(2, durable_now);
+  EXPECT_TRUE(IsWouldBlock(durable)) << durable;
+  EXPECT_FALSE(Has(*store, KeyOf(seed, 2)));
+  const absl::Status full = put(3, memory_now);  // both RAM slots hold unwritten chunks
+  EXPECT_TRUE(IsWouldBlock(full)) << full;
+  EXPECT_FALSE(Has(*store, KeyOf(seed, 3)));
+  EXPECT_FALSE(IsWouldBlock(absl::UnavailableError("closing")));  // only the marked kind
+  plan->set_rates({});
+  ASSERT_TRUE(put(2, {Durability::kDurable, 0}).ok());
+  ASSERT_TRUE(put(3, {Durability::kMemory, 0}).ok());
+  for (uint64_t i = 0; i < 4; ++i) ExpectChunk(*store, KeyOf(seed, i));
 }
 
 TEST(ChunkStoreBasicsTest, ChunksWhoseAncestorLeftGoFirst) {
