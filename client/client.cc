@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
@@ -555,12 +556,17 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
                                                      std::span<const ChunkToStore> chunks,
                                                      Durability durability, uint32_t ttl_seconds) {
   for (size_t i = 0; i < chunks.size(); ++i) KVC_RETURN_IF_ERROR(CheckChunk(ns, chunks[i], i));
-  pb::StoreResponse resp;
+  // Each message goes out as two slices: the StoreRequest's other fields serialized with the
+  // payload field's header, then the caller's payload bytes themselves (a static slice: no
+  // copy into a message, none into gRPC's buffers). They stay valid until this returns,
+  // after Finish, when gRPC holds no reference to any message of the call.
+  static const grpc::internal::RpcMethod kStoreMethod("/kvcache.v1.KVCache/Store",
+                                                      grpc::internal::RpcMethod::CLIENT_STREAMING);
+  grpc::ByteBuffer raw_response;
   auto ctx = Context();
-  auto writer = rpc_->stub->Store(ctx.get(), &resp);
-  // One message, refilled for each chunk: its payload buffer (a chunk, ~228 KB) is then
-  // allocated once per call, not once per chunk (a fresh allocation that size is a fresh
-  // mmap, faulted in page by page).
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), kStoreMethod,
+                                                                    ctx.get(), &raw_response));
   pb::StoreRequest req;
   for (const ChunkToStore& c : chunks) {
     req.Clear();
@@ -568,13 +574,21 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
     if (c.parent) req.set_parent_key(KeyBytes(*c.parent));
     if (c.key) req.set_chunk_key(KeyBytes(*c.key));
     req.mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
-    req.set_payload(c.payload.data(), c.payload.size());
     req.set_durability(static_cast<pb::Durability>(durability));
     req.set_ttl_seconds(ttl_seconds);
-    if (!writer->Write(req)) break;  // the server ended the call: Finish says why
+    const std::string head = req.SerializeAsString() + wire::StorePayloadHeader(c.payload.size());
+    grpc::Slice slices[] = {grpc::Slice(head), grpc::Slice(c.payload.data(), c.payload.size(),
+                                                           grpc::Slice::STATIC_SLICE)};
+    grpc::ByteBuffer message(slices, 2);
+    if (!writer->Write(message)) break;  // the server ended the call: Finish says why
   }
   writer->WritesDone();
   KVC_RETURN_IF_ERROR(wire::FromGrpc(writer->Finish()));
+  pb::StoreResponse resp;
+  if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, pb::StoreResponse>(&raw_response, &resp)
+           .ok()) {
+    return absl::DataLossError("the Store answer does not parse as a StoreResponse");
+  }
   StoreResult r{resp.stored(), resp.already_present(), {}};
   for (const std::string& k : resp.chunk_keys()) {
     KVC_ASSIGN_OR_RETURN(ChunkKey key, KeyFrom(k));

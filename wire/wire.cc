@@ -182,6 +182,12 @@ class PieceReader {
 
 }  // namespace
 
+std::string StorePayloadHeader(uint64_t payload_bytes) {
+  std::string h(1, static_cast<char>((kStorePayloadField << 3) | 2));
+  PutVarint(h, payload_bytes);
+  return h;
+}
+
 absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces, StoreFrame* out) {
   out->rest.clear();
   out->payload.clear();

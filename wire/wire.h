@@ -48,6 +48,11 @@ struct FetchFrame {
 };
 absl::StatusOr<FetchFrame> SplitFetchResponse(std::span<const uint8_t> message);
 
+// The payload field's tag and length (StoreRequest.payload): a client sends a chunk as a
+// StoreRequest serialized without its payload, this, and the payload bytes where they lie
+// (a slice of the caller's memory), so the payload is not copied into a message first.
+std::string StorePayloadHeader(uint64_t payload_bytes);
+
 // A StoreRequest as it arrived, in pieces (a gRPC message's receive buffers), split so that
 // its payload is never gathered: `rest` is every other field's bytes, end to end — itself a
 // StoreRequest encoding, with no payload, for protobuf to parse — and `payload` the

@@ -77,6 +77,24 @@ TEST(StoreFrameTest, FieldsParseAsProtobufsAndThePayloadStaysInItsPieces) {
   }
 }
 
+// What a client sends: the other fields serialized, the payload's header, the payload.
+TEST(StoreFrameTest, AMessageSentWithoutCopyingItsPayloadParsesAsTheWholeRequest) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (const size_t bytes : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{227840},
+                             size_t{16384 + rng() % 300000}}) {
+    pb::StoreRequest req;
+    req.set_namespace_id(static_cast<uint32_t>(rng()));
+    for (int i = 0; i < 64; ++i) req.add_tokens(static_cast<uint32_t>(rng() % 129280));
+    req.set_durability(pb::DURABILITY_DURABLE);
+    const std::string payload = RandomBytes(rng, bytes);
+    const std::string sent = req.SerializeAsString() + StorePayloadHeader(bytes) + payload;
+    req.set_payload(payload);
+    pb::StoreRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(sent)) << bytes;
+    EXPECT_EQ(parsed.SerializeAsString(), req.SerializeAsString()) << bytes;
+  }
+}
+
 TEST(StoreFrameTest, TheLastPayloadFieldIsThePayloadAsForProtobuf) {
   pb::StoreRequest a, b;
   a.set_namespace_id(7);
