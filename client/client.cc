@@ -521,18 +521,42 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
   pb::FetchRequest req;
   req.set_namespace_id(ns.id);
   AddKeys(&req, keys.subspan(got));
+  // Each answer is read as gRPC received it: the key parsed, the payload copied once, from
+  // gRPC's buffers into the caller's (a typed read would copy it into a message first).
+  static const grpc::internal::RpcMethod kFetchMethod("/kvcache.v1.KVCache/Fetch",
+                                                      grpc::internal::RpcMethod::SERVER_STREAMING);
   auto ctx = Context();
-  auto reader = rpc_->stub->Fetch(ctx.get(), req);
-  pb::FetchResponse resp;
-  while (reader->Read(&resp)) {
-    if (got >= keys.size() || resp.chunk_key() != KeyBytes(keys[got]) ||
-        resp.payload().size() != ns.chunk_bytes) {
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), kFetchMethod,
+                                                                    ctx.get(), req));
+  grpc::ByteBuffer message;
+  std::vector<grpc::Slice> slices;
+  std::vector<std::span<const uint8_t>> pieces;
+  wire::StoreFrame frame;
+  pb::FetchResponse resp;  // the key
+  while (reader->Read(&message)) {
+    slices.clear();
+    pieces.clear();
+    const bool readable = message.Dump(&slices).ok();
+    for (const grpc::Slice& s : slices) pieces.emplace_back(s.begin(), s.size());
+    absl::Status split = readable ? wire::SplitFetchResponsePieces(pieces, &frame)
+                                  : absl::InvalidArgumentError("its bytes cannot be read");
+    if (split.ok() && !resp.ParseFromString(frame.rest)) {
+      split = absl::InvalidArgumentError("not a FetchResponse (the key does not parse)");
+    }
+    if (!split.ok() || got >= keys.size() || resp.chunk_key() != KeyBytes(keys[got]) ||
+        frame.payload_bytes != ns.chunk_bytes) {
       ctx->TryCancel();
       reader->Finish();
-      return absl::DataLossError(
-          absl::StrCat("server answered chunk ", got, " with another key or size"));
+      return absl::DataLossError(absl::StrCat(
+          "server answered chunk ", got,
+          split.ok() ? " with another key or size" : absl::StrCat(": ", split.message())));
     }
-    std::memcpy(dst[got], resp.payload().data(), ns.chunk_bytes);
+    uint8_t* to = dst[got];
+    for (std::span<const uint8_t> p : frame.payload) {
+      std::memcpy(to, p.data(), p.size());
+      to += p.size();
+    }
     ++got;
   }
   absl::Status s = wire::FromGrpc(reader->Finish());

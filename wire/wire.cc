@@ -188,14 +188,19 @@ std::string StorePayloadHeader(uint64_t payload_bytes) {
   return h;
 }
 
-absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces, StoreFrame* out) {
+namespace {
+
+// Splits a message in pieces around its length-delimited field `payload_field` (the
+// last one, as protobuf keeps): SplitStoreRequest and SplitFetchResponsePieces.
+absl::Status SplitAroundPayload(std::span<const std::span<const uint8_t>> pieces,
+                                uint64_t payload_field, const char* message, StoreFrame* out) {
   out->rest.clear();
   out->payload.clear();
   out->payload_bytes = 0;
   PieceReader in(pieces);
   auto bad = [&](uint64_t at, const std::string& what) {
     return absl::InvalidArgumentError(
-        absl::StrCat("not a StoreRequest (", what, " at byte ", at, ")"));
+        absl::StrCat("not a ", message, " (", what, " at byte ", at, ")"));
   };
   while (!in.done()) {
     const uint64_t field_at = in.at();
@@ -219,7 +224,7 @@ absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces,
       case 2: {  // length-delimited
         uint64_t len = 0;
         if (!in.Varint(len, header)) return bad(field_at, "a malformed length");
-        if (tag >> 3 == kStorePayloadField) {
+        if (tag >> 3 == payload_field) {
           out->payload.clear();  // the last payload field is the payload
           out->payload_bytes = len;
           ok = in.Take(len, nullptr, &out->payload);
@@ -235,6 +240,17 @@ absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces,
     if (!ok) return bad(field_at, absl::StrCat("field ", tag >> 3, " running past the end"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces, StoreFrame* out) {
+  return SplitAroundPayload(pieces, kStorePayloadField, "StoreRequest", out);
+}
+
+absl::Status SplitFetchResponsePieces(std::span<const std::span<const uint8_t>> pieces,
+                                      StoreFrame* out) {
+  return SplitAroundPayload(pieces, kPayloadTag >> 3, "FetchResponse", out);
 }
 
 }  // namespace kvc::wire

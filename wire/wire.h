@@ -65,5 +65,10 @@ struct StoreFrame {
   uint64_t payload_bytes = 0;
 };
 absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces, StoreFrame* out);
+// The same for a FetchResponse as a client receives it (its payload, field 2, left in
+// gRPC's buffers and copied once, into the caller's), `rest` holding the chunk key's field.
+// InvalidArgument "not a FetchResponse (…)"; a client reports it as DataLoss.
+absl::Status SplitFetchResponsePieces(std::span<const std::span<const uint8_t>> pieces,
+                                      StoreFrame* out);
 
 }  // namespace kvc::wire

@@ -2,6 +2,7 @@
 // cut into random pieces (as gRPC hands a message over), split back into the fields
 // protobuf parses and the payload left in place.
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -93,6 +94,36 @@ TEST(StoreFrameTest, AMessageSentWithoutCopyingItsPayloadParsesAsTheWholeRequest
     ASSERT_TRUE(parsed.ParseFromString(sent)) << bytes;
     EXPECT_EQ(parsed.SerializeAsString(), req.SerializeAsString()) << bytes;
   }
+}
+
+// A FetchResponse as a client receives it, in pieces: the daemon's framing (header, then
+// the payload) and protobuf's own encoding both split into the key and the payload in place.
+TEST(StoreFrameTest, AFetchResponseInPiecesSplitsIntoItsKeyAndThePayloadInPlace) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (int round = 0; round < 100; ++round) {
+    pb::FetchResponse resp;
+    resp.set_chunk_key(RandomBytes(rng, 16));
+    resp.set_payload(RandomBytes(rng, rng() % 300000));
+    ChunkKey key;
+    std::memcpy(key.bytes.data(), resp.chunk_key().data(), 16);
+    const std::string message =
+        round % 2 ? resp.SerializeAsString()
+                  : FetchResponseHeader(key, resp.payload().size()) + resp.payload();
+    StoreFrame frame;
+    ASSERT_TRUE(SplitFetchResponsePieces(Cut(rng, message), &frame).ok()) << round;
+    pb::FetchResponse rest;
+    ASSERT_TRUE(rest.ParseFromString(frame.rest));
+    EXPECT_EQ(rest.chunk_key(), resp.chunk_key());
+    EXPECT_EQ(Joined(frame.payload), resp.payload()) << round;
+  }
+  const std::string cut_short = std::string("\x12\x05", 2) + "abc";
+  const std::span<const uint8_t> one(reinterpret_cast<const uint8_t*>(cut_short.data()),
+                                     cut_short.size());
+  StoreFrame frame;
+  EXPECT_NE(SplitFetchResponsePieces(std::span(&one, 1), &frame)
+                .message()
+                .find("not a FetchResponse (field 2 running past the end at byte 0)"),
+            std::string::npos);
 }
 
 TEST(StoreFrameTest, TheLastPayloadFieldIsThePayloadAsForProtobuf) {
