@@ -17,8 +17,12 @@
 #include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -596,7 +600,16 @@ int Main(int argc, char** argv) {
   store->reset();
   std::printf("kvcached: stopped\n");
   LogLine(LogLevel::kInfo, "stopped");
-  return 0;
+  // Everything is flushed and closed: leave now, without gRPC's library shutdown. In gRPC
+  // 1.51 that shutdown joins an executor thread which may still sit in a poll bounded by
+  // the server's shutdown deadline — a clean stop then took up to 10 s more to exit (seen
+  // under load: the main thread in grpc_shutdown, joining "default-executor" in
+  // epoll_wait), and a restart waited for nothing.
+  std::fflush(nullptr);
+#if defined(__SANITIZE_ADDRESS__)
+  __lsan_do_leak_check();  // what a normal exit would have checked
+#endif
+  std::_Exit(0);
 }
 
 }  // namespace
