@@ -121,6 +121,7 @@ int Main(int argc, char** argv) {
   bool drain_on_term = false, drop_extra_copies = false;
   uint64_t repair_shard_chunks = RepairOptions{}.shard_chunks;
   size_t durable_store_batch = ServiceOptions{}.durable_store_batch;
+  size_t durable_store_in_flight = ServiceOptions{}.durable_store_in_flight;
   app.add_option("--data-dir", data_dir, "data folder (created if missing)")->capture_default_str();
   app.add_option("--listen", listen, "address to serve on (port 0 picks a free one)")
       ->capture_default_str();
@@ -216,6 +217,11 @@ int Main(int argc, char** argv) {
                  "durable chunks of one Store stream written and synced together (1: a sync per "
                  "chunk; the stream's answer always waits for all of them)")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--durable-store-in-flight", durable_store_in_flight,
+                 "batches of one Store stream written at once (2: the next batch is read and "
+                 "written while the previous one's sync runs; 1: one batch at a time)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--repair-shard-chunks", repair_shard_chunks,
                  "tests only: chunks a repair pass lists at a time")
@@ -406,6 +412,7 @@ int Main(int argc, char** argv) {
   opt.max_calls_per_tenant = max_calls_per_tenant;
   opt.cluster = node.has_value();
   opt.durable_store_batch = durable_store_batch;
+  opt.durable_store_in_flight = durable_store_in_flight;
   // A cluster node's repair (repair.h): started once the node is registered (below); its
   // state goes into Stats for the tenants that see the daemon's totals.
   std::unique_ptr<ClusterRepair> repair;

@@ -58,6 +58,10 @@ struct ServiceOptions {
   // Durable chunks of one Store stream stored together (one group commit, one fdatasync,
   // for up to this many); 1: each message on its own (store_reactor.cc).
   size_t durable_store_batch = 8;
+  // Batches of one Store stream being written at once: with 2, the next batch's messages
+  // are read and its writes issued while the previous batch's sync runs (each chunk is still
+  // acknowledged only after a sync that began once its write completed); 1: one at a time.
+  size_t durable_store_in_flight = 2;
   // A cluster node's repair state for Stats (repair.h); null: no repair runs here.
   std::function<void(kvcache::v1::RepairStats*)> repair_stats;
 };

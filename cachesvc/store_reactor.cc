@@ -1,7 +1,7 @@
 // Store: read one message, store it, read the next. A message is handled on the gRPC thread
-// that read it unless storing it would wait on I/O (a batch of durable chunks to write, RAM
-// room to make by writing a chunk to SSD): that one goes to the executor (storage::PutOptions::
-// may_block).
+// that read it unless storing it would wait on I/O (RAM room to make by writing a chunk to
+// SSD, durable chunks to write before it): that one goes to the executor
+// (storage::PutOptions::may_block).
 //
 // Store is a raw method: each message arrives as bytes and is parsed here, so a message
 // that is not a StoreRequest fails the call with INVALID_ARGUMENT naming it (a typed
@@ -9,17 +9,23 @@
 // The messages before a bad one stay stored; the bad one and those after it change
 // nothing.
 //
-// Durable chunks are staged and stored durable_store_batch at a time (8; ServiceOptions) (one
-// PutBatch: their writes go out together and share one group commit — one fdatasync — instead of
-// one sync per message); the stream's answer still comes only after every staged chunk is durable.
-// A staged batch is stored before a memory-durability message, before a bad message is answered,
-// and at the stream's end.
+// Durable chunks are staged and stored durable_store_batch at a time (8; ServiceOptions): one
+// PutBatch, whose writes go out together and share one group commit — one fdatasync — instead
+// of one sync per message. A full batch is written on the executor while the stream goes on:
+// the next batch's messages are read and staged, and its own PutBatch starts, while the
+// previous one's sync runs (up to durable_store_in_flight batches at once, 2). The group
+// commit (storage/group_commit.h) still acknowledges each chunk only after a sync that began
+// once its write completed, and the stream's answer comes only after every durable chunk is.
+// Everything in flight is written before a memory-durability message is stored (the stream's
+// order), before a bad message is answered, and at the stream's end.
 #include <grpcpp/support/proto_buffer_writer.h>
 
 #include <functional>
 #include <memory>
 #include <unordered_set>
+#include <utility>
 
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #include "cachesvc/service_impl.h"
 #include "cachesvc/tsan_handoff.h"
@@ -37,18 +43,18 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnReadDone(bool ok) override {
     TookBackFromGrpc(this);
     if (!ok) {  // the client finished sending (or went away): answer with what was stored
-      if (staged_.empty()) {
-        Done(grpc::Status::OK);
+      if (staged_.empty() && !Writing()) {
+        Done(wire::ToGrpc(WrittenStatus()));
         return;
       }
-      OnExecutor([this] { Done(wire::ToGrpc(Flush())); });
+      AfterWrites([this] { Done(wire::ToGrpc(Flush())); });
       return;
     }
     // Parsed and stored right here when nothing waits on I/O (a chunk going to RAM, a
     // durable chunk joining its batch): a hand-off to the executor and back for every
     // message cost more server CPU than the store itself (docs/benchmarks.md). What must
-    // wait — a batch's durable write, RAM room made by writing a chunk to SSD — is
-    // repeated on the executor.
+    // wait — RAM room made by writing a chunk to SSD, durable chunks still being written
+    // before a memory one — is repeated on the executor.
     Handle(/*may_block=*/false);
   }
   void OnDone() override {
@@ -57,21 +63,22 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
  private:
+  // A batch of durable chunks written in the background, holding its messages' buffers.
+  struct Staged;
+  using Batch = std::vector<Staged>;
+
   void Done(const grpc::Status& s) {
     slot_.Release();
     svc_->Observe("Store", tenant_, s, start_);
+    grpc::Status status = s;
     if (s.ok()) {
       bool own_buffer = false;
-      grpc::Status serialized = grpc::GenericSerialize<grpc::ProtoBufferWriter, pb::StoreResponse>(
-          resp_, response_, &own_buffer);
-      if (!serialized.ok()) {
-        HandOffToGrpc(this);
-        Finish(serialized);
-        return;
-      }
+      MutexLock lk(mu_);  // (no batch is being written any more)
+      status = grpc::GenericSerialize<grpc::ProtoBufferWriter, pb::StoreResponse>(resp_, response_,
+                                                                                  &own_buffer);
     }
     HandOffToGrpc(this);
-    Finish(s);
+    Finish(status);
   }
   // Runs fn on the executor (this reactor handed over as to gRPC: its state has no lock).
   void OnExecutor(std::function<void()> fn) {
@@ -84,41 +91,96 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
     }
   }
+  // Runs fn on the executor once no batch of this stream is being written: at once (through
+  // the queue) when none is, else on the thread that finishes the last one. The reactor is
+  // parked meanwhile (no read outstanding), so fn owns its state.
+  void AfterWrites(std::function<void()> fn) { WhenWriting(0, std::move(fn), /*queue=*/true); }
+  // Runs fn once at most `at_most` batches are being written: right here when that holds
+  // now (queue false) or through the executor (queue true), else on the thread that
+  // finishes the batch that makes it hold.
+  void WhenWriting(size_t at_most, std::function<void()> fn, bool queue) {
+    {
+      MutexLock lk(mu_);
+      if (writing_ > at_most) {
+        parked_ = std::move(fn);
+        parked_at_most_ = at_most;
+        return;
+      }
+    }
+    if (queue) {
+      OnExecutor(std::move(fn));
+    } else {
+      fn();
+    }
+  }
+  bool Writing() {
+    MutexLock lk(mu_);
+    return writing_ > 0;
+  }
+  // The first failure among the batches written in the background (OK if none).
+  absl::Status WrittenStatus() {
+    MutexLock lk(mu_);
+    return written_;
+  }
+
   // The message in raw_: parsed (once), stored or staged, then the next one read. With
   // may_block false, on a gRPC thread: what would wait on I/O goes to the executor.
   void Handle(bool may_block) {
     absl::Status s = parsed_ ? absl::OkStatus() : Parse();
     parsed_ = s.ok();
     const uint64_t bytes = frame_.payload_bytes;
+    if (s.ok()) s = WrittenStatus();  // a batch written meanwhile failed: the call ends
     if (s.ok()) s = StoreOne(may_block);
     if (!may_block && storage::IsWouldBlock(s)) {  // nothing stored: again, where it may wait
-      OnExecutor([this] { Handle(/*may_block=*/true); });
+      AfterWrites([this] { Handle(/*may_block=*/true); });
       return;
     }
     parsed_ = false;
     raw_.Clear();
     if (!s.ok()) {
-      // Failing stores the staged chunks before it (I/O): on the executor.
-      if (!may_block && !staged_.empty()) {
-        OnExecutor([this, s] { Fail(s); });
-      } else {
+      // Failing stores the staged chunks before it (I/O): on the executor, after the
+      // batches being written.
+      if (may_block && !Writing()) {
         Fail(s);
+      } else {
+        AfterWrites([this, s] { Fail(s); });
       }
       return;
     }
     if (svc_->opt.metrics) svc_->opt.metrics->AddBytes(/*in=*/true, bytes);
     ++index_;
+    if (staged_.size() < svc_->opt.durable_store_batch) {
+      ReadNext();
+      return;
+    }
+    // A full batch: written in the background while the next messages are read, once
+    // fewer than durable_store_in_flight batches are being written.
+    WhenWriting(
+        svc_->opt.durable_store_in_flight - 1,
+        [this] {
+          WriteInBackground();
+          ReadNext();
+        },
+        /*queue=*/false);
+  }
+  void ReadNext() {
     HandOffToGrpc(this);
     StartRead(&raw_);
   }
-  // Ends the call with this message's error; the staged ones before it are stored first.
+  // Ends the call with this message's error (or the failure of a batch written before it);
+  // the staged chunks before it are stored first. No batch is being written.
   void Fail(const absl::Status& s) {
-    if (failed_at_ < 0) {
-      failed_at_ = index_;
-      (void)Flush();
+    absl::Status earlier = WrittenStatus();
+    if (!earlier.ok()) {
+      Done(wire::ToGrpc(earlier));
+      return;
     }
-    Done(wire::ToGrpc(
-        absl::Status(s.code(), absl::StrCat("message ", failed_at_, ": ", s.message()))));
+    const uint32_t at = index_;
+    if (absl::Status flushed = Flush(); !flushed.ok()) {
+      Done(wire::ToGrpc(flushed));
+      return;
+    }
+    Done(wire::ToGrpc(absl::Status(s.code(), absl::StrCat("message ", at, ": ", s.message()))));
   }
 
   // The message's fields but the payload parsed by protobuf; the payload left where gRPC
@@ -142,7 +204,6 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     return absl::OkStatus();
   }
-
   absl::Status StoreOne(bool may_block) {
     KVC_RETURN_IF_ERROR(svc_->TakingStores());
     KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, svc_->Namespace(req_.namespace_id(), tenant_));
@@ -224,65 +285,107 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const int64_t ttl_s = static_cast<int64_t>(req_.ttl_seconds());
     const ChunkKey stored = StorageKey(ns, key);
     if (req_.durability() == pb::DURABILITY_DURABLE) {
-      if (!may_block && staged_.size() + 1 >= svc_->opt.durable_store_batch)
-        return storage::WouldBlockError("a full batch of durable chunks");
       staged_keys_.insert(stored);
       staged_.push_back({index_, ns.id, key, stored, stored_parent, client_parent, ttl_s,
                          std::move(received_), std::move(frame_.payload)});
-      return staged_.size() >= svc_->opt.durable_store_batch ? Flush() : absl::OkStatus();
+      MutexLock lk(mu_);
+      resp_.add_chunk_keys(KeyBytes(key));  // in the stream's order, whichever batch ends first
+      return absl::OkStatus();
     }
-    if (!may_block && !staged_.empty())
-      return storage::WouldBlockError("storing the staged durable chunks");
+    if (!may_block && (!staged_.empty() || Writing()))
+      return storage::WouldBlockError("storing the stream's durable chunks");
     KVC_RETURN_IF_ERROR(Flush());  // the stream's order: durable chunks before this one
     KVC_ASSIGN_OR_RETURN(
         storage::PutResult put,
         svc_->store->Put({ns.id, stored, stored_parent, storage::Payload(frame_.payload),
                           ChunkOrigin{key, client_parent}},
                          {storage::Durability::kMemory, ttl_s, may_block}));
-    Count(put, key);
+    MutexLock lk(mu_);
+    Count(put);
+    resp_.add_chunk_keys(KeyBytes(key));
     return absl::OkStatus();
   }
 
-  void Count(const storage::PutResult& put, const ChunkKey& key) {
+  void Count(const storage::PutResult& put) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (put.already_present) {
       resp_.set_already_present(resp_.already_present() + 1);
     } else {
       resp_.set_stored(resp_.stored() + 1);
     }
-    resp_.add_chunk_keys(KeyBytes(key));
   }
 
-  // Whether the chunk is stored here or staged in this stream.
+  // Whether the chunk is stored here or staged (or being written) in this stream.
   bool Holds(storage::NamespaceId ns, const ChunkKey& stored) const {
     return staged_keys_.contains(stored) ||
            svc_->store->Contains(ns, stored) != storage::Tier::kNone;
   }
 
-  // Stores the staged durable chunks (Impl::PutDurable: one group commit per run of equal
-  // TTL). The first failure fails the call, naming its message (failed_at_); the chunks
-  // staged with it are attempted all the same.
+  // The staged durable chunks, written on the executor; the reactor goes on meanwhile.
+  void WriteInBackground() {
+    auto batch = std::make_shared<Batch>(std::move(staged_));
+    staged_.clear();
+    {
+      MutexLock lk(mu_);
+      ++writing_;
+    }
+    if (!svc_->executor.Submit([this, batch] {
+          Write(*batch);
+          WriteDone();
+        })) {
+      {
+        MutexLock lk(mu_);
+        if (written_.ok()) {
+          written_ = absl::ResourceExhaustedError(
+              absl::StrCat("message ", batch->front().index, ": server busy: work queue full"));
+        }
+      }
+      WriteDone();
+    }
+  }
+  // A background write ended: the parked continuation runs here if it may now.
+  void WriteDone() {
+    std::function<void()> next;
+    {
+      MutexLock lk(mu_);
+      --writing_;
+      if (parked_ && writing_ <= parked_at_most_) next = std::exchange(parked_, nullptr);
+    }
+    if (next) next();
+  }
+  // Writes the staged durable chunks now; with no batch being written, the call's first
+  // failure (this batch's or an earlier one's).
   absl::Status Flush() {
-    std::vector<Staged> staged;
-    staged.swap(staged_);
-    staged_keys_.clear();
+    if (!staged_.empty()) {
+      Batch batch;
+      batch.swap(staged_);
+      Write(batch);
+    }
+    return WrittenStatus();
+  }
+  // Stores a batch (Impl::PutDurable: one group commit per run of equal TTL). The first
+  // failure in the stream fails the call, naming its message; the chunks of its batch are
+  // attempted all the same.
+  void Write(const Batch& batch) {
     std::vector<storage::PutRequest> puts;
     std::vector<int64_t> ttls;
-    for (const Staged& c : staged) {
+    puts.reserve(batch.size());
+    ttls.reserve(batch.size());
+    for (const Staged& c : batch) {
       puts.emplace_back(c.ns, c.stored, c.stored_parent, storage::Payload(c.payload),
                         ChunkOrigin{c.key, c.client_parent});
       ttls.push_back(c.ttl_s);
     }
     const std::vector<absl::StatusOr<storage::PutResult>> results = svc_->PutDurable(puts, ttls);
-    absl::Status first;
-    for (size_t i = 0; i < staged.size(); ++i) {
+    MutexLock lk(mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
       if (results[i].ok()) {
-        Count(*results[i], staged[i].key);
-      } else if (first.ok()) {
-        first = results[i].status();
-        if (failed_at_ < 0) failed_at_ = staged[i].index;
+        Count(*results[i]);
+      } else if (written_.ok()) {
+        const absl::Status& e = results[i].status();
+        written_ =
+            absl::Status(e.code(), absl::StrCat("message ", batch[i].index, ": ", e.message()));
       }
     }
-    return first;
   }
 
   // A durable chunk waiting for its batch, holding its message's buffers.
@@ -301,16 +404,22 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   TenantLimiter::Slot slot_;
   const std::string tenant_;
   grpc::ByteBuffer* response_;
-  pb::StoreResponse resp_;
   grpc::ByteBuffer raw_;
   pb::StoreRequest req_;                                // every field but the payload
   std::unique_ptr<std::vector<grpc::Slice>> received_;  // raw_'s buffers, the payload's home
   wire::StoreFrame frame_;
   bool parsed_ = false;  // req_ holds raw_'s message (kept while it goes to the executor)
   uint32_t index_ = 0;
-  int64_t failed_at_ = -1;  // the message a failure is reported against
-  std::vector<Staged> staged_;
-  std::unordered_set<ChunkKey, ChunkKeyHash> staged_keys_;
+  Batch staged_;
+  std::unordered_set<ChunkKey, ChunkKeyHash> staged_keys_;  // every durable chunk staged
+  // Shared with the batches being written in the background.
+  Mutex mu_;
+  pb::StoreResponse resp_ ABSL_GUARDED_BY(mu_);
+  absl::Status written_ ABSL_GUARDED_BY(mu_);  // the first failure of a durable chunk
+  size_t writing_ ABSL_GUARDED_BY(mu_) = 0;    // batches being written
+  // What runs once at most parked_at_most_ batches are being written (the reactor waits).
+  std::function<void()> parked_ ABSL_GUARDED_BY(mu_);
+  size_t parked_at_most_ ABSL_GUARDED_BY(mu_) = 0;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

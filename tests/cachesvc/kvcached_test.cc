@@ -198,6 +198,79 @@ void ExpectStatus(const grpc::Status& s, grpc::StatusCode code, const std::strin
       << "\"" << text << "\" not in: " << s.error_message();
 }
 
+// A durable stream longer than its batches: full batches are written in the background
+// while the next messages are read (store_reactor.cc), yet the answer lists the chunks in
+// the stream's order, a memory message waits for the durable ones before it (and so finds
+// its parent), every durable ack survives a SIGKILL, and a bad message after several batches fails
+// the call naming it with everything before it stored and nothing after.
+TEST(KvcachedTest, ADurableStreamWrittenInBackgroundBatchesKeepsItsOrderAndItsAcks) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  Daemon d(dir.File("data"), {"--durable-store-batch", "3", "--durable-store-in-flight", "2"});
+  Client c;
+  const pb::RegisterNamespaceResponse ns = Register(d, c);
+  const int n = 14 + static_cast<int>(rng() % 8);
+  const int memory_at = 7 + static_cast<int>(rng() % 5);  // after two full batches
+  std::printf("%d chunks, message %d memory-durable\n", n, memory_at);
+  // Stores chunks[0, end) as one stream; message `bad` (if any) one byte short.
+  auto store = [&](const std::vector<Chunk>& chunks, int end, int memory, int bad,
+                   pb::StoreResponse* resp) {
+    const pb::LookupResponse keys = Lookup(d, c, ns.namespace_id(), AllTokens(chunks));
+    auto ctx = c.Ctx();
+    auto writer = d.stub().Store(ctx.get(), resp);
+    for (int i = 0; i < end; ++i) {
+      pb::StoreRequest req;
+      req.set_namespace_id(ns.namespace_id());
+      if (i > 0) req.set_parent_key(keys.chunk_keys(i - 1));
+      for (uint32_t t : chunks[i].tokens) req.add_tokens(t);
+      req.set_payload(chunks[i].payload);
+      if (i == bad) req.mutable_payload()->pop_back();
+      req.set_durability(i == memory ? pb::DURABILITY_MEMORY : pb::DURABILITY_DURABLE);
+      if (!writer->Write(req)) break;
+    }
+    writer->WritesDone();
+    return std::make_pair(writer->Finish(), keys);
+  };
+
+  const std::vector<Chunk> chunks = MakeChunks(rng, n, ns.chunk_tokens(), ns.chunk_bytes());
+  pb::StoreResponse resp;
+  auto [s, keys] = store(chunks, n, memory_at, -1, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.stored(), static_cast<uint32_t>(n));
+  ASSERT_EQ(resp.chunk_keys_size(), n);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(resp.chunk_keys(i), keys.chunk_keys(i)) << i;
+  EXPECT_EQ(Lookup(d, c, ns.namespace_id(), AllTokens(chunks)).matched_chunks(),
+            static_cast<uint32_t>(n));
+
+  // Every durable chunk was acknowledged durable; the memory one survives only if RAM
+  // pressure happened to write it back.
+  d.Restart(SIGKILL);
+  EXPECT_GE(Lookup(d, c, ns.namespace_id(), AllTokens(chunks)).matched_chunks(),
+            static_cast<uint32_t>(memory_at));
+  google::protobuf::RepeatedPtrField<std::string> after(keys.chunk_keys().begin() + memory_at + 1,
+                                                        keys.chunk_keys().end());
+  grpc::Status fs;
+  std::vector<pb::FetchResponse> got = Fetch(d, c, ns.namespace_id(), after, &fs);
+  ASSERT_TRUE(fs.ok()) << fs.error_message();
+  ASSERT_EQ(got.size(), static_cast<size_t>(n - memory_at - 1));
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].payload() == chunks[memory_at + 1 + i].payload) << "chunk differs";
+  }
+
+  const std::vector<Chunk> other = MakeChunks(rng, n, ns.chunk_tokens(), ns.chunk_bytes());
+  const int bad = 7 + static_cast<int>(rng() % (n - 8));
+  std::printf("bad message %d of %d\n", bad, n);
+  pb::StoreResponse bad_resp;
+  auto [bs, other_keys] = store(other, n, -1, bad, &bad_resp);
+  ExpectStatus(bs, grpc::StatusCode::INVALID_ARGUMENT,
+               "message " + std::to_string(bad) + ": chunk payload is");
+  EXPECT_EQ(Lookup(d, c, ns.namespace_id(), AllTokens(other)).matched_chunks(),
+            static_cast<uint32_t>(bad));
+  d.Restart(SIGKILL);
+  EXPECT_EQ(Lookup(d, c, ns.namespace_id(), AllTokens(other)).matched_chunks(),
+            static_cast<uint32_t>(bad));
+}
+
 // A fetch from SSD reads the chunks ahead in batches while it sends (fetch_reactor.cc):
 // every byte still arrives in order, a chunk missing mid-batch ends the prefix exactly
 // there, and a client that leaves mid-read does not take the daemon down.
