@@ -1,7 +1,7 @@
 // kvbench: the project's benchmarks, each measured against a peer in the same run.
 //
 //   kvbench service [--dir DIR] [--seconds S] [--reps N] [--clients 1,8] [--chunks-per-call N]
-//                   [--ops fetch,call,store] [--config FILE] [--json]
+//                   [--ops fetch,call,store] [--durable-stores] [--config FILE] [--json]
 //   kvbench engine [--config FILE] [--weights FILE] [--prefill-tokens 512,2048,...]
 //                  [--full-depth-max N] [--decode-tokens N] [--resume-prefix N]
 //                  [--resume-new N] [--reps N] [--backend cpu|cuda|cublas] [--json]
@@ -28,6 +28,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 #include "backends/program_flags.h"
 #include "bench/kvbench/cluster_bench.h"
@@ -122,6 +123,13 @@ int Main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"fetch", "call", "store"}))
       ->capture_default_str();
+  service->add_flag("--durable-stores", sopt.durable_stores,
+                    "stores durable: kvcached syncs them to its SSD tier, Redis to its "
+                    "append-only file before each reply (appendfsync always)");
+  std::string kvcached_args;
+  service->add_option("--kvcached-args", kvcached_args,
+                      "more kvcached options, space-separated (e.g. "
+                      "--kvcached-args='--durable-store-in-flight 1')");
   service->add_flag("!--no-shm-lease-cache", sopt.shm_lease_cache,
                     "shared memory: a FetchRefs round trip on every fetch");
   service
@@ -434,6 +442,7 @@ int Main(int argc, char** argv) {
     sopt.model_config_json = *text;
     sopt.kvcached = SiblingKvcached();
     if (no_python) sopt.python_dir.clear();
+    sopt.kvcached_args = absl::StrSplit(kvcached_args, ' ', absl::SkipEmpty());
     absl::StatusOr<std::vector<bench::ServiceCase>> cases = bench::RunServiceBench(sopt);
     return PrintReport(
         cases.ok() ? absl::StatusOr<nlohmann::json>(bench::ServiceCasesToJson(*cases))

@@ -83,17 +83,38 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
   std::filesystem::remove_all(opt.dir, ec);
   std::filesystem::create_directories(opt.dir + "/redis", ec);
   // Ours: RAM tier big enough for the data set and the store runs' steady-state eviction.
-  serve::KvcachedProcess daemon(opt.kvcached, opt.dir + "/kvcached",
-                                {"--ram-bytes", std::to_string(512ull << 20), "--ssd-bytes", "0"});
+  // With durable stores, an SSD tier to sync them to (fresh prefixes: it fills and evicts).
+  std::vector<std::string> daemon_args = {"--ram-bytes", std::to_string(512ull << 20),
+                                          "--ssd-bytes",
+                                          opt.durable_stores ? std::to_string(4ull << 30) : "0"};
+  daemon_args.insert(daemon_args.end(), opt.kvcached_args.begin(), opt.kvcached_args.end());
+  serve::KvcachedProcess daemon(opt.kvcached, opt.dir + "/kvcached", daemon_args);
   KVC_RETURN_IF_ERROR(daemon.Start());
   const std::string address = daemon.address();
   Process redis;
   const int redis_port = FreeLoopbackPort();
-  absl::StatusOr<std::string> rline =
-      Spawn({"/usr/bin/redis-server", "--port", std::to_string(redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", opt.dir + "/redis", "--maxmemory",
-             "512mb", "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"},
-            &redis);
+  absl::StatusOr<std::string> rline = Spawn({"/usr/bin/redis-server",
+                                             "--port",
+                                             std::to_string(redis_port),
+                                             "--bind",
+                                             "127.0.0.1",
+                                             "--save",
+                                             "",
+                                             "--appendonly",
+                                             opt.durable_stores ? "yes" : "no",
+                                             "--appendfsync",
+                                             "always",
+                                             "--auto-aof-rewrite-percentage",
+                                             "0",
+                                             "--dir",
+                                             opt.dir + "/redis",
+                                             "--maxmemory",
+                                             "512mb",
+                                             "--maxmemory-policy",
+                                             "allkeys-lru",
+                                             "--protected-mode",
+                                             "no"},
+                                            &redis);
   if (!rline.ok())
     return absl::FailedPreconditionError(
         "redis-server did not start (scripts/install-deps.sh installs it)");
@@ -199,7 +220,8 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
       const uint64_t n = next_token++;
       for (size_t k = 0; k < 4; ++k) t[k] = static_cast<uint32_t>((n >> (9 * k)) & 511);
       return clients[c]
-          ->Store(ns, std::nullopt, t, store_payload, client::Durability::kMemory)
+          ->Store(ns, std::nullopt, t, store_payload,
+                  opt.durable_stores ? client::Durability::kDurable : client::Durability::kMemory)
           .status();
     };
   };

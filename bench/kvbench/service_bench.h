@@ -26,6 +26,13 @@ struct ServiceBenchOptions {
   // kvcache-shm keeps leases between fetches (the client's default); off, every fetch
   // pays a FetchRefs round trip.
   bool shm_lease_cache = true;
+  // Stores durable: kvcached with an SSD tier acknowledges each Store stream's chunks once
+  // they are synced (batches of --durable-store-batch, --durable-store-in-flight of them
+  // being written at once), and Redis runs with its append-only file synced before every
+  // reply (appendfsync always) — both on --dir's disk. Off: both keep stores in memory.
+  bool durable_stores = false;
+  // More kvcached options (e.g. {"--durable-store-in-flight", "1"}), to compare settings.
+  std::vector<std::string> kvcached_args;
   // python/ of the source tree: also measure the Python client (python-grpc, python-shm
   // fetches, bench/kvbench/python_fetch.py beside it) and the engine adapters over it
   // (sglang-grpc, sglang-shm, vllm-grpc; they need python3-torch). Empty: skip them.
