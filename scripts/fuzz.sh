@@ -26,7 +26,7 @@ spec=(engine/spec/model_config.cc engine/spec/layer_schedule.cc engine/spec/kv_c
       engine/spec/chunk_layout.cc)
 declare -A sources=(
   [model_config]="${spec[*]}"
-  [slot]="storage/slot_format.cc"
+  [slot]="storage/slot_format.cc storage/payload.cc"
   [reservation]="storage/slot_reservation.cc"
   [trace]="bench/trace/trace.cc"
   [shm_handshake]="cachesvc/arena_socket.cc cachesvc/auth.cc wire/arena_handshake.cc"
