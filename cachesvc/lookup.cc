@@ -37,7 +37,10 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
     keys = client::ChunkKeys(ns.root, std::span(req.tokens().data(), req.tokens().size()),
                              ns.chunk_tokens);
   }
-  const std::vector<storage::Tier> tiers = store->Lookup(ns.id, StorageKeys(ns, keys));
+  // Only the leading run is reported unless every chunk's tier is asked for: past the first
+  // miss nothing is probed.
+  const std::vector<storage::Tier> tiers =
+      store->Lookup(ns.id, StorageKeys(ns, keys), /*leading_only=*/!req.every_chunk());
   uint32_t matched = 0;
   while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
   resp->set_matched_chunks(matched);

@@ -518,15 +518,21 @@ Tier ChunkStore::Contains(NamespaceId ns, const ChunkKey& key) const {
   return Lookup(ns, std::span(&key, 1))[0];
 }
 
-std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> keys) const {
+std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> keys,
+                                     bool leading_only) const {
   const Impl& s = *impl_;
   MutexLock lk(s.mu);
   std::vector<Tier> tiers(keys.size(), Tier::kNone);
-  // T0 holds only chunks RAM or SSD holds (LeftStore drops the rest).
-  const std::vector<bool> in_hbm = s.hbm ? s.hbm->ContainsEach(ns, keys) : std::vector<bool>();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    tiers[i] = s.LowerTierOf(ns, keys[i]);
-    if (tiers[i] != Tier::kNone && s.hbm && in_hbm[i]) tiers[i] = Tier::kHbm;
+  size_t probed = 0;
+  for (; probed < keys.size(); ++probed) {
+    tiers[probed] = s.LowerTierOf(ns, keys[probed]);
+    if (leading_only && tiers[probed] == Tier::kNone) break;
+  }
+  if (s.hbm) {  // T0 holds only chunks RAM or SSD holds (LeftStore drops the rest)
+    const std::vector<bool> in_hbm = s.hbm->ContainsEach(ns, keys.first(probed));
+    for (size_t i = 0; i < probed; ++i) {
+      if (tiers[i] != Tier::kNone && in_hbm[i]) tiers[i] = Tier::kHbm;
+    }
   }
   return tiers;
 }

@@ -252,7 +252,10 @@ class ChunkStore {
   // The fastest tier holding each chunk — kHbm, kRam, kSsd — or kNone if absent or in
   // another namespace.
   Tier Contains(NamespaceId ns, const ChunkKey& key) const;
-  std::vector<Tier> Lookup(NamespaceId ns, std::span<const ChunkKey> keys) const;
+  // leading_only: stops at the first chunk not held and reports kNone for the rest without
+  // probing them (a prefix's Lookup: a new prompt's uncached tail costs nothing).
+  std::vector<Tier> Lookup(NamespaceId ns, std::span<const ChunkKey> keys,
+                           bool leading_only = false) const;
 
   [[nodiscard]] absl::Status Erase(NamespaceId ns, const ChunkKey& key);
   std::vector<absl::Status> EraseBatch(NamespaceId ns, std::span<const ChunkKey> keys);

@@ -523,6 +523,33 @@ TEST(ChunkStoreBasicsTest, APutThatMayNotBlockStoresOnlyWhatNeedsNoIo) {
   for (uint64_t i = 0; i < 4; ++i) ExpectChunk(*store, KeyOf(seed, i));
 }
 
+// Lookup reports each chunk's tier; asked for the leading run only, it stops at the first
+// chunk not held and reports the rest as absent, held or not.
+TEST(ChunkStoreBasicsTest, LookupOfALeadingRunStopsAtTheFirstMiss) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  auto store = OpenOrDie(Options(dir.path(), 2, 16));
+  std::mt19937_64 rng(seed);
+  const size_t n = 6 + rng() % 4, gap = 1 + rng() % (n - 2);
+  std::printf("%zu keys, key %zu not stored\n", n, gap);
+  std::vector<ChunkKey> keys;
+  for (size_t i = 0; i < n; ++i) {
+    keys.push_back(KeyOf(seed, i));
+    if (i != gap) {
+      ASSERT_TRUE(PutChunk(*store, keys.back()).ok());
+    }
+  }
+  const std::vector<Tier> all = store->Lookup(kNs, keys);
+  const std::vector<Tier> leading = store->Lookup(kNs, keys, /*leading_only=*/true);
+  ASSERT_EQ(all.size(), n);
+  ASSERT_EQ(leading.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(all[i] == Tier::kNone, i == gap) << i;
+    EXPECT_EQ(leading[i], i < gap ? all[i] : Tier::kNone) << i;
+  }
+  EXPECT_EQ(store->Lookup(kNs + 1, keys, true), std::vector<Tier>(n, Tier::kNone));
+}
+
 TEST(ChunkStoreBasicsTest, ChunksWhoseAncestorLeftGoFirst) {
   const uint64_t seed = testing::FreshSeed();
   TempDir dir;
