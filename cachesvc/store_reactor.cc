@@ -170,11 +170,6 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // Ends the call with this message's error (or the failure of a batch written before it);
   // the staged chunks before it are stored first. No batch is being written.
   void Fail(const absl::Status& s) {
-    absl::Status earlier = WrittenStatus();
-    if (!earlier.ok()) {
-      Done(wire::ToGrpc(earlier));
-      return;
-    }
     const uint32_t at = index_;
     if (absl::Status flushed = Flush(); !flushed.ok()) {
       Done(wire::ToGrpc(flushed));
@@ -366,6 +361,9 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // failure in the stream fails the call, naming its message; the chunks of its batch are
   // attempted all the same.
   void Write(const Batch& batch) {
+    // After a failure the call ends there: chunks staged after it are not stored (a batch
+    // already being written beside the failed one may still be).
+    if (!WrittenStatus().ok()) return;
     std::vector<storage::PutRequest> puts;
     std::vector<int64_t> ttls;
     puts.reserve(batch.size());

@@ -18,17 +18,6 @@ void PutVarint(std::string& out, uint64_t v) {
   }
 }
 
-// Reads a varint at `pos`; false when it runs past the end or past 64 bits.
-bool GetVarint(std::span<const uint8_t> in, size_t& pos, uint64_t& v) {
-  v = 0;
-  for (int shift = 0; shift < 64 && pos < in.size(); shift += 7) {
-    const uint8_t b = in[pos++];
-    v |= static_cast<uint64_t>(b & 0x7F) << shift;
-    if ((b & 0x80) == 0) return true;
-  }
-  return false;
-}
-
 constexpr uint8_t kKeyTag = (1 << 3) | 2;      // FetchResponse.chunk_key
 constexpr uint8_t kPayloadTag = (2 << 3) | 2;  // FetchResponse.payload
 
@@ -79,45 +68,6 @@ std::string FetchResponseHeader(const ChunkKey& key, uint64_t payload_bytes) {
   h.push_back(static_cast<char>(kPayloadTag));
   PutVarint(h, payload_bytes);
   return h;
-}
-
-absl::StatusOr<FetchFrame> SplitFetchResponse(std::span<const uint8_t> m) {
-  FetchFrame f;
-  auto view = [&](size_t at, size_t n) {
-    return std::string_view(reinterpret_cast<const char*>(m.data()) + at, n);
-  };
-  // The daemon's own framing: the key field, then the payload field, nothing else.
-  if (m.size() > 19 && m[0] == kKeyTag && m[1] == kKeyBytes && m[18] == kPayloadTag) {
-    size_t pos = 19;
-    uint64_t len = 0;
-    if (GetVarint(m, pos, len) && pos + len == m.size()) {
-      f.key = view(2, kKeyBytes);
-      f.payload = m.subspan(pos);
-      return f;
-    }
-  }
-  size_t pos = 0;
-  while (pos < m.size()) {
-    uint64_t tag = 0, len = 0;
-    const size_t field_at = pos;
-    if (!GetVarint(m, pos, tag)) {
-      return absl::DataLossError(
-          absl::StrCat("FetchResponse: a malformed varint at byte ", field_at, " of ", m.size()));
-    }
-    if ((tag & 7) != 2) {
-      return absl::DataLossError(
-          absl::StrCat("FetchResponse: field ", tag >> 3, " has wire type ", tag & 7));
-    }
-    if (!GetVarint(m, pos, len) || len > m.size() - pos) {
-      return absl::DataLossError(absl::StrCat("FetchResponse: field ", tag >> 3, " (", len,
-                                              " bytes at byte ", pos, ") runs past the message (",
-                                              m.size(), " bytes)"));
-    }
-    if (tag >> 3 == 1) f.key = view(pos, len);
-    if (tag >> 3 == 2) f.payload = m.subspan(pos, len);
-    pos += len;
-  }
-  return f;
 }
 
 namespace {

@@ -39,15 +39,6 @@ absl::StatusOr<std::vector<ChunkKey>> UnpackKeys(std::string_view packed, size_t
 // frame is this header followed by the payload itself (fields 1 and 2, length-delimited).
 std::string FetchResponseHeader(const ChunkKey& key, uint64_t payload_bytes);
 
-// The key and payload of a serialized FetchResponse, as views into `message`: the
-// daemon's framing directly, any other valid encoding (field order, unknown fields) by a
-// field walk. DataLoss when the message is malformed.
-struct FetchFrame {
-  std::string_view key;
-  std::span<const uint8_t> payload;
-};
-absl::StatusOr<FetchFrame> SplitFetchResponse(std::span<const uint8_t> message);
-
 // The payload field's tag and length (StoreRequest.payload): a client sends a chunk as a
 // StoreRequest serialized without its payload, this, and the payload bytes where they lie
 // (a slice of the caller's memory), so the payload is not copied into a message first.
