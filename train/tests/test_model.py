@@ -172,9 +172,14 @@ def test_a_few_training_steps_lower_the_loss_on_a_fixed_batch(seed):
 
 def test_no_position_sees_a_later_token(seed):
     """Causality, in plain and in replay-cut windows: changing the tokens from k on leaves
-    the logits before k as they were (up to float noise of other rows' shapes)."""
+    the logits before k as they were (up to float noise of other rows' shapes).
+
+    In float64: in float32 the noise (~1e-6, from the experts' batches holding other rows)
+    sometimes lands a KV value on the neighbouring FP4/FP8 code, which moves the logits of
+    the window after it by up to ~1e-3 (seed 2063699035) — a rounding flip, not a leak. In
+    float64 the noise is ~1e-15 and a flip is out of reach, so the bound can be tight."""
     c = load_config(MINI)
-    model = V41(c, init_seed=seed)
+    model = V41(c, init_seed=seed).double()
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(3, 259, (2, 90), generator=g)
     k = 40 + int(torch.randint(0, 40, (1,), generator=g))
@@ -183,7 +188,7 @@ def test_no_position_sees_a_later_token(seed):
     for enc, dec in [(None, None), (torch.tensor([8, 24]), torch.tensor([16, 32]))]:
         with torch.no_grad():
             a, b = model(x, enc_start=enc, dec_start=dec), model(y, enc_start=enc, dec_start=dec)
-        assert float((a[:, :k] - b[:, :k]).abs().max()) < 1e-4
+        assert float((a[:, :k] - b[:, :k]).abs().max()) < 1e-9
         assert float((a[:, k:] - b[:, k:]).abs().max()) > 1e-2
 
 
