@@ -14,7 +14,6 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #if defined(__SANITIZE_ADDRESS__)
@@ -33,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/file.h"
+#include "base/heap.h"
 #include "base/status_macros.h"
 #include "cachesvc/arena_socket.h"
 #include "cachesvc/cluster_node.h"
@@ -626,12 +626,7 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // Every Store message brings a chunk-sized buffer (gRPC's receive slices, the parsed
-  // payload): ~228 KB for the reference model, over glibc's 128 KB mmap threshold, so by
-  // default each one is a fresh mmap that is faulted in page by page and unmapped again.
-  // On a VM a page fault costs ~10 µs: that was 3-4x the whole Store path's time
-  // (docs/benchmarks.md). Keep such buffers in the heap and the heap's free memory in the
-  // process (bounded by the largest burst of messages in flight), so they are reused warm.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // payload), by default a fresh mmap faulted in page by page (base/heap.h).
+  kvc::KeepLargeBuffersInHeap(kvc::kDaemonHeap);
   return kvc::cachesvc::Main(argc, argv);
 }

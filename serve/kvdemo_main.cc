@@ -43,6 +43,7 @@
 #include "absl/strings/str_format.h"
 #include "backends/program_flags.h"
 #include "backends/select.h"
+#include "base/heap.h"
 #include "engine/model/generate.h"
 #include "engine/model/weights.h"
 #include "engine/spec/byte_tokens.h"
@@ -346,4 +347,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kvc::serve
 
-int main(int argc, char** argv) { return kvc::serve::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Chunks fetched and stored pass through chunk-sized buffers: keep them warm (base/heap.h).
+  kvc::KeepLargeBuffersInHeap(kvc::kClientHeap);
+  return kvc::serve::Main(argc, argv);
+}

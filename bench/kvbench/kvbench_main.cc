@@ -29,6 +29,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/heap.h"
 
 #include "backends/program_flags.h"
 #include "bench/kvbench/cluster_bench.h"
@@ -481,4 +482,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kvc
 
-int main(int argc, char** argv) { return kvc::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Chunks fetched and stored pass through chunk-sized buffers: keep them warm (base/heap.h).
+  kvc::KeepLargeBuffersInHeap(kvc::kClientHeap);
+  return kvc::Main(argc, argv);
+}

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, cast
 
 import xxhash
 
-from . import _wire
+from . import _allocator, _wire
 from .errors import DataLossError, InvalidArgumentError, KvcacheError, NotFoundError
 from .hashing import Namespace, Tokens, as_tokens, caller_chunk_keys, chunk_keys
 from .shm import MappedArena
@@ -234,6 +234,8 @@ class Common:
         self.target = target
         self.timeout_s = timeout_s
         self.lease_ms = lease_ms
+        # Chunk-sized buffers from the heap, not a fresh mmap each (see _allocator).
+        self.heap_kept = _allocator.keep_large_buffers()
         self._token = token
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._shm_socket = shm_socket if shm_socket is not None else os.environ.get(
