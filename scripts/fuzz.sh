@@ -26,7 +26,7 @@ spec=(engine/spec/model_config.cc engine/spec/layer_schedule.cc engine/spec/kv_c
       engine/spec/chunk_layout.cc)
 declare -A sources=(
   [model_config]="${spec[*]}"
-  [slot]="storage/slot_format.cc storage/payload.cc"
+  [slot]="storage/slot_format.cc storage/payload.cc storage/xxh3.cc"
   [reservation]="storage/slot_reservation.cc"
   [trace]="bench/trace/trace.cc"
   [shm_handshake]="cachesvc/arena_socket.cc cachesvc/auth.cc wire/arena_handshake.cc"
@@ -38,7 +38,7 @@ declare -A sources=(
 )
 built=(build/client/libkvc_prefix_hash.a build/cachesvc/libkvc_arena_socket.a
        build/storage/libkvc_storage.a build/engine/libkvc_spec.a build/proto/libkvc_proto.a)
-declare -A libs=([model_config]="" [slot]="-lxxhash" [reservation]="-lxxhash" [trace]=""
+declare -A libs=([model_config]="" [slot]="build-fuzz/xxh3_avx2.o build-fuzz/xxh3_avx512.o -lxxhash" [reservation]="-lxxhash" [trace]=""
                  [shm_handshake]=""
                  [service]="-Ibuild/proto/gen -Ibuild/cachesvc/gen ${built[*]} $(pkg-config --libs grpc++ protobuf liburing libxxhash) -lrocksdb -lprometheus-cpp-pull -lprometheus-cpp-core")
 targets=(model_config slot reservation trace shm_handshake service)
@@ -46,6 +46,13 @@ for b in "${built[@]}"; do
   [ -f "$b" ] || { echo "fuzz: $b missing (run scripts/build.sh first)" >&2; exit 1; }
 done
 mkdir -p build-fuzz
+# The payload checksum's vector builds: each file compiled for its own unit (storage/xxh3.h).
+for isa in avx2 avx512; do
+  obj="build-fuzz/xxh3_$isa.o"
+  if [ ! -f "$obj" ] || [ -n "$(find storage/xxh3_$isa.cc storage/xxh3_build.inc storage/xxh3.h -newer "$obj" -print -quit)" ]; then
+    "$cxx" "${flags[@]}" -m"${isa/avx512/avx512f}" -c -o "$obj" "storage/xxh3_$isa.cc"
+  fi
+done
 for t in "${targets[@]}"; do
   bin="build-fuzz/${t}_fuzz"
   # Rebuild when any source is newer than the binary.

@@ -1,8 +1,8 @@
 #include "storage/payload.h"
+#include "storage/xxh3.h"
 
 // The state struct on the stack (its layout is this xxhash version's, as the header is).
 #define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -32,17 +32,16 @@ void Payload::CopyTo(uint8_t* dst) const {
 
 uint64_t Payload::CopyWithChecksum(uint8_t* dst) const {
   constexpr size_t kBlock = 16 << 10;
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
+  Xxh3Stream state;
   for (std::span<const uint8_t> p : pieces_) {
     for (size_t at = 0; at < p.size(); at += kBlock) {
       const size_t n = std::min(kBlock, p.size() - at);
       std::memcpy(dst, p.data() + at, n);
-      XXH3_64bits_update(&state, dst, n);
+      state.Update(dst, n);
       dst += n;
     }
   }
-  return XXH3_64bits_digest(&state);
+  return state.Digest();
 }
 
 }  // namespace kvc::storage

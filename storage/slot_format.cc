@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
 #include "storage/payload.h"
+#include "storage/xxh3.h"
 
 namespace kvc::storage {
 namespace {
@@ -40,7 +41,7 @@ uint32_t SlotHeaderBytes(uint16_t version) {
 }
 
 uint64_t PayloadChecksum(std::span<const uint8_t> payload) {
-  return XXH3_64bits(payload.data(), payload.size());
+  return Xxh3Hash(payload.data(), payload.size());
 }
 
 uint64_t CopyWithChecksum(std::span<uint8_t> dst, std::span<const uint8_t> src) {

@@ -14,6 +14,7 @@
 #include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 #include "storage/slot_reservation.h"
+#include "storage/xxh3.h"
 #include "tests/engine/spec/config_fixtures.h"
 #include "tests/storage/store_testing.h"
 #include "tests/testing/seed.h"
@@ -364,6 +365,48 @@ TEST(RamTierTest, ConsistencyCheckFollowsLeasesAndFindsALostSlot) {
   EXPECT_NE(st.message().find("pool 1 slot " + std::to_string(*lost)), std::string::npos) << st;
   t.ReturnSlot(1, *lost);
   EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+}
+
+}  // namespace
+}  // namespace kvc::storage
+
+namespace kvc::storage {
+namespace {
+
+// Every build of the payload checksum this CPU runs (xxh3.h) gives libxxhash's XXH3-64,
+// one-shot and streamed in random pieces, at every size class XXH3 treats differently.
+TEST(Xxh3Test, EveryVectorBuildGivesLibxxhashsDigest) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> data(240'000);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng());
+  std::vector<size_t> sizes = {0,   1,   3,   4,    8,    9,     16,     17,         128,
+                               129, 240, 241, 1024, 1025, 16384, 227840, data.size()};
+  for (int i = 0; i < 20; ++i) sizes.push_back(rng() % data.size());
+  ASSERT_FALSE(SupportedXxh3Impls().empty());
+  EXPECT_EQ(Xxh3().name, SupportedXxh3Impls().back()->name);
+  for (const Xxh3Impl* impl : SupportedXxh3Impls()) {
+    std::printf("xxh3 build %.*s%s\n", static_cast<int>(impl->name.size()), impl->name.data(),
+                impl == &Xxh3() ? " (chosen)" : "");
+    for (size_t n : sizes) {
+      const size_t at = rng() % (data.size() - n + 1);  // unaligned starts too
+      const uint64_t want = XXH3_64bits(data.data() + at, n);
+      EXPECT_EQ(impl->hash(data.data() + at, n), want) << impl->name << " " << n;
+      alignas(64) unsigned char state[Xxh3Stream::kStateBytes];
+      impl->reset(state);
+      for (size_t done = 0; done < n;) {
+        const size_t piece = std::min<size_t>(n - done, 1 + rng() % 40'000);
+        impl->update(state, data.data() + at + done, piece);
+        done += piece;
+      }
+      EXPECT_EQ(impl->digest(state), want) << impl->name << " streamed " << n;
+    }
+  }
+  Xxh3Stream stream;
+  stream.Update(data.data(), 100);
+  stream.Update(data.data() + 100, data.size() - 100);
+  EXPECT_EQ(stream.Digest(), XXH3_64bits(data.data(), data.size()));
+  EXPECT_EQ(PayloadChecksum(data), XXH3_64bits(data.data(), data.size()));
 }
 
 }  // namespace
