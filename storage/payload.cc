@@ -1,11 +1,9 @@
 #include "storage/payload.h"
-#include "storage/xxh3.h"
-
-// The state struct on the stack (its layout is this xxhash version's, as the header is).
-#define XXH_STATIC_LINKING_ONLY
 
 #include <algorithm>
 #include <cstring>
+
+#include "storage/xxh3.h"
 
 namespace kvc::storage {
 

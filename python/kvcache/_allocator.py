@@ -4,8 +4,9 @@ Every chunk a gRPC fetch delivers passes through buffers of a chunk's size or mo
 receive buffers, the message's bytes). glibc gives each allocation over 128 KiB its own
 mmap and hands a freed heap top back to the kernel past 128 KiB, so each such buffer is
 fresh memory, faulted in page by page on its first write: at ~11 µs a fault that is most
-of a chunk's cost (a 32-chunk fetch from Python measured 120–280 µs of CPU a chunk, 80
-with the heap kept). kvcached does the same for itself at start (kvcached_main.cc).
+of a chunk's cost (a 32-chunk fetch from Python measured 120–580 µs of CPU a chunk, 72–81
+with the heap kept). C++ programs do the same at start (base/heap.h, whose kClientHeap
+holds the numbers below).
 
 Raised once per process, when the first client is made: allocations up to 64 MiB come
 from the heap, and up to 256 MiB of free heap top stays in the process. Left alone where
