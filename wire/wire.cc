@@ -203,4 +203,17 @@ absl::Status SplitFetchResponsePieces(std::span<const std::span<const uint8_t>> 
   return SplitAroundPayload(pieces, kPayloadTag >> 3, "FetchResponse", out);
 }
 
+absl::StatusOr<std::string> FetchResponseKeyField(std::string_view rest) {
+  const std::span<const uint8_t> whole(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
+  StoreFrame key;  // the key's field split out as the "payload"
+  if (absl::Status s =
+          SplitAroundPayload(std::span(&whole, 1), kKeyTag >> 3, "FetchResponse", &key);
+      !s.ok()) {
+    return s;
+  }
+  std::string out;
+  for (std::span<const uint8_t> p : key.payload) out.append(p.begin(), p.end());
+  return out;
+}
+
 }  // namespace kvc::wire

@@ -61,5 +61,9 @@ absl::Status SplitStoreRequest(std::span<const std::span<const uint8_t>> pieces,
 // InvalidArgument "not a FetchResponse (…)"; a client reports it as DataLoss.
 absl::Status SplitFetchResponsePieces(std::span<const std::span<const uint8_t>> pieces,
                                       StoreFrame* out);
+// The chunk key's bytes in that `rest` (the last chunk_key field, as protobuf keeps; empty
+// when there is none), for a client that parses no protobuf (client/fetch_c.cc).
+// InvalidArgument "not a FetchResponse (…)" when `rest` is no protobuf message.
+absl::StatusOr<std::string> FetchResponseKeyField(std::string_view rest);
 
 }  // namespace kvc::wire

@@ -8,25 +8,25 @@ from typing import Any, Dict, List, Optional, Sequence, cast
 
 import xxhash
 
-from . import _allocator, _wire
+from . import _allocator, _native, _wire
 from .errors import DataLossError, InvalidArgumentError, KvcacheError, NotFoundError
 from .hashing import Namespace, Tokens, as_tokens, caller_chunk_keys, chunk_keys
 from .shm import MappedArena
 from .v1 import kvcache_pb2 as pb
 
 _TIERS = {pb.TIER_NONE: "none", pb.TIER_HBM: "hbm", pb.TIER_RAM: "ram", pb.TIER_SSD: "ssd"}
-_MAX_MESSAGE = 256 << 20
+MAX_MESSAGE = 256 << 20
 # A call that meets a connection the daemon just dropped (a restart) is retried: every
 # call of the API is idempotent (a stored chunk is already_present the second time).
-_RETRY = json.dumps({"methodConfig": [{
+RETRY_SERVICE_CONFIG = json.dumps({"methodConfig": [{
     "name": [{"service": "kvcache.v1.KVCache"}],
     "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "1s",
                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                   ("grpc.max_send_message_length", _MAX_MESSAGE),
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
+                   ("grpc.max_send_message_length", MAX_MESSAGE),
                    ("grpc.http2.lookahead_bytes", 8 << 20),
                    ("grpc.enable_retries", 1),
-                   ("grpc.service_config", _RETRY)]
+                   ("grpc.service_config", RETRY_SERVICE_CONFIG)]
 FETCH_METHOD = "/kvcache.v1.KVCache/Fetch"
 STORE_METHOD = "/kvcache.v1.KVCache/Store"
 
@@ -141,6 +141,22 @@ class ChunkSink:
         for p in self._parts[i]:
             p[:] = src[at:at + p.nbytes]
             at += p.nbytes
+
+    def layout(self, start, count):
+        """Where chunks start .. start+count-1 go, for the native fetch: (each part's
+        address, each part's size, the end of each chunk's parts in those lists)."""
+        if self._parts is None:
+            base = _native.address(self._view)
+            return ([base + (start + i) * self.n for i in range(count)], [self.n] * count,
+                    list(range(1, count + 1)))
+        addrs, sizes, ends = [], [], []
+        for parts in self._parts[start:start + count]:
+            for p in parts:
+                if p.nbytes:
+                    addrs.append(_native.address(p))
+                    sizes.append(p.nbytes)
+            ends.append(len(addrs))
+        return addrs, sizes, ends
 
     def dest(self, i):
         """Chunk i's destination: a view of chunk_bytes, or its list of parts."""
@@ -507,10 +523,12 @@ class Common:
         return keys, out, writable_view(out, need)
 
     @staticmethod
-    def take_chunk(ns, key, raw, index):
-        """The payload view of one raw FetchResponse, checked against the request."""
+    def take_chunk(ns, keys, raw, index):
+        """The payload view of raw FetchResponse `index`, checked against the request."""
+        if index >= len(keys):
+            raise DataLossError(f"Fetch answer {index}: an answer past the last chunk asked for")
         got_key, payload = _wire.split_fetch_response(raw)
-        if got_key != key:
+        if got_key != keys[index]:
             raise DataLossError(f"Fetch answer {index} is another chunk than asked for")
         if payload.nbytes != ns.chunk_bytes:
             raise DataLossError(

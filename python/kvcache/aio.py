@@ -109,7 +109,7 @@ class AsyncClient(Common):
                                wait_for_ready=True)
             i = 0
             async for raw in call:
-                yield i, self.take_chunk(ns, keys[i], raw, i)
+                yield i, self.take_chunk(ns, keys, raw, i)
                 i += 1
         except grpc.RpcError as e:
             error = from_rpc_error(e)

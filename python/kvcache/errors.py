@@ -74,3 +74,14 @@ def from_rpc_error(error):
     cls = _BY_CODE.get(code, InternalError)
     details = error.details() or code.name
     return cls(f"{code.name}: {details}", code)
+
+
+_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def from_status(code, details):
+    """The KvcacheError for a status by its number (a call made outside grpcio: the
+    native fetch), worded as from_rpc_error words it."""
+    status = _BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+    cls = _BY_CODE.get(status, InternalError)
+    return cls(f"{status.name}: {details or status.name}", status)

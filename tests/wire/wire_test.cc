@@ -82,7 +82,27 @@ TEST(WireTest, TheFetchFrameIsProtobufsEncoding) {
     // The key's field first (unknown fields after it stay, for protobuf to skip).
     EXPECT_EQ(split.rest.substr(0, 18), KeyField(f["key"]));
     EXPECT_EQ(Joined(split), Bytes(f["payload"]));
+    // A client without protobuf finds the key past the unknown fields.
+    absl::StatusOr<std::string> key = FetchResponseKeyField(split.rest);
+    ASSERT_TRUE(key.ok()) << key.status();
+    EXPECT_EQ(*key, Bytes(f["key"]));
   }
+  for (const auto& f : v["fetch"]) {
+    const StoreFrame split = SplitWhole(FetchResponseHeader(Key(f["key"]), 3) + "abc");
+    EXPECT_EQ(FetchResponseKeyField(split.rest).value_or("?"), Bytes(f["key"]));
+  }
+  // The last key field is the key, as for protobuf; none: empty; no protobuf: refused.
+  const std::string two_keys = KeyField(v["fetch"][0]["key"]) + std::string("\x0a\x03xyz", 5);
+  EXPECT_EQ(FetchResponseKeyField(two_keys).value_or("?"), "xyz");
+  EXPECT_EQ(FetchResponseKeyField(std::string("\x08\x01", 2)).value_or("?"), "");
+  absl::StatusOr<std::string> bad =
+      FetchResponseKeyField(std::string("\x0a\x10"
+                                        "abc",
+                                        5));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("field 1 running past the end at byte 0"),
+            std::string::npos)
+      << bad.status();
 }
 
 TEST(WireTest, BadBytesAreRefusedWithWhatWasWrong) {
