@@ -77,6 +77,9 @@ __attribute__((visibility("default"))) void* kvc_fetch_open(const char* target, 
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, lookahead_bytes);
+  // A connection of its own, not one shared with every channel of this process to the same
+  // daemon (client/client.cc says why).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (service_config != nullptr && *service_config != '\0') {
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
     args.SetServiceConfigJSON(service_config);

@@ -26,6 +26,8 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
                    ("grpc.max_send_message_length", MAX_MESSAGE),
                    ("grpc.http2.lookahead_bytes", 8 << 20),
                    ("grpc.enable_retries", 1),
+                   # A connection per client, not one per process and daemon (client/client.cc).
+                   ("grpc.use_local_subchannel_pool", 1),
                    ("grpc.service_config", RETRY_SERVICE_CONFIG)]
 FETCH_METHOD = "/kvcache.v1.KVCache/Fetch"
 STORE_METHOD = "/kvcache.v1.KVCache/Store"

@@ -96,6 +96,40 @@ def test_native_fetch_failures_have_the_grpcio_classes(make_daemon, seed, mini_c
             c.fetch_scattered(ns, keys, short)
 
 
+def connections_to(port):
+    """Established TCP connections in this network namespace to `port` (gRPC's sockets
+    are IPv6 ones carrying mapped IPv4 addresses, so /proc/net/tcp6 too)."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                    n += 1
+    return n
+
+
+def test_each_client_has_connections_of_its_own(daemon, seed, mini_config):
+    # gRPC's default gives every channel of a process to one daemon a single shared
+    # connection; a worker's clients (an adapter's I/O threads) would then queue on it.
+    rng = np.random.default_rng(seed)
+    with kvcache.Client(daemon.address) as first:
+        ns = first.register_namespace(mini_config, "mini", 64)
+        tokens = rng.integers(0, ns.vocab_size, ns.chunk_tokens)
+        keys = first.store(ns, tokens, rng.integers(0, 256, ns.chunk_bytes, dtype=np.uint8),
+                           durable=False).keys
+        assert first.fetch(ns, keys).chunks == 1
+        before = connections_to(daemon.port)
+        more = [kvcache.Client(daemon.address) for _ in range(3)]
+        for c in more:
+            assert c.fetch(ns, keys).chunks == 1  # a call on each of its two channels
+            c.stats()
+        assert connections_to(daemon.port) == before + 3 * 2
+        for c in more:
+            c.close()
+
+
 class LyingServer:
     """A Fetch service that answers each request with what `answers(keys)` returns."""
 

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -244,6 +245,41 @@ TEST_F(ClientTest, ChunkMissingMidPrefixEndsTheFetchThere) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, 2u);
   EXPECT_TRUE(std::equal(out.begin(), out.begin() + 2 * ns_.chunk_bytes, p.payloads.begin()));
+}
+
+// Established TCP connections in this network namespace whose remote end is `port`
+// (gRPC's sockets are IPv6 ones, carrying IPv4 addresses mapped: /proc/net/tcp6 too).
+int ConnectionsTo(int port) {
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state == "01" && std::stoi(remote.substr(remote.find(':') + 1), nullptr, 16) == port) ++n;
+    }
+  }
+  return n;
+}
+
+// Clients of one process to one daemon do not share a connection (gRPC's default would
+// give them one, and 8 clients then moved less than 8 connections do).
+TEST_F(ClientTest, EachClientHasAConnectionOfItsOwn) {
+  const int port = std::stoi(daemon_->address().substr(daemon_->address().rfind(':') + 1));
+  ASSERT_TRUE(client_->Stats().ok());
+  const int before = ConnectionsTo(port);
+  ASSERT_GE(before, 1);
+  std::vector<std::unique_ptr<CacheClient>> more;
+  for (int i = 0; i < 3; ++i) {
+    ClientOptions o;
+    o.address = daemon_->address();
+    more.push_back(*CacheClient::Connect(o));
+    ASSERT_TRUE(more.back()->Stats().ok());
+  }
+  EXPECT_EQ(ConnectionsTo(port), before + 3);
 }
 
 TEST_F(ClientTest, TruncatedStoreStreamKeepsOnlyWholeMessages) {
