@@ -1,6 +1,7 @@
 """The Fetch stream through libkvcache_fetch.so (kvcache/_native.py) against the grpcio path:
 the same bytes, the same leading counts, the same exception classes, and answers that are
 not the chunk asked for refused."""
+import os
 from concurrent import futures
 
 import grpc
@@ -11,16 +12,21 @@ import kvcache
 from kvcache import _native, _wire
 from kvcache._common import ChunkSink
 from kvcache.v1 import kvcache_pb2 as pb
-from conftest import BIN_DIR, free_port
+from conftest import free_port
+from kvcache.hashing import native_hashing
 
 
 @pytest.fixture(autouse=True)
 def built_library():
-    # The C++ build puts the library beside the package; a test run from a build must use it.
+    # The C++ build puts both native libraries beside the package (not a sanitized build,
+    # nor a wheel): with the hashing one there, the fetch one must be there and load.
     if not _native.available():
-        if BIN_DIR:
-            pytest.fail("libkvcache_fetch.so is not beside the package in a built tree")
-        pytest.skip("no native fetch library (a pure-Python install)")
+        if os.environ.get("KVCACHE_NATIVE_FETCH") == "0":
+            pytest.skip("the native fetch is turned off (KVCACHE_NATIVE_FETCH=0)")
+        if native_hashing():
+            pytest.fail("libkvcache_hash.so is beside the package but libkvcache_fetch.so "
+                        "is not, or does not load")
+        pytest.skip("no native libraries beside the package (a pure-Python install)")
 
 
 def clients(address, **kw):
