@@ -11,6 +11,9 @@ import ctypes
 import os
 from typing import Any, List, Optional, Sequence, Tuple
 
+from .errors import from_status
+from .v1 import kvcache_pb2 as pb
+
 _MESSAGE_ROOM = 1024
 
 
@@ -81,6 +84,22 @@ class NativeFetch:
                              1 if wait_for_ready else 0, ctypes.byref(code), message,
                              _MESSAGE_ROOM)
         return int(got), code.value, message.value.decode("utf-8", "replace")
+
+    def stream_into(self, common: Any, ns: Any, keys: Sequence[bytes], start: int, sink: Any,
+                    wait_for_ready: bool) -> int:
+        """keys[start:] fetched into sink from chunk `start` on, as a client's grpcio stream
+        would (`common`: the client, for its timeout and its rule on which NOT_FOUND only
+        ends a fetch); how many arrived. Raises what that stream would raise."""
+        rest = keys[start:]
+        request = pb.FetchRequest(namespace_id=ns.id, chunk_keys=rest).SerializeToString()
+        got, code, message = self.fetch(request, rest, ns.chunk_bytes,
+                                        sink.layout(start, len(rest)), common.timeout_s,
+                                        wait_for_ready)
+        if code != 0:
+            error = from_status(code, message)
+            if not common.ends_fetch(error):
+                raise error
+        return got
 
     def __del__(self) -> Any:
         self.close()

@@ -1,11 +1,13 @@
 """The asyncio client (grpc.aio): the same methods as Client, as coroutines."""
+import asyncio
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 import grpc.aio
 
-from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, ChunkSink, Common, Fetched,
-                      Match, StoreResult, check_keys)
+from . import _native
+from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, MAX_MESSAGE, RETRY_SERVICE_CONFIG,
+                      STORE_METHOD, ChunkSink, Common, Fetched, Match, StoreResult, check_keys)
 from .hashing import Namespace, Tokens
 from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
@@ -14,10 +16,11 @@ from .v1 import kvcache_pb2_grpc as pb_grpc
 
 class AsyncClient(Common):
     """Like Client (see there), for asyncio. Create it inside the event loop that uses it;
-    `await client.close()` (or `async with`) when done."""
+    `await client.close()` (or `async with`) when done. With the native library, a fetch's
+    gRPC stream runs on the loop's default executor (the GIL released), not on the loop."""
 
     def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
-                 lease_cache=True, max_held_chunks=1024):
+                 lease_cache=True, max_held_chunks=1024, native_fetch=True):
         super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
                          max_held_chunks)
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
@@ -28,6 +31,14 @@ class AsyncClient(Common):
         self._store = self._channel.stream_unary(
             STORE_METHOD, request_serializer=None,
             response_deserializer=pb.StoreResponse.FromString)
+        self._native = (_native.NativeFetch(target, token, RETRY_SERVICE_CONFIG, MAX_MESSAGE,
+                                            8 << 20)
+                        if native_fetch and _native.available() else None)
+
+    @property
+    def native_fetch(self) -> bool:
+        """Whether fetches stream through the native library (else through grpc.aio)."""
+        return self._native is not None
 
     async def __aenter__(self):
         return self
@@ -45,6 +56,8 @@ class AsyncClient(Common):
             self._pending_release = []
         self._drop_arena("closed")
         await self._channel.close()
+        if self._native is not None:
+            self._native.close()
 
     async def _call(self, method, request):
         try:
@@ -89,7 +102,10 @@ class AsyncClient(Common):
             if self.copy_from_held(ns, keys, sink):
                 return Fetched(len(keys), out, ns.chunk_bytes, len(keys))
             shm = got = await self._fetch_shared(ns, keys, sink)
-        if got < len(keys):
+        if got < len(keys) and self._native is not None:
+            got += await asyncio.get_running_loop().run_in_executor(
+                None, self._native.stream_into, self, ns, keys, got, sink, True)
+        elif got < len(keys):
             streamed = 0
             async for i, payload in self._stream(ns, keys[got:]):
                 sink.put(got + i, payload)

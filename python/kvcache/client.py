@@ -10,7 +10,7 @@ from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, MAX_MESSAGE, RETRY_SERVICE_
                       sink_for)
 from .hashing import Namespace, Tokens
 from .errors import (InvalidArgumentError, KvcacheError, PermissionDeniedError,
-                     ResourceExhaustedError, from_rpc_error, from_status)
+                     ResourceExhaustedError, from_rpc_error)
 from .v1 import kvcache_pb2 as pb
 from .v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -153,19 +153,10 @@ class Client(Common):
 
     def _stream_into(self, ns, keys, start, sink):
         """Streams keys[start:] into the sink from chunk `start` on; how many arrived."""
-        rest = keys[start:]
         if self._native is not None:
-            request = pb.FetchRequest(namespace_id=ns.id, chunk_keys=rest).SerializeToString()
-            got, code, message = self._native.fetch(request, rest, ns.chunk_bytes,
-                                                    sink.layout(start, len(rest)),
-                                                    self.timeout_s, self._wait)
-            if code != 0:
-                error = from_status(code, message)
-                if not self.ends_fetch(error):
-                    raise error
-            return got
+            return self._native.stream_into(self, ns, keys, start, sink, self._wait)
         streamed = 0
-        for i, payload in self._stream(ns, rest):
+        for i, payload in self._stream(ns, keys[start:]):
             sink.put(start + i, payload)
             streamed = i + 1
         return streamed

@@ -1,6 +1,7 @@
 """The Fetch stream through libkvcache_fetch.so (kvcache/_native.py) against the grpcio path:
 the same bytes, the same leading counts, the same exception classes, and answers that are
 not the chunk asked for refused."""
+import asyncio
 import os
 from concurrent import futures
 
@@ -76,6 +77,29 @@ def test_native_and_grpcio_fetches_give_the_same_bytes(daemon, seed, mini_config
                 c.fetch(other, keys)
             messages.append(e.value.message)
         assert messages[0] == messages[1] and "namespace" in messages[0]
+
+
+def test_the_async_client_fetches_natively_off_the_loop(daemon, seed, mini_config):
+    rng = np.random.default_rng(seed)
+
+    async def main():
+        async with kvcache.AsyncClient(daemon.address) as native, \
+                kvcache.AsyncClient(daemon.address, native_fetch=False) as plain:
+            assert native.native_fetch and not plain.native_fetch
+            ns = await native.register_namespace(mini_config, "mini", 64)
+            tokens = rng.integers(0, ns.vocab_size, 4 * ns.chunk_tokens)
+            payloads = rng.integers(0, 256, 4 * ns.chunk_bytes, dtype=np.uint8)
+            keys = (await native.store(ns, tokens, payloads, durable=False)).keys
+            # Fetches of both kinds at once on one loop: each into its own buffer.
+            got = await asyncio.gather(*[c.fetch(ns, keys) for c in (native, plain) * 3])
+            assert all(g.chunks == 4 and bytes(g.buffer) == payloads.tobytes() for g in got)
+            assert await native.delete(ns, keys[1:2]) == 1
+            assert (await native.fetch(ns, keys)).chunks == (await plain.fetch(ns, keys)).chunks == 1
+            other = kvcache.Namespace(9999, ns.root_key, ns.chunk_bytes, 64, 1)
+            with pytest.raises(kvcache.NotFoundError, match="namespace"):
+                await native.fetch(other, keys)
+
+    asyncio.run(main())
 
 
 def test_native_fetch_failures_have_the_grpcio_classes(make_daemon, seed, mini_config, tmp_path):
