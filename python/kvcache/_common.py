@@ -16,6 +16,7 @@ from .v1 import kvcache_pb2 as pb
 
 _TIERS = {pb.TIER_NONE: "none", pb.TIER_HBM: "hbm", pb.TIER_RAM: "ram", pb.TIER_SSD: "ssd"}
 MAX_MESSAGE = 256 << 20
+LOOKAHEAD_BYTES = 8 << 20  # HTTP/2's window per stream: room for several chunks
 # A call that meets a connection the daemon just dropped (a restart) is retried: every
 # call of the API is idempotent (a stored chunk is already_present the second time).
 RETRY_SERVICE_CONFIG = json.dumps({"methodConfig": [{
@@ -24,7 +25,7 @@ RETRY_SERVICE_CONFIG = json.dumps({"methodConfig": [{
                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
                    ("grpc.max_send_message_length", MAX_MESSAGE),
-                   ("grpc.http2.lookahead_bytes", 8 << 20),
+                   ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES),
                    ("grpc.enable_retries", 1),
                    # A connection per client, not one per process and daemon (client/client.cc).
                    ("grpc.use_local_subchannel_pool", 1),
@@ -273,6 +274,20 @@ class Common:
             self._map_arena()
         else:
             self.shm_error = "no shared-memory socket given (shm_socket or $KVCACHE_SHM_SOCKET)"
+
+    # ---- the native fetch ----
+    def open_native(self, wanted):
+        """The native library's Fetch channel with this client's settings (_native.py; it
+        connects on its first call), or None when not wanted or the library is absent."""
+        if not wanted or not _native.available():
+            return None
+        return _native.NativeFetch(self.target, self._token, RETRY_SERVICE_CONFIG, MAX_MESSAGE,
+                                   LOOKAHEAD_BYTES)
+
+    @property
+    def native_fetch(self) -> bool:
+        """Whether fetches stream through the native library (else through grpcio)."""
+        return getattr(self, "_native", None) is not None
 
     # ---- shared memory ----
     @property

@@ -5,9 +5,8 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
 import grpc
 import grpc.aio
 
-from . import _native
-from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, MAX_MESSAGE, RETRY_SERVICE_CONFIG,
-                      STORE_METHOD, ChunkSink, Common, Fetched, Match, StoreResult, check_keys)
+from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, ChunkSink, Common, Fetched,
+                      Match, StoreResult, check_keys)
 from .hashing import Namespace, Tokens
 from .errors import KvcacheError, PermissionDeniedError, ResourceExhaustedError, from_rpc_error
 from .v1 import kvcache_pb2 as pb
@@ -31,14 +30,7 @@ class AsyncClient(Common):
         self._store = self._channel.stream_unary(
             STORE_METHOD, request_serializer=None,
             response_deserializer=pb.StoreResponse.FromString)
-        self._native = (_native.NativeFetch(target, token, RETRY_SERVICE_CONFIG, MAX_MESSAGE,
-                                            8 << 20)
-                        if native_fetch and _native.available() else None)
-
-    @property
-    def native_fetch(self) -> bool:
-        """Whether fetches stream through the native library (else through grpc.aio)."""
-        return self._native is not None
+        self._native = self.open_native(native_fetch)
 
     async def __aenter__(self):
         return self

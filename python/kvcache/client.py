@@ -4,10 +4,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import grpc
 import grpc.experimental
 
-from . import _native
-from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, MAX_MESSAGE, RETRY_SERVICE_CONFIG,
-                      STORE_METHOD, ChunkSink, Common, Fetched, Match, StoreResult, check_keys,
-                      sink_for)
+from ._common import (CHANNEL_OPTIONS, FETCH_METHOD, STORE_METHOD, ChunkSink, Common, Fetched,
+                      Match, StoreResult, check_keys, sink_for)
 from .hashing import Namespace, Tokens
 from .errors import (InvalidArgumentError, KvcacheError, PermissionDeniedError,
                      ResourceExhaustedError, from_rpc_error)
@@ -55,14 +53,7 @@ class Client(Common):
         self._store = self._channel.stream_unary(
             STORE_METHOD, request_serializer=None,
             response_deserializer=pb.StoreResponse.FromString)
-        self._native = (_native.NativeFetch(target, token, RETRY_SERVICE_CONFIG, MAX_MESSAGE,
-                                            8 << 20)
-                        if native_fetch and _native.available() else None)
-
-    @property
-    def native_fetch(self) -> bool:
-        """Whether fetches stream through the native library (else through grpcio)."""
-        return self._native is not None
+        self._native = self.open_native(native_fetch)
 
     def __enter__(self):
         return self
