@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<PythonClients>> PythonClients::Start(const Python
         o.config_file, "--keys-file",     o.keys_file, "--per-call", std::to_string(o.per_call),
         "--client",    std::to_string(c), "--api",     o.api};
     if (!o.shm_socket.empty()) args.insert(args.end(), {"--shm-socket", o.shm_socket});
+    if (!o.native_fetch) args.push_back("--no-native-fetch");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

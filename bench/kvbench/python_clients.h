@@ -26,6 +26,7 @@ struct PythonClientsOptions {
   std::string config_file, keys_file;       // the namespace's config; one hex key per line
   int per_call = 1;
   std::string api = "client";  // client, sglang or vllm (python_fetch.py --api)
+  bool native_fetch = true;    // false: through grpcio (python_fetch.py --no-native-fetch)
 };
 
 class PythonClients {

@@ -1,5 +1,6 @@
-"""One Python client of `kvbench service` (systems python-grpc and python-shm): fetches
-prefixes with the kvcache package, as the C++ clients of the same run do. With --api sglang
+"""One Python client of `kvbench service` (systems python-grpc, python-shm, and
+python-grpcio: the client without its native fetch library): fetches prefixes with the
+kvcache package, as the C++ clients of the same run do. With --api sglang
 or vllm it fetches through an engine adapter instead (systems sglang-grpc, sglang-shm,
 vllm-grpc): SGLang's batch_get_v1 into a page_first host pool (each page as K and V halves),
 or a vLLM tier's submit_load into the primary tier's blocks, polled with get_finished. The
@@ -99,8 +100,15 @@ def main():
     p.add_argument("--per-call", type=int, required=True)
     p.add_argument("--client", type=int, required=True)
     p.add_argument("--api", choices=["client", "sglang", "vllm"], default="client")
+    p.add_argument("--no-native-fetch", action="store_true",
+                   help="fetch through grpcio alone (system python-grpcio)")
     a = p.parse_args()
-    client = kvcache.Client(a.target, shm_socket=a.shm_socket)
+    client = kvcache.Client(a.target, shm_socket=a.shm_socket,
+                            native_fetch=not a.no_native_fetch)
+    if not a.no_native_fetch and not client.native_fetch and a.client == 0:
+        print("python_fetch: no native fetch library beside the package (the C++ build puts "
+              "python/kvcache/libkvcache_fetch.so there): this system fetches through grpcio",
+              file=sys.stderr)
     if a.shm_socket and not client.shared_memory:
         sys.exit(f"python_fetch: no shared memory: {client.shm_error}")
     with open(a.config) as f:

@@ -291,13 +291,16 @@ absl::StatusOr<std::vector<ServiceCase>> RunServiceBench(const ServiceBenchOptio
     std::ofstream key_lines(po.keys_file);
     for (const storage::ChunkKey& k : keys) key_lines << k.Hex() << "\n";
     key_lines.close();
-    // The plain client, then the engine adapters over it (python_fetch.py --api).
+    // The plain client, the same through grpcio alone (its fetch without the native library:
+    // the peer that shows what the library is worth), then the engine adapters over it
+    // (python_fetch.py --api).
     for (const std::string system :
-         {"python-grpc", "python-shm", "sglang-grpc", "sglang-shm", "vllm-grpc"}) {
+         {"python-grpc", "python-grpcio", "python-shm", "sglang-grpc", "sglang-shm", "vllm-grpc"}) {
       po.shm_socket = system.ends_with("-shm") ? daemon.shm_socket() : "";
       po.api = system.starts_with("sglang") ? "sglang"
                : system.starts_with("vllm") ? "vllm"
                                             : "client";
+      po.native_fetch = system != "python-grpcio";
       KVC_ASSIGN_OR_RETURN(std::unique_ptr<PythonClients> p, PythonClients::Start(po, max_clients));
       python[system] = std::move(p);
       systems.push_back(system);
@@ -420,24 +423,25 @@ std::string ServiceCasesToText(const std::vector<ServiceCase>& cases) {
       }
       continue;
     }
-    const char* peer = c.system == "kvcache-grpc"  ? "redis"
-                       : c.system == "kvcache-shm" ? "memcpy"
-                       : c.system == "python-grpc" ? "kvcache-grpc"
-                       : c.system == "python-shm"  ? "kvcache-shm"
-                       : c.system == "sglang-grpc" ? "python-grpc"
-                       : c.system == "sglang-shm"  ? "python-shm"
-                       : c.system == "vllm-grpc"   ? "python-grpc"
-                                                   : nullptr;
+    const char* peer = c.system == "kvcache-grpc"    ? "redis"
+                       : c.system == "kvcache-shm"   ? "memcpy"
+                       : c.system == "python-grpc"   ? "kvcache-grpc"
+                       : c.system == "python-grpcio" ? "kvcache-grpc"
+                       : c.system == "python-shm"    ? "kvcache-shm"
+                       : c.system == "sglang-grpc"   ? "python-grpc"
+                       : c.system == "sglang-shm"    ? "python-shm"
+                       : c.system == "vllm-grpc"     ? "python-grpc"
+                                                     : nullptr;
     if (peer == nullptr) continue;
     const double p = gbps[{c.op, c.clients, peer}];
     if (p <= 0) continue;
     // Targets: gRPC at Redis's speed, shared memory near memcpy, the Python client's gRPC
     // and an engine adapter within 10 % of the client they are measured against.
     const bool adapter = c.system.starts_with("sglang") || c.system.starts_with("vllm");
-    const double target = c.op != "fetch"                        ? 0
-                          : c.system == "kvcache-grpc"           ? 1.0
-                          : adapter || c.system == "python-grpc" ? 0.9
-                                                                 : 0.8;
+    const double target = c.op != "fetch" || c.system == "python-grpcio" ? 0
+                          : c.system == "kvcache-grpc"                   ? 1.0
+                          : adapter || c.system == "python-grpc"         ? 0.9
+                                                                         : 0.8;
     absl::StrAppendFormat(&out, "  %-6s %2d clients  %s / %-7s %6.2f%s\n", c.op, c.clients,
                           c.system, peer, c.gbps / p, RatioNote(c.gbps / p, target));
   }

@@ -76,11 +76,12 @@ TEST(KvbenchTest, ServiceJsonHasEveryCase) {
     EXPECT_EQ(c["clients"].get<int>(), 2);
     seen.insert(c["system"].get<std::string>() + "/" + c["op"].get<std::string>());
   }
-  EXPECT_EQ(seen, (std::set<std::string>{
-                      "kvcache-grpc/fetch", "kvcache-grpc/store", "kvcache-shm/fetch",
-                      "python-grpc/fetch", "python-shm/fetch", "sglang-grpc/fetch",
-                      "sglang-shm/fetch", "vllm-grpc/fetch", "redis/fetch", "redis/store",
-                      "memcpy/fetch", "memcpy/store", "kvcache-grpc/call", "redis/call"}));
+  EXPECT_EQ(seen,
+            (std::set<std::string>{"kvcache-grpc/fetch", "kvcache-grpc/store", "kvcache-shm/fetch",
+                                   "python-grpc/fetch", "python-grpcio/fetch", "python-shm/fetch",
+                                   "sglang-grpc/fetch", "sglang-shm/fetch", "vllm-grpc/fetch",
+                                   "redis/fetch", "redis/store", "memcpy/fetch", "memcpy/store",
+                                   "kvcache-grpc/call", "redis/call"}));
 }
 
 TEST(KvbenchTest, ClusterJsonComparesTheClusterWithOneNode) {
