@@ -537,24 +537,20 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
   std::vector<grpc::Slice> slices;
   std::vector<std::span<const uint8_t>> pieces;
   wire::StoreFrame frame;
-  pb::FetchResponse resp;  // the key
   while (reader->Read(&message)) {
     slices.clear();
     pieces.clear();
-    const bool readable = message.Dump(&slices).ok();
-    for (const grpc::Slice& s : slices) pieces.emplace_back(s.begin(), s.size());
-    absl::Status split = readable ? wire::SplitFetchResponsePieces(pieces, &frame)
-                                  : absl::InvalidArgumentError("its bytes cannot be read");
-    if (split.ok() && !resp.ParseFromString(frame.rest)) {
-      split = absl::InvalidArgumentError("not a FetchResponse (the key does not parse)");
+    absl::Status answer = absl::DataLossError("its bytes cannot be read");
+    if (message.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) pieces.emplace_back(s.begin(), s.size());
+      answer = wire::CheckFetchAnswer(pieces, got < keys.size() ? keys[got].bytes.data() : nullptr,
+                                      ns.chunk_bytes, &frame);
     }
-    if (!split.ok() || got >= keys.size() || resp.chunk_key() != KeyBytes(keys[got]) ||
-        frame.payload_bytes != ns.chunk_bytes) {
+    if (!answer.ok()) {
       ctx->TryCancel();
       reader->Finish();
-      return absl::DataLossError(absl::StrCat(
-          "server answered chunk ", got,
-          split.ok() ? " with another key or size" : absl::StrCat(": ", split.message())));
+      return absl::DataLossError(
+          absl::StrCat("server answered chunk ", got, ": ", answer.message()));
     }
     uint8_t* to = dst[got];
     for (std::span<const uint8_t> p : frame.payload) {

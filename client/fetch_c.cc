@@ -142,34 +142,18 @@ __attribute__((visibility("default"))) uint64_t kvc_fetch(
   while (reader->Read(&answer)) {
     slices.clear();
     pieces.clear();
-    std::string wrong;
-    if (!answer.Dump(&slices).ok()) {
-      wrong = "its bytes cannot be read";
-    } else {
+    absl::Status answer_ok = absl::DataLossError("its bytes cannot be read");
+    if (answer.Dump(&slices).ok()) {
       for (const grpc::Slice& s : slices) pieces.emplace_back(s.begin(), s.size());
-      if (absl::Status s = kvc::wire::SplitFetchResponsePieces(pieces, &frame); !s.ok()) {
-        wrong = std::string(s.message());
-      } else if (got >= n_keys) {
-        wrong = "an answer past the last chunk asked for";
-      } else {
-        absl::StatusOr<std::string> key = kvc::wire::FetchResponseKeyField(frame.rest);
-        if (!key.ok()) {
-          wrong = std::string(key.status().message());
-        } else if (key->size() != kvc::wire::kKeyBytes ||
-                   std::memcmp(key->data(), keys + got * kvc::wire::kKeyBytes,
-                               kvc::wire::kKeyBytes) != 0) {
-          wrong = "another chunk than asked for";
-        } else if (frame.payload_bytes != chunk_bytes) {
-          wrong = "a payload of " + std::to_string(frame.payload_bytes) +
-                  " bytes; this namespace's chunks are " + std::to_string(chunk_bytes);
-        }
-      }
+      answer_ok = kvc::wire::CheckFetchAnswer(
+          pieces, got < n_keys ? keys + got * kvc::wire::kKeyBytes : nullptr, chunk_bytes, &frame);
     }
-    if (!wrong.empty()) {
+    if (!answer_ok.ok()) {
       ctx.TryCancel();
       reader->Finish();
       Report(static_cast<int32_t>(grpc::StatusCode::DATA_LOSS),
-             "Fetch answer " + std::to_string(got) + ": " + wrong, code, message, message_room);
+             "Fetch answer " + std::to_string(got) + ": " + std::string(answer_ok.message()), code,
+             message, message_room);
       return got;
     }
     Scatter(frame.payload, part_addr, part_bytes, got == 0 ? 0 : parts_end[got - 1],

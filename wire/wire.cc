@@ -216,4 +216,20 @@ absl::StatusOr<std::string> FetchResponseKeyField(std::string_view rest) {
   return out;
 }
 
+absl::Status CheckFetchAnswer(std::span<const std::span<const uint8_t>> pieces,
+                              const uint8_t* want_key, uint64_t chunk_bytes, StoreFrame* frame) {
+  if (absl::Status s = SplitFetchResponsePieces(pieces, frame); !s.ok())
+    return absl::DataLossError(s.message());
+  if (want_key == nullptr) return absl::DataLossError("an answer past the last chunk asked for");
+  absl::StatusOr<std::string> key = FetchResponseKeyField(frame->rest);
+  if (!key.ok()) return absl::DataLossError(key.status().message());
+  if (key->size() != kKeyBytes || std::memcmp(key->data(), want_key, kKeyBytes) != 0)
+    return absl::DataLossError("another chunk than asked for");
+  if (frame->payload_bytes != chunk_bytes) {
+    return absl::DataLossError(absl::StrCat("a payload of ", frame->payload_bytes,
+                                            " bytes; this namespace's chunks are ", chunk_bytes));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kvc::wire

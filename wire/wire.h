@@ -66,4 +66,12 @@ absl::Status SplitFetchResponsePieces(std::span<const std::span<const uint8_t>> 
 // InvalidArgument "not a FetchResponse (…)" when `rest` is no protobuf message.
 absl::StatusOr<std::string> FetchResponseKeyField(std::string_view rest);
 
+// A Fetch answer as a client receives it, split into `frame` and checked against what was
+// asked: the 16-byte key `want_key` (null: no more chunks were asked for) with a payload of
+// chunk_bytes. DataLoss naming what is wrong (bytes that are no FetchResponse, another
+// chunk, another size, an answer past the last chunk asked for); the C++ client and the
+// Python package's native fetch (client/fetch_c.cc) both read answers through it.
+absl::Status CheckFetchAnswer(std::span<const std::span<const uint8_t>> pieces,
+                              const uint8_t* want_key, uint64_t chunk_bytes, StoreFrame* frame);
+
 }  // namespace kvc::wire

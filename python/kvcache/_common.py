@@ -243,7 +243,7 @@ class Common:
     """State and pure logic of a client; subclasses make the calls."""
 
     def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
-                 lease_cache=True, max_held_chunks=1024):
+                 lease_cache=True, max_held_chunks=1024, native_fetch=True):
         if not target:
             raise InvalidArgumentError("target is empty (HOST:PORT or unix:PATH)")
         if target.startswith("etcd://"):
@@ -257,6 +257,8 @@ class Common:
         self.heap_kept = _allocator.keep_large_buffers()
         self._token = token
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        # The native library's Fetch channel (connects on its first call), or None.
+        self._native = self._open_native(native_fetch)
         self._shm_socket = shm_socket if shm_socket is not None else os.environ.get(
             "KVCACHE_SHM_SOCKET", "")
         self._arena = None
@@ -276,9 +278,9 @@ class Common:
             self.shm_error = "no shared-memory socket given (shm_socket or $KVCACHE_SHM_SOCKET)"
 
     # ---- the native fetch ----
-    def open_native(self, wanted):
-        """The native library's Fetch channel with this client's settings (_native.py; it
-        connects on its first call), or None when not wanted or the library is absent."""
+    def _open_native(self, wanted):
+        """The native library's Fetch channel with this client's settings (_native.py), or
+        None when not wanted or the library is absent."""
         if not wanted or not _native.available():
             return None
         return _native.NativeFetch(self.target, self._token, RETRY_SERVICE_CONFIG, MAX_MESSAGE,
@@ -287,7 +289,7 @@ class Common:
     @property
     def native_fetch(self) -> bool:
         """Whether fetches stream through the native library (else through grpcio)."""
-        return getattr(self, "_native", None) is not None
+        return self._native is not None
 
     # ---- shared memory ----
     @property

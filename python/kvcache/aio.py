@@ -21,7 +21,7 @@ class AsyncClient(Common):
     def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
                  lease_cache=True, max_held_chunks=1024, native_fetch=True):
         super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
-                         max_held_chunks)
+                         max_held_chunks, native_fetch)
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.KVCacheStub(self._channel)
         self._fetch = self._channel.unary_stream(
@@ -30,7 +30,6 @@ class AsyncClient(Common):
         self._store = self._channel.stream_unary(
             STORE_METHOD, request_serializer=None,
             response_deserializer=pb.StoreResponse.FromString)
-        self._native = self.open_native(native_fetch)
 
     async def __aenter__(self):
         return self

@@ -38,7 +38,7 @@ class Client(Common):
                 f"{target!r} names a cluster; Client talks to one daemon: use "
                 "kvcache.connect(target) (or ClusterClient) for a cluster")
         super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
-                         max_held_chunks)
+                         max_held_chunks, native_fetch)
         # False (a cluster's node clients): a node that is down fails the call at once, so
         # the next node in the ranking is asked instead.
         self._wait = wait_for_ready
@@ -53,7 +53,6 @@ class Client(Common):
         self._store = self._channel.stream_unary(
             STORE_METHOD, request_serializer=None,
             response_deserializer=pb.StoreResponse.FromString)
-        self._native = self.open_native(native_fetch)
 
     def __enter__(self):
         return self

@@ -1,5 +1,6 @@
 // Unit tests of the storage building blocks: slot format, index records, eviction order,
 // disk space, the RAM tier's slot bookkeeping.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -367,12 +368,6 @@ TEST(RamTierTest, ConsistencyCheckFollowsLeasesAndFindsALostSlot) {
   EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
 }
 
-}  // namespace
-}  // namespace kvc::storage
-
-namespace kvc::storage {
-namespace {
-
 // Every build of the payload checksum this CPU runs (xxh3.h) gives libxxhash's XXH3-64,
 // one-shot and streamed in random pieces, at every size class XXH3 treats differently.
 TEST(Xxh3Test, EveryVectorBuildGivesLibxxhashsDigest) {
@@ -384,7 +379,12 @@ TEST(Xxh3Test, EveryVectorBuildGivesLibxxhashsDigest) {
                                129, 240, 241, 1024, 1025, 16384, 227840, data.size()};
   for (int i = 0; i < 20; ++i) sizes.push_back(rng() % data.size());
   ASSERT_FALSE(SupportedXxh3Impls().empty());
-  EXPECT_EQ(Xxh3().name, SupportedXxh3Impls().back()->name);
+  // The widest build, unless KVCACHE_XXH3 names another this CPU runs (xxh3.h).
+  std::string_view chosen = SupportedXxh3Impls().back()->name;
+  if (const char* env = std::getenv("KVCACHE_XXH3"); env != nullptr)
+    for (const Xxh3Impl* impl : SupportedXxh3Impls())
+      if (impl->name == env) chosen = impl->name;
+  EXPECT_EQ(Xxh3().name, chosen);
   for (const Xxh3Impl* impl : SupportedXxh3Impls()) {
     std::printf("xxh3 build %.*s%s\n", static_cast<int>(impl->name.size()), impl->name.data(),
                 impl == &Xxh3() ? " (chosen)" : "");

@@ -105,6 +105,28 @@ TEST(WireTest, TheFetchFrameIsProtobufsEncoding) {
       << bad.status();
 }
 
+// What both Fetch readers (the C++ client, the Python package's native fetch) accept.
+TEST(WireTest, AFetchAnswerIsCheckedAgainstWhatWasAsked) {
+  const nlohmann::json v = Vectors();
+  const ChunkKey key = Key(v["fetch"][0]["key"]), other{};
+  const std::string good = FetchResponseHeader(key, 5) + "abcde";
+  const std::span<const uint8_t> piece = Span(good);
+  StoreFrame f;
+  EXPECT_TRUE(CheckFetchAnswer(std::span(&piece, 1), key.bytes.data(), 5, &f).ok());
+  EXPECT_EQ(Joined(f), "abcde");
+  auto why = [&](const ChunkKey* want, uint64_t bytes, const std::string& message) {
+    const std::span<const uint8_t> p = Span(message);
+    const absl::Status s =
+        CheckFetchAnswer(std::span(&p, 1), want ? want->bytes.data() : nullptr, bytes, &f);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    return std::string(s.message());
+  };
+  EXPECT_EQ(why(&other, 5, good), "another chunk than asked for");
+  EXPECT_EQ(why(&key, 6, good), "a payload of 5 bytes; this namespace's chunks are 6");
+  EXPECT_EQ(why(nullptr, 5, good), "an answer past the last chunk asked for");
+  EXPECT_NE(why(&key, 5, good.substr(0, 10)).find("not a FetchResponse"), std::string::npos);
+}
+
 TEST(WireTest, BadBytesAreRefusedWithWhatWasWrong) {
   absl::StatusOr<ChunkKey> k = KeyFrom(std::string(15, 'x'), "parent_key");
   EXPECT_EQ(k.status().code(), absl::StatusCode::kInvalidArgument);
