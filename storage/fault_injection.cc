@@ -92,6 +92,8 @@ void FaultInjectingIoEngine::Execute(std::span<IoOp> ops, const IoPrepareFn& on_
       [&](size_t k) {
         const size_t i = real_index[k];
         if (on_prepare) on_prepare(i);
+        real[k].buf = ops[i].buf;  // the caller may lend the op its buffer just now
+        real[k].buf_index = ops[i].buf_index;
         if (fate[i] != kFlipStored || real[k].len == 0) return;
         copies[k].resize(real[k].len + 4096);
         uint8_t* aligned = reinterpret_cast<uint8_t*>(

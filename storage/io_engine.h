@@ -35,7 +35,13 @@ struct IoOp {
 // other ops of the same Execute finish, on the thread that called Execute.
 using IoDoneFn = std::function<void(size_t op_index)>;
 // Called once per op right before it is first submitted: the caller fills the op's buffer
-// just in time, so staging later ops overlaps the I/O of earlier ones.
+// just in time, so staging later ops overlaps the I/O of earlier ones. It may also set the
+// op's buf and buf_index there: an engine reads them only after on_prepare. At most the
+// engine's queue depth of ops (one for posix) are ever between their on_prepare and their
+// on_done, so a caller with that many staging buffers can lend one in on_prepare and take
+// it back in on_done, and pass more ops than buffers to one Execute. (An op may be reported
+// done without having been prepared: a fault-injecting engine fails some before they reach
+// the disk.)
 using IoPrepareFn = std::function<void(size_t op_index)>;
 
 class IoEngine {

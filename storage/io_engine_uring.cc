@@ -47,10 +47,13 @@ class UringIoEngine final : public IoEngine {
 
   void Execute(std::span<IoOp> ops, const IoPrepareFn& on_prepare,
                const IoDoneFn& on_done) override {
-    // Progress per op; ops are (re)queued until complete, at most depth_ in flight.
+    // Progress per op; ops are (re)queued until complete, at most depth_ in flight. An op to
+    // resume (short transfer, EAGAIN) goes out before any op not yet started, so that at
+    // most depth_ ops are between on_prepare and on_done (the IoPrepareFn contract).
     std::vector<uint32_t> done(ops.size(), 0);
     std::vector<size_t> queue;
     queue.reserve(ops.size());
+    std::vector<size_t> resume;
     std::vector<size_t> finished;
     std::vector<bool> prepared_once(ops.size(), false);
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -62,12 +65,18 @@ class UringIoEngine final : public IoEngine {
       }
     }
     size_t next = 0, in_flight = 0;
-    while (next < queue.size() || in_flight > 0) {
+    while (next < queue.size() || !resume.empty() || in_flight > 0) {
       unsigned prepared = 0;
-      while (next < queue.size() && in_flight < depth_) {
+      while ((next < queue.size() || !resume.empty()) && in_flight < depth_) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         if (sqe == nullptr) break;
-        const size_t i = queue[next++];
+        size_t i;
+        if (!resume.empty()) {
+          i = resume.back();
+          resume.pop_back();
+        } else {
+          i = queue[next++];
+        }
         if (!prepared_once[i]) {
           prepared_once[i] = true;
           if (on_prepare) on_prepare(i);
@@ -76,15 +85,21 @@ class UringIoEngine final : public IoEngine {
         io_uring_sqe_set_data64(sqe, i);
         ++in_flight;
         ++prepared;
-        // With a staging callback, start each op at once so the next one is staged while
-        // this one is on its way to the disk.
-        if (on_prepare) io_uring_submit(&ring_);
+        // A write's on_prepare stages its bytes (a copy of the whole op): start it at once, so
+        // the next one is staged while this one is on its way to the disk. Reads only get a
+        // buffer there; they go out together (a syscall less per op).
+        if (on_prepare && ops[i].kind == IoOp::Kind::kWrite) io_uring_submit(&ring_);
       }
       int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        FailAll(ops, queue, next, -rc);  // the ring is unusable: fail what is left
-        DrainInFlight(ops, in_flight);
+        // The ring is unusable: fail what is left. What was in flight is reported done too:
+        // a caller may have lent it a buffer.
+        queue.insert(queue.begin() + static_cast<std::ptrdiff_t>(next), resume.begin(),
+                     resume.end());
+        FailAll(ops, queue, next, -rc);
+        std::vector<size_t> drained = DrainInFlight(ops, in_flight);
         if (on_done) {
+          for (size_t i : drained) on_done(i);
           for (size_t k = next; k < queue.size(); ++k) on_done(queue[k]);
         }
         return;
@@ -98,7 +113,7 @@ class UringIoEngine final : public IoEngine {
         IoOp& op = ops[i];
         const int res = cqe->res;
         if (res == -EAGAIN || res == -EINTR) {
-          queue.push_back(i);  // requeue as is
+          resume.push_back(i);  // again as is
         } else if (res < 0) {
           op.result = res;
           finished.push_back(i);
@@ -108,7 +123,7 @@ class UringIoEngine final : public IoEngine {
         } else {
           done[i] += static_cast<uint32_t>(res);
           if (done[i] < op.len) {
-            queue.push_back(i);  // short transfer: resume at the advanced offset
+            resume.push_back(i);  // short transfer: resume at the advanced offset
           } else {
             op.result = done[i];
             finished.push_back(i);
@@ -154,15 +169,19 @@ class UringIoEngine final : public IoEngine {
     for (size_t k = from; k < queue.size(); ++k) ops[queue[k]].result = -err;
   }
 
-  void DrainInFlight(std::span<IoOp> ops, size_t in_flight) {
+  // Waits for the ops in flight (each fails); returns their indices.
+  std::vector<size_t> DrainInFlight(std::span<IoOp> ops, size_t in_flight) {
+    std::vector<size_t> drained;
     while (in_flight > 0) {
       io_uring_cqe* cqe = nullptr;
       if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
       const size_t i = io_uring_cqe_get_data64(cqe);
       ops[i].result = cqe->res < 0 ? cqe->res : -EIO;
+      drained.push_back(i);
       io_uring_cqe_seen(&ring_, cqe);
       --in_flight;
     }
+    return drained;
   }
   // Note: ops still in flight when the ring itself fails keep -EIO; callers see an error.
 

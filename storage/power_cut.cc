@@ -39,16 +39,12 @@ class PowerCutIoEngine final : public IoEngine {
           if (on_done) on_done(k);
         }
       }
-      std::vector<size_t> reads;
-      for (size_t k = 0; k < ops.size(); ++k)
-        if (ops[k].kind == IoOp::Kind::kRead) reads.push_back(k);
-      if (reads.empty()) return;
-      std::vector<IoOp> sub;
-      for (size_t k : reads) sub.push_back(ops[k]);
-      base_->Execute(sub, nullptr, nullptr);
-      for (size_t i = 0; i < reads.size(); ++i) {
-        ops[reads[i]].result = sub[i].result;
-        if (on_done) on_done(reads[i]);
+      // One at a time, each prepared first (it may be lent its buffer then).
+      for (size_t k = 0; k < ops.size(); ++k) {
+        if (ops[k].kind != IoOp::Kind::kRead) continue;
+        if (on_prepare) on_prepare(k);
+        base_->Execute(std::span(&ops[k], 1), nullptr, nullptr);
+        if (on_done) on_done(k);
       }
       return;
     }

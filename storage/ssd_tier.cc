@@ -9,9 +9,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/check.h"
 #include "base/status_macros.h"
 
 namespace kvc::storage {
@@ -63,6 +66,36 @@ absl::Status ZeroFill(int fd, off_t from, off_t bytes) {
     status = absl::InternalError(absl::StrCat("fdatasync: ", strerror(errno)));
   return status;
 }
+
+// A lane's staging buffers, lent to ops as they go out and taken back as they complete.
+// An engine keeps at most its queue depth of ops between the two (IoPrepareFn), so one
+// Execute over a batch of any length keeps the disk's queue full to the end, instead of
+// draining it every queue_depth ops.
+class StagingLoans {
+ public:
+  StagingLoans(uint8_t* staging, uint64_t slot_bytes, unsigned buffers, size_t ops)
+      : staging_(staging), slot_bytes_(slot_bytes), lent_(ops, -1) {
+    for (unsigned b = buffers; b-- > 0;) free_.push_back(static_cast<int>(b));
+  }
+  void Lend(size_t k, IoOp& op) {
+    KVC_CHECK(!free_.empty()) << "an engine has more ops in flight than its queue depth";
+    const int b = free_.back();
+    free_.pop_back();
+    lent_[k] = b;
+    op.buf = staging_ + static_cast<uint64_t>(b) * slot_bytes_;
+    op.buf_index = b;
+  }
+  void TakeBack(size_t k) {
+    if (lent_[k] < 0) return;  // failed before it was prepared
+    free_.push_back(std::exchange(lent_[k], -1));
+  }
+
+ private:
+  uint8_t* staging_;
+  uint64_t slot_bytes_;
+  std::vector<int> free_;
+  std::vector<int> lent_;  // per op: its buffer, -1 while it holds none
+};
 
 }  // namespace
 
@@ -248,14 +281,16 @@ absl::StatusOr<int> SsdTier::CreateSlab(uint64_t slab) {
 }
 
 absl::StatusOr<IoOp> SsdTier::SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
-                                     const Lane& lane, size_t staging_index) {
+                                     const Lane& lane, int staging_index) {
   KVC_ASSIGN_OR_RETURN(int fd, SlabFd(slot / options_.slots_per_slab));
   return IoOp{kind,
               fd,
               (slot % options_.slots_per_slab) * options_.slot_bytes,
-              lane.staging + staging_index * options_.slot_bytes,
+              staging_index < 0
+                  ? nullptr
+                  : lane.staging + static_cast<uint64_t>(staging_index) * options_.slot_bytes,
               IoBytes(header_bytes(), payload_bytes),
-              static_cast<int>(staging_index),
+              staging_index,
               0};
 }
 
@@ -295,44 +330,43 @@ std::vector<absl::Status> SsdTier::Write(std::span<SlotWrite> writes) {
   std::vector<absl::Status> status(writes.size());
   const uint32_t header = header_bytes();
   const uint64_t max_payload = options_.slot_bytes - header;
-  for (size_t round = 0; round < writes.size(); round += options_.queue_depth) {
-    const size_t n = std::min<size_t>(options_.queue_depth, writes.size() - round);
-    LaneLease lane(this);
-    std::vector<IoOp> ops;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < n; ++i) {
-      SlotWrite& w = writes[round + i];
-      if (w.payload.size() > max_payload || w.payload.size() != w.header.payload_bytes) {
-        status[round + i] = absl::InvalidArgumentError(
-            absl::StrCat("payload of ", w.payload.size(), " bytes does not fit a slot of ",
-                         options_.slot_bytes));
-        continue;
-      }
-      absl::StatusOr<IoOp> op =
-          SlotOp(IoOp::Kind::kWrite, w.slot, w.header.payload_bytes, *lane, i);
-      if (!op.ok()) {
-        status[round + i] = op.status();
-        continue;
-      }
-      ops.push_back(*op);
-      which.push_back(round + i);
+  LaneLease lane(this);
+  std::vector<IoOp> ops;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    SlotWrite& w = writes[i];
+    if (w.payload.size() > max_payload || w.payload.size() != w.header.payload_bytes) {
+      status[i] = absl::InvalidArgumentError(absl::StrCat(
+          "payload of ", w.payload.size(), " bytes does not fit a slot of ", options_.slot_bytes));
+      continue;
     }
-    // Stage each slot just before its write goes out: header, payload, zero tail, and the
-    // payload checksum computed from the staged copy block by block as it is copied.
-    lane->engine->Execute(
-        ops,
-        [&](size_t k) {
-          SlotWrite& w = writes[which[k]];
-          uint8_t* buf = ops[k].buf;
-          w.header.payload_checksum = w.payload.CopyWithChecksum(buf + header);
-          std::memset(buf + header + w.payload.size(), 0, ops[k].len - header - w.payload.size());
-          EncodeSlotHeader(w.header, buf, options_.slot_format);
-        },
-        nullptr);
-    for (size_t k = 0; k < ops.size(); ++k) {
-      if (ops[k].result != ops[k].len) {
-        status[which[k]] = IoError("write", writes[which[k]].slot, ops[k].result, ops[k].len);
-      }
+    absl::StatusOr<IoOp> op =
+        SlotOp(IoOp::Kind::kWrite, w.slot, w.header.payload_bytes, *lane, kLentLater);
+    if (!op.ok()) {
+      status[i] = op.status();
+      continue;
+    }
+    ops.push_back(*op);
+    which.push_back(i);
+  }
+  // Stage each slot just before its write goes out, in a staging buffer lent to it until it
+  // completes: header, payload, zero tail, and the payload checksum computed from the staged
+  // copy block by block as it is copied.
+  StagingLoans loans(lane->staging, options_.slot_bytes, options_.queue_depth, ops.size());
+  lane->engine->Execute(
+      ops,
+      [&](size_t k) {
+        loans.Lend(k, ops[k]);
+        SlotWrite& w = writes[which[k]];
+        uint8_t* buf = ops[k].buf;
+        w.header.payload_checksum = w.payload.CopyWithChecksum(buf + header);
+        std::memset(buf + header + w.payload.size(), 0, ops[k].len - header - w.payload.size());
+        EncodeSlotHeader(w.header, buf, options_.slot_format);
+      },
+      [&](size_t k) { loans.TakeBack(k); });
+  for (size_t k = 0; k < ops.size(); ++k) {
+    if (ops[k].result != ops[k].len) {
+      status[which[k]] = IoError("write", writes[which[k]].slot, ops[k].result, ops[k].len);
     }
   }
   return status;
@@ -350,40 +384,45 @@ absl::Status SsdTier::SyncSlabs(const std::set<uint64_t>& slabs) {
 std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
   std::vector<absl::Status> status(reads.size());
   const uint64_t max_payload = options_.slot_bytes - header_bytes();
-  for (size_t round = 0; round < reads.size(); round += options_.queue_depth) {
-    const size_t n = std::min<size_t>(options_.queue_depth, reads.size() - round);
-    LaneLease lane(this);
-    std::vector<IoOp> ops;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < n; ++i) {
-      const SlotRead& r = reads[round + i];
-      if (r.expected.payload_bytes > max_payload || r.out.size() != r.expected.payload_bytes) {
-        status[round + i] = absl::InvalidArgumentError(absl::StrCat(
-            "read of ", r.expected.payload_bytes, " bytes into a buffer of ", r.out.size()));
-        continue;
-      }
-      absl::StatusOr<IoOp> op =
-          SlotOp(IoOp::Kind::kRead, r.slot, r.expected.payload_bytes, *lane, i);
-      if (!op.ok()) {
-        status[round + i] = op.status();
-        continue;
-      }
-      ops.push_back(*op);
-      which.push_back(round + i);
+  LaneLease lane(this);
+  std::vector<IoOp> ops;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const SlotRead& r = reads[i];
+    if (r.expected.payload_bytes > max_payload || r.out.size() != r.expected.payload_bytes) {
+      status[i] = absl::InvalidArgumentError(absl::StrCat(
+          "read of ", r.expected.payload_bytes, " bytes into a buffer of ", r.out.size()));
+      continue;
     }
-    // Verify and copy each slot as it lands, while the rest of the batch is in flight.
-    lane->engine->Execute(ops, nullptr, [&](size_t k) {
-      SlotRead& r = reads[which[k]];
-      if (ops[k].result != ops[k].len) {
-        status[which[k]] = IoError("read", r.slot, ops[k].result, ops[k].len);
-        return;
-      }
-      const std::span<const uint8_t> slot(ops[k].buf, ops[k].len);
-      uint32_t payload_at = 0;
-      status[which[k]] = VerifySlot(r.expected, slot, &payload_at);
-      if (status[which[k]].ok()) std::memcpy(r.out.data(), ops[k].buf + payload_at, r.out.size());
-    });
+    absl::StatusOr<IoOp> op =
+        SlotOp(IoOp::Kind::kRead, r.slot, r.expected.payload_bytes, *lane, kLentLater);
+    if (!op.ok()) {
+      status[i] = op.status();
+      continue;
+    }
+    ops.push_back(*op);
+    which.push_back(i);
+    // What an op never reported done (its ring failed) answers.
+    status[i] = absl::UnavailableError(absl::StrCat("read of slot ", r.slot, " did not complete"));
   }
+  // Each slot is read into a staging buffer lent to it until it is verified and copied out,
+  // which happens as it lands, while the rest of the batch is in flight.
+  StagingLoans loans(lane->staging, options_.slot_bytes, options_.queue_depth, ops.size());
+  lane->engine->Execute(
+      ops, [&](size_t k) { loans.Lend(k, ops[k]); },
+      [&](size_t k) {
+        SlotRead& r = reads[which[k]];
+        if (ops[k].result != ops[k].len || ops[k].buf == nullptr) {
+          status[which[k]] = IoError("read", r.slot, ops[k].result, ops[k].len);
+        } else {
+          const std::span<const uint8_t> slot(ops[k].buf, ops[k].len);
+          uint32_t payload_at = 0;
+          status[which[k]] = VerifySlot(r.expected, slot, &payload_at);
+          if (status[which[k]].ok())
+            std::memcpy(r.out.data(), ops[k].buf + payload_at, r.out.size());
+        }
+        loans.TakeBack(k);
+      });
   return status;
 }
 
@@ -401,8 +440,8 @@ absl::Status SsdTier::Scan(std::span<const uint64_t> slots,
     LaneLease lane(this);
     std::vector<IoOp> ops;
     for (size_t i = 0; i < n; ++i) {
-      KVC_ASSIGN_OR_RETURN(IoOp op,
-                           SlotOp(IoOp::Kind::kRead, on_disk[round + i], whole_payload, *lane, i));
+      KVC_ASSIGN_OR_RETURN(IoOp op, SlotOp(IoOp::Kind::kRead, on_disk[round + i], whole_payload,
+                                           *lane, static_cast<int>(i)));
       ops.push_back(op);
     }
     lane->engine->Execute(ops, nullptr, [&](size_t k) {

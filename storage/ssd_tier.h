@@ -103,9 +103,11 @@ class SsdTier {
   absl::StatusOr<int> CreateSlab(uint64_t slab);  // open + zero fill + sync; no lock held
   // fsync of a new slab file and of its folder (the entry); either failing is an error.
   absl::Status SyncNewFile(int fd, const std::string& path);
-  // The I/O of one slot (header + payload, whole sectors) through staging buffer i of a lane.
+  // The I/O of one slot (header + payload, whole sectors) through staging buffer i of a lane,
+  // or, with kLentLater, through the one lent to it as it goes out (StagingLoans).
+  static constexpr int kLentLater = -1;
   absl::StatusOr<IoOp> SlotOp(IoOp::Kind kind, uint64_t slot, uint32_t payload_bytes,
-                              const Lane& lane, size_t staging_index);
+                              const Lane& lane, int staging_index);
   // Whether the slab's file exists (opened, or on disk from an earlier run).
   bool SlabOnDisk(uint64_t slab);
   Lane* AcquireLane();
