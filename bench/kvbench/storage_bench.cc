@@ -37,6 +37,8 @@ constexpr storage::NamespaceId kNs = 1;
 // Slots beyond the data set in our SSD tier, for the store runs (erased after each); fio's
 // store file is as large.
 constexpr uint64_t kStoreRoomChunks = 8192;
+// A batch fetch from SSD reads a prefix of this many times the depth per call.
+constexpr size_t kPrefixDepths = 8;
 
 ChunkKey KeyFor(uint64_t n) {
   ChunkKey k;
@@ -75,8 +77,10 @@ struct Shared {
 // ---- ours ----
 
 // Ours. `concurrent`: depth d means d callers each moving one chunk at a time (a server
-// with d requests in flight, and how fio's iodepth and the threaded peers work); otherwise
-// one caller moving batches of d chunks (one GetBatch/PutBatch per prefix).
+// with d requests in flight, as fio-jobs and the threaded peers work); otherwise one caller
+// (`batch`): it stores d chunks per PutBatch (one group commit), and fetches from the RAM
+// tier d chunks per GetBatch; from SSD, a prefix of kPrefixDepths·d chunks per GetBatch
+// with the store's queue depth d — d reads in flight from start to end, fio's iodepth.
 //
 // at_quota (kvcache-t2-quota): the namespace is in a quota group (storage/quota.h) whose
 // SSD quota its chunks already fill, so every store first evicts the group's own oldest
@@ -107,6 +111,7 @@ class KvcacheSystem final : public System {
     o.io_lanes = concurrent_ ? 32 : 2;  // one lane per concurrent caller
     o.slab_bytes = 256ull << 20;
     o.preallocate_ssd = true;  // as fio lays out its file before measuring
+    options_ = o;
     KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> s, storage::ChunkStore::Open(o));
     fetch_store_ = std::move(s);
     KVC_RETURN_IF_ERROR(fetch_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes));
@@ -142,13 +147,16 @@ class KvcacheSystem final : public System {
 
   absl::StatusOr<Sample> Run(const std::string& op, int depth, double seconds) override {
     if (concurrent_) return RunConcurrent(op, depth, seconds);
+    KVC_RETURN_IF_ERROR(UseQueueDepth(depth));
     std::mt19937_64 rng(depth);
     const uint64_t batch_bytes = depth * sh_->opt.chunk_bytes;
     if (op == "fetch") {
+      const size_t n = ssd_ ? kPrefixDepths * depth : depth;
+      while (outs_.size() < n) outs_.emplace_back(sh_->opt.chunk_bytes);
       std::vector<std::span<uint8_t>> outs;
-      for (int i = 0; i < depth; ++i) outs.emplace_back(outs_[i]);
-      std::vector<ChunkKey> keys(depth);
-      return Loop(seconds, batch_bytes, [&](uint64_t) -> absl::Status {
+      for (size_t i = 0; i < n; ++i) outs.emplace_back(outs_[i]);
+      std::vector<ChunkKey> keys(n);
+      return Loop(seconds, n * sh_->opt.chunk_bytes, [&](uint64_t) -> absl::Status {
         for (auto& k : keys) k = KeyFor(rng() % sh_->opt.dataset_chunks);
         for (const absl::Status& st : fetch_store_->GetBatch(kNs, keys, outs)) {
           if (!st.ok()) return st;
@@ -172,6 +180,17 @@ class KvcacheSystem final : public System {
     });
     store.EraseBatch(kNs, written);  // untimed: keep the folder's size steady
     return s;
+  }
+
+  // Batch runs on SSD keep `depth` I/Os in flight: the store is reopened (untimed) with that
+  // queue depth.
+  absl::Status UseQueueDepth(int depth) {
+    if (!ssd_ || concurrent_ || options_.queue_depth == static_cast<unsigned>(depth))
+      return absl::OkStatus();
+    fetch_store_.reset();
+    options_.queue_depth = static_cast<unsigned>(depth);
+    KVC_ASSIGN_OR_RETURN(fetch_store_, storage::ChunkStore::Open(options_));
+    return fetch_store_->RegisterNamespace(kNs, sh_->opt.chunk_bytes);
   }
 
   absl::StatusOr<Sample> RunConcurrent(const std::string& op, int depth, double seconds) {
@@ -200,6 +219,7 @@ class KvcacheSystem final : public System {
   bool ssd_;
   bool concurrent_;
   bool at_quota_;
+  storage::StoreOptions options_;  // the fetch store's
   std::unique_ptr<storage::ChunkStore> fetch_store_, store_store_;
   std::vector<std::vector<uint8_t>> outs_;
 };
@@ -243,17 +263,40 @@ class MemcpySystem final : public System {
   std::vector<std::vector<uint8_t>> outs_;
 };
 
-// fio, in two shapes. `fio`: one job keeping `depth` writes in flight with a fdatasync
-// every `depth` writes — fio's io_uring engine queues that sync alongside the next writes,
-// so no write ever waits for one (the device's pipelined best). `fio-sync-each` (store
-// only): `depth` jobs, each writing one chunk and then fdatasyncing it before the next —
-// the rule our durable puts keep (nothing is acknowledged before a sync that began after
-// its write completed), for `depth` concurrent writers.
+// fio, in three shapes. `fio`: one job keeping `depth` I/Os in flight (our batch mode's
+// shape: one submitter); for writes, a fdatasync every `depth` writes — fio's io_uring
+// engine queues that sync alongside the next writes, so no write ever waits for one (the
+// device's pipelined best). `fio-jobs` (fetch only): `depth` jobs, each with one read in
+// flight (our concurrent mode's shape: `depth` callers, each waiting for its chunk).
+// `fio-sync-each` (store only): `depth` jobs, each writing one chunk and then fdatasyncing
+// it before the next — the rule our durable puts keep (nothing is acknowledged before a
+// sync that began after its write completed), for `depth` concurrent writers.
 class FioSystem final : public System {
  public:
-  FioSystem(Shared* sh, bool sync_each) : sh_(sh), sync_each_(sync_each) {}
-  std::string name() const override { return sync_each_ ? "fio-sync-each" : "fio"; }
-  bool Supports(const std::string& op) const override { return !sync_each_ || op == "store"; }
+  enum class Shape { kPipelined, kJobs, kSyncEach };
+  FioSystem(Shared* sh, Shape shape) : sh_(sh), shape_(shape) {}
+  std::string name() const override {
+    switch (shape_) {
+      case Shape::kPipelined:
+        return "fio";
+      case Shape::kJobs:
+        return "fio-jobs";
+      case Shape::kSyncEach:
+        return "fio-sync-each";
+    }
+    return "fio";
+  }
+  bool Supports(const std::string& op) const override {
+    switch (shape_) {
+      case Shape::kPipelined:
+        return true;
+      case Shape::kJobs:
+        return op == "fetch";
+      case Shape::kSyncEach:
+        return op == "store";
+    }
+    return false;
+  }
   absl::Status Prepare() override {
     if (std::system("fio --version >/dev/null 2>&1") != 0) {
       return absl::FailedPreconditionError(
@@ -271,10 +314,11 @@ class FioSystem final : public System {
     const bool store = op != "fetch";
     const uint64_t chunks = sh_->opt.dataset_chunks + (store ? kStoreRoomChunks : 0);
     const std::string shape =
-        sync_each_
-            ? absl::StrFormat("--numjobs=%d --iodepth=1 --fdatasync=1 --group_reporting", depth)
-            : absl::StrFormat("--iodepth=%d%s", depth,
-                              store ? absl::StrCat(" --fdatasync=", depth) : "");
+        shape_ == Shape::kPipelined
+            ? absl::StrFormat("--iodepth=%d%s", depth,
+                              store ? absl::StrCat(" --fdatasync=", depth) : "")
+            : absl::StrFormat("--numjobs=%d --iodepth=1%s --group_reporting", depth,
+                              store ? " --fdatasync=1" : "");
     std::string cmd = absl::StrFormat(
         "fio --name=kvbench --filename=%s/fio-%s.dat --size=%d --bs=%d --rw=%s --ioengine=io_uring "
         "--direct=1 %s --runtime=%.3f --time_based --norandommap --randrepeat=0 "
@@ -306,7 +350,7 @@ class FioSystem final : public System {
 
  private:
   Shared* sh_;
-  bool sync_each_;
+  Shape shape_;
 };
 
 class FilePerChunkSystem final : public System {
@@ -448,8 +492,10 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
   systems.push_back(std::make_unique<KvcacheSystem>(&sh, /*ssd=*/true, /*concurrent=*/true,
                                                     /*at_quota=*/true));
   if (opt.run_fio) {
-    systems.push_back(std::make_unique<FioSystem>(&sh, /*sync_each=*/false));
-    systems.push_back(std::make_unique<FioSystem>(&sh, /*sync_each=*/true));
+    for (FioSystem::Shape shape :
+         {FioSystem::Shape::kPipelined, FioSystem::Shape::kJobs, FioSystem::Shape::kSyncEach}) {
+      systems.push_back(std::make_unique<FioSystem>(&sh, shape));
+    }
   }
   systems.push_back(std::make_unique<FilePerChunkSystem>(&sh));
   systems.push_back(std::make_unique<RocksBlobSystem>(&sh));
@@ -565,10 +611,13 @@ std::string CasesToText(const std::vector<BenchCase>& cases) {
     const char* peer_mode;
     const char* op;
     double target;
-  } ratios[] = {{"kvcache-t2", "concurrent", "fio", "concurrent", "fetch", 0.9},
+  } ratios[] = {// Fetch targets against fio in the same shape: one submitter with `depth`
+                // in flight (batch), `depth` callers with one each (concurrent).
+                {"kvcache-t2", "batch", "fio", "concurrent", "fetch", 0.9},
+                {"kvcache-t2", "concurrent", "fio-jobs", "concurrent", "fetch", 0.9},
+                {"kvcache-t2", "concurrent", "fio", "concurrent", "fetch", 0},
                 {"kvcache-t2", "concurrent", "fio-sync-each", "concurrent", "store", 0.9},
                 {"kvcache-t2", "concurrent", "fio", "concurrent", "store", 0},
-                {"kvcache-t2", "batch", "fio", "concurrent", "fetch", 0},
                 {"kvcache-t2", "batch", "fio", "concurrent", "store", 0},
                 {"kvcache-t1", "batch", "memcpy", "batch", "fetch", 0.8},
                 {"kvcache-t2", "concurrent", "file-per-chunk", "concurrent", "fetch", 0},

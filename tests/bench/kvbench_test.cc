@@ -51,6 +51,10 @@ TEST(KvbenchTest, StorageJsonHasEveryCase) {
       }
     }
   }
+  // fio in our concurrent mode's shape (a job per caller) reads only.
+  EXPECT_TRUE(seen.contains("fio-jobs/fetch/1"));
+  EXPECT_TRUE(seen.contains("fio-jobs/fetch/4"));
+  EXPECT_FALSE(seen.contains("fio-jobs/store/1"));
   // Stores of a tenant at its SSD quota (each evicts the tenant's own chunks first).
   EXPECT_TRUE(seen.contains("kvcache-t2-quota/store/1"));
   EXPECT_TRUE(seen.contains("kvcache-t2-quota/store/4"));
