@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,18 @@ constexpr storage::NamespaceId kNs = 1;
 constexpr uint64_t kStoreRoomChunks = 8192;
 // A batch fetch from SSD reads a prefix of this many times the depth per call.
 constexpr size_t kPrefixDepths = 8;
+
+// CPU seconds (user + system) of this process and of the children it has waited for.
+double CpuSeconds() {
+  double total = 0;
+  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
+    rusage u{};
+    getrusage(who, &u);
+    total += static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+             static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  }
+  return total;
+}
 
 ChunkKey KeyFor(uint64_t n) {
   ChunkKey k;
@@ -516,14 +529,22 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
     for (int depth : opt.depths) {
       std::map<std::string, std::vector<Sample>> runs;
       std::map<std::string, std::vector<std::array<double, 3>>> device_runs;  // r, w GB/s; amp
+      std::map<std::string, std::vector<double>> cpu_runs;                    // µs per chunk
       for (int rep = 0; rep < opt.repetitions; ++rep) {
         for (auto& s : systems) {  // A B C … A B C …: the disk's drift hits everyone alike
           if (!s->Supports(op)) continue;
           std::fprintf(stderr, "kvbench: %s (%s) %s depth %d run %d\n", s->name().c_str(),
                        s->mode().c_str(), op.c_str(), depth, rep + 1);
           const std::optional<DeviceBytes> before = device ? device->Read() : std::nullopt;
+          const double cpu_before = CpuSeconds();
           absl::StatusOr<Sample> sample = s->Run(op, depth, opt.seconds);
+          const double cpu = CpuSeconds() - cpu_before;
           const std::optional<DeviceBytes> after = device ? device->Read() : std::nullopt;
+          if (sample.ok() && sample->bytes > 0) {
+            cpu_runs[s->name() + "/" + s->mode()].push_back(cpu * 1e6 *
+                                                            static_cast<double>(opt.chunk_bytes) /
+                                                            static_cast<double>(sample->bytes));
+          }
           if (sample.ok() && before && after && sample->seconds > 0) {
             const double r = static_cast<double>(after->read - before->read);
             const double w = static_cast<double>(after->written - before->written);
@@ -549,6 +570,7 @@ absl::StatusOr<std::vector<BenchCase>> RunStorageBench(const StorageBenchOptions
           p99.push_back(x.p99_us);
         }
         BenchCase c{s->name(), s->mode(), op, depth, Median(gbps), Median(p50), Median(p99)};
+        c.cpu_us_per_chunk = Median(cpu_runs[s->name() + "/" + s->mode()]);
         if (const auto& d = device_runs[s->name() + "/" + s->mode()]; !d.empty()) {
           std::vector<double> rd, wr, amp;
           for (const auto& x : d) {
@@ -582,25 +604,27 @@ nlohmann::json CasesToJson(const std::vector<BenchCase>& cases) {
                           {"p99_us", c.p99_us},
                           {"device_read_gbps", c.device_read_gbps},
                           {"device_write_gbps", c.device_write_gbps},
-                          {"device_amplification", c.device_amplification}});
+                          {"device_amplification", c.device_amplification},
+                          {"cpu_us_per_chunk", c.cpu_us_per_chunk}});
   }
   return j;
 }
 
 std::string CasesToText(const std::vector<BenchCase>& cases) {
-  std::string out =
-      absl::StrFormat("%-6s %5s  %-15s %-10s %9s %10s %10s %9s %9s %6s\n", "op", "depth", "system",
-                      "mode", "GB/s", "p50 us", "p99 us", "dev rd", "dev wr", "amp");
+  std::string out = absl::StrFormat("%-6s %5s  %-15s %-10s %9s %10s %10s %9s %9s %6s %8s\n", "op",
+                                    "depth", "system", "mode", "GB/s", "p50 us", "p99 us", "dev rd",
+                                    "dev wr", "amp", "cpu us/c");
   std::map<std::tuple<std::string, int, std::string, std::string>, double> gbps;
   for (const BenchCase& c : cases) {
     absl::StrAppendFormat(&out, "%-6s %5d  %-15s %-10s %9.3f %10.1f %10.1f", c.op, c.depth,
                           c.system, c.mode, c.gbps, c.p50_us, c.p99_us);
     if (c.device_amplification >= 0) {
-      absl::StrAppendFormat(&out, " %9.3f %9.3f %6.2f\n", c.device_read_gbps, c.device_write_gbps,
+      absl::StrAppendFormat(&out, " %9.3f %9.3f %6.2f", c.device_read_gbps, c.device_write_gbps,
                             c.device_amplification);
     } else {
-      out += "         -         -      -\n";
+      out += "         -         -      -";
     }
+    absl::StrAppendFormat(&out, " %8.1f\n", c.cpu_us_per_chunk);
     gbps[{c.op, c.depth, c.system, c.mode}] = c.gbps;
   }
   out += "\nratios (medians of alternated runs):\n";

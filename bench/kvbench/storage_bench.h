@@ -38,6 +38,9 @@ struct BenchCase {
   // What the block device under --dir did meanwhile (medians; -1 without a block device):
   // its bytes per second, and its bytes per payload byte (amplification).
   double device_read_gbps = -1, device_write_gbps = -1, device_amplification = -1;
+  // CPU time (user + system, this process and the children it waited for — fio) per chunk
+  // moved during the run: what one chunk costs the machine beside the disk's time.
+  double cpu_us_per_chunk = 0;
 };
 
 // Runs every case; the folder is left empty. Errors name the system that failed.

@@ -27,10 +27,13 @@ TEST(KvbenchTest, StorageJsonHasEveryCase) {
   ASSERT_FALSE(j.is_discarded()) << r.out;
   std::set<std::string> seen;
   for (const auto& c : j["cases"]) {
-    for (const char* field : {"system", "mode", "op", "depth", "gbps", "p50_us", "p99_us",
-                              "device_read_gbps", "device_write_gbps", "device_amplification"}) {
+    for (const char* field :
+         {"system", "mode", "op", "depth", "gbps", "p50_us", "p99_us", "device_read_gbps",
+          "device_write_gbps", "device_amplification", "cpu_us_per_chunk"}) {
       ASSERT_TRUE(c.contains(field)) << c.dump();
     }
+    // Every system spends CPU on every chunk it moves (fio's is its own process's).
+    EXPECT_GT(c["cpu_us_per_chunk"].get<double>(), 0) << c.dump();
     // The disk's own counters, where --dir has a block device: a store to the SSD tier
     // (O_DIRECT, synced) shows up as device writes during the run.
     if (c["device_amplification"].get<double>() >= 0 && c["system"] == "kvcache-t2" &&
