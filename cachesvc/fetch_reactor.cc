@@ -1,6 +1,9 @@
 // Fetch: each chunk sent as soon as it is at hand — from the RAM arena without a copy, or
 // read from SSD on the executor in batches of the chunks ahead (one submission, many reads
 // in flight), then written one by one.
+#include <cstdlib>
+#include <new>
+
 #include "cachesvc/service_impl.h"
 #include "cachesvc/tsan_handoff.h"
 #include "wire/wire.h"
@@ -15,10 +18,16 @@ namespace kvc::cachesvc {
 
 namespace {
 
-// The payload slice owns what keeps its bytes alive: a RAM lease or a heap buffer.
+// The payload slice owns what keeps its bytes alive: a RAM lease, or a buffer an SSD read
+// landed in (laid out as ChunkStore::ReadRoomFor says, so the slot is read straight into it
+// and verified there: no staging copy), whose payload `bytes` points at.
 struct PayloadOwner {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
   storage::RamLease lease;
-  std::unique_ptr<uint8_t[]> heap;
+  std::unique_ptr<uint8_t, Free> buffer;
+  uint8_t* bytes = nullptr;
 };
 
 void DestroyPayloadOwner(void* owner) { delete static_cast<PayloadOwner*>(owner); }
@@ -152,14 +161,20 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Batch batch;
     batch.from = from;
     std::vector<std::span<uint8_t>> outs;
+    const storage::ChunkStore::ReadRoom room = svc_->store->ReadRoomFor(ns_.chunk_bytes);
+    const uint64_t buffer_bytes =
+        (room.bytes + room.alignment - 1) / room.alignment * room.alignment;
     for (size_t i = 0; i < n; ++i) {
       auto owner = std::make_unique<PayloadOwner>();
-      owner->heap = std::make_unique_for_overwrite<uint8_t[]>(ns_.chunk_bytes);
-      outs.emplace_back(owner->heap.get(), ns_.chunk_bytes);
+      owner->buffer.reset(static_cast<uint8_t*>(std::aligned_alloc(room.alignment, buffer_bytes)));
+      if (!owner->buffer) throw std::bad_alloc();
+      owner->bytes = owner->buffer.get() + room.before;
+      outs.emplace_back(owner->bytes, ns_.chunk_bytes);
       batch.items.push_back({std::move(owner), absl::OkStatus()});
     }
     std::vector<storage::Tier> tiers;
-    std::vector<absl::Status> got = svc_->store->GetBatch(ns_.id, keys, outs, &tiers);
+    std::vector<absl::Status> got =
+        svc_->store->GetBatch(ns_.id, keys, outs, &tiers, /*outs_have_read_room=*/true);
     uint64_t ram = 0, ssd = 0;
     for (size_t i = 0; i < n; ++i) {
       batch.items[i].status = std::move(got[i]);
@@ -187,7 +202,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           a.status.code(), absl::StrCat("chunk_keys[", next_, "]: ", a.status.message()))));
       return;
     }
-    const std::span<const uint8_t> payload(a.owner->heap.get(), ns_.chunk_bytes);
+    const std::span<const uint8_t> payload(a.owner->bytes, ns_.chunk_bytes);
     resp_ = FetchResponseFrame(keys_[next_], payload, a.owner.release());
     Write();
   }

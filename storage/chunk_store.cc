@@ -214,14 +214,21 @@ absl::Status ChunkStore::Get(NamespaceId ns, const ChunkKey& key, std::span<uint
 
 std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                                std::span<const std::span<uint8_t>> outs,
-                                               std::vector<Tier>* served_from) {
-  return GetBatchImpl(ns, keys, outs, served_from, impl_->verify_ram_reads());
+                                               std::vector<Tier>* served_from,
+                                               bool outs_have_read_room) {
+  return GetBatchImpl(ns, keys, outs, served_from, impl_->verify_ram_reads(), outs_have_read_room);
+}
+
+ChunkStore::ReadRoom ChunkStore::ReadRoomFor(uint64_t payload_bytes) const {
+  if (!impl_->ssd) return {1, 0, payload_bytes};
+  return {kSlotAlignment, impl_->ssd->header_bytes(),
+          SlotBytesFor(payload_bytes, impl_->slot_format)};
 }
 
 std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<const ChunkKey> keys,
                                                    std::span<const std::span<uint8_t>> outs,
-                                                   std::vector<Tier>* served_from,
-                                                   bool verify_ram) {
+                                                   std::vector<Tier>* served_from, bool verify_ram,
+                                                   bool outs_have_read_room) {
   Impl& s = *impl_;
   std::vector<absl::Status> status(keys.size());
   if (outs.size() != keys.size()) {
@@ -272,7 +279,7 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
     expect.key = keys[i];
     expect.payload_checksum = rec.checksum;
     expect.sequence = rec.sequence;
-    reads.push_back({slot, expect, outs[i]});
+    reads.push_back({slot, expect, outs[i], outs_have_read_room});
     read_index.push_back(i);
   }
   lk.unlock();

@@ -203,10 +203,22 @@ class ChunkStore {
   // Copies the chunk into `out` (exactly the namespace's chunk size).
   [[nodiscard]] absl::Status Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out);
   // One status per key; SSD reads of the whole batch go out in one submission. With
-  // `served_from`, also the tier each chunk read came from (kNone where it failed).
+  // `served_from`, also the tier each chunk read came from (kNone where it failed). With
+  // `outs_have_read_room`, each out lies in a buffer laid out as ReadRoomFor says, and a
+  // chunk on SSD is read straight into it and verified there (no staging copy: ~6 us less
+  // CPU per 227,840-byte chunk); what a failed read leaves in such a buffer is not the chunk.
   std::vector<absl::Status> GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                      std::span<const std::span<uint8_t>> outs,
-                                     std::vector<Tier>* served_from = nullptr);
+                                     std::vector<Tier>* served_from = nullptr,
+                                     bool outs_have_read_room = false);
+  // The buffer GetBatch can read a chunk of payload_bytes from SSD straight into: `bytes`
+  // long, starting at a multiple of `alignment`, the payload `before` bytes in.
+  struct ReadRoom {
+    uint64_t alignment = 1;
+    uint64_t before = 0;
+    uint64_t bytes = 0;
+  };
+  ReadRoom ReadRoomFor(uint64_t payload_bytes) const;
   // Zero-copy read of a chunk in RAM (with kEveryRead its bytes verified first); NotFound if
   // it is not in RAM (or its copy did not verify, and was dropped).
   absl::StatusOr<RamLease> LeaseRam(NamespaceId ns, const ChunkKey& key);
@@ -317,7 +329,8 @@ class ChunkStore {
   // (a copy leaving RAM for another tier is checked on its way out).
   std::vector<absl::Status> GetBatchImpl(NamespaceId ns, std::span<const ChunkKey> keys,
                                          std::span<const std::span<uint8_t>> outs,
-                                         std::vector<Tier>* served_from, bool verify_ram);
+                                         std::vector<Tier>* served_from, bool verify_ram,
+                                         bool outs_have_read_room = false);
   std::unique_ptr<Impl> impl_;
 };
 

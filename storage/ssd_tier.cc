@@ -400,16 +400,27 @@ std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
       status[i] = op.status();
       continue;
     }
+    if (r.in_place &&
+        reinterpret_cast<uintptr_t>(r.out.data() - header_bytes()) % kSlotAlignment == 0) {
+      op->buf = r.out.data() - header_bytes();  // the caller's, around its payload
+      op->buf_index = -1;                       // (not one of the registered buffers)
+    }
     ops.push_back(*op);
     which.push_back(i);
     // What an op never reported done (its ring failed) answers.
     status[i] = absl::UnavailableError(absl::StrCat("read of slot ", r.slot, " did not complete"));
   }
-  // Each slot is read into a staging buffer lent to it until it is verified and copied out,
-  // which happens as it lands, while the rest of the batch is in flight.
+  // A slot is read into a staging buffer lent to it until it is verified and copied out
+  // (which happens as it lands, while the rest of the batch is in flight), or straight into
+  // the caller's buffer and verified there.
   StagingLoans loans(lane->staging, options_.slot_bytes, options_.queue_depth, ops.size());
+  std::vector<bool> staged(ops.size());
+  for (size_t k = 0; k < ops.size(); ++k) staged[k] = ops[k].buf == nullptr;
   lane->engine->Execute(
-      ops, [&](size_t k) { loans.Lend(k, ops[k]); },
+      ops,
+      [&](size_t k) {
+        if (staged[k]) loans.Lend(k, ops[k]);
+      },
       [&](size_t k) {
         SlotRead& r = reads[which[k]];
         if (ops[k].result != ops[k].len || ops[k].buf == nullptr) {
@@ -418,8 +429,10 @@ std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
           const std::span<const uint8_t> slot(ops[k].buf, ops[k].len);
           uint32_t payload_at = 0;
           status[which[k]] = VerifySlot(r.expected, slot, &payload_at);
-          if (status[which[k]].ok())
-            std::memcpy(r.out.data(), ops[k].buf + payload_at, r.out.size());
+          // (In place, the payload is there already unless the slot has another format's
+          // header: it is moved within the caller's buffer then.)
+          if (status[which[k]].ok() && ops[k].buf + payload_at != r.out.data())
+            std::memmove(r.out.data(), ops[k].buf + payload_at, r.out.size());
         }
         loans.TakeBack(k);
       });

@@ -53,6 +53,11 @@ struct SlotRead {
   uint64_t slot = 0;
   SlotHeader expected;
   std::span<uint8_t> out;  // payload destination, header.payload_bytes long
+  // The caller's buffer also holds header_bytes() before `out` and reaches to the end of the
+  // slot's I/O (SlotBytesFor): the slot is read straight into it when that start is aligned
+  // for direct I/O, and verified there — no staging buffer, no copy. (What a failed read
+  // leaves there is not the chunk: only an OK status says it is.)
+  bool in_place = false;
 };
 
 class SsdTier {

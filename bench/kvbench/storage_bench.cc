@@ -164,14 +164,25 @@ class KvcacheSystem final : public System {
     std::mt19937_64 rng(depth);
     const uint64_t batch_bytes = depth * sh_->opt.chunk_bytes;
     if (op == "fetch") {
+      // Into buffers with room for the slot (ReadRoomFor), as kvcached's Fetch reads: a chunk
+      // from SSD lands in place, with no copy out of a staging buffer.
       const size_t n = ssd_ ? kPrefixDepths * depth : depth;
-      while (outs_.size() < n) outs_.emplace_back(sh_->opt.chunk_bytes);
+      const storage::ChunkStore::ReadRoom room = fetch_store_->ReadRoomFor(sh_->opt.chunk_bytes);
+      const uint64_t room_bytes =
+          (room.bytes + room.alignment - 1) / room.alignment * room.alignment;
+      while (rooms_.size() < n) {
+        rooms_.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(room.alignment, room_bytes)));
+        if (!rooms_.back()) return absl::ResourceExhaustedError("cannot allocate read buffers");
+        std::memset(rooms_.back().get(), 0, room_bytes);
+      }
       std::vector<std::span<uint8_t>> outs;
-      for (size_t i = 0; i < n; ++i) outs.emplace_back(outs_[i]);
+      for (size_t i = 0; i < n; ++i)
+        outs.emplace_back(rooms_[i].get() + room.before, sh_->opt.chunk_bytes);
       std::vector<ChunkKey> keys(n);
       return Loop(seconds, n * sh_->opt.chunk_bytes, [&](uint64_t) -> absl::Status {
         for (auto& k : keys) k = KeyFor(rng() % sh_->opt.dataset_chunks);
-        for (const absl::Status& st : fetch_store_->GetBatch(kNs, keys, outs)) {
+        for (const absl::Status& st :
+             fetch_store_->GetBatch(kNs, keys, outs, nullptr, /*outs_have_read_room=*/true)) {
           if (!st.ok()) return st;
         }
         return absl::OkStatus();
@@ -235,6 +246,10 @@ class KvcacheSystem final : public System {
   storage::StoreOptions options_;  // the fetch store's
   std::unique_ptr<storage::ChunkStore> fetch_store_, store_store_;
   std::vector<std::vector<uint8_t>> outs_;
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<uint8_t, Free>> rooms_;  // batch fetches' buffers (ReadRoomFor)
 };
 
 // ---- peers ----
