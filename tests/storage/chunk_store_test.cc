@@ -73,6 +73,19 @@ void ExpectChunk(ChunkStore& s, const ChunkKey& key) {
   ASSERT_EQ(out, PayloadOf(key, kChunk)) << key.Hex();
 }
 
+// Flips bit `mask` of payload byte `at` of the second slot, in the slab file itself.
+void FlipPayloadBitOfSecondSlot(const std::string& dir, uint64_t at, uint8_t mask) {
+  const std::string slab = dir + "/slabs/slab-000000.dat";
+  const int fd = open(slab.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << slab;
+  uint8_t byte = 0;
+  const off_t offset = static_cast<off_t>(SlotBytesFor(kChunk) + kSlotHeaderBytes + at);
+  ASSERT_EQ(pread(fd, &byte, 1, offset), 1);
+  byte ^= mask;
+  ASSERT_EQ(pwrite(fd, &byte, 1, offset), 1);
+  close(fd);
+}
+
 bool Has(ChunkStore& s, const ChunkKey& key) { return s.Contains(kNs, key) != Tier::kNone; }
 
 class ChunkStoreTest : public ::testing::TestWithParam<IoBackend> {};
@@ -398,16 +411,7 @@ TEST_P(ChunkStoreTest, ChunksReadInPlaceFromSsdAreVerifiedThere) {
       ASSERT_TRUE(PutChunk(*store, keys.back()).ok());
     }
   }
-  // One payload bit flipped in the second slot of the slab file.
-  const std::string slab = dir.path() + "/slabs/slab-000000.dat";
-  const int fd = open(slab.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  uint8_t byte = 0;
-  const off_t at = static_cast<off_t>(SlotBytesFor(kChunk) + kSlotHeaderBytes + 77);
-  ASSERT_EQ(pread(fd, &byte, 1, at), 1);
-  byte ^= 0x20;
-  ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
-  close(fd);
+  FlipPayloadBitOfSecondSlot(dir.path(), 77, 0x20);
 
   auto store = OpenOrDie(o);
   ASSERT_NE(store, nullptr);
@@ -465,16 +469,7 @@ TEST(ChunkStoreBasicsTest, CorruptBytesOnDiskAreAMissNeverBadBytes) {
     ASSERT_TRUE(PutChunk(*store, good).ok());
     ASSERT_TRUE(PutChunk(*store, bad).ok());
   }
-  // Flip one payload bit of the second slot in the slab file itself.
-  const std::string slab = dir.path() + "/slabs/slab-000000.dat";
-  const int fd = open(slab.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  uint8_t byte = 0;
-  const off_t at = static_cast<off_t>(SlotBytesFor(kChunk) + kSlotHeaderBytes + 1234);
-  ASSERT_EQ(pread(fd, &byte, 1, at), 1);
-  byte ^= 0x04;
-  ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
-  close(fd);
+  FlipPayloadBitOfSecondSlot(dir.path(), 1234, 0x04);
   auto store = OpenOrDie(o);
   std::vector<uint8_t> out(kChunk, 0xAB);
   absl::Status st = store->Get(kNs, bad, out);
