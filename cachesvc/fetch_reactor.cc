@@ -1,7 +1,6 @@
 // Fetch: each chunk sent as soon as it is at hand — from the RAM arena without a copy, or
 // read from SSD on the executor in batches of the chunks ahead (one submission, many reads
 // in flight), then written one by one.
-#include <cstdlib>
 #include <new>
 
 #include "cachesvc/service_impl.h"
@@ -22,11 +21,8 @@ namespace {
 // landed in (laid out as ChunkStore::ReadRoomFor says, so the slot is read straight into it
 // and verified there: no staging copy), whose payload `bytes` points at.
 struct PayloadOwner {
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
   storage::RamLease lease;
-  std::unique_ptr<uint8_t, Free> buffer;
+  storage::ReadBuffer buffer;
   uint8_t* bytes = nullptr;
 };
 
@@ -162,12 +158,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     batch.from = from;
     std::vector<std::span<uint8_t>> outs;
     const storage::ChunkStore::ReadRoom room = svc_->store->ReadRoomFor(ns_.chunk_bytes);
-    const uint64_t buffer_bytes =
-        (room.bytes + room.alignment - 1) / room.alignment * room.alignment;
     for (size_t i = 0; i < n; ++i) {
       auto owner = std::make_unique<PayloadOwner>();
-      owner->buffer.reset(static_cast<uint8_t*>(std::aligned_alloc(room.alignment, buffer_bytes)));
-      if (!owner->buffer) throw std::bad_alloc();
+      owner->buffer = storage::AllocateReadBuffer(room);
+      if (!owner->buffer) throw std::bad_alloc();  // out of memory: as operator new fails
       owner->bytes = owner->buffer.get() + room.before;
       outs.emplace_back(owner->bytes, ns_.chunk_bytes);
       batch.items.push_back({std::move(owner), absl::OkStatus()});

@@ -225,6 +225,12 @@ ChunkStore::ReadRoom ChunkStore::ReadRoomFor(uint64_t payload_bytes) const {
           SlotBytesFor(payload_bytes, impl_->slot_format)};
 }
 
+ReadBuffer AllocateReadBuffer(const ChunkStore::ReadRoom& room) {
+  // (aligned_alloc wants a size that is a multiple of the alignment.)
+  const uint64_t bytes = (room.bytes + room.alignment - 1) / room.alignment * room.alignment;
+  return ReadBuffer(static_cast<uint8_t*>(std::aligned_alloc(room.alignment, bytes)));
+}
+
 std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<const ChunkKey> keys,
                                                    std::span<const std::span<uint8_t>> outs,
                                                    std::vector<Tier>* served_from, bool verify_ram,

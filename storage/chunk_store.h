@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -204,15 +205,17 @@ class ChunkStore {
   [[nodiscard]] absl::Status Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out);
   // One status per key; SSD reads of the whole batch go out in one submission. With
   // `served_from`, also the tier each chunk read came from (kNone where it failed). With
-  // `outs_have_read_room`, each out lies in a buffer laid out as ReadRoomFor says, and a
-  // chunk on SSD is read straight into it and verified there (no staging copy: ~6 us less
-  // CPU per 227,840-byte chunk); what a failed read leaves in such a buffer is not the chunk.
+  // `outs_have_read_room`, each out lies in a buffer laid out as ReadRoomFor says
+  // (AllocateReadBuffer), and a chunk on SSD is read straight into it and verified there —
+  // no staging copy (its CPU saving: docs/benchmarks.md); what a failed read leaves in such
+  // a buffer is not the chunk.
   std::vector<absl::Status> GetBatch(NamespaceId ns, std::span<const ChunkKey> keys,
                                      std::span<const std::span<uint8_t>> outs,
                                      std::vector<Tier>* served_from = nullptr,
                                      bool outs_have_read_room = false);
   // The buffer GetBatch can read a chunk of payload_bytes from SSD straight into: `bytes`
-  // long, starting at a multiple of `alignment`, the payload `before` bytes in.
+  // long (a multiple of `alignment`), starting at a multiple of `alignment`, the payload
+  // `before` bytes in.
   struct ReadRoom {
     uint64_t alignment = 1;
     uint64_t before = 0;
@@ -333,5 +336,14 @@ class ChunkStore {
                                          bool outs_have_read_room = false);
   std::unique_ptr<Impl> impl_;
 };
+
+// A buffer laid out as a ReadRoom says (GetBatch with outs_have_read_room): `room.bytes`
+// long, aligned to `room.alignment`; the chunk's out is `room.before` bytes in. Null when
+// memory is short.
+struct FreeBytes {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+using ReadBuffer = std::unique_ptr<uint8_t, FreeBytes>;
+ReadBuffer AllocateReadBuffer(const ChunkStore::ReadRoom& room);
 
 }  // namespace kvc::storage

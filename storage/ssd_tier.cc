@@ -414,12 +414,10 @@ std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
   // (which happens as it lands, while the rest of the batch is in flight), or straight into
   // the caller's buffer and verified there.
   StagingLoans loans(lane->staging, options_.slot_bytes, options_.queue_depth, ops.size());
-  std::vector<bool> staged(ops.size());
-  for (size_t k = 0; k < ops.size(); ++k) staged[k] = ops[k].buf == nullptr;
   lane->engine->Execute(
       ops,
       [&](size_t k) {
-        if (staged[k]) loans.Lend(k, ops[k]);
+        if (ops[k].buf == nullptr) loans.Lend(k, ops[k]);  // not read in place
       },
       [&](size_t k) {
         SlotRead& r = reads[which[k]];

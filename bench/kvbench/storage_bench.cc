@@ -168,12 +168,13 @@ class KvcacheSystem final : public System {
       // from SSD lands in place, with no copy out of a staging buffer.
       const size_t n = ssd_ ? kPrefixDepths * depth : depth;
       const storage::ChunkStore::ReadRoom room = fetch_store_->ReadRoomFor(sh_->opt.chunk_bytes);
-      const uint64_t room_bytes =
-          (room.bytes + room.alignment - 1) / room.alignment * room.alignment;
       while (rooms_.size() < n) {
-        rooms_.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(room.alignment, room_bytes)));
-        if (!rooms_.back()) return absl::ResourceExhaustedError("cannot allocate read buffers");
-        std::memset(rooms_.back().get(), 0, room_bytes);
+        rooms_.push_back(storage::AllocateReadBuffer(room));
+        if (!rooms_.back()) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("cannot allocate ", n, " read buffers of ", room.bytes, " bytes"));
+        }
+        std::memset(rooms_.back().get(), 0, room.bytes);
       }
       std::vector<std::span<uint8_t>> outs;
       for (size_t i = 0; i < n; ++i)
@@ -246,10 +247,7 @@ class KvcacheSystem final : public System {
   storage::StoreOptions options_;  // the fetch store's
   std::unique_ptr<storage::ChunkStore> fetch_store_, store_store_;
   std::vector<std::vector<uint8_t>> outs_;
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::vector<std::unique_ptr<uint8_t, Free>> rooms_;  // batch fetches' buffers (ReadRoomFor)
+  std::vector<storage::ReadBuffer> rooms_;  // batch fetches' buffers (ReadRoomFor)
 };
 
 // ---- peers ----
@@ -303,27 +301,10 @@ class FioSystem final : public System {
  public:
   enum class Shape { kPipelined, kJobs, kSyncEach };
   FioSystem(Shared* sh, Shape shape) : sh_(sh), shape_(shape) {}
-  std::string name() const override {
-    switch (shape_) {
-      case Shape::kPipelined:
-        return "fio";
-      case Shape::kJobs:
-        return "fio-jobs";
-      case Shape::kSyncEach:
-        return "fio-sync-each";
-    }
-    return "fio";
-  }
+  std::string name() const override { return kShapes[static_cast<int>(shape_)].name; }
   bool Supports(const std::string& op) const override {
-    switch (shape_) {
-      case Shape::kPipelined:
-        return true;
-      case Shape::kJobs:
-        return op == "fetch";
-      case Shape::kSyncEach:
-        return op == "store";
-    }
-    return false;
+    const char* only = kShapes[static_cast<int>(shape_)].only_op;
+    return only == nullptr || op == only;
   }
   absl::Status Prepare() override {
     if (std::system("fio --version >/dev/null 2>&1") != 0) {
@@ -377,6 +358,11 @@ class FioSystem final : public System {
   }
 
  private:
+  // By Shape: the system's name, and the one op it runs (null: both).
+  static constexpr struct {
+    const char* name;
+    const char* only_op;
+  } kShapes[] = {{"fio", nullptr}, {"fio-jobs", "fetch"}, {"fio-sync-each", "store"}};
   Shared* sh_;
   Shape shape_;
 };

@@ -419,17 +419,16 @@ TEST_P(ChunkStoreTest, ChunksReadInPlaceFromSsdAreVerifiedThere) {
   EXPECT_EQ(room.alignment, kSlotAlignment);
   EXPECT_EQ(room.before, kSlotHeaderBytes);
   EXPECT_GE(room.bytes, room.before + kChunk);
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
+  ChunkStore::ReadRoom with_slack = room;  // room for the unaligned case's shift
+  with_slack.bytes += kSlotAlignment;
   for (const uint64_t shift : {uint64_t{0}, uint64_t{64}}) {  // aligned room; unaligned
     SCOPED_TRACE(::testing::Message() << "room shifted by " << shift);
-    std::vector<std::unique_ptr<uint8_t, Free>> buffers;
+    std::vector<ReadBuffer> buffers;
     std::vector<std::span<uint8_t>> outs;
     for (size_t i = 0; i < kN; ++i) {
-      buffers.emplace_back(
-          static_cast<uint8_t*>(std::aligned_alloc(room.alignment, room.bytes + 4096)));
-      std::memset(buffers.back().get(), 0xAB, room.bytes + 4096);
+      buffers.push_back(AllocateReadBuffer(with_slack));
+      ASSERT_NE(buffers.back(), nullptr);
+      std::memset(buffers.back().get(), 0xAB, with_slack.bytes);
       outs.emplace_back(buffers.back().get() + shift + room.before, kChunk);
     }
     std::vector<Tier> tiers;

@@ -30,15 +30,8 @@ constexpr uint64_t kBlocks = 64;
 enum class Kind { kUring, kPosix, kFaultyUring };
 
 std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
-  switch (info.param) {
-    case Kind::kUring:
-      return "Uring";
-    case Kind::kPosix:
-      return "Posix";
-    case Kind::kFaultyUring:
-      return "FaultyUring";
-  }
-  return "Unknown";
+  constexpr const char* kNames[] = {"Uring", "Posix", "FaultyUring"};  // by Kind
+  return kNames[static_cast<int>(info.param)];
 }
 
 // Buffers lent to ops in on_prepare and taken back in on_done, counting what the contract
