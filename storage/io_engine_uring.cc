@@ -142,8 +142,9 @@ class UringIoEngine final : public IoEngine {
       io_uring_cq_advance(&ring_, seen);
       // The caller's work on finished ops overlaps the I/O still in flight, and each op it
       // lets go of makes room for the next to go out at once: completions arrive in bursts,
-      // and a disk left idle while a whole burst is verified and copied loses a third of
-      // its time (the device's in-flight count, sampled, was 0 that often).
+      // and the disk would otherwise wait while a whole burst is verified and copied (the
+      // device's in-flight count, sampled during batch reads, was 0 in 14-40 % of samples;
+      // the throughput gain of this was below this VM disk's noise: docs/benchmarks.md).
       for (size_t k = 0; k < finished.size(); ++k) {
         report(finished[k]);
         if (k + 1 < finished.size() && top_up()) io_uring_submit(&ring_);
