@@ -1,10 +1,15 @@
 #include "cachesvc/auth.h"
 
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 
 namespace kvc::cachesvc {
 
@@ -40,6 +45,44 @@ absl::StatusOr<std::string> Authenticator::TenantFor(
   auto it = tenants_.find(authorization->substr(kBearer.size()));
   if (it == tenants_.end()) return absl::UnauthenticatedError("unknown bearer token");
   return it->second;
+}
+
+double EstimatedSecretBits(const std::string& secret) {
+  if (secret.empty()) return 0;
+  size_t count[256] = {};
+  for (unsigned char c : secret) ++count[c];
+  double bits_per_char = 0;
+  for (size_t n : count) {
+    if (n == 0) continue;
+    const double p = static_cast<double>(n) / static_cast<double>(secret.size());
+    bits_per_char -= p * std::log2(p);
+  }
+  return bits_per_char * static_cast<double>(secret.size());
+}
+
+absl::StatusOr<std::string> ReadClusterSecret(const std::string& path) {
+  absl::StatusOr<std::string> secret = ReadSecretFile(path);
+  if (!secret.ok()) return secret.status();
+  constexpr char kMake[] = " (make one: head -c 24 /dev/urandom | base64 > F; chmod 600 F)";
+  if (secret->size() < 16) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the credential is ", secret->size(), " characters; use at least 16", kMake));
+  }
+  if (const double bits = EstimatedSecretBits(*secret); bits < kMinSecretBits) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the credential looks guessable: about ", static_cast<int>(bits),
+                     " bits by its characters' frequencies, under ", kMinSecretBits, kMake));
+  }
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("cannot stat ", path));
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 0777));
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " may be read by its group or others (mode ", mode,
+        "); a cluster credential must be its owner's alone: chmod 600 ", path));
+  }
+  return secret;
 }
 
 }  // namespace kvc::cachesvc

@@ -28,4 +28,14 @@ class Authenticator {
   std::map<std::string, std::string> tenants_;  // token → tenant
 };
 
+// The cluster credential in `path` (kvcached --cluster-secret-file), or FailedPrecondition
+// naming what is wrong with it: fewer than 16 characters, an estimated entropy under
+// kMinSecretBits (len × the Shannon entropy of its own characters' frequencies: it catches
+// "aaaaaaaaaaaaaaaa", not every guessable text), or a file that the group or others may
+// read (like ssh with a private key: a credential others can read is everyone's).
+// NotFound naming the path when it cannot be read.
+inline constexpr double kMinSecretBits = 32;
+absl::StatusOr<std::string> ReadClusterSecret(const std::string& path);
+double EstimatedSecretBits(const std::string& secret);
+
 }  // namespace kvc::cachesvc

@@ -3,6 +3,7 @@
 // in flight), then written one by one.
 #include <new>
 
+#include "absl/strings/str_replace.h"
 #include "cachesvc/service_impl.h"
 #include "cachesvc/tsan_handoff.h"
 #include "wire/wire.h"
@@ -118,7 +119,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     lock.unlock();
     // A chunk in RAM is sent from the arena right here (no I/O, nothing blocks): no hop
     // to the executor, which only SSD reads need.
-    if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.id, stored_[next_]);
+    if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.store_id, stored_[next_]);
         lease.ok()) {
       svc_->CountFetch(slot_.tenant(), 1, 0, 0);
       const std::span<const uint8_t> bytes = lease->bytes();
@@ -168,7 +169,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     std::vector<storage::Tier> tiers;
     std::vector<absl::Status> got =
-        svc_->store->GetBatch(ns_.id, keys, outs, &tiers, /*outs_have_read_room=*/true);
+        svc_->store->GetBatch(ns_.store_id, keys, outs, &tiers, /*outs_have_read_room=*/true);
     uint64_t ram = 0, ssd = 0;
     for (size_t i = 0; i < n; ++i) {
       batch.items[i].status = std::move(got[i]);
@@ -192,8 +193,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Ahead& a = cur_.items[next_ - cur_.from];
     if (!a.status.ok()) {
       svc_->CountFetch(slot_.tenant(), 0, 0, absl::IsNotFound(a.status) ? 1 : 0);
-      Done(wire::ToGrpc(absl::Status(
-          a.status.code(), absl::StrCat("chunk_keys[", next_, "]: ", a.status.message()))));
+      // The caller hears of its own key: the key storage holds the chunk under (bound to
+      // the namespace) is internal, so it is replaced wherever storage's message names it.
+      const std::string caller_key = keys_[next_].Hex();
+      const std::string message =
+          absl::StrReplaceAll(a.status.message(), {{stored_[next_].Hex(), caller_key}});
+      Done(wire::ToGrpc(
+          absl::Status(a.status.code(), absl::StrCat("chunk_keys[", next_, "]: ", message))));
       return;
     }
     const std::span<const uint8_t> payload(a.owner->bytes, ns_.chunk_bytes);

@@ -110,6 +110,9 @@ int Main(int argc, char** argv) {
   uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
   size_t max_leases_per_tenant = ServiceOptions{}.max_ref_leases;
   size_t max_namespaces_per_tenant = 256;
+  size_t max_name_bytes = 256, max_registry_bytes_per_tenant = 1 << 20;
+  uint64_t default_pin_limit = 4096;
+  double max_pinned_share = 0.5;
   std::vector<std::string> tenant_quota;
   EtcdFlags etcd_flags;
   std::string log_level = "info";
@@ -156,6 +159,21 @@ int Main(int argc, char** argv) {
                  "totals (others see their own chunks and hits only)");
   app.add_option("--max-namespaces-per-tenant", max_namespaces_per_tenant,
                  "namespaces one tenant may register (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-name-bytes", max_name_bytes,
+                 "longest model_id (and peer tenant name) a namespace may have, in bytes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-registry-bytes-per-tenant", max_registry_bytes_per_tenant,
+                 "bytes of the namespace registry one tenant's entries may take (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--default-pin-limit", default_pin_limit,
+                 "with --auth-tokens: chunks a tenant may pin at once when its --tenant-quota "
+                 "names no pins= (0: no per-tenant limit)")
+      ->capture_default_str();
+  app.add_option("--max-pinned-share", max_pinned_share,
+                 "share of each tier's slots that pinned chunks may take, all tenants together")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--max-leases-per-tenant", max_leases_per_tenant,
                  "shared-memory leases (FetchRefs, FetchDeviceRefs) one tenant holds at once")
@@ -308,15 +326,10 @@ int Main(int argc, char** argv) {
   if (!cluster_secret_file.empty()) {
     if (cluster_url.empty())
       return Fail("--cluster-secret-file only means something with --cluster");
-    absl::StatusOr<std::string> secret = ReadSecretFile(cluster_secret_file);
+    absl::StatusOr<std::string> secret = ReadClusterSecret(cluster_secret_file);
     if (!secret.ok())
       return Fail("--cluster-secret-file: " + std::string(secret.status().message()));
     cluster_secret = *std::move(secret);
-    if (cluster_secret.size() < 16) {
-      return Fail("--cluster-secret-file: the credential is " +
-                  std::to_string(cluster_secret.size()) +
-                  " characters; use at least 16 (e.g. from: head -c 24 /dev/urandom | base64)");
-    }
     if (auth.enabled() && auth.TenantFor("Bearer " + cluster_secret).ok()) {
       return Fail("--cluster-secret-file: the cluster credential is also a tenant's token in " +
                   auth_file + "; a tenant must never hold it");
@@ -326,6 +339,9 @@ int Main(int argc, char** argv) {
   if (!shm.ok()) return Fail(std::string(shm.status().message()));
   absl::StatusOr<TenantQuotas> quotas = TenantQuotas::Parse(tenant_quota);
   if (!quotas.ok()) return Fail(std::string(quotas.status().message()));
+  // Every tenant has a pin limit: without one, a tenant with no quota could pin the tiers'
+  // whole share for pins (docs/security.md). One tenant alone (no tokens) needs none.
+  if (auth.enabled()) quotas->set_default_pins(default_pin_limit);
   if (!auth.enabled() && !shm_tenants.empty()) {
     LogLine(LogLevel::kInfo, "shm_tenants_ignored")
         .Str("why", "without --auth-tokens every caller is one tenant and maps its own arena");
@@ -350,6 +366,7 @@ int Main(int argc, char** argv) {
   so.ram_bytes = shm->default_pool_bytes();
   so.ram_pool_bytes = shm->private_pool_bytes();
   so.ssd_bytes = ssd_bytes;
+  so.max_pinned_share = max_pinned_share;
   // Slabs are zero-filled before first use (see docs/storage.md); do it ahead of the
   // writes so that a put rarely waits for a slab to be laid out.
   so.preallocate_ssd_background = true;
@@ -387,7 +404,10 @@ int Main(int argc, char** argv) {
     node = *std::move(n);
   }
   absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry =
-      NamespaceRegistry::Open(data_dir, max_namespaces_per_tenant,
+      NamespaceRegistry::Open(data_dir,
+                              RegistryLimits{max_namespaces_per_tenant,
+                                             max_registry_bytes_per_tenant, max_name_bytes,
+                                             max_chunk_bytes},
                               node ? NamespaceIds::kDerived : NamespaceIds::kSequential);
   if (!registry.ok()) return Fail(std::string(registry.status().message()));
 
@@ -409,6 +429,7 @@ int Main(int argc, char** argv) {
   opt.max_ref_leases = max_leases_per_tenant;
   opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;
+  opt.max_name_bytes = max_name_bytes;
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
   opt.cluster = node.has_value();

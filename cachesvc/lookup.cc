@@ -16,9 +16,12 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
       return absl::InvalidArgumentError(
           "a Lookup gives one of tokens, chunk_keys and packed_chunk_keys");
     }
-    // The keys of a max_lookup_tokens prefix at the namespace's chunk size, at most.
+    // The keys of a max_lookup_tokens prefix at the namespace's chunk size, and never more
+    // than any call may name (max_keys_per_call): a caller-keyed namespace that does not
+    // say its page size (chunk_tokens 0) gets the same bound as a token namespace, so one
+    // tenant's Lookup cannot take a thread for millions of keys.
     const uint64_t limit = opt.max_lookup_tokens / std::max<uint32_t>(1, ns.chunk_tokens);
-    const auto max_keys = static_cast<uint32_t>(std::min<uint64_t>(limit, UINT32_MAX));
+    const auto max_keys = static_cast<uint32_t>(std::min<uint64_t>(limit, opt.max_keys_per_call));
     KVC_ASSIGN_OR_RETURN(std::vector<ChunkKey> parsed,
                          packed ? wire::UnpackKeys(req.packed_chunk_keys(), max_keys)
                                 : ParseKeys(req.chunk_keys(), max_keys));
@@ -33,6 +36,11 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
       return absl::InvalidArgumentError(absl::StrCat(
           req.tokens_size(), " tokens in one Lookup; the limit is ", opt.max_lookup_tokens));
     }
+    if (static_cast<uint64_t>(req.tokens_size()) / ns.chunk_tokens > opt.max_keys_per_call) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          req.tokens_size(), " tokens are ", req.tokens_size() / ns.chunk_tokens,
+          " chunks of namespace ", ns.id, "; one Lookup covers at most ", opt.max_keys_per_call));
+    }
     KVC_RETURN_IF_ERROR(CheckTokens(ns, req.tokens()));
     keys = client::ChunkKeys(ns.root, std::span(req.tokens().data(), req.tokens().size()),
                              ns.chunk_tokens);
@@ -40,7 +48,7 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
   // Only the leading run is reported unless every chunk's tier is asked for: past the first
   // miss nothing is probed.
   const std::vector<storage::Tier> tiers =
-      store->Lookup(ns.id, StorageKeys(ns, keys), /*leading_only=*/!req.every_chunk());
+      store->Lookup(ns.store_id, StorageKeys(ns, keys), /*leading_only=*/!req.every_chunk());
   uint32_t matched = 0;
   while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
   resp->set_matched_chunks(matched);

@@ -23,15 +23,21 @@
 namespace kvc::cachesvc {
 
 struct NamespaceInfo {
+  // The id its tenant calls it by: unique among that tenant's namespaces only, so no other
+  // tenant's registration can take it, reveal it or change what it names.
   uint32_t id = 0;
+  // The id storage keeps its chunks under (ChunkStore's NamespaceId): unique on this node,
+  // never sent to a client or a peer. Equal to `id` for every namespace registered before
+  // ids were scoped per tenant (their chunks are stored under it).
+  uint32_t store_id = 0;
   std::string tenant;
   std::string model_id;
   uint32_t chunk_tokens = 0;
   uint64_t chunk_bytes = 0;
   uint64_t vocab_size = 0;
   storage::ChunkKey root;
-  // How the namespace's chunk keys reach storage (StorageKey): kKeyScopeBound for every
-  // namespace registered since keys are bound, 0 for one an older kvcached registered
+  // How the namespace's chunk keys reach storage (StorageKey): kKeyScopeLatest for every
+  // namespace registered now, kKeyScopeBound or 0 for one an older kvcached registered
   // (its chunks stay stored under the keys as given, so a restart loses none of them).
   uint32_t key_scope = 0;
   // Where the chunk keys come from: kKeysFromTokens (derived; chunk_tokens and vocab_size
@@ -46,9 +52,15 @@ inline constexpr uint32_t kKeysFromCaller = 1;  // = kvcache.v1.KEY_MODE_CALLER
 // Chunk keys bound to their namespace: the same key in two namespaces is two chunks, so
 // one tenant's stores can neither fail because of, nor reveal, another tenant's chunks.
 inline constexpr uint32_t kKeyScopeBound = 1;
+// Bound with a domain-separated input that no token-chain step can produce (prefix_hash.h:
+// BoundChunkKeyV2): every namespace registered since. A namespace of scope 1 keeps it, so
+// its stored chunks stay found.
+inline constexpr uint32_t kKeyScopeSeparated = 2;
+inline constexpr uint32_t kKeyScopeLatest = kKeyScopeSeparated;
 
-// The key storage holds a chunk of `ns` under: with kKeyScopeBound,
-// XXH3-128("kvcache-scope-v1" ‖ root key ‖ chunk key) (prefix_hash.h: BoundChunkKey); the
+// The key storage holds a chunk of `ns` under: with kKeyScopeSeparated,
+// XXH3-128("kvcache-scope-v2:" ‖ root key ‖ chunk key) (BoundChunkKeyV2); with
+// kKeyScopeBound, XXH3-128("kvcache-scope-v1" ‖ root key ‖ chunk key) (BoundChunkKey); the
 // chunk key itself in a namespace of key_scope 0. Callers always see their own keys.
 storage::ChunkKey StorageKey(const NamespaceInfo& ns, const storage::ChunkKey& key);
 std::vector<storage::ChunkKey> StorageKeys(const NamespaceInfo& ns,
@@ -65,37 +77,66 @@ enum class NamespaceIds {
 // 1 + XXH3-64(tenant ‖ 0x00 ‖ root key bytes) mod (2^31 − 1).
 uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& root);
 
+// What the registry holds for one tenant at most, and what a loaded entry may be. Every
+// field a tenant supplies is bounded, so a tenant cannot grow the log, the daemon's memory
+// or a peer call's size beyond these (docs/security.md, "Bounded metadata").
+struct RegistryLimits {
+  size_t max_per_tenant = 0;         // namespaces one tenant may register (0: no limit)
+  size_t max_bytes_per_tenant = 0;   // bytes of its log lines, all together (0: no limit)
+  size_t max_name_bytes = 256;       // tenant and model_id, each
+  uint64_t max_chunk_bytes = 1ull << 30;  // a loaded entry's chunk_bytes, at most
+};
+
 class NamespaceRegistry {
  public:
-  // `max_per_tenant`: namespaces one tenant may register (0: no limit).
+  // Opens (or creates) the registry of `data_dir`. A log entry that breaks a rule — an id
+  // of 0 or one used twice, a tenant and root registered twice, an empty or too long tenant
+  // or model_id, a chunk size of 0 or above limits.max_chunk_bytes — fails the open with
+  // FailedPrecondition naming the line and the rule: taken silently, it could hand one
+  // tenant's pages to another or abort the daemon at its first Fetch.
+  static absl::StatusOr<std::unique_ptr<NamespaceRegistry>> Open(
+      const std::string& data_dir, RegistryLimits limits,
+      NamespaceIds ids = NamespaceIds::kSequential);
+  // `max_per_tenant`: namespaces one tenant may register (0: no limit); other limits default.
   static absl::StatusOr<std::unique_ptr<NamespaceRegistry>> Open(
       const std::string& data_dir, size_t max_per_tenant = 0,
-      NamespaceIds ids = NamespaceIds::kSequential);
+      NamespaceIds ids = NamespaceIds::kSequential) {
+    RegistryLimits limits;
+    limits.max_per_tenant = max_per_tenant;
+    return Open(data_dir, limits, ids);
+  }
   ~NamespaceRegistry();
 
-  // The existing namespace with info's tenant and root, or a new one with a fresh id.
-  // ResourceExhausted naming the tenant and the limit when it has registered its quota.
+  // The existing namespace with info's tenant and root, or a new one with a fresh id (and a
+  // fresh store_id). In a cluster (kDerived) two of one tenant's namespaces that derive the
+  // same id are AlreadyExists, told to that tenant only.
+  // ResourceExhausted naming the tenant and the limit when it has registered its quota of
+  // namespaces or of bytes; InvalidArgument naming the field when a name is too long.
   absl::StatusOr<NamespaceInfo> FindOrAdd(NamespaceInfo info);
-  // The namespace if it exists and belongs to `tenant` (another tenant's: nullopt, so its
-  // existence does not leak).
+  // `tenant`'s namespace of that id, if it has one (another tenant's id names nothing here,
+  // so its existence does not leak).
   std::optional<NamespaceInfo> Get(uint32_t id, const std::string& tenant) const;
-  // Every namespace, in id order.
+  // Every namespace, in store_id order.
   std::vector<NamespaceInfo> All() const;
 
  private:
-  NamespaceRegistry(std::string dir, size_t max_per_tenant, NamespaceIds ids)
-      : dir_(std::move(dir)), max_per_tenant_(max_per_tenant), ids_(ids) {}
+  NamespaceRegistry(std::string dir, RegistryLimits limits, NamespaceIds ids)
+      : dir_(std::move(dir)), limits_(limits), ids_(ids) {}
   absl::Status Load();
-  absl::Status Append(const NamespaceInfo& n);  // under mu_
+  // InvalidArgument naming the field when the tenant or model_id is empty or too long.
+  absl::Status CheckNames(const NamespaceInfo& n) const;
+  absl::Status Append(const std::string& line);  // under mu_
 
   std::string dir_;
-  size_t max_per_tenant_;
+  RegistryLimits limits_;
   NamespaceIds ids_;
   int fd_ = -1;  // the log, open for appending
   mutable std::mutex mu_;
-  std::map<uint32_t, NamespaceInfo> by_id_;
-  std::map<std::pair<std::string, storage::ChunkKey>, uint32_t> by_root_;
+  std::map<uint32_t, NamespaceInfo> by_store_;  // store_id → namespace
+  std::map<std::pair<std::string, uint32_t>, uint32_t> by_id_;  // (tenant, id) → store_id
+  std::map<std::pair<std::string, storage::ChunkKey>, uint32_t> by_root_;  // → store_id
   std::map<std::string, size_t> per_tenant_;
+  std::map<std::string, size_t> bytes_per_tenant_;  // of its log lines
 };
 
 }  // namespace kvc::cachesvc

@@ -24,6 +24,10 @@ bool SameSecret(std::string_view a, std::string_view b) {
 absl::StatusOr<std::optional<NamespaceInfo>> KvCacheService::Impl::PeerNamespace(
     const pb::PeerNamespace& p, bool create) {
   if (p.tenant().empty()) return absl::InvalidArgumentError("peer namespace: tenant is empty");
+  // A peer's identities are bounded as a tenant's registration is: a node never keeps, or
+  // looks up by, a name no tenant could have registered.
+  KVC_RETURN_IF_ERROR(CheckName("peer namespace: tenant", p.tenant()));
+  KVC_RETURN_IF_ERROR(CheckName("peer namespace: model_id", p.model_id()));
   if (!auth->enabled() && p.tenant() != "default") {
     return absl::InvalidArgumentError(absl::StrCat(
         "peer namespace: tenant ", p.tenant(),
@@ -59,7 +63,7 @@ absl::StatusOr<std::optional<NamespaceInfo>> KvCacheService::Impl::PeerNamespace
   info.chunk_bytes = p.chunk_bytes();
   info.vocab_size = p.vocab_size();
   info.root = root;
-  info.key_scope = kKeyScopeBound;
+  info.key_scope = kKeyScopeLatest;
   if (p.key_mode() == pb::KEY_MODE_CALLER) {
     info.key_mode = kKeysFromCaller;
     // A caller-keyed root follows from what the namespace is: check it.
@@ -76,7 +80,7 @@ absl::StatusOr<std::optional<NamespaceInfo>> KvCacheService::Impl::PeerNamespace
   }
   KVC_RETURN_IF_ERROR(quotas.Admit(info.tenant, /*must_fit=*/true));
   KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, registry->FindOrAdd(info));
-  KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.id, ns.chunk_bytes));
+  KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.store_id, ns.chunk_bytes));
   AssignRamPool(ns);
   quotas.Assign(ns);
   return ns;
@@ -90,7 +94,7 @@ absl::Status KvCacheService::Impl::DoHolds(const pb::HoldsRequest& req, pb::Hold
     for (size_t i = 0; i < keys.size(); ++i) resp->add_tiers(pb::TIER_NONE);
     return absl::OkStatus();
   }
-  for (storage::Tier t : store->Lookup(ns->id, StorageKeys(*ns, keys))) resp->add_tiers(ToProto(t));
+  for (storage::Tier t : store->Lookup(ns->store_id, StorageKeys(*ns, keys))) resp->add_tiers(ToProto(t));
   return absl::OkStatus();
 }
 
@@ -156,11 +160,11 @@ absl::Status KvCacheService::Impl::DoReplicate(const pb::ReplicateRequest& req,
     std::optional<ChunkKey> stored_parent;
     if (c.parent) {
       const ChunkKey p = StorageKey(ns, *c.parent);
-      if (in_call.contains(p) || store->Contains(ns.id, p) != storage::Tier::kNone) {
+      if (in_call.contains(p) || store->Contains(ns.store_id, p) != storage::Tier::kNone) {
         stored_parent = p;
       }
     }
-    puts.emplace_back(ns.id, StorageKey(ns, c.key), stored_parent, c.payload,
+    puts.emplace_back(ns.store_id, StorageKey(ns, c.key), stored_parent, c.payload,
                       ChunkOrigin{c.key, c.parent});
     in_call.insert(puts.back().key);
     ttls.push_back(c.ttl_s);
@@ -174,7 +178,7 @@ absl::Status KvCacheService::Impl::DoReplicate(const pb::ReplicateRequest& req,
       resp->set_stored(resp->stored() + 1);
     }
     if (chunks[i].pin_until_s > now) {
-      KVC_RETURN_IF_ERROR(store->Pin(ns.id, puts[i].key, chunks[i].pin_until_s));
+      KVC_RETURN_IF_ERROR(store->Pin(ns.store_id, puts[i].key, chunks[i].pin_until_s));
     }
   }
   return absl::OkStatus();
@@ -245,7 +249,16 @@ grpc::ServerUnaryReactor* ClusterPeerService::Replicate(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* ClusterPeerService::Drain(grpc::CallbackServerContext* ctx,
                                                     const pb::DrainRequest*,
                                                     pb::DrainResponse* resp) {
-  return RunPeerCall(svc_, "Peer.Drain", ctx, CheckPeer(ctx), [this, resp] {
+  // Drain ends the node: it always takes the cluster credential, also on a node that takes
+  // the other peer calls without one (no tenants, no secret), which drains only from its
+  // own host (SIGTERM with --drain, or SIGUSR1).
+  const absl::Status admitted =
+      secret_.empty() ? absl::PermissionDeniedError(
+                            "Drain takes the cluster credential and this node has none "
+                            "(kvcached --cluster-secret-file); drain it from its host with "
+                            "SIGUSR1, or SIGTERM when started with --drain")
+                      : CheckPeer(ctx);
+  return RunPeerCall(svc_, "Peer.Drain", ctx, admitted, [this, resp] {
     KVC_ASSIGN_OR_RETURN(uint64_t chunks, on_drain_());
     resp->set_chunks(chunks);
     return absl::OkStatus();

@@ -23,7 +23,7 @@ void QuotaGroups::Assign(const NamespaceInfo& ns) {
   const absl::Status s = Admit(ns.tenant, /*must_fit=*/false);
   KVC_CHECK(s.ok()) << "quota of tenant " << ns.tenant << ": " << s;
   MutexLock lock(mu_);
-  store_->SetQuotaGroup(ns.id, groups_.at(ns.tenant));
+  store_->SetQuotaGroup(ns.store_id, groups_.at(ns.tenant));
 }
 
 bool QuotaGroups::Describe(const std::string& tenant, kvcache::v1::TenantQuota* out) const {

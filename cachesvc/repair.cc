@@ -176,8 +176,8 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       self_at == ids.end() ? ids.size() : static_cast<size_t>(self_at - ids.begin());
   const size_t replicas = std::min(std::max<size_t>(opt_.replicas, 1), ids.size());
 
-  std::map<uint32_t, NamespaceInfo> namespaces;
-  for (NamespaceInfo& ns : registry_->All()) namespaces.emplace(ns.id, std::move(ns));
+  std::map<uint32_t, NamespaceInfo> namespaces;  // by store_id, as storage lists chunks
+  for (NamespaceInfo& ns : registry_->All()) namespaces.emplace(ns.store_id, std::move(ns));
   // The chunks in shards of about shard_chunks (by key), each listed, asked about and
   // copied before the next is listed: a pass holds one shard's listing, not the store's.
   const storage::StoreStats held = store_->Stats();
@@ -224,7 +224,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     const int64_t now_s = WallSeconds();
     for (const storage::ChunkStore::ChunkListing& c : chunks) {
       auto ns = namespaces.find(c.namespace_id);
-      if (!c.origin || ns == namespaces.end() || ns->second.key_scope != kKeyScopeBound) {
+      if (!c.origin || ns == namespaces.end() || ns->second.key_scope < kKeyScopeBound) {
         ++unplaceable;
         continue;
       }
@@ -236,7 +236,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     for (size_t i = 0; i < items.size(); ++i) {
       for (size_t k = 0; k < items[i].owners.size(); ++k) {
         if (items[i].owners[k] != self)
-          asks[{items[i].owners[k], items[i].ns->id}].push_back({i, k});
+          asks[{items[i].owners[k], items[i].ns->store_id}].push_back({i, k});
       }
     }
     for (const auto& [where, list] : asks) {
@@ -295,9 +295,13 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       if (missing.empty()) {
         // Not an owner, and every owner has it: this copy is an extra one.
         const uint32_t all = it.owners.size() >= 32 ? ~0u : (1u << it.owners.size()) - 1;
-        if (opt_.drop_extra_copies && !draining && self_rank == it.owners.size() &&
+        // A pinned copy is never dropped: Holds tells whether an owner holds the chunk, not
+        // whether it holds it pinned (a copy may arrive unpinned at its tenant's pin limit),
+        // so the pin would be gone everywhere. It goes when its pin ends, as any chunk.
+        const bool pinned = it.chunk->pin_until_s > now_s;
+        if (opt_.drop_extra_copies && !draining && !pinned && self_rank == it.owners.size() &&
             (it.holds & all) == all) {
-          extra[it.ns->id].push_back(it.chunk->key);
+          extra[it.ns->store_id].push_back(it.chunk->key);
         }
         continue;
       }
@@ -314,7 +318,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       under_bytes += it.chunk->payload_bytes;
       it.copies_left = static_cast<int>(missing.size());
       copies_planned += missing.size();
-      for (size_t owner : missing) copies[{owner, it.ns->id}].push_back(i);
+      for (size_t owner : missing) copies[{owner, it.ns->store_id}].push_back(i);
     }
     {
       std::lock_guard lk(mu_);

@@ -149,7 +149,7 @@ grpc::ServerUnaryReactor* KvCacheService::Unpin(grpc::CallbackServerContext* ctx
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
         KVC_ASSIGN_OR_RETURN(uint32_t n,
-                             Impl::CountOk(impl_->store->PinBatch(nk->ns.id, nk->stored, 0)));
+                             Impl::CountOk(impl_->store->PinBatch(nk->ns.store_id, nk->stored, 0)));
         resp->set_unpinned(n);
         return absl::OkStatus();
       });
@@ -165,7 +165,7 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
         KVC_ASSIGN_OR_RETURN(uint32_t n,
-                             Impl::CountOk(impl_->store->EraseBatch(nk->ns.id, nk->stored)));
+                             Impl::CountOk(impl_->store->EraseBatch(nk->ns.store_id, nk->stored)));
         resp->set_deleted(n);
         return absl::OkStatus();
       });
@@ -191,7 +191,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
           // business (nor a side channel).
           std::set<storage::NamespaceId> own;
           for (const NamespaceInfo& ns : impl_->registry->All()) {
-            if (ns.tenant == tenant) own.insert(ns.id);
+            if (ns.tenant == tenant) own.insert(ns.store_id);
           }
           const storage::ChunkStore::ChunkCounts n = impl_->store->CountChunks(own);
           const TenantCounters::Counts c = impl_->CountersOf(tenant);

@@ -33,7 +33,12 @@ struct ServiceOptions {
   uint32_t default_chunk_tokens = 256;
   uint64_t max_chunk_bytes = 0;           // the store's slot payload size
   uint64_t max_lookup_tokens = 4u << 20;  // per Lookup call
-  uint32_t max_keys_per_call = 65536;     // Fetch / Pin / Unpin / Delete
+  uint32_t max_keys_per_call = 65536;     // Fetch / Pin / Unpin / Delete, and Lookup's keys
+  // Every name a tenant (or a peer) supplies — model_id, a peer namespace's tenant — is at
+  // most this many bytes (kvcached --max-name-bytes); the model config JSON at most
+  // max_model_config_bytes. INVALID_ARGUMENT naming the field and the limit otherwise.
+  size_t max_name_bytes = 256;
+  size_t max_model_config_bytes = 256 * 1024;
   int executor_threads = 4;
   size_t executor_queue = 4096;
   ServiceMetrics* metrics = nullptr;  // optional; not owned

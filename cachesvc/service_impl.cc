@@ -42,7 +42,7 @@ KvCacheService::Impl::Impl(storage::ChunkStore* s, NamespaceRegistry* r, const A
 void KvCacheService::Impl::AssignRamPool(const NamespaceInfo& ns) {
   const std::optional<storage::RamPoolId> pool = opt.shm.PoolOf(ns.tenant);
   if (pool && *pool != 0 && *pool < store->ram_pool_count()) {
-    absl::Status s = store->SetRamPool(ns.id, *pool);
+    absl::Status s = store->SetRamPool(ns.store_id, *pool);
     KVC_CHECK(s.ok()) << "namespace " << ns.id << ": " << s;
   }
 }
@@ -95,14 +95,31 @@ absl::StatusOr<NamespaceInfo> KvCacheService::Impl::Namespace(uint32_t id,
   return *ns;
 }
 
+absl::Status KvCacheService::Impl::CheckName(const char* field, const std::string& value) const {
+  if (value.size() > opt.max_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", value.size(),
+                                                   " bytes; the limit is ", opt.max_name_bytes,
+                                                   " (kvcached --max-name-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvCacheService::Impl::Register(const std::string& tenant,
                                             const pb::RegisterNamespaceRequest& req,
                                             pb::RegisterNamespaceResponse* resp) {
   if (req.model_id().empty()) return absl::InvalidArgumentError("model_id is empty");
+  // Bounded before anything is parsed or kept: the id goes into the registry's log, every
+  // peer call about the namespace and the daemon's memory for as long as it exists.
+  KVC_RETURN_IF_ERROR(CheckName("model_id", req.model_id()));
+  if (req.model_config_json().size() > opt.max_model_config_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_config_json is ", req.model_config_json().size(),
+                     " bytes; the limit is ", opt.max_model_config_bytes));
+  }
   NamespaceInfo info;
   info.tenant = tenant;
   info.model_id = req.model_id();
-  info.key_scope = kKeyScopeBound;  // a namespace registered before keeps its own
+  info.key_scope = kKeyScopeLatest;  // a namespace registered before keeps its own
   if (req.key_mode() == pb::KEY_MODE_CALLER) {
     KVC_RETURN_IF_ERROR(CallerKeyedNamespace(req, &info));
   } else if (req.key_mode() == pb::KEY_MODE_TOKENS) {
@@ -116,7 +133,7 @@ absl::Status KvCacheService::Impl::Register(const std::string& tenant,
   // not fit refuses the registration and leaves nothing behind.
   KVC_RETURN_IF_ERROR(quotas.Admit(tenant, /*must_fit=*/true));
   KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, registry->FindOrAdd(info));
-  KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.id, ns.chunk_bytes));
+  KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.store_id, ns.chunk_bytes));
   AssignRamPool(ns);
   quotas.Assign(ns);
   resp->set_namespace_id(ns.id);
@@ -201,7 +218,7 @@ absl::StatusOr<uint32_t> KvCacheService::Impl::CountOk(const std::vector<absl::S
 absl::StatusOr<uint32_t> KvCacheService::Impl::DoPin(const std::string& tenant,
                                                      const pb::PinRequest& req, int64_t until) {
   KVC_ASSIGN_OR_RETURN(ScopedKeys nk, NamespaceAndKeys(tenant, req));
-  return CountOk(store->PinBatch(nk.ns.id, nk.stored, until));
+  return CountOk(store->PinBatch(nk.ns.store_id, nk.stored, until));
 }
 
 absl::Status KvCacheService::Impl::DoFetchRefs(const std::string& tenant,
@@ -221,7 +238,7 @@ absl::Status KvCacheService::Impl::DoFetchRefs(const std::string& tenant,
   resp->set_verdict_offset(store->ram_verdict_offset(pool));
   RefLease lease{tenant, {}, std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), {}};
   for (size_t i = 0; i < nk->keys.size(); ++i) {
-    absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->ns.id, nk->stored[i]);
+    absl::StatusOr<storage::RamLease> l = store->LeaseRam(nk->ns.store_id, nk->stored[i]);
     // The leading chunks only; the client fetches the rest over gRPC. A chunk in another
     // pool (stored before the tenant had its own) is not in the caller's mapping.
     if (!l.ok() || l->pool() != pool) break;
@@ -265,7 +282,7 @@ absl::Status KvCacheService::Impl::DoFetchDeviceRefs(const std::string& tenant,
   for (size_t i = 0; i < nk->keys.size(); ++i) {
     // A T0 hit, or a copy promoted from RAM or SSD. Missing, failed its checksum, or
     // every T0 slot leased: the prefix ends here.
-    absl::StatusOr<storage::HbmLease> l = store->LeaseHbm(nk->ns.id, nk->stored[i]);
+    absl::StatusOr<storage::HbmLease> l = store->LeaseHbm(nk->ns.store_id, nk->stored[i]);
     if (!l.ok()) break;
     pb::ChunkRef* ref = resp->add_refs();
     ref->set_chunk_key(KeyBytes(nk->keys[i]));

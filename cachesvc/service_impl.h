@@ -152,6 +152,8 @@ class KvCacheService::Impl {
   }
 
   absl::StatusOr<NamespaceInfo> Namespace(uint32_t id, const std::string& tenant) const;
+  // InvalidArgument naming `field` when `value` is longer than opt.max_name_bytes.
+  absl::Status CheckName(const char* field, const std::string& value) const;
   absl::Status Register(const std::string& tenant, const pb::RegisterNamespaceRequest& req,
                         pb::RegisterNamespaceResponse* resp);
   // The layout and root of a namespace of each key mode (Register's two halves).

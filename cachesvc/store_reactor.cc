@@ -229,7 +229,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       std::memcpy(chain.bytes.data(), req_.parent_key().data(), 16);
       client_parent = chain;
       const ChunkKey stored_parent = StorageKey(ns, chain);
-      const bool parent_here = Holds(ns.id, stored_parent);
+      const bool parent_here = Holds(ns.store_id, stored_parent);
       // A chunk is only reachable through its prefix: refuse orphans (and keys chained
       // from another namespace's chunks). In a cluster the parent is usually on another
       // node (placement is per chunk); the chunk is then a root of this node's eviction.
@@ -264,7 +264,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       KVC_ASSIGN_OR_RETURN(ChunkKey given, wire::KeyFrom(req_.parent_key(), "parent_key"));
       client_parent = given;
       const ChunkKey stored_parent = StorageKey(ns, given);
-      if (Holds(ns.id, stored_parent)) parent = stored_parent;
+      if (Holds(ns.store_id, stored_parent)) parent = stored_parent;
     }
     KVC_ASSIGN_OR_RETURN(ChunkKey key, wire::KeyFrom(req_.chunk_key(), "chunk_key"));
     return Put(ns, key, parent, client_parent, may_block);
@@ -281,7 +281,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const ChunkKey stored = StorageKey(ns, key);
     if (req_.durability() == pb::DURABILITY_DURABLE) {
       staged_keys_.insert(stored);
-      staged_.push_back({index_, ns.id, key, stored, stored_parent, client_parent, ttl_s,
+      staged_.push_back({index_, ns.store_id, key, stored, stored_parent, client_parent, ttl_s,
                          std::move(received_), std::move(frame_.payload)});
       MutexLock lk(mu_);
       resp_.add_chunk_keys(KeyBytes(key));  // in the stream's order, whichever batch ends first
@@ -292,7 +292,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     KVC_RETURN_IF_ERROR(Flush());  // the stream's order: durable chunks before this one
     KVC_ASSIGN_OR_RETURN(
         storage::PutResult put,
-        svc_->store->Put({ns.id, stored, stored_parent, storage::Payload(frame_.payload),
+        svc_->store->Put({ns.store_id, stored, stored_parent, storage::Payload(frame_.payload),
                           ChunkOrigin{key, client_parent}},
                          {storage::Durability::kMemory, ttl_s, may_block}));
     MutexLock lk(mu_);
@@ -389,7 +389,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // A durable chunk waiting for its batch, holding its message's buffers.
   struct Staged {
     uint32_t index;  // its message in the stream
-    storage::NamespaceId ns;
+    storage::NamespaceId ns;  // its store_id
     ChunkKey key;  // the client's
     ChunkKey stored;
     std::optional<ChunkKey> stored_parent, client_parent;

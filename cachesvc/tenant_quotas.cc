@@ -85,10 +85,16 @@ absl::StatusOr<TenantQuotas> TenantQuotas::Parse(const std::vector<std::string>&
 }
 
 std::optional<storage::Quota> TenantQuotas::For(const std::string& tenant) const {
-  if (auto it = named_.find(tenant); it != named_.end()) return it->second;
-  if (!others_) return std::nullopt;
-  storage::Quota q = *others_;
-  q.owner = absl::StrCat("tenant ", tenant);
+  std::optional<storage::Quota> q;
+  if (auto it = named_.find(tenant); it != named_.end()) {
+    q = it->second;
+  } else if (others_) {
+    q = *others_;
+    q->owner = absl::StrCat("tenant ", tenant);
+  } else if (default_pins_ > 0) {
+    q = storage::Quota{absl::StrCat("tenant ", tenant), 0, 0, 0};
+  }
+  if (q && q->pinned_chunks == 0) q->pinned_chunks = default_pins_;
   return q;
 }
 

@@ -32,8 +32,13 @@ class TenantQuotas {
   // named twice, or a quota without any limit.
   static absl::StatusOr<TenantQuotas> Parse(const std::vector<std::string>& flags);
 
-  // The tenant's quota (its owner reads "tenant NAME"), or nullopt: no limits.
+  // The tenant's quota (its owner reads "tenant NAME"), or nullopt: no limits. With a
+  // default pin limit, every tenant has one: a quota that names no pin limit takes the
+  // default, and a tenant no quota names gets a quota of that pin limit alone.
   std::optional<storage::Quota> For(const std::string& tenant) const;
+  // kvcached --default-pin-limit (with tenants): pinned chunks of a tenant no quota limits
+  // (0: none).
+  void set_default_pins(uint64_t chunks) { default_pins_ = chunks; }
   bool empty() const { return named_.empty() && !others_; }
   // Whether the named tenants' byte quotas fit the tiers together (storage's SetQuota
   // rule: a quota is a guaranteed share). ResourceExhausted naming the tier, the sum and
@@ -43,6 +48,7 @@ class TenantQuotas {
  private:
   std::map<std::string, storage::Quota> named_;
   std::optional<storage::Quota> others_;  // "*"
+  uint64_t default_pins_ = 0;
 };
 
 }  // namespace kvc::cachesvc

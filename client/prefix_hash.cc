@@ -93,6 +93,17 @@ ChunkKey BoundChunkKey(const ChunkKey& root, const ChunkKey& key) {
   return Encoder::Hash128(buf, sizeof buf);
 }
 
+ChunkKey BoundChunkKeyV2(const ChunkKey& root, const ChunkKey& key) {
+  constexpr size_t kTag = sizeof kBindingTagV2 - 1;
+  static_assert(kTag == 17 && (kTag + 32) % 4 != 0,
+                "the binding's length must not be 16 + 4n, a token-chain step's");
+  uint8_t buf[kTag + 32];
+  std::memcpy(buf, kBindingTagV2, kTag);
+  std::memcpy(buf + kTag, root.bytes.data(), 16);
+  std::memcpy(buf + kTag + 16, key.bytes.data(), 16);
+  return Encoder::Hash128(buf, sizeof buf);
+}
+
 ChunkKey CallerNamespaceRoot(const std::string& tenant, const std::string& model_id,
                              uint64_t page_bytes, uint32_t page_tokens) {
   Encoder e;

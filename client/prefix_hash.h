@@ -35,7 +35,14 @@ ChunkKey NamespaceRoot(const std::string& tenant, const ChunkKey& model_fingerpr
 ChunkKey NextChunkKey(const ChunkKey& parent, std::span<const uint32_t> tokens);
 // The key storage holds a chunk under in a namespace with bound keys: XXH3-128(
 // "kvcache-scope-v1" ‖ root key ‖ chunk key). Server-side only (clients never see it).
+// Kept for namespaces bound this way; new ones use BoundChunkKeyV2: this input has the
+// shape of a token-chain step (16-byte parent ‖ 8 token ids), so a legacy unbound token
+// namespace could reach it with a chosen parent.
 ChunkKey BoundChunkKey(const ChunkKey& root, const ChunkKey& key);
+// The same binding, domain-separated: XXH3-128("kvcache-scope-v2:" ‖ root key ‖ chunk key),
+// 49 bytes. Every token-chain step hashes 16 + 4·n bytes, so none can produce it.
+ChunkKey BoundChunkKeyV2(const ChunkKey& root, const ChunkKey& key);
+inline constexpr char kBindingTagV2[] = "kvcache-scope-v2:";  // 17 bytes, no terminator
 // The root of a caller-keyed namespace (the server computes it; clients read it from the
 // RegisterNamespace answer).
 ChunkKey CallerNamespaceRoot(const std::string& tenant, const std::string& model_id,

@@ -609,6 +609,17 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
   Impl::QuotaState* quota = s.QuotaOf(ns);
   const uint64_t pin_limit = quota != nullptr ? quota->quota.pinned_chunks : 0;
   uint64_t pinned = pin_limit > 0 ? s.PinnedChunksOf(s.quota_group_of.at(ns)) : 0;
+  // The tier's share for pins, whoever pins (StoreOptions::max_pinned_share): of the SSD's
+  // slots, where pins hold chunks from eviction (a pinned chunk now only in RAM goes there
+  // when written); of RAM's in a store without SSD.
+  const bool tier_share = s.opt.max_pinned_share < 1.0 && pin_until_s > now;
+  uint64_t tier_pinned = 0, tier_share_slots = 0;
+  if (tier_share) {
+    tier_pinned = s.PinnedChunks();
+    const uint64_t slots =
+        s.ssd ? s.ssd->capacity_slots() : (s.ram ? s.ram->capacity_slots() : 0);
+    tier_share_slots = static_cast<uint64_t>(s.opt.max_pinned_share * static_cast<double>(slots));
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     auto d = s.ssd_map.find(keys[i]);
     const bool in_ram = s.ram && s.ram->FindIn(ns, keys[i]) != nullptr;
@@ -617,9 +628,18 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
       status[i] = absl::NotFoundError(absl::StrCat(s.Where(keys[i]), " is not cached"));
       continue;
     }
+    auto p = s.pins.find(keys[i]);
+    const bool was_pinned = p != s.pins.end() && p->second > now;
+    const bool new_in_share = tier_share && !was_pinned;
+    if (new_in_share && tier_pinned >= tier_share_slots) {
+      // Says which tier, not how full it is: that is every tenant's state, not the caller's.
+      status[i] = absl::ResourceExhaustedError(absl::StrCat(
+          "the ", s.ssd ? "SSD" : "RAM",
+          " tier's share for pinned chunks is taken (kvcached --max-pinned-share ",
+          s.opt.max_pinned_share, "); unpin chunks or pin fewer"));
+      continue;
+    }
     if (pin_limit > 0 && pin_until_s > now) {
-      auto p = s.pins.find(keys[i]);
-      const bool was_pinned = p != s.pins.end() && p->second > now;
       if (!was_pinned && pinned >= pin_limit) {
         status[i] = absl::ResourceExhaustedError(absl::StrCat(
             quota->quota.owner, " may pin ", pin_limit, " chunks at once and has pinned them"));
@@ -627,6 +647,7 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
       }
       pinned += !was_pinned;
     }
+    tier_pinned += new_in_share;
     if (pin_until_s > 0) {
       s.pins[keys[i]] = pin_until_s;
     } else {

@@ -83,6 +83,10 @@ struct StoreOptions {
   unsigned queue_depth = 32;
   unsigned io_lanes = 4;
   bool promote_on_ssd_hit = true;
+  // Pinned chunks may take at most this share of each tier's slots, whoever pins them: a
+  // Pin past it fails with ResourceExhausted, so pins never leave a tier without room for
+  // the writes of tenants that are inside their quotas (docs/security.md). 1: no limit.
+  double max_pinned_share = 0.5;
   bool preallocate_ssd = false;             // lay out every slab at open, not on first use
   bool preallocate_ssd_background = false;  // lay slabs out on a background thread instead
   bool prefault_ram = false;                // fault the RAM tier's pages in at open (ram_arena.h)

@@ -195,6 +195,8 @@ class ChunkStore::Impl {
   uint64_t RamBytesOf(const QuotaState& q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   uint64_t SsdBytesOf(const QuotaState& q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   uint64_t PinnedChunksOf(QuotaGroup group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Chunks pinned now and held in either tier (once each), whoever pinned them.
+  uint64_t PinnedChunks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   std::string QuotaFullError(const QuotaState& q, const char* tier, uint64_t limit) const {
     return absl::StrCat(
         q.quota.owner, " is at its ", tier, " quota of ", limit,

@@ -27,6 +27,15 @@ uint64_t ChunkStore::Impl::SsdBytesOf(const QuotaState& q) const {
   return bytes;
 }
 
+uint64_t ChunkStore::Impl::PinnedChunks() const {
+  const int64_t now = NowS();
+  uint64_t n = 0;
+  for (const auto& [key, until] : pins) {
+    n += until > now && ((ram && ram->Find(key) != nullptr) || ssd_map.contains(key));
+  }
+  return n;
+}
+
 uint64_t ChunkStore::Impl::PinnedChunksOf(QuotaGroup group) const {
   // A walk over the pins (few: leases of live sessions), not over every chunk.
   const int64_t now = NowS();

@@ -581,7 +581,11 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   EXPECT_EQ(sa.quota().ram_bytes_per_chunk(), charge.ram);
   EXPECT_EQ(sa.quota().pinned_chunks_limit(), 3u);
   ASSERT_TRUE(d.stub().Stats(b.Ctx().get(), {}, &sb).ok());
-  EXPECT_FALSE(sb.has_quota());
+  // globex has no quota of bytes, only the pin limit every tenant has (--default-pin-limit).
+  ASSERT_TRUE(sb.has_quota());
+  EXPECT_EQ(sb.quota().ssd_bytes_limit(), 0u);
+  EXPECT_EQ(sb.quota().ram_bytes_limit(), 0u);
+  EXPECT_EQ(sb.quota().pinned_chunks_limit(), 4096u);
 
   // Pins: 3 at most.
   pb::PinRequest pin;

@@ -185,3 +185,94 @@ TEST(NamespaceRegistryTest, KeyModeSurvivesReopenAndUnknownModesAreRefused) {
 
 }  // namespace
 }  // namespace kvc::cachesvc
+
+namespace kvc::cachesvc {
+namespace {
+
+// A tenant's names and its share of the log are bounded: a long model_id is refused naming
+// the field, and past max_bytes_per_tenant its registrations are refused while another
+// tenant's go on; the share is counted again from the log after a reopen.
+TEST(NamespaceRegistryTest, NamesAndEachTenantsBytesAreBounded) {
+  TempDir dir;
+  RegistryLimits limits;
+  limits.max_bytes_per_tenant = 1500;
+  {
+    auto r = *NamespaceRegistry::Open(dir.path(), limits);
+    NamespaceInfo long_id = Info("acme", 1);
+    long_id.model_id = std::string(257, 'm');
+    const absl::StatusOr<NamespaceInfo> refused = r->FindOrAdd(long_id);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+    EXPECT_NE(refused.status().message().find("model_id is 257 bytes; the limit is 256"),
+              std::string::npos)
+        << refused.status();
+    uint64_t n = 0;
+    absl::StatusOr<NamespaceInfo> added;
+    while ((added = r->FindOrAdd(Info("acme", n))).ok()) ++n;
+    EXPECT_TRUE(absl::IsResourceExhausted(added.status())) << added.status();
+    EXPECT_NE(added.status().message().find("--max-registry-bytes-per-tenant"), std::string::npos);
+    EXPECT_GE(n, 3u);
+    EXPECT_LE(n, 10u);
+    EXPECT_TRUE(r->FindOrAdd(Info("globex", 0)).ok());
+    EXPECT_TRUE(r->FindOrAdd(Info("acme", 0)).ok()) << "a registered namespace is found";
+  }
+  auto r = *NamespaceRegistry::Open(dir.path(), limits);
+  EXPECT_TRUE(absl::IsResourceExhausted(r->FindOrAdd(Info("acme", 99)).status()));
+}
+
+// A log line that breaks a rule fails the open naming its line and the rule.
+TEST(NamespaceRegistryTest, ALogThatBreaksARuleIsRefusedNamingTheLine) {
+  const auto line = [](uint64_t id, const std::string& tenant, const std::string& root,
+                       const std::string& chunk_bytes) {
+    return R"({"id": )" + std::to_string(id) + R"(, "tenant": ")" + tenant +
+           R"(", "model_id": "m", "chunk_tokens": 64, "chunk_bytes": )" + chunk_bytes +
+           R"(, "vocab_size": 512, "root_key": ")" + root + "\"}\n";
+  };
+  const std::string root_a = "000102030405060708090a0b0c0d0e0f";
+  const std::string root_b = "100102030405060708090a0b0c0d0e0f";
+  struct Case {
+    std::string log;
+    std::string says;
+  } cases[] = {
+      {line(1, "acme", root_a, "4096") + line(1, "globex", root_b, "4096"),
+       "namespaces.jsonl:2: storage id 1 is already"},
+      {line(1, "acme", root_a, "4096") + line(2, "acme", root_a, "4096"),
+       "namespaces.jsonl:2: tenant acme and root " + root_a + " are registered twice"},
+      {line(1, "acme", root_a, "1099511627776"), "namespaces.jsonl:1: chunk_bytes is 1099511627776"},
+      {line(1, "acme", root_a, "0"), "namespaces.jsonl:1: chunk_bytes is 0"},
+      {line(1, "", root_a, "4096"), "namespaces.jsonl:1: tenant is empty"},
+      {line(4294967296, "acme", root_a, "4096"), "id must be 1 to 2^32-1"},
+  };
+  for (const Case& c : cases) {
+    TempDir dir;
+    std::ofstream(dir.path() + "/namespaces.jsonl") << c.log;
+    const auto r = NamespaceRegistry::Open(dir.path());
+    ASSERT_FALSE(r.ok()) << c.says;
+    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << r.status();
+  }
+}
+
+// New namespaces bind keys with the domain-separated rule; one bound by the first rule keeps
+// it across a reopen, so its chunks stay found.
+TEST(NamespaceRegistryTest, NewNamespacesBindKeysWithTheSeparatedRule) {
+  TempDir dir;
+  storage::ChunkKey key;
+  for (size_t i = 0; i < 16; ++i) key.bytes[i] = static_cast<uint8_t>(0x50 + i);
+  {
+    auto r = *NamespaceRegistry::Open(dir.path());
+    NamespaceInfo v1 = Info("acme", 1), v2 = Info("acme", 2);
+    v1.key_scope = kKeyScopeBound;
+    v2.key_scope = kKeyScopeLatest;
+    ASSERT_TRUE(r->FindOrAdd(v1).ok());
+    ASSERT_TRUE(r->FindOrAdd(v2).ok());
+  }
+  auto r = *NamespaceRegistry::Open(dir.path());
+  const NamespaceInfo v1 = *r->Get(1, "acme"), v2 = *r->Get(2, "acme");
+  EXPECT_EQ(v1.key_scope, kKeyScopeBound);
+  EXPECT_EQ(v2.key_scope, kKeyScopeSeparated);
+  EXPECT_EQ(StorageKey(v1, key), client::BoundChunkKey(v1.root, key));
+  EXPECT_EQ(StorageKey(v2, key), client::BoundChunkKeyV2(v2.root, key));
+  EXPECT_NE(client::BoundChunkKeyV2(v1.root, key), client::BoundChunkKey(v1.root, key));
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc

@@ -2,6 +2,7 @@
 // (scripts/prefix_hash_vectors.py), plus the properties clients rely on.
 #include "client/prefix_hash.h"
 
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -83,6 +84,32 @@ TEST(PrefixHashTest, CallerKeysDependOnTheNamespaceAndEveryByte) {
   EXPECT_NE(CallerChunkKey(CallerNamespaceRoot("t", "m2", 4096, 16), key), k);
   EXPECT_NE(CallerChunkKey(CallerNamespaceRoot("t", "m", 4097, 16), key), k);
   EXPECT_NE(CallerChunkKey(CallerNamespaceRoot("t", "m", 4096, 32), key), k);
+}
+
+// The first binding rule has the input shape of a token-chain step: a chain whose parent
+// is the 16 ASCII bytes "kvcache-scope-v1" and whose 8 tokens are the root and key's words
+// reaches any bound key (the attack a legacy unbound namespace could make). The separated
+// rule is 49 bytes long, a length no chain step has; its keys are not the first rule's.
+TEST(PrefixHashTest, TheSeparatedBindingIsNoTokenChainStep) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  ChunkKey root, key, parent;
+  for (size_t i = 0; i < 16; ++i) {
+    root.bytes[i] = static_cast<uint8_t>(rng());
+    key.bytes[i] = static_cast<uint8_t>(rng());
+  }
+  std::memcpy(parent.bytes.data(), "kvcache-scope-v1", 16);
+  std::vector<uint32_t> words(8);
+  std::memcpy(words.data(), root.bytes.data(), 16);
+  std::memcpy(words.data() + 4, key.bytes.data(), 16);
+  EXPECT_EQ(NextChunkKey(parent, words), BoundChunkKey(root, key)) << "the first rule's shape";
+  EXPECT_NE(BoundChunkKeyV2(root, key), BoundChunkKey(root, key));
+  std::memcpy(parent.bytes.data(), kBindingTagV2, 16);
+  EXPECT_NE(NextChunkKey(parent, words), BoundChunkKeyV2(root, key));
+  // Bound to its root and key, every byte.
+  ChunkKey other = key;
+  other.bytes[rng() % 16] ^= 1;
+  EXPECT_NE(BoundChunkKeyV2(root, other), BoundChunkKeyV2(root, key));
+  EXPECT_NE(BoundChunkKeyV2(key, root), BoundChunkKeyV2(root, key));
 }
 
 TEST(PrefixHashTest, KeysDependOnEverythingBeforeThem) {

@@ -9,6 +9,7 @@
 //   - The peer calls take the cluster credential and nothing else (no tenant token), check
 //     each payload against its checksum and each namespace against its derived id, and
 //     store a copy in its own tenant's namespace only.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -64,6 +65,8 @@ class RepairTest : public ::testing::Test {
                                        << kTokenB << " bob\n"
                                        << kTokenOps << " ops\n";
     std::ofstream(dir_.File("secret")) << kSecret << "\n";
+    // A credential file must be its owner's alone (kvcached refuses one others may read).
+    ASSERT_EQ(chmod(dir_.File("secret").c_str(), 0600), 0);
     etcd_ = std::make_unique<EtcdProcess>(dir_.File("etcd"));
     ASSERT_TRUE(etcd_->Start().ok());
     for (int i = 0; i < kNodes; ++i) StartNode(i);
@@ -406,12 +409,71 @@ TEST_F(RepairTest, AJoiningNodeGetsItsShareAndTheOldHoldersDropTheirExtraCopies)
   for (const Prefix& p : data) ExpectFetchExact(*reader, ns_a_, p);
 }
 
+// A pinned copy on a node that no longer owns it stays (--repair-drop-extra drops only
+// unpinned ones): the owners may hold the chunk unpinned, and the pin would be gone
+// everywhere. The new owner still gets its copy.
+TEST_F(RepairTest, APinnedCopyIsNeverDroppedAsAnExtraOne) {
+  KillAndWipe(3);
+  ASSERT_TRUE(WaitFor([&] { return alice_->membership()->nodes.size() == 3; }, 10));
+  std::vector<Prefix> data;
+  for (int i = 0; i < 6; ++i) {
+    data.push_back(MakePrefix(rng_, ns_a_, 16));
+    ASSERT_TRUE(alice_->Store(ns_a_, std::nullopt, data.back().tokens, data.back().payloads).ok());
+    const std::vector<ChunkKey> keys = alice_->Keys(ns_a_, data.back().tokens);
+    ASSERT_TRUE(alice_->Pin(ns_a_, keys, 3600).ok());
+  }
+  std::vector<std::vector<std::set<int>>> before;
+  for (const Prefix& p : data) before.push_back(HoldersOf(ns_a_, kTokenA, p));
+  StartNode(3);
+  ASSERT_TRUE(WaitFor([&] { return alice_->membership()->nodes.size() == 4; }, 10));
+  const std::vector<std::string> ids = {NodeId(0), NodeId(1), NodeId(2), NodeId(3)};
+  // Wait until every chunk the new node owns has reached it.
+  auto new_node_has_its_share = [&] {
+    for (const Prefix& p : data) {
+      const std::vector<ChunkKey> keys = alice_->Keys(ns_a_, p.tokens);
+      const std::vector<std::set<int>> holders = HoldersOf(ns_a_, kTokenA, p);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        for (size_t o : cluster::TopRanked(keys[k], ids, 2)) {
+          if (!holders[k].contains(static_cast<int>(o))) return false;
+        }
+      }
+    }
+    return true;
+  };
+  ASSERT_TRUE(WaitFor(new_node_has_its_share, 30)) << "the new node did not get its share";
+  // Two more passes on every old node: time to drop what it would drop.
+  std::vector<uint64_t> passes;
+  for (int i = 0; i < 3; ++i) passes.push_back(StatsOf(i)->repair().passes());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int i = 0; i < 3; ++i) {
+          if (StatsOf(i)->repair().passes() < passes[i] + 2) return false;
+        }
+        return true;
+      },
+      30));
+  uint64_t dropped = 0;
+  for (int i = 0; i < 3; ++i) dropped += StatsOf(i)->repair().dropped_copies();
+  EXPECT_EQ(dropped, 0u) << "pinned copies were dropped";
+  for (size_t p = 0; p < data.size(); ++p) {
+    const std::vector<std::set<int>> holders = HoldersOf(ns_a_, kTokenA, data[p]);
+    for (size_t k = 0; k < holders.size(); ++k) {
+      for (int h : before[p][k]) EXPECT_TRUE(holders[k].contains(h)) << "node " << h << " dropped it";
+    }
+  }
+}
+
 // A credential a node must not run with is refused at start, naming what is wrong.
 TEST_F(RepairTest, ABadClusterCredentialIsRefusedAtStart) {
   const std::string kvcached = std::string(KVC_BIN_DIR) + "/kvcached";
   std::ofstream(dir_.File("short-secret")) << "too-short\n";
   std::ofstream(dir_.File("tenant-secret")) << "token-of-alice-0123456789\n";
   std::ofstream(dir_.File("tokens2")) << "token-of-alice-0123456789 alice\n";
+  std::ofstream(dir_.File("guessable-secret")) << std::string(16, 'a') << "\n";
+  std::ofstream(dir_.File("readable-secret")) << kSecret << "\n";
+  ASSERT_EQ(chmod(dir_.File("guessable-secret").c_str(), 0600), 0);
+  ASSERT_EQ(chmod(dir_.File("tenant-secret").c_str(), 0600), 0);
+  ASSERT_EQ(chmod(dir_.File("readable-secret").c_str(), 0644), 0);
   struct Case {
     std::vector<std::string> flags;
     const char* says;
@@ -422,6 +484,10 @@ TEST_F(RepairTest, ABadClusterCredentialIsRefusedAtStart) {
         dir_.File("tenant-secret")},
        "also a tenant's token"},
       {{"--cluster", etcd_->url(), "--cluster-secret-file", dir_.File("missing")}, "missing"},
+      {{"--cluster", etcd_->url(), "--cluster-secret-file", dir_.File("guessable-secret")},
+       "the credential looks guessable"},
+      {{"--cluster", etcd_->url(), "--cluster-secret-file", dir_.File("readable-secret")},
+       "may be read by its group or others (mode 0644)"},
       {{"--cluster-secret-file", dir_.File("secret")}, "only means something with --cluster"},
   };
   for (const Case& c : cases) {

@@ -272,6 +272,7 @@ TEST(ChunkStoreBasicsTest, ExpiredTtlGoesFirstAndPinsHoldUntilLeaseEnds) {
   Clock clock;
   StoreOptions o = Options(dir.path(), 0, 3);
   o.now_s = clock.fn();
+  o.max_pinned_share = 1;  // this test fills the tier with pins
   auto store = OpenOrDie(o);
   const ChunkKey x = KeyOf(seed, 1), y = KeyOf(seed, 2), z = KeyOf(seed, 3), w = KeyOf(seed, 4);
   ASSERT_TRUE(PutChunk(*store, y).ok());
@@ -291,6 +292,35 @@ TEST(ChunkStoreBasicsTest, ExpiredTtlGoesFirstAndPinsHoldUntilLeaseEnds) {
   clock.now += 101;
   ASSERT_TRUE(PutChunk(*store, x).ok());
   EXPECT_FALSE(Has(*store, y));  // lease over: the LRU leaf goes
+}
+
+// Whoever pins, pins take at most max_pinned_share of a tier: past it a Pin is refused
+// naming the tier and the flag, and the tier keeps room for everyone's new chunks.
+TEST(ChunkStoreBasicsTest, PinsTakeAtMostTheirShareOfATier) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  StoreOptions o = Options(dir.path(), 0, 8);
+  o.max_pinned_share = 0.5;
+  auto store = OpenOrDie(o);
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok());
+  const std::vector<absl::Status> pinned = store->PinBatch(
+      kNs, std::vector<ChunkKey>{KeyOf(seed, 0), KeyOf(seed, 1), KeyOf(seed, 2), KeyOf(seed, 3),
+                                 KeyOf(seed, 4), KeyOf(seed, 5)},
+      4'000'000'000);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(pinned[i].ok()) << i << ": " << pinned[i];
+  for (size_t i = 4; i < 6; ++i) {
+    EXPECT_TRUE(absl::IsResourceExhausted(pinned[i])) << i << ": " << pinned[i];
+    EXPECT_NE(pinned[i].message().find("SSD"), std::string::npos) << pinned[i];
+    EXPECT_NE(pinned[i].message().find("--max-pinned-share"), std::string::npos) << pinned[i];
+  }
+  // Pinning one already pinned again (a longer lease) is not a new pin.
+  EXPECT_TRUE(store->Pin(kNs, KeyOf(seed, 2), 4'000'000'001).ok());
+  // New chunks still get in: the unpinned half is evicted for them.
+  for (uint64_t i = 100; i < 108; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok());
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(Has(*store, KeyOf(seed, i))) << i;
+  // Unpinning gives the share back.
+  ASSERT_TRUE(store->Pin(kNs, KeyOf(seed, 0), 0).ok());
+  EXPECT_TRUE(store->Pin(kNs, KeyOf(seed, 107), 4'000'000'000).ok());
 }
 
 TEST(ChunkStoreBasicsTest, PinnedLeafProtectsItsAncestors) {
