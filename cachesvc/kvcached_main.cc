@@ -112,6 +112,7 @@ int Main(int argc, char** argv) {
   size_t max_namespaces_per_tenant = 256;
   size_t max_name_bytes = 256, max_registry_bytes_per_tenant = 1 << 20;
   uint64_t default_pin_limit = 4096;
+  int64_t tombstone_seconds = 7 * 24 * 3600;
   double max_pinned_share = 0.5;
   std::vector<std::string> tenant_quota;
   EtcdFlags etcd_flags;
@@ -166,6 +167,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-registry-bytes-per-tenant", max_registry_bytes_per_tenant,
                  "bytes of the namespace registry one tenant's entries may take (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--tombstone-seconds", tombstone_seconds,
+                 "with --cluster: how long a tenant's Delete is remembered, so that a node "
+                 "away for less than this cannot bring the chunk back (docs/cluster.md)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--default-pin-limit", default_pin_limit,
                  "with --auth-tokens: chunks a tenant may pin at once when its --tenant-quota "
@@ -410,6 +416,15 @@ int Main(int argc, char** argv) {
                                              max_chunk_bytes},
                               node ? NamespaceIds::kDerived : NamespaceIds::kSequential);
   if (!registry.ok()) return Fail(std::string(registry.status().message()));
+  // A cluster node remembers its tenants' deletes (tombstones.h); one node needs not.
+  std::unique_ptr<Tombstones> tombstones;
+  if (node) {
+    Tombstones::Options to;
+    to.keep_s = tombstone_seconds;
+    absl::StatusOr<std::unique_ptr<Tombstones>> t = Tombstones::Open(data_dir, to);
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    tombstones = *std::move(t);
+  }
 
   ServiceMetrics metrics(store->get());
   int metrics_port = 0;
@@ -430,6 +445,7 @@ int Main(int argc, char** argv) {
   opt.metrics = &metrics;
   opt.max_chunk_bytes = max_chunk_bytes;
   opt.max_name_bytes = max_name_bytes;
+  opt.tombstones = tombstones.get();
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
   opt.cluster = node.has_value();
@@ -569,6 +585,7 @@ int Main(int argc, char** argv) {
     rep.bytes_per_s = repair_mbps * 1000 * 1000;
     rep.secret = cluster_secret;
     rep.drop_extra_copies = drop_extra_copies;
+    rep.tombstones = tombstones.get();
     rep.shard_chunks = repair_shard_chunks;
     if (!tls_cert.empty()) rep.tls_roots_pem = ReadAll(tls_cert);  // the cluster's shared chain
     rep.log = [](const std::string& event, const std::string& detail) {

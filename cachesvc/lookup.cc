@@ -47,8 +47,16 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
   }
   // Only the leading run is reported unless every chunk's tier is asked for: past the first
   // miss nothing is probed.
+  const std::vector<ChunkKey> stored = StorageKeys(ns, keys);
   const std::vector<storage::Tier> tiers =
-      store->Lookup(ns.store_id, StorageKeys(ns, keys), /*leading_only=*/!req.every_chunk());
+      store->Lookup(ns.store_id, stored, /*leading_only=*/!req.every_chunk());
+  if (opt.tombstones != nullptr && req.every_chunk()) {  // a cluster client's question
+    for (size_t i = 0; i < stored.size(); ++i) {
+      if (opt.tombstones->Deleted(ns.store_id, stored[i])) {
+        resp->add_deleted_chunks(static_cast<uint32_t>(i));
+      }
+    }
+  }
   uint32_t matched = 0;
   while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
   resp->set_matched_chunks(matched);

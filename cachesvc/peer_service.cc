@@ -94,7 +94,15 @@ absl::Status KvCacheService::Impl::DoHolds(const pb::HoldsRequest& req, pb::Hold
     for (size_t i = 0; i < keys.size(); ++i) resp->add_tiers(pb::TIER_NONE);
     return absl::OkStatus();
   }
-  for (storage::Tier t : store->Lookup(ns->store_id, StorageKeys(*ns, keys))) resp->add_tiers(ToProto(t));
+  const std::vector<ChunkKey> stored = StorageKeys(*ns, keys);
+  for (storage::Tier t : store->Lookup(ns->store_id, stored)) resp->add_tiers(ToProto(t));
+  if (opt.tombstones != nullptr) {
+    for (size_t i = 0; i < stored.size(); ++i) {
+      if (opt.tombstones->Deleted(ns->store_id, stored[i])) {
+        resp->add_deleted(static_cast<uint32_t>(i));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -148,6 +156,11 @@ absl::Status KvCacheService::Impl::DoReplicate(const pb::ReplicateRequest& req,
         continue;
       }
       ck.ttl_s = c.expires_unix_s() - now;
+    }
+    // Deleted here by its tenant while the sender was away: not brought back.
+    if (opt.tombstones != nullptr && opt.tombstones->Deleted(ns.store_id, StorageKey(ns, ck.key))) {
+      resp->set_deleted(resp->deleted() + 1);
+      continue;
     }
     chunks.push_back(ck);
   }

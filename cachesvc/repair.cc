@@ -219,6 +219,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       std::vector<size_t> owners;
       uint32_t holds = 0;
       int copies_left = 0;
+      bool deleted = false;  // an owner says its tenant deleted it there
     };
     std::vector<Item> items;
     const int64_t now_s = WallSeconds();
@@ -269,16 +270,24 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
             items[list[at + j].first].holds |= 1u << list[at + j].second;
           }
         }
+        for (uint32_t j : resp.deleted()) {
+          if (j < n) items[list[at + j].first].deleted = true;
+        }
       }
     }
 
     // 2. Who lacks what, and whether this node is the one to copy it.
     std::map<std::pair<size_t, uint32_t>, std::vector<size_t>> copies;  // (owner, ns) → items
     std::map<uint32_t, std::vector<ChunkKey>> extra;  // ns → stored keys of copies to drop
+    std::map<uint32_t, std::vector<ChunkKey>> deleted;  // ns → stored keys deleted elsewhere
     const uint64_t under_before = under, under_bytes_before = under_bytes;
     uint64_t copies_planned = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       Item& it = items[i];
+      if (it.deleted) {  // this node missed its tenant's Delete: the copy goes, not out
+        deleted[it.ns->store_id].push_back(it.chunk->key);
+        continue;
+      }
       uint32_t holders = it.holds;
       size_t self_rank = it.owners.size();
       for (size_t k = 0; k < it.owners.size(); ++k) {
@@ -415,7 +424,20 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
         }
       }
     }
-    // 4. Drop the extra copies every owner confirmed.
+    // 4. Erase what was deleted while this node was away (remembering it, so that no copy
+    // comes back here either), and drop the extra copies every owner confirmed.
+    for (const auto& [ns_id, keys] : deleted) {
+      if (opt_.tombstones != nullptr) {
+        if (absl::Status s = opt_.tombstones->Add(ns_id, keys); !s.ok()) {
+          opt_.log("repair_tombstone_failed", std::string(s.message()));
+        }
+      }
+      uint64_t erased = 0;
+      for (const absl::Status& s : store_->EraseBatch(ns_id, keys)) erased += s.ok();
+      opt_.log("repair_erased_deleted",
+               absl::StrCat(erased, " copies of namespace ", ns_id,
+                            " deleted by their tenant while this node was away"));
+    }
     uint64_t dropped_here = 0;
     for (const auto& [ns_id, keys] : extra) {
       for (const absl::Status& s : store_->EraseBatch(ns_id, keys)) dropped_here += s.ok();

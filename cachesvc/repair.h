@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "cachesvc/namespace_registry.h"
+#include "cachesvc/tombstones.h"
 #include "cluster/membership.h"
 #include "kvcache/v1/kvcache.pb.h"
 #include "storage/chunk_store.h"
@@ -47,6 +48,10 @@ struct RepairOptions {
   // holds one (false: kept as an extra copy until eviction takes it).
   bool drop_extra_copies = false;
   uint64_t shard_chunks = 1 << 18;  // a pass lists about this many chunks at a time
+  // This node's tombstones (not owned; null: none): an owner that says a chunk was deleted
+  // there makes this node erase its own copy and remember the delete too, instead of
+  // copying the chunk back (docs/cluster.md, "Deletes").
+  Tombstones* tombstones = nullptr;
   std::function<void(const std::string& event, const std::string& detail)> log;
 };
 

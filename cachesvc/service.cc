@@ -164,8 +164,18 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
              pb::DeleteResponse* resp) -> absl::Status {
         auto nk = impl_->NamespaceAndKeys(t, *req);
         if (!nk.ok()) return nk.status();
-        KVC_ASSIGN_OR_RETURN(uint32_t n,
-                             Impl::CountOk(impl_->store->EraseBatch(nk->ns.store_id, nk->stored)));
+        const std::vector<absl::Status> erased =
+            impl_->store->EraseBatch(nk->ns.store_id, nk->stored);
+        if (Tombstones* tombs = impl_->opt.tombstones; tombs != nullptr) {
+          // Remembered where a copy was erased: a node that missed this Delete must not
+          // bring its copy back (docs/cluster.md, "Deletes").
+          std::vector<ChunkKey> gone;
+          for (size_t i = 0; i < erased.size(); ++i) {
+            if (erased[i].ok()) gone.push_back(nk->stored[i]);
+          }
+          KVC_RETURN_IF_ERROR(tombs->Add(nk->ns.store_id, gone));
+        }
+        KVC_ASSIGN_OR_RETURN(uint32_t n, Impl::CountOk(erased));
         resp->set_deleted(n);
         return absl::OkStatus();
       });

@@ -23,6 +23,7 @@
 #include "cachesvc/shm_access.h"
 #include "cachesvc/tenant_limits.h"
 #include "cachesvc/tenant_quotas.h"
+#include "cachesvc/tombstones.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "storage/chunk_store.h"
 #include "storage/hbm_tier.h"
@@ -67,6 +68,10 @@ struct ServiceOptions {
   // are read and its writes issued while the previous batch's sync runs (each chunk is still
   // acknowledged only after a sync that began once its write completed); 1: one at a time.
   size_t durable_store_in_flight = 2;
+  // A cluster node's memory of its tenants' deletes (tombstones.h; not owned): Delete adds
+  // to it, peers' copies and clients' repair copies of a deleted chunk are refused, and
+  // Lookup (every_chunk) and Holds say which keys were deleted. Null: none kept (one node).
+  Tombstones* tombstones = nullptr;
   // A cluster node's repair state for Stats (repair.h); null: no repair runs here.
   std::function<void(kvcache::v1::RepairStats*)> repair_stats;
 };

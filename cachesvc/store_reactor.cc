@@ -279,6 +279,18 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                    bool may_block) {
     const int64_t ttl_s = static_cast<int64_t>(req_.ttl_seconds());
     const ChunkKey stored = StorageKey(ns, key);
+    if (Tombstones* t = svc_->opt.tombstones; t != nullptr && t->Deleted(ns.store_id, stored)) {
+      if (req_.repair_copy()) {
+        // A client's read-repair copy of a chunk deleted here: not brought back.
+        MutexLock lk(mu_);
+        resp_.set_deleted(resp_.deleted() + 1);
+        resp_.add_chunk_keys(KeyBytes(key));
+        return absl::OkStatus();
+      }
+      // The tenant stores the key anew, a newer decision than its delete (a synced write).
+      if (!may_block) return storage::WouldBlockError("forgetting the chunk's tombstone");
+      KVC_RETURN_IF_ERROR(t->Clear(ns.store_id, stored));
+    }
     if (req_.durability() == pb::DURABILITY_DURABLE) {
       staged_keys_.insert(stored);
       staged_.push_back({index_, ns.store_id, key, stored, stored_parent, client_parent, ttl_s,

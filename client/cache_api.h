@@ -81,6 +81,9 @@ struct LookupResult {
   std::vector<Tier> tiers;              // one per matched chunk
   // A cluster: the node that serves each matched chunk (its best-ranked holder).
   std::vector<std::string> nodes;
+  // One node asked about every chunk: the indices of those its tenant deleted there (the
+  // node remembers; docs/cluster.md, "Deletes"). A cluster client treats them as missing.
+  std::vector<uint32_t> deleted;
 };
 
 struct StoreResult {
@@ -99,6 +102,9 @@ struct ChunkToStore {
   // A caller-keyed namespace: the chunk's key, CallerKey(ns, the caller's key). There the
   // parent is optional (the page before, if the caller's pages form a chain).
   std::optional<storage::ChunkKey> key;
+  // A copy of a chunk found on fewer nodes than it should be (a cluster client's read
+  // repair), not a new store: a node where it was deleted refuses it.
+  bool repair_copy = false;
 };
 
 // The chunk key of a caller's own key (1..64 bytes, e.g. a serving engine's page hash) in a

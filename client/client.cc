@@ -380,6 +380,13 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysImpl(const RemoteNamespace& 
   KVC_RETURN_IF_ERROR(LookupByKeys(req, keys, &resp));
   r.matched_chunks = resp.matched_chunks();
   for (int t : resp.tiers()) r.tiers.push_back(TierFromWire(t));
+  for (uint32_t i : resp.deleted_chunks()) {
+    if (i >= r.keys.size()) {
+      return absl::InternalError(absl::StrCat("Lookup answered deleted chunk ", i, " of ",
+                                              r.keys.size()));
+    }
+    r.deleted.push_back(i);
+  }
   const size_t want = every_chunk ? r.keys.size() : r.matched_chunks;
   if (r.tiers.size() != want || r.matched_chunks > r.keys.size()) {
     return absl::InternalError(absl::StrCat("Lookup answered ", r.matched_chunks, " matched and ",
@@ -600,6 +607,7 @@ absl::StatusOr<StoreResult> CacheClient::StoreChunks(const RemoteNamespace& ns,
     req.mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
     req.set_durability(static_cast<pb::Durability>(durability));
     req.set_ttl_seconds(ttl_seconds);
+    if (c.repair_copy) req.set_repair_copy(true);
     const std::string head = req.SerializeAsString() + wire::StorePayloadHeader(c.payload.size());
     grpc::Slice slices[] = {grpc::Slice(head), grpc::Slice(c.payload.data(), c.payload.size(),
                                                            grpc::Slice::STATIC_SLICE)};

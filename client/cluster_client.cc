@@ -113,7 +113,8 @@ void ClusterClient::Repair(const RepairJob& job) {
   absl::StatusOr<size_t> got = from->client->Fetch(job.ns, std::span(&key, 1), payload);
   if (!got.ok() || *got != 1) return;  // evicted or gone since: nothing to copy
   ChunkToStore chunk{job.parent, job.tokens, payload,
-                     job.ns.caller_keys ? std::optional(key) : std::nullopt};
+                     job.ns.caller_keys ? std::optional(key) : std::nullopt,
+                     /*repair_copy=*/true};
   for (const std::string& id : job.to) {
     Node* to = find(id);
     if (to == nullptr || !EnsureNamespace(*to, job.ns).ok()) continue;
@@ -340,6 +341,9 @@ absl::StatusOr<LookupResult> ClusterClient::LookupImpl(const RemoteNamespace& ns
     all.tiers.assign(r.keys.size(), Tier::kNone);
     for (size_t j = 0; j < plan[i].size() && j < got->tiers.size(); ++j)
       all.tiers[plan[i][j]] = got->tiers[j];
+    for (uint32_t j : got->deleted) {
+      if (j < plan[i].size()) all.deleted.push_back(static_cast<uint32_t>(plan[i][j]));
+    }
     per[i] = std::move(all);
   });
   size_t asked = 0, answered = 0;
@@ -371,9 +375,20 @@ absl::StatusOr<LookupResult> ClusterClient::LookupImpl(const RemoteNamespace& ns
   const bool may_repair =
       options_.repair_grace_ms >= 0 && answered == asked &&
       Clock::now() - membership_changed_ >= std::chrono::milliseconds(options_.repair_grace_ms);
+  // A chunk some node says its tenant deleted is missing everywhere: a node that still
+  // holds a copy missed the Delete (its repair erases it), and nothing copies it back.
+  std::vector<char> deleted(r.keys.size(), 0);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!per[i].ok()) continue;
+    for (uint32_t c : per[i]->deleted) deleted[c] = 1;
+  }
   for (size_t c = 0; c < r.keys.size(); ++c) {
     std::vector<std::string> holders;
     Tier tier = Tier::kNone;
+    if (deleted[c]) {
+      holders_.erase(r.keys[c]);
+      continue;
+    }
     for (size_t i : cluster::RankNodes(r.keys[c], ids)) {
       if (!per[i].ok()) continue;
       if (per[i]->tiers[c] == Tier::kNone) continue;

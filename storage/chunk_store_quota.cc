@@ -203,11 +203,13 @@ absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota, bool mus
       ssd += q.quota.ssd_bytes;
     }
     const QuotaRoom room = s.QuotaRoomLocked();
-    auto refuse = [&](const char* tier, uint64_t sum, uint64_t cap) {
+    // Names the owner's own quota and the tier, not the others' sum: the owner is a
+    // tenant, and the other tenants' quotas are not its to know (docs/security.md).
+    auto refuse = [&](const char* tier, uint64_t, uint64_t) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the quota of ", quota.owner, " does not fit: with it, quotas would guarantee ", sum,
-          " bytes of ", tier, " and the tier holds ", cap,
-          " for them (a chunk is charged the whole slot it takes)"));
+          "the quota of ", quota.owner, " does not fit beside the quotas already granted in ",
+          tier, " (a chunk is charged the whole slot it takes); the operator can lower them or "
+          "give the tier more room"));
     };
     if (s.ram && quota.ram_bytes > 0 && ram > room.ram_bytes)
       return refuse("RAM", ram, room.ram_bytes);

@@ -47,11 +47,12 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, bool all
     if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool)) return *slot;
     std::optional<ChunkKey> victim = PickRamVictim(pool);
     if (!victim) {
+      // Says why, not how full the tier is or with whose chunks: the caller is one tenant
+      // of many (docs/security.md); Stats gives an operator the counts.
       return absl::ResourceExhaustedError(absl::StrCat(
           pool == 0 ? std::string("the RAM tier") : absl::StrCat("RAM pool ", pool),
-          " is full: its ", ram->arena(pool)->slots(),
-          " slots hold pinned chunks, leased ones, writes in flight or chunks of tenants "
-          "within their quotas"));
+          " is full and nothing in it can give way (pinned, leased or unwritten chunks, or "
+          "chunks of tenants within their quotas)"));
     }
     KVC_RETURN_IF_ERROR(ReleaseRam(*victim, allow_writeback));
   }
@@ -253,10 +254,9 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
   reservation_cv.notify_all();
   if (!status.ok()) return status;
   if (reserved_free.size() < n)
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the SSD tier is full: its ", ssd->capacity_slots(), " slots hold ", ssd_map.size(),
-        " chunks that cannot be evicted (pinned, or ancestors of pinned ones) and ", in_flight,
-        " writes in flight"));
+    return absl::ResourceExhaustedError(
+        "the SSD tier is full and nothing in it can give way (pinned chunks, their ancestors, "
+        "writes in flight)");
   return absl::OkStatus();
 }
 

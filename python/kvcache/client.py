@@ -1,5 +1,5 @@
 """The blocking client."""
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import grpc
 import grpc.experimental
@@ -217,10 +217,19 @@ class Client(Common):
     def tiers_of(self, ns: Namespace, keys: Sequence[bytes]) -> List[str]:
         """The tier of every chunk of `keys` on this daemon ("none" where it has none), not
         only the leading run's: what a cluster client merges across nodes."""
+        return self.tiers_and_deleted_of(ns, keys)[0]
+
+    def tiers_and_deleted_of(self, ns: Namespace,
+                             keys: Sequence[bytes]) -> Tuple[List[str], Set[int]]:
+        """tiers_of(), and the indices of the chunks this daemon's tenant deleted (a cluster
+        node remembers them: a chunk another node still holds missed the delete, and a
+        cluster client treats it as missing; docs/cluster.md, "Deletes")."""
         if not keys:
-            return []
+            return [], set()
         req = self.keys_lookup_request(ns, keys, every_chunk=True)
-        return self.match_from(ns, self._lookup(req), keys).tiers
+        resp = self._lookup(req)
+        deleted = {int(i) for i in resp.deleted_chunks if int(i) < len(keys)}
+        return self.match_from(ns, resp, keys).tiers, deleted
 
     def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
         """Keeps the chunks (and so their prefix) from eviction for ttl_s; how many found."""

@@ -287,10 +287,12 @@ class ClusterClient:
 
         def ask(nc, idx):  # by key: hashed once here, not on every node
             self._ensure_namespace(nc, ns)
-            tiers = nc.client.tiers_of(ns, [keys[c] for c in idx])
+            tiers, deleted = nc.client.tiers_and_deleted_of(ns, [keys[c] for c in idx])
             every = ["none"] * len(keys)
             for c, t in zip(idx, tiers):
                 every[c] = t
+            for j in deleted:  # deleted there: missing everywhere (docs/cluster.md)
+                every[idx[j]] = "deleted"
             return every
         asked = [(nc, idx) for nc, idx in zip(nodes, plan) if idx]
         results = self._on_nodes([(nc, lambda n, idx=idx: ask(n, idx)) for nc, idx in asked])
@@ -304,6 +306,10 @@ class ClusterClient:
             raise UnavailableError(f"no node of the cluster answered lookup: {results[0][1]}")
         every = []
         for c, key in enumerate(keys):
+            if any(tiers[c] == "deleted" for tiers in answered.values()):
+                self._holders.pop(key, None)
+                every.append("none")
+                continue
             holders = [n for n in rank_nodes(key, ids)
                        if n in answered and answered[n][c] != "none"]
             if holders:

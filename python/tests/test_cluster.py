@@ -400,3 +400,34 @@ def test_the_asyncio_cluster_client_stores_and_fetches_a_prefix(cluster, seed, m
             assert (await c.store_keys(keyed, keys, bytes(1024))).stored == 4
             assert (await c.lookup_keys(keyed, keys)).matched_chunks == 2
     asyncio.run(main())
+
+
+def test_a_chunk_deleted_while_a_node_was_away_is_missing_when_it_returns(cluster, seed,
+                                                                          mini_config):
+    """The node that missed the delete still holds its copies when it comes back; the
+    others remember the delete (tombstones) and the client's lookup treats the chunks as
+    missing everywhere (docs/cluster.md, "Deletes")."""
+    etcd, nodes = cluster
+    rng = np.random.default_rng(seed)
+    with kvcache.connect(etcd.url, timeout_s=5) as c:
+        assert wait_for(lambda: len(c.membership.nodes) == 3, 10)
+        ns = c.register_namespace(mini_config, "mini", 64)
+        tokens = rng.integers(0, 512, 8 * 64, dtype=np.uint32)
+        payloads = rng.integers(1, 256, 8 * ns.chunk_bytes, dtype=np.uint8)
+        c.store(ns, tokens, payloads)  # R = 2: n2 holds about two thirds of the chunks
+        keys = c.chunk_keys(ns, tokens)
+        nodes[2].stop(signal.SIGKILL)
+        assert wait_for(lambda: len(c.membership.nodes) == 2, 10)
+        assert c.delete(ns, keys) > 0
+        assert c.lookup(ns, tokens).matched_chunks == 0
+        nodes[2].start()  # back with its copies
+        assert wait_for(lambda: len(c.membership.nodes) == 3, 10)
+    with kvcache.connect(nodes[2].address) as direct:
+        ns2 = direct.register_namespace(mini_config, "mini", 64)
+        still = sum(1 for t in direct.tiers_of(ns2, keys) if t != "none")
+    assert still > 0, "the returning node should still hold the copies it had"
+    with kvcache.connect(etcd.url, timeout_s=5) as reader:
+        assert wait_for(lambda: len(reader.membership.nodes) == 3, 10)
+        ns = reader.register_namespace(mini_config, "mini", 64)
+        assert reader.lookup(ns, tokens).matched_chunks == 0
+        assert reader.tiers_of(ns, keys) == ["none"] * len(keys)

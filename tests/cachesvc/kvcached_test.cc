@@ -523,8 +523,12 @@ TEST(KvcachedTest, QuotasThatDoNotFitTheTiersAreRefused) {
   req.set_model_id("mini-test");
   req.set_chunk_tokens(64);
   pb::RegisterNamespaceResponse resp;
-  ExpectStatus(d.stub().RegisterNamespace(b.Ctx().get(), req, &resp),
-               grpc::StatusCode::RESOURCE_EXHAUSTED, "the quota of tenant globex does not fit");
+  const grpc::Status refused = d.stub().RegisterNamespace(b.Ctx().get(), req, &resp);
+  ExpectStatus(refused, grpc::StatusCode::RESOURCE_EXHAUSTED,
+               "the quota of tenant globex does not fit");
+  // It names globex's own quota only: not what the others were granted, nor the tier's room.
+  EXPECT_EQ(refused.error_message().find_first_of("0123456789"), std::string::npos)
+      << refused.error_message();
   // Refused, it left nothing behind: its namespace does not exist.
   pb::LookupRequest look;
   look.set_namespace_id(1 + Register(d, a).namespace_id());

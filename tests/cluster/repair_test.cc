@@ -409,6 +409,68 @@ TEST_F(RepairTest, AJoiningNodeGetsItsShareAndTheOldHoldersDropTheirExtraCopies)
   for (const Prefix& p : data) ExpectFetchExact(*reader, ns_a_, p);
 }
 
+// A Delete stays deleted: chunks deleted while a node was away (killed, its folder kept) do
+// not come back when it returns — not through its repair (the others refuse its copies and
+// tell it to erase them), and not through a client's read (a Lookup treats a chunk some
+// node deleted as missing, and its read repair is refused) — while everything not deleted
+// is still there.
+TEST_F(RepairTest, ADeleteStaysDeletedWhenANodeThatMissedItReturns) {
+  std::vector<Prefix> kept, gone;
+  for (int i = 0; i < 4; ++i) {
+    kept.push_back(MakePrefix(rng_, ns_a_, 8));
+    gone.push_back(MakePrefix(rng_, ns_a_, 8));
+    for (const Prefix* p : {&kept.back(), &gone.back()}) {
+      ASSERT_TRUE(alice_->Store(ns_a_, std::nullopt, p->tokens, p->payloads).ok());
+    }
+  }
+  // n3 holds its share of what is to be deleted when it goes away.
+  size_t on_n3 = 0;
+  for (const Prefix& p : gone) {
+    for (const std::set<int>& h : HoldersOf(ns_a_, kTokenA, p)) on_n3 += h.contains(3);
+  }
+  ASSERT_GT(on_n3, 0u);
+  nodes_[3]->Stop(SIGKILL);
+  nodes_[3].reset();
+  ASSERT_TRUE(WaitFor([&] { return alice_->membership()->nodes.size() == 3; }, 10));
+  uint32_t deleted = 0;
+  for (const Prefix& p : gone) {
+    absl::StatusOr<uint32_t> d = alice_->Delete(ns_a_, alice_->Keys(ns_a_, p.tokens));
+    ASSERT_TRUE(d.ok()) << d.status();
+    deleted += *d;
+  }
+  EXPECT_GT(deleted, 0u);
+  for (const Prefix& p : gone) EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 0);
+  StartNode(3);  // back, with the copies it held
+  ASSERT_TRUE(WaitFor([&] { return alice_->membership()->nodes.size() == 4; }, 10));
+  // At once, before any repair: a client's Lookup finds none of the deleted chunks.
+  std::unique_ptr<ClusterClient> reader = Connect(kTokenA);
+  ASSERT_TRUE(reader->RegisterNamespace(config_, "mini", 64).ok());
+  for (const Prefix& p : gone) {
+    absl::StatusOr<LookupResult> l = reader->Lookup(ns_a_, p.tokens);
+    ASSERT_TRUE(l.ok()) << l.status();
+    EXPECT_EQ(l->matched_chunks, 0u) << "a deleted chunk was found";
+  }
+  // After repair has run everywhere, no node holds any of them.
+  const std::map<int, uint64_t> before = Passes();
+  ASSERT_TRUE(WaitFor([&] { return RepairSettled(before); }, 40));
+  const std::map<int, uint64_t> again = Passes();
+  ASSERT_TRUE(WaitFor([&] { return RepairSettled(again); }, 40));
+  for (const Prefix& p : gone) {
+    const std::vector<std::set<int>> holders = HoldersOf(ns_a_, kTokenA, p);
+    for (size_t k = 0; k < holders.size(); ++k) {
+      EXPECT_TRUE(holders[k].empty()) << "chunk " << k << " of a deleted prefix came back on "
+                                      << holders[k].size() << " nodes";
+    }
+    absl::StatusOr<LookupResult> l = reader->Lookup(ns_a_, p.tokens);
+    ASSERT_TRUE(l.ok()) << l.status();
+    EXPECT_EQ(l->matched_chunks, 0u);
+  }
+  for (const Prefix& p : kept) ExpectFetchExact(*reader, ns_a_, p);
+  // Storing a deleted prefix again is the tenant's new decision: it is kept.
+  ASSERT_TRUE(alice_->Store(ns_a_, std::nullopt, gone[0].tokens, gone[0].payloads).ok());
+  ExpectFetchExact(*reader, ns_a_, gone[0]);
+}
+
 // A pinned copy on a node that no longer owns it stays (--repair-drop-extra drops only
 // unpinned ones): the owners may hold the chunk unpinned, and the pin would be gone
 // everywhere. The new owner still gets its copy.
