@@ -12,6 +12,8 @@
 //   kvctl get      --config F --model-id M [--chunk-tokens C] --tokens-file F --out P
 //   kvctl pin|unpin|evict --config F --model-id M [--chunk-tokens C] --tokens-file F
 //                  [--ttl S]
+//   kvctl pins --tenant T [--limit N]   (the operator: a tenant's pinned chunks)
+//   kvctl unpin --tenant T              (the operator: every pin of a tenant removed)
 // On a stopped daemon's data folder:
 //   kvctl ls     --data-dir DIR      (namespace and stored key of every chunk on SSD: keys as
 //                                    storage holds them, bound to their namespace)
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -38,6 +41,7 @@
 #include "client/client.h"
 #include "client/cluster_client.h"
 #include "client/stats.h"
+#include "kvcache/v1/kvcache.grpc.pb.h"
 #include "kvcache/v1/peer.grpc.pb.h"
 #include "storage/chunk_store.h"
 #include "wire/grpc_status.h"
@@ -89,6 +93,8 @@ struct Args {
   uint32_t chunk_tokens = 0, ttl = 0;
   bool memory = false;
   std::string node_id, secret_file;  // drain
+  std::string tenant;                // pins, unpin --tenant: the operator's
+  uint32_t limit = 1000;
   std::string tls_ca;                // reach kvcached over TLS, trusting this CA bundle
   double wait_s = 3600;
   EtcdFlags etcd;  // a cluster whose etcd runs with TLS or authentication
@@ -209,7 +215,52 @@ absl::Status DrainNode(ClusterClient& c, const std::string& node_id, const std::
   }
 }
 
+// The operator's calls on a tenant's pins, against one daemon (--server): the caller's
+// token must be an admin tenant's (kvcached --admin-tenants).
+absl::Status TenantPins(const Args& a, bool unpin) {
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!a.tls_ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    KVC_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(a.tls_ca));
+    creds = grpc::SslCredentials(ssl);
+  }
+  auto stub = pb::KVCache::NewStub(grpc::CreateChannel(a.server, creds));
+  grpc::ClientContext ctx;
+  if (!a.token.empty()) ctx.AddMetadata("authorization", "Bearer " + a.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  if (unpin) {
+    pb::UnpinTenantRequest req;
+    req.set_tenant(a.tenant);
+    pb::UnpinResponse resp;
+    KVC_RETURN_IF_ERROR(wire::FromGrpc(stub->UnpinTenant(&ctx, req, &resp)));
+    std::printf("unpinned %u chunks of tenant %s\n", resp.unpinned(), a.tenant.c_str());
+    return absl::OkStatus();
+  }
+  pb::ListPinsRequest req;
+  req.set_tenant(a.tenant);
+  req.set_limit(a.limit);
+  pb::ListPinsResponse resp;
+  KVC_RETURN_IF_ERROR(wire::FromGrpc(stub->ListPins(&ctx, req, &resp)));
+  std::printf("tenant %s has %u pinned chunks%s\n", a.tenant.c_str(), resp.total(),
+              static_cast<uint32_t>(resp.pins_size()) < resp.total() ? " (the first listed)" : "");
+  for (const pb::PinnedChunk& p : resp.pins()) {
+    storage::ChunkKey key;
+    if (p.chunk_key().size() == 16) std::memcpy(key.bytes.data(), p.chunk_key().data(), 16);
+    std::printf("namespace %u (%s) %s until %lld\n", p.namespace_id(), p.model_id().c_str(),
+                key.Hex().c_str(), static_cast<long long>(p.pin_until_unix_s()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::string& cmd, const Args& a) {
+  if (cmd == "pins" || (cmd == "unpin" && !a.tenant.empty())) {
+    return TenantPins(a, /*unpin=*/cmd == "unpin");
+  }
+  if (cmd == "unpin" && (a.config.empty() || a.model_id.empty() || a.tokens_file.empty())) {
+    return absl::InvalidArgumentError(
+        "unpin needs --config, --model-id and --tokens-file (a tenant's own chunks), or "
+        "--tenant T (the operator: every pin of T)");
+  }
   if (cmd == "ls" || cmd == "verify") {
     storage::StoreOptions o;
     o.data_dir = a.data_dir;
@@ -378,8 +429,22 @@ int Main(int argc, char** argv) {
         ->capture_default_str();
   }
   model(app.add_subcommand("register", "register (or find) a model's namespace"));
+  {
+    CLI::App* p = app.add_subcommand("pins", "the operator: the chunks a tenant has pinned");
+    p->add_option("--tenant", a.tenant, "the tenant")->required();
+    p->add_option("--limit", a.limit, "list at most this many")->capture_default_str();
+  }
   for (const char* name : {"hash", "lookup", "put", "get", "pin", "unpin", "evict"}) {
     CLI::App* s = app.add_subcommand(name, std::string(name) + " the chunks of a token file");
+    const bool unpin = std::string(name) == "unpin";
+    if (unpin) {  // or the operator's: every pin of a tenant
+      s->add_option("--tenant", a.tenant, "every pin of this tenant (an admin token)");
+      s->add_option("--config", a.config, "model config.json");
+      s->add_option("--model-id", a.model_id, "model id");
+      s->add_option("--chunk-tokens", a.chunk_tokens, "tokens per chunk (0: server default)");
+      s->add_option("--tokens-file", a.tokens_file, "whitespace-separated token ids");
+      continue;
+    }
     model(s);
     s->add_option("--tokens-file", a.tokens_file, "whitespace-separated token ids")->required();
     if (std::string(name) == "put") {

@@ -181,6 +181,30 @@ grpc::ServerUnaryReactor* KvCacheService::Delete(grpc::CallbackServerContext* ct
       });
 }
 
+grpc::ServerUnaryReactor* KvCacheService::ListPins(grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* raw_req,
+                                                   grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::ListPinsRequest, pb::ListPinsResponse>(
+      "ListPins", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::ListPinsRequest* req, pb::ListPinsResponse* resp) {
+        return impl_->DoTenantPins(t, req->tenant(), req->limit() ? req->limit() : 1000,
+                                   /*unpin=*/false, resp, nullptr);
+      });
+}
+
+grpc::ServerUnaryReactor* KvCacheService::UnpinTenant(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* raw_req,
+                                                      grpc::ByteBuffer* raw_resp) {
+  return impl_->RawUnary<pb::UnpinTenantRequest, pb::UnpinResponse>(
+      "UnpinTenant", ctx, raw_req, raw_resp,
+      [this](const std::string& t, const pb::UnpinTenantRequest* req, pb::UnpinResponse* resp) {
+        uint32_t n = 0;
+        KVC_RETURN_IF_ERROR(impl_->DoTenantPins(t, req->tenant(), 0, /*unpin=*/true, nullptr, &n));
+        resp->set_unpinned(n);
+        return absl::OkStatus();
+      });
+}
+
 void KvCacheService::StopTakingStores() { impl_->refusing_stores = true; }
 
 grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx,

@@ -91,7 +91,11 @@ using Base = kvcache::v1::KVCache::WithRawCallbackMethod_RegisterNamespace<
                                 kvcache::v1::KVCache::WithRawCallbackMethod_FetchRefs<
                                     kvcache::v1::KVCache::WithRawCallbackMethod_FetchDeviceRefs<
                                         kvcache::v1::KVCache::WithRawCallbackMethod_ReleaseRefs<
-                                            kvcache::v1::KVCache::CallbackService>>>>>>>>>>>;
+                                            kvcache::v1::KVCache::WithRawCallbackMethod_ListPins<
+                                                kvcache::v1::KVCache::
+                                                    WithRawCallbackMethod_UnpinTenant<
+                                                        kvcache::v1::KVCache::
+                                                            CallbackService>>>>>>>>>>>>>;
 }  // namespace service_internal
 
 class KvCacheService final : public service_internal::Base {
@@ -123,6 +127,13 @@ class KvCacheService final : public service_internal::Base {
                                             const grpc::ByteBuffer* req,
                                             grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ReleaseRefs(grpc::CallbackServerContext* ctx,
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
+  // The operator's view of a tenant's pins (admin tenants only).
+  grpc::ServerUnaryReactor* ListPins(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* UnpinTenant(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* req,
                                         grpc::ByteBuffer* resp) override;
 

@@ -221,6 +221,43 @@ absl::StatusOr<uint32_t> KvCacheService::Impl::DoPin(const std::string& tenant,
   return CountOk(store->PinBatch(nk.ns.store_id, nk.stored, until));
 }
 
+absl::Status KvCacheService::Impl::DoTenantPins(const std::string& caller,
+                                                const std::string& tenant, uint32_t limit,
+                                                bool unpin, pb::ListPinsResponse* listed,
+                                                uint32_t* unpinned) {
+  if (!SeesTotals(caller)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "tenant ", caller, " may not see or change another tenant's pins (kvcached --admin-tenants)"));
+  }
+  if (tenant.empty()) return absl::InvalidArgumentError("tenant is empty");
+  std::map<storage::NamespaceId, NamespaceInfo> own;  // by store_id
+  for (NamespaceInfo& ns : registry->All()) {
+    if (ns.tenant == tenant) own.emplace(ns.store_id, std::move(ns));
+  }
+  std::map<storage::NamespaceId, std::vector<ChunkKey>> to_unpin;
+  uint32_t total = 0;
+  for (const storage::ChunkStore::ChunkListing& c : store->ListPinned()) {
+    auto ns = own.find(c.namespace_id);
+    if (ns == own.end()) continue;
+    ++total;
+    if (unpin) to_unpin[c.namespace_id].push_back(c.key);
+    if (listed != nullptr && static_cast<uint32_t>(listed->pins_size()) < limit) {
+      pb::PinnedChunk* p = listed->add_pins();
+      p->set_namespace_id(ns->second.id);
+      p->set_model_id(ns->second.model_id);
+      if (c.origin) p->set_chunk_key(KeyBytes(c.origin->key));
+      p->set_pin_until_unix_s(c.pin_until_s);
+    }
+  }
+  if (listed != nullptr) listed->set_total(total);
+  if (unpinned != nullptr) *unpinned = 0;
+  for (const auto& [store_id, keys] : to_unpin) {
+    KVC_ASSIGN_OR_RETURN(uint32_t n, CountOk(store->PinBatch(store_id, keys, 0)));
+    *unpinned += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvCacheService::Impl::DoFetchRefs(const std::string& tenant,
                                                const pb::FetchRefsRequest& req,
                                                pb::FetchRefsResponse* resp) {

@@ -198,6 +198,10 @@ class KvCacheService::Impl {
   static absl::StatusOr<uint32_t> CountOk(const std::vector<absl::Status>& statuses);
   absl::StatusOr<uint32_t> DoPin(const std::string& tenant, const pb::PinRequest& req,
                                  int64_t until);
+  // The operator's calls on a tenant's pins: PERMISSION_DENIED unless `caller` sees the
+  // daemon's totals (SeesTotals). `unpin`: every pin of the tenant is removed as listed.
+  absl::Status DoTenantPins(const std::string& caller, const std::string& tenant, uint32_t limit,
+                            bool unpin, pb::ListPinsResponse* listed, uint32_t* unpinned);
 
   // ---- leases of RAM and HBM slots handed to co-located clients (lease_table.h) ----
   using RefLease = LeaseTable::Lease;

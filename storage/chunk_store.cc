@@ -697,6 +697,24 @@ std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
   return out;
 }
 
+std::vector<ChunkStore::ChunkListing> ChunkStore::ListPinned() const {
+  Impl& s = *impl_;
+  MutexLock lk(s.mu);
+  const int64_t now = s.NowS();
+  std::vector<ChunkListing> out;
+  for (const auto& [key, until] : s.pins) {
+    if (until <= now) continue;
+    if (auto d = s.ssd_map.find(key); d != s.ssd_map.end()) {
+      const IndexRecord& rec = d->second;
+      out.push_back({rec.namespace_id, key, rec.origin, rec.payload_bytes, rec.checksum,
+                     rec.expires_s, until});
+    } else if (const RamEntry* r = s.ram ? s.ram->Find(key) : nullptr; r != nullptr) {
+      out.push_back({r->ns, key, r->origin, r->len, r->checksum, r->expires_s, until});
+    }
+  }
+  return out;
+}
+
 std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks(uint32_t shard,
                                                              uint32_t shards) const {
   std::vector<ChunkListing> out;

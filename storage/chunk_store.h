@@ -307,6 +307,8 @@ class ChunkStore {
     int64_t pin_until_s = 0;  // 0: not pinned
   };
   std::vector<ChunkListing> ListChunks(uint32_t shard = 0, uint32_t shards = 1) const;
+  // Every chunk pinned now (in either tier, once each): a walk over the pins only.
+  std::vector<ChunkListing> ListPinned() const;
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();

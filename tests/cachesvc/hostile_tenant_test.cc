@@ -216,6 +216,53 @@ TEST(HostileTenantTest, PinsNeverTakeMoreThanTheTiersShare) {
   EXPECT_EQ(found.matched_chunks(), hers.size());
 }
 
+// An operator lists and removes any tenant's pins (kvctl pins / unpin --tenant, with an
+// admin token); a tenant cannot do either for another.
+TEST(HostileTenantTest, AnOperatorListsAndRemovesATenantsPins) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "tok-m mallory\ntok-a alice\ntok-o ops\n";
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--admin-tenants", "ops"});
+  pb::RegisterNamespaceResponse nm;
+  ASSERT_TRUE(RegisterCallerKeyed(d, "tok-m", "mallory-model", 16, &nm).ok());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10; ++i) keys.push_back(RandomKey(rng));
+  ASSERT_TRUE(StorePages(d, "tok-m", nm.namespace_id(), keys, rng).ok());
+  pb::PinRequest pin;
+  pin.set_namespace_id(nm.namespace_id());
+  pin.set_ttl_seconds(UINT32_MAX);
+  for (const std::string& k : keys) pin.add_chunk_keys(k);
+  pb::PinResponse pinned;
+  ASSERT_TRUE(d.stub().Pin(Ctx("tok-m").get(), pin, &pinned).ok());
+  ASSERT_EQ(pinned.pinned(), 10u);
+  const std::string kvctl = std::string(KVC_BIN_DIR) + "/kvctl";
+  const auto run = [&](const std::string& token, std::vector<std::string> args) {
+    args.insert(args.begin(), {"--server", d.address(), "--token", token});
+    return testing::RunProgram(kvctl, args);
+  };
+  testing::ProcessResult listed = run("tok-o", {"pins", "--tenant", "mallory"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_NE(listed.out.find("tenant mallory has 10 pinned chunks"), std::string::npos) << listed.out;
+  storage::ChunkKey first;
+  std::memcpy(first.bytes.data(), keys[0].data(), 16);
+  EXPECT_NE(listed.out.find(first.Hex()), std::string::npos) << "the tenant's own key is listed";
+  for (const char* cmd : {"pins", "unpin"}) {
+    const testing::ProcessResult refused = run("tok-a", {cmd, "--tenant", "mallory"});
+    EXPECT_EQ(refused.exit_code, 1) << cmd;
+    EXPECT_NE(refused.err.find("may not see or change another tenant's pins"), std::string::npos)
+        << refused.err;
+  }
+  const testing::ProcessResult unpinned = run("tok-o", {"unpin", "--tenant", "mallory"});
+  ASSERT_EQ(unpinned.exit_code, 0) << unpinned.err;
+  EXPECT_NE(unpinned.out.find("unpinned 10 chunks of tenant mallory"), std::string::npos)
+      << unpinned.out;
+  pb::StatsResponse stats;
+  ASSERT_TRUE(d.stub().Stats(Ctx("tok-m").get(), {}, &stats).ok());
+  EXPECT_EQ(stats.quota().pinned_chunks(), 0u);
+  listed = run("tok-o", {"pins", "--tenant", "mallory"});
+  EXPECT_NE(listed.out.find("tenant mallory has 0 pinned chunks"), std::string::npos) << listed.out;
+}
+
 // Every tenant has a pin limit, a default when no quota names one.
 TEST(HostileTenantTest, ATenantWithoutAQuotaHasTheDefaultPinLimit) {
   std::mt19937_64 rng(testing::FreshSeed());
