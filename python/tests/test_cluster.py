@@ -231,7 +231,7 @@ def test_a_caller_keyed_namespace_places_pages_on_their_owners(cluster, seed):
     assert storage.batch_exists(page_keys) == 5
     assert storage.batch_get_v1(page_keys, slots(8, 5, pool.page_size)) == [True] * 5
     assert [pool.page((8 + p) * pool.page_size) for p in range(5)] == want
-    assert storage.get_stats()["failed_calls"] == 0
+    assert storage.stats["failed_calls"] == 0
     storage.close()
 
 

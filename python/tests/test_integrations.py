@@ -5,6 +5,9 @@ as the engines lay them out.
 """
 import hashlib
 import os
+import signal
+import sys
+import types
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -166,7 +169,7 @@ def test_sglang_zero_copy_backup_and_prefetch_survive_a_restart_and_stop_at_a_mi
     for p in range(4):
         assert pool.page((8 + p) * pool.page_size) == want[p], f"page {p}"
     assert storage.exists(keys[0]) and not storage.exists(keys[5])
-    assert storage.get_stats()["failed_calls"] == 0
+    assert storage.stats["failed_calls"] == 0
     storage.close()
 
 
@@ -248,7 +251,7 @@ def test_sglang_a_daemon_that_is_down_gives_misses_not_exceptions(seed):
     assert storage.batch_get_v2([PoolTransfer("kv", slots(0, 2, pool.page_size), keys=keys)]) == \
         {"kv": [False, False]}
     assert time.monotonic() - started < 5, "after the first failure, calls fail at once"
-    assert storage.get_stats()["failed_calls"] >= 6
+    assert storage.stats["failed_calls"] >= 6
 
 
 def test_sglang_hybrid_pools_load_the_prefix_every_pool_holds(daemon, seed):
@@ -296,6 +299,86 @@ def test_sglang_hybrid_pools_load_the_prefix_every_pool_holds(daemon, seed):
     storage.close()
 
 
+class AsymmetricHostPool(PageFirstHostPool):
+    """A host pool whose K and V heads differ in size (head_dim != v_head_dim): SGLang's
+    get_dummy_flat_data_page raises NotImplementedError for it."""
+
+    def get_dummy_flat_data_page(self):
+        raise NotImplementedError("asymmetric K/V: no flat data page")
+
+
+def test_sglang_an_asymmetric_pool_gets_counts_not_exceptions(daemon, seed):
+    """batch_exists on a fresh process with an asymmetric K/V pool (which once raised
+    NotImplementedError into the engine and turned L3 off for the process's life)."""
+    rng = np.random.default_rng(seed)
+    pool = AsymmetricHostPool(rng)
+    keys = sglang_page_hashes(rng.integers(0, 1000, 4 * pool.page_size), pool.page_size)
+    writer = KvcacheHiCacheStorage(storage_config(daemon.address), {})
+    writer.register_mem_pool_host(pool)
+    assert writer.batch_set_v1(keys, slots(0, 4, pool.page_size)) == [True] * 4
+    writer.close()
+    fresh = KvcacheHiCacheStorage(storage_config(daemon.address), {})
+    fresh.register_mem_pool_host(AsymmetricHostPool(rng))
+    assert prefetch(fresh, keys) == 4
+    assert fresh.stats["failed_calls"] == 0
+    fresh.close()
+
+
+def _reload_sglang_adapter(monkeypatch, modules):
+    """The adapter module imported again with these stand-ins for SGLang's modules."""
+    import importlib
+    import kvcache.integrations.sglang as adapter
+    for name in ("sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.metrics"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return importlib.reload(adapter)
+
+
+def test_sglang_every_hicache_storage_generation_finds_the_real_base(monkeypatch, daemon, seed):
+    """An older hicache_storage (HiCacheStorage without PoolTransferResult, e.g. Sep 2025):
+    the backend still subclasses the real base (SGLang's loader checks issubclass); and
+    where SGLang collects storage metrics, get_stats() is its StorageMetrics."""
+    import importlib
+    import kvcache.integrations.sglang as adapter
+    old = types.ModuleType("sglang.srt.mem_cache.hicache_storage")
+
+    class HiCacheStorage:
+        def register_mem_pool_host(self, mem_pool_host):
+            self.mem_pool_host = mem_pool_host
+    old.HiCacheStorage = HiCacheStorage
+    collector = types.ModuleType("sglang.srt.metrics.collector")
+
+    @dataclass
+    class StorageMetrics:  # sglang/srt/metrics/collector.py
+        prefetch_pgs: List[int] = field(default_factory=list)
+        backup_pgs: List[int] = field(default_factory=list)
+        prefetch_bandwidth: List[float] = field(default_factory=list)
+        backup_bandwidth: List[float] = field(default_factory=list)
+    collector.StorageMetrics = StorageMetrics
+    try:
+        mod = _reload_sglang_adapter(monkeypatch, {
+            "sglang.srt.mem_cache.hicache_storage": old,
+            "sglang.srt.metrics.collector": collector})
+        assert issubclass(mod.KvcacheHiCacheStorage, HiCacheStorage)
+        rng = np.random.default_rng(seed)
+        pool = PageFirstHostPool(rng)
+        keys = sglang_page_hashes(rng.integers(0, 1000, 3 * pool.page_size), pool.page_size)
+        storage = mod.KvcacheHiCacheStorage(storage_config(daemon.address), {})
+        storage.register_mem_pool_host(pool)
+        assert storage.batch_set_v1(keys, slots(0, 3, pool.page_size)) == [True] * 3
+        assert storage.batch_get_v1(keys, slots(4, 3, pool.page_size)) == [True] * 3
+        m = storage.get_stats()
+        assert isinstance(m, StorageMetrics)
+        assert m.backup_pgs == [3] and m.prefetch_pgs == [3]
+        assert len(m.backup_bandwidth) == 1 and m.backup_bandwidth[0] > 0
+        assert storage.get_stats() == StorageMetrics(), "samples are handed over once"
+        storage.close()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(adapter)
+
+
 # ---- vLLM ----
 
 @dataclass
@@ -332,6 +415,18 @@ def finish(tier, job_id, timeout_s=30):
     raise AssertionError(f"job {job_id} never finished")
 
 
+def settle(tier, key, timeout_s=30):
+    """lookup() as vLLM's scheduler calls it, once a step: RETRY (None) until the background
+    lookup has answered, then the answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = tier.lookup(key, None)
+        if got is not None:
+            return got
+        time.sleep(0.005)
+    raise AssertionError("lookup kept answering RETRY")
+
+
 def block_keys(rng, n):
     """vLLM block hashes (bytes; sha256 -> 32 bytes), and one longer key."""
     keys = [rng.bytes(32) for _ in range(n - 1)]
@@ -346,7 +441,7 @@ def test_vllm_tier_stores_and_loads_blocks_across_restarts(make_daemon, seed):
     cpu = primary(rng)
     tier = KvcacheSecondaryTier(vllm_spec(), memoryview(cpu.numpy()), "kvcache", target=d.address)
     keys = block_keys(rng, 4)
-    assert [tier.lookup(k, None) for k in keys] == [False] * 4
+    assert [settle(tier, k) for k in keys] == [False] * 4
     tier.submit_store(JobMetadata(1, keys, np.array([2, 3, 4, 5])))
     assert finish(tier, 1)
     assert [tier.lookup(k, None) for k in keys] == [True] * 4
@@ -358,7 +453,8 @@ def test_vllm_tier_stores_and_loads_blocks_across_restarts(make_daemon, seed):
                              cache_config=SimpleNamespace(block_size=16))
     tier = KvcacheSecondaryTier(vllm_config=config, primary_kv_view=memoryview(cpu.numpy()),
                                 tier_type="kvcache", target=d.address)
-    assert tier.lookup(keys[0], None) is True, "found by asking the daemon, not from memory"
+    assert tier.lookup(keys[0], None) is None, "an unseen key is looked up in the background"
+    assert settle(tier, keys[0]) is True, "found by asking the daemon, not from memory"
     tier.submit_load(JobMetadata(2, keys, np.array([10, 11, 12, 13]), True))
     assert finish(tier, 2)
     assert torch.equal(cpu[10:14], cpu[2:6])
@@ -379,7 +475,7 @@ def test_vllm_tier_keeps_tenants_apart_and_survives_a_daemon_that_is_down(make_d
     keys = block_keys(rng, 2)
     a.submit_store(JobMetadata(1, keys, np.array([0, 1])))
     assert finish(a, 1)
-    assert [b.lookup(k, None) for k in keys] == [False, False]
+    assert [settle(b, k) for k in keys] == [False, False]
     b.submit_load(JobMetadata(2, keys, np.array([6, 7]), True))
     assert finish(b, 2) is False
     a.shutdown()
@@ -387,18 +483,95 @@ def test_vllm_tier_keeps_tenants_apart_and_survives_a_daemon_that_is_down(make_d
     d.stop()
     down = KvcacheSecondaryTier(vllm_spec(), view, "kvcache", target=d.address, token="tok-a",
                                 timeout_s=2)
-    assert down.lookup(keys[0], None) is False
+    assert settle(down, keys[0]) is False
     down.submit_store(JobMetadata(3, keys, np.array([0, 1])))
     down.submit_load(JobMetadata(4, keys, np.array([8, 9]), True))
     assert finish(down, 3) is False and finish(down, 4) is False
     down.shutdown()
 
 
+@dataclass
+class TransferJob:  # the current tiering API: chunk_ids, not block_ids (vllm PR #52615)
+    job_id: int
+    keys: Any
+    chunk_ids: np.ndarray
+    is_promotion: bool = False
+    req_context: Any = field(default=None)
+
+
+def test_vllm_current_api_chunk_ids_and_lookup_results(make_daemon, seed, monkeypatch):
+    """The current tier API: jobs name chunk_ids, lookup answers the tiering base's
+    LookupResult (HIT / MISS / RETRY), finished jobs are polled as get_finished_jobs()."""
+    import enum
+    base = types.ModuleType("vllm.v1.kv_offload.tiering.base")
+
+    class LookupResult(enum.Enum):
+        HIT = 1
+        MISS = 2
+        RETRY = 3
+    base.LookupResult = LookupResult
+    for name in ("vllm", "vllm.v1", "vllm.v1.kv_offload", "vllm.v1.kv_offload.tiering"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.tiering.base", base)
+    rng = np.random.default_rng(seed)
+    d = make_daemon()
+    cpu = primary(rng)
+    tier = KvcacheSecondaryTier(vllm_spec(), memoryview(cpu.numpy()), "kvcache", target=d.address)
+    keys = block_keys(rng, 3)
+    assert tier.lookup(keys[0], None) is LookupResult.RETRY
+    answer = LookupResult.RETRY
+    deadline = time.monotonic() + 30
+    while answer is LookupResult.RETRY and time.monotonic() < deadline:
+        time.sleep(0.005)
+        answer = tier.lookup(keys[0], None)
+    assert answer is LookupResult.MISS
+    tier.submit_store(TransferJob(1, keys, np.array([1, 2, 3])))
+    done = []
+    while not done and time.monotonic() < deadline:
+        done = [r for r in tier.get_finished_jobs() if r.job_id == 1]
+        time.sleep(0.005)
+    assert done and done[0].success
+    assert tier.lookup(keys[0], None) is LookupResult.HIT, "a miss is forgotten once stored"
+    tier.submit_load(TransferJob(2, keys, np.array([7, 8, 9]), True))
+    done = []
+    while not done and time.monotonic() < deadline:
+        done = [r for r in tier.get_finished_jobs() if r.job_id == 2]
+        time.sleep(0.005)
+    assert done and done[0].success
+    assert torch.equal(cpu[7:10], cpu[1:4])
+    tier.shutdown()
+
+
+def test_vllm_lookup_never_waits_on_a_hung_daemon(make_daemon, seed):
+    """The scheduler thread calls lookup() for every unseen block: with the daemon stopped
+    (SIGSTOP: connected, answering nothing) each call returns RETRY at once, and the keys
+    turn into misses once timeout_s has passed (the old lookup blocked for timeout_s)."""
+    rng = np.random.default_rng(seed)
+    d = make_daemon()
+    cpu = primary(rng)
+    tier = KvcacheSecondaryTier(vllm_spec(), memoryview(cpu.numpy()), "kvcache", target=d.address,
+                                timeout_s=1)
+    warm = block_keys(rng, 1)[0]
+    assert settle(tier, warm) is False  # connected and registered
+    d.proc.send_signal(signal.SIGSTOP)
+    try:
+        slowest = 0.0
+        keys = block_keys(rng, 200)
+        for k in keys:
+            t0 = time.monotonic()
+            assert tier.lookup(k, None) is None
+            slowest = max(slowest, time.monotonic() - t0)
+        print(f"slowest lookup against a hung daemon: {slowest * 1e3:.3f} ms")
+        assert slowest < 0.1, f"lookup waited {slowest:.3f} s on the daemon"
+        assert settle(tier, keys[0], timeout_s=20) is False
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
+    tier.shutdown()
+
+
 def test_vllm_finds_the_tier_through_its_plugin(monkeypatch):
     """The package's vllm.general_plugins entry point calls register(), which puts the tier
     in SecondaryTierFactory (tiering/factory.py register_tier) under "kvcache", once."""
-    import sys
-    import types
     registered = {}
 
     class SecondaryTierFactory:

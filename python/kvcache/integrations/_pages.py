@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar
 
 from .. import api
 from ..errors import KvcacheError, NotFoundError, UnavailableError
@@ -159,10 +159,25 @@ def guarded(what: str, miss: Callable[..., T], work: Callable[[], T], *args: Any
     try:
         return work()
     except KvcacheError as e:
-        log.warning("kvcache %s failed (%s): %s", what, e.code.name if e.code else "?", e.message)
-    except Exception:  # noqa: BLE001 - an adapter must not kill an engine thread
-        log.exception("kvcache %s failed", what)
+        code = e.code.name if e.code else "?"
+        _log_once((what, code), "kvcache %s failed (%s): %s", what, code, e.message)
+    except Exception as e:  # noqa: BLE001 - an adapter must not kill an engine thread
+        _log_once((what, type(e).__name__), "kvcache %s failed: %r", what, e, exc_info=True)
     return miss(*args)
+
+
+_LOGGED: Set[Tuple[str, str]] = set()
+
+
+def _log_once(kind: Tuple[str, str], msg: str, *args: Any, exc_info: bool = False) -> None:
+    """The first failure of each kind (call, error) as a warning; the rest at debug, so a
+    cache that is down does not flood an engine's log at every call."""
+    if kind in _LOGGED:
+        log.debug(msg, *args, exc_info=exc_info)
+        return
+    _LOGGED.add(kind)
+    log.warning(msg + " (later failures of this kind are logged at debug level)", *args,
+                exc_info=exc_info)
 
 
 def settings(given: Dict[str, Any]) -> Tuple[str, Optional[str], Optional[str], float]:

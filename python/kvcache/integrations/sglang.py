@@ -22,8 +22,13 @@ default $KVCACHE_TARGET), token or token_env (default $KVCACHE_TOKEN: the tenant
 shm_socket (co-located: pages are copied out of the daemon's shared arena straight into the
 host pool), timeout_s (default 5), durable (default true: acknowledged after the SSD sync),
 ttl_s (default 0). Every call that the cache fails returns SGLang's miss (False, None, 0),
-logged, never an exception on a HiCache thread.
+counted and logged (once per kind of failure), never an exception on a HiCache thread.
+
+Every upstream name is imported on its own, so each hicache_storage generation the adapter
+supports (with or without PoolTransferResult; StorageMetrics or not) still finds the real
+HiCacheStorage base that SGLang's loader checks with issubclass.
 """
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -32,7 +37,6 @@ from ._pages import PageStore, RawViews, guarded, settings
 
 try:  # SGLang loads a dynamic backend only if it subclasses its HiCacheStorage
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
-    from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
 except ImportError:  # SGLang not installed: the same interface, for tests and tools
     class _Base:  # type: ignore[no-redef]
         """SGLang's HiCacheStorage's non-abstract part (hicache_storage.py)."""
@@ -45,10 +49,18 @@ except ImportError:  # SGLang not installed: the same interface, for tests and t
                 self.registered_pools = {}
             self.registered_pools[host_pool_name] = host_pool
 
+try:  # newer hicache_storage only (batch_exists_v2); an older one lacks it
+    from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
+except ImportError:
     @dataclass
     class PoolTransferResult:  # type: ignore[no-redef]
         kv_hit_pages: int
         extra_pool_hit_pages: Dict[str, int] = field(default_factory=dict)
+
+try:  # what get_stats() must return where SGLang collects storage metrics
+    from sglang.srt.metrics.collector import StorageMetrics as _StorageMetrics
+except ImportError:
+    _StorageMetrics = None
 
 KV_POOL = "kv"  # PoolName.KV: the pool of the generic and v1 calls
 
@@ -80,8 +92,12 @@ class KvcacheHiCacheStorage(_Base):
         self._store = PageStore(target, token, self._model_id(storage_config), timeout_s, shm)
         self._page_bytes: Dict[str, int] = {}  # pool -> bytes of a page, once seen
         self._raw = RawViews()
+        # Running counts (this adapter's own), and the samples get_stats() hands SGLang:
+        # pages per prefetch / backup call and their bandwidth (GB/s), since its last call.
         self.stats: Dict[str, int] = {"pages_stored": 0, "pages_loaded": 0, "pages_missed": 0,
                                       "failed_calls": 0}
+        self._samples: Dict[str, List[float]] = {"prefetch_pgs": [], "backup_pgs": [],
+                                                 "prefetch_bandwidth": [], "backup_bandwidth": []}
 
     @staticmethod
     def _model_id(cfg: Any) -> str:
@@ -128,14 +144,28 @@ class KvcacheHiCacheStorage(_Base):
         return parts, page_bytes, int(getattr(pool, "page_size", 0) or 0)
 
     def _flat_page_bytes(self) -> Optional[int]:
+        """The bytes of one KV page: as seen, else from the pool. A pool whose flat dummy
+        page is not implemented (asymmetric K/V: head_dim != v_head_dim) gives it through
+        its own page metadata, as the zero-copy calls read it."""
         if KV_POOL in self._page_bytes:
             return self._page_bytes[KV_POOL]
         pool = self._pool(KV_POOL)
-        if pool is not None and hasattr(pool, "get_dummy_flat_data_page"):
+        if pool is None:
+            return None
+        try:
             page = pool.get_dummy_flat_data_page()
             self._page_bytes[KV_POOL] = page.numel() * page.element_size()
-            return self._page_bytes[KV_POOL]
-        return None
+        except (AttributeError, NotImplementedError):
+            import torch  # the engine's host indices are torch tensors
+            size = int(getattr(pool, "page_size", 1) or 1)
+            self._pages(KV_POOL, torch.arange(size), 1)  # records the page's bytes
+        return self._page_bytes.get(KV_POOL)
+
+    def _sample(self, op: str, pages: int, nbytes: int, start: float) -> None:
+        elapsed = time.perf_counter() - start
+        self._samples[f"{op}_pgs"].append(pages)
+        if elapsed > 0 and nbytes:
+            self._samples[f"{op}_bandwidth"].append(nbytes / elapsed / 1e9)
 
     def _page_tokens(self) -> int:
         pool = self._pool(KV_POOL)
@@ -154,12 +184,13 @@ class KvcacheHiCacheStorage(_Base):
         """How many leading keys are stored (SGLang stops its prefetch at the first miss)."""
         if not keys:
             return 0
-        page_bytes = self._flat_page_bytes()
-        if page_bytes is None:
-            return 0  # no page seen or registered yet: nothing can be stored
-        size: int = page_bytes
-        return guarded("batch_exists", self._failed,
-                       lambda: self._leading(KV_POOL, size, self._page_tokens(), keys), 0)
+
+        def work() -> int:
+            page_bytes = self._flat_page_bytes()
+            if page_bytes is None:
+                return 0  # no page seen or registered yet: nothing can be stored
+            return self._leading(KV_POOL, page_bytes, self._page_tokens(), keys)
+        return guarded("batch_exists", self._failed, work, 0)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -209,6 +240,7 @@ class KvcacheHiCacheStorage(_Base):
 
     # ---- zero-copy page I/O (host pool pages in place) ----
     def _get_pages(self, pool: str, keys: List[Any], host_indices: Any) -> List[bool]:
+        start = time.perf_counter()
         parts, page_bytes, tokens = self._pages(pool, host_indices, len(keys))
         # The pool's own views, sized by its metadata: no second check per part.
         sink = ChunkSink(page_bytes, parts=parts)
@@ -216,14 +248,17 @@ class KvcacheHiCacheStorage(_Base):
             ns, self._store.keys(c, ns, keys), sink))
         self.stats["pages_loaded"] += got
         self.stats["pages_missed"] += len(keys) - got
+        self._sample("prefetch", got, got * page_bytes, start)
         return [i < got for i in range(len(keys))]
 
     def _set_pages(self, pool: str, keys: List[Any], host_indices: Any) -> List[bool]:
+        start = time.perf_counter()
         parts, page_bytes, tokens = self._pages(pool, host_indices, len(keys))
         self._store.run(pool, page_bytes, tokens, lambda c, ns: c.store_keys(
             ns, self._store.keys(c, ns, keys), parts, durable=self._durable,
             ttl_s=self._ttl_s))
         self.stats["pages_stored"] += len(keys)
+        self._sample("backup", len(keys), len(keys) * page_bytes, start)
         return [True] * len(keys)
 
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
@@ -306,8 +341,18 @@ class KvcacheHiCacheStorage(_Base):
         (they are shared with every worker of the tenant), so nothing is deleted here."""
         return None
 
-    def get_stats(self) -> Dict[str, int]:
-        return dict(self.stats)
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics (pages per prefetch and backup call, and their GB/s, since
+        the last call), as its scheduler asserts when storage metrics are on; None where
+        SGLang has no StorageMetrics. The running counts are in `stats`."""
+        samples = self._samples
+        self._samples = {k: [] for k in samples}
+        if _StorageMetrics is None:
+            return None
+        metrics = _StorageMetrics()
+        for name, values in samples.items():
+            getattr(metrics, name).extend(values)
+        return metrics
 
     def close(self) -> None:
         self._store.close()

@@ -18,7 +18,16 @@ entry point (register() below) makes the type "kvcache" known to vLLM:
 
 Options: target (default $KVCACHE_TARGET), token / token_env (default $KVCACHE_TOKEN),
 shm_socket, model_id (default: from the configured model), block_bytes (when the primary
-view is flat bytes), io_threads (default 4), timeout_s (default 5), durable.
+view is flat bytes), io_threads (default 4), timeout_s (default 5), durable, miss_ttl_s
+(default 2: how long a miss is answered from memory before the daemon is asked again).
+
+API generations, told apart by what the objects have, never by version strings: jobs name
+their primary-tier slots `chunk_ids` (current) or `block_ids` (older); lookup() answers
+vLLM's LookupResult (HIT / MISS / RETRY) where the tiering base defines it, else True /
+False / None. lookup() never does I/O on the scheduler thread: an unseen key is answered
+RETRY and looked up, batched with the others, on a background thread (as vLLM's own
+AsyncLookupManager does), so a hung or partitioned daemon costs the scheduler no wait —
+its keys turn into misses once timeout_s has passed.
 
 The seed of vLLM's block-hash chain is random per process unless PYTHONHASHSEED is set: set
 the same value on every instance, and keep it across restarts, or no block is found again.
@@ -28,6 +37,7 @@ no probing of another tenant's blocks — so give each isolation domain its own 
 """
 import logging
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,7 +82,31 @@ def register() -> None:
         SecondaryTierFactory.register_tier(TIER_TYPE, __name__, "KvcacheSecondaryTier")
     except ValueError:
         pass  # registered before in this process
-_KNOWN = 1 << 16  # keys remembered as stored (lookups answered without a call)
+_KNOWN = 1 << 16  # keys remembered (lookups answered without a call)
+_BATCH = 4096     # keys per background Lookup call
+
+
+def _lookup_answers() -> tuple:
+    """(hit, miss, retry) as the installed vLLM's lookup() returns them: its LookupResult
+    where the tiering base defines one, else True / False / None (the older contract)."""
+    try:
+        from vllm.v1.kv_offload.tiering.base import LookupResult
+    except ImportError:
+        return True, False, None
+    names = {m.name.upper(): m for m in LookupResult}
+    hit = names.get("HIT") or names.get("FOUND")
+    miss = names.get("MISS") or names.get("NOT_FOUND")
+    retry = names.get("RETRY") or names.get("PENDING")
+    if hit is None or miss is None or retry is None:
+        log.warning("vLLM's LookupResult has %s; answering True/False/None", sorted(names))
+        return True, False, None
+    return hit, miss, retry
+
+
+def _slots_of(job: Any) -> Any:
+    """A job's primary-tier slots: `chunk_ids` (current vLLM) or `block_ids` (older)."""
+    ids = getattr(job, "chunk_ids", None)
+    return job.block_ids if ids is None else ids
 
 
 def _spec_model(spec: Any) -> str:
@@ -124,6 +158,16 @@ class KvcacheSecondaryTier(_Base):
         self._jobs: Set[Future] = set()
         self._storing: Dict[Any, int] = {}  # key -> store jobs in flight
         self._stored: "OrderedDict[bytes, None]" = OrderedDict()  # known stored (bounded)
+        # Background lookups: keys asked and not yet answered, and recent misses (when).
+        self._hit, self._miss, self._retry = _lookup_answers()
+        self._miss_ttl_s = float(options.get("miss_ttl_s", 2.0))
+        self._asked: "OrderedDict[bytes, None]" = OrderedDict()  # queued or in flight
+        self._missed: "OrderedDict[bytes, float]" = OrderedDict()
+        self._wake = threading.Condition(self._lock)
+        self._closing = False
+        self._looker = threading.Thread(target=self._lookup_loop, name="kvcache-tier-lookup",
+                                        daemon=True)
+        self._looker.start()
 
     # ---- helpers ----
     def _blocks_of(self, block_ids: Any) -> List[memoryview]:
@@ -139,8 +183,37 @@ class KvcacheSecondaryTier(_Base):
             for k in keys:
                 self._stored[k] = None
                 self._stored.move_to_end(k)
+                self._missed.pop(k, None)
             while len(self._stored) > _KNOWN:
                 self._stored.popitem(last=False)
+
+    def _lookup_loop(self) -> None:
+        """The background half of lookup(): every key asked since the last round, in one
+        Lookup call per _BATCH keys; a failure (a daemon down or hung past timeout_s)
+        answers them all as misses."""
+        while True:
+            with self._lock:
+                while not self._asked and not self._closing:
+                    self._wake.wait()
+                if self._closing:
+                    return
+                batch = list(self._asked)[:_BATCH]
+            found = guarded("lookup", lambda: None, lambda: self._store.run(
+                POOL, self._block_bytes, self._tokens,
+                lambda c, ns: [t != "none" for t in c.tiers_of(ns, self._store.keys(c, ns, batch))]))
+            now = time.monotonic()
+            with self._lock:
+                for i, k in enumerate(batch):
+                    self._asked.pop(k, None)
+                    if found is not None and found[i]:
+                        self._stored[k] = None
+                        self._stored.move_to_end(k)
+                    else:
+                        self._missed[k] = now
+                while len(self._stored) > _KNOWN:
+                    self._stored.popitem(last=False)
+                while len(self._missed) > _KNOWN:
+                    self._missed.popitem(last=False)
 
     def _submit(self, job: Any, work: Any, keys: List[Any]) -> None:
         def run():
@@ -157,24 +230,29 @@ class KvcacheSecondaryTier(_Base):
             self._jobs.discard(future)
 
     # ---- SecondaryTierManager ----
-    def lookup(self, key: Any, req_context: Any = None) -> Optional[bool]:
-        """True if the block is stored, None while a store of it is under way, False
-        otherwise (also when the cache cannot be reached). Answered from memory for blocks
-        this tier stored or found before; otherwise one Lookup call."""
+    def lookup(self, key: Any, req_context: Any = None) -> Any:
+        """HIT (True) if the block is stored, RETRY (None) while a store of it or the
+        background lookup of it is under way, MISS (False) otherwise — also when the cache
+        cannot be reached. Never waits on the daemon: an unseen key is queued for the
+        background lookup and answered RETRY; a miss is remembered for miss_ttl_s."""
         ck = caller_key(key)
         with self._lock:
             if key in self._storing:
-                return None
+                return self._retry
             if ck in self._stored:
-                return True
+                return self._hit
+            missed = self._missed.get(ck)
+            if missed is not None and time.monotonic() - missed < self._miss_ttl_s:
+                return self._miss
+            if ck not in self._asked:
+                self._missed.pop(ck, None)
+                self._asked[ck] = None
+                self._wake.notify()
+            return self._retry
 
-        def ask() -> bool:
-            found = self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns: c.lookup_keys(
-                ns, self._store.keys(c, ns, [ck])).matched_chunks == 1)
-            if found:
-                self._remember([ck])
-            return found
-        return guarded("lookup", lambda: False, ask)
+    def on_schedule_end(self) -> None:
+        """vLLM's end-of-step hook: lookups are already under way (queued as asked)."""
+        return None
 
     def submit_store(self, job_metadata: Any) -> None:
         """Stores the primary tier's blocks (pinned by vLLM until the job finishes) under
@@ -186,7 +264,7 @@ class KvcacheSecondaryTier(_Base):
 
         def work() -> bool:
             try:
-                blocks = self._blocks_of(job_metadata.block_ids)
+                blocks = self._blocks_of(_slots_of(job_metadata))
                 cks = [caller_key(k) for k in keys]
                 self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns: c.store_keys(
                     ns, self._store.keys(c, ns, cks), blocks, durable=self._durable))
@@ -208,7 +286,7 @@ class KvcacheSecondaryTier(_Base):
         keys = list(job_metadata.keys)
 
         def work() -> bool:
-            blocks = self._blocks_of(job_metadata.block_ids)
+            blocks = self._blocks_of(_slots_of(job_metadata))
             if len(blocks) != len(keys):
                 raise ValueError(f"{len(keys)} keys for {len(blocks)} block ids")
             cks = [caller_key(k) for k in keys]
@@ -216,9 +294,11 @@ class KvcacheSecondaryTier(_Base):
             got = self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns:
                                   c.fetch_scattered(ns, self._store.keys(c, ns, cks), sink))
             if got < len(keys):
-                with self._lock:  # evicted since: do not answer lookups from memory
+                with self._lock:  # evicted since: answer misses, not hits, from memory
+                    now = time.monotonic()
                     for k in cks[got:]:
                         self._stored.pop(k, None)
+                        self._missed[k] = now
             return got == len(keys)
         self._submit(job_metadata, work, keys)
 
@@ -253,5 +333,9 @@ class KvcacheSecondaryTier(_Base):
     on_new_request = get_request_offloading_context
 
     def shutdown(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._wake.notify_all()
+        self._looker.join()
         self._pool.shutdown(wait=True)
         self._store.close()
