@@ -324,6 +324,46 @@ def test_sglang_an_asymmetric_pool_gets_counts_not_exceptions(daemon, seed):
     fresh.close()
 
 
+def test_sglang_engines_that_differ_in_anything_that_decides_a_pages_bytes_never_share(daemon, seed):
+    """Never another engine's KV: the host layout, the KV dtype (same page size, other
+    bytes), the model revision and the TP rank each make another namespace; clear() (after
+    an in-place weight update under the same served name) makes every page stored before
+    unreachable, for this worker and for a new one."""
+    rng = np.random.default_rng(seed)
+    pool = PageFirstHostPool(rng)
+    keys = sglang_page_hashes(rng.integers(0, 1000, 3 * pool.page_size), pool.page_size)
+
+    def storage(pool, **cfg):
+        extra = {k: cfg.pop(k) for k in list(cfg) if k == "model_revision"}
+        c = storage_config(daemon.address, **extra)
+        for k, v in cfg.items():
+            setattr(c, k, v)
+        s = KvcacheHiCacheStorage(c, {})
+        s.register_mem_pool_host(pool)
+        return s
+    writer = storage(pool)
+    assert writer.batch_set_v1(keys, slots(0, 3, pool.page_size)) == [True] * 3
+    assert prefetch(storage(PageFirstHostPool(rng)), keys) == 3, "the same engine finds them"
+    direct = PageFirstHostPool(rng)
+    direct.layout = "page_first_direct"
+    half = PageFirstHostPool(rng, dtype=torch.float16)  # the same page size as bfloat16
+    others = {"layout": storage(direct), "dtype": storage(half),
+              "revision": storage(PageFirstHostPool(rng), model_revision="weights-2"),
+              "tp rank": storage(PageFirstHostPool(rng), tp_rank=1, tp_size=2)}
+    for field_name, other in others.items():
+        assert prefetch(other, keys) == 0, f"an engine that differs in {field_name} found the pages"
+        other.close()
+    writer.clear()
+    assert prefetch(writer, keys) == 0, "cleared pages are still found"
+    fresh = storage(PageFirstHostPool(rng))
+    assert prefetch(fresh, keys) == 0, "a new worker finds the pages cleared before it started"
+    assert fresh.batch_set_v1(keys, slots(0, 3, pool.page_size)) == [True] * 3
+    assert prefetch(writer, keys) == 3, "pages stored after the clear are shared again"
+    assert writer.stats["failed_calls"] == 0
+    writer.close()
+    fresh.close()
+
+
 def _reload_sglang_adapter(monkeypatch, modules):
     """The adapter module imported again with these stand-ins for SGLang's modules."""
     import importlib
@@ -567,6 +607,37 @@ def test_vllm_lookup_never_waits_on_a_hung_daemon(make_daemon, seed):
     finally:
         d.proc.send_signal(signal.SIGCONT)
     tier.shutdown()
+
+
+def test_vllm_tiers_that_differ_in_anything_that_decides_a_blocks_bytes_never_share(make_daemon, seed):
+    """Never another engine's KV: the KV cache dtype, the TP size, the model revision each
+    make another namespace; a config naming no model is refused, not shared as "model"."""
+    rng = np.random.default_rng(seed)
+    d = make_daemon()
+    cpu = primary(rng)
+    view = memoryview(cpu.numpy())
+
+    def spec(dtype="auto", tp=1, revision=None):
+        return SimpleNamespace(vllm_config=SimpleNamespace(
+            model_config=SimpleNamespace(model="deepseek-ai/DeepSeek-V4.1-Flash", revision=revision),
+            cache_config=SimpleNamespace(block_size=16, cache_dtype=dtype),
+            parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1,
+                                            decode_context_parallel_size=1)))
+    writer = KvcacheSecondaryTier(spec(), view, "kvcache", target=d.address)
+    keys = block_keys(rng, 2)
+    writer.submit_store(JobMetadata(1, keys, np.array([0, 1])))
+    assert finish(writer, 1)
+    same = KvcacheSecondaryTier(spec(), view, "kvcache", target=d.address)
+    assert settle(same, keys[0]) is True
+    for name, other_spec in {"dtype": spec(dtype="fp8_e5m2"), "tp size": spec(tp=2),
+                             "revision": spec(revision="abc123")}.items():
+        other = KvcacheSecondaryTier(other_spec, view, "kvcache", target=d.address)
+        assert settle(other, keys[0]) is False, f"a tier that differs in {name} found the block"
+        other.shutdown()
+    with pytest.raises(ValueError, match="no model identity"):
+        KvcacheSecondaryTier(SimpleNamespace(block_size=16), view, "kvcache", target=d.address)
+    writer.shutdown()
+    same.shutdown()
 
 
 def test_vllm_finds_the_tier_through_its_plugin(monkeypatch):

@@ -17,6 +17,24 @@ log = logging.getLogger("kvcache.integrations")
 T = TypeVar("T")
 
 
+# kvcached bounds a namespace's model_id (--max-name-bytes, 256 by default): a longer
+# identity keeps a readable head and the SHA-256 of the whole, so it stays unique.
+MAX_NAME_BYTES = 200
+
+
+def bounded_name(name: str) -> str:
+    raw = name.encode("utf-8")
+    if len(raw) <= MAX_NAME_BYTES:
+        return name
+    head = raw[:MAX_NAME_BYTES - 65].decode("utf-8", "ignore")
+    return f"{head}#{hashlib.sha256(raw).hexdigest()}"
+
+
+def identity(*fields: Tuple[str, Any]) -> str:
+    """`name=value` parts of a namespace's identity, in order, the empty ones left out."""
+    return ":".join(f"{k}={v}" for k, v in fields if v not in (None, ""))
+
+
 def caller_key(key: Any) -> bytes:
     """An engine's page key as a caller key: bytes or str as they are (str as UTF-8) when
     they fit in 64 bytes, anything longer — or of another type (a tuple of hash and group
@@ -80,11 +98,15 @@ class PageStore:
     namespaces by (pool name, page bytes, page tokens)."""
 
     def __init__(self, target: str, token: Optional[str], model_id: str, timeout_s: float,
-                 shm_socket: Optional[str], backoff_s: float = 1.0) -> None:
+                 shm_socket: Optional[str], backoff_s: float = 1.0,
+                 namer: Optional[Callable[[str], str]] = None) -> None:
         if not target:
             raise ValueError("no kvcache target: give target (HOST:PORT, unix:PATH or "
                              "etcd://H:P) or set $KVCACHE_TARGET")
         self.target, self.model_id = target, model_id
+        # pool -> the namespace's full name (what decides a page's bytes beside the model);
+        # asked at each registration, so a name that changes (a new epoch) is followed.
+        self._namer = namer or (lambda pool: f"{self.model_id}:{pool}")
         self._token, self._timeout_s, self._shm = token, timeout_s, shm_socket
         self._local = threading.local()
         self.keys = CallerKeys()  # keys(client, ns, engine keys) -> chunk keys
@@ -114,11 +136,11 @@ class PageStore:
     def namespace(self, pool: str, page_bytes: int, page_tokens: int) -> Namespace:
         self.client()
         spaces = self._local.namespaces
-        ns = spaces.get((pool, page_bytes, page_tokens))
+        name = bounded_name(self._namer(pool))
+        ns = spaces.get((name, page_bytes, page_tokens))
         if ns is None:
-            ns = self._local.client.register_keyed_namespace(
-                f"{self.model_id}:{pool}", page_bytes, page_tokens)
-            spaces[(pool, page_bytes, page_tokens)] = ns
+            ns = self._local.client.register_keyed_namespace(name, page_bytes, page_tokens)
+            spaces[(name, page_bytes, page_tokens)] = ns
         return ns
 
     def run(self, pool: str, page_bytes: int, page_tokens: int,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .._common import ChunkSink
-from ._pages import PageStore, RawViews, guarded, settings
+from ._pages import PageStore, RawViews, guarded, identity, settings
 
 try:  # SGLang loads a dynamic backend only if it subclasses its HiCacheStorage
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -63,6 +63,15 @@ except ImportError:
     _StorageMetrics = None
 
 KV_POOL = "kv"  # PoolName.KV: the pool of the generic and v1 calls
+# clear()'s generation n is kept in the cache as the pinned pages "epoch-1" … "epoch-n" of
+# one namespace (a stored page never changes, so a counter is a run of keys): read back as
+# the leading run a Lookup finds.
+_EPOCH_POOL, _MAX_EPOCHS = "epoch", 4096
+_PIN_FOREVER_S = (1 << 32) - 1
+
+
+def _epoch_keys(first: int, last: int) -> List[bytes]:
+    return [f"epoch-{n}".encode() for n in range(first, last + 1)]
 
 
 def _pool_name(name: Any) -> str:
@@ -89,7 +98,11 @@ class KvcacheHiCacheStorage(_Base):
         target, token, shm, timeout_s = settings(extra)
         self._durable = bool(extra.get("durable", True))
         self._ttl_s = int(extra.get("ttl_s", 0))
-        self._store = PageStore(target, token, self._model_id(storage_config), timeout_s, shm)
+        self._cfg = storage_config
+        self._revision = str(extra.get("model_revision") or "")
+        self._epoch: Optional[int] = None  # clear()'s generation, read from the cache
+        self._store = PageStore(target, token, self._model_id(storage_config, self._revision),
+                                timeout_s, shm, namer=self._namespace_name)
         self._page_bytes: Dict[str, int] = {}  # pool -> bytes of a page, once seen
         self._raw = RawViews()
         # Running counts (this adapter's own), and the samples get_stats() hands SGLang:
@@ -100,19 +113,49 @@ class KvcacheHiCacheStorage(_Base):
                                                  "prefetch_bandwidth": [], "backup_bandwidth": []}
 
     @staticmethod
-    def _model_id(cfg: Any) -> str:
-        """What the pages depend on, as SGLang's own file backend names them: the model,
-        and — unless every rank holds the same page (MLA) — the tensor-parallel rank; the
+    def _model_id(cfg: Any, revision: str = "") -> str:
+        """What the pages depend on beside the pool (docs/integrations.md, "Never another
+        engine's KV"): the model and its revision (extra_config model_revision: the weights'
+        hash or the operator's revision string), and — unless every rank holds the same page
+        (MLA) — the tensor-parallel rank and size and how heads are split across ranks; the
         pipeline and context-parallel ranks when used."""
         name = (getattr(cfg, "model_name", None) or "model").replace("/", "-")
-        out = f"sglang:{name}"
+        out = f"sglang:{name}" + (f"@{revision}" if revision else "")
         if not getattr(cfg, "is_mla_model", False):
             out += f":tp{getattr(cfg, 'tp_rank', 0)}of{getattr(cfg, 'tp_size', 1)}"
+            lcm = getattr(cfg, "tp_lcm_size", None)
+            if lcm or getattr(cfg, "should_split_heads", False):
+                out += f":lcm{lcm}split{int(bool(getattr(cfg, 'should_split_heads', False)))}"
         if getattr(cfg, "pp_size", 1) > 1:
             out += f":pp{cfg.pp_rank}of{cfg.pp_size}"
         if getattr(cfg, "attn_cp_size", 1) > 1:
             out += f":cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
         return out
+
+    def _namespace_name(self, pool_name: str) -> str:
+        """A pool's namespace: the model's identity, the pool, its host layout and KV dtype
+        (a page_first page and a page_first_direct one, or fp8 e4m3 and e5m2 pages, have the
+        same size and different bytes), and clear()'s epoch."""
+        base = self._store.model_id
+        if pool_name == _EPOCH_POOL:
+            return f"{base}:{_EPOCH_POOL}"
+        pool = self._pool(pool_name)
+        layout = getattr(pool, "layout", None) or (
+            "page_first" if getattr(self._cfg, "is_page_first_layout", False) else "")
+        dtype = getattr(pool, "dtype", None)
+        epoch = self._current_epoch()
+        return ":".join(p for p in (base, identity(
+            ("pool", pool_name), ("layout", _pool_name(layout) if layout else ""),
+            ("dtype", str(dtype).replace("torch.", "") if dtype is not None else ""),
+            ("epoch", epoch if epoch else ""))) if p)
+
+    def _current_epoch(self) -> int:
+        """clear()'s generation, kept in the cache so that every worker of the tenant, and
+        this one after a restart, reads the same; read once."""
+        if self._epoch is None:
+            self._epoch = int(self._store.run(_EPOCH_POOL, 8, 0, lambda c, ns: c.lookup_keys(
+                ns, self._store.keys(c, ns, _epoch_keys(1, _MAX_EPOCHS))).matched_chunks))
+        return self._epoch
 
     # ---- geometry ----
     def _pool(self, name: str) -> Any:
@@ -337,9 +380,24 @@ class KvcacheHiCacheStorage(_Base):
         return guarded("batch_set", self._failed, work, False)
 
     def clear(self) -> None:
-        """SGLang's flush: kvcached keeps pages until they are evicted or their TTL ends
-        (they are shared with every worker of the tenant), so nothing is deleted here."""
-        return None
+        """SGLang's flush (also after an in-place weight update under the same served name):
+        every page stored so far becomes unreachable — the namespace's epoch goes up, kept in
+        the cache for every worker of the tenant, and the old pages leave by eviction. A
+        worker already running picks the new epoch up when it clears or restarts."""
+        def work() -> None:
+            new = self._current_epoch() + 1
+            if new > _MAX_EPOCHS:
+                raise ValueError(f"{_MAX_EPOCHS} clears of one model: give it a new "
+                                 "model_revision instead")
+            page = memoryview(bytearray(new.to_bytes(8, "little")))
+
+            def put(c: Any, ns: Any) -> None:
+                keys = self._store.keys(c, ns, _epoch_keys(new, new))
+                c.store_keys(ns, keys, [page], durable=True)
+                c.pin(ns, keys, _PIN_FOREVER_S)  # the epoch must outlive every page
+            self._store.run(_EPOCH_POOL, 8, 0, put)
+            self._epoch = new
+        guarded("clear", self._failed, work)
 
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics (pages per prefetch and backup call, and their GB/s, since

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Dict, List, Optional, Set
 
 from .._common import ChunkSink
-from ._pages import PageStore, caller_key, guarded, settings
+from ._pages import PageStore, caller_key, guarded, identity, settings
 
 log = logging.getLogger("kvcache.integrations")
 
@@ -109,14 +109,37 @@ def _slots_of(job: Any) -> Any:
     return job.block_ids if ids is None else ids
 
 
-def _spec_model(spec: Any) -> str:
-    for path in (("vllm_config", "model_config", "model"), ("model_config", "model"), ("model",)):
-        obj = spec
-        for attr in path:
-            obj = getattr(obj, attr, None)
-        if isinstance(obj, str) and obj:
-            return obj
-    return "model"
+def _find(spec: Any, *paths: str) -> Any:
+    """The first attribute path (dotted) that the spec or its vllm_config has."""
+    for path in paths:
+        for root in (getattr(spec, "vllm_config", None), spec):
+            obj = root
+            for attr in path.split("."):
+                obj = getattr(obj, attr, None) if obj is not None else None
+            if obj not in (None, ""):
+                return obj
+    return None
+
+
+def _spec_identity(spec: Any, options: Dict[str, Any]) -> str:
+    """Everything that decides a block's bytes beside its key and size (docs/integrations.md,
+    "Never another engine's KV"): the model and its revision, the KV cache dtype, the block
+    size, and the tensor-, pipeline- and decode-context-parallel sizes (the primary tier's
+    block holds what its workers' layouts put there). model_id overrides the model's name;
+    without it and without a configured model the tier refuses to start rather than share
+    one name ("model") with every other model."""
+    model = options.get("model_id") or _find(spec, "model_config.model", "model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("no model identity: give the tier a model_id option (the vLLM config "
+                         "names no model), or blocks of different models would be shared")
+    revision = options.get("model_revision") or _find(spec, "model_config.revision")
+    return "vllm:" + ":".join(p for p in (
+        model + (f"@{revision}" if revision else ""),
+        identity(("dtype", _find(spec, "cache_config.cache_dtype")),
+                 ("block", _find(spec, "cache_config.block_size", "block_size")),
+                 ("tp", _find(spec, "parallel_config.tensor_parallel_size")),
+                 ("pp", _find(spec, "parallel_config.pipeline_parallel_size")),
+                 ("dcp", _find(spec, "parallel_config.decode_context_parallel_size")))) if p)
 
 
 class KvcacheSecondaryTier(_Base):
@@ -146,7 +169,7 @@ class KvcacheSecondaryTier(_Base):
         self._block_bytes = block_bytes
         self._blocks = self._flat.nbytes // block_bytes
         target, token, shm, timeout_s = settings(options)
-        model = options.get("model_id") or f"vllm:{_spec_model(spec)}"
+        model = _spec_identity(spec, options)
         self._tokens = int(getattr(spec, "block_size", 0) or
                            getattr(getattr(spec, "cache_config", None), "block_size", 0) or 0)
         self._durable = bool(options.get("durable", True))
