@@ -1,14 +1,22 @@
 // Executor: a fixed pool of threads with a bounded queue, where the service runs storage
 // work so that gRPC's reactor callbacks never block on I/O. Submit refuses work when the
 // queue is full (the caller answers RESOURCE_EXHAUSTED) instead of growing without bound.
+//
+// Work is queued per tenant and taken round-robin across the tenants that have some: a
+// tenant with many large calls queued delays another tenant's call by at most one of its
+// own calls per thread, not by its whole queue (docs/security.md, "Lookup fairness").
+// Within a tenant, work runs in the order it was submitted.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
+#include <map>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace kvc::cachesvc {
 
@@ -20,7 +28,7 @@ class Executor {
   // Runs what is queued, then stops.
   ~Executor() {
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -29,24 +37,41 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  [[nodiscard]] bool Submit(std::function<void()> fn) {
+  // Queues `fn` as `tenant`'s work; false when the queue (all tenants together) is full or
+  // the executor is stopping.
+  [[nodiscard]] bool Submit(const std::string& tenant, std::function<void()> fn) {
     {
-      std::lock_guard lk(mu_);
-      if (stopping_ || queue_.size() >= max_queue_) return false;
-      queue_.push_back(std::move(fn));
+      MutexLock lk(mu_);
+      if (stopping_ || queued_ >= max_queue_) return false;
+      std::deque<std::function<void()>>& q = queues_[tenant];
+      if (q.empty()) turn_.push_back(tenant);
+      q.push_back(std::move(fn));
+      ++queued_;
     }
     cv_.notify_one();
     return true;
   }
+  // Work of no tenant (the service's own): a queue of its own in the rotation.
+  [[nodiscard]] bool Submit(std::function<void()> fn) { return Submit(std::string(), std::move(fn)); }
 
  private:
   void Run() {
-    std::unique_lock lk(mu_);
+    MutexLock lk(mu_);
     while (true) {
-      cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      std::function<void()> fn = std::move(queue_.front());
-      queue_.pop_front();
+      while (!stopping_ && queued_ == 0) cv_.wait(mu_);
+      if (queued_ == 0) return;  // stopping, and nothing is left
+      // The tenant whose turn it is: it goes to the back of the rotation if it has more.
+      const std::string tenant = std::move(turn_.front());
+      turn_.pop_front();
+      auto q = queues_.find(tenant);
+      std::function<void()> fn = std::move(q->second.front());
+      q->second.pop_front();
+      if (q->second.empty()) {
+        queues_.erase(q);
+      } else {
+        turn_.push_back(tenant);
+      }
+      --queued_;
       lk.unlock();
       fn();
       lk.lock();
@@ -54,10 +79,12 @@ class Executor {
   }
 
   const size_t max_queue_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::map<std::string, std::deque<std::function<void()>>> queues_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> turn_ ABSL_GUARDED_BY(mu_);  // tenants with work, in turn order
+  size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -141,7 +141,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (reading_ || ready_ || from >= keys_.size()) return true;
     reading_ = true;
     lock.unlock();
-    const bool queued = svc_->executor.Submit([this, from] { ReadAhead(from); });
+    const bool queued = svc_->executor.Submit(slot_.tenant(), [this, from] { ReadAhead(from); });
     lock.lock();
     if (!queued) reading_ = false;
     return queued;

@@ -224,6 +224,10 @@ absl::Status ClusterPeerService::CheckPeer(const grpc::CallbackServerContext* ct
 
 namespace {
 
+// The peers' calls take their turn in the executor as one more tenant would (a name no
+// token file can give a tenant: it has a control character).
+const std::string kPeerWork("\x01peer");
+
 template <typename Work>
 grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* method,
                                       grpc::CallbackServerContext* ctx, absl::Status admitted,
@@ -237,7 +241,7 @@ grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* met
   };
   if (!admitted.ok()) {
     finish(admitted);
-  } else if (!svc->executor.Submit([finish, work]() mutable { finish(work()); })) {
+  } else if (!svc->executor.Submit(kPeerWork, [finish, work]() mutable { finish(work()); })) {
     finish(absl::ResourceExhaustedError("server busy: work queue full"));
   }
   return reactor;

@@ -111,7 +111,7 @@ class KvCacheService::Impl {
     };
     if (inline_work) {
       finish(wire::ToGrpc(work(slot->tenant())));
-    } else if (!executor.Submit([finish, work, slot]() mutable {
+    } else if (!executor.Submit(slot->tenant(), [finish, work, slot]() mutable {
                  finish(wire::ToGrpc(work(slot->tenant())));
                })) {
       finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));

@@ -83,7 +83,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // Runs fn on the executor (this reactor handed over as to gRPC: its state has no lock).
   void OnExecutor(std::function<void()> fn) {
     HandOffToGrpc(this);
-    if (!svc_->executor.Submit([this, fn = std::move(fn)] {
+    if (!svc_->executor.Submit(tenant_, [this, fn = std::move(fn)] {
           TookBackFromGrpc(this);
           fn();
         })) {
@@ -335,7 +335,7 @@ class StoreReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       MutexLock lk(mu_);
       ++writing_;
     }
-    if (!svc_->executor.Submit([this, batch] {
+    if (!svc_->executor.Submit(tenant_, [this, batch] {
           Write(*batch);
           WriteDone();
         })) {
