@@ -228,10 +228,14 @@ namespace {
 // token file can give a tenant: it has a control character).
 const std::string kPeerWork("\x01peer");
 
-template <typename Work>
+// Authenticated (`admitted`), then on the executor: the raw request parsed as Req (one
+// that does not parse is INVALID_ARGUMENT naming the method), work(request, &response),
+// and the response serialized.
+template <typename Req, typename Resp, typename Work>
 grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* method,
                                       grpc::CallbackServerContext* ctx, absl::Status admitted,
-                                      Work work) {
+                                      const grpc::ByteBuffer* raw_request,
+                                      grpc::ByteBuffer* raw_response, Work work) {
   const auto start = std::chrono::steady_clock::now();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto finish = [svc, reactor, method, start](const absl::Status& s) {
@@ -239,9 +243,27 @@ grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* met
     svc->Observe(method, "(peer)", g, start);
     reactor->Finish(g);
   };
+  auto serve = [method, raw_request, raw_response, work]() mutable -> absl::Status {
+    grpc::ByteBuffer bytes(*raw_request);  // shares the slices
+    grpc::ProtoBufferReader reader(&bytes);
+    Req request;
+    if (!request.ParseFromZeroCopyStream(&reader)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          method, ": the request does not parse as ", Req::descriptor()->name()));
+    }
+    Resp response;
+    KVC_RETURN_IF_ERROR(work(request, &response));
+    bool own_buffer = false;
+    if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, Resp>(response, raw_response,
+                                                               &own_buffer)
+             .ok()) {
+      return absl::InternalError(absl::StrCat(method, ": the response does not serialize"));
+    }
+    return absl::OkStatus();
+  };
   if (!admitted.ok()) {
     finish(admitted);
-  } else if (!svc->executor.Submit(kPeerWork, [finish, work]() mutable { finish(work()); })) {
+  } else if (!svc->executor.Submit(kPeerWork, [finish, serve]() mutable { finish(serve()); })) {
     finish(absl::ResourceExhaustedError("server busy: work queue full"));
   }
   return reactor;
@@ -250,22 +272,26 @@ grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* met
 }  // namespace
 
 grpc::ServerUnaryReactor* ClusterPeerService::Holds(grpc::CallbackServerContext* ctx,
-                                                    const pb::HoldsRequest* req,
-                                                    pb::HoldsResponse* resp) {
-  return RunPeerCall(svc_, "Peer.Holds", ctx, CheckPeer(ctx),
-                     [this, req, resp] { return svc_->DoHolds(*req, resp); });
+                                                    const grpc::ByteBuffer* req,
+                                                    grpc::ByteBuffer* resp) {
+  return RunPeerCall<pb::HoldsRequest, pb::HoldsResponse>(
+      svc_, "Peer.Holds", ctx, CheckPeer(ctx), req, resp,
+      [this](const pb::HoldsRequest& r, pb::HoldsResponse* out) { return svc_->DoHolds(r, out); });
 }
 
 grpc::ServerUnaryReactor* ClusterPeerService::Replicate(grpc::CallbackServerContext* ctx,
-                                                        const pb::ReplicateRequest* req,
-                                                        pb::ReplicateResponse* resp) {
-  return RunPeerCall(svc_, "Peer.Replicate", ctx, CheckPeer(ctx),
-                     [this, req, resp] { return svc_->DoReplicate(*req, resp); });
+                                                        const grpc::ByteBuffer* req,
+                                                        grpc::ByteBuffer* resp) {
+  return RunPeerCall<pb::ReplicateRequest, pb::ReplicateResponse>(
+      svc_, "Peer.Replicate", ctx, CheckPeer(ctx), req, resp,
+      [this](const pb::ReplicateRequest& r, pb::ReplicateResponse* out) {
+        return svc_->DoReplicate(r, out);
+      });
 }
 
 grpc::ServerUnaryReactor* ClusterPeerService::Drain(grpc::CallbackServerContext* ctx,
-                                                    const pb::DrainRequest*,
-                                                    pb::DrainResponse* resp) {
+                                                    const grpc::ByteBuffer* req,
+                                                    grpc::ByteBuffer* resp) {
   // Drain ends the node: it always takes the cluster credential, also on a node that takes
   // the other peer calls without one (no tenants, no secret), which drains only from its
   // own host (SIGTERM with --drain, or SIGUSR1).
@@ -275,11 +301,13 @@ grpc::ServerUnaryReactor* ClusterPeerService::Drain(grpc::CallbackServerContext*
                             "(kvcached --cluster-secret-file); drain it from its host with "
                             "SIGUSR1, or SIGTERM when started with --drain")
                       : CheckPeer(ctx);
-  return RunPeerCall(svc_, "Peer.Drain", ctx, admitted, [this, resp] {
-    KVC_ASSIGN_OR_RETURN(uint64_t chunks, on_drain_());
-    resp->set_chunks(chunks);
-    return absl::OkStatus();
-  });
+  return RunPeerCall<pb::DrainRequest, pb::DrainResponse>(
+      svc_, "Peer.Drain", ctx, admitted, req, resp,
+      [this](const pb::DrainRequest&, pb::DrainResponse* out) -> absl::Status {
+        KVC_ASSIGN_OR_RETURN(uint64_t chunks, on_drain_());
+        out->set_chunks(chunks);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace kvc::cachesvc

@@ -19,22 +19,29 @@
 
 namespace kvc::cachesvc {
 
-class ClusterPeerService final : public kvcache::v1::ClusterPeer::CallbackService {
+// Raw methods, as KVCache's: the caller is authenticated first, then the request parsed
+// (one that does not parse is INVALID_ARGUMENT naming the method), then served.
+namespace peer_internal {
+using Base = kvcache::v1::ClusterPeer::WithRawCallbackMethod_Holds<
+    kvcache::v1::ClusterPeer::WithRawCallbackMethod_Replicate<
+        kvcache::v1::ClusterPeer::WithRawCallbackMethod_Drain<
+            kvcache::v1::ClusterPeer::CallbackService>>>;
+}  // namespace peer_internal
+
+class ClusterPeerService final : public peer_internal::Base {
  public:
   // `secret`: the cluster credential (empty: none). `on_drain`: starts this node's drain
   // and returns the chunks it holds, or why it cannot drain.
   ClusterPeerService(KvCacheService* service, std::string secret,
                      std::function<absl::StatusOr<uint64_t>()> on_drain);
 
-  grpc::ServerUnaryReactor* Holds(grpc::CallbackServerContext* ctx,
-                                  const kvcache::v1::HoldsRequest* req,
-                                  kvcache::v1::HoldsResponse* resp) override;
+  grpc::ServerUnaryReactor* Holds(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* ctx,
-                                      const kvcache::v1::ReplicateRequest* req,
-                                      kvcache::v1::ReplicateResponse* resp) override;
-  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx,
-                                  const kvcache::v1::DrainRequest* req,
-                                  kvcache::v1::DrainResponse* resp) override;
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
 
  private:
   absl::Status CheckPeer(const grpc::CallbackServerContext* ctx) const;

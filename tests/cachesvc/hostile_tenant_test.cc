@@ -5,6 +5,7 @@
 // Lookup names at most as many keys as any other call; Drain always takes the cluster
 // credential.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -361,6 +362,17 @@ TEST(HostileTenantTest, DrainAlwaysTakesTheClusterCredentialAndPeerNamesAreBound
   pb::HoldsResponse held;
   ExpectRefused(peer->Holds(Ctx("").get(), holds, &held), grpc::StatusCode::INVALID_ARGUMENT,
                 "peer namespace: model_id is 1048576 bytes");
+  // Bytes that are no request are the caller's mistake, named (not UNIMPLEMENTED).
+  auto channel = grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  for (const char* method : {"Holds", "Replicate"}) {
+    const std::string path = std::string("/kvcache.v1.ClusterPeer/") + method;
+    const grpc::internal::RpcMethod m(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC, channel);
+    grpc::Slice slice(std::string("\xff\xff\xff\xff\x0f", 5));
+    grpc::ByteBuffer request(&slice, 1), response;
+    ExpectRefused(grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+                      channel.get(), m, Ctx("").get(), request, &response),
+                  grpc::StatusCode::INVALID_ARGUMENT, "does not parse");
+  }
 }
 
 // Two model_ids, one of alice's and one of mallory's, whose caller-keyed namespaces derive
