@@ -13,6 +13,7 @@
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
 //                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
 //   kvbench soak [--seconds S] [--clients N] [--kill-every S] [--io-fault-rate N] [--json]
+//   kvbench fairness [--seconds S] [--flooders N] [--json]
 //   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
 //                   [--windows 0,32,64,128,256] [--documents N] [--points N]
 //                   [--decode-contexts 4096,16384,...] [--json]
@@ -39,6 +40,7 @@
 #include "bench/kvbench/quality_bench.h"
 #include "bench/kvbench/report.h"
 #include "bench/kvbench/service_bench.h"
+#include "bench/kvbench/fairness_bench.h"
 #include "bench/kvbench/soak.h"
 #include "bench/kvbench/storage_bench.h"
 #include "bench/kvbench/trace_bench.h"
@@ -321,6 +323,15 @@ int Main(int argc, char** argv) {
   soak->add_option("--config", soak_config, "model config giving the chunk size")
       ->capture_default_str();
   soak->add_flag("--json", json, "print one JSON object");
+  CLI::App* fairness = app.add_subcommand(
+      "fairness", "one tenant's small Lookups while another floods the daemon with large ones");
+  bench::FairnessOptions fair_opt;
+  fairness->add_option("--dir", fair_opt.dir, "scratch folder (emptied)")->capture_default_str();
+  fairness->add_option("--seconds", fair_opt.seconds, "each phase (alone, under the flood)")
+      ->capture_default_str();
+  fairness->add_option("--flooders", fair_opt.flooders, "threads of the flooding tenant")
+      ->capture_default_str();
+  fairness->add_flag("--json", json, "print one JSON object");
   CLI::App* quality = app.add_subcommand(
       "quality",
       "what a resume costs in answers: bounded/exact replay and CED vs full depth, "
@@ -406,6 +417,10 @@ int Main(int argc, char** argv) {
       qopt.variants.emplace_back(w.substr(0, eq), w.substr(eq + 1));
     }
     return PrintReport(bench::RunQualityBench(qopt), json, bench::QualityBenchToText);
+  }
+  if (fairness->parsed()) {
+    fair_opt.kvcached = SiblingKvcached();
+    return PrintReport(bench::RunFairnessBench(fair_opt), json, bench::FairnessToText);
   }
   if (soak->parsed()) {
     std::optional<std::string> text = ReadModelConfig(soak_config);
