@@ -134,10 +134,12 @@ absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(
 }
 
 NamespaceRegistry::~NamespaceRegistry() {
+  MutexLock lk(mu_);
   if (fd_ >= 0) close(fd_);
 }
 
 absl::Status NamespaceRegistry::Load() {
+  MutexLock lk(mu_);  // alone (Open), but the analysis checks every access
   const std::string log = dir_ + kLog, old = dir_ + kOldArray;
   std::vector<NamespaceInfo> entries;
   std::vector<std::string> where;  // each entry's file and line, for the load's errors
@@ -260,7 +262,7 @@ absl::Status NamespaceRegistry::Append(const std::string& line) {
 
 absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
   KVC_RETURN_IF_ERROR(CheckNames(info));
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   if (auto it = by_root_.find({info.tenant, info.root}); it != by_root_.end()) {
     return by_store_.at(it->second);
   }
@@ -305,14 +307,14 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
 }
 
 std::optional<NamespaceInfo> NamespaceRegistry::Get(uint32_t id, const std::string& tenant) const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   auto it = by_id_.find({tenant, id});
   if (it == by_id_.end()) return std::nullopt;
   return by_store_.at(it->second);
 }
 
 std::vector<NamespaceInfo> NamespaceRegistry::All() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   std::vector<NamespaceInfo> out;
   out.reserve(by_store_.size());
   for (const auto& [store_id, info] : by_store_) out.push_back(info);

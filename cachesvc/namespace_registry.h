@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -19,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/chunk_key.h"
+#include "base/mutex.h"
 
 namespace kvc::cachesvc {
 
@@ -122,21 +122,23 @@ class NamespaceRegistry {
  private:
   NamespaceRegistry(std::string dir, RegistryLimits limits, NamespaceIds ids)
       : dir_(std::move(dir)), limits_(limits), ids_(ids) {}
-  absl::Status Load();
+  absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
   // InvalidArgument naming the field when the tenant or model_id is empty or too long.
   absl::Status CheckNames(const NamespaceInfo& n) const;
-  absl::Status Append(const std::string& line);  // under mu_
+  absl::Status Append(const std::string& line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string dir_;
   RegistryLimits limits_;
   NamespaceIds ids_;
-  int fd_ = -1;  // the log, open for appending
-  mutable std::mutex mu_;
-  std::map<uint32_t, NamespaceInfo> by_store_;  // store_id → namespace
-  std::map<std::pair<std::string, uint32_t>, uint32_t> by_id_;  // (tenant, id) → store_id
-  std::map<std::pair<std::string, storage::ChunkKey>, uint32_t> by_root_;  // → store_id
-  std::map<std::string, size_t> per_tenant_;
-  std::map<std::string, size_t> bytes_per_tenant_;  // of its log lines
+  mutable Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // the log, open for appending
+  std::map<uint32_t, NamespaceInfo> by_store_ ABSL_GUARDED_BY(mu_);  // store_id → namespace
+  // (tenant, id) → store_id
+  std::map<std::pair<std::string, uint32_t>, uint32_t> by_id_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, storage::ChunkKey>, uint32_t> by_root_
+      ABSL_GUARDED_BY(mu_);  // → store_id
+  std::map<std::string, size_t> per_tenant_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, size_t> bytes_per_tenant_ ABSL_GUARDED_BY(mu_);  // of its log lines
 };
 
 }  // namespace kvc::cachesvc

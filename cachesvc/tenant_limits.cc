@@ -15,14 +15,14 @@ TenantLimiter::Slot& TenantLimiter::Slot::operator=(Slot&& o) noexcept {
 
 void TenantLimiter::Slot::Release() {
   if (limiter_ == nullptr) return;
-  std::lock_guard lk(limiter_->mu_);
+  MutexLock lk(limiter_->mu_);
   auto it = limiter_->in_flight_.find(tenant_);
   if (--it->second == 0) limiter_->in_flight_.erase(it);
   limiter_ = nullptr;
 }
 
 absl::StatusOr<TenantLimiter::Slot> TenantLimiter::Acquire(const std::string& tenant) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   uint32_t& n = in_flight_[tenant];
   if (n >= max_) {
     return absl::ResourceExhaustedError(
@@ -33,7 +33,7 @@ absl::StatusOr<TenantLimiter::Slot> TenantLimiter::Acquire(const std::string& te
 }
 
 uint32_t TenantLimiter::InFlight(const std::string& tenant) const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   auto it = in_flight_.find(tenant);
   return it == in_flight_.end() ? 0 : it->second;
 }

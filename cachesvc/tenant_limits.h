@@ -7,7 +7,7 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
+#include "base/mutex.h"
 #include <string>
 #include <unordered_map>
 
@@ -44,8 +44,8 @@ class TenantLimiter {
 
  private:
   const uint32_t max_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, uint32_t> in_flight_;
+  mutable Mutex mu_;
+  std::unordered_map<std::string, uint32_t> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::cachesvc

@@ -5,7 +5,8 @@
 # that guards it, or a function that needs the lock called without it, fails this script.
 # GCC, which builds everything else, ignores the annotations.
 #   scripts/lock-check.sh [FILE.cc ...]    (default: storage/*.cc and the service's classes
-#   that hold a lock: cachesvc/{lease_table,quota_groups,tenant_counters,tombstones}.cc, and the
+#   that hold a lock: cachesvc/{lease_table,quota_groups,tenant_counters,tombstones,
+#   namespace_registry,tenant_limits}.cc, and the
 #   header-only executor.h through its test; they include the
 #   generated protobuf headers, so this runs after a build)
 set -euo pipefail
@@ -16,7 +17,8 @@ if [ $# -gt 0 ]; then
   files=("$@")
 else
   files=(storage/*.cc cachesvc/lease_table.cc cachesvc/quota_groups.cc cachesvc/tenant_counters.cc
-         cachesvc/tombstones.cc tests/cachesvc/executor_test.cc)
+         cachesvc/tombstones.cc cachesvc/namespace_registry.cc cachesvc/tenant_limits.cc
+         tests/cachesvc/executor_test.cc)
 fi
 printf '%s\n' "${files[@]}" |
   xargs -P "$(nproc 2>/dev/null || echo 2)" -I{} \
