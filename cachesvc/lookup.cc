@@ -60,6 +60,21 @@ absl::Status KvCacheService::Impl::DoLookup(const std::string& tenant, const pb:
   uint32_t matched = 0;
   while (matched < tiers.size() && tiers[matched] != storage::Tier::kNone) ++matched;
   resp->set_matched_chunks(matched);
+  // Tokens by the tier that serves them: the leading run's by its chunks' tiers, the rest
+  // "none" — per namespace they add up to the tokens looked up. A cluster client's
+  // every_chunk question is one node's share: not counted here (the client counts).
+  if (opt.metrics != nullptr && !req.every_chunk() && ns.chunk_tokens > 0) {
+    uint64_t by_tier[4] = {0, 0, 0, 0};  // none, ram, ssd, hbm
+    for (uint32_t i = 0; i < matched; ++i) {
+      const storage::Tier t = tiers[i];
+      ++by_tier[t == storage::Tier::kRam ? 1 : t == storage::Tier::kSsd ? 2 : 3];
+    }
+    by_tier[0] = keys.size() - matched;
+    static constexpr const char* kNames[4] = {"none", "ram", "ssd", "hbm"};
+    for (int t = 0; t < 4; ++t) {
+      opt.metrics->AddLookupTokens(tenant, ns.id, kNames[t], by_tier[t] * ns.chunk_tokens);
+    }
+  }
   if (!by_key) {
     for (const ChunkKey& k : keys) resp->add_chunk_keys(KeyBytes(k));
   }

@@ -156,7 +156,12 @@ class ServiceMetrics::Impl {
                   .Help("Chunk payload bytes by direction")
                   .Register(*registry)),
         bytes_in(bytes.Add({{"direction", "in"}})),
-        bytes_out(bytes.Add({{"direction", "out"}})) {}
+        bytes_out(bytes.Add({{"direction", "out"}})),
+        lookup_tokens(prometheus::BuildCounter()
+                          .Name("kvcache_lookup_tokens_total")
+                          .Help("Tokens of the prefixes looked up, by namespace and the tier "
+                                "that holds them (none: past the leading run)")
+                          .Register(*registry)) {}
 
   std::shared_ptr<prometheus::Registry> registry;
   std::shared_ptr<StoreCollector> collector;
@@ -164,6 +169,7 @@ class ServiceMetrics::Impl {
   prometheus::Family<prometheus::Counter>& bytes;
   prometheus::Counter& bytes_in;
   prometheus::Counter& bytes_out;
+  prometheus::Family<prometheus::Counter>& lookup_tokens;
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
@@ -181,6 +187,13 @@ void ServiceMetrics::ObserveCall(const std::string& method, grpc::StatusCode cod
 
 void ServiceMetrics::SetRepairSource(std::function<void(kvcache::v1::RepairStats*)> source) {
   impl_->collector->SetRepairSource(std::move(source));
+}
+
+void ServiceMetrics::AddLookupTokens(const std::string& tenant, uint32_t ns, const char* tier,
+                                     uint64_t tokens) {
+  if (tokens == 0) return;
+  impl_->lookup_tokens.Add({{"tenant", tenant}, {"namespace", std::to_string(ns)}, {"tier", tier}})
+      .Increment(static_cast<double>(tokens));
 }
 
 void ServiceMetrics::AddBytes(bool in, uint64_t n) {

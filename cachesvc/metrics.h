@@ -1,6 +1,10 @@
 // Prometheus metrics of kvcached, served in the text format by an HTTP exposer:
 //   kvcache_rpc_seconds{method,code}   histogram of call latency
 //   kvcache_bytes_total{direction}     chunk payload bytes in (Store) and out (Fetch)
+//   kvcache_lookup_tokens_total{tenant,namespace,tier}
+//                                      tokens of the prefixes looked up, by the tier that
+//                                      holds them (hbm, ram, ssd; none past the leading run):
+//                                      per namespace they sum to the tokens looked up
 //   kvcache_chunks{tier}, kvcache_capacity_chunks{tier}, kvcache_hits_total{tier},
 //   kvcache_misses_total, kvcache_checksum_failures_total, kvcache_read_errors_total,
 //   kvcache_write_errors_total, kvcache_evictions_total{tier}, kvcache_demotions_total,
@@ -40,6 +44,8 @@ class ServiceMetrics {
 
   void ObserveCall(const std::string& method, grpc::StatusCode code, double seconds);
   void AddBytes(bool in, uint64_t bytes);
+  // `tokens` of a Lookup of `tenant`'s namespace `ns` answered from `tier`.
+  void AddLookupTokens(const std::string& tenant, uint32_t ns, const char* tier, uint64_t tokens);
   // A cluster node's repair state, read at every scrape (null: none; the series are absent).
   void SetRepairSource(std::function<void(kvcache::v1::RepairStats*)> source);
 

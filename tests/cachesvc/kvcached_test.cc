@@ -19,6 +19,7 @@
 
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -741,6 +742,10 @@ TEST(KvcachedTest, ServesPrometheusMetrics) {
   Fetch(d, c, ns.namespace_id(), stored.chunk_keys(), &st);
   ASSERT_TRUE(st.ok()) << st.error_message();
   Lookup(d, c, 4242, {1}, &st);  // a NOT_FOUND call
+  // A prefix of 3 chunks whose first 2 are stored (in RAM): tokens by the tier serving them.
+  std::vector<uint32_t> three = AllTokens(chunks);
+  for (uint32_t t = 0; t < ns.chunk_tokens(); ++t) three.push_back(t % 512);
+  ASSERT_EQ(Lookup(d, c, ns.namespace_id(), three).matched_chunks(), 2u);
   const std::string text = HttpGet(port, "/metrics");
   for (const std::string& want : std::vector<std::string>{
            "kvcache_chunks{tier=\"ssd\"} 2", "kvcache_hits_total{tier=\"ram\"} 2",
@@ -748,7 +753,12 @@ TEST(KvcachedTest, ServesPrometheusMetrics) {
            "kvcache_bytes_total{direction=\"out\"} " + std::to_string(2 * ns.chunk_bytes()),
            "kvcache_rpc_seconds_count{code=\"0\",method=\"Store\"} 1",
            "kvcache_rpc_seconds_count{code=\"5\",method=\"Lookup\"} 1",
-           "kvcache_checksum_failures_total 0", "kvcache_index_rebuilds_total 0"}) {
+           "kvcache_checksum_failures_total 0", "kvcache_index_rebuilds_total 0",
+           absl::StrCat("kvcache_lookup_tokens_total{namespace=\"", ns.namespace_id(),
+                        "\",tenant=\"default\",tier=\"ram\"} ", 2 * ns.chunk_tokens()),
+           // StorePrefix's Lookup found none of its 2 chunks; this one misses its third.
+           absl::StrCat("kvcache_lookup_tokens_total{namespace=\"", ns.namespace_id(),
+                        "\",tenant=\"default\",tier=\"none\"} ", 3 * ns.chunk_tokens())}) {
     EXPECT_NE(text.find(want), std::string::npos) << "missing \"" << want << "\" in:\n"
                                                   << text.substr(0, 3000);
   }
