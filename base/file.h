@@ -1,6 +1,11 @@
-// A whole file's bytes, the one way the programs read an input file.
+// A whole file's bytes, the one way the programs read an input file; and a whole buffer
+// written to a file descriptor.
 #pragma once
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -26,6 +31,23 @@ inline absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
   return std::string(absl::StripTrailingAsciiWhitespace(*text));
+}
+
+// Internal naming `what` and errno's text (for a failed system call).
+inline absl::Status ErrnoError(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+// Writes all of `bytes` at fd's offset, again after a short write or EINTR; Internal naming
+// `path` otherwise.
+inline absl::Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoError("write " + path);
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvc

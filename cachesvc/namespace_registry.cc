@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "client/prefix_hash.h"
 #include "nlohmann/json.hpp"
@@ -76,26 +77,13 @@ absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::strin
   return n;
 }
 
-absl::Status Errno(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
-}
 
 absl::Status SyncDir(const std::string& dir) {
   const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d < 0) return Errno("open " + dir);
+  if (d < 0) return ErrnoError("open " + dir);
   const int rc = fsync(d);
   close(d);
-  return rc == 0 ? absl::OkStatus() : Errno("fsync " + dir);
-}
-
-absl::Status WriteAll(int fd, const std::string& text, const std::string& path) {
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno("write " + path);
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
+  return rc == 0 ? absl::OkStatus() : ErrnoError("fsync " + dir);
 }
 
 }  // namespace
@@ -178,12 +166,12 @@ absl::Status NamespaceRegistry::Load() {
     for (const NamespaceInfo& n : entries) lines += ToJson(n).dump() + "\n";
     const std::string tmp = log + ".tmp";
     const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return Errno("open " + tmp);
+    if (fd < 0) return ErrnoError("open " + tmp);
     absl::Status w = WriteAll(fd, lines, tmp);
-    if (w.ok() && fsync(fd) != 0) w = Errno("fsync " + tmp);
+    if (w.ok() && fsync(fd) != 0) w = ErrnoError("fsync " + tmp);
     close(fd);
     if (!w.ok()) return w;
-    if (rename(tmp.c_str(), log.c_str()) != 0) return Errno("rename " + tmp);
+    if (rename(tmp.c_str(), log.c_str()) != 0) return ErrnoError("rename " + tmp);
     KVC_RETURN_IF_ERROR(SyncDir(dir_));
     unlink(old.c_str());
     good_bytes = lines.size();
@@ -226,10 +214,10 @@ absl::Status NamespaceRegistry::Load() {
     bytes_per_tenant_[n.tenant] += ToJson(n).dump().size() + 1;
   }
   fd_ = open(log.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-  if (fd_ < 0) return Errno("open " + log);
+  if (fd_ < 0) return ErrnoError("open " + log);
   // Drop a torn tail, so the next entry starts on a line of its own.
-  if (ftruncate(fd_, static_cast<off_t>(good_bytes)) != 0) return Errno("truncate " + log);
-  if (lseek(fd_, 0, SEEK_END) < 0) return Errno("seek " + log);
+  if (ftruncate(fd_, static_cast<off_t>(good_bytes)) != 0) return ErrnoError("truncate " + log);
+  if (lseek(fd_, 0, SEEK_END) < 0) return ErrnoError("seek " + log);
   return absl::OkStatus();
 }
 
@@ -250,7 +238,7 @@ absl::Status NamespaceRegistry::Append(const std::string& line) {
   const std::string log = dir_ + kLog;
   const off_t before = lseek(fd_, 0, SEEK_END);
   absl::Status s = WriteAll(fd_, line, log);
-  if (s.ok() && fdatasync(fd_) != 0) s = Errno("fdatasync " + log);
+  if (s.ok() && fdatasync(fd_) != 0) s = ErrnoError("fdatasync " + log);
   if (!s.ok() && before >= 0) {
     (void)ftruncate(fd_, before);  // a failed append must not leave half a line
     (void)lseek(fd_, before, SEEK_SET);

@@ -228,9 +228,8 @@ namespace {
 // token file can give a tenant: it has a control character).
 const std::string kPeerWork("\x01peer");
 
-// Authenticated (`admitted`), then on the executor: the raw request parsed as Req (one
-// that does not parse is INVALID_ARGUMENT naming the method), work(request, &response),
-// and the response serialized.
+// Authenticated (`admitted`), then on the executor: ServeRaw (the request parsed, served
+// by work(request, &response), the response serialized).
 template <typename Req, typename Resp, typename Work>
 grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* method,
                                       grpc::CallbackServerContext* ctx, absl::Status admitted,
@@ -243,23 +242,8 @@ grpc::ServerUnaryReactor* RunPeerCall(KvCacheService::Impl* svc, const char* met
     svc->Observe(method, "(peer)", g, start);
     reactor->Finish(g);
   };
-  auto serve = [method, raw_request, raw_response, work]() mutable -> absl::Status {
-    grpc::ByteBuffer bytes(*raw_request);  // shares the slices
-    grpc::ProtoBufferReader reader(&bytes);
-    Req request;
-    if (!request.ParseFromZeroCopyStream(&reader)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          method, ": the request does not parse as ", Req::descriptor()->name()));
-    }
-    Resp response;
-    KVC_RETURN_IF_ERROR(work(request, &response));
-    bool own_buffer = false;
-    if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, Resp>(response, raw_response,
-                                                               &own_buffer)
-             .ok()) {
-      return absl::InternalError(absl::StrCat(method, ": the response does not serialize"));
-    }
-    return absl::OkStatus();
+  auto serve = [method, raw_request, raw_response, work]() mutable {
+    return ServeRaw<Req, Resp>(method, raw_request, raw_response, work);
   };
   if (!admitted.ok()) {
     finish(admitted);

@@ -68,6 +68,29 @@ absl::StatusOr<std::vector<ChunkKey>> ParseKeys(
 
 using wire::KeyBytes;
 
+// A raw unary call's body: the request parsed as Req (one that does not parse is
+// INVALID_ARGUMENT naming the method), work(request, &response), the response serialized
+// into raw_response. Shared by the tenants' calls and the peers' (peer_service.cc).
+template <typename Req, typename Resp, typename Work>
+absl::Status ServeRaw(const char* method, const grpc::ByteBuffer* raw_request,
+                      grpc::ByteBuffer* raw_response, Work&& work) {
+  grpc::ByteBuffer bytes(*raw_request);  // shares the slices
+  grpc::ProtoBufferReader reader(&bytes);
+  Req request;
+  if (!request.ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(method, ": the request does not parse as ", Req::descriptor()->name()));
+  }
+  Resp response;
+  KVC_RETURN_IF_ERROR(work(request, &response));
+  bool own_buffer = false;
+  if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, Resp>(response, raw_response, &own_buffer)
+           .ok()) {
+    return absl::InternalError(absl::StrCat(method, ": the response does not serialize"));
+  }
+  return absl::OkStatus();
+}
+
 class KvCacheService::Impl {
  public:
   Impl(storage::ChunkStore* s, NamespaceRegistry* r, const Authenticator* a, ServiceOptions o);
@@ -131,22 +154,10 @@ class KvCacheService::Impl {
     return Unary(
         method, ctx,
         [method, raw_request, raw_response, work](const std::string& tenant) mutable {
-          grpc::ByteBuffer bytes(*raw_request);  // shares the slices
-          grpc::ProtoBufferReader reader(&bytes);
-          Req request;
-          if (!request.ParseFromZeroCopyStream(&reader)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                method, ": the request does not parse as ", Req::descriptor()->name()));
-          }
-          Resp response;
-          KVC_RETURN_IF_ERROR(work(tenant, &request, &response));
-          bool own_buffer = false;
-          if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, Resp>(response, raw_response,
-                                                                     &own_buffer)
-                   .ok()) {
-            return absl::InternalError(absl::StrCat(method, ": the response does not serialize"));
-          }
-          return absl::OkStatus();
+          return ServeRaw<Req, Resp>(method, raw_request, raw_response,
+                                     [&](const Req& req, Resp* resp) {
+                                       return work(tenant, &req, resp);
+                                     });
         },
         inline_work);
   }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -30,20 +31,6 @@ std::string Record(uint32_t kind, uint32_t store_id, int64_t at, const storage::
   const uint64_t sum = XXH3_64bits(r.data(), 32);
   std::memcpy(r.data() + 32, &sum, 8);
   return r;
-}
-
-absl::Status Errno(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
-}
-
-absl::Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno("write " + path);
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -102,20 +89,20 @@ absl::Status Tombstones::Load() {
   }
   const std::string tmp = path_ + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("open " + tmp);
+  if (fd < 0) return ErrnoError("open " + tmp);
   absl::Status w = WriteAll(fd, live, tmp);
-  if (w.ok() && fsync(fd) != 0) w = Errno("fsync " + tmp);
+  if (w.ok() && fsync(fd) != 0) w = ErrnoError("fsync " + tmp);
   close(fd);
   if (!w.ok()) return w;
-  if (rename(tmp.c_str(), path_.c_str()) != 0) return Errno("rename " + tmp);
+  if (rename(tmp.c_str(), path_.c_str()) != 0) return ErrnoError("rename " + tmp);
   const std::string dir = path_.substr(0, path_.rfind('/'));
   if (const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
     const int rc = fsync(d);
     close(d);
-    if (rc != 0) return Errno("fsync " + dir);
+    if (rc != 0) return ErrnoError("fsync " + dir);
   }
   fd_ = open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd_ < 0) return Errno("open " + path_);
+  if (fd_ < 0) return ErrnoError("open " + path_);
   return absl::OkStatus();
 }
 
@@ -145,7 +132,7 @@ void Tombstones::ExpireLocked(int64_t now) {
 
 absl::Status Tombstones::AppendRecords(const std::string& bytes) {
   KVC_RETURN_IF_ERROR(WriteAll(fd_, bytes, path_));
-  if (fdatasync(fd_) != 0) return Errno("fdatasync " + path_);
+  if (fdatasync(fd_) != 0) return ErrnoError("fdatasync " + path_);
   return absl::OkStatus();
 }
 
