@@ -34,7 +34,8 @@ declare -A sources=(
              cachesvc/fetch_reactor.cc cachesvc/store_reactor.cc cachesvc/namespace_registry.cc
              cachesvc/lease_table.cc cachesvc/quota_groups.cc cachesvc/tenant_counters.cc
              cachesvc/log.cc cachesvc/tenant_limits.cc cachesvc/tenant_quotas.cc
-             cachesvc/shm_access.cc cachesvc/metrics.cc wire/wire.cc wire/arena_handshake.cc"
+             cachesvc/shm_access.cc cachesvc/metrics.cc cachesvc/tombstones.cc wire/wire.cc
+             wire/arena_handshake.cc"
 )
 built=(build/client/libkvc_prefix_hash.a build/cachesvc/libkvc_arena_socket.a
        build/storage/libkvc_storage.a build/engine/libkvc_spec.a build/proto/libkvc_proto.a)
