@@ -2,6 +2,7 @@
 // written to a file descriptor.
 #pragma once
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +49,30 @@ inline absl::Status WriteAll(int fd, std::string_view bytes, const std::string& 
     done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+// fsyncs the directory `dir`, so that the entries made or renamed in it last.
+inline absl::Status SyncDirectory(const std::string& dir) {
+  const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0) return ErrnoError("open " + dir);
+  const int rc = fsync(d);
+  close(d);
+  return rc == 0 ? absl::OkStatus() : ErrnoError("fsync " + dir);
+}
+
+// Replaces `path` (in `dir`) with `bytes` as a whole or not at all: written to path.tmp
+// (0600), synced, renamed over path, and the directory synced.
+inline absl::Status ReplaceFileDurably(const std::string& dir, const std::string& path,
+                                       std::string_view bytes) {
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("open " + tmp);
+  absl::Status w = WriteAll(fd, bytes, tmp);
+  if (w.ok() && fsync(fd) != 0) w = ErrnoError("fsync " + tmp);
+  close(fd);
+  if (!w.ok()) return w;
+  if (rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename " + tmp);
+  return SyncDirectory(dir);
 }
 
 }  // namespace kvc

@@ -65,8 +65,8 @@ absl::StatusOr<std::string> ReadClusterSecret(const std::string& path) {
   if (!secret.ok()) return secret.status();
   constexpr char kMake[] = " (make one: head -c 24 /dev/urandom | base64 > F; chmod 600 F)";
   if (secret->size() < 16) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the credential is ", secret->size(), " characters; use at least 16", kMake));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the credential is ", secret->size(), " characters; use at least 16", kMake));
   }
   if (const double bits = EstimatedSecretBits(*secret); bits < kMinSecretBits) {
     return absl::FailedPreconditionError(
@@ -78,9 +78,9 @@ absl::StatusOr<std::string> ReadClusterSecret(const std::string& path) {
   if ((st.st_mode & 077) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 0777));
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, " may be read by its group or others (mode ", mode,
-        "); a cluster credential must be its owner's alone: chmod 600 ", path));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " may be read by its group or others (mode ", mode,
+                     "); a cluster credential must be its owner's alone: chmod 600 ", path));
   }
   return secret;
 }

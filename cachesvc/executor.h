@@ -52,7 +52,9 @@ class Executor {
     return true;
   }
   // Work of no tenant (the service's own): a queue of its own in the rotation.
-  [[nodiscard]] bool Submit(std::function<void()> fn) { return Submit(std::string(), std::move(fn)); }
+  [[nodiscard]] bool Submit(std::function<void()> fn) {
+    return Submit(std::string(), std::move(fn));
+  }
 
  private:
   void Run() {

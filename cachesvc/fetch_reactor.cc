@@ -119,7 +119,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     lock.unlock();
     // A chunk in RAM is sent from the arena right here (no I/O, nothing blocks): no hop
     // to the executor, which only SSD reads need.
-    if (absl::StatusOr<storage::RamLease> lease = svc_->store->LeaseRam(ns_.store_id, stored_[next_]);
+    if (absl::StatusOr<storage::RamLease> lease =
+            svc_->store->LeaseRam(ns_.store_id, stored_[next_]);
         lease.ok()) {
       svc_->CountFetch(slot_.tenant(), 1, 0, 0);
       const std::span<const uint8_t> bytes = lease->bytes();

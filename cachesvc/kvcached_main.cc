@@ -409,12 +409,11 @@ int Main(int argc, char** argv) {
     if (!n.ok()) return Fail(std::string(n.status().message()));
     node = *std::move(n);
   }
-  absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry =
-      NamespaceRegistry::Open(data_dir,
-                              RegistryLimits{max_namespaces_per_tenant,
-                                             max_registry_bytes_per_tenant, max_name_bytes,
-                                             max_chunk_bytes},
-                              node ? NamespaceIds::kDerived : NamespaceIds::kSequential);
+  absl::StatusOr<std::unique_ptr<NamespaceRegistry>> registry = NamespaceRegistry::Open(
+      data_dir,
+      RegistryLimits{max_namespaces_per_tenant, max_registry_bytes_per_tenant, max_name_bytes,
+                     max_chunk_bytes},
+      node ? NamespaceIds::kDerived : NamespaceIds::kSequential);
   if (!registry.ok()) return Fail(std::string(registry.status().message()));
   // A cluster node remembers its tenants' deletes (tombstones.h); one node needs not.
   std::unique_ptr<Tombstones> tombstones;

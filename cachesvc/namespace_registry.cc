@@ -56,7 +56,8 @@ absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::strin
     n.id = static_cast<uint32_t>(id);
     // Absent: registered before ids were scoped per tenant, stored under its id.
     const uint64_t store_id = e.value("store_id", id);
-    if (store_id == 0 || store_id > UINT32_MAX) throw std::runtime_error("store_id must be 1 to 2^32-1");
+    if (store_id == 0 || store_id > UINT32_MAX)
+      throw std::runtime_error("store_id must be 1 to 2^32-1");
     n.store_id = static_cast<uint32_t>(store_id);
     n.tenant = e.at("tenant");
     n.model_id = e.at("model_id");
@@ -75,15 +76,6 @@ absl::StatusOr<NamespaceInfo> FromJson(const nlohmann::json& e, const std::strin
         absl::StrCat(where, ": bad namespace entry ", e.dump(), ": ", ex.what()));
   }
   return n;
-}
-
-
-absl::Status SyncDir(const std::string& dir) {
-  const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d < 0) return ErrnoError("open " + dir);
-  const int rc = fsync(d);
-  close(d);
-  return rc == 0 ? absl::OkStatus() : ErrnoError("fsync " + dir);
 }
 
 }  // namespace
@@ -164,15 +156,7 @@ absl::Status NamespaceRegistry::Load() {
     }
     std::string lines;
     for (const NamespaceInfo& n : entries) lines += ToJson(n).dump() + "\n";
-    const std::string tmp = log + ".tmp";
-    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return ErrnoError("open " + tmp);
-    absl::Status w = WriteAll(fd, lines, tmp);
-    if (w.ok() && fsync(fd) != 0) w = ErrnoError("fsync " + tmp);
-    close(fd);
-    if (!w.ok()) return w;
-    if (rename(tmp.c_str(), log.c_str()) != 0) return ErrnoError("rename " + tmp);
-    KVC_RETURN_IF_ERROR(SyncDir(dir_));
+    KVC_RETURN_IF_ERROR(ReplaceFileDurably(dir_, log, lines));
     unlink(old.c_str());
     good_bytes = lines.size();
   }
@@ -197,10 +181,12 @@ absl::Status NamespaceRegistry::Load() {
       return refuse(absl::StrCat("tenant ", n.tenant, " and root ", n.root.Hex(),
                                  " are registered twice: one tenant's root names one namespace"));
     }
-    if (absl::Status names = CheckNames(n); !names.ok()) return refuse(std::string(names.message()));
+    if (absl::Status names = CheckNames(n); !names.ok())
+      return refuse(std::string(names.message()));
     if (n.chunk_bytes == 0 || n.chunk_bytes > limits_.max_chunk_bytes) {
-      return refuse(absl::StrCat("chunk_bytes is ", n.chunk_bytes, "; a namespace's chunks are 1 to ",
-                                 limits_.max_chunk_bytes, " bytes (kvcached --max-chunk-bytes)"));
+      return refuse(absl::StrCat("chunk_bytes is ", n.chunk_bytes,
+                                 "; a namespace's chunks are 1 to ", limits_.max_chunk_bytes,
+                                 " bytes (kvcached --max-chunk-bytes)"));
     }
     if (n.key_mode == kKeysFromTokens && (n.chunk_tokens == 0 || n.vocab_size == 0)) {
       return refuse("a token-keyed namespace needs chunk_tokens and vocab_size above 0");
@@ -222,8 +208,9 @@ absl::Status NamespaceRegistry::Load() {
 }
 
 absl::Status NamespaceRegistry::CheckNames(const NamespaceInfo& n) const {
-  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"tenant", &n.tenant},
-                                     {"model_id", &n.model_id}}) {
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"tenant", &n.tenant},
+        {"model_id", &n.model_id}}) {
     if (value->empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
     if (value->size() > limits_.max_name_bytes) {
       return absl::InvalidArgumentError(
@@ -244,7 +231,7 @@ absl::Status NamespaceRegistry::Append(const std::string& line) {
     (void)lseek(fd_, before, SEEK_SET);
   }
   // The log's first line also needs its directory entry to be durable.
-  if (s.ok() && before == 0) s = SyncDir(dir_);
+  if (s.ok() && before == 0) s = SyncDirectory(dir_);
   return s;
 }
 
@@ -269,10 +256,10 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
       // namespaces): refuse rather than let the nodes of a cluster disagree on which one the
       // id names. Only the tenant's own namespaces can collide, so naming the model tells it
       // nothing it does not know.
-      return absl::AlreadyExistsError(absl::StrCat(
-          "namespace id ", info.id, " derived for model ", info.model_id,
-          " is already your namespace of model ", by_store_.at(it->second).model_id,
-          "; register under another model_id or chunk size"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("namespace id ", info.id, " derived for model ", info.model_id,
+                       " is already your namespace of model ", by_store_.at(it->second).model_id,
+                       "; register under another model_id or chunk size"));
     }
   } else {
     info.id = info.store_id;
@@ -280,10 +267,10 @@ absl::StatusOr<NamespaceInfo> NamespaceRegistry::FindOrAdd(NamespaceInfo info) {
   const std::string line = ToJson(info).dump() + "\n";
   const size_t held = bytes_per_tenant_[info.tenant];
   if (limits_.max_bytes_per_tenant > 0 && held + line.size() > limits_.max_bytes_per_tenant) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant ", info.tenant, "'s namespaces take ", held, " bytes of the registry and this one ",
-        line.size(), " more; the limit is ", limits_.max_bytes_per_tenant,
-        " (kvcached --max-registry-bytes-per-tenant)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant ", info.tenant, "'s namespaces take ", held,
+                     " bytes of the registry and this one ", line.size(), " more; the limit is ",
+                     limits_.max_bytes_per_tenant, " (kvcached --max-registry-bytes-per-tenant)"));
   }
   KVC_RETURN_IF_ERROR(Append(line));
   by_store_[info.store_id] = info;

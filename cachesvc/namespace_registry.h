@@ -81,9 +81,9 @@ uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& 
 // field a tenant supplies is bounded, so a tenant cannot grow the log, the daemon's memory
 // or a peer call's size beyond these (docs/security.md, "Bounded metadata").
 struct RegistryLimits {
-  size_t max_per_tenant = 0;         // namespaces one tenant may register (0: no limit)
-  size_t max_bytes_per_tenant = 0;   // bytes of its log lines, all together (0: no limit)
-  size_t max_name_bytes = 256;       // tenant and model_id, each
+  size_t max_per_tenant = 0;              // namespaces one tenant may register (0: no limit)
+  size_t max_bytes_per_tenant = 0;        // bytes of its log lines, all together (0: no limit)
+  size_t max_name_bytes = 256;            // tenant and model_id, each
   uint64_t max_chunk_bytes = 1ull << 30;  // a loaded entry's chunk_bytes, at most
 };
 
@@ -131,7 +131,7 @@ class NamespaceRegistry {
   RegistryLimits limits_;
   NamespaceIds ids_;
   mutable Mutex mu_;
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // the log, open for appending
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;                                 // the log, open for appending
   std::map<uint32_t, NamespaceInfo> by_store_ ABSL_GUARDED_BY(mu_);  // store_id → namespace
   // (tenant, id) → store_id
   std::map<std::pair<std::string, uint32_t>, uint32_t> by_id_ ABSL_GUARDED_BY(mu_);

@@ -37,8 +37,7 @@ class ClusterPeerService final : public peer_internal::Base {
 
   grpc::ServerUnaryReactor* Holds(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                   grpc::ByteBuffer* resp) override;
-  grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* ctx,
-                                      const grpc::ByteBuffer* req,
+  grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                   grpc::ByteBuffer* resp) override;

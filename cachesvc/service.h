@@ -130,8 +130,7 @@ class KvCacheService final : public service_internal::Base {
                                         const grpc::ByteBuffer* req,
                                         grpc::ByteBuffer* resp) override;
   // The operator's view of a tenant's pins (admin tenants only).
-  grpc::ServerUnaryReactor* ListPins(grpc::CallbackServerContext* ctx,
-                                     const grpc::ByteBuffer* req,
+  grpc::ServerUnaryReactor* ListPins(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                      grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* UnpinTenant(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* req,

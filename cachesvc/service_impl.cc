@@ -226,8 +226,9 @@ absl::Status KvCacheService::Impl::DoTenantPins(const std::string& caller,
                                                 bool unpin, pb::ListPinsResponse* listed,
                                                 uint32_t* unpinned) {
   if (!SeesTotals(caller)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "tenant ", caller, " may not see or change another tenant's pins (kvcached --admin-tenants)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant ", caller,
+                     " may not see or change another tenant's pins (kvcached --admin-tenants)"));
   }
   if (tenant.empty()) return absl::InvalidArgumentError("tenant is empty");
   std::map<storage::NamespaceId, NamespaceInfo> own;  // by store_id

@@ -154,10 +154,9 @@ class KvCacheService::Impl {
     return Unary(
         method, ctx,
         [method, raw_request, raw_response, work](const std::string& tenant) mutable {
-          return ServeRaw<Req, Resp>(method, raw_request, raw_response,
-                                     [&](const Req& req, Resp* resp) {
-                                       return work(tenant, &req, resp);
-                                     });
+          return ServeRaw<Req, Resp>(
+              method, raw_request, raw_response,
+              [&](const Req& req, Resp* resp) { return work(tenant, &req, resp); });
         },
         inline_work);
   }

@@ -7,9 +7,9 @@
 #pragma once
 
 #include <cstdint>
-#include "base/mutex.h"
 #include <string>
 #include <unordered_map>
+#include "base/mutex.h"
 
 #include "absl/status/statusor.h"
 

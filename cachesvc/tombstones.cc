@@ -87,20 +87,7 @@ absl::Status Tombstones::Load() {
     auto it = live_.find(id);
     if (it != live_.end() && it->second == at) live += Record(kDeleted, id.store_id, at, id.key);
   }
-  const std::string tmp = path_ + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoError("open " + tmp);
-  absl::Status w = WriteAll(fd, live, tmp);
-  if (w.ok() && fsync(fd) != 0) w = ErrnoError("fsync " + tmp);
-  close(fd);
-  if (!w.ok()) return w;
-  if (rename(tmp.c_str(), path_.c_str()) != 0) return ErrnoError("rename " + tmp);
-  const std::string dir = path_.substr(0, path_.rfind('/'));
-  if (const int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
-    const int rc = fsync(d);
-    close(d);
-    if (rc != 0) return ErrnoError("fsync " + dir);
-  }
+  KVC_RETURN_IF_ERROR(ReplaceFileDurably(path_.substr(0, path_.rfind('/')), path_, live));
   fd_ = open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd_ < 0) return ErrnoError("open " + path_);
   return absl::OkStatus();

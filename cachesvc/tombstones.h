@@ -59,7 +59,8 @@ class Tombstones {
   };
   struct IdHash {
     size_t operator()(const Id& id) const {
-      return storage::ChunkKeyHash()(id.key) ^ (static_cast<size_t>(id.store_id) * 0x9E3779B97F4A7C15ull);
+      return storage::ChunkKeyHash()(id.key) ^
+             (static_cast<size_t>(id.store_id) * 0x9E3779B97F4A7C15ull);
     }
   };
   Tombstones(std::string path, Options o) : path_(std::move(path)), opt_(std::move(o)) {}

@@ -382,8 +382,8 @@ absl::StatusOr<LookupResult> CacheClient::LookupKeysImpl(const RemoteNamespace& 
   for (int t : resp.tiers()) r.tiers.push_back(TierFromWire(t));
   for (uint32_t i : resp.deleted_chunks()) {
     if (i >= r.keys.size()) {
-      return absl::InternalError(absl::StrCat("Lookup answered deleted chunk ", i, " of ",
-                                              r.keys.size()));
+      return absl::InternalError(
+          absl::StrCat("Lookup answered deleted chunk ", i, " of ", r.keys.size()));
     }
     r.deleted.push_back(i);
   }

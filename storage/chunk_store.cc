@@ -616,8 +616,7 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
   uint64_t tier_pinned = 0, tier_share_slots = 0;
   if (tier_share) {
     tier_pinned = s.PinnedChunks();
-    const uint64_t slots =
-        s.ssd ? s.ssd->capacity_slots() : (s.ram ? s.ram->capacity_slots() : 0);
+    const uint64_t slots = s.ssd ? s.ssd->capacity_slots() : (s.ram ? s.ram->capacity_slots() : 0);
     tier_share_slots = static_cast<uint64_t>(s.opt.max_pinned_share * static_cast<double>(slots));
   }
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -633,10 +632,10 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
     const bool new_in_share = tier_share && !was_pinned;
     if (new_in_share && tier_pinned >= tier_share_slots) {
       // Says which tier, not how full it is: that is every tenant's state, not the caller's.
-      status[i] = absl::ResourceExhaustedError(absl::StrCat(
-          "the ", s.ssd ? "SSD" : "RAM",
-          " tier's share for pinned chunks is taken (kvcached --max-pinned-share ",
-          s.opt.max_pinned_share, "); unpin chunks or pin fewer"));
+      status[i] = absl::ResourceExhaustedError(
+          absl::StrCat("the ", s.ssd ? "SSD" : "RAM",
+                       " tier's share for pinned chunks is taken (kvcached --max-pinned-share ",
+                       s.opt.max_pinned_share, "); unpin chunks or pin fewer"));
       continue;
     }
     if (pin_limit > 0 && pin_until_s > now) {

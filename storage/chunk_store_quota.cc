@@ -207,8 +207,8 @@ absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota, bool mus
     // tenant, and the other tenants' quotas are not its to know (docs/security.md).
     auto refuse = [&](const char* tier, uint64_t, uint64_t) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the quota of ", quota.owner, " does not fit beside the quotas already granted in ",
-          tier, " (a chunk is charged the whole slot it takes); the operator can lower them or "
+          "the quota of ", quota.owner, " does not fit beside the quotas already granted in ", tier,
+          " (a chunk is charged the whole slot it takes); the operator can lower them or "
           "give the tier more room"));
     };
     if (s.ram && quota.ram_bytes > 0 && ram > room.ram_bytes)

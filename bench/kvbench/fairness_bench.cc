@@ -32,7 +32,8 @@ absl::StatusOr<std::pair<std::unique_ptr<CacheClient>, RemoteNamespace>> Connect
   o.bearer_token = token;
   o.timeout_ms = 60000;
   KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheClient> c, CacheClient::Connect(o));
-  KVC_ASSIGN_OR_RETURN(RemoteNamespace ns, c->RegisterKeyedNamespace(model, kPageBytes, page_tokens));
+  KVC_ASSIGN_OR_RETURN(RemoteNamespace ns,
+                       c->RegisterKeyedNamespace(model, kPageBytes, page_tokens));
   return std::make_pair(std::move(c), ns);
 }
 
@@ -66,13 +67,14 @@ absl::StatusOr<nlohmann::json> RunFairnessBench(const FairnessOptions& opt) {
   for (auto& b : payloads) b = static_cast<uint8_t>(rng());
   std::vector<client::ChunkToStore> chunks;
   for (size_t i = 0; i < mine.size(); ++i) {
-    chunks.push_back({std::nullopt, {}, std::span(payloads).subspan(i * kPageBytes, kPageBytes),
-                      mine[i]});
+    chunks.push_back(
+        {std::nullopt, {}, std::span(payloads).subspan(i * kPageBytes, kPageBytes), mine[i]});
   }
   KVC_RETURN_IF_ERROR(quiet.first->StoreChunks(quiet.second, chunks).status());
   const auto quiet_lookup = [&](uint64_t i) -> absl::Status {
-    KVC_ASSIGN_OR_RETURN(client::LookupResult r,
-                         quiet.first->LookupKeys(quiet.second, std::span(&mine[i % mine.size()], 1)));
+    KVC_ASSIGN_OR_RETURN(
+        client::LookupResult r,
+        quiet.first->LookupKeys(quiet.second, std::span(&mine[i % mine.size()], 1)));
     return r.matched_chunks == 1 ? absl::OkStatus()
                                  : absl::InternalError("quiet's stored key was not found");
   };
@@ -117,10 +119,10 @@ absl::StatusOr<nlohmann::json> RunFairnessBench(const FairnessOptions& opt) {
   j["flood_keys_per_call"] = opt.flood_keys;
   j["flood_calls_per_s"] = static_cast<double>(flood_during) / loaded->seconds;
   j["flood_errors"] = flood_errors.load();
-  j["quiet_alone"] = {{"calls", alone.lat_us.size()}, {"p50_us", alone.p50_us},
-                      {"p99_us", alone.p99_us}};
-  j["quiet_under_flood"] = {{"calls", loaded->lat_us.size()}, {"p50_us", loaded->p50_us},
-                            {"p99_us", loaded->p99_us}};
+  j["quiet_alone"] = {
+      {"calls", alone.lat_us.size()}, {"p50_us", alone.p50_us}, {"p99_us", alone.p99_us}};
+  j["quiet_under_flood"] = {
+      {"calls", loaded->lat_us.size()}, {"p50_us", loaded->p50_us}, {"p99_us", loaded->p99_us}};
   j["p99_ratio"] = alone.p99_us > 0 ? loaded->p99_us / alone.p99_us : 0;
   j["target_p99_ratio"] = 2.0;
   return j;
@@ -136,9 +138,9 @@ std::string FairnessToText(const nlohmann::json& j) {
       j["flood_calls_per_s"].get<double>(), j["quiet_under_flood"]["p50_us"].get<double>(),
       j["quiet_under_flood"]["p99_us"].get<double>(), j["p99_ratio"].get<double>(),
       j["target_p99_ratio"].get<double>(),
-      j["flood_errors"].get<uint64_t>() ? absl::StrCat(" (", j["flood_errors"].get<uint64_t>(),
-                                                       " flood calls failed)")
-                                        : "");
+      j["flood_errors"].get<uint64_t>()
+          ? absl::StrCat(" (", j["flood_errors"].get<uint64_t>(), " flood calls failed)")
+          : "");
 }
 
 }  // namespace kvc::bench

@@ -48,7 +48,8 @@ TEST(ExecutorTest, TenantsTakeTurnsAndEachKeepsItsOrder) {
         ran.push_back(what);
       };
     };
-    for (int i = 0; i < 10; ++i) ASSERT_TRUE(ex.Submit("flood", record("flood" + std::to_string(i))));
+    for (int i = 0; i < 10; ++i)
+      ASSERT_TRUE(ex.Submit("flood", record("flood" + std::to_string(i))));
     ASSERT_TRUE(ex.Submit("quiet", record("quiet0")));
     ASSERT_TRUE(ex.Submit("quiet", record("quiet1")));
     ASSERT_TRUE(ex.Submit(record("service")));

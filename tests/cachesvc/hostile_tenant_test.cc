@@ -111,8 +111,7 @@ TEST(HostileTenantTest, ModelIdsAndEachTenantsShareOfTheRegistryAreBounded) {
     last = RegisterCallerKeyed(d, "tok-m", std::to_string(i) + std::string(200, 'y'), 64, &resp);
     registered += last.ok();
   }
-  ExpectRefused(last, grpc::StatusCode::RESOURCE_EXHAUSTED,
-                "tenant mallory's namespaces take");
+  ExpectRefused(last, grpc::StatusCode::RESOURCE_EXHAUSTED, "tenant mallory's namespaces take");
   EXPECT_NE(last.error_message().find("--max-registry-bytes-per-tenant"), std::string::npos);
   std::printf("mallory registered %d namespaces within 4000 bytes\n", registered);
   EXPECT_GE(registered, 5);
@@ -156,10 +155,9 @@ TEST(HostileTenantTest, ARegistryThatBreaksARuleIsRefusedAtStartNamingTheLine) {
     ASSERT_EQ(mkdir(data.c_str(), 0700), 0);
     std::ofstream(data + "/namespaces.jsonl") << line1 << "\n" << c.second_line << "\n";
     // Bounded: a daemon that takes the registry would serve until the timeout ends it.
-    const testing::ProcessResult r =
-        testing::RunProgram("/usr/bin/timeout", {"20", testing::kDaemon, "--data-dir", data,
-                                                 "--listen", "127.0.0.1:0", "--ram-bytes",
-                                                 "4000000", "--ssd-bytes", "40000000"});
+    const testing::ProcessResult r = testing::RunProgram(
+        "/usr/bin/timeout", {"20", testing::kDaemon, "--data-dir", data, "--listen", "127.0.0.1:0",
+                             "--ram-bytes", "4000000", "--ssd-bytes", "40000000"});
     EXPECT_EQ(r.exit_code, 1) << c.says;
     EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
   }
@@ -178,8 +176,8 @@ TEST(HostileTenantTest, PinsNeverTakeMoreThanTheTiersShare) {
   std::mt19937_64 rng(testing::FreshSeed());
   TempDir dir;
   std::ofstream(dir.File("tokens")) << "tok-m mallory\ntok-a alice\n";
-  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--default-pin-limit",
-                              "100000", "--max-pinned-share", "0.5"});
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--default-pin-limit", "100000",
+                              "--max-pinned-share", "0.5"});
   pb::RegisterNamespaceResponse nm, na;
   ASSERT_TRUE(RegisterCallerKeyed(d, "tok-m", "mallory-model", 16, &nm).ok());
   ASSERT_TRUE(RegisterCallerKeyed(d, "tok-a", "alice-model", 16, &na).ok());
@@ -243,7 +241,8 @@ TEST(HostileTenantTest, AnOperatorListsAndRemovesATenantsPins) {
   };
   testing::ProcessResult listed = run("tok-o", {"pins", "--tenant", "mallory"});
   ASSERT_EQ(listed.exit_code, 0) << listed.err;
-  EXPECT_NE(listed.out.find("tenant mallory has 10 pinned chunks"), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find("tenant mallory has 10 pinned chunks"), std::string::npos)
+      << listed.out;
   storage::ChunkKey first;
   std::memcpy(first.bytes.data(), keys[0].data(), 16);
   EXPECT_NE(listed.out.find(first.Hex()), std::string::npos) << "the tenant's own key is listed";
@@ -330,7 +329,8 @@ TEST(HostileTenantTest, AFetchMissNamesTheCallersKeyNotTheStoredOne) {
   storage::ChunkKey k, root;
   std::memcpy(k.bytes.data(), key.data(), 16);
   std::memcpy(root.bytes.data(), ns.root_key().data(), 16);
-  ExpectRefused(s, grpc::StatusCode::NOT_FOUND, "chunk_keys[0]: chunk " + k.Hex() + " is not cached");
+  ExpectRefused(s, grpc::StatusCode::NOT_FOUND,
+                "chunk_keys[0]: chunk " + k.Hex() + " is not cached");
   EXPECT_EQ(s.error_message().find(client::BoundChunkKeyV2(root, k).Hex()), std::string::npos)
       << s.error_message();
 }

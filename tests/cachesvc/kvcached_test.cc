@@ -17,9 +17,9 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/unknown_field_set.h"
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "nlohmann/json.hpp"

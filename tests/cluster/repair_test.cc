@@ -458,8 +458,8 @@ TEST_F(RepairTest, ADeleteStaysDeletedWhenANodeThatMissedItReturns) {
   for (const Prefix& p : gone) {
     const std::vector<std::set<int>> holders = HoldersOf(ns_a_, kTokenA, p);
     for (size_t k = 0; k < holders.size(); ++k) {
-      EXPECT_TRUE(holders[k].empty()) << "chunk " << k << " of a deleted prefix came back on "
-                                      << holders[k].size() << " nodes";
+      EXPECT_TRUE(holders[k].empty())
+          << "chunk " << k << " of a deleted prefix came back on " << holders[k].size() << " nodes";
     }
     absl::StatusOr<LookupResult> l = reader->Lookup(ns_a_, p.tokens);
     ASSERT_TRUE(l.ok()) << l.status();
@@ -520,7 +520,8 @@ TEST_F(RepairTest, APinnedCopyIsNeverDroppedAsAnExtraOne) {
   for (size_t p = 0; p < data.size(); ++p) {
     const std::vector<std::set<int>> holders = HoldersOf(ns_a_, kTokenA, data[p]);
     for (size_t k = 0; k < holders.size(); ++k) {
-      for (int h : before[p][k]) EXPECT_TRUE(holders[k].contains(h)) << "node " << h << " dropped it";
+      for (int h : before[p][k])
+        EXPECT_TRUE(holders[k].contains(h)) << "node " << h << " dropped it";
     }
   }
 }

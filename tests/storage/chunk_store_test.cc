@@ -303,10 +303,11 @@ TEST(ChunkStoreBasicsTest, PinsTakeAtMostTheirShareOfATier) {
   o.max_pinned_share = 0.5;
   auto store = OpenOrDie(o);
   for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok());
-  const std::vector<absl::Status> pinned = store->PinBatch(
-      kNs, std::vector<ChunkKey>{KeyOf(seed, 0), KeyOf(seed, 1), KeyOf(seed, 2), KeyOf(seed, 3),
-                                 KeyOf(seed, 4), KeyOf(seed, 5)},
-      4'000'000'000);
+  const std::vector<absl::Status> pinned =
+      store->PinBatch(kNs,
+                      std::vector<ChunkKey>{KeyOf(seed, 0), KeyOf(seed, 1), KeyOf(seed, 2),
+                                            KeyOf(seed, 3), KeyOf(seed, 4), KeyOf(seed, 5)},
+                      4'000'000'000);
   for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(pinned[i].ok()) << i << ": " << pinned[i];
   for (size_t i = 4; i < 6; ++i) {
     EXPECT_TRUE(absl::IsResourceExhausted(pinned[i])) << i << ": " << pinned[i];

@@ -187,9 +187,9 @@ class KvcacheHiCacheStorage(_Base):
         return parts, page_bytes, int(getattr(pool, "page_size", 0) or 0)
 
     def _flat_page_bytes(self) -> Optional[int]:
-        """The bytes of one KV page: as seen, else from the pool. A pool whose flat dummy
-        page is not implemented (asymmetric K/V: head_dim != v_head_dim) gives it through
-        its own page metadata, as the zero-copy calls read it."""
+        """The bytes of one KV page: as seen, else from the pool — its flat dummy page, or,
+        for a pool without one (asymmetric K/V: head_dim != v_head_dim raises there), one
+        page's buffers from its own get_page_buffer_meta, as the zero-copy calls read them."""
         if KV_POOL in self._page_bytes:
             return self._page_bytes[KV_POOL]
         pool = self._pool(KV_POOL)
