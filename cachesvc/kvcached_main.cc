@@ -3,7 +3,7 @@
 //
 //   kvcached [--data-dir DIR] [--listen HOST:PORT] [--ram-bytes N] [--ssd-bytes N]
 //            [--auth-tokens FILE] [--max-chunk-bytes N] [--tls-cert F --tls-key F]
-//            [--max-calls-per-tenant N] [--tenant-quota TENANT:ram=B,ssd=B,pins=N …]
+//            [--max-calls-per-tenant N] [--lookup-keys-per-second K] [--tenant-quota TENANT:ram=B,ssd=B,pins=N …]
 //            [--log-level debug|info|warn|error]
 //            [--cluster etcd://H:P[,H:P…] [--advertise H:P] [--node-id NAME]]
 //
@@ -11,6 +11,8 @@
 // (JSON lines, see cachesvc/log.h) on stderr.
 // SIGTERM or SIGINT: stop accepting calls, finish the ones in flight (up to 10 s), flush
 // memory-acknowledged chunks to SSD, exit 0.
+#include <algorithm>
+#include <thread>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -108,6 +110,8 @@ int Main(int argc, char** argv) {
   bool hbm_write_through = false;
   int threads = 4;
   uint32_t max_calls_per_tenant = ServiceOptions{}.max_calls_per_tenant;
+  double lookup_keys_per_second =
+      kLookupKeysPerSecondPerCore * std::max(1u, std::thread::hardware_concurrency());
   size_t max_leases_per_tenant = ServiceOptions{}.max_ref_leases;
   size_t max_namespaces_per_tenant = 256;
   size_t max_name_bytes = 256, max_registry_bytes_per_tenant = 1 << 20;
@@ -190,6 +194,12 @@ int Main(int argc, char** argv) {
   app.add_option("--max-calls-per-tenant", max_calls_per_tenant,
                  "calls one tenant may have in flight (streams count for their whole life)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lookup-keys-per-second", lookup_keys_per_second,
+                 "what one tenant's Lookups may cost per second, in keys (request bytes / 16); "
+                 "past it (and a quarter second's burst) a Lookup waits up to 1 s, then is "
+                 "refused; 0: no limit (default: 500,000 per core)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   etcd_flags.AddTo(app);
   app.add_option("--tenant-quota", tenant_quota,
@@ -447,6 +457,7 @@ int Main(int argc, char** argv) {
   opt.tombstones = tombstones.get();
   opt.executor_threads = threads;
   opt.max_calls_per_tenant = max_calls_per_tenant;
+  opt.lookup_keys_per_second = lookup_keys_per_second;
   opt.cluster = node.has_value();
   opt.durable_store_batch = durable_store_batch;
   opt.durable_store_in_flight = durable_store_in_flight;

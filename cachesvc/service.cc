@@ -72,6 +72,12 @@ grpc::ServerUnaryReactor* KvCacheService::RegisterNamespace(grpc::CallbackServer
              pb::RegisterNamespaceResponse* resp) { return impl_->Register(t, *req, resp); });
 }
 
+namespace {
+// What a Lookup is charged (cost_pacer.h): its request's bytes in 16-byte units, one per
+// caller key or four tokens, known before it is parsed.
+uint64_t LookupCostKeys(const grpc::ByteBuffer& raw) { return raw.Length() / 16 + 1; }
+}  // namespace
+
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                  const grpc::ByteBuffer* raw_req,
                                                  grpc::ByteBuffer* raw_resp) {
@@ -79,7 +85,8 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
       "Lookup", ctx, raw_req, raw_resp,
       [this](const std::string& t, const pb::LookupRequest* req, pb::LookupResponse* resp) {
         return impl_->DoLookup(t, *req, resp);
-      });
+      },
+      /*inline_work=*/false, LookupCostKeys(*raw_req));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvCacheService::Fetch(grpc::CallbackServerContext* ctx,

@@ -30,6 +30,12 @@
 
 namespace kvc::cachesvc {
 
+// kvcached's default Lookup budget per tenant, per core of the machine: on 2 cores it keeps
+// another tenant's one-key Lookup p99 within 1.2x of its quiet value under a flood of
+// 65,536-key Lookups (docs/benchmarks.md, "Tenant fairness"), and is still ~120 Lookups/s of
+// a 4,096-chunk (1 M-token) prefix per core for each tenant.
+inline constexpr double kLookupKeysPerSecondPerCore = 500000;
+
 struct ServiceOptions {
   uint32_t default_chunk_tokens = 256;
   uint64_t max_chunk_bytes = 0;           // the store's slot payload size
@@ -50,6 +56,12 @@ struct ServiceOptions {
   uint32_t default_lease_ms = 10000;
   uint32_t max_lease_ms = 60000;
   uint32_t max_calls_per_tenant = 256;  // in flight at once (streams for their whole life)
+  // What each tenant's Lookups may cost per second, in keys (a request's bytes / 16: one
+  // caller key, or four tokens), with a burst of a quarter second's worth (at least one
+  // call of max_keys_per_call); past it a Lookup waits up to 1 s, then is refused
+  // (cost_pacer.h). 0: no pacing (kvcached's default: kLookupKeysPerSecondPerCore for each
+  // core of the machine).
+  double lookup_keys_per_second = 0;
   // With authentication on, only these tenants may map the store's T0 (FetchDeviceRefs;
   // it holds every tenant's chunks).
   std::set<std::string> device_tenants;

@@ -26,6 +26,9 @@ KvCacheService::Impl::Impl(storage::ChunkStore* s, NamespaceRegistry* r, const A
       limiter(o.max_calls_per_tenant),
       leases(o.max_ref_leases),
       quotas(s, &opt.quotas),
+      pacer(CostPacerOptions{.keys_per_second = o.lookup_keys_per_second,
+                             .burst_keys = std::max(o.lookup_keys_per_second / 4,
+                                                    static_cast<double>(o.max_keys_per_call))}),
       executor(o.executor_threads, o.executor_queue) {
   if (s->hbm_arena() != nullptr) hbm_handle = s->hbm_arena()->ExportHandle();
   for (size_t pool = 0; pool < s->ram_pool_count(); ++pool) {

@@ -22,6 +22,8 @@
 #include "base/clock.h"
 #include "base/status_macros.h"
 #include "cachesvc/arena_socket.h"
+#include "cachesvc/cost_pacer.h"
+#include "cachesvc/delayed_start.h"
 #include "cachesvc/lease_table.h"
 #include "cachesvc/log.h"
 #include "cachesvc/quota_groups.h"
@@ -112,10 +114,12 @@ class KvCacheService::Impl {
                                             std::string* tenant);
 
   // Runs `work` on the executor (or right here when `inline_work`: short, never blocking
-  // on I/O) and finishes the unary call with its status.
+  // on I/O) and finishes the unary call with its status. A call that costs `cost_keys`
+  // is first charged to its tenant's budget (cost_pacer.h): past it, the call is started
+  // only once the budget has refilled, or refused.
   template <typename Work>
   grpc::ServerUnaryReactor* Unary(const char* method, grpc::CallbackServerContext* ctx, Work work,
-                                  bool inline_work = false) {
+                                  bool inline_work = false, uint64_t cost_keys = 0) {
     const auto start = std::chrono::steady_clock::now();
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     std::string tenant(1, '-');
@@ -134,10 +138,25 @@ class KvCacheService::Impl {
     };
     if (inline_work) {
       finish(wire::ToGrpc(work(slot->tenant())));
-    } else if (!executor.Submit(slot->tenant(), [finish, work, slot]() mutable {
-                 finish(wire::ToGrpc(work(slot->tenant())));
-               })) {
-      finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+      return reactor;
+    }
+    auto submit = [this, finish, work, slot]() mutable {
+      if (!executor.Submit(slot->tenant(), [finish, work, slot]() mutable {
+            finish(wire::ToGrpc(work(slot->tenant())));
+          })) {
+        finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
+      }
+    };
+    absl::StatusOr<CostPacer::Clock::duration> wait =
+        cost_keys > 0 ? pacer.Charge(slot->tenant(), cost_keys) : CostPacer::Clock::duration{};
+    if (!wait.ok()) {
+      finish(wire::ToGrpc(wait.status()));
+    } else if (*wait > CostPacer::Clock::duration::zero()) {
+      // Held back without a thread; the tenant's in-flight slot stays taken meanwhile, so a
+      // tenant cannot pile up more held calls than max_calls_per_tenant.
+      held_back.At(CostPacer::Clock::now() + *wait, std::move(submit));
+    } else {
+      submit();
     }
     return reactor;
   }
@@ -150,7 +169,7 @@ class KvCacheService::Impl {
   grpc::ServerUnaryReactor* RawUnary(const char* method, grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* raw_request,
                                      grpc::ByteBuffer* raw_response, Work work,
-                                     bool inline_work = false) {
+                                     bool inline_work = false, uint64_t cost_keys = 0) {
     return Unary(
         method, ctx,
         [method, raw_request, raw_response, work](const std::string& tenant) mutable {
@@ -158,7 +177,7 @@ class KvCacheService::Impl {
               method, raw_request, raw_response,
               [&](const Req& req, Resp* resp) { return work(tenant, &req, resp); });
         },
-        inline_work);
+        inline_work, cost_keys);
   }
 
   absl::StatusOr<NamespaceInfo> Namespace(uint32_t id, const std::string& tenant) const;
@@ -267,7 +286,11 @@ class KvCacheService::Impl {
   LeaseTable leases;
   TenantCounters counters;
   QuotaGroups quotas;
-  Executor executor;  // declared last: its threads stop before the state they use goes away
+  CostPacer pacer;
+  Executor executor;  // its threads stop before the state they use goes away
+  // Declared after the executor, so destroyed before it: the calls still held back are
+  // handed to the executor, which then runs them before it stops.
+  DelayedStart held_back;
 };
 
 // The two streaming calls, each served by a reactor of its own (fetch_reactor.cc,

@@ -34,7 +34,7 @@ declare -A sources=(
              cachesvc/fetch_reactor.cc cachesvc/store_reactor.cc cachesvc/namespace_registry.cc
              cachesvc/lease_table.cc cachesvc/quota_groups.cc cachesvc/tenant_counters.cc
              cachesvc/log.cc cachesvc/tenant_limits.cc cachesvc/tenant_quotas.cc
-             cachesvc/shm_access.cc cachesvc/metrics.cc cachesvc/tombstones.cc wire/wire.cc
+             cachesvc/shm_access.cc cachesvc/metrics.cc cachesvc/tombstones.cc cachesvc/cost_pacer.cc wire/wire.cc
              wire/arena_handshake.cc"
 )
 built=(build/client/libkvc_prefix_hash.a build/cachesvc/libkvc_arena_socket.a

@@ -6,8 +6,8 @@
 # GCC, which builds everything else, ignores the annotations.
 #   scripts/lock-check.sh [FILE.cc ...]    (default: storage/*.cc and the service's classes
 #   that hold a lock: cachesvc/{lease_table,quota_groups,tenant_counters,tombstones,
-#   namespace_registry,tenant_limits}.cc, and the
-#   header-only executor.h through its test; they include the
+#   namespace_registry,tenant_limits,cost_pacer}.cc, and the
+#   header-only executor.h and delayed_start.h through their tests; they include the
 #   generated protobuf headers, so this runs after a build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ if [ $# -gt 0 ]; then
 else
   files=(storage/*.cc cachesvc/lease_table.cc cachesvc/quota_groups.cc cachesvc/tenant_counters.cc
          cachesvc/tombstones.cc cachesvc/namespace_registry.cc cachesvc/tenant_limits.cc
-         tests/cachesvc/executor_test.cc)
+         cachesvc/cost_pacer.cc tests/cachesvc/executor_test.cc tests/cachesvc/cost_pacer_test.cc)
 fi
 printf '%s\n' "${files[@]}" |
   xargs -P "$(nproc 2>/dev/null || echo 2)" -I{} \

@@ -13,7 +13,7 @@
 //   kvbench kernels [--config FILE] [--contexts 131072,1048576] [--batches 1,64]
 //                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
 //   kvbench soak [--seconds S] [--clients N] [--kill-every S] [--io-fault-rate N] [--json]
-//   kvbench fairness [--seconds S] [--flooders N] [--json]
+//   kvbench fairness [--seconds S] [--flooders N] [--lookup-keys-per-second K] [--json]
 //   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
 //                   [--windows 0,32,64,128,256] [--documents N] [--points N]
 //                   [--decode-contexts 4096,16384,...] [--json]
@@ -331,6 +331,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   fairness->add_option("--flooders", fair_opt.flooders, "threads of the flooding tenant")
       ->capture_default_str();
+  fairness->add_option("--lookup-keys-per-second", fair_opt.lookup_keys_per_second,
+                       "the paced daemon's rate per tenant (default: kvcached's)");
   fairness->add_flag("--json", json, "print one JSON object");
   CLI::App* quality = app.add_subcommand(
       "quality",

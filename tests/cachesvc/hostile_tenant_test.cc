@@ -8,6 +8,7 @@
 #include <grpcpp/impl/codegen/client_unary_call.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "cachesvc/namespace_registry.h"
 #include "client/prefix_hash.h"
 #include "gtest/gtest.h"
@@ -307,6 +310,73 @@ TEST(HostileTenantTest, ALookupNamesAtMostAsManyKeysAsAnyCall) {
   EXPECT_TRUE(lookup(65536).ok());
   ExpectRefused(lookup(65537), grpc::StatusCode::INVALID_ARGUMENT, "65536");
   ExpectRefused(lookup(200000), grpc::StatusCode::INVALID_ARGUMENT, "65536");
+}
+
+// Each tenant's Lookups are charged their keys against --lookup-keys-per-second: past its
+// burst a flooding tenant's calls wait for their cost at that rate (they cannot keep the
+// cores busy), past the wait bound they are refused naming the budget, and another tenant
+// is served at once meanwhile (today's main: six 65,536-key calls take ~50 ms, none waits).
+TEST(HostileTenantTest, ATenantsLookupsArePacedByWhatTheyCostAndNoOtherTenantWaits) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  TempDir dir;
+  std::ofstream(dir.File("tokens")) << "tok-f flood\ntok-q quiet\n";
+  constexpr double kRate = 200000;  // keys/s; the burst is one 65,536-key call
+  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--lookup-keys-per-second",
+                              absl::StrCat(kRate)});
+  pb::RegisterNamespaceResponse nf, nq;
+  ASSERT_TRUE(RegisterCallerKeyed(d, "tok-f", "flood-model", 0, &nf).ok());
+  ASSERT_TRUE(RegisterCallerKeyed(d, "tok-q", "quiet-model", 16, &nq).ok());
+  const auto lookup = [&](const std::string& token, uint32_t ns, size_t n) {
+    pb::LookupRequest look;
+    look.set_namespace_id(ns);
+    std::string& packed = *look.mutable_packed_chunk_keys();
+    packed.resize(16 * n);
+    for (char& c : packed) c = static_cast<char>(rng());
+    pb::LookupResponse resp;
+    return d.stub().Lookup(Ctx(token).get(), look, &resp);
+  };
+  // Six calls one after another: the first two run at once (the burst), each later one
+  // waits for its 65,537 keys at the rate — at least 4 × 0.328 s in all.
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(lookup("tok-f", nf.namespace_id(), 65536).ok());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("six 65,536-key Lookups at %.0f keys/s took %.2f s\n", kRate, took);
+  EXPECT_GE(took, 4 * 65537 / kRate * 0.98);
+  // Eight at once: those that would wait past a second are refused, naming the budget.
+  std::vector<std::thread> flood;
+  std::atomic<int> refused{0};
+  std::string refusal;
+  Mutex refusal_mu;
+  for (int i = 0; i < 8; ++i) {
+    flood.emplace_back([&, key_seed = rng()] {
+      pb::LookupRequest look;
+      look.set_namespace_id(nf.namespace_id());
+      std::mt19937_64 r(key_seed);
+      std::string& packed = *look.mutable_packed_chunk_keys();
+      packed.resize(16 * 65536);
+      for (char& c : packed) c = static_cast<char>(r());
+      pb::LookupResponse resp;
+      grpc::Status s = d.stub().Lookup(Ctx("tok-f").get(), look, &resp);
+      if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++refused;
+        MutexLock lk(refusal_mu);
+        refusal = s.error_message();
+      }
+    });
+  }
+  // Meanwhile the quiet tenant's call is neither held nor refused.
+  const auto quiet_start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(lookup("tok-q", nq.namespace_id(), 1).ok());
+  const double quiet_took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - quiet_start).count();
+  for (std::thread& t : flood) t.join();
+  std::printf("quiet's one-key Lookup under the flood: %.3f s; %d of 8 flood calls refused\n",
+              quiet_took, refused.load());
+  EXPECT_LT(quiet_took, 4 * 65537 / kRate);  // far less than the flood's own waits
+  EXPECT_GE(refused.load(), 1);
+  EXPECT_NE(refusal.find("tenant flood is past its Lookup budget of 200000 keys/s"),
+            std::string::npos)
+      << refusal;
 }
 
 // A miss names the caller's key, never the key storage holds the chunk under (internal:
