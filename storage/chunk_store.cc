@@ -273,7 +273,7 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
     }
     IndexRecord& rec = d->second;
     const uint64_t slot = s.GlobalSlot(rec);
-    ++s.ssd_readers[slot];
+    s.catalog->BeginRead(slot);
     s.ssd_order.Touch(keys[i], s.NextAccess());
     if (rec.last_access_s / 3600 != now / 3600) {  // coarse: hourly resolution on disk
       rec.last_access_s = now;
@@ -319,10 +319,7 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
   for (size_t k = 0; k < reads.size(); ++k) {
     const size_t i = read_index[k];
     const uint64_t slot = reads[k].slot;
-    if (--s.ssd_readers[slot] == 0) {
-      s.ssd_readers.erase(slot);
-      if (s.ssd_free_on_release.erase(slot) > 0) s.ReturnFreeSlot(slot);
-    }
+    s.catalog->EndRead(slot);
     if (io[k].ok()) {
       ++s.stats.ssd_hits;
       status[i] = absl::OkStatus();

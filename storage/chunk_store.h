@@ -257,11 +257,13 @@ class ChunkStore {
   // must_fit, ResourceExhausted naming the tier (nothing changed) when the groups' limits
   // would add up to more than QuotaCapacity — the guarantee could not be kept.
   [[nodiscard]] absl::Status SetQuota(QuotaGroup group, const Quota& quota, bool must_fit = true);
-  // What each tier holds for guaranteed quotas, in bytes of slots: all of RAM; SSD less
-  // the few slots it keeps free for its own work.
+  // What each tier holds for guaranteed quotas, in bytes: all of RAM; SSD's slots less
+  // the few it keeps free for its own work.
   struct QuotaRoom {
     uint64_t ram_bytes = 0, ssd_bytes = 0;
-    // What one chunk is charged (its slot) in RAM pool 0 and on SSD; 0 without the tier.
+    // What the largest chunk is charged in RAM pool 0 (its payload in whole 4 KiB pages; a
+    // smaller chunk is charged its own pages) and on SSD (its slot, whatever its size); 0
+    // without the tier.
     uint64_t ram_bytes_per_chunk = 0, ssd_bytes_per_chunk = 0;
   };
   QuotaRoom QuotaCapacity() const;

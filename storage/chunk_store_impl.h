@@ -24,6 +24,7 @@
 #include "storage/ram_tier.h"
 #include "storage/slot_format.h"
 #include "storage/slot_reservation.h"
+#include "storage/ssd_catalog.h"
 #include "storage/ssd_tier.h"
 
 namespace kvc::storage {
@@ -123,10 +124,10 @@ class ChunkStore::Impl {
     return false;
   }
 
-  // A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
-  // dirty victims are written to SSD first (demotion); without, the call gives up instead
-  // of waiting on I/O.
-  absl::StatusOr<uint32_t> AllocRamSlot(RamPoolId pool, bool allow_writeback)
+  // A free run of the RAM pool for a chunk of `bytes` (its first page), evicting from that
+  // pool as needed. With allow_writeback, dirty victims are written to SSD first
+  // (demotion); without, the call gives up instead of waiting on I/O.
+  absl::StatusOr<uint32_t> AllocRamSlot(RamPoolId pool, uint64_t bytes, bool allow_writeback)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Copies bytes into a fresh slot of the namespace's RAM pool and publishes it. The copy
@@ -139,13 +140,6 @@ class ChunkStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // ---- SSD tier (all under mu) ----
-  // A slot nobody uses any more: free at once, or when its readers are done.
-  void FreeSsdSlot(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Back to the free slots: among the reserved ones if it is still reserved.
-  void ReturnFreeSlot(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    (reserved.contains(slot) ? reserved_free : ssd_free).push_back(slot);
-  }
-
   void RemoveSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   uint64_t GlobalSlot(const IndexRecord& r) const {
@@ -158,12 +152,6 @@ class ChunkStore::Impl {
   // commits. Fewer than n only when the tier is full of pinned chunks (ResourceExhausted)
   // or the commit failed (its error).
   absl::Status EnsureReserved(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // How many slots one reservation takes beyond what is asked for: enough to make the
-  // synced commit rare, few enough that a small tier keeps most slots for chunks.
-  size_t ReserveAhead() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // How many slots eviction frees beyond what a reservation needs when the tier is full:
-  // 1/64 of the tier, at most 32 (none in a tier under 64 slots).
-  size_t EvictAhead() const { return std::min<size_t>(ssd->capacity_slots() / 64, 32); }
 
   // Takes a chunk that is on SSD off the tier's map and eviction order, and returns its
   // slot — not yet free: CommitSsdRemovals frees it once the removal is durable.
@@ -272,33 +260,20 @@ class ChunkStore::Impl {
   int64_t access_clock ABSL_GUARDED_BY(mu) = 0;
 
   std::unordered_map<ChunkKey, IndexRecord, ChunkKeyHash> ssd_map ABSL_GUARDED_BY(mu);
-  std::vector<uint64_t> ssd_free ABSL_GUARDED_BY(mu);
-  std::unordered_map<uint64_t, int> ssd_readers ABSL_GUARDED_BY(mu);
-  std::unordered_set<uint64_t> ssd_free_on_release ABSL_GUARDED_BY(mu);
-  // Slots of chunks whose removal could not be committed (CommitSsdRemovals): their index
-  // entries may still be on disk, so they are not reused before the next open.
-  uint64_t ssd_held_back ABSL_GUARDED_BY(mu) = 0;
+  // Where every SSD slot is, the reservation and the write sequence (ssd_catalog.h); made
+  // at open (no slots without an SSD tier). Thread-safe; called under mu so that it and
+  // ssd_map change together.
+  std::unique_ptr<SsdCatalog> catalog;
   std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty
       ABSL_GUARDED_BY(mu);  // last access to persist
   EvictionOrder ssd_order ABSL_GUARDED_BY(mu);
-  uint64_t next_sequence ABSL_GUARDED_BY(mu) = 1;
   uint16_t slot_format = kSlotFormatVersion;  // the folder's
   bool index_damaged = false;                 // found at open: rebuilt from every slot
 
-  // The reservation (slot_reservation.h): `reserved` is what the durable record lists
-  // (less slots erased since), `reserved_free` the unused ones among them. `in_flight`
-  // counts slots taken for writes whose index entries are not committed yet; a new
-  // reservation waits for them (their entries become durable with its synced commit).
-  // `record_busy`: a synced commit of the record is under way (one at a time, so the
-  // last one written is the newest); slots are not handed out meanwhile.
-  std::unordered_set<uint64_t> reserved ABSL_GUARDED_BY(mu);
-  uint64_t reservation_min_sequence ABSL_GUARDED_BY(mu) = 0;
-  std::vector<uint64_t> reserved_free ABSL_GUARDED_BY(mu);
-  // The slot the record names as the next reservation's first write (in no free list
-  // until that reservation takes it; slot_reservation.h says why).
-  std::optional<uint64_t> next_first_slot ABSL_GUARDED_BY(mu);
-  size_t in_flight ABSL_GUARDED_BY(mu) = 0;
-  bool record_busy ABSL_GUARDED_BY(mu) = false;
+  // Signalled (with mu) when the catalog's record commit ends or its last write in
+  // flight does: a new reservation waits for both (the writes' index entries become
+  // durable with its synced commit; one record commit at a time, so the last one written
+  // is the newest).
   std::condition_variable_any reservation_cv;
 
   std::unique_ptr<GroupCommit> commits;  // with the SSD tier; never called with mu held

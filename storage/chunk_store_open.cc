@@ -178,6 +178,7 @@ absl::Status ChunkStore::Impl::Open() {
 
   const uint64_t capacity_slots = opt.ssd_bytes / slot_bytes;
   KVC_RETURN_IF_ERROR(index->PutMeta("capacity_slots", std::to_string(capacity_slots)));
+  catalog = std::make_unique<SsdCatalog>(capacity_slots);
   if (capacity_slots > 0) {
     SsdTierOptions so;
     so.dir = opt.data_dir + "/slabs";
@@ -221,13 +222,14 @@ absl::Status ChunkStore::Impl::Open() {
     }
     owner[slot] = key;
     ssd_map[key] = r;
-    next_sequence = std::max(next_sequence, r.sequence + 1);
+    catalog->RaiseSequence(r.sequence + 1);
   }
   records.clear();
 
   // Then what the index does not know yet: the reserved slots written after its last sync
   // (or, damaged, every slot). `used`: the slots of the chunks indexed after that.
   std::vector<bool> used(capacity_slots, false);
+  std::optional<uint64_t> next_first_slot;  // the lowest free slot, named in the record
   std::vector<std::pair<ChunkKey, IndexRecord>> recovered;
   if (ssd) {
     SlotReservation reservation;
@@ -245,7 +247,7 @@ absl::Status ChunkStore::Impl::Open() {
     }
     // Numbering resumes above every sequence written before the record (erased chunks'
     // slots included; records of earlier versions only know min_sequence).
-    next_sequence = std::max({next_sequence, reservation.min_sequence, reservation.sequence_bound});
+    catalog->RaiseSequence(std::max(reservation.min_sequence, reservation.sequence_bound));
     if (!index_damaged && reservation.next_first_slot) {
       KVC_ASSIGN_OR_RETURN(bool lost, LaterReservationLost(reservation));
       if (lost) {
@@ -269,6 +271,7 @@ absl::Status ChunkStore::Impl::Open() {
     for (uint64_t s = 0; s < capacity_slots && !next_first_slot; ++s) {
       if (!used[s]) next_first_slot = s;
     }
+    const uint64_t next_sequence = catalog->next_sequence();
     meta.emplace_back(kReservationMeta,
                       EncodeSlotReservation({next_sequence, {}, next_sequence, next_first_slot}));
     KVC_RETURN_IF_ERROR(index->Commit(recovered, stale, /*sync=*/true, meta));
@@ -305,10 +308,9 @@ absl::Status ChunkStore::Impl::Open() {
   for (const auto& [key, r] : ssd_map) {
     if (r.parent && !ssd_map.contains(*r.parent)) ssd_order.MarkOrphansOf(*r.parent);
   }
-  for (uint64_t s = capacity_slots; s-- > 0;) {
-    // Lowest slot on top: slabs fill in order. The named slot waits for the reservation.
-    if (!used[s] && s != next_first_slot) ssd_free.push_back(s);
-  }
+  // Every slot not a chunk's is free (lowest on top: slabs fill in order), but the named
+  // one, which waits for the next reservation.
+  catalog->Load(used, next_first_slot);
 
   std::vector<uint64_t> pool_bytes{opt.ram_bytes};
   pool_bytes.insert(pool_bytes.end(), opt.ram_pool_bytes.begin(), opt.ram_pool_bytes.end());

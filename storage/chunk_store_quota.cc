@@ -171,13 +171,13 @@ ChunkStore::QuotaRoom ChunkStore::Impl::QuotaRoomLocked() const {
   QuotaRoom room;
   if (ram) {
     room.ram_bytes = ram->capacity_bytes();
-    room.ram_bytes_per_chunk = ram->SlotBytesOf(0);
+    room.ram_bytes_per_chunk = ram->LargestChunkBytesOf(0);
   }
   if (ssd) {
     // Less what the tier keeps free for its own work: the slots eviction runs ahead by
     // (EnsureReserved) and the one a reservation names for the next.
     const uint64_t slots = ssd->capacity_slots();
-    const uint64_t kept = EvictAhead() + 1;
+    const uint64_t kept = catalog->EvictAhead() + 1;
     room.ssd_bytes = (slots > kept ? slots - kept : 0) * slot_bytes;
     room.ssd_bytes_per_chunk = slot_bytes;
   }

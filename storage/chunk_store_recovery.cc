@@ -43,7 +43,7 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     const SlotHeader& h = f.header;
     verified.insert(f.slot);
     // Sequences stay unique per slot across the restart, even for bytes not indexed.
-    next_sequence = std::max(next_sequence, h.sequence + 1);
+    catalog->RaiseSequence(h.sequence + 1);
     // Bytes older than the reservation belong to chunks the index already dealt with
     // (stored, evicted or erased before it); only later writes are new.
     if (!whole_tier && h.sequence < reservation.min_sequence) continue;

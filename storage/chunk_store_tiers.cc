@@ -39,12 +39,13 @@ void ChunkStore::Impl::LeftStore(NamespaceId ns, const ChunkKey& key) {
   if (hbm) hbm->Erase(ns, key);
 }
 
-// A free slot of the RAM pool, evicting from that pool as needed. With allow_writeback,
-// dirty victims are written to SSD first (demotion); without, the call gives up instead
-// of waiting on I/O.
-absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, bool allow_writeback) {
+// A free run of the RAM pool for a chunk of `bytes`, evicting from that pool as needed.
+// With allow_writeback, dirty victims are written to SSD first (demotion); without, the
+// call gives up instead of waiting on I/O.
+absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, uint64_t bytes,
+                                                        bool allow_writeback) {
   while (true) {
-    if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool)) return *slot;
+    if (std::optional<uint32_t> slot = ram->TakeFreeSlot(pool, bytes)) return *slot;
     std::optional<ChunkKey> victim = PickRamVictim(pool);
     if (!victim) {
       // Says why, not how full the tier is or with whose chunks: the caller is one tenant
@@ -89,12 +90,12 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
                                          const Payload& bytes, uint64_t checksum, bool dirty,
                                          int64_t expires_s, bool allow_writeback) {
   const RamPoolId pool = ram->PoolOf(ns);
-  const uint64_t charged = ram->SlotBytesOf(pool);  // the whole slot (quota.h)
+  const uint64_t charged = RamSlotBytes(bytes.size());  // the pages it takes (quota.h)
   KVC_ASSIGN_OR_RETURN(QuotaState * quota, FitRamQuota(ns, charged, allow_writeback));
   auto done_in_flight = [&] {
     if (quota != nullptr) quota->ram_in_flight -= charged;
   };
-  absl::StatusOr<uint32_t> slot = AllocRamSlot(pool, allow_writeback);
+  absl::StatusOr<uint32_t> slot = AllocRamSlot(pool, bytes.size(), allow_writeback);
   if (!slot.ok()) {
     done_in_flight();
     return slot.status();
@@ -131,129 +132,67 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
 }
 
 // ---- SSD tier (all under mu) ----
-void ChunkStore::Impl::FreeSsdSlot(uint64_t slot) {
-  if (ssd_readers.contains(slot)) {
-    ssd_free_on_release.insert(slot);
-  } else {
-    ReturnFreeSlot(slot);
-  }
-}
-
 void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
   auto d = ssd_map.find(key);
   if (d == ssd_map.end()) return;
   const NamespaceId ns = d->second.namespace_id;
-  FreeSsdSlot(TakeOffSsd(key));
+  catalog->Free(TakeOffSsd(key));
   // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
   if (!ram || !ram->Contains(key)) LeftStore(ns, key);
 }
 
 absl::Status ChunkStore::Impl::CommitSsdRemovals(const std::vector<ChunkKey>& keys,
                                                  const std::vector<uint64_t>& slots) {
+  while (catalog->record_busy()) reservation_cv.wait(mu);
+  // A slot still listed in the reservation leaves the record in the same commit.
+  const std::optional<SlotReservation> record = catalog->PlanRemoval(slots);
   std::vector<std::pair<std::string, std::string>> meta;
-  bool holds_record = false;
-  bool any_reserved = false;
-  for (uint64_t slot : slots) any_reserved |= reserved.contains(slot);
-  if (any_reserved) {
-    while (record_busy) reservation_cv.wait(mu);
-    record_busy = holds_record = true;
-    for (uint64_t slot : slots) reserved.erase(slot);
-    SlotReservation record{reservation_min_sequence,
-                           {reserved.begin(), reserved.end()},
-                           next_sequence,
-                           next_first_slot};
-    meta.emplace_back(kReservationMeta, EncodeSlotReservation(record));
-  }
+  if (record) meta.emplace_back(kReservationMeta, EncodeSlotReservation(*record));
   mu.unlock();
   const absl::Status committed = index->Commit({}, keys, /*sync=*/true, meta);
   mu.lock();
-  if (holds_record) {
-    record_busy = false;
+  if (record) {
+    catalog->FinishRemoval();
     reservation_cv.notify_all();
   }
   if (!committed.ok()) {
-    ssd_held_back += slots.size();
+    for (uint64_t slot : slots) catalog->HoldBack(slot);
     return committed;
   }
-  for (uint64_t slot : slots) FreeSsdSlot(slot);
+  for (uint64_t slot : slots) catalog->Free(slot);
   return absl::OkStatus();
 }
 
-size_t ChunkStore::Impl::ReserveAhead() const {
-  // 1/8 of the tier, at most 1,024 slots: one synced commit per 1,024 slots written once
-  // the tier is large. Eviction runs ahead by 1/64 of the tier, at most 32 slots (none in
-  // a tier under 64 slots): a full tier pays one synced commit per 32 writes, not per write.
-  return std::clamp<size_t>(ssd->capacity_slots() / 8, 1, 1024);
-}
-
 absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
-  while (record_busy) reservation_cv.wait(mu);
-  if (reserved_free.size() >= n) return absl::OkStatus();
-  record_busy = true;
+  while (catalog->record_busy()) reservation_cv.wait(mu);
+  if (catalog->reserved_free() >= n) return absl::OkStatus();
   // Writes in flight go to slots of the current reservation; once their entries are
   // committed, this reservation's synced commit makes them durable, and the slots they
   // used need no listing any more.
-  while (in_flight != 0) reservation_cv.wait(mu);
-  const size_t missing = n - std::min(n, reserved_free.size());
+  catalog->BeginReservation();
+  while (catalog->in_flight() != 0) reservation_cv.wait(mu);
+  const size_t missing = n - std::min(n, catalog->reserved_free());
   std::vector<ChunkKey> evicted;
-  absl::Status status;
-  // Free slots this reservation can take: the free list and the slot the last record
-  // named as this one's first.
-  const size_t named = next_first_slot ? 1 : 0;
-  if (ssd_free.size() + named < missing) {
-    const size_t ahead = EvictAhead();
-    while (ssd_free.size() + named < missing + ahead) {
+  if (catalog->Obtainable() < missing) {
+    const size_t ahead = catalog->EvictAhead();
+    while (catalog->Obtainable() < missing + ahead) {
       std::optional<ChunkKey> victim = PickSsdVictim();
       if (!victim) break;
-      RemoveSsd(*victim);  // its slot to ssd_free (or to reserved_free, still listed)
+      RemoveSsd(*victim);  // its slot to the free list (or the reservation's, still listed)
       evicted.push_back(*victim);
       ++stats.ssd_evictions;
     }
   }
-  // One free slot is kept back to be named as the next reservation's first, unless this
-  // reservation needs every one.
-  const size_t available = ssd_free.size() + named;
-  size_t take = std::min(available, std::max(missing, ReserveAhead()));
-  if (take == available && take > missing) --take;
-  // Writes take reserved_free from its back: the leftovers of the last reservation first
-  // (listed in its record), then the named slot, so that the first write outside the last
-  // record's slots lands on the slot it named.
-  const size_t from_free = take - std::min(take, named);
-  std::vector<uint64_t> fresh(ssd_free.end() - static_cast<ptrdiff_t>(from_free), ssd_free.end());
-  ssd_free.resize(ssd_free.size() - from_free);
-  // (take ≥ missing ≥ 1: a named slot is always taken.)
-  if (named != 0) fresh.push_back(*next_first_slot);
-  std::optional<uint64_t> following;
-  if (!ssd_free.empty()) {
-    following = ssd_free.back();
-    ssd_free.pop_back();
-  }
-  SlotReservation record;
-  record.min_sequence = record.sequence_bound = next_sequence;
-  record.slots = reserved_free;
-  record.slots.insert(record.slots.end(), fresh.begin(), fresh.end());
-  record.next_first_slot = following;
+  const SlotReservation record = catalog->PlanReservation(missing);
   mu.unlock();
-  status = index->Commit({}, evicted, /*sync=*/true,
-                         {{kReservationMeta, EncodeSlotReservation(record)}});
+  const absl::Status status = index->Commit({}, evicted, /*sync=*/true,
+                                            {{kReservationMeta, EncodeSlotReservation(record)}});
   mu.lock();
-  if (status.ok()) {
-    ++stats.reservations;
-    reserved = {record.slots.begin(), record.slots.end()};
-    reservation_min_sequence = record.min_sequence;
-    // Lowest slot on top, as in ssd_free: slabs fill in order.
-    reserved_free.insert(reserved_free.begin(), fresh.begin(), fresh.end());
-    next_first_slot = following;
-  } else {
-    // As before: the slot named stays named, the rest goes back to the free list.
-    if (following) ssd_free.push_back(*following);
-    if (named != 0) fresh.pop_back();
-    ssd_free.insert(ssd_free.end(), fresh.begin(), fresh.end());
-  }
-  record_busy = false;
+  if (status.ok()) ++stats.reservations;
+  catalog->FinishReservation(status.ok());
   reservation_cv.notify_all();
   if (!status.ok()) return status;
-  if (reserved_free.size() < n)
+  if (catalog->reserved_free() < n)
     return absl::ResourceExhaustedError(
         "the SSD tier is full and nothing in it can give way (pinned chunks, their ancestors, "
         "writes in flight)");
@@ -269,7 +208,8 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
   std::vector<size_t> which;
   for (size_t i = 0; i < writes.size(); ++i) {
     if (!writes[i].status.ok()) continue;  // over its quota
-    if (reserved_free.empty()) {
+    const std::optional<uint64_t> taken = catalog->TakeForWrite();
+    if (!taken) {
       writes[i].status = reservation.ok()
                              ? absl::ResourceExhaustedError(absl::StrCat(
                                    "the SSD tier is full: ", writes.size(),
@@ -277,13 +217,11 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
                              : reservation;
       continue;
     }
-    const uint64_t slot = reserved_free.back();
-    reserved_free.pop_back();
-    ++in_flight;
+    const uint64_t slot = *taken;
     IndexRecord& r = writes[i].record;
     r.slab = static_cast<uint32_t>(slot / slots_per_slab);
     r.slot = static_cast<uint32_t>(slot % slots_per_slab);
-    r.sequence = next_sequence++;
+    r.sequence = catalog->TakeSequence();
     r.payload_bytes = static_cast<uint32_t>(writes[i].payload.size());
     r.checksum = 0;  // computed by the SSD tier from the staged copy
     SlotHeader h;
@@ -313,23 +251,24 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
     if (!io[k].ok()) {
       w.status = io[k];
       ++stats.write_errors;
-      FreeSsdSlot(slot_writes[k].slot);
+      catalog->Free(slot_writes[k].slot);
       continue;
     }
     if (w.expected_checksum != 0 && w.record.checksum != w.expected_checksum) {
       w.status = absl::DataLossError(
           absl::StrCat(Where(w.key), ": the RAM copy no longer matches its checksum"));
-      FreeSsdSlot(slot_writes[k].slot);
+      catalog->Free(slot_writes[k].slot);
       continue;
     }
     if (ssd_map.contains(w.key)) {  // a concurrent writer stored it first
       w.status = absl::AlreadyExistsError(Where(w.key));
-      FreeSsdSlot(slot_writes[k].slot);
+      catalog->Free(slot_writes[k].slot);
       continue;
     }
     auto pin = pins.find(w.key);
     w.record.pin_until_s = pin == pins.end() ? 0 : pin->second;
     ssd_map[w.key] = w.record;
+    catalog->Published(slot_writes[k].slot);
     puts.emplace_back(w.key, w.record);
     slabs.insert(w.record.slab);
   }
@@ -361,8 +300,7 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
     w.quota->ssd_in_flight -= slot_bytes;
     w.quota = nullptr;
   }
-  in_flight -= slot_writes.size();
-  if (in_flight == 0) reservation_cv.notify_all();
+  if (catalog->EndWrites(slot_writes.size())) reservation_cv.notify_all();
 }
 
 // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.

@@ -2,9 +2,10 @@
 //
 // Namespaces are put in quota groups (ChunkStore::SetQuotaGroup); a group's quota bounds
 // the bytes its namespaces take in RAM and on SSD, and how many of their chunks are
-// pinned at once. A chunk is charged what it really takes: the whole slot of its tier
-// (every slot is sized for the largest chunk the store accepts), not its payload — so a
-// namespace of small chunks cannot hold more of a tier than its quota says.
+// pinned at once. A chunk is charged what it really takes: in RAM its payload in whole
+// 4 KiB pages (ram_tier.h), on SSD the whole slot (every SSD slot is sized for the largest
+// chunk the store accepts) — so a namespace of small chunks cannot hold more of a tier
+// than its quota says, and in RAM it holds as many as its bytes allow.
 //
 // A byte quota is a guaranteed share of its tier:
 // - Admission: SetQuota refuses (ResourceExhausted) a quota with which the groups' limits

@@ -1,7 +1,8 @@
 // RamArena: one pool of the host-RAM tier's memory, a shared-memory file (memfd) of fixed
-// slots. A co-located process can map the arena and read a slot without a copy; the store
-// hands out leases so a slot being read is never reused under the reader. The arena itself
-// is just memory: bookkeeping lives in the store (ram_tier.h).
+// slots (the RAM tier makes them 4 KiB pages, and a chunk takes a run of them). A
+// co-located process can map the arena and read a chunk without a copy; the store hands
+// out leases so memory being read is never reused under the reader. The arena itself is
+// just memory: bookkeeping lives in the store (ram_tier.h).
 //
 // Sealed against its readers: once created, the memfd carries F_SEAL_FUTURE_WRITE,
 // F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL. This process keeps the one writable mapping

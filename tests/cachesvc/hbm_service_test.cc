@@ -43,7 +43,7 @@ class InProcessDaemon {
                   bool write_through = false) {
     storage::StoreOptions so;
     so.data_dir = dir;
-    so.max_chunk_bytes = 1 << 20;
+    so.max_chunk_bytes = 16 << 10;  // the mini model's 64-token chunk (6,784 B) fits
     so.ram_bytes = ram_bytes;
     so.ssd_bytes = 64 << 20;
     so.slab_bytes = 16 << 20;
@@ -107,8 +107,9 @@ const std::string kMini = std::string(KVC_SOURCE_DIR) + "/configs/mini.json";
 
 TEST(HbmServiceTest, PromotesFromRamAndSsdAndLeasesIntactBytes) {
   testing::TempDir dir;
-  // A RAM tier of few chunks: most of the prefix is on SSD only when it is fetched.
-  InProcessDaemon d(dir.File("data"), /*ram_bytes=*/3 << 20, /*hbm_slots=*/16);
+  // A RAM tier of few chunks (48 KiB: six of the mini model's, two pages each): some of
+  // the prefix is on SSD only when it is fetched.
+  InProcessDaemon d(dir.File("data"), /*ram_bytes=*/48 << 10, /*hbm_slots=*/16);
   auto client = Connect(d.address());
   absl::StatusOr<RemoteNamespace> ns = client->RegisterNamespace(ReadAll(kMini), "mini", 64);
   ASSERT_TRUE(ns.ok()) << ns.status();

@@ -21,6 +21,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
+#include "storage/ram_tier.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/cachesvc/daemon.h"
@@ -542,12 +543,13 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   TempDir dir;
   std::ofstream(dir.File("tokens")) << "secret-a acme\nsecret-b globex\n";
   const Client a{"secret-a"}, b{"secret-b"};
-  // The quota is 4 chunks of the mini model in RAM and on SSD: 4 slots in each tier (a
-  // chunk is charged its slot). The sizes come from a first start.
+  // The quota is 4 chunks of the mini model in RAM and on SSD: in RAM 4 × its pages, on
+  // SSD 4 slots (a chunk is charged what it takes). The sizes come from a first start.
   const SlotCharge charge = ChargePerChunk(dir.File("probe"));
   const uint64_t chunk_bytes = charge.chunk_bytes;
+  const uint64_t ram_charge = storage::RamSlotBytes(chunk_bytes);
   Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--tenant-quota",
-                              "acme:ram=" + std::to_string(4 * charge.ram) +
+                              "acme:ram=" + std::to_string(4 * ram_charge) +
                                   ",ssd=" + std::to_string(4 * charge.ssd) + ",pins=3"});
   const pb::RegisterNamespaceResponse na = Register(d, a), nb = Register(d, b);
   ASSERT_EQ(na.chunk_bytes(), chunk_bytes);
@@ -581,7 +583,8 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   ASSERT_TRUE(sa.has_quota());
   EXPECT_EQ(sa.quota().ssd_bytes_limit(), 4 * charge.ssd);
   EXPECT_EQ(sa.quota().ssd_bytes(), static_cast<uint64_t>(acme_kept) * charge.ssd);
-  EXPECT_LE(sa.quota().ram_bytes(), 4 * charge.ram);
+  EXPECT_LE(sa.quota().ram_bytes(), 4 * ram_charge);
+  EXPECT_EQ(sa.quota().ram_bytes() % ram_charge, 0u);
   EXPECT_EQ(sa.quota().ssd_bytes_per_chunk(), charge.ssd);
   EXPECT_EQ(sa.quota().ram_bytes_per_chunk(), charge.ram);
   EXPECT_EQ(sa.quota().pinned_chunks_limit(), 3u);

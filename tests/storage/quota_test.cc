@@ -2,8 +2,8 @@
 // chunks and nobody else's; when all it could give up is pinned the put fails naming the
 // owner and the limit; pins past the pin limit fail the same way; concurrent writers of
 // one group cannot pass its limit together; a reopened store counts what is on SSD. A
-// chunk is charged the whole slot it takes; quotas that together exceed a tier are
-// refused; tier pressure never evicts a group within its quota.
+// chunk is charged its pages in RAM and the whole slot it takes on SSD; quotas that
+// together exceed a tier are refused; tier pressure never evicts a group within its quota.
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -32,7 +32,7 @@ std::unique_ptr<ChunkStore> Open(const std::string& dir, uint64_t ram_chunks, ui
   return testing::OpenSmallStore(dir, kChunk, pools, ssd_chunks, {kNsA, kNsB});
 }
 
-// What one chunk is charged in each tier: its slot.
+// What one chunk of kChunk bytes (the largest) is charged in each tier.
 uint64_t Ram(const ChunkStore& s) { return s.QuotaCapacity().ram_bytes_per_chunk; }
 uint64_t Ssd(const ChunkStore& s) { return s.QuotaCapacity().ssd_bytes_per_chunk; }
 
@@ -175,18 +175,21 @@ TEST(QuotaTest, ConcurrentWritersOfOneGroupStayWithinItsQuota) {
   EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
 }
 
-// A namespace of small chunks (a twentieth of the slot) is charged whole slots: a quota
-// of 10 slots holds 10 of them, not 200, and so cannot crowd out the tier.
-TEST(QuotaTest, AChunkIsChargedTheWholeSlotItTakes) {
+// A namespace of small chunks (a twentieth of the largest) is charged what each takes: in
+// RAM its payload in whole 4 KiB pages — a RAM quota of 4 of the largest chunks holds 20
+// of them — and on SSD, where every slot has one size, the whole slot: a quota of 10 slots
+// holds 10, not 200, and so cannot crowd out the tier.
+TEST(QuotaTest, AChunkIsChargedItsPagesInRamAndItsWholeSlotOnSsd) {
   const uint64_t seed = testing::FreshSeed();
   TempDir dir;
   auto store = Open(dir.path(), 16, 64);
   constexpr NamespaceId kSmall = 9;
-  ASSERT_TRUE(store->RegisterNamespace(kSmall, kChunk / 20).ok());
+  constexpr uint64_t kSmallBytes = kChunk / 20;
+  ASSERT_TRUE(store->RegisterNamespace(kSmall, kSmallBytes).ok());
   ASSERT_TRUE(store->SetQuota(kGroupA, {"tenant a", 4 * Ram(*store), 10 * Ssd(*store), 0}).ok());
   store->SetQuotaGroup(kSmall, kGroupA);
   for (uint64_t i = 0; i < 60; ++i) {
-    const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk / 20);
+    const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kSmallBytes);
     ASSERT_TRUE(
         store->Put({kSmall, KeyOf(seed, i), std::nullopt, p}, {Durability::kDurable, 0}).ok())
         << i;
@@ -194,11 +197,15 @@ TEST(QuotaTest, AChunkIsChargedTheWholeSlotItTakes) {
   const QuotaUsage used = store->Usage(kGroupA);
   EXPECT_LE(used.ssd_bytes, 10 * Ssd(*store));
   EXPECT_LE(used.ram_bytes, 4 * Ram(*store));
+  EXPECT_EQ(used.ram_bytes % RamSlotBytes(kSmallBytes), 0u) << "charged in whole pages";
+  EXPECT_EQ(RamSlotBytes(kSmallBytes), 4096u);
+  EXPECT_EQ(used.ram_bytes, 4 * Ram(*store) / 4096 * 4096) << "the RAM quota holds 20 of them";
   uint64_t held = 0;
   for (uint64_t i = 0; i < 60; ++i) held += store->Contains(kSmall, KeyOf(seed, i)) != Tier::kNone;
-  EXPECT_LE(held, 10u) << "small chunks held past the quota's slots";
+  EXPECT_LE(held, 10u + used.ram_bytes / 4096) << "small chunks held past the quotas";
   EXPECT_EQ(used.ssd_bytes % Ssd(*store), 0u) << "charged in whole slots";
   EXPECT_GT(Ssd(*store), kChunk) << "an SSD slot holds a header and is 4 KiB aligned";
+  EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
 }
 
 // Quotas are guaranteed shares: together they must fit each tier.

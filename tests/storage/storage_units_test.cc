@@ -342,7 +342,7 @@ TEST(RamTierTest, ConsistencyCheckFollowsLeasesAndFindsALostSlot) {
   std::vector<ChunkKey> keys;
   for (uint64_t i = 0; i < 3; ++i) {
     const NamespaceId ns = i == 2 ? 7 : 1;
-    const std::optional<uint32_t> slot = t.TakeFreeSlot(t.PoolOf(ns));
+    const std::optional<uint32_t> slot = t.TakeFreeSlot(t.PoolOf(ns), 100);
     ASSERT_TRUE(slot.has_value());
     RamEntry e;
     e.ns = ns;
@@ -359,13 +359,117 @@ TEST(RamTierTest, ConsistencyCheckFollowsLeasesAndFindsALostSlot) {
   EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
   t.Unref(leased.pool, leased.slot);
   EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
-  const std::optional<uint32_t> lost = t.TakeFreeSlot(1);  // never published nor returned
+  const std::optional<uint32_t> lost = t.TakeFreeSlot(1, 100);  // never published nor returned
   ASSERT_TRUE(lost.has_value());
   const absl::Status st = t.CheckConsistency();
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
-  EXPECT_NE(st.message().find("pool 1 slot " + std::to_string(*lost)), std::string::npos) << st;
+  EXPECT_NE(st.message().find("pool 1 run at page " + std::to_string(*lost)), std::string::npos)
+      << st;
   t.ReturnSlot(1, *lost);
   EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+}
+
+// A chunk takes its payload in whole pages, whatever the largest chunk is: a pool sized for
+// two of the largest holds many small ones; runs are taken best-fit and merge when freed.
+TEST(RamTierTest, AChunkTakesItsOwnPagesAndFreedRunsMerge) {
+  constexpr uint64_t kLargest = 16 * 4096 - 100;  // 16 pages
+  const std::vector<uint64_t> pools = {2 * 16 * 4096};
+  absl::StatusOr<std::unique_ptr<RamTier>> made = RamTier::Create(kLargest, pools);
+  ASSERT_TRUE(made.ok()) << made.status();
+  RamTier& t = **made;
+  EXPECT_EQ(t.capacity_slots(), 2u);  // of the largest
+  EXPECT_EQ(t.capacity_bytes(), 32u * 4096);
+  const uint64_t seed = testing::FreshSeed();
+  // 32 one-page chunks fill the pool; a 33rd does not fit.
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 32; ++i) {
+    const std::optional<uint32_t> slot = t.TakeFreeSlot(0, 1 + i * 100);
+    ASSERT_TRUE(slot.has_value()) << i;
+    EXPECT_EQ(*slot, i);  // the lowest fitting run
+    RamEntry e;
+    e.ns = 1;
+    e.slot = *slot;
+    e.len = static_cast<uint32_t>(1 + i * 100);
+    keys.push_back(testing::KeyOf(seed, i));
+    t.Publish(keys.back(), e, static_cast<int64_t>(i));
+  }
+  EXPECT_FALSE(t.TakeFreeSlot(0, 1).has_value());
+  EXPECT_EQ(t.BytesOf(1), 32u * 4096);
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  // Free pages 3, 5, 6 and 4 (in that order): one run of four pages, where a 4-page chunk
+  // fits; then a hole of 1 page at 10 and of 2 at 20–21: a 1-page chunk goes to the 1-page
+  // hole (best fit), not into the longer one.
+  for (uint64_t i : {3, 5, 6, 4}) t.Remove(keys[i]);
+  EXPECT_EQ(t.FreeBytes(0), 4u * 4096);
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  EXPECT_FALSE(t.TakeFreeSlot(0, 4 * 4096 + 1).has_value());
+  const std::optional<uint32_t> four = t.TakeFreeSlot(0, 4 * 4096);
+  ASSERT_EQ(four, 3u);
+  t.ReturnSlot(0, *four);
+  for (uint64_t i : {20, 21, 10}) t.Remove(keys[i]);
+  EXPECT_EQ(t.TakeFreeSlot(0, 1), 10u);
+  EXPECT_EQ(t.TakeFreeSlot(0, 2 * 4096), 20u);
+  EXPECT_EQ(t.TakeFreeSlot(0, 4000), 3u);  // what is left: the four-page run
+  for (uint32_t first : {10u, 20u, 3u}) t.ReturnSlot(0, first);
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  // A lease keeps a removed chunk's run taken until it ends.
+  const RamEntry leased = *t.Find(keys[11]);
+  t.Ref(0, leased.slot);
+  t.Remove(keys[11]);
+  EXPECT_EQ(t.FreeBytes(0), 7u * 4096);
+  t.Unref(0, leased.slot);
+  EXPECT_EQ(t.FreeBytes(0), 8u * 4096);
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+}
+
+// Chunks of random sizes taken, published, leased and removed in random order (fresh seed):
+// after every step each page is in exactly one run and no free runs are left unmerged;
+// when everything is gone the pool is one free run again.
+TEST(RamTierTest, ARandomMixOfSizesKeepsEveryPageInOneRun) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  constexpr uint64_t kLargest = 24 * 4096;
+  const std::vector<uint64_t> pools = {96 * 4096};
+  absl::StatusOr<std::unique_ptr<RamTier>> made = RamTier::Create(kLargest, pools);
+  ASSERT_TRUE(made.ok()) << made.status();
+  RamTier& t = **made;
+  std::vector<ChunkKey> held;
+  std::vector<std::pair<RamPoolId, uint32_t>> leases;
+  for (uint64_t step = 0; step < 3000; ++step) {
+    const uint64_t op = rng() % 10;
+    if (op < 5) {
+      const uint64_t len = 1 + rng() % kLargest;
+      const std::optional<uint32_t> slot = t.TakeFreeSlot(0, len);
+      if (!slot) continue;
+      if (rng() % 8 == 0) {
+        t.ReturnSlot(0, *slot);
+        continue;
+      }
+      RamEntry e;
+      e.ns = 1;
+      e.slot = *slot;
+      e.len = static_cast<uint32_t>(len);
+      held.push_back(testing::KeyOf(seed, step));
+      t.Publish(held.back(), e, static_cast<int64_t>(step));
+    } else if (op < 8 && !held.empty()) {
+      const size_t k = rng() % held.size();
+      t.Remove(held[k]);
+      held.erase(held.begin() + static_cast<ptrdiff_t>(k));
+    } else if (op == 8 && !held.empty()) {
+      const RamEntry* e = t.Find(held[rng() % held.size()]);
+      t.Ref(0, e->slot);
+      leases.emplace_back(0, e->slot);
+    } else if (!leases.empty()) {
+      t.Unref(leases.back().first, leases.back().second);
+      leases.pop_back();
+    }
+    ASSERT_EQ(t.CheckConsistency(), absl::OkStatus()) << "step " << step << ", seed " << seed;
+  }
+  for (const auto& [pool, slot] : leases) t.Unref(pool, slot);
+  for (const ChunkKey& k : held) t.Remove(k);
+  EXPECT_EQ(t.CheckConsistency(), absl::OkStatus());
+  EXPECT_EQ(t.FreeBytes(0), 96u * 4096);
+  EXPECT_TRUE(t.TakeFreeSlot(0, 96 * 4096 - 1).has_value()) << "seed " << seed;
 }
 
 // Every build of the payload checksum this CPU runs (xxh3.h) gives libxxhash's XXH3-64,
