@@ -43,6 +43,12 @@ rocksdb::Options IndexOptions() {
   options.max_background_jobs = 2;
   options.keep_log_file_num = 4;
   options.max_log_file_size = 8 << 20;
+  // A restart after a crash replays the write-ahead log written since the last flush into
+  // a memtable record by record; at RocksDB's default 64 MB that is ~300,000 records and
+  // most of the restart (kvbench restart, 2026-12-05: 1.85 s to listening at 300,000
+  // chunks, 0.71 s with 8 MB). A smaller memtable flushes more often in the background and
+  // keeps that replay short.
+  options.write_buffer_size = 8 << 20;
   // A crash tears at most the WAL's last record; damage anywhere else fails the open
   // instead of silently dropping every later record (RocksDB's default stops there).
   // (RocksDB turns WAL recycling off in this mode; durable puts no longer sync the WAL.)

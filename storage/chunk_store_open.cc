@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/check.h"
 #include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
@@ -202,29 +203,41 @@ absl::Status ChunkStore::Impl::Open() {
   }
 
   // Load the index. Entries past the configured capacity (it shrank) are dropped;
-  // two entries on one slot keep the newer (the older chunk's slot was reused).
-  std::unordered_map<uint64_t, ChunkKey> owner;
+  // two entries on one slot keep the newer (the older chunk's slot was reused). Which
+  // record holds each slot is a flat array (its index + 1), and the map is sized once: at
+  // open this loop is most of a restart's time beside reading the records.
+  KVC_CHECK(records.size() < UINT32_MAX) << records.size() << " index records";
+  std::vector<uint32_t> holder(capacity_slots, 0);
+  std::vector<bool> kept(records.size(), false);
   std::vector<ChunkKey> stale;
-  for (const auto& [key, r] : records) {
+  uint64_t sequence_seen = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto& [key, r] = records[i];
     const uint64_t slot = GlobalSlot(r);
     auto ns_it = namespaces.find(r.namespace_id);
     if (slot >= capacity_slots || ns_it == namespaces.end() || ns_it->second != r.payload_bytes) {
       stale.push_back(key);
       continue;
     }
-    if (auto held = owner.find(slot); held != owner.end()) {
-      if (ssd_map[held->second].sequence > r.sequence) {
+    if (uint32_t& held = holder[slot]; held != 0) {
+      if (records[held - 1].second.sequence > r.sequence) {
         stale.push_back(key);
         continue;
       }
-      ssd_map.erase(held->second);
-      stale.push_back(held->second);
+      kept[held - 1] = false;
+      stale.push_back(records[held - 1].first);
     }
-    owner[slot] = key;
-    ssd_map[key] = r;
-    catalog->RaiseSequence(r.sequence + 1);
+    holder[slot] = static_cast<uint32_t>(i + 1);
+    kept[i] = true;
+    sequence_seen = std::max(sequence_seen, r.sequence + 1);
   }
-  records.clear();
+  holder = {};
+  catalog->RaiseSequence(sequence_seen);
+  ssd_map.reserve(static_cast<size_t>(std::count(kept.begin(), kept.end(), true)));
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (kept[i]) ssd_map.emplace(records[i].first, std::move(records[i].second));
+  }
+  records = {};
 
   // Then what the index does not know yet: the reserved slots written after its last sync
   // (or, damaged, every slot). `used`: the slots of the chunks indexed after that.
@@ -290,13 +303,19 @@ absl::Status ChunkStore::Impl::Open() {
   // The eviction order resumes where it was: by last access, which the index keeps in
   // seconds only, and within a second by write sequence — else chunks written in the same
   // second would come back in key order and a new chunk could go before an older one.
-  std::vector<std::pair<std::pair<int64_t, uint64_t>, const ChunkKey*>> by_age;
+  std::vector<std::pair<std::pair<int64_t, uint64_t>, const std::pair<const ChunkKey, IndexRecord>*>>
+      by_age;
   by_age.reserve(ssd_map.size());
-  for (const auto& [key, r] : ssd_map) by_age.push_back({{r.last_access_s, r.sequence}, &key});
-  std::sort(by_age.begin(), by_age.end());
+  for (const auto& entry : ssd_map) {
+    by_age.push_back({{entry.second.last_access_s, entry.second.sequence}, &entry});
+  }
+  std::sort(by_age.begin(), by_age.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  ssd_order.Reserve(ssd_map.size());
   int64_t access_us = 0;
-  for (const auto& [age, key] : by_age) {
-    const IndexRecord& r = ssd_map.at(*key);
+  for (const auto& [age, entry] : by_age) {
+    const ChunkKey* key = &entry->first;
+    const IndexRecord& r = entry->second;
     access_us = std::max(access_us + 1, r.last_access_s * 1'000'000);
     ssd_order.Add(*key, r.parent, access_us, r.pin_until_s, r.expires_s, r.namespace_id,
                   slot_bytes);  // charged the whole slot (quota.h)

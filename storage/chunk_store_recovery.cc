@@ -34,8 +34,17 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
   // Oldest first, so that of two copies of a chunk the newer one stays.
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.header.sequence < b.header.sequence; });
-  std::unordered_map<uint64_t, ChunkKey> owner;  // what the index says each slot holds
-  for (const auto& [key, r] : ssd_map) owner[GlobalSlot(r)] = key;
+  // What the index says each slot read holds (only those: the index may hold millions).
+  std::unordered_map<uint64_t, ChunkKey> owner;
+  if (whole_tier) {
+    owner.reserve(ssd_map.size());
+    for (const auto& [key, r] : ssd_map) owner[GlobalSlot(r)] = key;
+  } else {
+    const std::unordered_set<uint64_t> read(slots.begin(), slots.end());
+    for (const auto& [key, r] : ssd_map) {
+      if (const uint64_t slot = GlobalSlot(r); read.contains(slot)) owner[slot] = key;
+    }
+  }
   std::unordered_set<uint64_t> verified;
   std::unordered_set<ChunkKey, ChunkKeyHash> adopted;
   std::vector<ChunkKey> dropped;

@@ -14,6 +14,7 @@
 //                   [--indexer-contexts ...] [--upload-mib N] [--reps N] [--json]   (GPU)
 //   kvbench soak [--seconds S] [--clients N] [--kill-every S] [--io-fault-rate N] [--json]
 //   kvbench fairness [--seconds S] [--flooders N] [--lookup-keys-per-second K] [--json]
+//   kvbench restart [--chunks 20000,100000] [--chunk-bytes B] [--reps N] [--json]
 //   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
 //                   [--windows 0,32,64,128,256] [--documents N] [--points N]
 //                   [--decode-contexts 4096,16384,...] [--json]
@@ -40,6 +41,7 @@
 #include "bench/kvbench/kernels_bench.h"
 #include "bench/kvbench/quality_bench.h"
 #include "bench/kvbench/report.h"
+#include "bench/kvbench/restart_bench.h"
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/soak.h"
 #include "bench/kvbench/storage_bench.h"
@@ -334,6 +336,19 @@ int Main(int argc, char** argv) {
   fairness->add_option("--lookup-keys-per-second", fair_opt.lookup_keys_per_second,
                        "the paced daemon's rate per tenant (default: kvcached's)");
   fairness->add_flag("--json", json, "print one JSON object");
+  CLI::App* restart = app.add_subcommand(
+      "restart", "kvcached holding N chunks on SSD, SIGKILLed: time to listening and first hit");
+  bench::RestartOptions restart_opt;
+  restart->add_option("--dir", restart_opt.dir, "scratch folder (emptied)")->capture_default_str();
+  restart->add_option("--chunks", restart_opt.chunks, "chunk counts, e.g. 20000,100000")
+      ->delimiter(',')
+      ->capture_default_str();
+  restart->add_option("--chunk-bytes", restart_opt.chunk_bytes, "each chunk's payload")
+      ->capture_default_str();
+  restart->add_option("--reps", restart_opt.reps, "restarts per count")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  restart->add_flag("--json", json, "print one JSON object");
   CLI::App* quality = app.add_subcommand(
       "quality",
       "what a resume costs in answers: bounded/exact replay and CED vs full depth, "
@@ -419,6 +434,10 @@ int Main(int argc, char** argv) {
       qopt.variants.emplace_back(w.substr(0, eq), w.substr(eq + 1));
     }
     return PrintReport(bench::RunQualityBench(qopt), json, bench::QualityBenchToText);
+  }
+  if (restart->parsed()) {
+    restart_opt.kvcached = SiblingKvcached();
+    return PrintReport(bench::RunRestartBench(restart_opt), json, bench::RestartToText);
   }
   if (fairness->parsed()) {
     fair_opt.kvcached = SiblingKvcached();

@@ -155,6 +155,27 @@ TEST(KvbenchTest, ASoakUnderFaultsLosesNothingAndServesNothingWrong) {
   EXPECT_GT(j["chunks_verified_at_end"].get<int>(), 0);
 }
 
+// A crashed daemon restarted on its folder finds every chunk it held, each time (the run
+// fails otherwise), and the report has each count's times and the index-read floor.
+TEST(KvbenchTest, RestartFindsEveryChunkAfterEachCrash) {
+  TempDir dir;
+  auto r = RunProgram(kKvbench, {"restart", "--dir", dir.File("restart"), "--chunks", "500,3000",
+                                 "--reps", "2", "--json"});
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(j["counts"].size(), 2u);
+  for (const auto& c : j["counts"]) {
+    EXPECT_EQ(c["records"].get<uint64_t>(), c["chunks"].get<uint64_t>());
+    EXPECT_EQ(c["runs"].size(), 2u);
+    for (const char* field : {"crash_listening_s", "crash_first_hit_s", "listening_s",
+                              "first_hit_s", "index_read_s"}) {
+      EXPECT_GT(c[field].get<double>(), 0) << field;
+    }
+    EXPECT_GE(c["first_hit_s"].get<double>(), c["listening_s"].get<double>());
+  }
+}
+
 TEST(KvbenchTest, EngineJsonHasEveryCase) {
   auto r = RunProgram(
       kKvbench, {"engine", "--config", std::string(KVC_SOURCE_DIR) + "/configs/mini.json",
