@@ -15,6 +15,8 @@
 //   kvbench soak [--seconds S] [--clients N] [--kill-every S] [--io-fault-rate N] [--json]
 //   kvbench fairness [--seconds S] [--flooders N] [--lookup-keys-per-second K] [--json]
 //   kvbench restart [--chunks 20000,100000] [--chunk-bytes B] [--reps N] [--json]
+//   kvbench footprint [--chunk-bytes 4096,16384,...] [--chunks N] [--config FILE |
+//                     --max-chunk-bytes N] [--json]
 //   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
 //                   [--windows 0,32,64,128,256] [--documents N] [--points N]
 //                   [--decode-contexts 4096,16384,...] [--json]
@@ -38,6 +40,7 @@
 #include "bench/kvbench/e2e_bench.h"
 #include "bench/kvbench/engine_bench.h"
 #include "bench/kvbench/fairness_bench.h"
+#include "bench/kvbench/footprint_bench.h"
 #include "bench/kvbench/kernels_bench.h"
 #include "bench/kvbench/quality_bench.h"
 #include "bench/kvbench/report.h"
@@ -336,6 +339,25 @@ int Main(int argc, char** argv) {
   fairness->add_option("--lookup-keys-per-second", fair_opt.lookup_keys_per_second,
                        "the paced daemon's rate per tenant (default: kvcached's)");
   fairness->add_flag("--json", json, "print one JSON object");
+  CLI::App* footprint = app.add_subcommand(
+      "footprint", "bytes each chunk size is charged per payload byte, RAM and SSD");
+  bench::FootprintOptions footprint_opt;
+  std::string footprint_config = "configs/deepseek-v4.1-flash.config.json";
+  footprint->add_option("--dir", footprint_opt.dir, "scratch folder (emptied)")
+      ->capture_default_str();
+  footprint->add_option("--chunk-bytes", footprint_opt.chunk_bytes, "chunk sizes")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  footprint->add_option("--chunks", footprint_opt.chunks, "chunks stored per size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  footprint->add_option("--config", footprint_config,
+                        "model config whose chunk is the store's largest (kvcached's default)")
+      ->capture_default_str();
+  footprint->add_option("--max-chunk-bytes", footprint_opt.max_chunk_bytes,
+                        "the store's largest chunk instead");
+  footprint->add_flag("--json", json, "print one JSON object");
   CLI::App* restart = app.add_subcommand(
       "restart", "kvcached holding N chunks on SSD, SIGKILLed: time to listening and first hit");
   bench::RestartOptions restart_opt;
@@ -434,6 +456,22 @@ int Main(int argc, char** argv) {
       qopt.variants.emplace_back(w.substr(0, eq), w.substr(eq + 1));
     }
     return PrintReport(bench::RunQualityBench(qopt), json, bench::QualityBenchToText);
+  }
+  if (footprint->parsed()) {
+    if (footprint_opt.max_chunk_bytes == 0) {
+      absl::StatusOr<ModelConfig> c = LoadModelConfig(footprint_config);
+      absl::StatusOr<LayerSchedule> s =
+          c.ok() ? BuildLayerSchedule(*c) : absl::StatusOr<LayerSchedule>(c.status());
+      absl::StatusOr<ChunkLayout> l = s.ok() ? BuildChunkLayout(*c, *s, kDefaultChunkTokens)
+                                             : absl::StatusOr<ChunkLayout>(s.status());
+      if (!l.ok()) {
+        std::cerr << "kvbench: error: " << l.status().message()
+                  << " (give --config FILE or --max-chunk-bytes N)\n";
+        return 1;
+      }
+      footprint_opt.max_chunk_bytes = static_cast<uint64_t>(l->chunk_bytes);
+    }
+    return PrintReport(bench::RunFootprintBench(footprint_opt), json, bench::FootprintToText);
   }
   if (restart->parsed()) {
     restart_opt.kvcached = SiblingKvcached();

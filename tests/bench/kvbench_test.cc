@@ -176,6 +176,28 @@ TEST(KvbenchTest, RestartFindsEveryChunkAfterEachCrash) {
   }
 }
 
+// On a store made as kvcached makes it by default, a small chunk is charged its own pages
+// in RAM (about 1 byte per payload byte) and a whole slot on SSD, and a size past the
+// largest chunk is refused, naming the limit.
+TEST(KvbenchTest, FootprintShowsWhatEachSizeIsCharged) {
+  TempDir dir;
+  auto r = RunProgram(kKvbench, {"footprint", "--dir", dir.File("fp"), "--chunks", "4",
+                                 "--chunk-bytes", "4096,200000,1048576", "--max-chunk-bytes",
+                                 "200000", "--json"});
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(j["sizes"].size(), 3u);
+  const nlohmann::json& small = j["sizes"][0];
+  EXPECT_EQ(small["ram_chunks"].get<uint64_t>(), 4u);
+  EXPECT_DOUBLE_EQ(small["ram_charged_per_payload_byte"].get<double>(), 1.0);
+  // One slot each, sized for the largest chunk: at least 200,000 / 4,096 payload bytes.
+  EXPECT_GT(small["ssd_charged_per_payload_byte"].get<double>(), 200000.0 / 4096);
+  EXPECT_LT(j["sizes"][1]["ssd_charged_per_payload_byte"].get<double>(), 1.01);
+  ASSERT_TRUE(j["sizes"][2].contains("refused"));
+  EXPECT_NE(j["sizes"][2]["refused"].get<std::string>().find("200000"), std::string::npos);
+}
+
 TEST(KvbenchTest, EngineJsonHasEveryCase) {
   auto r = RunProgram(
       kKvbench, {"engine", "--config", std::string(KVC_SOURCE_DIR) + "/configs/mini.json",
