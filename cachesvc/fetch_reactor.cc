@@ -4,6 +4,7 @@
 #include <new>
 
 #include "absl/strings/str_replace.h"
+#include "base/mutex.h"
 #include "cachesvc/service_impl.h"
 #include "cachesvc/tsan_handoff.h"
 #include "wire/wire.h"
@@ -66,7 +67,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override {
     TookBackFromGrpc(this);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (reading_) {  // a read ahead is still running: it deletes the reactor when done
         orphaned_ = true;
         return;
@@ -101,13 +102,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Done(grpc::Status::OK);
       return;
     }
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (!(cur_.from <= next_ && next_ < cur_.end()) && ready_ && ready_->from == next_) {
       cur_ = *std::move(ready_);
       ready_.reset();
     }
     if (cur_.from <= next_ && next_ < cur_.end()) {
-      StartReadAhead(lock, cur_.end());  // the next batch, while this one is sent
+      StartReadAhead(cur_.end());  // the next batch, while this one is sent
       lock.unlock();
       SendAhead();
       return;
@@ -130,7 +131,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     lock.lock();
     waiting_ = true;
-    if (!StartReadAhead(lock, next_)) {
+    if (!StartReadAhead(next_)) {
       waiting_ = false;
       lock.unlock();
       Done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "server busy: work queue full"));
@@ -138,12 +139,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
   // Reads the chunks from `from` on (up to kAheadBytes) on the executor, unless a read is
   // running or done already or nothing is left. False only if the executor refused.
-  bool StartReadAhead(std::unique_lock<std::mutex>& lock, size_t from) {
+  bool StartReadAhead(size_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reading_ || ready_ || from >= keys_.size()) return true;
     reading_ = true;
-    lock.unlock();
+    mu_.unlock();
     const bool queued = svc_->executor.Submit(slot_.tenant(), [this, from] { ReadAhead(from); });
-    lock.lock();
+    mu_.lock();
     if (!queued) reading_ = false;
     return queued;
   }
@@ -177,7 +178,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       if (batch.items[i].status.ok()) ++(tiers[i] == storage::Tier::kRam ? ram : ssd);
     }
     svc_->CountFetch(slot_.tenant(), ram, ssd, 0);
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     reading_ = false;
     if (orphaned_) {  // the call ended while this read ran
       lock.unlock();
@@ -231,12 +232,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer resp_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 
-  std::mutex mu_;               // guards what a read ahead on the executor shares with the call
-  Batch cur_;                   // being sent (touched only by the step that owns the call)
-  std::optional<Batch> ready_;  // read ahead, not yet being sent
-  bool reading_ = false;        // a read ahead is running
-  bool waiting_ = false;        // the call waits for that read to continue it
-  bool orphaned_ = false;       // the call ended during the read: it deletes the reactor
+  Mutex mu_;  // guards what a read ahead on the executor shares with the call
+  Batch cur_;  // being sent (touched only by the step that owns the call)
+  std::optional<Batch> ready_ ABSL_GUARDED_BY(mu_);  // read ahead, not yet being sent
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;        // a read ahead is running
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // the call waits for that read to continue it
+  bool orphaned_ ABSL_GUARDED_BY(mu_) = false;  // the call ended during the read: it deletes
+                                                 // the reactor
 };
 
 }  // namespace

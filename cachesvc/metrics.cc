@@ -7,9 +7,9 @@
 #include <prometheus/registry.h>
 
 #include <map>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 
 namespace kvc::cachesvc {
 namespace {
@@ -38,14 +38,14 @@ class StoreCollector final : public prometheus::Collectable {
  public:
   explicit StoreCollector(const storage::ChunkStore* store) : store_(store) {}
   void SetRepairSource(std::function<void(kvcache::v1::RepairStats*)> source) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     repair_ = std::move(source);
   }
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out = StoreFamilies();
     std::function<void(kvcache::v1::RepairStats*)> source;
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       source = repair_;
     }
     if (source) {
@@ -136,8 +136,8 @@ class StoreCollector final : public prometheus::Collectable {
   }
 
   const storage::ChunkStore* store_;
-  mutable std::mutex mu_;
-  std::function<void(kvcache::v1::RepairStats*)> repair_;
+  mutable Mutex mu_;
+  std::function<void(kvcache::v1::RepairStats*)> repair_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -54,7 +54,7 @@ class ClusterRepair::Peers {
     }
   }
   pb::ClusterPeer::Stub* Stub(const std::string& address) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     auto& stub = stubs_[address];
     if (!stub) {
       grpc::ChannelArguments args;
@@ -72,8 +72,8 @@ class ClusterRepair::Peers {
  private:
   std::string secret_;
   std::shared_ptr<grpc::ChannelCredentials> creds_;
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<pb::ClusterPeer::Stub>> stubs_;
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<pb::ClusterPeer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };
 
 ClusterRepair::ClusterRepair(RepairOptions options, storage::ChunkStore* store,
@@ -91,7 +91,7 @@ ClusterRepair::ClusterRepair(RepairOptions options, storage::ChunkStore* store,
 
 ClusterRepair::~ClusterRepair() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -99,13 +99,13 @@ ClusterRepair::~ClusterRepair() {
 }
 
 RepairStats ClusterRepair::stats() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   return stats_;
 }
 
 bool ClusterRepair::ShouldStop(bool draining, uint64_t membership_version) const {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     if (stop_) return true;
     if (!draining && draining_) return true;  // a drain takes over
   }
@@ -119,8 +119,8 @@ void ClusterRepair::Loop() {
   bool pending = true;
   for (;;) {
     {
-      std::unique_lock lk(mu_);
-      cv_.wait_for(lk, std::chrono::milliseconds(200), [this] { return stop_; });
+      MutexLock lk(mu_);
+      if (!stop_) cv_.wait_for(mu_, std::chrono::milliseconds(200));  // a poll: early is fine
       if (stop_) return;
       if (draining_) continue;
     }
@@ -129,7 +129,7 @@ void ClusterRepair::Loop() {
       seen_version = snap->version;
       changed_at = Clock::now();
       pending = true;
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       stats_.set_pending(true);
     }
     if (snap->stale) continue;  // etcd away: the membership may be old; wait for it
@@ -139,7 +139,7 @@ void ClusterRepair::Loop() {
     const bool due = pending ? SecondsSince(changed_at) >= opt_.grace_s
                              : opt_.interval_s > 0 && SecondsSince(last_pass) >= opt_.interval_s;
     if (!due) continue;
-    std::lock_guard pass(pass_mu_);
+    MutexLock pass(pass_mu_);
     absl::Status s = RunPass(snap->nodes, /*draining=*/false, snap->version);
     last_pass = Clock::now();
     if (s.ok()) {
@@ -154,10 +154,10 @@ void ClusterRepair::Loop() {
 
 absl::Status ClusterRepair::Drain() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     draining_ = true;
   }
-  std::lock_guard pass(pass_mu_);  // a background pass in flight stops at its next step
+  MutexLock pass(pass_mu_);  // a background pass in flight stops at its next step
   return RunPass(view_->Current()->nodes, /*draining=*/true, 0);
 }
 
@@ -187,7 +187,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
            dropped = 0;
   std::set<size_t> unreachable;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stats_.set_running(true);
     stats_.set_progress(0);
     stats_.set_under_replicated_chunks(0);
@@ -197,7 +197,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
            absl::StrCat(held.ram_chunks + held.ssd_chunks, " chunks (", shards, " shards) over ",
                         ids.size(), " nodes", draining ? " (draining)" : ""));
   auto finish = [&](absl::Status s) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stats_.set_running(false);
     stats_.set_unplaceable_chunks(unplaceable);
     if (s.ok()) {
@@ -330,7 +330,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       for (size_t owner : missing) copies[{owner, it.ns->store_id}].push_back(i);
     }
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       stats_.set_under_replicated_chunks(stats_.under_replicated_chunks() + under - under_before);
       stats_.set_under_replicated_bytes(stats_.under_replicated_bytes() + under_bytes -
                                         under_bytes_before);
@@ -386,10 +386,10 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
         }
         uint64_t bytes = 0;
         for (size_t i : sent) bytes += items[i].chunk->payload_bytes;
-        std::unique_lock lk(mu_);
+        MutexLock lk(mu_);
         // One copy of the item made (or no longer possible): the chunk is no longer short
         // once its last copy is.
-        auto settle = [&](Item& it) {
+        auto settle = [&](Item& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           if (--it.copies_left == 0) {
             stats_.set_under_replicated_chunks(stats_.under_replicated_chunks() - 1);
             stats_.set_under_replicated_bytes(stats_.under_replicated_bytes() -
@@ -418,8 +418,11 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
           const double due =
               static_cast<double>(copied_bytes) / static_cast<double>(opt_.bytes_per_s);
           if (due > elapsed) {
-            cv_.wait_for(lk, std::chrono::duration<double>(due - elapsed),
-                         [this] { return stop_; });
+            const auto until =
+                Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(due - elapsed));
+            while (!stop_ && cv_.wait_until(mu_, until) == std::cv_status::no_timeout) {
+            }
           }
         }
       }
@@ -444,7 +447,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     }
     if (dropped_here > 0) {
       dropped += dropped_here;
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       stats_.set_dropped_copies(stats_.dropped_copies() + dropped_here);
     }
   }  // shard
@@ -454,7 +457,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
                         " extra copies dropped; ", failures, " failures"));
   if (failures > 0 || !unreachable.empty()) {
     (void)finish(absl::OkStatus());  // counted as a pass, but the membership stays pending
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stats_.set_pending(true);
     return absl::UnavailableError(absl::StrCat(failures, " repair calls failed"));
   }

@@ -21,12 +21,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "base/mutex.h"
 #include "cachesvc/namespace_registry.h"
 #include "cachesvc/tombstones.h"
 #include "cluster/membership.h"
@@ -93,12 +93,12 @@ class ClusterRepair {
   class Peers;
   std::unique_ptr<Peers> peers_;
 
-  std::mutex pass_mu_;  // one pass at a time (the background's or a drain's)
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool draining_ = false;
-  RepairStats stats_;
+  Mutex pass_mu_;  // one pass at a time (the background's or a drain's)
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  RepairStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

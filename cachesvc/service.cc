@@ -12,8 +12,12 @@ KvCacheService::KvCacheService(storage::ChunkStore* store, NamespaceRegistry* re
     : impl_(std::make_unique<Impl>(store, registry, auth, options)) {
   // Leases of clients that vanished end on time even when no other call comes.
   reaper_ = std::thread([this] {
-    std::unique_lock lk(reaper_mu_);
-    while (!reaper_cv_.wait_for(lk, std::chrono::milliseconds(200), [this] { return stopping_; })) {
+    MutexLock lk(reaper_mu_);
+    while (true) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      while (!stopping_ && reaper_cv_.wait_until(reaper_mu_, until) == std::cv_status::no_timeout) {
+      }
+      if (stopping_) return;
       impl_->ReapLeases();
     }
   });
@@ -21,7 +25,7 @@ KvCacheService::KvCacheService(storage::ChunkStore* store, NamespaceRegistry* re
 
 KvCacheService::~KvCacheService() {
   {
-    std::lock_guard lk(reaper_mu_);
+    MutexLock lk(reaper_mu_);
     stopping_ = true;
   }
   reaper_cv_.notify_all();

@@ -11,11 +11,11 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 
+#include "base/mutex.h"
 #include "cachesvc/auth.h"
 #include "cachesvc/executor.h"
 #include "cachesvc/metrics.h"
@@ -158,9 +158,9 @@ class KvCacheService final : public service_internal::Base {
 
  private:
   std::unique_ptr<Impl> impl_;
-  std::mutex reaper_mu_;
-  std::condition_variable reaper_cv_;
-  bool stopping_ = false;
+  Mutex reaper_mu_;
+  std::condition_variable_any reaper_cv_;
+  bool stopping_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;
 };
 

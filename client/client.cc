@@ -105,8 +105,14 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(const ClientOp
 }
 
 CacheClient::~CacheClient() {
-  std::vector<uint64_t> ids = std::move(to_release_);
-  for (const auto& [id, lease] : held_leases_) ids.push_back(id);
+  std::vector<uint64_t> ids;
+  std::vector<MappedArena> old_arenas;
+  {
+    MutexLock lk(lease_mu_);
+    ids = std::move(to_release_);
+    for (const auto& [id, lease] : held_leases_) ids.push_back(id);
+    old_arenas = std::move(old_arenas_);
+  }
   for (uint64_t id : ids) {
     pb::ReleaseRefsRequest rel;
     rel.set_lease_id(id);
@@ -114,11 +120,11 @@ CacheClient::~CacheClient() {
     (void)rpc_->stub->ReleaseRefs(Context().get(), rel, &ignored);
   }
   UnmapArena(arena_);
-  for (const MappedArena& a : old_arenas_) UnmapArena(a);
+  for (const MappedArena& a : old_arenas) UnmapArena(a);
 }
 
 void CacheClient::RemapArena(uint64_t stale_lease, bool map_again) {
-  std::lock_guard lk(lease_mu_);
+  MutexLock lk(lease_mu_);
   held_refs_.clear();
   held_leases_.clear();
   if (stale_lease != 0) to_release_.push_back(stale_lease);
@@ -139,7 +145,7 @@ void CacheClient::RemapArena(uint64_t stale_lease, bool map_again) {
 bool CacheClient::CopyFromHeldLeases(const RemoteNamespace& ns, std::span<const ChunkKey> keys,
                                      std::span<uint8_t* const> dst) {
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lk(lease_mu_);
+  MutexLock lk(lease_mu_);
   std::vector<const HeldRef*> refs;
   refs.reserve(keys.size());
   for (const ChunkKey& key : keys) {
@@ -184,7 +190,7 @@ uint64_t CacheClient::ReadVerdicts(uint64_t offset) const {
 
 std::vector<uint64_t> CacheClient::TakeLeasesToRelease() {
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lk(lease_mu_);
+  MutexLock lk(lease_mu_);
   for (auto it = held_leases_.begin(); it != held_leases_.end();) {
     if (it->second.refs != 0 && it->second.usable_until > now) {
       ++it;
@@ -193,8 +199,9 @@ std::vector<uint64_t> CacheClient::TakeLeasesToRelease() {
     to_release_.push_back(it->first);
     it = held_leases_.erase(it);
   }
-  std::erase_if(held_refs_,
-                [&](const auto& r) { return !held_leases_.contains(r.second.lease_id); });
+  std::erase_if(held_refs_, [&](const auto& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_) {
+    return !held_leases_.contains(r.second.lease_id);
+  });
   return std::exchange(to_release_, {});
 }
 
@@ -202,7 +209,7 @@ void CacheClient::HoldLease(uint64_t lease_id, std::chrono::steady_clock::time_p
                             std::span<const ChunkKey> keys, const std::vector<uint64_t>& offsets,
                             const std::vector<uint64_t>& checksums, uint64_t verdicts,
                             uint64_t verdict_offset) {
-  std::lock_guard lk(lease_mu_);
+  MutexLock lk(lease_mu_);
   HeldLease& lease = held_leases_[lease_id];
   lease.usable_until = usable_until;
   lease.verdicts = verdicts;
@@ -523,7 +530,7 @@ absl::StatusOr<size_t> CacheClient::FetchImpl(const RemoteNamespace& ns,
         HoldLease(refs.lease_id(), until, keys.first(got), offsets, checksums, verdicts,
                   refs.verdict_offset() == verdict_at ? verdict_at : 0);
       } else {
-        std::lock_guard lk(lease_mu_);
+        MutexLock lk(lease_mu_);
         to_release_.push_back(refs.lease_id());  // goes with the next call
       }
     }
@@ -655,7 +662,7 @@ absl::StatusOr<uint32_t> CacheClient::Delete(const RemoteNamespace& ns,
   {
     // This client no longer serves these from its held leases (other clients' deletes
     // reach it when those leases end).
-    std::lock_guard lk(lease_mu_);
+    MutexLock lk(lease_mu_);
     for (const ChunkKey& k : keys) {
       auto it = held_refs_.find(k);
       if (it == held_refs_.end()) continue;

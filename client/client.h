@@ -10,7 +10,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -19,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/chunk_key.h"
+#include "base/mutex.h"
 #include "client/arena_map.h"
 #include "client/cache_api.h"
 
@@ -185,11 +185,12 @@ class CacheClient final : public CacheApi {
   // new arena (`map_again`), or stop using shared memory.
   void RemapArena(uint64_t stale_lease, bool map_again);
 
-  std::mutex lease_mu_;
-  std::vector<MappedArena> old_arenas_;  // unmapped when the client ends
-  std::unordered_map<storage::ChunkKey, HeldRef, storage::ChunkKeyHash> held_refs_;
-  std::map<uint64_t, HeldLease> held_leases_;  // by id: the oldest first
-  std::vector<uint64_t> to_release_;
+  Mutex lease_mu_;
+  std::vector<MappedArena> old_arenas_ ABSL_GUARDED_BY(lease_mu_);  // unmapped when it ends
+  std::unordered_map<storage::ChunkKey, HeldRef, storage::ChunkKeyHash> held_refs_
+      ABSL_GUARDED_BY(lease_mu_);
+  std::map<uint64_t, HeldLease> held_leases_ ABSL_GUARDED_BY(lease_mu_);  // oldest first
+  std::vector<uint64_t> to_release_ ABSL_GUARDED_BY(lease_mu_);
 };
 
 }  // namespace kvc::client

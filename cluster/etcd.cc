@@ -152,7 +152,7 @@ std::unique_ptr<grpc::ClientContext> Etcd::Context(bool deadline) {
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(call_timeout_ms));
   }
-  std::lock_guard lk(token_mu_);
+  MutexLock lk(token_mu_);
   if (!token_.empty()) ctx->AddMetadata("token", token_);
   return ctx;
 }
@@ -166,7 +166,7 @@ absl::Status Etcd::Authenticate() {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(call_timeout_ms));
   grpc::Status s = stubs_->auth->Authenticate(&ctx, req, &resp);
   if (!s.ok()) return FromGrpc(s, absl::StrCat("Authenticate as user \"", security_.user, "\""));
-  std::lock_guard lk(token_mu_);
+  MutexLock lk(token_mu_);
   token_ = resp.token();
   return absl::OkStatus();
 }
@@ -176,7 +176,7 @@ grpc::Status Etcd::Authorized(const Call& call) {
   if (security_.user.empty()) return call(Context().get());
   bool have_token;
   {
-    std::lock_guard lk(token_mu_);
+    MutexLock lk(token_mu_);
     have_token = !token_.empty();
   }
   auto refresh = [&]() -> grpc::Status {
@@ -304,7 +304,7 @@ absl::Status Etcd::WatchPrefix(const std::string& prefix, int64_t start_revision
       Context(/*deadline=*/false);  // lasts until it breaks
   grpc::ClientContext& ctx = *owned;
   {
-    std::lock_guard lk(watch_mu_);
+    MutexLock lk(watch_mu_);
     if (cancelled_) return absl::CancelledError("etcd watch cancelled");
     watches_.insert(&ctx);
   }
@@ -335,7 +335,7 @@ absl::Status Etcd::WatchPrefix(const std::string& prefix, int64_t start_revision
   if (!ended.ok()) ctx.TryCancel();  // we stopped reading: end the call
   grpc::Status s = stream->Finish();
   {
-    std::lock_guard lk(watch_mu_);
+    MutexLock lk(watch_mu_);
     watches_.erase(&ctx);
     if (cancelled_) return absl::CancelledError("etcd watch cancelled");
   }
@@ -346,7 +346,7 @@ absl::Status Etcd::WatchPrefix(const std::string& prefix, int64_t start_revision
 }
 
 void Etcd::CancelWatches() {
-  std::lock_guard lk(watch_mu_);
+  MutexLock lk(watch_mu_);
   cancelled_ = true;
   for (grpc::ClientContext* c : watches_) c->TryCancel();
 }

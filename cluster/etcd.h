@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/mutex.h"
 
 namespace grpc {
 class Channel;
@@ -92,15 +92,15 @@ class Etcd {
   absl::Status Authenticate();
 
   EtcdSecurity security_;
-  std::mutex token_mu_;
-  std::string token_;  // etcd's auth token (with a user)
+  Mutex token_mu_;
+  std::string token_ ABSL_GUARDED_BY(token_mu_);  // etcd's auth token (with a user)
 
   std::string endpoints_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stubs> stubs_;
-  std::mutex watch_mu_;
-  std::set<grpc::ClientContext*> watches_;
-  bool cancelled_ = false;
+  Mutex watch_mu_;
+  std::set<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(watch_mu_);
+  bool cancelled_ ABSL_GUARDED_BY(watch_mu_) = false;
 };
 
 }  // namespace kvc::cluster
