@@ -232,13 +232,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer resp_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 
-  Mutex mu_;  // guards what a read ahead on the executor shares with the call
+  Mutex mu_;   // guards what a read ahead on the executor shares with the call
   Batch cur_;  // being sent (touched only by the step that owns the call)
   std::optional<Batch> ready_ ABSL_GUARDED_BY(mu_);  // read ahead, not yet being sent
   bool reading_ ABSL_GUARDED_BY(mu_) = false;        // a read ahead is running
-  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // the call waits for that read to continue it
-  bool orphaned_ ABSL_GUARDED_BY(mu_) = false;  // the call ended during the read: it deletes
-                                                 // the reactor
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;        // the call waits for that read to continue it
+  bool orphaned_ ABSL_GUARDED_BY(mu_) = false;       // the call ended during the read: it deletes
+                                                     // the reactor
 };
 
 }  // namespace

@@ -3,7 +3,8 @@
 //
 //   kvcached [--data-dir DIR] [--listen HOST:PORT] [--ram-bytes N] [--ssd-bytes N]
 //            [--auth-tokens FILE] [--max-chunk-bytes N] [--tls-cert F --tls-key F]
-//            [--max-calls-per-tenant N] [--lookup-keys-per-second K] [--tenant-quota TENANT:ram=B,ssd=B,pins=N …]
+//            [--max-calls-per-tenant N] [--lookup-keys-per-second K] [--tenant-quota
+//            TENANT:ram=B,ssd=B,pins=N …]
 //            [--log-level debug|info|warn|error]
 //            [--cluster etcd://H:P[,H:P…] [--advertise H:P] [--node-id NAME]]
 //
@@ -11,13 +12,13 @@
 // (JSON lines, see cachesvc/log.h) on stderr.
 // SIGTERM or SIGINT: stop accepting calls, finish the ones in flight (up to 10 s), flush
 // memory-acknowledged chunks to SSD, exit 0.
-#include <algorithm>
-#include <thread>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <algorithm>
+#include <thread>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #endif

@@ -303,7 +303,8 @@ absl::Status ChunkStore::Impl::Open() {
   // The eviction order resumes where it was: by last access, which the index keeps in
   // seconds only, and within a second by write sequence — else chunks written in the same
   // second would come back in key order and a new chunk could go before an older one.
-  std::vector<std::pair<std::pair<int64_t, uint64_t>, const std::pair<const ChunkKey, IndexRecord>*>>
+  std::vector<
+      std::pair<std::pair<int64_t, uint64_t>, const std::pair<const ChunkKey, IndexRecord>*>>
       by_age;
   by_age.reserve(ssd_map.size());
   for (const auto& entry : ssd_map) {

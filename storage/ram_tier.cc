@@ -233,18 +233,17 @@ absl::Status RamTier::CheckConsistency() const {
       }
     }
     if (p.free_by_size.size() != p.free_runs.size()) {
-      return absl::InternalError(
-          absl::StrCat("RAM pool ", i, " indexes ", p.free_by_size.size(), " free runs for ",
-                       p.free_runs.size()));
+      return absl::InternalError(absl::StrCat("RAM pool ", i, " indexes ", p.free_by_size.size(),
+                                              " free runs for ", p.free_runs.size()));
     }
     for (const auto& [first, run] : p.runs) {
       const bool fine = (run.state == kUsed && entries_.contains(run.key) &&
                          entries_.at(run.key).pool == i && entries_.at(run.key).slot == first) ||
                         (run.state == kFreeOnRelease && run.refs > 0);
       if (!fine || run.refs < 0) {
-        return absl::InternalError(absl::StrCat(
-            "RAM pool ", i, " run at page ", first, " is in state ", int{run.state}, " with ",
-            run.refs, " leases (lost, or reserved by nobody)"));
+        return absl::InternalError(absl::StrCat("RAM pool ", i, " run at page ", first,
+                                                " is in state ", int{run.state}, " with ", run.refs,
+                                                " leases (lost, or reserved by nobody)"));
       }
       if (!all.emplace(first, std::pair{run.pages, false}).second) {
         return absl::InternalError(

@@ -23,9 +23,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
-#include <map>
 #include <set>
 #include <span>
 #include <unordered_map>
@@ -44,15 +44,14 @@ inline constexpr uint64_t kRamPageBytes = 4096;
 // The RAM a chunk of payload_bytes takes, and is charged: the payload rounded up to whole
 // 4 KiB pages (at least one).
 inline uint64_t RamSlotBytes(uint64_t payload_bytes) {
-  return std::max<uint64_t>(1, (payload_bytes + kRamPageBytes - 1) / kRamPageBytes) *
-         kRamPageBytes;
+  return std::max<uint64_t>(1, (payload_bytes + kRamPageBytes - 1) / kRamPageBytes) * kRamPageBytes;
 }
 
 struct RamEntry {
   NamespaceId ns = 0;
   RamPoolId pool = 0;
-  uint32_t slot = 0;  // the first page of its run
-  uint32_t len = 0;   // payload bytes
+  uint32_t slot = 0;      // the first page of its run
+  uint32_t len = 0;       // payload bytes
   uint64_t checksum = 0;  // PayloadChecksum of the payload
   std::optional<ChunkKey> parent;
   std::optional<ChunkOrigin> origin;
@@ -160,9 +159,9 @@ class RamTier {
   struct Pool {
     std::unique_ptr<RamArena> arena;
     uint32_t pages = 0;
-    std::map<uint32_t, uint32_t> free_runs;             // first page → pages
+    std::map<uint32_t, uint32_t> free_runs;                // first page → pages
     std::set<std::pair<uint32_t, uint32_t>> free_by_size;  // (pages, first page): best fit
-    std::unordered_map<uint32_t, Run> runs;             // taken runs by first page
+    std::unordered_map<uint32_t, Run> runs;                // taken runs by first page
     EvictionOrder order;
   };
   // Gives a taken run back to the free runs, merged with free neighbours.

@@ -263,9 +263,9 @@ std::string SsdCatalog::Busy() const {
   uint64_t waiting = 0;
   for (Place p : place_) waiting += p == Place::kFreeOnRelease;
   if (in_flight_ == 0 && !record_busy_ && waiting == 0 && readers_.empty()) return "";
-  return absl::StrCat(in_flight_, " SSD writes in flight, ", readers_.size(),
-                      " slots being read, ", waiting, " slots waiting for readers, reservation ",
-                      "commit ", record_busy_ ? "running" : "idle");
+  return absl::StrCat(in_flight_, " SSD writes in flight, ", readers_.size(), " slots being read, ",
+                      waiting, " slots waiting for readers, reservation ", "commit ",
+                      record_busy_ ? "running" : "idle");
 }
 
 absl::Status SsdCatalog::CheckInvariants(std::span<const uint64_t> chunk_slots) const {
@@ -280,8 +280,8 @@ absl::Status SsdCatalog::CheckInvariants(std::span<const uint64_t> chunk_slots) 
           absl::StrCat(what, " names SSD slot ", slot, " of a tier of ", capacity_));
     }
     if (claimed[slot]++ != 0 || place_[slot] != p) {
-      return absl::InternalError(absl::StrCat("SSD slot ", slot, " is ", PlaceName(place_[slot]),
-                                              " and also in ", what));
+      return absl::InternalError(
+          absl::StrCat("SSD slot ", slot, " is ", PlaceName(place_[slot]), " and also in ", what));
     }
     return absl::OkStatus();
   };
@@ -296,8 +296,7 @@ absl::Status SsdCatalog::CheckInvariants(std::span<const uint64_t> chunk_slots) 
     }
   }
   for (uint64_t slot : reserved_free_) {
-    if (absl::Status s = claim(slot, Place::kReservedFree, "the reservation's free list");
-        !s.ok())
+    if (absl::Status s = claim(slot, Place::kReservedFree, "the reservation's free list"); !s.ok())
       return s;
     if (!reserved_.contains(slot)) {
       return absl::InternalError(
@@ -324,8 +323,8 @@ absl::Status SsdCatalog::CheckInvariants(std::span<const uint64_t> chunk_slots) 
     }
   }
   if (held_back != held_back_) {
-    return absl::InternalError(absl::StrCat(held_back, " SSD slots are held back, counted ",
-                                            held_back_));
+    return absl::InternalError(
+        absl::StrCat(held_back, " SSD slots are held back, counted ", held_back_));
   }
   return absl::OkStatus();
 }

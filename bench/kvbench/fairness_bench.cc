@@ -55,8 +55,8 @@ absl::StatusOr<nlohmann::json> RunOnce(const FairnessOptions& opt, double lookup
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", opt.dir, ": ", ec.message()));
   const std::string tokens = opt.dir + "/tokens";
   std::ofstream(tokens) << kQuiet << " quiet\n" << kFlood << " flood\n";
-  std::vector<std::string> args = {"--auth-tokens", tokens,      "--log-level", "warn",
-                                   "--ram-bytes",   "67108864",  "--ssd-bytes", "268435456"};
+  std::vector<std::string> args = {"--auth-tokens", tokens,     "--log-level", "warn",
+                                   "--ram-bytes",   "67108864", "--ssd-bytes", "268435456"};
   if (lookup_keys_per_second >= 0) {
     args.push_back("--lookup-keys-per-second");
     args.push_back(absl::StrCat(lookup_keys_per_second));

@@ -92,16 +92,15 @@ std::string FootprintToText(const nlohmann::json& j) {
       "chunk", "RAM", "RAM /GiB", "SSD", "SSD /GiB");
   for (const auto& s : j["sizes"]) {
     if (s.contains("refused")) {
-      absl::StrAppendFormat(&out, "%10llu  refused: %s\n", s["chunk_bytes"].get<unsigned long long>(),
+      absl::StrAppendFormat(&out, "%10llu  refused: %s\n",
+                            s["chunk_bytes"].get<unsigned long long>(),
                             s["refused"].get<std::string>());
       continue;
     }
-    absl::StrAppendFormat(&out, "%10llu  %9.3fx %12.0f  %9.3fx %12.0f\n",
-                          s["chunk_bytes"].get<unsigned long long>(),
-                          s["ram_charged_per_payload_byte"].get<double>(),
-                          s["ram_chunks_per_gib"].get<double>(),
-                          s["ssd_charged_per_payload_byte"].get<double>(),
-                          s["ssd_chunks_per_gib"].get<double>());
+    absl::StrAppendFormat(
+        &out, "%10llu  %9.3fx %12.0f  %9.3fx %12.0f\n", s["chunk_bytes"].get<unsigned long long>(),
+        s["ram_charged_per_payload_byte"].get<double>(), s["ram_chunks_per_gib"].get<double>(),
+        s["ssd_charged_per_payload_byte"].get<double>(), s["ssd_chunks_per_gib"].get<double>());
   }
   return out;
 }

@@ -352,8 +352,9 @@ int Main(int argc, char** argv) {
   footprint->add_option("--chunks", footprint_opt.chunks, "chunks stored per size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  footprint->add_option("--config", footprint_config,
-                        "model config whose chunk is the store's largest (kvcached's default)")
+  footprint
+      ->add_option("--config", footprint_config,
+                   "model config whose chunk is the store's largest (kvcached's default)")
       ->capture_default_str();
   footprint->add_option("--max-chunk-bytes", footprint_opt.max_chunk_bytes,
                         "the store's largest chunk instead");

@@ -52,8 +52,8 @@ absl::StatusOr<nlohmann::json> RunCount(const RestartOptions& opt, uint64_t n, u
   serve::KvcachedProcess daemon(
       opt.kvcached, dir + "/data",
       {"--log-level", "warn", "--max-chunk-bytes", absl::StrCat(opt.chunk_bytes), "--ram-bytes",
-       absl::StrCat(64 * slot), "--ssd-bytes", absl::StrCat(ssd_bytes),
-       "--lookup-keys-per-second", "0"});
+       absl::StrCat(64 * slot), "--ssd-bytes", absl::StrCat(ssd_bytes), "--lookup-keys-per-second",
+       "0"});
   KVC_RETURN_IF_ERROR(daemon.Start());
   std::mt19937_64 rng(seed ^ n);
   std::vector<ChunkKey> keys(n);
@@ -81,8 +81,8 @@ absl::StatusOr<nlohmann::json> RunCount(const RestartOptions& opt, uint64_t n, u
       }
     }
     std::fprintf(stderr, "restart: %llu chunks of %llu bytes stored in %.1f s\n",
-                static_cast<unsigned long long>(n),
-                static_cast<unsigned long long>(opt.chunk_bytes), Since(fill));
+                 static_cast<unsigned long long>(n),
+                 static_cast<unsigned long long>(opt.chunk_bytes), Since(fill));
   }
   daemon.Stop(SIGKILL);
   nlohmann::json runs = nlohmann::json::array();
@@ -106,8 +106,8 @@ absl::StatusOr<nlohmann::json> RunCount(const RestartOptions& opt, uint64_t n, u
     for (uint64_t at = 0; at < n; at += 65536) {
       KVC_ASSIGN_OR_RETURN(
           client::LookupResult r,
-          c.first->LookupKeysEvery(
-              c.second, std::span(keys).subspan(at, std::min<uint64_t>(65536, n - at))));
+          c.first->LookupKeysEvery(c.second,
+                                   std::span(keys).subspan(at, std::min<uint64_t>(65536, n - at))));
       for (client::Tier t : r.tiers) found += t != client::Tier::kNone;
     }
     const double all_found = Since(start);
@@ -116,9 +116,8 @@ absl::StatusOr<nlohmann::json> RunCount(const RestartOptions& opt, uint64_t n, u
       return absl::DataLossError(
           absl::StrCat("after restart ", rep, " only ", found, " of ", n, " chunks were found"));
     }
-    runs.push_back({{"listening_s", listening},
-                    {"first_hit_s", first_hit},
-                    {"all_looked_up_s", all_found}});
+    runs.push_back(
+        {{"listening_s", listening}, {"first_hit_s", first_hit}, {"all_looked_up_s", all_found}});
   }
   // The floor: the index's records read in this process, nothing built from them.
   const Clock::time_point read = Clock::now();

@@ -168,8 +168,8 @@ TEST(KvbenchTest, RestartFindsEveryChunkAfterEachCrash) {
   for (const auto& c : j["counts"]) {
     EXPECT_EQ(c["records"].get<uint64_t>(), c["chunks"].get<uint64_t>());
     EXPECT_EQ(c["runs"].size(), 2u);
-    for (const char* field : {"crash_listening_s", "crash_first_hit_s", "listening_s",
-                              "first_hit_s", "index_read_s"}) {
+    for (const char* field :
+         {"crash_listening_s", "crash_first_hit_s", "listening_s", "first_hit_s", "index_read_s"}) {
       EXPECT_GT(c[field].get<double>(), 0) << field;
     }
     EXPECT_GE(c["first_hit_s"].get<double>(), c["listening_s"].get<double>());
@@ -181,9 +181,9 @@ TEST(KvbenchTest, RestartFindsEveryChunkAfterEachCrash) {
 // largest chunk is refused, naming the limit.
 TEST(KvbenchTest, FootprintShowsWhatEachSizeIsCharged) {
   TempDir dir;
-  auto r = RunProgram(kKvbench, {"footprint", "--dir", dir.File("fp"), "--chunks", "4",
-                                 "--chunk-bytes", "4096,200000,1048576", "--max-chunk-bytes",
-                                 "200000", "--json"});
+  auto r =
+      RunProgram(kKvbench, {"footprint", "--dir", dir.File("fp"), "--chunks", "4", "--chunk-bytes",
+                            "4096,200000,1048576", "--max-chunk-bytes", "200000", "--json"});
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out << r.err;
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -53,7 +53,7 @@ TEST(CostPacerTest, PastTheBurstACallWaitsForItsCostAtTheRate) {
 TEST(CostPacerTest, ACallThatWouldWaitPastTheBoundIsRefusedAndNotCharged) {
   CostPacer p = Pacer();
   const Clock::time_point t0 = Clock::now();
-  EXPECT_EQ(Ms(*p.Charge("a", 3000, t0)), 0);  // owes 3 s
+  EXPECT_EQ(Ms(*p.Charge("a", 3000, t0)), 0);                      // owes 3 s
   absl::StatusOr<Clock::duration> refused = p.Charge("a", 1, t0);  // would wait 2.5 s
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
@@ -79,8 +79,8 @@ TEST(CostPacerTest, AnIdleTenantsBudgetRefillsButDoesNotBank) {
   // Paid off at t0 + 2 s; an hour of idling later it gets its burst, no more.
   const Clock::time_point later = t0 + std::chrono::hours(1);
   EXPECT_EQ(Ms(*p.Charge("a", 500, later)), 0);
-  EXPECT_EQ(Ms(*p.Charge("a", 500, later)), 0);   // owed 500 ms: still within the burst
-  EXPECT_EQ(Ms(*p.Charge("a", 1, later)), 500);   // owed 1 s
+  EXPECT_EQ(Ms(*p.Charge("a", 500, later)), 0);  // owed 500 ms: still within the burst
+  EXPECT_EQ(Ms(*p.Charge("a", 1, later)), 500);  // owed 1 s
 }
 
 TEST(DelayedStartTest, RunsEachCallbackInTimeOrderAndNeverEarly) {

@@ -321,8 +321,8 @@ TEST(HostileTenantTest, ATenantsLookupsArePacedByWhatTheyCostAndNoOtherTenantWai
   TempDir dir;
   std::ofstream(dir.File("tokens")) << "tok-f flood\ntok-q quiet\n";
   constexpr double kRate = 200000;  // keys/s; the burst is one 65,536-key call
-  Daemon d(dir.File("data"), {"--auth-tokens", dir.File("tokens"), "--lookup-keys-per-second",
-                              absl::StrCat(kRate)});
+  Daemon d(dir.File("data"),
+           {"--auth-tokens", dir.File("tokens"), "--lookup-keys-per-second", absl::StrCat(kRate)});
   pb::RegisterNamespaceResponse nf, nq;
   ASSERT_TRUE(RegisterCallerKeyed(d, "tok-f", "flood-model", 0, &nf).ok());
   ASSERT_TRUE(RegisterCallerKeyed(d, "tok-q", "quiet-model", 16, &nq).ok());
@@ -339,7 +339,8 @@ TEST(HostileTenantTest, ATenantsLookupsArePacedByWhatTheyCostAndNoOtherTenantWai
   // waits for its 65,537 keys at the rate — at least 4 × 0.328 s in all.
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(lookup("tok-f", nf.namespace_id(), 65536).ok());
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("six 65,536-key Lookups at %.0f keys/s took %.2f s\n", kRate, took);
   EXPECT_GE(took, 4 * 65537 / kRate * 0.98);
   // Eight at once: those that would wait past a second are refused, naming the budget.

@@ -235,8 +235,7 @@ TEST(SsdCatalogTest, ARandomWalkOfAStoresCallsKeepsEverySlotAccountedFor) {
           c->Free(s);
           break;
         }
-        const std::optional<SlotReservation> record =
-            c->PlanRemoval(std::vector<uint64_t>{s});
+        const std::optional<SlotReservation> record = c->PlanRemoval(std::vector<uint64_t>{s});
         if (record) c->FinishRemoval();
         if (rng() % 8 == 0) {
           c->HoldBack(s);
