@@ -54,6 +54,22 @@
 namespace kvc {
 namespace {
 
+// The reference chunk's bytes of a model config (kDefaultChunkTokens tokens), or nullopt
+// after saying why not and which flag gives the size instead.
+std::optional<uint64_t> ChunkBytesOf(const std::string& config_path, const char* instead) {
+  absl::StatusOr<ModelConfig> c = LoadModelConfig(config_path);
+  absl::StatusOr<LayerSchedule> s =
+      c.ok() ? BuildLayerSchedule(*c) : absl::StatusOr<LayerSchedule>(c.status());
+  absl::StatusOr<ChunkLayout> l = s.ok() ? BuildChunkLayout(*c, *s, kDefaultChunkTokens)
+                                         : absl::StatusOr<ChunkLayout>(s.status());
+  if (!l.ok()) {
+    std::cerr << "kvbench: error: " << l.status().message() << " (give --config FILE or "
+              << instead << " N)\n";
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(l->chunk_bytes);
+}
+
 // The text of the model config a case registers, or nullopt after saying why not.
 std::optional<std::string> ReadModelConfig(const std::string& path) {
   std::ifstream in(path);
@@ -460,17 +476,9 @@ int Main(int argc, char** argv) {
   }
   if (footprint->parsed()) {
     if (footprint_opt.max_chunk_bytes == 0) {
-      absl::StatusOr<ModelConfig> c = LoadModelConfig(footprint_config);
-      absl::StatusOr<LayerSchedule> s =
-          c.ok() ? BuildLayerSchedule(*c) : absl::StatusOr<LayerSchedule>(c.status());
-      absl::StatusOr<ChunkLayout> l = s.ok() ? BuildChunkLayout(*c, *s, kDefaultChunkTokens)
-                                             : absl::StatusOr<ChunkLayout>(s.status());
-      if (!l.ok()) {
-        std::cerr << "kvbench: error: " << l.status().message()
-                  << " (give --config FILE or --max-chunk-bytes N)\n";
-        return 1;
-      }
-      footprint_opt.max_chunk_bytes = static_cast<uint64_t>(l->chunk_bytes);
+      std::optional<uint64_t> bytes = ChunkBytesOf(footprint_config, "--max-chunk-bytes");
+      if (!bytes) return 1;
+      footprint_opt.max_chunk_bytes = *bytes;
     }
     return PrintReport(bench::RunFootprintBench(footprint_opt), json, bench::FootprintToText);
   }
@@ -530,17 +538,9 @@ int Main(int argc, char** argv) {
   }
   opt.run_fio = !no_fio;
   if (opt.chunk_bytes == 0) {
-    absl::StatusOr<ModelConfig> c = LoadModelConfig(config);
-    absl::StatusOr<LayerSchedule> s =
-        c.ok() ? BuildLayerSchedule(*c) : absl::StatusOr<LayerSchedule>(c.status());
-    absl::StatusOr<ChunkLayout> l = s.ok() ? BuildChunkLayout(*c, *s, kDefaultChunkTokens)
-                                           : absl::StatusOr<ChunkLayout>(s.status());
-    if (!l.ok()) {
-      std::cerr << "kvbench: error: " << l.status().message()
-                << " (give --config FILE or --chunk-bytes N)\n";
-      return 1;
-    }
-    opt.chunk_bytes = static_cast<uint64_t>(l->chunk_bytes);
+    std::optional<uint64_t> bytes = ChunkBytesOf(config, "--chunk-bytes");
+    if (!bytes) return 1;
+    opt.chunk_bytes = *bytes;
   }
   if (dataset_bytes > 0)
     opt.dataset_chunks = std::max<uint64_t>(1, dataset_bytes / opt.chunk_bytes);
