@@ -11,6 +11,8 @@
 // (a predicate lambda would be analysed as a function holding nothing).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
@@ -49,6 +51,17 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   Mutex& mu_;
   bool held_ = true;
 };
+
+// Waits on `cv` with `mu` held until `flag` (a field `mu` guards) is true or `timeout` has
+// passed, whichever is first; returns the flag. A wake-up before either waits again.
+inline bool WaitForFlag(std::condition_variable_any& cv, Mutex& mu, const bool& flag,
+                        std::chrono::steady_clock::duration timeout)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!flag && cv.wait_until(mu, until) == std::cv_status::no_timeout) {
+  }
+  return flag;
+}
 
 }  // namespace kvc
 

@@ -13,9 +13,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace kvc {
 
@@ -26,7 +27,7 @@ class TaskPool {
   }
   ~TaskPool() {
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -43,14 +44,14 @@ class TaskPool {
     }
     auto batch = std::make_shared<Batch>(n, f);
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       for (size_t h = 0; h < std::min(n - 1, workers_.size()); ++h)
         queue_.push_back([batch] { batch->Drain(); });
     }
     cv_.notify_all();
     batch->Drain();
-    std::unique_lock lk(batch->mu);
-    batch->all_done.wait(lk, [&] { return batch->done == n; });
+    MutexLock lk(batch->mu);
+    while (batch->done != n) batch->all_done.wait(batch->mu);
   }
 
  private:
@@ -60,24 +61,24 @@ class TaskPool {
     void Drain() {
       for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
         f(i);
-        std::lock_guard lk(mu);
+        MutexLock lk(mu);
         if (++done == n) all_done.notify_all();
       }
     }
     const size_t n;
     const std::function<void(size_t)>& f;  // the caller's; it waits until done == n
     std::atomic<size_t> next{0};
-    std::mutex mu;
-    std::condition_variable all_done;
-    size_t done = 0;
+    Mutex mu;
+    std::condition_variable_any all_done;
+    size_t done ABSL_GUARDED_BY(mu) = 0;
   };
 
   void Work() {
     while (true) {
       std::function<void()> task;
       {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        MutexLock lk(mu_);
+        while (!stop_ && queue_.empty()) cv_.wait(mu_);
         if (queue_.empty()) return;  // stopping, nothing left
         task = std::move(queue_.front());
         queue_.pop_front();
@@ -86,10 +87,10 @@ class TaskPool {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -23,8 +23,8 @@ using storage::ChunkKey;
 struct ClusterClient::Node {
   cluster::NodeInfo info;
   std::shared_ptr<CacheClient> client;
-  std::mutex mu;
-  std::set<uint32_t> namespaces;          // registered on this node
+  Mutex mu;
+  std::set<uint32_t> namespaces ABSL_GUARDED_BY(mu);  // registered on this node
   std::atomic<int64_t> skip_until_ms{0};  // steady clock
 };
 
@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
 
 ClusterClient::~ClusterClient() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
   repair_cv_.notify_all();
@@ -85,9 +85,9 @@ ClusterClient::~ClusterClient() {
 }
 
 void ClusterClient::RepairLoop() {
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   while (true) {
-    repair_cv_.wait(lk, [&] { return stop_ || !repairs_.empty(); });
+    while (!stop_ && repairs_.empty()) repair_cv_.wait(mu_);
     if (stop_) return;
     RepairJob job = std::move(repairs_.front());
     repairs_.pop_front();
@@ -121,7 +121,7 @@ void ClusterClient::Repair(const RepairJob& job) {
     absl::StatusOr<StoreResult> st =
         to->client->StoreChunks(job.ns, std::span(&chunk, 1), Durability::kDurable, 0);
     if (!st.ok() || st->keys.size() != 1 || st->keys[0] != key) continue;
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     ++counters_.chunks_repaired;
     ++counters_.nodes[id].chunks_stored;
   }
@@ -154,7 +154,7 @@ std::vector<std::string> ClusterClient::Owners(const ChunkKey& key) const {
 std::vector<std::shared_ptr<ClusterClient::Node>> ClusterClient::Members() {
   std::shared_ptr<const Membership> m = membership();
   std::vector<std::shared_ptr<Node>> out;
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   for (const cluster::NodeInfo& info : m->nodes) {
     std::shared_ptr<Node>& n = nodes_[info.id];
     if (!n || n->info.address != info.address || n->info.generation != info.generation) {
@@ -176,7 +176,7 @@ std::vector<std::shared_ptr<ClusterClient::Node>> ClusterClient::Members() {
 bool ClusterClient::Skipped(const Node& node) const { return node.skip_until_ms.load() > NowMs(); }
 
 void ClusterClient::MarkFailed(Node& node, const absl::Status& why) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   ++counters_.nodes[node.info.id].failures;
   if (NodeTrouble(why)) node.skip_until_ms.store(NowMs() + options_.node_backoff_ms);
 }
@@ -184,11 +184,11 @@ void ClusterClient::MarkFailed(Node& node, const absl::Status& why) {
 absl::Status ClusterClient::EnsureNamespace(Node& node, const RemoteNamespace& ns) {
   Registration reg;
   {
-    std::lock_guard lk(node.mu);
+    MutexLock lk(node.mu);
     if (node.namespaces.count(ns.id) > 0) return absl::OkStatus();
   }
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     auto it = namespaces_.find(ns.id);
     if (it == namespaces_.end()) {
       return absl::FailedPreconditionError(
@@ -202,7 +202,7 @@ absl::Status ClusterClient::EnsureNamespace(Node& node, const RemoteNamespace& n
         absl::StrCat("node ", node.info.id, " gives the namespace id ", got.id, " (expected ",
                      ns.id, "): is it running with --cluster?"));
   }
-  std::lock_guard lk(node.mu);
+  MutexLock lk(node.mu);
   node.namespaces.insert(ns.id);
   return absl::OkStatus();
 }
@@ -254,12 +254,12 @@ absl::StatusOr<RemoteNamespace> ClusterClient::Register(const Registrar& registr
   // learns the namespace when it is next used.
   if (!ns) return first_error;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     namespaces_[ns->id] = {registrar, *ns};
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!got[i].ok()) continue;
-    std::lock_guard lk(nodes[i]->mu);
+    MutexLock lk(nodes[i]->mu);
     nodes[i]->namespaces.insert(ns->id);
   }
   return *ns;
@@ -301,7 +301,7 @@ absl::StatusOr<LookupResult> ClusterClient::LookupImpl(const RemoteNamespace& ns
   // member is asked about every key.
   bool wide = false;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     const uint64_t version = membership()->version;
     if (version != seen_version_) {
       seen_version_ = version;
@@ -362,7 +362,7 @@ absl::StatusOr<LookupResult> ClusterClient::LookupImpl(const RemoteNamespace& ns
     return absl::UnavailableError(
         absl::StrCat("no node of the cluster answered Lookup: ", first_error.message()));
   }
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   const cluster::FanOut fan = cluster::FanOutOf(plan);
   ++counters_.lookups;
   counters_.wide_lookups += wide ? 1 : 0;
@@ -445,7 +445,7 @@ absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
   // then every other member by rank; nodes being skipped go last.
   std::vector<std::vector<size_t>> cands(keys.size());
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     for (size_t c = 0; c < keys.size(); ++c) {
       std::vector<size_t> seen;  // the holders a recent Lookup saw, still members
       if (auto it = holders_.find(keys[c]); it != holders_.end()) {
@@ -528,7 +528,7 @@ absl::StatusOr<size_t> ClusterClient::Fetch(const RemoteNamespace& ns,
                      first_missing_reason.empty() ? "" : ": ", first_missing_reason);
   }
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     counters_.fetch_failovers += failovers;
     for (const auto& [id, n] : served) counters_.nodes[id].chunks_fetched += n;
   }
@@ -620,7 +620,7 @@ absl::StatusOr<StoreResult> ClusterClient::StoreOnOwners(const RemoteNamespace& 
       for (size_t c : work[w].second) ++copies[c];
       r.stored += got[w]->stored;
       r.already_present += got[w]->already_present;
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       counters_.nodes[node.info.id].chunks_stored += got[w]->stored + got[w]->already_present;
     }
   }
@@ -672,7 +672,7 @@ absl::StatusOr<uint32_t> ClusterClient::Unpin(const RemoteNamespace& ns,
 absl::StatusOr<uint32_t> ClusterClient::Delete(const RemoteNamespace& ns,
                                                std::span<const ChunkKey> keys) {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     for (const ChunkKey& k : keys) holders_.erase(k);
   }
   return OnEveryNode(*pool_, Members(), [&](Node& n) -> absl::StatusOr<uint32_t> {
@@ -682,7 +682,7 @@ absl::StatusOr<uint32_t> ClusterClient::Delete(const RemoteNamespace& ns,
 }
 
 ClusterClient::Counters ClusterClient::counters() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   return counters_;
 }
 

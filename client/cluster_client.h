@@ -23,13 +23,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/task_pool.h"
 #include "client/cache_api.h"
 #include "client/client.h"
@@ -157,23 +157,24 @@ class ClusterClient final : public CacheApi {
   // Fans a call out to the nodes (base/task_pool.h): workers live as long as the client.
   std::unique_ptr<TaskPool> pool_ = std::make_unique<TaskPool>(8);
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Node>> nodes_;
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);
   struct Registration {
     Registrar registrar;
     RemoteNamespace ns;
   };
-  std::map<uint32_t, Registration> namespaces_;
+  std::map<uint32_t, Registration> namespaces_ ABSL_GUARDED_BY(mu_);
   // Which nodes a recent Lookup found each chunk on: Fetch asks those first.
-  std::unordered_map<storage::ChunkKey, std::vector<std::string>, storage::ChunkKeyHash> holders_;
-  Counters counters_;
+  std::unordered_map<storage::ChunkKey, std::vector<std::string>, storage::ChunkKeyHash> holders_
+      ABSL_GUARDED_BY(mu_);
+  Counters counters_ ABSL_GUARDED_BY(mu_);
   // When the membership last changed (by its version), for the repair grace period.
-  uint64_t seen_version_ = 0;
-  Clock::time_point membership_changed_ = Clock::now();
-  std::deque<RepairJob> repairs_;
-  std::set<storage::ChunkKey> repairing_;
-  std::condition_variable repair_cv_;
-  bool stop_ = false;
+  uint64_t seen_version_ ABSL_GUARDED_BY(mu_) = 0;
+  Clock::time_point membership_changed_ ABSL_GUARDED_BY(mu_) = Clock::now();
+  std::deque<RepairJob> repairs_ ABSL_GUARDED_BY(mu_);
+  std::set<storage::ChunkKey> repairing_ ABSL_GUARDED_BY(mu_);
+  std::condition_variable_any repair_cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread repair_thread_;
 };
 

@@ -141,7 +141,7 @@ absl::Status NodeRegistration::Register(int64_t lease, bool reclaim) {
     opt_.log("cluster_register_failed", std::string(s.message()));
     return s;
   }
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   lease_ = lease;
   opt_.log("cluster_registered",
            absl::StrCat("node ", opt_.node.id, " at ", opt_.node.address, ", generation ",
@@ -163,9 +163,8 @@ void NodeRegistration::Loop() {
   while (true) {
     int64_t lease;
     {
-      std::unique_lock lk(mu_);
-      if (cv_.wait_for(lk, lease_ == 0 ? std::chrono::milliseconds(500) : period,
-                       [&] { return stop_; })) {
+      MutexLock lk(mu_);
+      if (WaitForFlag(cv_, mu_, stop_, lease_ == 0 ? std::chrono::milliseconds(500) : period)) {
         break;
       }
       lease = lease_;
@@ -191,7 +190,7 @@ void NodeRegistration::Loop() {
     }
     if (absl::IsNotFound(ttl.status())) {  // expired while etcd or this node was away
       opt_.log("cluster_lease_expired", std::string(ttl.status().message()));
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       lease_ = 0;
       continue;
     }
@@ -201,13 +200,13 @@ void NodeRegistration::Loop() {
 }
 
 bool NodeRegistration::registered() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   return lease_ != 0;
 }
 
 NodeRegistration::~NodeRegistration() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -226,7 +225,10 @@ absl::StatusOr<std::unique_ptr<MembershipView>> MembershipView::Open(
   KVC_ASSIGN_OR_RETURN(std::unique_ptr<Etcd> etcd, Etcd::Connect(endpoints, etcd_security));
   std::unique_ptr<MembershipView> v(new MembershipView());
   v->etcd_ = std::move(etcd);
-  v->current_ = std::make_shared<Snapshot>();
+  {
+    MutexLock lk(v->mu_);
+    v->current_ = std::make_shared<Snapshot>();
+  }
   KVC_RETURN_IF_ERROR(v->Reload());
   v->thread_ = std::thread([p = v.get()] { p->Loop(); });
   return v;
@@ -234,7 +236,7 @@ absl::StatusOr<std::unique_ptr<MembershipView>> MembershipView::Open(
 
 MembershipView::~MembershipView() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
   etcd_->CancelWatches();
@@ -243,7 +245,7 @@ MembershipView::~MembershipView() {
 }
 
 std::shared_ptr<const MembershipView::Snapshot> MembershipView::Current() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   return current_;
 }
 
@@ -259,7 +261,7 @@ absl::Status MembershipView::Reload() {
   std::sort(snap->nodes.begin(), snap->nodes.end(),
             [](const NodeInfo& a, const NodeInfo& b) { return a.id < b.id; });
   snap->revision = r.revision;
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   snap->version = current_->version + 1;
   current_ = std::move(snap);
   return absl::OkStatus();
@@ -267,7 +269,7 @@ absl::Status MembershipView::Reload() {
 
 void MembershipView::Apply(bool put, const Etcd::KeyValue& kv) {
   const std::string id = kv.key.substr(std::string(kNodesPrefix).size());
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   auto snap = std::make_shared<Snapshot>(*current_);
   auto it = std::find_if(snap->nodes.begin(), snap->nodes.end(),
                          [&](const NodeInfo& n) { return n.id == id; });
@@ -286,7 +288,7 @@ void MembershipView::Apply(bool put, const Etcd::KeyValue& kv) {
 }
 
 void MembershipView::MarkStale(const std::string& why) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   if (current_->stale) return;
   auto snap = std::make_shared<Snapshot>(*current_);
   snap->stale = true;
@@ -298,7 +300,7 @@ void MembershipView::Loop() {
   while (true) {
     int64_t from;
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       if (stop_) return;
       from = current_->revision + 1;
     }
@@ -308,8 +310,8 @@ void MembershipView::Loop() {
     MarkStale(std::string(s.message()));
     // Back off, then read the whole membership again (it may have changed while away).
     while (true) {
-      std::unique_lock lk(mu_);
-      if (cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_; })) return;
+      MutexLock lk(mu_);
+      if (WaitForFlag(cv_, mu_, stop_, std::chrono::milliseconds(500))) return;
       lk.unlock();
       if (Reload().ok()) break;
     }

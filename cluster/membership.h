@@ -11,12 +11,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/mutex.h"
 #include "cluster/etcd.h"
 #include "cluster/placement.h"
 
@@ -82,10 +82,10 @@ class NodeRegistration {
 
   Options opt_;
   std::unique_ptr<Etcd> etcd_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  int64_t lease_ = 0;  // 0: not registered
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;  // 0: not registered
   std::thread thread_;
 };
 
@@ -112,10 +112,10 @@ class MembershipView {
   void MarkStale(const std::string& why);
 
   std::unique_ptr<Etcd> etcd_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::shared_ptr<const Snapshot> current_;
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const Snapshot> current_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

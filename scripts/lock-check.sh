@@ -4,11 +4,10 @@
 # objects) with -Wthread-safety as an error, so a field read or written without the mutex
 # that guards it, or a function that needs the lock called without it, fails this script.
 # GCC, which builds everything else, ignores the annotations.
-#   scripts/lock-check.sh [FILE.cc ...]    (default: storage/*.cc and cachesvc/*.cc — every
-#   mutex there is annotated — but the programs' mains; client/client.cc and
-#   cluster/etcd.cc, the annotated files elsewhere; the header-only executor.h and
-#   delayed_start.h through their tests. They include generated protobuf headers, so this
-#   runs after a build)
+#   scripts/lock-check.sh [FILE.cc ...]    (default: every source of storage/, cachesvc/,
+#   client/, cluster/ and serve/ but the programs' mains — every mutex there is annotated,
+#   base/task_pool.h's too — and the header-only executor.h and delayed_start.h through
+#   their tests. They include generated protobuf headers, so this runs after a build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cxx=clang++-14
@@ -16,9 +15,8 @@ command -v "$cxx" >/dev/null || { echo "lock-check: $cxx missing (scripts/instal
 if [ $# -gt 0 ]; then
   files=("$@")
 else
-  files=(storage/*.cc tests/cachesvc/executor_test.cc tests/cachesvc/cost_pacer_test.cc
-         client/client.cc cluster/etcd.cc)
-  for f in cachesvc/*.cc; do
+  files=(storage/*.cc tests/cachesvc/executor_test.cc tests/cachesvc/cost_pacer_test.cc)
+  for f in cachesvc/*.cc client/*.cc cluster/*.cc serve/*.cc; do
     case "$f" in *_main.cc) ;; *) files+=("$f") ;; esac
   done
 fi

@@ -49,7 +49,7 @@ std::unique_ptr<CacheConnector> CacheConnector::Create(const model::Model& model
 CacheConnector::~CacheConnector() {
   Drain();
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -247,22 +247,22 @@ void CacheConnector::StoreNewChunks(const model::Sequence& seq) {
     job.pages.insert(job.pages.end(), p.begin(), p.end());
   }
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     jobs_.push_back(std::move(job));
   }
   cv_.notify_all();
 }
 
 int64_t CacheConnector::Drain() {
-  std::unique_lock lk(mu_);
-  cv_.wait(lk, [this] { return jobs_.empty() && !busy_; });
+  MutexLock lk(mu_);
+  while (!jobs_.empty() || busy_) cv_.wait(mu_);
   return stored_;
 }
 
 void CacheConnector::StoreLoop() {
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   while (true) {
-    cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
+    while (!stop_ && jobs_.empty()) cv_.wait(mu_);
     if (jobs_.empty()) return;
     StoreJob job = std::move(jobs_.front());
     jobs_.pop_front();

@@ -15,7 +15,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/mutex.h"
 #include "client/cache_api.h"
 #include "engine/model/model.h"
 
@@ -108,11 +108,12 @@ class CacheConnector {
     std::vector<uint8_t> pages;    // chunks [first, last)
     int64_t first = 0;
   };
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<StoreJob> jobs_;
-  bool busy_ = false, stop_ = false;
-  int64_t stored_ = 0;
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<StoreJob> jobs_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t stored_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread worker_;
 };
 
