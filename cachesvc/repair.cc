@@ -418,10 +418,9 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
           const double due =
               static_cast<double>(copied_bytes) / static_cast<double>(opt_.bytes_per_s);
           if (due > elapsed) {
-            const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                  std::chrono::duration<double>(due - elapsed));
-            while (!stop_ && cv_.wait_until(mu_, until) == std::cv_status::no_timeout) {
-            }
+            WaitForFlag(cv_, mu_, stop_,
+                        std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(due - elapsed)));
           }
         }
       }

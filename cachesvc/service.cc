@@ -13,11 +13,7 @@ KvCacheService::KvCacheService(storage::ChunkStore* store, NamespaceRegistry* re
   // Leases of clients that vanished end on time even when no other call comes.
   reaper_ = std::thread([this] {
     MutexLock lk(reaper_mu_);
-    while (true) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-      while (!stopping_ && reaper_cv_.wait_until(reaper_mu_, until) == std::cv_status::no_timeout) {
-      }
-      if (stopping_) return;
+    while (!WaitForFlag(reaper_cv_, reaper_mu_, stopping_, std::chrono::milliseconds(200))) {
       impl_->ReapLeases();
     }
   });
