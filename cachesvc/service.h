@@ -31,7 +31,7 @@
 namespace kvc::cachesvc {
 
 // kvcached's default Lookup budget per tenant, per core of the machine: on 2 cores it keeps
-// another tenant's one-key Lookup p99 within 1.2x of its quiet value under a flood of
+// another tenant's one-key Lookup p99 within 1.1-1.4x of its quiet value under a flood of
 // 65,536-key Lookups (docs/benchmarks.md, "Tenant fairness"), and is still ~120 Lookups/s of
 // a 4,096-chunk (1 M-token) prefix per core for each tenant.
 inline constexpr double kLookupKeysPerSecondPerCore = 500000;

@@ -63,8 +63,8 @@ std::optional<uint64_t> ChunkBytesOf(const std::string& config_path, const char*
   absl::StatusOr<ChunkLayout> l = s.ok() ? BuildChunkLayout(*c, *s, kDefaultChunkTokens)
                                          : absl::StatusOr<ChunkLayout>(s.status());
   if (!l.ok()) {
-    std::cerr << "kvbench: error: " << l.status().message() << " (give --config FILE or "
-              << instead << " N)\n";
+    std::cerr << "kvbench: error: " << l.status().message() << " (give --config FILE or " << instead
+              << " N)\n";
     return std::nullopt;
   }
   return static_cast<uint64_t>(l->chunk_bytes);
