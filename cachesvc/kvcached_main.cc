@@ -147,9 +147,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--auth-tokens", auth_file,
                  "file of \"TOKEN TENANT\" lines; without it everyone is one tenant");
-  app.add_option(
-      "--max-chunk-bytes", max_chunk_bytes,
-      "largest chunk any namespace may use (default: the reference model's 256-token chunk)");
+  app.add_option("--max-chunk-bytes", max_chunk_bytes,
+                 "largest chunk any namespace may use (default: 8 MiB, or the reference model's "
+                 "256-token chunk if larger); every size is stored in slots of its own size");
   app.add_option("--threads", threads, "storage worker threads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -328,11 +328,11 @@ int Main(int argc, char** argv) {
         .Str("why", "files 0600, folders 0700: every tenant's KV is in them");
   }
 
-  if (max_chunk_bytes == 0) {
-    absl::StatusOr<uint64_t> ref = ReferenceChunkBytes();
-    if (!ref.ok()) return Fail(std::string(ref.status().message()));
-    max_chunk_bytes = *ref;
-  }
+  // The reference model's chunk is the typical one: a new folder's first size class, and
+  // what the RAM and HBM tiers count a chunk as (docs/storage.md, "Size classes").
+  absl::StatusOr<uint64_t> reference_chunk = ReferenceChunkBytes();
+  if (!reference_chunk.ok()) return Fail(std::string(reference_chunk.status().message()));
+  if (max_chunk_bytes == 0) max_chunk_bytes = std::max<uint64_t>(8ull << 20, *reference_chunk);
   Authenticator auth;
   if (!auth_file.empty()) {
     absl::StatusOr<Authenticator> a = Authenticator::FromFile(auth_file);
@@ -380,6 +380,7 @@ int Main(int argc, char** argv) {
   storage::StoreOptions so;
   so.data_dir = data_dir;
   so.max_chunk_bytes = max_chunk_bytes;
+  so.first_class_chunk_bytes = std::min(*reference_chunk, max_chunk_bytes);
   so.ram_bytes = shm->default_pool_bytes();
   so.ram_pool_bytes = shm->private_pool_bytes();
   so.ssd_bytes = ssd_bytes;

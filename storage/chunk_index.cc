@@ -18,13 +18,22 @@ namespace kvc::storage {
 namespace {
 
 // Version 2 appends the chunk's origin (a flags byte: bit 0 origin, bit 1 its parent; then
-// the two keys) to version 1, which the decoder still reads (no origin).
-constexpr uint8_t kRecordVersion = 2;
+// the two keys) to version 1; version 3 appends the slot's size class (4 bytes). The
+// decoder reads all three (earlier ones: no origin, the folder's first class).
+constexpr uint8_t kRecordVersion = 3;
 constexpr size_t kRecordBytesV1 = 1 + 4 + 4 + 4 + 4 + 8 + 8 + 1 + 16 + 8 * 4;
-constexpr size_t kRecordBytes = kRecordBytesV1 + 1 + 16 + 16;
+constexpr size_t kRecordBytesV2 = kRecordBytesV1 + 1 + 16 + 16;
+constexpr size_t kRecordBytes = kRecordBytesV2 + 4;
 
-std::string ChunkRowKey(const ChunkKey& k) {
-  std::string s(17, 'c');
+// Records of versions 1 and 2 are rows "c" + key; version 3 rows are "k" + key, which a
+// kvcached of before size classes never reads (it would take them for damage and rebuild
+// its index from its own slab folder, losing every chunk of the other classes): it opens
+// such a folder only to refuse its slot format (slot_format.h).
+constexpr char kLegacyRowPrefix = 'c';
+constexpr char kRowPrefix = 'k';
+
+std::string ChunkRowKey(const ChunkKey& k, char prefix = kRowPrefix) {
+  std::string s(17, prefix);
   std::memcpy(s.data() + 1, k.bytes.data(), 16);
   return s;
 }
@@ -104,12 +113,14 @@ std::string EncodeIndexRecord(const IndexRecord& r) {
   w.Add<uint8_t>((r.origin ? 1 : 0) | (origin.parent ? 2 : 0));
   w.Add(origin.key.bytes);
   w.Add(origin.parent.value_or(ChunkKey{}).bytes);
+  w.Add(r.slot_class);
   return w.out;
 }
 
 absl::StatusOr<IndexRecord> DecodeIndexRecord(const std::string& bytes) {
   const uint8_t version = bytes.empty() ? 0 : static_cast<uint8_t>(bytes[0]);
   if (!(version == kRecordVersion && bytes.size() == kRecordBytes) &&
+      !(version == 2 && bytes.size() == kRecordBytesV2) &&
       !(version == 1 && bytes.size() == kRecordBytesV1)) {
     return absl::DataLossError(absl::StrCat("index record of ", bytes.size(), " bytes, version ",
                                             bytes.empty() ? -1 : static_cast<uint8_t>(bytes[0]),
@@ -140,6 +151,7 @@ absl::StatusOr<IndexRecord> DecodeIndexRecord(const std::string& bytes) {
     if (flags & 2) origin.parent = ChunkKey{origin_parent};
     if (flags & 1) rec.origin = origin;
   }
+  if (version >= 3) rec.slot_class = r.Take<uint32_t>();
   return rec;
 }
 
@@ -213,17 +225,24 @@ absl::Status ChunkIndex::Write(rocksdb::WriteBatch& batch, bool sync) {
 
 absl::Status ChunkIndex::ForEach(
     const std::function<void(const ChunkKey&, const IndexRecord&)>& fn) {
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek("c"); it->Valid() && it->key().starts_with("c"); it->Next()) {
-    if (it->key().size() != 17) {
-      return absl::DataLossError(absl::StrCat("index key of ", it->key().size(), " bytes"));
+  // Legacy rows first: a key with both (never written so, but a crash between versions
+  // cannot make it so either: puts delete the legacy row in the same batch) reads as "k".
+  for (const char prefix : {kLegacyRowPrefix, kRowPrefix}) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    const std::string p(1, prefix);
+    for (it->Seek(p); it->Valid() && it->key().starts_with(p); it->Next()) {
+      if (it->key().size() != 17) {
+        return absl::DataLossError(absl::StrCat("index key of ", it->key().size(), " bytes"));
+      }
+      ChunkKey key;
+      std::memcpy(key.bytes.data(), it->key().data() + 1, 16);
+      KVC_ASSIGN_OR_RETURN(IndexRecord rec, DecodeIndexRecord(it->value().ToString()));
+      if (prefix == kLegacyRowPrefix) legacy_rows_ = true;
+      fn(key, rec);
     }
-    ChunkKey key;
-    std::memcpy(key.bytes.data(), it->key().data() + 1, 16);
-    KVC_ASSIGN_OR_RETURN(IndexRecord rec, DecodeIndexRecord(it->value().ToString()));
-    fn(key, rec);
+    KVC_RETURN_IF_ERROR(FromRocks(it->status(), "scan"));
   }
-  return FromRocks(it->status(), "scan");
+  return absl::OkStatus();
 }
 
 absl::Status ChunkIndex::Commit(const std::vector<std::pair<ChunkKey, IndexRecord>>& puts,
@@ -232,8 +251,17 @@ absl::Status ChunkIndex::Commit(const std::vector<std::pair<ChunkKey, IndexRecor
   if (puts.empty() && deletes.empty() && meta.empty()) return absl::OkStatus();
   rocksdb::WriteBatch batch;
   for (const auto& [name, value] : meta) batch.Put("m" + name, value);
-  for (const auto& [key, rec] : puts) batch.Put(ChunkRowKey(key), EncodeIndexRecord(rec));
-  for (const ChunkKey& key : deletes) batch.Delete(ChunkRowKey(key));
+  // In a folder upgraded from before size classes (its records are kept as they were until
+  // each is rewritten), a put or delete also deletes the key's legacy row.
+  const bool legacy = legacy_rows_;
+  for (const auto& [key, rec] : puts) {
+    batch.Put(ChunkRowKey(key), EncodeIndexRecord(rec));
+    if (legacy) batch.Delete(ChunkRowKey(key, kLegacyRowPrefix));
+  }
+  for (const ChunkKey& key : deletes) {
+    batch.Delete(ChunkRowKey(key));
+    if (legacy) batch.Delete(ChunkRowKey(key, kLegacyRowPrefix));
+  }
   return Write(batch, sync);
 }
 

@@ -1,12 +1,14 @@
 // ChunkIndex: the durable truth of what the SSD tier holds, in RocksDB (WAL on). A full
 // disk is ResourceExhausted, and writes resume by themselves once space is back.
 //
-// Keys: "c" + 16-byte chunk key → IndexRecord; "m" + name → metadata (slot size,
+// Keys: "k" + 16-byte chunk key → IndexRecord ("c" + key in folders made before size
+// classes: still read, rewritten as "k" on the next change); "m" + name → metadata (slot size,
 // namespaces). The store loads every record into memory at open and serves lookups from
 // there; RocksDB is written on every change and read only at open. Thread-safe (RocksDB
 // is); errors are InternalError with RocksDB's message.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,6 +44,9 @@ struct IndexRecord {
   int64_t pin_until_s = 0;            // 0: not pinned
   int64_t expires_s = 0;              // 0: no TTL
   std::optional<ChunkOrigin> origin;  // the client's key and parent (none: stored without)
+  // The slot's size class: its slot bytes, or 0 for the class of a folder made before size
+  // classes (its slabs/ folder; records of versions 1 and 2 say 0).
+  uint32_t slot_class = 0;
 };
 
 std::string EncodeIndexRecord(const IndexRecord& r);
@@ -85,6 +90,8 @@ class ChunkIndex {
   absl::Status Write(rocksdb::WriteBatch& batch, bool sync);
   std::unique_ptr<rocksdb::Env> env_;  // outlives db_
   std::unique_ptr<rocksdb::DB> db_;
+  // ForEach found rows of the legacy prefix: changes delete them too.
+  std::atomic<bool> legacy_rows_{false};
 #if defined(__SANITIZE_THREAD__)
   // Under ThreadSanitizer only: RocksDB (not instrumented) lets one writer append the
   // others' batches through its own atomics, which TSan cannot see, so it reports the hand-off

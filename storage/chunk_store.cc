@@ -137,7 +137,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
                                        : "a put to a namespace without RAM");
       continue;
     }
-    if (durable && !s.ssd) {
+    if (durable && !s.HasSsd()) {
       results[i] = absl::FailedPreconditionError(
           s.ram ? "durable store asked of a store with no SSD tier"
                 : absl::StrCat("namespace ", r.namespace_id, " has no RAM and no SSD tier"));
@@ -196,7 +196,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     const PutRequest& r = requests[i];
     absl::Status st =
         s.InsertRam(r.namespace_id, r.key, r.parent, r.origin, r.payload, 0,
-                    /*dirty=*/s.ssd != nullptr, expires, /*allow_writeback=*/options.may_block);
+                    /*dirty=*/s.HasSsd(), expires, /*allow_writeback=*/options.may_block);
     if (absl::IsAlreadyExists(st)) {
       results[i] = PutResult{true};
     } else if (!st.ok()) {
@@ -220,9 +220,11 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
 }
 
 ChunkStore::ReadRoom ChunkStore::ReadRoomFor(uint64_t payload_bytes) const {
-  if (!impl_->ssd) return {1, 0, payload_bytes};
-  return {kSlotAlignment, impl_->ssd->header_bytes(),
-          SlotBytesFor(payload_bytes, impl_->slot_format)};
+  if (!impl_->HasSsd()) return {1, 0, payload_bytes};
+  // The header of the chunk's class: the first class may keep an older format's.
+  const uint64_t slot = impl_->SsdSlotBytesFor(payload_bytes);
+  const uint16_t format = slot == impl_->slot_bytes ? impl_->legacy_format : kSlotFormatVersion;
+  return {kSlotAlignment, SlotHeaderBytes(format), SlotBytesFor(payload_bytes, format)};
 }
 
 ReadBuffer AllocateReadBuffer(const ChunkStore::ReadRoom& room) {
@@ -242,6 +244,7 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
     return status;
   }
   std::vector<SlotRead> reads;
+  std::vector<Impl::SsdClass*> read_class;
   std::vector<size_t> read_index;
   struct RamHit {
     size_t index;
@@ -272,8 +275,8 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
       continue;
     }
     IndexRecord& rec = d->second;
-    const uint64_t slot = s.GlobalSlot(rec);
-    s.catalog->BeginRead(slot);
+    const Impl::SsdSlot at = s.SlotOf(rec);
+    at.cls->catalog->BeginRead(at.slot);
     s.ssd_order.Touch(keys[i], s.NextAccess());
     if (rec.last_access_s / 3600 != now / 3600) {  // coarse: hourly resolution on disk
       rec.last_access_s = now;
@@ -285,7 +288,8 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
     expect.key = keys[i];
     expect.payload_checksum = rec.checksum;
     expect.sequence = rec.sequence;
-    reads.push_back({slot, expect, outs[i], outs_have_read_room});
+    reads.push_back({at.slot, expect, outs[i], outs_have_read_room});
+    read_class.push_back(at.cls);
     read_index.push_back(i);
   }
   lk.unlock();
@@ -302,7 +306,7 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
     }
   }
   std::vector<absl::Status> io;
-  if (!reads.empty()) io = s.ssd->Read(reads);
+  if (!reads.empty()) io = Impl::ReadSlots(reads, read_class);
   lk.lock();
   for (const RamHit& hit : ram_hits) s.ram->Unref(hit.pool, hit.slot);
   for (size_t h : corrupt) {
@@ -318,8 +322,7 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
   std::vector<ChunkKey> dropped;
   for (size_t k = 0; k < reads.size(); ++k) {
     const size_t i = read_index[k];
-    const uint64_t slot = reads[k].slot;
-    s.catalog->EndRead(slot);
+    read_class[k]->catalog->EndRead(reads[k].slot);
     if (io[k].ok()) {
       ++s.stats.ssd_hits;
       status[i] = absl::OkStatus();
@@ -555,7 +558,7 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
   Impl& s = *impl_;
   std::vector<absl::Status> status(keys.size());
   std::vector<ChunkKey> deletes;
-  std::vector<uint64_t> slots;
+  std::vector<Impl::SsdSlot> slots;
   MutexLock lk(s.mu);
   for (size_t i = 0; i < keys.size(); ++i) {
     const ChunkKey& key = keys[i];
@@ -613,7 +616,8 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
   uint64_t tier_pinned = 0, tier_share_slots = 0;
   if (tier_share) {
     tier_pinned = s.PinnedChunks();
-    const uint64_t slots = s.ssd ? s.ssd->capacity_slots() : (s.ram ? s.ram->capacity_slots() : 0);
+    const uint64_t slots =
+        s.HasSsd() ? s.classes[0]->catalog->capacity() : (s.ram ? s.ram->capacity_slots() : 0);
     tier_share_slots = static_cast<uint64_t>(s.opt.max_pinned_share * static_cast<double>(slots));
   }
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -630,7 +634,7 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
     if (new_in_share && tier_pinned >= tier_share_slots) {
       // Says which tier, not how full it is: that is every tenant's state, not the caller's.
       status[i] = absl::ResourceExhaustedError(
-          absl::StrCat("the ", s.ssd ? "SSD" : "RAM",
+          absl::StrCat("the ", s.HasSsd() ? "SSD" : "RAM",
                        " tier's share for pinned chunks is taken (kvcached --max-pinned-share ",
                        s.opt.max_pinned_share, "); unpin chunks or pin fewer"));
       continue;
@@ -747,6 +751,16 @@ StoreStats ChunkStore::Stats() const {
   StoreStats st = impl_->stats;
   st.ram_chunks = impl_->ram ? impl_->ram->size() : 0;
   st.ssd_chunks = impl_->ssd_map.size();
+  st.ssd_capacity_bytes = impl_->ssd_budget;
+  st.ssd_taken_bytes = impl_->SsdTakenBytes();
+  for (const auto& [ns, bytes] : impl_->namespaces) st.ssd_bytes += impl_->ssd_order.BytesOf(ns);
+  for (const auto& c : impl_->classes) st.ssd_classes.push_back({c->slot_bytes, 0});
+  if (!impl_->classes.empty()) {
+    std::unordered_map<uint32_t, uint64_t> chunks_of;
+    for (const auto& [key, r] : impl_->ssd_map) ++chunks_of[r.slot_class];
+    for (size_t c = 0; c < impl_->classes.size(); ++c)
+      st.ssd_classes[c].chunks = chunks_of[impl_->classes[c]->code];
+  }
   st.pending_write_behind = impl_->dirty_queue.size();
   if (impl_->hbm) {
     const HbmStats h = impl_->hbm->stats();

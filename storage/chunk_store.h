@@ -73,11 +73,16 @@ struct StoreOptions {
   // The largest chunk any namespace may use; 0 reopens an existing folder with its own slot
   // size and capacity (RAM tier off), as tools do.
   uint64_t max_chunk_bytes = 0;
+  // The chunk size of a new folder's first SSD size class (laid out in slabs/), and what
+  // the RAM and HBM tiers count a typical chunk as; 0 = max_chunk_bytes. Chunks of other
+  // sizes get a class of their own (docs/storage.md, "Size classes").
+  uint64_t first_class_chunk_bytes = 0;
   uint64_t ram_bytes = 0;  // T1 capacity of RAM pool 0 (the default pool)
   // Further RAM pools (ids 1, 2, …), each its own arena of this many bytes, for the
   // namespaces assigned to it with SetRamPool.
   std::vector<uint64_t> ram_pool_bytes;
-  uint64_t ssd_bytes = 0;            // T2 capacity; 0 = no SSD tier
+  // T2: the device bytes its slots may take, every size class together; 0 = no SSD tier.
+  uint64_t ssd_bytes = 0;
   uint64_t slab_bytes = 1ull << 30;  // size of each slab file (rounded down to whole slots)
   IoBackend io_backend = IoBackend::kAuto;
   unsigned queue_depth = 32;
@@ -172,8 +177,20 @@ struct StoreStats {
   const char* io_backend = "";
   std::string io_fallback_reason;
   uint64_t ram_chunks = 0, ram_capacity_chunks = 0;
-  uint64_t ssd_chunks = 0, ssd_capacity_chunks = 0;
+  uint64_t ssd_chunks = 0;
+  // In slots of the first size class (slot_bytes): what a typical chunk takes.
+  uint64_t ssd_capacity_chunks = 0;
   uint64_t slot_bytes = 0;
+  // The SSD tier in bytes: its device budget (every size class draws on it), the bytes
+  // charged to its chunks (each the whole slot of its class), and the bytes of slots taken
+  // (chunks, writes in flight, the reservations' free slots).
+  uint64_t ssd_capacity_bytes = 0, ssd_bytes = 0, ssd_taken_bytes = 0;
+  // Per size class: its slot size and the chunks it holds.
+  struct SsdClassStats {
+    uint64_t slot_bytes = 0;
+    uint64_t chunks = 0;
+  };
+  std::vector<SsdClassStats> ssd_classes;
   uint64_t ram_hits = 0, ssd_hits = 0, misses = 0;
   uint64_t checksum_failures = 0, read_errors = 0, write_errors = 0;
   uint64_t ram_checksum_failures = 0;  // of checksum_failures, those of RAM copies

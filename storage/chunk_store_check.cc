@@ -13,13 +13,20 @@ namespace kvc::storage {
 absl::Status ChunkStore::CheckConsistency() const {
   const Impl& s = *impl_;
   MutexLock lk(s.mu);
-  if (std::string busy = s.catalog->Busy(); !busy.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("the store is not quiet: ", busy));
+  for (const auto& c : s.classes) {
+    if (std::string busy = c->catalog->Busy(); !busy.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("the store is not quiet: ", busy));
+    }
   }
-  std::vector<uint64_t> chunk_slots;
-  chunk_slots.reserve(s.ssd_map.size());
+  // Each class's catalog against the slots the map says its chunks hold.
+  std::unordered_map<const Impl::SsdClass*, std::vector<uint64_t>> chunk_slots;
   for (const auto& [key, record] : s.ssd_map) {
-    chunk_slots.push_back(s.GlobalSlot(record));
+    const Impl::SsdClass* c = s.ClassOf(record);
+    if (c == nullptr) {
+      return absl::InternalError(absl::StrCat("chunk ", key.Hex(), " names size class ",
+                                              record.slot_class, ", which the store has not"));
+    }
+    chunk_slots[c].push_back(c->SlotOf(record));
     if (!s.ssd_order.Contains(key)) {
       return absl::InternalError(
           absl::StrCat("chunk ", key.Hex(), " is on SSD but not in the eviction order"));
@@ -29,7 +36,13 @@ absl::Status ChunkStore::CheckConsistency() const {
     return absl::InternalError(absl::StrCat("the SSD eviction order has ", s.ssd_order.size(),
                                             " chunks, the tier ", s.ssd_map.size()));
   }
-  KVC_RETURN_IF_ERROR(s.catalog->CheckInvariants(chunk_slots));
+  for (const auto& c : s.classes) {
+    absl::Status checked = c->catalog->CheckInvariants(chunk_slots[c.get()]);
+    if (!checked.ok()) {
+      return absl::Status(checked.code(), absl::StrCat("size class of ", c->slot_bytes,
+                                                       "-byte slots: ", checked.message()));
+    }
+  }
   for (const auto& [group, q] : s.quota_groups) {
     if (q.ram_in_flight != 0 || q.ssd_in_flight != 0) {
       return absl::InternalError(absl::StrCat("quota group of ", q.quota.owner, " counts ",

@@ -31,6 +31,32 @@ namespace kvc::storage {
 
 class ChunkStore::Impl {
  public:
+  // One size class of the SSD tier (docs/storage.md, "Size classes"): slots of one size in
+  // their own slab folder, with their catalog and their reservation record. A chunk goes
+  // to the class of its exact slot size (header + payload, rounded to 4 KiB), opened the
+  // first time a chunk of that size is stored; every class draws on one device budget
+  // (ssd_budget), and eviction frees the coldest chunks whatever their class.
+  struct SsdClass {
+    uint32_t code = 0;  // what index records name it by (IndexRecord::slot_class)
+    uint64_t slot_bytes = 0;
+    uint64_t slots_per_slab = 0;
+    std::string reservation_meta;  // the index metadata its reservation is kept under
+    std::unique_ptr<SsdTier> tier;
+    std::unique_ptr<SsdCatalog> catalog;  // thread-safe; called under mu (see catalog)
+    uint64_t SlotOf(const IndexRecord& r) const {
+      return uint64_t{r.slab} * slots_per_slab + r.slot;
+    }
+    void Place(uint64_t slot, IndexRecord* r) const {
+      r->slab = static_cast<uint32_t>(slot / slots_per_slab);
+      r->slot = static_cast<uint32_t>(slot % slots_per_slab);
+      r->slot_class = code;
+    }
+  };
+  // A chunk's slot: its class and the slot within it.
+  struct SsdSlot {
+    SsdClass* cls = nullptr;
+    uint64_t slot = 0;
+  };
   explicit Impl(StoreOptions o) : opt(std::move(o)) {
     if (!opt.now_s) opt.now_s = WallSeconds;
   }
@@ -42,7 +68,7 @@ class ChunkStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Index entries committed and data synced, for all concurrent writers (group_commit.h).
-  absl::Status CommitDurably(const std::set<uint64_t>& slabs,
+  absl::Status CommitDurably(const GroupCommit::SlabSet& slabs,
                              const std::vector<std::pair<ChunkKey, IndexRecord>>& puts) {
     return commits->Commit(slabs, puts);
   }
@@ -52,7 +78,7 @@ class ChunkStore::Impl {
   // written after the reservation, or with whole_tier every slot (the index was damaged:
   // slots are then the only truth, and entries whose slot does not verify are dropped).
   // Keys whose entries go are appended to `stale`; recovered entries to `recovered`.
-  absl::Status RecoverFromSlots(const SlotReservation& reservation, bool whole_tier,
+  absl::Status RecoverFromSlots(SsdClass& cls, const SlotReservation& reservation, bool whole_tier,
                                 std::vector<ChunkKey>* stale,
                                 std::vector<std::pair<ChunkKey, IndexRecord>>* recovered)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -60,7 +86,7 @@ class ChunkStore::Impl {
   // Whether the slot the reservation names as the next one's first holds a chunk written
   // after the reservation (sequence ≥ its sequence_bound): a later synced reservation was lost (the
   // index's WAL came back short), and with it the entries of every chunk written under it.
-  absl::StatusOr<bool> LaterReservationLost(const SlotReservation& reservation)
+  absl::StatusOr<bool> LaterReservationLost(SsdClass& cls, const SlotReservation& reservation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   int64_t NowS() const { return opt.now_s(); }
@@ -140,34 +166,66 @@ class ChunkStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // ---- SSD tier (all under mu) ----
+  // The class an index record names (null: none this store has).
+  SsdClass* ClassOf(const IndexRecord& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (const auto& c : classes) {
+      if (c->code == r.slot_class) return c.get();
+    }
+    return nullptr;
+  }
+  SsdSlot SlotOf(const IndexRecord& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    SsdClass* c = ClassOf(r);
+    return {c, c->SlotOf(r)};
+  }
+  // The class for chunks of `payload_bytes`: the one of their slot size, opened (its
+  // folder made, its existence committed) if this is the first such chunk.
+  absl::StatusOr<SsdClass*> ClassFor(uint64_t payload_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Opens a class's slab folder (slabs/ for code 0, slabs/c<slot bytes>/ for the others)
+  // and makes its catalog: every slot free until the open loads them.
+  absl::StatusOr<std::unique_ptr<SsdClass>> OpenClass(uint32_t code, uint64_t slot_bytes,
+                                                      uint64_t slots_per_slab, uint16_t slot_format,
+                                                      bool lay_out_ahead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // What the classes take of the device budget now: every slot not free, at its size.
+  uint64_t SsdTakenBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    uint64_t bytes = 0;
+    for (const auto& c : classes) bytes += c->catalog->Taken() * c->slot_bytes;
+    return bytes;
+  }
+  bool HasSsd() const { return ssd_budget > 0; }
+  // The slot size of a chunk of `payload_bytes`: its class's (what it is charged on SSD).
+  uint64_t SsdSlotBytesFor(uint64_t payload_bytes) const;
+
   void RemoveSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  uint64_t GlobalSlot(const IndexRecord& r) const {
-    return uint64_t{r.slab} * slots_per_slab + r.slot;
-  }
+  // Reads slots of several classes (reads[k] of cls[k]), each class's in one batch, without
+  // the lock (the catalogs' BeginRead keeps the slots). One status per read.
+  static std::vector<absl::Status> ReadSlots(std::span<SlotRead> reads,
+                                             std::span<SsdClass* const> cls);
 
-  // Makes at least n free slots reserved (slot_reservation.h), evicting as needed:
-  // the new reservation and the evictions are committed (synced) together, after every
-  // write in flight has committed its index entry. Releases the lock while it waits or
-  // commits. Fewer than n only when the tier is full of pinned chunks (ResourceExhausted)
-  // or the commit failed (its error).
-  absl::Status EnsureReserved(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Makes at least n free slots of the class reserved (slot_reservation.h), evicting the
+  // coldest chunks of any class as needed — until the class has the slots and the device
+  // budget has their bytes: the new reservation and the evictions are committed (synced)
+  // together, after every write in flight to the class has committed its index entry.
+  // Releases the lock while it waits or commits. Fewer than n only when the tier is full of
+  // pinned chunks (ResourceExhausted) or the commit failed (its error).
+  absl::Status EnsureReserved(SsdClass& cls, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Takes a chunk that is on SSD off the tier's map and eviction order, and returns its
   // slot — not yet free: CommitSsdRemovals frees it once the removal is durable.
-  uint64_t TakeOffSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  SsdSlot TakeOffSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto d = ssd_map.find(key);
-    const uint64_t slot = GlobalSlot(d->second);
+    const SsdSlot slot = SlotOf(d->second);
     ssd_map.erase(d);
     ssd_order.Remove(key);
     return slot;
   }
   // Commits (synced) the removal of chunks taken off the tier, then frees their slots. A
-  // slot still listed in the reservation leaves it in the same commit, or its bytes would
-  // be indexed again after a crash. On failure the entries may still be on disk: their
-  // slots stay unused until the next open. Releases the lock while it commits.
+  // slot still listed in its class's reservation leaves it in the same commit, or its bytes
+  // would be indexed again after a crash. On failure the entries may still be on disk:
+  // their slots stay unused until the next open. Releases the lock while it commits.
   absl::Status CommitSsdRemovals(const std::vector<ChunkKey>& keys,
-                                 const std::vector<uint64_t>& slots)
+                                 const std::vector<SsdSlot>& slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // ---- quotas (quota.h; all under mu) ----
@@ -224,6 +282,7 @@ class ChunkStore::Impl {
     // matches it was corrupted in memory and is not written.
     uint64_t expected_checksum = 0;
     QuotaState* quota = nullptr;  // the group whose ssd_in_flight counts its bytes
+    uint64_t charged = 0;         // the bytes counted there
   };
   // The same for writes to SSD: evicts the groups' own SSD chunks (one synced commit for
   // all, running ahead so a group at its limit does not pay one per write), counts the
@@ -234,6 +293,9 @@ class ChunkStore::Impl {
   // syncs the slabs. Called with the lock held; releases it during I/O and commits. Fills
   // each status; OK means durable.
   void WriteToSsd(std::vector<PendingWrite>& writes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The same for writes of one class.
+  void WriteClassToSsd(SsdClass& cls, std::vector<PendingWrite*>& writes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.
   void FlushLocked(const std::vector<ChunkKey>& keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -241,10 +303,13 @@ class ChunkStore::Impl {
   void WriterLoop() ABSL_LOCKS_EXCLUDED(mu);
 
   StoreOptions opt;
+  // The folder's first class (slabs/): its slot size, which is also what the RAM and HBM
+  // tiers size a typical chunk by.
   uint64_t slot_bytes = 0;
-  uint64_t slots_per_slab = 0;
+  uint64_t slab_bytes = 0;     // a new class's slab size (whole slots)
+  uint64_t ssd_budget = 0;     // device bytes all classes may take; 0: no SSD tier
+  uint16_t legacy_format = 0;  // the first class's slot format (older folders: 1 or 2)
   std::unique_ptr<ChunkIndex> index;
-  std::unique_ptr<SsdTier> ssd;
   std::unique_ptr<RamTier> ram ABSL_PT_GUARDED_BY(mu);  // null without a RAM tier
   // The RAM arenas themselves never change after open: their count, fds, sizes and slot
   // addresses may be read without mu (a slot's bytes belong to whoever reserved or leased
@@ -260,14 +325,17 @@ class ChunkStore::Impl {
   int64_t access_clock ABSL_GUARDED_BY(mu) = 0;
 
   std::unordered_map<ChunkKey, IndexRecord, ChunkKeyHash> ssd_map ABSL_GUARDED_BY(mu);
-  // Where every SSD slot is, the reservation and the write sequence (ssd_catalog.h); made
-  // at open (no slots without an SSD tier). Thread-safe; called under mu so that it and
-  // ssd_map change together.
-  std::unique_ptr<SsdCatalog> catalog;
+  // The SSD tier's size classes (none without one). Each class's catalog says where every
+  // slot of it is (ssd_catalog.h); they are called under mu so that they and ssd_map
+  // change together. Classes are added under mu and never removed: a pointer taken under
+  // mu stays valid, and its tier may be used without mu.
+  std::vector<std::unique_ptr<SsdClass>> classes ABSL_GUARDED_BY(mu);
+  // The write sequence, shared by every class's catalog.
+  std::shared_ptr<std::atomic<uint64_t>> sequence = std::make_shared<std::atomic<uint64_t>>(1);
+  uint64_t NextSequence() const { return sequence->load(); }
   std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty
       ABSL_GUARDED_BY(mu);  // last access to persist
   EvictionOrder ssd_order ABSL_GUARDED_BY(mu);
-  uint16_t slot_format = kSlotFormatVersion;  // the folder's
   bool index_damaged = false;                 // found at open: rebuilt from every slot
 
   // Signalled (with mu) when the catalog's record commit ends or its last write in

@@ -99,7 +99,8 @@ absl::Status ChunkStore::Impl::Open() {
   std::vector<std::pair<ChunkKey, IndexRecord>> records;
   KVC_RETURN_IF_ERROR(OpenIndex(&records));
 
-  // The slot format: the folder's; one made before format 2 says none (it is 1).
+  // The slot format: the folder's; one made before format 2 says none (it is 1). Since
+  // size classes (format 3) the folder says 3 and its first class keeps its own format.
   KVC_ASSIGN_OR_RETURN(std::optional<std::string> made, index->GetMeta("slot_bytes"));
   std::error_code slab_ec;
   if (!made.has_value() && !index_damaged &&
@@ -118,8 +119,17 @@ absl::Status ChunkStore::Impl::Open() {
     return absl::FailedPreconditionError(absl::StrCat(opt.data_dir, " uses slot format ", format,
                                                       ", which this version cannot read"));
   }
-  slot_format = static_cast<uint16_t>(format);
-  KVC_RETURN_IF_ERROR(index->PutMeta("slot_format", std::to_string(slot_format)));
+  KVC_ASSIGN_OR_RETURN(uint64_t first_format, MetaNumber(*index, "first_class_format", format));
+  if (SlotHeaderBytes(static_cast<uint16_t>(first_format)) == 0) {
+    return absl::DataLossError(
+        absl::StrCat("corrupt metadata first_class_format=", first_format, " in ", opt.data_dir));
+  }
+  legacy_format = static_cast<uint16_t>(first_format);
+  // Marked format 3 before anything of a size class is written: an older version then
+  // refuses the folder instead of misreading it.
+  KVC_RETURN_IF_ERROR(index->PutMeta("first_class_format", std::to_string(legacy_format)));
+  KVC_RETURN_IF_ERROR(index->PutMeta(
+      "slot_format", std::to_string(std::max<uint64_t>(format, kSlotFormatVersion))));
 
   if (adopt) {
     for (auto [name, value] : {std::pair{"slot_bytes", &opt.max_chunk_bytes},
@@ -130,13 +140,17 @@ absl::Status ChunkStore::Impl::Open() {
             absl::StrCat(opt.data_dir, " holds no chunk store (no ", name, ")"));
       }
     }
-    opt.ssd_bytes *= opt.max_chunk_bytes;  // capacity_slots × slot_bytes
-    opt.max_chunk_bytes -= SlotHeaderBytes(slot_format);
+    opt.ssd_bytes *= opt.max_chunk_bytes;  // capacity_slots × slot_bytes (folders of before)
+    KVC_ASSIGN_OR_RETURN(opt.ssd_bytes, MetaNumber(*index, "ssd_bytes", opt.ssd_bytes));
+    opt.max_chunk_bytes -= SlotHeaderBytes(legacy_format);
+    opt.first_class_chunk_bytes = 0;
     opt.ram_bytes = 0;
   }
-  // The slot size and slab geometry are fixed when the folder is made.
-  slot_bytes = SlotBytesFor(opt.max_chunk_bytes, slot_format);
-  slots_per_slab = std::max<uint64_t>(1, opt.slab_bytes / slot_bytes);
+  // The first class's slot size and slab geometry are fixed when the folder is made.
+  const uint64_t first_chunk =
+      opt.first_class_chunk_bytes != 0 ? opt.first_class_chunk_bytes : opt.max_chunk_bytes;
+  slot_bytes = SlotBytesFor(first_chunk, legacy_format);
+  uint64_t slots_per_slab = std::max<uint64_t>(1, opt.slab_bytes / slot_bytes);
   if (index_damaged) {
     // A rebuilt index may have lost the geometry: the first slab's size tells it.
     std::error_code size_ec;
@@ -157,13 +171,11 @@ absl::Status ChunkStore::Impl::Open() {
       return absl::DataLossError(
           absl::StrCat("corrupt metadata ", name, "=", *stored, " in ", opt.data_dir));
     }
-    if (std::string(name) == "slot_bytes" && v != slot_bytes) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("data folder ", opt.data_dir, " was made with ", v,
-                       "-byte slots; max chunk size ", opt.max_chunk_bytes, " needs ", slot_bytes));
-    }
-    *value = v;  // slots_per_slab: the folder's geometry wins over the option
+    *value = v;  // the folder's geometry wins over the options (other sizes: other classes)
   }
+  // Every further class lays its slabs out at this size (whole slots); fixed by the folder.
+  KVC_ASSIGN_OR_RETURN(slab_bytes, MetaNumber(*index, "class_slab_bytes", opt.slab_bytes));
+  KVC_RETURN_IF_ERROR(index->PutMeta("class_slab_bytes", std::to_string(slab_bytes)));
   KVC_ASSIGN_OR_RETURN(std::optional<std::string> ns, index->GetMeta("namespaces"));
   if (ns.has_value()) {
     for (absl::string_view item : absl::StrSplit(*ns, ',', absl::SkipEmpty())) {
@@ -177,49 +189,79 @@ absl::Status ChunkStore::Impl::Open() {
     }
   }
 
-  const uint64_t capacity_slots = opt.ssd_bytes / slot_bytes;
+  // The device budget all classes share; none if it holds not one slot of the first class.
+  ssd_budget = opt.ssd_bytes / slot_bytes > 0 ? opt.ssd_bytes : 0;
+  const uint64_t capacity_slots = ssd_budget / slot_bytes;  // of the first class
   KVC_RETURN_IF_ERROR(index->PutMeta("capacity_slots", std::to_string(capacity_slots)));
-  catalog = std::make_unique<SsdCatalog>(capacity_slots);
-  if (capacity_slots > 0) {
-    SsdTierOptions so;
-    so.dir = opt.data_dir + "/slabs";
-    so.slot_bytes = slot_bytes;
-    so.capacity_slots = capacity_slots;
-    so.slots_per_slab = slots_per_slab;
-    so.backend = opt.io_backend;
-    so.queue_depth = opt.queue_depth;
-    so.lanes = opt.io_lanes;
-    so.slot_format = slot_format;
-    so.faults = opt.faults;
-    so.power_cut = opt.power_cut;
-    KVC_ASSIGN_OR_RETURN(std::unique_ptr<SsdTier> tier, SsdTier::Open(so));
-    ssd = std::move(tier);
-    commits = std::make_unique<GroupCommit>(ssd.get(), index.get());
-    if (opt.preallocate_ssd) {
-      KVC_RETURN_IF_ERROR(ssd->PreallocateAll());
-    } else if (opt.preallocate_ssd_background) {
-      ssd->PreallocateInBackground();
+  KVC_RETURN_IF_ERROR(index->PutMeta("ssd_bytes", std::to_string(ssd_budget)));
+  if (HasSsd()) {
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<SsdClass> first,
+                         OpenClass(0, slot_bytes, slots_per_slab, legacy_format,
+                                   /*lay_out_ahead=*/opt.preallocate_ssd_background));
+    if (opt.preallocate_ssd) KVC_RETURN_IF_ERROR(first->tier->PreallocateAll());
+    classes.push_back(std::move(first));
+    // The folder's further classes: those its index lists, and any slab folder on disk
+    // (a damaged index may have lost the list).
+    std::set<uint64_t> sizes;
+    KVC_ASSIGN_OR_RETURN(std::optional<std::string> listed, index->GetMeta("ssd_classes"));
+    for (absl::string_view item : absl::StrSplit(listed.value_or(""), ',', absl::SkipEmpty())) {
+      uint64_t bytes = 0;
+      if (!absl::SimpleAtoi(item, &bytes) || bytes == 0 || bytes % kSlotAlignment != 0)
+        return absl::DataLossError(absl::StrCat("corrupt size class list: ", *listed));
+      sizes.insert(bytes);
     }
+    std::error_code list_ec;
+    for (const auto& entry :
+         std::filesystem::directory_iterator(opt.data_dir + "/slabs", list_ec)) {
+      const std::string name = entry.path().filename().string();
+      uint64_t bytes = 0;
+      if (name.size() > 1 && name[0] == 'c' && absl::SimpleAtoi(name.substr(1), &bytes) &&
+          bytes > 0 && bytes % kSlotAlignment == 0)
+        sizes.insert(bytes);
+    }
+    for (uint64_t bytes : sizes) {
+      if (bytes > UINT32_MAX || bytes > ssd_budget) continue;  // never one of ours
+      KVC_ASSIGN_OR_RETURN(
+          std::unique_ptr<SsdClass> c,
+          OpenClass(static_cast<uint32_t>(bytes), bytes, std::max<uint64_t>(1, slab_bytes / bytes),
+                    kSlotFormatVersion, opt.preallocate_ssd_background));
+      classes.push_back(std::move(c));
+    }
+    commits = std::make_unique<GroupCommit>(index.get());
   }
 
-  // Load the index. Entries past the configured capacity (it shrank) are dropped;
-  // two entries on one slot keep the newer (the older chunk's slot was reused). Which
-  // record holds each slot is a flat array (its index + 1), and the map is sized once: at
-  // open this loop is most of a restart's time beside reading the records.
+  // Load the index. Entries of no class or past their class's capacity (the budget
+  // shrank) are dropped; two entries on one slot keep the newer (the older chunk's slot
+  // was reused). Which record holds each slot is a flat array per class (its index + 1),
+  // and the map is sized once: at open this loop is most of a restart's time beside
+  // reading the records.
   KVC_CHECK(records.size() < UINT32_MAX) << records.size() << " index records";
-  std::vector<uint32_t> holder(capacity_slots, 0);
+  auto class_index = [&](const IndexRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) -> size_t {
+    for (size_t c = 0; c < classes.size(); ++c) {
+      if (classes[c]->code == r.slot_class) return c;
+    }
+    return classes.size();
+  };
+  std::vector<std::vector<uint32_t>> holder(classes.size());
   std::vector<bool> kept(records.size(), false);
   std::vector<ChunkKey> stale;
   uint64_t sequence_seen = 0;
   for (size_t i = 0; i < records.size(); ++i) {
     const auto& [key, r] = records[i];
-    const uint64_t slot = GlobalSlot(r);
+    const size_t c = class_index(r);
     auto ns_it = namespaces.find(r.namespace_id);
-    if (slot >= capacity_slots || ns_it == namespaces.end() || ns_it->second != r.payload_bytes) {
+    if (c == classes.size() || ns_it == namespaces.end() || ns_it->second != r.payload_bytes) {
       stale.push_back(key);
       continue;
     }
-    if (uint32_t& held = holder[slot]; held != 0) {
+    const uint64_t slot = classes[c]->SlotOf(r);
+    if (slot >= classes[c]->catalog->capacity()) {
+      stale.push_back(key);
+      continue;
+    }
+    std::vector<uint32_t>& held_by = holder[c];
+    if (held_by.size() <= slot) held_by.resize(slot + 1, 0);
+    if (uint32_t& held = held_by[slot]; held != 0) {
       if (records[held - 1].second.sequence > r.sequence) {
         stale.push_back(key);
         continue;
@@ -227,30 +269,32 @@ absl::Status ChunkStore::Impl::Open() {
       kept[held - 1] = false;
       stale.push_back(records[held - 1].first);
     }
-    holder[slot] = static_cast<uint32_t>(i + 1);
+    held_by[slot] = static_cast<uint32_t>(i + 1);
     kept[i] = true;
     sequence_seen = std::max(sequence_seen, r.sequence + 1);
   }
   holder = {};
-  catalog->RaiseSequence(sequence_seen);
+  sequence->store(std::max(sequence->load(), sequence_seen));
   ssd_map.reserve(static_cast<size_t>(std::count(kept.begin(), kept.end(), true)));
   for (size_t i = 0; i < records.size(); ++i) {
     if (kept[i]) ssd_map.emplace(records[i].first, std::move(records[i].second));
   }
   records = {};
 
-  // Then what the index does not know yet: the reserved slots written after its last sync
-  // (or, damaged, every slot). `used`: the slots of the chunks indexed after that.
-  std::vector<bool> used(capacity_slots, false);
-  std::optional<uint64_t> next_first_slot;  // the lowest free slot, named in the record
+  // Then what the index does not know yet: each class's reserved slots written after its
+  // last sync (or, damaged, every slot). `used`: the slots of the chunks indexed after that.
+  std::vector<std::vector<bool>> used(classes.size());
+  std::vector<std::optional<uint64_t>> next_first_slot(classes.size());  // named in the records
   std::vector<std::pair<ChunkKey, IndexRecord>> recovered;
-  if (ssd) {
-    SlotReservation reservation;
-    KVC_ASSIGN_OR_RETURN(std::optional<std::string> stored, index->GetMeta(kReservationMeta));
-    if (stored.has_value()) {
+  if (HasSsd()) {
+    std::vector<SlotReservation> reservations(classes.size());
+    for (size_t c = 0; c < classes.size(); ++c) {
+      KVC_ASSIGN_OR_RETURN(std::optional<std::string> stored,
+                           index->GetMeta(classes[c]->reservation_meta));
+      if (!stored.has_value()) continue;
       absl::StatusOr<SlotReservation> decoded = DecodeSlotReservation(*stored);
       if (decoded.ok()) {
-        reservation = *std::move(decoded);
+        reservations[c] = *std::move(decoded);
       } else if (!index_damaged) {
         index_damaged = true;
         ++stats.index_rebuilds;
@@ -258,35 +302,55 @@ absl::Status ChunkStore::Impl::Open() {
                      std::string(decoded.status().message()).c_str());
       }
     }
-    // Numbering resumes above every sequence written before the record (erased chunks'
-    // slots included; records of earlier versions only know min_sequence).
-    catalog->RaiseSequence(std::max(reservation.min_sequence, reservation.sequence_bound));
-    if (!index_damaged && reservation.next_first_slot) {
-      KVC_ASSIGN_OR_RETURN(bool lost, LaterReservationLost(reservation));
+    for (size_t c = 0; c < classes.size(); ++c) {
+      const SlotReservation& reservation = reservations[c];
+      // Numbering resumes above every sequence written before the record (erased chunks'
+      // slots included; records of earlier versions only know min_sequence).
+      classes[c]->catalog->RaiseSequence(
+          std::max(reservation.min_sequence, reservation.sequence_bound));
+      if (index_damaged || !reservation.next_first_slot) continue;
+      KVC_ASSIGN_OR_RETURN(bool lost, LaterReservationLost(*classes[c], reservation));
       if (lost) {
         index_damaged = true;
         ++stats.index_rebuilds;
         std::fprintf(stderr,
-                     "kvcache storage: SSD slot %llu holds a chunk written under a reservation "
-                     "the index no longer has (its write-ahead log came back short); "
-                     "rebuilding the index from every slot\n",
-                     static_cast<unsigned long long>(*reservation.next_first_slot));
+                     "kvcache storage: SSD slot %llu of %llu-byte slots holds a chunk written "
+                     "under a reservation the index no longer has (its write-ahead log came back "
+                     "short); rebuilding the index from every slot\n",
+                     static_cast<unsigned long long>(*reservation.next_first_slot),
+                     static_cast<unsigned long long>(classes[c]->slot_bytes));
       }
     }
     const size_t known_namespaces = namespaces.size();
-    KVC_RETURN_IF_ERROR(RecoverFromSlots(reservation, index_damaged, &stale, &recovered));
+    for (size_t c = 0; c < classes.size(); ++c) {
+      KVC_RETURN_IF_ERROR(
+          RecoverFromSlots(*classes[c], reservations[c], index_damaged, &stale, &recovered));
+    }
     std::vector<std::pair<std::string, std::string>> meta;
     if (namespaces.size() != known_namespaces)
       meta.emplace_back("namespaces", EncodeNamespaces(namespaces));
-    // Everything recovered is now in the index (synced), so the next reservation starts
-    // from nothing — but on a slot named now, the lowest free one.
-    for (const auto& [key, r] : ssd_map) used[GlobalSlot(r)] = true;
-    for (uint64_t s = 0; s < capacity_slots && !next_first_slot; ++s) {
-      if (!used[s]) next_first_slot = s;
+    // Everything recovered is now in the index (synced), so each class's next reservation
+    // starts from nothing — but on a slot named now, its lowest free one.
+    for (const auto& [key, r] : ssd_map) {
+      const SsdSlot at = SlotOf(r);
+      std::vector<bool>& u = used[class_index(r)];
+      if (u.size() <= at.slot) u.resize(at.slot + 1, false);
+      u[at.slot] = true;
     }
-    const uint64_t next_sequence = catalog->next_sequence();
-    meta.emplace_back(kReservationMeta,
-                      EncodeSlotReservation({next_sequence, {}, next_sequence, next_first_slot}));
+    const uint64_t next_sequence = NextSequence();
+    std::string class_list;
+    for (size_t c = 0; c < classes.size(); ++c) {
+      const std::vector<bool>& u = used[c];
+      const uint64_t lowest_free =
+          static_cast<uint64_t>(std::find(u.begin(), u.end(), false) - u.begin());
+      if (lowest_free < classes[c]->catalog->capacity()) next_first_slot[c] = lowest_free;
+      meta.emplace_back(
+          classes[c]->reservation_meta,
+          EncodeSlotReservation({next_sequence, {}, next_sequence, next_first_slot[c]}));
+      if (classes[c]->code != 0)
+        absl::StrAppend(&class_list, class_list.empty() ? "" : ",", classes[c]->slot_bytes);
+    }
+    meta.emplace_back("ssd_classes", class_list);
     KVC_RETURN_IF_ERROR(index->Commit(recovered, stale, /*sync=*/true, meta));
     stats.recovered_chunks = recovered.size();
     if (!recovered.empty()) {
@@ -319,7 +383,7 @@ absl::Status ChunkStore::Impl::Open() {
     const IndexRecord& r = entry->second;
     access_us = std::max(access_us + 1, r.last_access_s * 1'000'000);
     ssd_order.Add(*key, r.parent, access_us, r.pin_until_s, r.expires_s, r.namespace_id,
-                  slot_bytes);  // charged the whole slot (quota.h)
+                  ClassOf(r)->slot_bytes);  // charged the whole slot (quota.h)
     if (r.pin_until_s > 0) pins[*key] = r.pin_until_s;
   }
   access_clock = std::max(max_access * 1'000'000, access_us);
@@ -330,27 +394,28 @@ absl::Status ChunkStore::Impl::Open() {
   }
   // Every slot not a chunk's is free (lowest on top: slabs fill in order), but the named
   // one, which waits for the next reservation.
-  catalog->Load(used, next_first_slot);
+  for (size_t c = 0; c < classes.size(); ++c)
+    classes[c]->catalog->Load(used[c], next_first_slot[c]);
 
   std::vector<uint64_t> pool_bytes{opt.ram_bytes};
   pool_bytes.insert(pool_bytes.end(), opt.ram_pool_bytes.begin(), opt.ram_pool_bytes.end());
   KVC_ASSIGN_OR_RETURN(std::unique_ptr<RamTier> tier,
-                       RamTier::Create(opt.max_chunk_bytes, pool_bytes, opt.prefault_ram));
+                       RamTier::Create(first_chunk, pool_bytes, opt.prefault_ram));
   if (!tier->empty_capacity()) ram = std::move(tier);
-  if (!ssd && !ram)
+  if (!HasSsd() && !ram)
     return absl::InvalidArgumentError("neither a RAM nor an SSD tier has room for one chunk");
   if (opt.hbm_arena != nullptr) {
-    KVC_ASSIGN_OR_RETURN(std::unique_ptr<HbmTier> t0,
-                         HbmTier::Create(opt.hbm_arena, opt.max_chunk_bytes));
+    KVC_ASSIGN_OR_RETURN(std::unique_ptr<HbmTier> t0, HbmTier::Create(opt.hbm_arena, first_chunk));
     hbm = std::move(t0);
   }
 
   stats.slot_bytes = slot_bytes;
   stats.ram_capacity_chunks = ram ? ram->capacity_slots() : 0;
   stats.ssd_capacity_chunks = capacity_slots;
-  if (ssd) {
-    stats.io_backend = ssd->backend_name();
-    stats.io_fallback_reason = ssd->fallback_reason();
+  stats.ssd_capacity_bytes = ssd_budget;
+  if (HasSsd()) {
+    stats.io_backend = classes[0]->tier->backend_name();
+    stats.io_fallback_reason = classes[0]->tier->fallback_reason();
     if (!stats.io_fallback_reason.empty()) {
       std::fprintf(stderr, "kvcache storage: io_uring unavailable (%s); using pread/pwrite\n",
                    stats.io_fallback_reason.c_str());

@@ -82,8 +82,9 @@ void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
     for (const PendingWrite& w : writes) {
       QuotaState* q = QuotaOf(w.record.namespace_id);
       if (q == nullptr || q->quota.ssd_bytes == 0 || !w.status.ok()) continue;
-      a[q].bytes += slot_bytes;  // a chunk is charged the whole slot it takes
-      a[q].largest = slot_bytes;
+      const uint64_t charge = SsdSlotBytesFor(w.payload.size());  // the whole slot it takes
+      a[q].bytes += charge;
+      a[q].largest = std::max(a[q].largest, charge);
     }
     return a;
   };
@@ -104,7 +105,7 @@ void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
   for (int round = 0; round < 64 && over(); ++round) {
     all_pinned = false;
     std::vector<ChunkKey> victims;
-    std::vector<uint64_t> slots;
+    std::vector<SsdSlot> slots;
     for (const auto& [q, ask] : asks()) {
       const uint64_t limit = q->quota.ssd_bytes;
       if (used(*q) + ask.bytes <= limit) continue;
@@ -133,7 +134,8 @@ void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
     QuotaState* q = QuotaOf(w.record.namespace_id);
     if (q == nullptr || !w.status.ok()) continue;
     const uint64_t limit = q->quota.ssd_bytes;
-    if (limit > 0 && used(*q) + slot_bytes > limit) {
+    const uint64_t charge = SsdSlotBytesFor(w.payload.size());
+    if (limit > 0 && used(*q) + charge > limit) {
       w.status = !evicted_status.ok() ? evicted_status
                  : all_pinned ? absl::ResourceExhaustedError(QuotaFullError(*q, "SSD", limit))
                               : absl::ResourceExhaustedError(absl::StrCat(
@@ -141,7 +143,8 @@ void ChunkStore::Impl::FitSsdQuota(std::vector<PendingWrite>& writes) {
                                     " bytes with writes of its own in flight; try again"));
       continue;
     }
-    q->ssd_in_flight += slot_bytes;
+    q->ssd_in_flight += charge;
+    w.charged = charge;
     w.quota = q;
   }
 }
@@ -173,11 +176,13 @@ ChunkStore::QuotaRoom ChunkStore::Impl::QuotaRoomLocked() const {
     room.ram_bytes = ram->capacity_bytes();
     room.ram_bytes_per_chunk = ram->LargestChunkBytesOf(0);
   }
-  if (ssd) {
+  if (HasSsd()) {
     // Less what the tier keeps free for its own work: the slots eviction runs ahead by
-    // (EnsureReserved) and the one a reservation names for the next.
-    const uint64_t slots = ssd->capacity_slots();
-    const uint64_t kept = catalog->EvictAhead() + 1;
+    // (EnsureReserved) and the one a reservation names for the next — counted in the
+    // first class's slots, which a typical chunk takes.
+    const SsdCatalog& first = *classes[0]->catalog;
+    const uint64_t slots = first.capacity();
+    const uint64_t kept = first.EvictAhead() + 1;
     room.ssd_bytes = (slots > kept ? slots - kept : 0) * slot_bytes;
     room.ssd_bytes_per_chunk = slot_bytes;
   }
@@ -213,7 +218,7 @@ absl::Status ChunkStore::SetQuota(QuotaGroup group, const Quota& quota, bool mus
     };
     if (s.ram && quota.ram_bytes > 0 && ram > room.ram_bytes)
       return refuse("RAM", ram, room.ram_bytes);
-    if (s.ssd && quota.ssd_bytes > 0 && ssd > room.ssd_bytes)
+    if (s.HasSsd() && quota.ssd_bytes > 0 && ssd > room.ssd_bytes)
       return refuse("SSD", ssd, room.ssd_bytes);
   }
   s.quota_groups[group].quota = quota;

@@ -9,11 +9,12 @@
 namespace kvc::storage {
 
 absl::Status ChunkStore::Impl::RecoverFromSlots(
-    const SlotReservation& reservation, bool whole_tier, std::vector<ChunkKey>* stale,
-    std::vector<std::pair<ChunkKey, IndexRecord>>* recovered) {
+    SsdClass& cls, const SlotReservation& reservation, bool whole_tier,
+    std::vector<ChunkKey>* stale, std::vector<std::pair<ChunkKey, IndexRecord>>* recovered) {
+  SsdTier& ssd = *cls.tier;
   std::vector<uint64_t> slots;
   if (whole_tier) {
-    slots.resize(ssd->capacity_slots());
+    slots.resize(ssd.LaidOutSlots());  // a class holds nothing past its slabs on disk
     std::iota(slots.begin(), slots.end(), uint64_t{0});
   } else {
     slots = reservation.slots;
@@ -23,10 +24,10 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     SlotHeader header;
   };
   std::vector<Found> found;
-  if (absl::Status s = ssd->Scan(slots,
-                                 [&](uint64_t slot, const SlotHeader& h) {
-                                   found.push_back({slot, h});
-                                 });
+  if (absl::Status s = ssd.Scan(slots,
+                                [&](uint64_t slot, const SlotHeader& h) {
+                                  found.push_back({slot, h});
+                                });
       !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("rebuilding the index from the slots: ", s.message()));
@@ -35,14 +36,18 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.header.sequence < b.header.sequence; });
   // What the index says each slot read holds (only those: the index may hold millions).
+  // (Of this class: other classes' slots are numbered apart.)
   std::unordered_map<uint64_t, ChunkKey> owner;
   if (whole_tier) {
     owner.reserve(ssd_map.size());
-    for (const auto& [key, r] : ssd_map) owner[GlobalSlot(r)] = key;
+    for (const auto& [key, r] : ssd_map) {
+      if (ClassOf(r) == &cls) owner[cls.SlotOf(r)] = key;
+    }
   } else {
     const std::unordered_set<uint64_t> read(slots.begin(), slots.end());
     for (const auto& [key, r] : ssd_map) {
-      if (const uint64_t slot = GlobalSlot(r); read.contains(slot)) owner[slot] = key;
+      if (ClassOf(r) != &cls) continue;
+      if (const uint64_t slot = cls.SlotOf(r); read.contains(slot)) owner[slot] = key;
     }
   }
   std::unordered_set<uint64_t> verified;
@@ -52,7 +57,7 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     const SlotHeader& h = f.header;
     verified.insert(f.slot);
     // Sequences stay unique per slot across the restart, even for bytes not indexed.
-    catalog->RaiseSequence(h.sequence + 1);
+    cls.catalog->RaiseSequence(h.sequence + 1);
     // Bytes older than the reservation belong to chunks the index already dealt with
     // (stored, evicted or erased before it); only later writes are new.
     if (!whole_tier && h.sequence < reservation.min_sequence) continue;
@@ -73,13 +78,13 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     }
     if (auto same = ssd_map.find(h.key); same != ssd_map.end()) {
       if (same->second.sequence > h.sequence) continue;  // a newer copy is indexed
-      owner.erase(GlobalSlot(same->second));             // this one replaces it
+      // This one replaces it (its slot, if of another class, is free at the load).
+      if (ClassOf(same->second) == &cls) owner.erase(cls.SlotOf(same->second));
     }
     IndexRecord r;
     r.namespace_id = h.namespace_id;
     r.payload_bytes = h.payload_bytes;
-    r.slab = static_cast<uint32_t>(f.slot / slots_per_slab);
-    r.slot = static_cast<uint32_t>(f.slot % slots_per_slab);
+    cls.Place(f.slot, &r);
     r.checksum = h.payload_checksum;
     r.sequence = h.sequence;
     r.parent = h.parent;
@@ -93,7 +98,7 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
   if (whole_tier) {
     // Every slot was read: an entry whose slot did not verify names bytes that are gone.
     for (auto it = ssd_map.begin(); it != ssd_map.end();) {
-      if (verified.contains(GlobalSlot(it->second))) {
+      if (ClassOf(it->second) != &cls || verified.contains(cls.SlotOf(it->second))) {
         ++it;
       } else {
         dropped.push_back(it->first);
@@ -110,12 +115,13 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> ChunkStore::Impl::LaterReservationLost(const SlotReservation& reservation) {
+absl::StatusOr<bool> ChunkStore::Impl::LaterReservationLost(SsdClass& cls,
+                                                            const SlotReservation& reservation) {
   const uint64_t slot = *reservation.next_first_slot;
-  if (slot >= ssd->capacity_slots()) return false;  // the tier shrank past it
+  if (slot >= cls.catalog->capacity()) return false;  // the tier shrank past it
   std::optional<SlotHeader> found;
-  if (absl::Status s = ssd->Scan(std::span<const uint64_t>(&slot, 1),
-                                 [&](uint64_t, const SlotHeader& h) { found = h; });
+  if (absl::Status s = cls.tier->Scan(std::span<const uint64_t>(&slot, 1),
+                                      [&](uint64_t, const SlotHeader& h) { found = h; });
       !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("reading the slot the reservation names next: ", s.message()));

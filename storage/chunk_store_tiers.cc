@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "storage/chunk_store_impl.h"
 
@@ -61,7 +62,7 @@ absl::StatusOr<uint32_t> ChunkStore::Impl::AllocRamSlot(RamPoolId pool, uint64_t
 
 absl::Status ChunkStore::Impl::ReleaseRam(const ChunkKey& victim, bool allow_writeback) {
   RamEntry& e = *ram->Find(victim);
-  if (e.dirty && ssd) {
+  if (e.dirty && HasSsd()) {
     if (!allow_writeback) return WouldBlockError("making room in RAM (a chunk not yet on SSD)");
     if (e.flushing) {
       flush_done.wait(mu);
@@ -132,50 +133,163 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
 }
 
 // ---- SSD tier (all under mu) ----
+uint64_t ChunkStore::Impl::SsdSlotBytesFor(uint64_t payload_bytes) const {
+  // The first class keeps its own header format (older folders: format 1 or 2).
+  const uint64_t first = SlotBytesFor(payload_bytes, legacy_format);
+  return first == slot_bytes ? slot_bytes : SlotBytesFor(payload_bytes, kSlotFormatVersion);
+}
+
+absl::StatusOr<std::unique_ptr<ChunkStore::Impl::SsdClass>> ChunkStore::Impl::OpenClass(
+    uint32_t code, uint64_t bytes, uint64_t slots_per_slab, uint16_t format, bool lay_out_ahead) {
+  auto c = std::make_unique<SsdClass>();
+  c->code = code;
+  c->slot_bytes = bytes;
+  c->slots_per_slab = slots_per_slab;
+  c->reservation_meta =
+      code == 0 ? std::string(kReservationMeta) : absl::StrCat(kReservationMeta, "/c", bytes);
+  // Every class may grow to the whole budget; the catalog and the tier cost what is used.
+  const uint64_t capacity = ssd_budget / bytes;
+  SsdTierOptions so;
+  so.dir = code == 0 ? opt.data_dir + "/slabs" : absl::StrCat(opt.data_dir, "/slabs/c", bytes);
+  so.slot_bytes = bytes;
+  so.capacity_slots = capacity;
+  so.slots_per_slab = slots_per_slab;
+  so.backend = opt.io_backend;
+  so.queue_depth = opt.queue_depth;
+  so.lanes = opt.io_lanes;
+  so.slot_format = format;
+  so.faults = opt.faults;
+  so.power_cut = opt.power_cut;
+  so.lay_out_ahead = lay_out_ahead;
+  KVC_ASSIGN_OR_RETURN(c->tier, SsdTier::Open(so));
+  c->catalog = std::make_unique<SsdCatalog>(capacity, bytes, sequence);
+  return c;
+}
+
+absl::StatusOr<ChunkStore::Impl::SsdClass*> ChunkStore::Impl::ClassFor(uint64_t payload_bytes) {
+  const uint64_t bytes = SsdSlotBytesFor(payload_bytes);
+  if (bytes == slot_bytes) return classes[0].get();
+  for (const auto& c : classes) {
+    if (c->code == bytes) return c.get();
+  }
+  if (bytes > ssd_budget || bytes > UINT32_MAX) {
+    return absl::ResourceExhaustedError(absl::StrCat("a chunk of ", payload_bytes,
+                                                     " bytes takes a slot of ", bytes,
+                                                     ", more than the SSD tier's ", ssd_budget));
+  }
+  KVC_ASSIGN_OR_RETURN(
+      std::unique_ptr<SsdClass> c,
+      OpenClass(static_cast<uint32_t>(bytes), bytes, std::max<uint64_t>(1, slab_bytes / bytes),
+                kSlotFormatVersion, opt.preallocate_ssd_background));
+  // The class's folder entry, then the class in the index's list (synced), before any of
+  // its slots is reserved: an open finds it either way (the list, or the folder).
+  KVC_RETURN_IF_ERROR(SyncDirectory(opt.data_dir + "/slabs"));
+  std::string list;
+  for (const auto& have : classes) {
+    if (have->code != 0) absl::StrAppend(&list, have->slot_bytes, ",");
+  }
+  absl::StrAppend(&list, bytes);
+  KVC_RETURN_IF_ERROR(index->Commit({}, {}, /*sync=*/true, {{"ssd_classes", list}}));
+  classes.push_back(std::move(c));
+  return classes.back().get();
+}
+
+std::vector<absl::Status> ChunkStore::Impl::ReadSlots(std::span<SlotRead> reads,
+                                                      std::span<SsdClass* const> cls) {
+  // Nearly always one class (a namespace's chunks are of one size).
+  if (std::all_of(cls.begin(), cls.end(), [&](SsdClass* c) { return c == cls[0]; }))
+    return cls[0]->tier->Read(reads);
+  std::vector<absl::Status> status(reads.size());
+  std::vector<SsdClass*> done;
+  for (size_t first = 0; first < reads.size(); ++first) {
+    SsdClass* c = cls[first];
+    if (std::find(done.begin(), done.end(), c) != done.end()) continue;
+    done.push_back(c);
+    std::vector<SlotRead> of_class;
+    std::vector<size_t> at;
+    for (size_t k = first; k < reads.size(); ++k) {
+      if (cls[k] != c) continue;
+      of_class.push_back(reads[k]);
+      at.push_back(k);
+    }
+    std::vector<absl::Status> io = c->tier->Read(of_class);
+    for (size_t j = 0; j < at.size(); ++j) status[at[j]] = std::move(io[j]);
+  }
+  return status;
+}
+
 void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
   auto d = ssd_map.find(key);
   if (d == ssd_map.end()) return;
   const NamespaceId ns = d->second.namespace_id;
-  catalog->Free(TakeOffSsd(key));
+  const SsdSlot at = TakeOffSsd(key);
+  at.cls->catalog->Free(at.slot);
   // A RAM copy stays, but it is no longer backed by SSD and is not rewritten.
   if (!ram || !ram->Contains(key)) LeftStore(ns, key);
 }
 
 absl::Status ChunkStore::Impl::CommitSsdRemovals(const std::vector<ChunkKey>& keys,
-                                                 const std::vector<uint64_t>& slots) {
-  while (catalog->record_busy()) reservation_cv.wait(mu);
-  // A slot still listed in the reservation leaves the record in the same commit.
-  const std::optional<SlotReservation> record = catalog->PlanRemoval(slots);
+                                                 const std::vector<SsdSlot>& slots) {
+  std::vector<SsdClass*> involved;
+  for (const SsdSlot& at : slots) {
+    if (std::find(involved.begin(), involved.end(), at.cls) == involved.end())
+      involved.push_back(at.cls);
+  }
+  auto busy = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (SsdClass* c : involved) {
+      if (c->catalog->record_busy()) return true;
+    }
+    return false;
+  };
+  while (busy()) reservation_cv.wait(mu);
+  // A slot still listed in its class's reservation leaves the record in the same commit.
   std::vector<std::pair<std::string, std::string>> meta;
-  if (record) meta.emplace_back(kReservationMeta, EncodeSlotReservation(*record));
+  std::vector<SsdClass*> recorded;
+  for (SsdClass* c : involved) {
+    std::vector<uint64_t> of_class;
+    for (const SsdSlot& at : slots) {
+      if (at.cls == c) of_class.push_back(at.slot);
+    }
+    if (const std::optional<SlotReservation> record = c->catalog->PlanRemoval(of_class)) {
+      meta.emplace_back(c->reservation_meta, EncodeSlotReservation(*record));
+      recorded.push_back(c);
+    }
+  }
   mu.unlock();
   const absl::Status committed = index->Commit({}, keys, /*sync=*/true, meta);
   mu.lock();
-  if (record) {
-    catalog->FinishRemoval();
-    reservation_cv.notify_all();
-  }
+  for (SsdClass* c : recorded) c->catalog->FinishRemoval();
+  if (!recorded.empty()) reservation_cv.notify_all();
   if (!committed.ok()) {
-    for (uint64_t slot : slots) catalog->HoldBack(slot);
+    for (const SsdSlot& at : slots) at.cls->catalog->HoldBack(at.slot);
     return committed;
   }
-  for (uint64_t slot : slots) catalog->Free(slot);
+  for (const SsdSlot& at : slots) at.cls->catalog->Free(at.slot);
   return absl::OkStatus();
 }
 
-absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
-  while (catalog->record_busy()) reservation_cv.wait(mu);
-  if (catalog->reserved_free() >= n) return absl::OkStatus();
+absl::Status ChunkStore::Impl::EnsureReserved(SsdClass& cls, size_t n) {
+  SsdCatalog& catalog = *cls.catalog;
+  while (catalog.record_busy()) reservation_cv.wait(mu);
+  if (catalog.reserved_free() >= n) return absl::OkStatus();
   // Writes in flight go to slots of the current reservation; once their entries are
   // committed, this reservation's synced commit makes them durable, and the slots they
   // used need no listing any more.
-  catalog->BeginReservation();
-  while (catalog->in_flight() != 0) reservation_cv.wait(mu);
-  const size_t missing = n - std::min(n, catalog->reserved_free());
+  catalog.BeginReservation();
+  while (catalog.in_flight() != 0) reservation_cv.wait(mu);
+  const size_t missing = n - std::min(n, catalog.reserved_free());
+  // The slots of this class the device budget has room for (what every class takes now
+  // is counted, reserved slots included).
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const uint64_t taken = SsdTakenBytes();
+    return static_cast<size_t>(taken >= ssd_budget ? 0 : (ssd_budget - taken) / cls.slot_bytes);
+  };
   std::vector<ChunkKey> evicted;
-  if (catalog->Obtainable() < missing) {
-    const size_t ahead = catalog->EvictAhead();
-    while (catalog->Obtainable() < missing + ahead) {
+  if (catalog.Obtainable() < missing || room() < missing) {
+    // The coldest chunks go, whatever their class: a burst of large pages makes room from
+    // cold small chunks too.
+    const size_t ahead = catalog.EvictAhead();
+    while (catalog.Obtainable() < missing + ahead || room() < missing + ahead) {
       std::optional<ChunkKey> victim = PickSsdVictim();
       if (!victim) break;
       RemoveSsd(*victim);  // its slot to the free list (or the reservation's, still listed)
@@ -183,16 +297,16 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
       ++stats.ssd_evictions;
     }
   }
-  const SlotReservation record = catalog->PlanReservation(missing);
+  const SlotReservation record = catalog.PlanReservation(missing, room());
   mu.unlock();
-  const absl::Status status = index->Commit({}, evicted, /*sync=*/true,
-                                            {{kReservationMeta, EncodeSlotReservation(record)}});
+  const absl::Status status = index->Commit(
+      {}, evicted, /*sync=*/true, {{cls.reservation_meta, EncodeSlotReservation(record)}});
   mu.lock();
   if (status.ok()) ++stats.reservations;
-  catalog->FinishReservation(status.ok());
+  catalog.FinishReservation(status.ok());
   reservation_cv.notify_all();
   if (!status.ok()) return status;
-  if (catalog->reserved_free() < n)
+  if (catalog.reserved_free() < n)
     return absl::ResourceExhaustedError(
         "the SSD tier is full and nothing in it can give way (pinned chunks, their ancestors, "
         "writes in flight)");
@@ -203,74 +317,97 @@ absl::Status ChunkStore::Impl::EnsureReserved(size_t n) {
 // syncs the slabs. Called with the lock held; releases it during I/O and commits.
 void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
   FitSsdQuota(writes);
-  const absl::Status reservation = EnsureReserved(writes.size());
-  std::vector<SlotWrite> slot_writes;
-  std::vector<size_t> which;
-  for (size_t i = 0; i < writes.size(); ++i) {
-    if (!writes[i].status.ok()) continue;  // over its quota
-    const std::optional<uint64_t> taken = catalog->TakeForWrite();
-    if (!taken) {
-      writes[i].status = reservation.ok()
-                             ? absl::ResourceExhaustedError(absl::StrCat(
-                                   "the SSD tier is full: ", writes.size(),
-                                   " chunks to write and no free slot of ", ssd->capacity_slots()))
-                             : reservation;
+  // Each class's writes under its own reservation, one class after the other.
+  std::vector<std::pair<SsdClass*, std::vector<PendingWrite*>>> by_class;
+  for (PendingWrite& w : writes) {
+    if (!w.status.ok()) continue;  // over its quota
+    absl::StatusOr<SsdClass*> cls = ClassFor(w.payload.size());
+    if (!cls.ok()) {
+      w.status = cls.status();
       continue;
     }
-    const uint64_t slot = *taken;
-    IndexRecord& r = writes[i].record;
-    r.slab = static_cast<uint32_t>(slot / slots_per_slab);
-    r.slot = static_cast<uint32_t>(slot % slots_per_slab);
-    r.sequence = catalog->TakeSequence();
-    r.payload_bytes = static_cast<uint32_t>(writes[i].payload.size());
+    auto group = std::find_if(by_class.begin(), by_class.end(),
+                              [&](const auto& g) { return g.first == *cls; });
+    if (group == by_class.end()) group = by_class.insert(by_class.end(), {*cls, {}});
+    group->second.push_back(&w);
+  }
+  for (auto& [cls, of_class] : by_class) WriteClassToSsd(*cls, of_class);
+  // Committed chunks now count in their group's bytes (the eviction order's); the rest
+  // never will.
+  for (PendingWrite& w : writes) {
+    if (w.quota == nullptr) continue;
+    w.quota->ssd_in_flight -= w.charged;
+    w.quota = nullptr;
+  }
+}
+
+void ChunkStore::Impl::WriteClassToSsd(SsdClass& cls, std::vector<PendingWrite*>& writes) {
+  SsdCatalog& catalog = *cls.catalog;
+  const absl::Status reservation = EnsureReserved(cls, writes.size());
+  std::vector<SlotWrite> slot_writes;
+  std::vector<PendingWrite*> which;
+  for (PendingWrite* w : writes) {
+    const std::optional<uint64_t> taken = catalog.TakeForWrite();
+    if (!taken) {
+      w->status = reservation.ok() ? absl::ResourceExhaustedError(absl::StrCat(
+                                         "the SSD tier is full: ", writes.size(),
+                                         " chunks to write and no free slot of ", cls.slot_bytes,
+                                         " bytes in its budget of ", ssd_budget))
+                                   : reservation;
+      continue;
+    }
+    IndexRecord& r = w->record;
+    cls.Place(*taken, &r);
+    r.sequence = catalog.TakeSequence();
+    r.payload_bytes = static_cast<uint32_t>(w->payload.size());
     r.checksum = 0;  // computed by the SSD tier from the staged copy
     SlotHeader h;
     h.namespace_id = r.namespace_id;
     h.payload_bytes = r.payload_bytes;
-    h.key = writes[i].key;
+    h.key = w->key;
     h.sequence = r.sequence;
     h.parent = r.parent;
     h.origin = r.origin;
     h.created_s = r.created_s;
     h.expires_s = r.expires_s;
-    slot_writes.push_back({slot, h, writes[i].payload});
-    which.push_back(i);
+    slot_writes.push_back({*taken, h, w->payload});
+    which.push_back(w);
   }
   mu.unlock();
-  std::vector<absl::Status> io = ssd->Write(slot_writes);
+  std::vector<absl::Status> io = cls.tier->Write(slot_writes);
   for (size_t k = 0; k < slot_writes.size(); ++k) {
-    writes[which[k]].record.checksum = slot_writes[k].header.payload_checksum;
+    which[k]->record.checksum = slot_writes[k].header.payload_checksum;
   }
   mu.lock();
   // Publish what reached the disk; readers may find it before the commit, which is safe:
   // the bytes are there and verify. A failed commit unpublishes it again.
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
-  std::set<uint64_t> slabs;
+  GroupCommit::SlabSet slabs;
   for (size_t k = 0; k < slot_writes.size(); ++k) {
-    PendingWrite& w = writes[which[k]];
+    PendingWrite& w = *which[k];
     if (!io[k].ok()) {
       w.status = io[k];
       ++stats.write_errors;
-      catalog->Free(slot_writes[k].slot);
+      catalog.Free(slot_writes[k].slot);
       continue;
     }
     if (w.expected_checksum != 0 && w.record.checksum != w.expected_checksum) {
       w.status = absl::DataLossError(
           absl::StrCat(Where(w.key), ": the RAM copy no longer matches its checksum"));
-      catalog->Free(slot_writes[k].slot);
+      catalog.Free(slot_writes[k].slot);
       continue;
     }
     if (ssd_map.contains(w.key)) {  // a concurrent writer stored it first
       w.status = absl::AlreadyExistsError(Where(w.key));
-      catalog->Free(slot_writes[k].slot);
+      catalog.Free(slot_writes[k].slot);
       continue;
     }
     auto pin = pins.find(w.key);
     w.record.pin_until_s = pin == pins.end() ? 0 : pin->second;
     ssd_map[w.key] = w.record;
-    catalog->Published(slot_writes[k].slot);
+    catalog.Published(slot_writes[k].slot);
     puts.emplace_back(w.key, w.record);
-    slabs.insert(w.record.slab);
+    slabs.insert({cls.tier.get(), w.record.slab});
   }
   mu.unlock();
   absl::Status commit = puts.empty() ? absl::OkStatus() : CommitDurably(slabs, puts);
@@ -278,8 +415,8 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
   if (!commit.ok()) {
     for (auto& [key, rec] : puts) {
       RemoveSsd(key);
-      for (PendingWrite& w : writes) {
-        if (w.key == key) w.status = commit;
+      for (PendingWrite* w : writes) {
+        if (w->key == key) w->status = commit;
       }
     }
   } else {
@@ -290,17 +427,10 @@ void ChunkStore::Impl::WriteToSsd(std::vector<PendingWrite>& writes) {
       if (it == ssd_map.end() || it->second.sequence != rec.sequence) continue;  // erased since
       auto pin = pins.find(key);
       ssd_order.Add(key, rec.parent, NextAccess(), pin == pins.end() ? 0 : pin->second,
-                    rec.expires_s, rec.namespace_id, slot_bytes);  // the whole slot (quota.h)
+                    rec.expires_s, rec.namespace_id, cls.slot_bytes);  // the whole slot (quota.h)
     }
   }
-  // Committed chunks now count in their group's bytes (the eviction order's); the rest
-  // never will.
-  for (PendingWrite& w : writes) {
-    if (w.quota == nullptr) continue;
-    w.quota->ssd_in_flight -= slot_bytes;
-    w.quota = nullptr;
-  }
-  if (catalog->EndWrites(slot_writes.size())) reservation_cv.notify_all();
+  if (catalog.EndWrites(slot_writes.size())) reservation_cv.notify_all();
 }
 
 // Writes dirty RAM chunks to SSD (write-behind and demotion). Called with the lock.

@@ -2,7 +2,7 @@
 
 namespace kvc::storage {
 
-absl::Status GroupCommit::Commit(const std::set<uint64_t>& slabs,
+absl::Status GroupCommit::Commit(const SlabSet& slabs,
                                  const std::vector<std::pair<ChunkKey, IndexRecord>>& puts) {
   Request me{&slabs, &puts, absl::OkStatus(), false};
   MutexLock lk(mu_);
@@ -14,7 +14,7 @@ absl::Status GroupCommit::Commit(const std::set<uint64_t>& slabs,
   std::vector<Request*> group;
   group.swap(queue_);
   lk.unlock();
-  std::set<uint64_t> all_slabs;
+  SlabSet all_slabs;
   std::vector<std::pair<ChunkKey, IndexRecord>> all_puts;
   for (Request* r : group) {
     all_slabs.insert(r->slabs->begin(), r->slabs->end());
@@ -24,7 +24,13 @@ absl::Status GroupCommit::Commit(const std::set<uint64_t>& slabs,
   // names a slot whose bytes never reached the disk is never served (the slot header's
   // sequence and checksums do not match it).
   absl::Status status = index_->Commit(all_puts, {}, /*sync=*/false);
-  if (status.ok()) status = ssd_->SyncSlabs(all_slabs);
+  // Each tier's slabs in one call (sorted by tier, then slab).
+  for (auto it = all_slabs.begin(); status.ok() && it != all_slabs.end();) {
+    SsdTier* tier = it->first;
+    std::set<uint64_t> of_tier;
+    for (; it != all_slabs.end() && it->first == tier; ++it) of_tier.insert(it->second);
+    status = tier->SyncSlabs(of_tier);
+  }
   lk.lock();
   for (Request* r : group) {
     r->result = status;

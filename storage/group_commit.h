@@ -21,20 +21,21 @@ namespace kvc::storage {
 
 class GroupCommit {
  public:
-  GroupCommit(SsdTier* ssd, ChunkIndex* index) : ssd_(ssd), index_(index) {}
+  explicit GroupCommit(ChunkIndex* index) : index_(index) {}
 
+  // Slabs to sync: each a tier (a size class's) and a slab of it.
+  using SlabSet = std::set<std::pair<SsdTier*, uint64_t>>;
   // The commit's or the slabs' sync's error, for every caller of the group.
-  [[nodiscard]] absl::Status Commit(const std::set<uint64_t>& slabs,
+  [[nodiscard]] absl::Status Commit(const SlabSet& slabs,
                                     const std::vector<std::pair<ChunkKey, IndexRecord>>& puts);
 
  private:
   struct Request {
-    const std::set<uint64_t>* slabs;
+    const SlabSet* slabs;
     const std::vector<std::pair<ChunkKey, IndexRecord>>* puts;
     absl::Status result;
     bool done = false;
   };
-  SsdTier* ssd_;
   ChunkIndex* index_;
   Mutex mu_;
   std::condition_variable_any cv_;

@@ -35,6 +35,7 @@ uint32_t SlotHeaderBytes(uint16_t version) {
     case 1:
       return kSlotHeaderBytesV1;
     case 2:
+    case 3:
       return kSlotHeaderBytes;
   }
   return 0;

@@ -1,6 +1,11 @@
 // The on-SSD slot: a header, then the chunk payload, padded to 4 KiB. Slots describe
 // themselves: after a crash the index is rebuilt from them (chunk_store_recovery.cc).
 //
+// Format 3 (folders with size classes, storage v3) is format 2's header with version 3: a
+// folder marked format 3 keeps slots of several sizes (docs/storage.md), which a kvcached
+// of before then refuses to open (it knows formats 1 and 2 only). A folder's first class
+// keeps the format it was made with.
+//
 // Format 2 (folders made since storage v2), a 128-byte header:
 //   offset size field
 //        0    4 magic "KVCS"
@@ -40,12 +45,12 @@
 namespace kvc::storage {
 
 inline constexpr uint32_t kSlotMagic = 0x5343564B;  // "KVCS" read as little-endian
-inline constexpr uint16_t kSlotFormatVersion = 2;   // what new folders are made with
-inline constexpr uint32_t kSlotHeaderBytes = 128;   // format 2's header
+inline constexpr uint16_t kSlotFormatVersion = 3;   // what new folders are made with
+inline constexpr uint32_t kSlotHeaderBytes = 128;   // formats 2 and 3's header
 inline constexpr uint32_t kSlotHeaderBytesV1 = 64;
 inline constexpr uint32_t kSlotAlignment = 4096;
 
-// The header size of a slot format (1 or 2); 0 for any other.
+// The header size of a slot format (1, 2 or 3); 0 for any other.
 uint32_t SlotHeaderBytes(uint16_t version);
 
 // Slot size for payloads up to max_payload_bytes: header + payload, rounded up to 4 KiB.

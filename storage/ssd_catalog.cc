@@ -29,14 +29,26 @@ const char* SsdCatalog::PlaceName(Place p) {
   return "?";
 }
 
-SsdCatalog::SsdCatalog(uint64_t capacity_slots) : capacity_(capacity_slots) {
-  MutexLock lk(mu_);
-  place_.assign(capacity_, Place::kFree);
-  for (uint64_t s = capacity_; s-- > 0;) free_.push_back(s);
+SsdCatalog::SsdCatalog(uint64_t capacity_slots, uint64_t slot_bytes,
+                       std::shared_ptr<std::atomic<uint64_t>> sequence)
+    : capacity_(capacity_slots),
+      slot_bytes_(slot_bytes),
+      sequence_(sequence ? std::move(sequence) : std::make_shared<std::atomic<uint64_t>>(1)) {}
+
+std::optional<uint64_t> SsdCatalog::TakeFree() {
+  if (!free_.empty()) {
+    const uint64_t slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  if (place_.size() >= capacity_) return std::nullopt;
+  place_.push_back(Place::kFree);  // the lowest never used
+  return place_.size() - 1;
 }
 
 void SsdCatalog::Move(uint64_t slot, std::initializer_list<Place> from, Place to) {
-  KVC_CHECK(slot < capacity_) << "SSD slot " << slot << " of a tier of " << capacity_;
+  KVC_CHECK(slot < place_.size()) << "SSD slot " << slot << " was never taken (" << place_.size()
+                                  << " have been, of " << capacity_ << ")";
   const Place at = place_[slot];
   KVC_CHECK(std::find(from.begin(), from.end(), at) != from.end())
       << "SSD slot " << slot << " is " << PlaceName(at) << ", cannot become " << PlaceName(to);
@@ -44,21 +56,27 @@ void SsdCatalog::Move(uint64_t slot, std::initializer_list<Place> from, Place to
 }
 
 void SsdCatalog::RaiseSequence(uint64_t at_least) {
-  MutexLock lk(mu_);
-  next_sequence_ = std::max(next_sequence_, at_least);
+  uint64_t now = sequence_->load();
+  while (now < at_least && !sequence_->compare_exchange_weak(now, at_least)) {
+  }
 }
 
 void SsdCatalog::Load(const std::vector<bool>& used, std::optional<uint64_t> named_next) {
   MutexLock lk(mu_);
-  KVC_CHECK(used.size() == capacity_ && readers_.empty() && in_flight_ == 0 && !record_busy_);
-  KVC_CHECK(!named_next || (*named_next < capacity_ && !used[*named_next]));
+  KVC_CHECK(used.size() <= capacity_ && readers_.empty() && in_flight_ == 0 && !record_busy_);
+  KVC_CHECK(!named_next ||
+            (*named_next < capacity_ && (*named_next >= used.size() || !used[*named_next])));
   free_.clear();
   reserved_.clear();
   reserved_free_.clear();
   held_back_ = 0;
   named_next_ = named_next;
-  for (uint64_t s = capacity_; s-- > 0;) {
-    if (used[s]) {
+  // Slots past the last used (or named) one stay untaken: a tier of millions of slots
+  // costs what it holds.
+  const uint64_t known = std::max<uint64_t>(used.size(), named_next ? *named_next + 1 : 0);
+  place_.assign(known, Place::kFree);
+  for (uint64_t s = known; s-- > 0;) {
+    if (s < used.size() && used[s]) {
       place_[s] = Place::kUsed;
     } else if (s == named_next) {
       place_[s] = Place::kNamedNext;
@@ -69,15 +87,9 @@ void SsdCatalog::Load(const std::vector<bool>& used, std::optional<uint64_t> nam
   }
 }
 
-uint64_t SsdCatalog::TakeSequence() {
-  MutexLock lk(mu_);
-  return next_sequence_++;
-}
+uint64_t SsdCatalog::TakeSequence() { return sequence_->fetch_add(1); }
 
-uint64_t SsdCatalog::next_sequence() const {
-  MutexLock lk(mu_);
-  return next_sequence_;
-}
+uint64_t SsdCatalog::next_sequence() const { return sequence_->load(); }
 
 size_t SsdCatalog::reserved_free() const {
   MutexLock lk(mu_);
@@ -116,9 +128,9 @@ size_t SsdCatalog::in_flight() const {
 
 void SsdCatalog::BeginRead(uint64_t slot) {
   MutexLock lk(mu_);
-  KVC_CHECK(slot < capacity_ && place_[slot] == Place::kUsed)
+  KVC_CHECK(slot < place_.size() && place_[slot] == Place::kUsed)
       << "a read of SSD slot " << slot << ", which is "
-      << (slot < capacity_ ? PlaceName(place_[slot]) : "past the tier");
+      << (slot < place_.size() ? PlaceName(place_[slot]) : "never taken");
   ++readers_[slot];
 }
 
@@ -164,12 +176,33 @@ bool SsdCatalog::record_busy() const {
 
 size_t SsdCatalog::Obtainable() const {
   MutexLock lk(mu_);
-  return free_.size() + (named_next_ ? 1 : 0);
+  return free_.size() + (capacity_ - place_.size()) + (named_next_ ? 1 : 0);
 }
 
-size_t SsdCatalog::ReserveAhead() const { return std::clamp<size_t>(capacity_ / 8, 1, 1024); }
+uint64_t SsdCatalog::Taken() const {
+  MutexLock lk(mu_);
+  return place_.size() - free_.size() - (named_next_ ? 1 : 0);
+}
 
-size_t SsdCatalog::EvictAhead() const { return std::min<size_t>(capacity_ / 64, 32); }
+namespace {
+// At most this many bytes of slots a reservation takes ahead, or eviction frees ahead, in
+// one class: the other classes share the device budget.
+constexpr uint64_t kReserveAheadBytes = 128ull << 20;
+constexpr uint64_t kEvictAheadBytes = 32ull << 20;
+uint64_t SlotsIn(uint64_t bytes, uint64_t slot_bytes) {
+  return slot_bytes == 0 ? bytes : std::max<uint64_t>(1, bytes / slot_bytes);
+}
+}  // namespace
+
+size_t SsdCatalog::ReserveAhead() const {
+  return std::clamp<size_t>(capacity_ / 8, 1,
+                            std::min<uint64_t>(1024, SlotsIn(kReserveAheadBytes, slot_bytes_)));
+}
+
+size_t SsdCatalog::EvictAhead() const {
+  return std::min<size_t>(capacity_ / 64,
+                          std::min<uint64_t>(32, SlotsIn(kEvictAheadBytes, slot_bytes_)));
+}
 
 void SsdCatalog::BeginReservation() {
   MutexLock lk(mu_);
@@ -177,12 +210,13 @@ void SsdCatalog::BeginReservation() {
   record_busy_ = true;
 }
 
-SlotReservation SsdCatalog::PlanReservation(size_t missing) {
+SlotReservation SsdCatalog::PlanReservation(size_t missing, size_t limit) {
   MutexLock lk(mu_);
   KVC_CHECK(record_busy_ && in_flight_ == 0 && !plan_);
   Plan plan;
   const size_t named = named_next_ ? 1 : 0;
-  const size_t available = free_.size() + named;
+  const size_t available =
+      std::min<size_t>(free_.size() + (capacity_ - place_.size()) + named, std::max(limit, named));
   size_t take = std::min(available, std::max(missing, ReserveAhead()));
   if (take == available && take > missing) --take;
   // Writes take reserved_free_ from its back: the leftovers of the last reservation first
@@ -191,19 +225,16 @@ SlotReservation SsdCatalog::PlanReservation(size_t missing) {
   // nothing is missing any more (the slots freed while this one waited for the writes in
   // flight made up for it): it is named by the record being replaced, and nowhere else.
   const size_t from_free = take - std::min(take, named);
-  plan.fresh.assign(free_.end() - static_cast<ptrdiff_t>(from_free), free_.end());
-  free_.resize(free_.size() - from_free);
+  for (size_t i = 0; i < from_free; ++i) plan.fresh.push_back(*TakeFree());
+  std::reverse(plan.fresh.begin(), plan.fresh.end());  // the first taken is written first
   if (named != 0) {
     plan.fresh.push_back(*named_next_);
     plan.took_named = true;
   }
   for (uint64_t s : plan.fresh) Move(s, {Place::kFree, Place::kNamedNext}, Place::kReserving);
-  if (!free_.empty()) {
-    plan.following = free_.back();
-    free_.pop_back();
-    Move(*plan.following, {Place::kFree}, Place::kReserving);
-  }
-  plan.record.min_sequence = plan.record.sequence_bound = next_sequence_;
+  plan.following = TakeFree();
+  if (plan.following) Move(*plan.following, {Place::kFree}, Place::kReserving);
+  plan.record.min_sequence = plan.record.sequence_bound = sequence_->load();
   plan.record.slots = reserved_free_;
   plan.record.slots.insert(plan.record.slots.end(), plan.fresh.begin(), plan.fresh.end());
   plan.record.next_first_slot = plan.following;
@@ -249,7 +280,7 @@ std::optional<SlotReservation> SsdCatalog::PlanRemoval(std::span<const uint64_t>
   if (!any_reserved) return std::nullopt;
   record_busy_ = true;
   return SlotReservation{
-      min_sequence_, {reserved_.begin(), reserved_.end()}, next_sequence_, named_next_};
+      min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), named_next_};
 }
 
 void SsdCatalog::FinishRemoval() {
@@ -272,12 +303,12 @@ absl::Status SsdCatalog::CheckInvariants(std::span<const uint64_t> chunk_slots) 
   MutexLock lk(mu_);
   // Where each list says a slot is; every slot must be claimed by exactly the list its
   // place names (chunks by the store's map).
-  std::vector<uint8_t> claimed(capacity_, 0);
+  std::vector<uint8_t> claimed(place_.size(), 0);
   auto claim = [&](uint64_t slot, Place p, const char* what)
                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    if (slot >= capacity_) {
-      return absl::InternalError(
-          absl::StrCat(what, " names SSD slot ", slot, " of a tier of ", capacity_));
+    if (slot >= place_.size()) {
+      return absl::InternalError(absl::StrCat(what, " names SSD slot ", slot, ", never taken (",
+                                              place_.size(), " have been, of ", capacity_, ")"));
     }
     if (claimed[slot]++ != 0 || place_[slot] != p) {
       return absl::InternalError(
@@ -314,7 +345,11 @@ absl::Status SsdCatalog::CheckInvariants(std::span<const uint64_t> chunk_slots) 
     }
   }
   uint64_t held_back = 0;
-  for (uint64_t slot = 0; slot < capacity_; ++slot) {
+  if (place_.size() > capacity_) {
+    return absl::InternalError(
+        absl::StrCat(place_.size(), " SSD slots taken of a tier of ", capacity_));
+  }
+  for (uint64_t slot = 0; slot < place_.size(); ++slot) {
     if (place_[slot] == Place::kHeldBack) {
       ++held_back;
     } else if (claimed[slot] == 0) {

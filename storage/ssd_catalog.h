@@ -21,7 +21,9 @@
 // (so a sequence of calls is atomic there) and does its waiting on that mutex.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,16 +51,27 @@ class SsdCatalog {
   };
   static const char* PlaceName(Place p);
 
-  // A catalog of `capacity_slots` slots, every one free until Load; sequences from 1.
-  explicit SsdCatalog(uint64_t capacity_slots);
+  // A catalog of `capacity_slots` slots of `slot_bytes` (0: unknown, for tests), every one
+  // free until Load; sequences from 1. Slots are taken lowest first; a slot never taken
+  // costs nothing (the catalog of a class that may grow to the whole device budget holds
+  // what was used).
+  // `sequence`: the counter of write sequences, shared with the store's other classes
+  // (null: its own).
+  explicit SsdCatalog(uint64_t capacity_slots, uint64_t slot_bytes = 0,
+                      std::shared_ptr<std::atomic<uint64_t>> sequence = nullptr);
 
   uint64_t capacity() const { return capacity_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  // Slots that are not free: holding chunks, being written, reserved, held back, waiting
+  // for readers. What the class takes of the device budget is Taken() × slot_bytes().
+  uint64_t Taken() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- at open ----
   // Sequences resume above every one seen (index records, slots, the reservation record).
   void RaiseSequence(uint64_t at_least) ABSL_LOCKS_EXCLUDED(mu_);
-  // Sets every slot's place: `used[s]` holds a chunk; `named_next` is named as the next
-  // reservation's first (it must not be used); the rest is free.
+  // Sets every slot's place: `used[s]` holds a chunk (`used` may be shorter than the
+  // capacity: past it nothing is); `named_next` is named as the next reservation's first
+  // (it must not be used); the rest is free.
   void Load(const std::vector<bool>& used, std::optional<uint64_t> named_next)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -96,10 +109,11 @@ class SsdCatalog {
   // Free slots a new reservation could take: the free list and the named slot.
   size_t Obtainable() const ABSL_LOCKS_EXCLUDED(mu_);
   // How many slots a reservation takes beyond what is asked for: 1/8 of the tier, at most
-  // 1,024 (one synced commit per 1,024 slots written once the tier is large).
+  // 1,024 (one synced commit per 1,024 slots written once the tier is large) and at most
+  // 128 MiB of slots.
   size_t ReserveAhead() const;
   // How many slots eviction frees beyond what a reservation needs when the tier is full:
-  // 1/64 of the tier, at most 32 (none in a tier under 64 slots).
+  // 1/64 of the tier, at most 32 and at most 32 MiB of slots (none in a tier under 64).
   size_t EvictAhead() const;
   // A new reservation begins (no record busy): record_busy from now, so no other commit
   // or reservation starts, while the store waits for the writes in flight to end.
@@ -108,7 +122,8 @@ class SsdCatalog {
   // — the reservation's free slots, then up to max(missing, ReserveAhead()) slots from the
   // named one and the free list, and a free slot named as the next one's first (one is
   // kept back for that unless every one is needed).
-  SlotReservation PlanReservation(size_t missing) ABSL_LOCKS_EXCLUDED(mu_);
+  // At most `limit` slots are taken (the device budget's room; the named one regardless).
+  SlotReservation PlanReservation(size_t missing, size_t limit = SIZE_MAX) ABSL_LOCKS_EXCLUDED(mu_);
   // The planned record was committed (the slots are the reservation's now) or not (they
   // go back where they were).
   void FinishReservation(bool committed) ABSL_LOCKS_EXCLUDED(mu_);
@@ -133,14 +148,22 @@ class SsdCatalog {
   void Move(uint64_t slot, std::initializer_list<Place> from, Place to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnFree(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The free slot to take next: the top of the free list, else the lowest never taken
+  // (which then gets a place). nullopt when none is left.
+  std::optional<uint64_t> TakeFree() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_;
+  const uint64_t slot_bytes_;
   mutable Mutex mu_;
+  // The places of the slots taken so far (every slot past them is free and in no list).
   std::vector<Place> place_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);  // lowest slot on top (at the back)
+  // The free slots among them, lowest on top (at the back).
+  std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, int> readers_ ABSL_GUARDED_BY(mu_);
   uint64_t held_back_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  // The next write sequence: shared by the catalogs of one store's size classes, so that
+  // sequences order writes across them (the eviction order resumes by them at open).
+  const std::shared_ptr<std::atomic<uint64_t>> sequence_;
 
   // The reservation: `reserved_` is what the durable record lists (less slots whose chunks
   // were removed since), `reserved_free_` the unused ones among them (taken from the back).

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -145,7 +146,11 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdTierOptions& opt
   if (options.queue_depth == 0 || options.lanes == 0 || options.slots_per_slab == 0) {
     return absl::InvalidArgumentError("queue depth, lanes and slots per slab must be positive");
   }
-  std::unique_ptr<SsdTier> tier(new SsdTier(options));
+  SsdTierOptions o = options;
+  const uint64_t per_depth = uint64_t{o.lanes} * o.slot_bytes;
+  o.queue_depth =
+      static_cast<unsigned>(std::clamp<uint64_t>(o.staging_bytes / per_depth, 1, o.queue_depth));
+  std::unique_ptr<SsdTier> tier(new SsdTier(o));
   KVC_RETURN_IF_ERROR(tier->Init());
   return tier;
 }
@@ -204,7 +209,24 @@ absl::Status SsdTier::Init() {
     }
     lanes_.push_back(std::move(lane));
   }
+  if (options_.lay_out_ahead) preallocator_ = std::thread([this] { LayOutAheadLoop(); });
   return absl::OkStatus();
+}
+
+void SsdTier::LayOutAheadLoop() {
+  uint64_t next = 0;
+  MutexLock lock(slabs_mu_);
+  while (!stopping_) {
+    if (next >= lay_out_to_) {
+      lay_out_wanted_.wait(slabs_mu_);
+      continue;
+    }
+    const uint64_t slab = next++;
+    if (slab_fds_[slab] >= 0) continue;
+    lock.unlock();
+    (void)SlabFd(slab);  // an error is the next write's to meet (and report)
+    lock.lock();
+  }
 }
 
 void SsdTier::PreallocateInBackground() {
@@ -214,7 +236,11 @@ void SsdTier::PreallocateInBackground() {
 }
 
 SsdTier::~SsdTier() {
-  stopping_ = true;
+  {
+    MutexLock lock(slabs_mu_);
+    stopping_ = true;
+  }
+  lay_out_wanted_.notify_all();
   if (preallocator_.joinable()) preallocator_.join();
   for (auto& lane : lanes_) {
     lane->engine.reset();
@@ -232,6 +258,10 @@ absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
   // Laying out a slab takes a while (zero fill): do it without the lock, so I/O to the
   // other slabs goes on; callers that need this slab wait for it.
   MutexLock lock(slabs_mu_);
+  if (options_.lay_out_ahead && slab + 1 < slab_count_ && lay_out_to_ < slab + 2) {
+    lay_out_to_ = slab + 2;  // this slab and the next
+    lay_out_wanted_.notify_all();
+  }
   while (slab_creating_[slab]) slab_ready_.wait(slabs_mu_);
   if (slab_fds_[slab] >= 0) return slab_fds_[slab];
   slab_creating_[slab] = true;
@@ -322,6 +352,14 @@ bool SsdTier::SlabOnDisk(uint64_t slab) {
     if (slab_fds_[slab] >= 0) return true;
   }
   return access(SlabPath(options_.dir, slab).c_str(), F_OK) == 0;
+}
+
+uint64_t SsdTier::LaidOutSlots() {
+  for (uint64_t slab = slab_count_; slab-- > 0;) {
+    if (SlabOnDisk(slab))
+      return std::min(options_.capacity_slots, (slab + 1) * options_.slots_per_slab);
+  }
+  return 0;
 }
 
 absl::Status SsdTier::PreallocateAll() {

@@ -38,6 +38,12 @@ struct SsdTierOptions {
   IoBackend backend = IoBackend::kAuto;
   unsigned queue_depth = 32;  // ops in flight per lane, and staging buffers per lane
   unsigned lanes = 4;
+  // The staging buffers of all lanes take at most this much (at least one slot per lane):
+  // the queue depth is cut to fit, so a class of 8 MiB slots holds a few, not 32 × lanes.
+  uint64_t staging_bytes = 32ull << 20;
+  // Whenever a slab is first used, the next one is laid out on a background thread (a size
+  // class grows into its slabs on demand), instead of every slab up front.
+  bool lay_out_ahead = false;
   uint16_t slot_format = kSlotFormatVersion;  // the folder's (slot_format.h)
   std::shared_ptr<FaultPlan> faults;          // tests: wrap every lane's engine
   std::shared_ptr<PowerCut> power_cut;        // tests: likewise
@@ -91,6 +97,9 @@ class SsdTier {
   // Why the io_uring backend is not in use, empty if it is.
   const std::string& fallback_reason() const { return fallback_reason_; }
   uint64_t capacity_slots() const { return options_.capacity_slots; }
+  // The slots up to the end of the last slab laid out on disk (no slot past it holds a
+  // chunk): what a scan of every slot has to read.
+  uint64_t LaidOutSlots();
   uint64_t slot_bytes() const { return options_.slot_bytes; }
   uint32_t header_bytes() const { return SlotHeaderBytes(options_.slot_format); }
   bool direct_io() const { return direct_io_; }
@@ -123,6 +132,9 @@ class SsdTier {
   std::string fallback_reason_;
   std::atomic<bool> direct_io_{true};
 
+  // Lays out slabs up to `lay_out_to_` (lay_out_ahead), one at a time.
+  void LayOutAheadLoop();
+
   uint64_t slab_count_ = 0;  // fixed by Open
   Mutex slabs_mu_;
   std::condition_variable_any slab_ready_;
@@ -131,6 +143,8 @@ class SsdTier {
   std::vector<bool> slab_creating_ ABSL_GUARDED_BY(slabs_mu_);
   std::atomic<bool> stopping_{false};
   std::thread preallocator_;
+  uint64_t lay_out_to_ ABSL_GUARDED_BY(slabs_mu_) = 0;  // slabs below it: wanted on disk
+  std::condition_variable_any lay_out_wanted_;
 
   Mutex lanes_mu_;
   std::condition_variable_any lane_free_;

@@ -22,9 +22,11 @@ absl::StatusOr<nlohmann::json> MeasureSize(const FootprintOptions& opt, uint64_t
   storage::StoreOptions so;
   so.data_dir = dir;
   so.max_chunk_bytes = opt.max_chunk_bytes;
+  so.first_class_chunk_bytes = std::min(opt.first_class_chunk_bytes, opt.max_chunk_bytes);
   // Room for every chunk in both tiers, whatever it is charged.
-  const uint64_t slot = storage::SlotBytesFor(opt.max_chunk_bytes);
-  so.ram_bytes = (opt.chunks + 8) * std::max(slot, storage::SlotBytesFor(size));
+  const uint64_t slot = std::max(storage::SlotBytesFor(so.first_class_chunk_bytes),
+                                 storage::SlotBytesFor(std::min(size, opt.max_chunk_bytes)));
+  so.ram_bytes = (opt.chunks + 8) * slot;
   so.ssd_bytes = (opt.chunks + 64) * slot;
   so.slab_bytes = 64ull << 20;
   KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> store, storage::ChunkStore::Open(so));
@@ -72,6 +74,7 @@ absl::StatusOr<nlohmann::json> RunFootprintBench(const FootprintOptions& opt) {
   std::mt19937_64 rng(seed);
   nlohmann::json j{{"seed", seed},
                    {"max_chunk_bytes", opt.max_chunk_bytes},
+                   {"first_class_chunk_bytes", opt.first_class_chunk_bytes},
                    {"chunks", opt.chunks},
                    {"sizes", nlohmann::json::array()}};
   for (uint64_t size : opt.chunk_bytes) {
@@ -85,9 +88,11 @@ absl::StatusOr<nlohmann::json> RunFootprintBench(const FootprintOptions& opt) {
 
 std::string FootprintToText(const nlohmann::json& j) {
   std::string out = absl::StrFormat(
-      "a store whose largest chunk is %llu bytes, %llu durable chunks per size: bytes charged "
-      "per payload byte (the payload itself: 1.00) and chunks per GiB, by tier\n"
+      "a store whose first size class is %llu-byte chunks and largest chunk %llu bytes, %llu "
+      "durable chunks per size: bytes charged per payload byte (the payload itself: 1.00) and "
+      "chunks per GiB, by tier\n"
       "%10s  %10s %12s  %10s %12s\n",
+      j["first_class_chunk_bytes"].get<unsigned long long>(),
       j["max_chunk_bytes"].get<unsigned long long>(), j["chunks"].get<unsigned long long>(),
       "chunk", "RAM", "RAM /GiB", "SSD", "SSD /GiB");
   for (const auto& s : j["sizes"]) {

@@ -1,5 +1,6 @@
 // kvbench footprint: what chunks of each size cost a store made as kvcached makes it by
-// default (its largest chunk the reference model's), tier by tier: the bytes each is
+// default (its first size class the reference model's chunk, its largest chunk 8 MiB),
+// tier by tier: the bytes each is
 // charged (quotas, Stats) per payload byte — the peer is the payload itself, 1.0 — and
 // how many fit in a GiB. A size past the store's largest chunk is refused, and says so.
 // Capacity, not speed: nothing is timed.
@@ -16,7 +17,8 @@ namespace kvc::bench {
 
 struct FootprintOptions {
   std::string dir = "/tmp/kvbench-footprint";  // scratch folder (emptied)
-  uint64_t max_chunk_bytes = 0;                // the store's largest chunk (kvcached's default)
+  uint64_t max_chunk_bytes = 8ull << 20;       // the store's largest chunk (kvcached's default)
+  uint64_t first_class_chunk_bytes = 0;        // its first class (kvcached: the reference's)
   std::vector<uint64_t> chunk_bytes = {4096, 16384, 20352, 57344, 227840, 1048576, 4497408};
   uint64_t chunks = 32;  // stored per size (durable: on SSD and, written through, in RAM)
 };

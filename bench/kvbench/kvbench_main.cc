@@ -15,8 +15,8 @@
 //   kvbench soak [--seconds S] [--clients N] [--kill-every S] [--io-fault-rate N] [--json]
 //   kvbench fairness [--seconds S] [--flooders N] [--lookup-keys-per-second K] [--json]
 //   kvbench restart [--chunks 20000,100000] [--chunk-bytes B] [--reps N] [--json]
-//   kvbench footprint [--chunk-bytes 4096,16384,...] [--chunks N] [--config FILE |
-//                     --max-chunk-bytes N] [--json]
+//   kvbench footprint [--chunk-bytes 4096,16384,...] [--chunks N] [--config FILE]
+//                     [--max-chunk-bytes N] [--json]
 //   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
 //                   [--windows 0,32,64,128,256] [--documents N] [--points N]
 //                   [--decode-contexts 4096,16384,...] [--json]
@@ -370,10 +370,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   footprint
       ->add_option("--config", footprint_config,
-                   "model config whose chunk is the store's largest (kvcached's default)")
+                   "model config whose chunk is the store's first size class (kvcached's)")
       ->capture_default_str();
-  footprint->add_option("--max-chunk-bytes", footprint_opt.max_chunk_bytes,
-                        "the store's largest chunk instead");
+  footprint
+      ->add_option("--max-chunk-bytes", footprint_opt.max_chunk_bytes, "the store's largest chunk")
+      ->capture_default_str();
   footprint->add_flag("--json", json, "print one JSON object");
   CLI::App* restart = app.add_subcommand(
       "restart", "kvcached holding N chunks on SSD, SIGKILLed: time to listening and first hit");
@@ -475,11 +476,9 @@ int Main(int argc, char** argv) {
     return PrintReport(bench::RunQualityBench(qopt), json, bench::QualityBenchToText);
   }
   if (footprint->parsed()) {
-    if (footprint_opt.max_chunk_bytes == 0) {
-      std::optional<uint64_t> bytes = ChunkBytesOf(footprint_config, "--max-chunk-bytes");
-      if (!bytes) return 1;
-      footprint_opt.max_chunk_bytes = *bytes;
-    }
+    std::optional<uint64_t> bytes = ChunkBytesOf(footprint_config, "--config");
+    if (!bytes) return 1;
+    footprint_opt.first_class_chunk_bytes = *bytes;
     return PrintReport(bench::RunFootprintBench(footprint_opt), json, bench::FootprintToText);
   }
   if (restart->parsed()) {

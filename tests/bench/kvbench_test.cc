@@ -177,13 +177,15 @@ TEST(KvbenchTest, RestartFindsEveryChunkAfterEachCrash) {
 }
 
 // On a store made as kvcached makes it by default, a small chunk is charged its own pages
-// in RAM (about 1 byte per payload byte) and a whole slot on SSD, and a size past the
+// in RAM (about 1 byte per payload byte) and the slot of its size class on SSD, and a size past the
 // largest chunk is refused, naming the limit.
 TEST(KvbenchTest, FootprintShowsWhatEachSizeIsCharged) {
   TempDir dir;
-  auto r =
-      RunProgram(kKvbench, {"footprint", "--dir", dir.File("fp"), "--chunks", "4", "--chunk-bytes",
-                            "4096,200000,1048576", "--max-chunk-bytes", "200000", "--json"});
+  auto r = RunProgram(
+      kKvbench,
+      {"footprint", "--dir", dir.File("fp"), "--chunks", "4", "--chunk-bytes",
+       "4096,200000,1048576", "--max-chunk-bytes", "200000", "--config",
+       std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json", "--json"});
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out << r.err;
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -191,9 +193,10 @@ TEST(KvbenchTest, FootprintShowsWhatEachSizeIsCharged) {
   const nlohmann::json& small = j["sizes"][0];
   EXPECT_EQ(small["ram_chunks"].get<uint64_t>(), 4u);
   EXPECT_DOUBLE_EQ(small["ram_charged_per_payload_byte"].get<double>(), 1.0);
-  // One slot each, sized for the largest chunk: at least 200,000 / 4,096 payload bytes.
-  EXPECT_GT(small["ssd_charged_per_payload_byte"].get<double>(), 200000.0 / 4096);
-  EXPECT_LT(j["sizes"][1]["ssd_charged_per_payload_byte"].get<double>(), 1.01);
+  // One slot each of its own size class: a header and the payload in 4 KiB pages (2 pages
+  // for 4,096 bytes), not the first class's reference-size slot.
+  EXPECT_DOUBLE_EQ(small["ssd_charged_per_payload_byte"].get<double>(), 2.0);
+  EXPECT_LT(j["sizes"][1]["ssd_charged_per_payload_byte"].get<double>(), 1.03);
   ASSERT_TRUE(j["sizes"][2].contains("refused"));
   EXPECT_NE(j["sizes"][2]["refused"].get<std::string>().find("200000"), std::string::npos);
 }

@@ -24,6 +24,7 @@
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "storage/ram_tier.h"
+#include "storage/slot_format.h"
 #include "tests/cachesvc/daemon.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/seed.h"
@@ -443,10 +444,12 @@ TEST(KvcachedTest, TenantsCannotSeeEachOthersChunks) {
 // --tenant-quota: a tenant past its quota evicts its own chunks and nobody else's; pins
 // past its pin limit are refused naming it and the limit (a Store refused when all a
 // tenant holds is pinned: QuotaTest in tests/storage).
-// What a chunk of the mini model is charged against quotas in each tier (its slot), read
-// from a daemon of the tests' geometry started on `dir` with a quota for its one tenant.
+// What a chunk of the mini model is charged against quotas in each tier (in RAM its pages,
+// on SSD the slot of its size class), and what the daemon reports for a typical chunk (its
+// first class's slot), read from a daemon of the tests' geometry started on `dir` with a
+// quota for its one tenant.
 struct SlotCharge {
-  uint64_t chunk_bytes = 0, ram = 0, ssd = 0;
+  uint64_t chunk_bytes = 0, ram = 0, ssd = 0, ssd_typical = 0;
 };
 SlotCharge ChargePerChunk(const std::string& dir) {
   Daemon probe(dir, {"--tenant-quota", "default:ssd=1M"});
@@ -455,9 +458,13 @@ SlotCharge ChargePerChunk(const std::string& dir) {
   pb::StatsResponse s;
   EXPECT_TRUE(probe.stub().Stats(Client{}.Ctx().get(), {}, &s).ok());
   c.ram = s.quota().ram_bytes_per_chunk();
-  c.ssd = s.quota().ssd_bytes_per_chunk();
+  // (The header and 4 KiB rounding of slot_format.h; this test links no storage code.)
+  c.ssd = (storage::kSlotHeaderBytes + c.chunk_bytes + storage::kSlotAlignment - 1) /
+          storage::kSlotAlignment * storage::kSlotAlignment;
+  c.ssd_typical = s.quota().ssd_bytes_per_chunk();
   EXPECT_GT(c.ram, c.chunk_bytes);
   EXPECT_GT(c.ssd, c.chunk_bytes);
+  EXPECT_GE(c.ssd_typical, c.ssd);
   return c;
 }
 
@@ -585,7 +592,7 @@ TEST(KvcachedTest, ATenantOverItsQuotaEvictsOnlyItsOwnChunks) {
   EXPECT_EQ(sa.quota().ssd_bytes(), static_cast<uint64_t>(acme_kept) * charge.ssd);
   EXPECT_LE(sa.quota().ram_bytes(), 4 * ram_charge);
   EXPECT_EQ(sa.quota().ram_bytes() % ram_charge, 0u);
-  EXPECT_EQ(sa.quota().ssd_bytes_per_chunk(), charge.ssd);
+  EXPECT_EQ(sa.quota().ssd_bytes_per_chunk(), charge.ssd_typical);
   EXPECT_EQ(sa.quota().ram_bytes_per_chunk(), charge.ram);
   EXPECT_EQ(sa.quota().pinned_chunks_limit(), 3u);
   ASSERT_TRUE(d.stub().Stats(b.Ctx().get(), {}, &sb).ok());

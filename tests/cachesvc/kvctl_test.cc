@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -83,8 +84,13 @@ TEST(KvctlTest, PutGetHashPinAndVerifyACorruptedFolder) {
   auto ok = RunProgram(kKvctl, {"verify", "--data-dir", data});
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_NE(ok.out.find("3 good, 0 bad"), std::string::npos) << ok.out;
-  // Flip a payload byte of the first slot on disk: verify finds it and drops it.
-  const int fd = open((data + "/slabs/slab-000000.dat").c_str(), O_RDWR);
+  // Flip a payload byte of the first slot on disk: verify finds it and drops it. (The mini
+  // model's chunks are in their own size class, slabs/c<slot bytes>/.)
+  std::string slab = data + "/slabs/slab-000000.dat";
+  for (const auto& entry : std::filesystem::directory_iterator(data + "/slabs")) {
+    if (entry.is_directory()) slab = entry.path().string() + "/slab-000000.dat";
+  }
+  const int fd = open(slab.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   char b = 0;
   ASSERT_EQ(pread(fd, &b, 1, storage::kSlotHeaderBytes + 100), 1);

@@ -233,13 +233,12 @@ TEST_F(ConnectorTest, FaultsFallBackToAColdPrefillAndSaySo) {
   }
   // A checksum failure on SSD: the bytes are never handed out; the engine goes cold.
   d.Stop(SIGTERM);
-  const std::string slab = data_.File("kvcached") + "/slabs/slab-000000.dat";
-  // kvcached sizes its slots for the reference model's chunk (its embedded default).
-  const ModelConfig reference =
-      *LoadModelConfig(std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json");
-  const uint64_t slot_bytes = storage::SlotBytesFor(static_cast<uint64_t>(
-      BuildChunkLayout(reference, *BuildLayerSchedule(reference), kDefaultChunkTokens)
-          ->chunk_bytes));
+  // The session's chunks are in the slabs of their size class: kvcached's first class
+  // (slabs/) is the reference model's chunk, any other size has slabs/c<slot bytes>/.
+  const uint64_t slot_bytes = storage::SlotBytesFor(model_->layout().chunk_bytes);
+  std::string slab =
+      data_.File("kvcached") + "/slabs/c" + std::to_string(slot_bytes) + "/slab-000000.dat";
+  if (access(slab.c_str(), F_OK) != 0) slab = data_.File("kvcached") + "/slabs/slab-000000.dat";
   for (int slot = 0; slot < 4; ++slot) {  // every slot the session's chunks may be in
     const int fd = open(slab.c_str(), O_RDWR);
     ASSERT_GE(fd, 0);

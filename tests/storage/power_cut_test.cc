@@ -170,49 +170,80 @@ int Rounds() {
   return env != nullptr ? std::max(1, std::atoi(env)) : 12;
 }
 
-TEST(PowerCutTest, RandomCutsNeverLoseAnAcknowledgedChunkNorServeWrongBytes) {
+// Random power cuts under writers, each storing chunks of its own namespace and size
+// (one size: one class; several: several size classes under one budget). After every cut:
+// each durable acknowledgement holds, each acknowledged erase stays, nothing reads wrong.
+// `slots`: the budget in slots of kChunk.
+struct Writer {
+  NamespaceId ns;
+  uint64_t chunk_bytes;
+};
+void RandomCuts(const std::vector<Writer>& writers_of, uint64_t slots) {
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   const int rounds = Rounds();
-  constexpr int kWriters = 3;
-  // Room for every round's chunks: nothing acknowledged is evicted.
-  const uint64_t slots = 200ull * kWriters * static_cast<uint64_t>(rounds) + 256;
+  const int writer_count = static_cast<int>(writers_of.size());
   std::mt19937_64 rng(seed);
-  std::vector<ChunkKey> durable, erased, attempted;
+  struct Stored {
+    ChunkKey key;
+    Writer w;
+  };
+  std::vector<Stored> durable, erased, attempted;
+  auto read_back = [](ChunkStore& s, const Stored& c) {
+    std::vector<uint8_t> out(c.w.chunk_bytes);
+    absl::Status st = s.Get(c.w.ns, c.key, out);
+    if (st.ok() && out != PayloadOf(c.key, c.w.chunk_bytes))
+      return absl::DataLossError("served bytes that differ from what was stored");
+    return st;
+  };
+  auto open = [&](std::shared_ptr<PowerCut> cut) {
+    StoreOptions o = Options(dir.path(), slots, std::move(cut));
+    o.first_class_chunk_bytes = kChunk;  // slabs/; the other sizes are classes of their own
+    for (const Writer& w : writers_of)
+      o.max_chunk_bytes = std::max(o.max_chunk_bytes, w.chunk_bytes);
+    auto store = Open(o);
+    for (const Writer& w : writers_of) {
+      if (store && w.ns != kNs) {
+        EXPECT_TRUE(store->RegisterNamespace(w.ns, w.chunk_bytes).ok());
+      }
+    }
+    return store;
+  };
   uint64_t recovered = 0, kept = 0, dropped = 0, torn = 0;
   for (int round = 0; round < rounds; ++round) {
     auto cut = std::make_shared<PowerCut>(rng());
     {
-      auto store = Open(Options(dir.path(), slots, cut));
+      auto store = open(cut);
       ASSERT_NE(store, nullptr);
       std::mutex mu;
       std::vector<std::thread> writers;
-      for (int t = 0; t < kWriters; ++t) {
+      for (int t = 0; t < writer_count; ++t) {
         writers.emplace_back([&, t] {
+          const Writer w = writers_of[static_cast<size_t>(t)];
           std::mt19937_64 r(seed ^ (uint64_t(round) << 32) ^ uint64_t(t));
           for (uint64_t i = 0; i < 200 && !cut->cut(); ++i) {
             const ChunkKey key = KeyOf(seed, (uint64_t(round) << 32) | (uint64_t(t) << 24) | i);
-            const std::vector<uint8_t> p = PayloadOf(key, kChunk);
+            const std::vector<uint8_t> p = PayloadOf(key, w.chunk_bytes);
             const bool is_durable = r() % 4 != 0;
             {
               std::lock_guard lock(mu);
-              attempted.push_back(key);
+              attempted.push_back({key, w});
             }
             const absl::Status st =
                 store
-                    ->Put({kNs, key, {}, p},
+                    ->Put({w.ns, key, {}, p},
                           {is_durable ? Durability::kDurable : Durability::kMemory, 0})
                     .status();
             // An answer that came after the cut may rest on a sync that never happened.
             if (!st.ok() || cut->cut()) continue;
             if (is_durable && r() % 10 == 0) {
-              const absl::Status e = store->Erase(kNs, key);
+              const absl::Status e = store->Erase(w.ns, key);
               std::lock_guard lock(mu);
-              if (e.ok() && !cut->cut()) erased.push_back(key);
+              if (e.ok() && !cut->cut()) erased.push_back({key, w});
               continue;
             }
             std::lock_guard lock(mu);
-            if (is_durable) durable.push_back(key);
+            if (is_durable) durable.push_back({key, w});
           }
         });
       }
@@ -230,19 +261,19 @@ TEST(PowerCutTest, RandomCutsNeverLoseAnAcknowledgedChunkNorServeWrongBytes) {
     dropped += c.slab_writes_dropped;
     torn += c.slab_writes_torn;
 
-    auto store = Open(Options(dir.path(), slots));
+    auto store = open(nullptr);
     ASSERT_NE(store, nullptr);
     ASSERT_EQ(store->CheckConsistency(), absl::OkStatus()) << "round " << round << ", reopened";
     // Synced bytes survive a power cut: the index is never found damaged after one (a
     // rebuild from every slot would be slow, and would bring back erased chunks).
     ASSERT_EQ(store->Stats().index_rebuilds, 0u) << "round " << round;
     recovered += store->Stats().recovered_chunks;
-    for (const ChunkKey& key : durable)
-      ASSERT_TRUE(ReadBack(*store, key).ok()) << "round " << round << ": acknowledged chunk lost";
-    for (const ChunkKey& key : erased)
-      ASSERT_TRUE(absl::IsNotFound(ReadBack(*store, key))) << "round " << round << ": erase undone";
-    for (const ChunkKey& key : attempted) {
-      const absl::Status st = ReadBack(*store, key);
+    for (const Stored& s : durable)
+      ASSERT_TRUE(read_back(*store, s).ok()) << "round " << round << ": acknowledged chunk lost";
+    for (const Stored& s : erased)
+      ASSERT_TRUE(absl::IsNotFound(read_back(*store, s))) << "round " << round << ": erase undone";
+    for (const Stored& s : attempted) {
+      const absl::Status st = read_back(*store, s);
       ASSERT_TRUE(st.ok() || absl::IsNotFound(st)) << "round " << round << ": " << st;
     }
   }
@@ -254,6 +285,25 @@ TEST(PowerCutTest, RandomCutsNeverLoseAnAcknowledgedChunkNorServeWrongBytes) {
       static_cast<unsigned long long>(kept), static_cast<unsigned long long>(dropped),
       static_cast<unsigned long long>(torn), static_cast<unsigned long long>(recovered));
   EXPECT_GT(durable.size(), 0u);
+}
+
+TEST(PowerCutTest, RandomCutsNeverLoseAnAcknowledgedChunkNorServeWrongBytes) {
+  constexpr uint64_t kWriters = 3;
+  // Room for every round's chunks: nothing acknowledged is evicted.
+  RandomCuts(std::vector<Writer>(kWriters, {kNs, kChunk}),
+             200 * kWriters * static_cast<uint64_t>(Rounds()) + 256);
+}
+
+// The same with three size classes written at once (4 KiB, the first class's 12 KiB and
+// 40 KiB slots), each with its own reservation record, under one budget with room for all
+// (twice their slots: each class reserves up to 1/8 of the budget ahead).
+TEST(PowerCutTest, RandomCutsAcrossSizeClassesLoseNothingAcknowledged) {
+  const std::vector<Writer> writers = {{kNs, kChunk}, {kNs + 1, 3000}, {kNs + 2, 40000}};
+  const uint64_t per_round = 200 *
+                                 (SlotBytesFor(kChunk) + SlotBytesFor(3000) + SlotBytesFor(40000)) /
+                                 SlotBytesFor(kChunk) +
+                             1;
+  RandomCuts(writers, 2 * per_round * static_cast<uint64_t>(Rounds()) + 256);
 }
 
 // A namespace at its SSD quota (storage/quota.h): every durable put evicts the group's

@@ -177,18 +177,20 @@ TEST(QuotaTest, ConcurrentWritersOfOneGroupStayWithinItsQuota) {
 
 // A namespace of small chunks (a twentieth of the largest) is charged what each takes: in
 // RAM its payload in whole 4 KiB pages — a RAM quota of 4 of the largest chunks holds 20
-// of them — and on SSD, where every slot has one size, the whole slot: a quota of 10 slots
-// holds 10, not 200, and so cannot crowd out the tier.
-TEST(QuotaTest, AChunkIsChargedItsPagesInRamAndItsWholeSlotOnSsd) {
+// of them — and on SSD the slot of its own size class (header + payload in 4 KiB), not the
+// largest chunk's: a quota of 10 large slots holds 50 of them, and no more.
+TEST(QuotaTest, AChunkIsChargedItsPagesInRamAndItsOwnClassSlotOnSsd) {
   const uint64_t seed = testing::FreshSeed();
   TempDir dir;
   auto store = Open(dir.path(), 16, 64);
   constexpr NamespaceId kSmall = 9;
   constexpr uint64_t kSmallBytes = kChunk / 20;
+  const uint64_t small_slot = SlotBytesFor(kSmallBytes);
+  ASSERT_EQ(small_slot, 4096u);
   ASSERT_TRUE(store->RegisterNamespace(kSmall, kSmallBytes).ok());
   ASSERT_TRUE(store->SetQuota(kGroupA, {"tenant a", 4 * Ram(*store), 10 * Ssd(*store), 0}).ok());
   store->SetQuotaGroup(kSmall, kGroupA);
-  for (uint64_t i = 0; i < 60; ++i) {
+  for (uint64_t i = 0; i < 80; ++i) {
     const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kSmallBytes);
     ASSERT_TRUE(
         store->Put({kSmall, KeyOf(seed, i), std::nullopt, p}, {Durability::kDurable, 0}).ok())
@@ -196,15 +198,22 @@ TEST(QuotaTest, AChunkIsChargedItsPagesInRamAndItsWholeSlotOnSsd) {
   }
   const QuotaUsage used = store->Usage(kGroupA);
   EXPECT_LE(used.ssd_bytes, 10 * Ssd(*store));
+  EXPECT_GE(used.ssd_bytes, 10 * Ssd(*store) - 2 * small_slot) << "the SSD quota is filled";
+  EXPECT_EQ(used.ssd_bytes % small_slot, 0u) << "charged in whole slots of its class";
   EXPECT_LE(used.ram_bytes, 4 * Ram(*store));
   EXPECT_EQ(used.ram_bytes % RamSlotBytes(kSmallBytes), 0u) << "charged in whole pages";
   EXPECT_EQ(RamSlotBytes(kSmallBytes), 4096u);
   EXPECT_EQ(used.ram_bytes, 4 * Ram(*store) / 4096 * 4096) << "the RAM quota holds 20 of them";
   uint64_t held = 0;
-  for (uint64_t i = 0; i < 60; ++i) held += store->Contains(kSmall, KeyOf(seed, i)) != Tier::kNone;
-  EXPECT_LE(held, 10u + used.ram_bytes / 4096) << "small chunks held past the quotas";
-  EXPECT_EQ(used.ssd_bytes % Ssd(*store), 0u) << "charged in whole slots";
-  EXPECT_GT(Ssd(*store), kChunk) << "an SSD slot holds a header and is 4 KiB aligned";
+  for (uint64_t i = 0; i < 80; ++i) held += store->Contains(kSmall, KeyOf(seed, i)) != Tier::kNone;
+  EXPECT_GE(held, used.ssd_bytes / small_slot);
+  EXPECT_LE(held, used.ssd_bytes / small_slot + used.ram_bytes / 4096)
+      << "small chunks held past the quotas";
+  const StoreStats st = store->Stats();
+  EXPECT_EQ(st.ssd_bytes, used.ssd_bytes) << "one group holds everything on SSD";
+  ASSERT_EQ(st.ssd_classes.size(), 2u) << "the folder's first class and the small chunks'";
+  EXPECT_EQ(st.ssd_classes[1].slot_bytes, small_slot);
+  EXPECT_EQ(st.ssd_classes[1].chunks, used.ssd_bytes / small_slot);
   EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
 }
 

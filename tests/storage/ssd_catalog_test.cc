@@ -79,6 +79,36 @@ TEST(SsdCatalogTest, AReservationListsTheNamedSlotAndTheFirstWriteLandsOnIt) {
   EXPECT_TRUE(c->CheckInvariants(Slots({0, *named})).ok());
 }
 
+// A size class may grow to the whole device budget: its catalog holds only the slots taken
+// so far (lowest first), counts what is taken, and a reservation stops at the room the
+// budget gives it.
+TEST(SsdCatalogTest, AClassCatalogCostsWhatIsTakenAndAReservationStopsAtTheBudgetsRoom) {
+  constexpr uint64_t kCapacity = 1ull << 28;  // a terabyte of 4 KiB slots
+  SsdCatalog c(kCapacity, 4096);
+  c.Load({}, 0);  // nothing used, slot 0 named
+  EXPECT_EQ(c.Obtainable(), kCapacity);
+  EXPECT_EQ(c.Taken(), 0u);
+  EXPECT_EQ(c.ReserveAhead(), 1024u);
+  EXPECT_EQ(c.EvictAhead(), 32u);
+  c.BeginReservation();
+  const SlotReservation r = c.PlanReservation(3, /*limit=*/5);
+  // The budget's room (5), not ReserveAhead, less one kept to name the next first.
+  EXPECT_EQ(r.slots, (std::vector<uint64_t>{3, 2, 1, 0})) << "lowest first: the named 0, 1..3";
+  EXPECT_EQ(r.next_first_slot, 4u);
+  c.FinishReservation(true);
+  EXPECT_EQ(c.Taken(), 4u) << "the named slot is not taken";
+  EXPECT_EQ(c.TakeForWrite(), 0u);
+  c.Published(0);
+  c.EndWrites(1);
+  EXPECT_TRUE(c.CheckInvariants(Slots({0})).ok());
+  c.Free(0);
+  EXPECT_EQ(c.Taken(), 4u) << "a listed slot freed stays the reservation's";
+  EXPECT_TRUE(c.CheckInvariants({}).ok());
+  // Large slots: ahead at most 128 MiB of them.
+  EXPECT_EQ(SsdCatalog(kCapacity, 8ull << 20).ReserveAhead(), 16u);
+  EXPECT_EQ(SsdCatalog(kCapacity, 8ull << 20).EvictAhead(), 4u);
+}
+
 TEST(SsdCatalogTest, AReservationThatIsNotCommittedPutsEverySlotBack) {
   std::optional<uint64_t> named;
   auto c = Loaded(64, {5, 6}, &named);

@@ -196,18 +196,29 @@ TEST(IndexRecordTest, RoundTripsAndRejectsForeignBytes) {
   r.last_access_s = 1'700'000'100;
   r.pin_until_s = 1'800'000'000;
   r.expires_s = 1'750'000'000;
+  r.slot_class = 20480;
   absl::StatusOr<IndexRecord> back = DecodeIndexRecord(EncodeIndexRecord(r));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(EncodeIndexRecord(*back), EncodeIndexRecord(r));
   EXPECT_EQ(back->parent, r.parent);
+  EXPECT_EQ(back->slot_class, 20480u);
   EXPECT_FALSE(back->origin.has_value());
   r.origin = ChunkOrigin{KeyOf(seed, 6), KeyOf(seed, 7)};
   EXPECT_EQ(DecodeIndexRecord(EncodeIndexRecord(r))->origin, r.origin);
   r.origin->parent.reset();
   EXPECT_EQ(DecodeIndexRecord(EncodeIndexRecord(r))->origin, r.origin);
-  // A version-1 record (before origins were kept) still reads: version 1 is the same
-  // bytes less the origin's 33 at the end.
-  std::string v1 = EncodeIndexRecord(r);
+  // A version-2 record (before size classes) still reads, as the folder's first class:
+  // version 2 is the same bytes less the class's 4 at the end.
+  std::string v2 = EncodeIndexRecord(r);
+  v2.resize(v2.size() - 4);
+  v2[0] = 2;
+  absl::StatusOr<IndexRecord> before_classes = DecodeIndexRecord(v2);
+  ASSERT_TRUE(before_classes.ok()) << before_classes.status();
+  EXPECT_EQ(before_classes->slot_class, 0u);
+  EXPECT_EQ(before_classes->origin, r.origin);
+  // A version-1 record (before origins were kept) still reads: version 1 is version 2
+  // less the origin's 33 bytes at the end.
+  std::string v1 = v2;
   v1.resize(v1.size() - 33);
   v1[0] = 1;
   absl::StatusOr<IndexRecord> old = DecodeIndexRecord(v1);
