@@ -33,6 +33,15 @@ prometheus::MetricFamily Family(const std::string& name, const std::string& help
   return f;
 }
 
+// One sample per SSD size class, labelled with its slot bytes.
+std::vector<prometheus::ClientMetric> ClassChunks(const storage::StoreStats& s) {
+  std::vector<prometheus::ClientMetric> out;
+  for (const storage::StoreStats::SsdClassStats& c : s.ssd_classes)
+    out.push_back(
+        Value(static_cast<double>(c.chunks), {{"slot_bytes", absl::StrCat(c.slot_bytes)}}));
+  return out;
+}
+
 // Reads the store's statistics when Prometheus scrapes, so they are never stale.
 class StoreCollector final : public prometheus::Collectable {
  public:
@@ -95,6 +104,13 @@ class StoreCollector final : public prometheus::Collectable {
                tiers(s.ram_chunks, s.ssd_chunks)),
         Family("kvcache_capacity_chunks", "Chunk capacity per tier", T::Gauge,
                tiers(s.ram_capacity_chunks, s.ssd_capacity_chunks)),
+        Family("kvcache_ssd_bytes",
+               "SSD bytes charged to the chunks held (each its size class's slot)", T::Gauge,
+               {Value(s.ssd_bytes)}),
+        Family("kvcache_ssd_capacity_bytes", "The SSD tier's device budget, every size class",
+               T::Gauge, {Value(s.ssd_capacity_bytes)}),
+        Family("kvcache_ssd_class_chunks", "Chunks held per SSD size class (slot bytes)", T::Gauge,
+               ClassChunks(s)),
         Family("kvcache_hits_total", "Chunk reads served per tier", T::Counter,
                tiers(s.ram_hits, s.ssd_hits)),
         Family("kvcache_evictions_total", "Chunks evicted per tier", T::Counter,

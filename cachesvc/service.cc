@@ -224,6 +224,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         // The tiers' sizes and the I/O backend say nothing about any tenant.
         resp->set_ram_capacity_chunks(s.ram_capacity_chunks);
         resp->set_ssd_capacity_chunks(s.ssd_capacity_chunks);
+        resp->set_ssd_capacity_bytes(s.ssd_capacity_bytes);
         resp->set_io_backend(s.io_backend);
         resp->set_hbm_capacity_chunks(s.hbm_capacity_chunks);
         if (pb::TenantQuota q; impl_->QuotaOf(tenant, &q)) *resp->mutable_quota() = q;
@@ -238,6 +239,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
           const TenantCounters::Counts c = impl_->CountersOf(tenant);
           resp->set_ram_chunks(n.ram);
           resp->set_ssd_chunks(n.ssd);
+          resp->set_ssd_bytes(n.ssd_bytes);
           resp->set_hbm_chunks(n.hbm);
           resp->set_ram_hits(c.ram_hits);
           resp->set_ssd_hits(c.ssd_hits);
@@ -246,6 +248,12 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         }
         resp->set_ram_chunks(s.ram_chunks);
         resp->set_ssd_chunks(s.ssd_chunks);
+        resp->set_ssd_bytes(s.ssd_bytes);
+        for (const storage::StoreStats::SsdClassStats& c : s.ssd_classes) {
+          pb::SsdSizeClass* out = resp->add_ssd_classes();
+          out->set_slot_bytes(c.slot_bytes);
+          out->set_chunks(c.chunks);
+        }
         resp->set_ram_hits(s.ram_hits);
         resp->set_ssd_hits(s.ssd_hits);
         resp->set_misses(s.misses);

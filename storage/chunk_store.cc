@@ -684,6 +684,9 @@ ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& nam
   MutexLock lk(impl_->mu);
   ChunkCounts c;
   if (impl_->ram) c.ram = impl_->ram->CountIn(namespaces);
+  for (const auto& [ns, bytes] : impl_->namespaces) {
+    if (namespaces.contains(ns)) c.ssd_bytes += impl_->ssd_order.BytesOf(ns);
+  }
   for (const auto& [key, rec] : impl_->ssd_map) c.ssd += namespaces.contains(rec.namespace_id);
   if (impl_->hbm) c.hbm = impl_->hbm->CountIn(namespaces);
   return c;
@@ -754,13 +757,8 @@ StoreStats ChunkStore::Stats() const {
   st.ssd_capacity_bytes = impl_->ssd_budget;
   st.ssd_taken_bytes = impl_->SsdTakenBytes();
   for (const auto& [ns, bytes] : impl_->namespaces) st.ssd_bytes += impl_->ssd_order.BytesOf(ns);
-  for (const auto& c : impl_->classes) st.ssd_classes.push_back({c->slot_bytes, 0});
-  if (!impl_->classes.empty()) {
-    std::unordered_map<uint32_t, uint64_t> chunks_of;
-    for (const auto& [key, r] : impl_->ssd_map) ++chunks_of[r.slot_class];
-    for (size_t c = 0; c < impl_->classes.size(); ++c)
-      st.ssd_classes[c].chunks = chunks_of[impl_->classes[c]->code];
-  }
+  for (const auto& c : impl_->classes)
+    st.ssd_classes.push_back({c->slot_bytes, c->catalog->Used()});
   st.pending_write_behind = impl_->dirty_queue.size();
   if (impl_->hbm) {
     const HbmStats h = impl_->hbm->stats();

@@ -306,6 +306,7 @@ class ChunkStore {
   // How many chunks of these namespaces each tier holds (a walk over every chunk).
   struct ChunkCounts {
     uint64_t ram = 0, ssd = 0, hbm = 0;
+    uint64_t ssd_bytes = 0;  // charged to those on SSD (each its size class's slot)
   };
   ChunkCounts CountChunks(const std::set<NamespaceId>& namespaces) const;
 

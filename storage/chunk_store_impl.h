@@ -197,6 +197,10 @@ class ChunkStore::Impl {
   uint64_t SsdSlotBytesFor(uint64_t payload_bytes) const;
 
   void RemoveSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Each class's free slots past its last slot in use are forgotten and the whole slabs
+  // past them removed, so the disk a class takes follows what it holds when the mix of
+  // sizes moves (called after evictions).
+  void GiveBackEmptySlabs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Reads slots of several classes (reads[k] of cls[k]), each class's in one batch, without
   // the lock (the catalogs' BeginRead keeps the slots). One status per read.

@@ -150,7 +150,14 @@ absl::Status ChunkStore::Impl::Open() {
   const uint64_t first_chunk =
       opt.first_class_chunk_bytes != 0 ? opt.first_class_chunk_bytes : opt.max_chunk_bytes;
   slot_bytes = SlotBytesFor(first_chunk, legacy_format);
-  uint64_t slots_per_slab = std::max<uint64_t>(1, opt.slab_bytes / slot_bytes);
+  // Every class lays its slabs out at this size (whole slots); fixed by the folder. A class
+  // holds a partly used slab at its end: 1/64 of the budget (at least 16 MiB, at most
+  // slab_bytes) keeps what several classes lay out past their chunks small.
+  const uint64_t class_slab =
+      std::min(opt.slab_bytes, std::max<uint64_t>(16ull << 20, opt.ssd_bytes / 64));
+  KVC_ASSIGN_OR_RETURN(slab_bytes, MetaNumber(*index, "class_slab_bytes", class_slab));
+  KVC_RETURN_IF_ERROR(index->PutMeta("class_slab_bytes", std::to_string(slab_bytes)));
+  uint64_t slots_per_slab = std::max<uint64_t>(1, slab_bytes / slot_bytes);
   if (index_damaged) {
     // A rebuilt index may have lost the geometry: the first slab's size tells it.
     std::error_code size_ec;
@@ -173,9 +180,6 @@ absl::Status ChunkStore::Impl::Open() {
     }
     *value = v;  // the folder's geometry wins over the options (other sizes: other classes)
   }
-  // Every further class lays its slabs out at this size (whole slots); fixed by the folder.
-  KVC_ASSIGN_OR_RETURN(slab_bytes, MetaNumber(*index, "class_slab_bytes", opt.slab_bytes));
-  KVC_RETURN_IF_ERROR(index->PutMeta("class_slab_bytes", std::to_string(slab_bytes)));
   KVC_ASSIGN_OR_RETURN(std::optional<std::string> ns, index->GetMeta("namespaces"));
   if (ns.has_value()) {
     for (absl::string_view item : absl::StrSplit(*ns, ',', absl::SkipEmpty())) {

@@ -1,6 +1,7 @@
 // The RAM and SSD tiers under the store's mutex: placement, eviction, demotion (write-back)
 // and the write-behind writer.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "base/file.h"
@@ -218,6 +219,37 @@ std::vector<absl::Status> ChunkStore::Impl::ReadSlots(std::span<SlotRead> reads,
   return status;
 }
 
+void ChunkStore::Impl::GiveBackEmptySlabs() {
+  // A class left empty names its lowest free slot for its next reservation (one synced
+  // record), so that no slot in use holds its slabs above it.
+  std::vector<std::pair<std::string, std::string>> meta;
+  std::vector<SsdClass*> renamed;
+  for (const auto& c : classes) {
+    if (std::optional<SlotReservation> record = c->catalog->PlanRenameIfEmpty()) {
+      meta.emplace_back(c->reservation_meta, EncodeSlotReservation(*record));
+      renamed.push_back(c.get());
+    }
+  }
+  if (!renamed.empty()) {
+    mu.unlock();
+    const absl::Status committed = index->Commit({}, {}, /*sync=*/true, meta);
+    mu.lock();
+    for (SsdClass* c : renamed) c->catalog->FinishRename(committed.ok());
+    reservation_cv.notify_all();
+  }
+  for (const auto& c : classes) {
+    const std::optional<uint64_t> kept = c->catalog->TrimFree();
+    if (!kept) continue;
+    // Whole slabs past the last slot kept; done before the lock is let go, so no write can
+    // take one of their slots meanwhile. A failure costs disk space, nothing else.
+    const uint64_t first = (*kept + c->slots_per_slab - 1) / c->slots_per_slab;
+    if (absl::Status s = c->tier->RemoveSlabsFrom(first); !s.ok()) {
+      std::fprintf(stderr, "kvcache storage: giving back empty slabs: %s\n",
+                   std::string(s.message()).c_str());
+    }
+  }
+}
+
 void ChunkStore::Impl::RemoveSsd(const ChunkKey& key) {
   auto d = ssd_map.find(key);
   if (d == ssd_map.end()) return;
@@ -279,16 +311,31 @@ absl::Status ChunkStore::Impl::EnsureReserved(SsdClass& cls, size_t n) {
   while (catalog.in_flight() != 0) reservation_cv.wait(mu);
   const size_t missing = n - std::min(n, catalog.reserved_free());
   // The slots of this class the device budget has room for (what every class takes now
-  // is counted, reserved slots included).
+  // is counted, reserved slots included, less what other classes are releasing to it).
+  uint64_t released_bytes = 0;
   auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const uint64_t taken = SsdTakenBytes();
+    const uint64_t taken = SsdTakenBytes() - released_bytes;
     return static_cast<size_t>(taken >= ssd_budget ? 0 : (ssd_budget - taken) / cls.slot_bytes);
   };
+  std::vector<std::pair<std::string, std::string>> meta;
+  std::vector<SsdClass*> released;
   std::vector<ChunkKey> evicted;
+  const size_t ahead = catalog.EvictAhead();
+  if (room() < missing + ahead) {
+    // Before any chunk goes: the free slots other classes hold reserved and have not
+    // written leave their reservations (in this commit), and their bytes come here.
+    for (const auto& other : classes) {
+      if (other.get() == &cls || other->catalog->record_busy()) continue;
+      if (std::optional<SlotReservation> record = other->catalog->PlanRelease()) {
+        released_bytes += other->catalog->releasing() * other->slot_bytes;
+        meta.emplace_back(other->reservation_meta, EncodeSlotReservation(*record));
+        released.push_back(other.get());
+      }
+    }
+  }
   if (catalog.Obtainable() < missing || room() < missing) {
     // The coldest chunks go, whatever their class: a burst of large pages makes room from
     // cold small chunks too.
-    const size_t ahead = catalog.EvictAhead();
     while (catalog.Obtainable() < missing + ahead || room() < missing + ahead) {
       std::optional<ChunkKey> victim = PickSsdVictim();
       if (!victim) break;
@@ -298,14 +345,16 @@ absl::Status ChunkStore::Impl::EnsureReserved(SsdClass& cls, size_t n) {
     }
   }
   const SlotReservation record = catalog.PlanReservation(missing, room());
+  meta.emplace_back(cls.reservation_meta, EncodeSlotReservation(record));
   mu.unlock();
-  const absl::Status status = index->Commit(
-      {}, evicted, /*sync=*/true, {{cls.reservation_meta, EncodeSlotReservation(record)}});
+  const absl::Status status = index->Commit({}, evicted, /*sync=*/true, meta);
   mu.lock();
   if (status.ok()) ++stats.reservations;
+  for (SsdClass* other : released) other->catalog->FinishRelease(status.ok());
   catalog.FinishReservation(status.ok());
   reservation_cv.notify_all();
   if (!status.ok()) return status;
+  if (!evicted.empty() || !released.empty()) GiveBackEmptySlabs();
   if (catalog.reserved_free() < n)
     return absl::ResourceExhaustedError(
         "the SSD tier is full and nothing in it can give way (pinned chunks, their ancestors, "

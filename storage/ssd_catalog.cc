@@ -1,6 +1,7 @@
 #include "storage/ssd_catalog.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
@@ -35,8 +36,14 @@ SsdCatalog::SsdCatalog(uint64_t capacity_slots, uint64_t slot_bytes,
       slot_bytes_(slot_bytes),
       sequence_(sequence ? std::move(sequence) : std::make_shared<std::atomic<uint64_t>>(1)) {}
 
+void SsdCatalog::PushFree(uint64_t slot) {
+  free_.push_back(slot);
+  std::push_heap(free_.begin(), free_.end(), std::greater<>());
+}
+
 std::optional<uint64_t> SsdCatalog::TakeFree() {
   if (!free_.empty()) {
+    std::pop_heap(free_.begin(), free_.end(), std::greater<>());
     const uint64_t slot = free_.back();
     free_.pop_back();
     return slot;
@@ -52,6 +59,7 @@ void SsdCatalog::Move(uint64_t slot, std::initializer_list<Place> from, Place to
   const Place at = place_[slot];
   KVC_CHECK(std::find(from.begin(), from.end(), at) != from.end())
       << "SSD slot " << slot << " is " << PlaceName(at) << ", cannot become " << PlaceName(to);
+  used_ += (to == Place::kUsed) - (at == Place::kUsed);
   place_[slot] = to;
 }
 
@@ -70,6 +78,7 @@ void SsdCatalog::Load(const std::vector<bool>& used, std::optional<uint64_t> nam
   reserved_.clear();
   reserved_free_.clear();
   held_back_ = 0;
+  used_ = 0;
   named_next_ = named_next;
   // Slots past the last used (or named) one stay untaken: a tier of millions of slots
   // costs what it holds.
@@ -78,13 +87,15 @@ void SsdCatalog::Load(const std::vector<bool>& used, std::optional<uint64_t> nam
   for (uint64_t s = known; s-- > 0;) {
     if (s < used.size() && used[s]) {
       place_[s] = Place::kUsed;
+      ++used_;
     } else if (s == named_next) {
       place_[s] = Place::kNamedNext;
     } else {
       place_[s] = Place::kFree;
-      free_.push_back(s);  // lowest slot on top: slabs fill in order
+      free_.push_back(s);
     }
   }
+  std::make_heap(free_.begin(), free_.end(), std::greater<>());
 }
 
 uint64_t SsdCatalog::TakeSequence() { return sequence_->fetch_add(1); }
@@ -149,7 +160,7 @@ void SsdCatalog::ReturnFree(uint64_t slot) {
     reserved_free_.push_back(slot);
   } else {
     place_[slot] = Place::kFree;
-    free_.push_back(slot);
+    PushFree(slot);
   }
 }
 
@@ -177,6 +188,50 @@ bool SsdCatalog::record_busy() const {
 size_t SsdCatalog::Obtainable() const {
   MutexLock lk(mu_);
   return free_.size() + (capacity_ - place_.size()) + (named_next_ ? 1 : 0);
+}
+
+std::optional<uint64_t> SsdCatalog::TrimFree() {
+  MutexLock lk(mu_);
+  uint64_t keep = place_.size();
+  while (keep > 0 && place_[keep - 1] == Place::kFree) --keep;
+  if (keep == place_.size()) return std::nullopt;
+  place_.resize(keep);
+  std::erase_if(free_, [&](uint64_t slot) { return slot >= keep; });
+  std::make_heap(free_.begin(), free_.end(), std::greater<>());
+  return keep;
+}
+
+std::optional<SlotReservation> SsdCatalog::PlanRenameIfEmpty() {
+  MutexLock lk(mu_);
+  if (record_busy_ || in_flight_ != 0 || used_ != 0 || !reserved_free_.empty() || !named_next_ ||
+      free_.empty() || free_.front() > *named_next_)
+    return std::nullopt;
+  renaming_ = TakeFree();
+  Move(*renaming_, {Place::kFree}, Place::kReserving);
+  record_busy_ = true;
+  return SlotReservation{
+      min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), renaming_};
+}
+
+void SsdCatalog::FinishRename(bool committed) {
+  MutexLock lk(mu_);
+  KVC_CHECK(record_busy_ && renaming_);
+  if (committed) {
+    place_[*named_next_] = Place::kFree;
+    PushFree(*named_next_);
+    place_[*renaming_] = Place::kNamedNext;
+    named_next_ = renaming_;
+  } else {
+    place_[*renaming_] = Place::kFree;
+    PushFree(*renaming_);
+  }
+  renaming_.reset();
+  record_busy_ = false;
+}
+
+uint64_t SsdCatalog::Used() const {
+  MutexLock lk(mu_);
+  return used_;
 }
 
 uint64_t SsdCatalog::Taken() const {
@@ -250,6 +305,15 @@ void SsdCatalog::FinishReservation(bool committed) {
   if (committed) {
     reserved_ = {plan.record.slots.begin(), plan.record.slots.end()};
     min_sequence_ = plan.record.min_sequence;
+    // A slot freed while the record was committed (a chunk of the old listing evicted for
+    // another class, or its last reader gone) went back among the old reservation's free
+    // slots; the new record does not list it, so it is plainly free now.
+    std::erase_if(reserved_free_, [&](uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (reserved_.contains(slot)) return false;
+      place_[slot] = Place::kFree;
+      PushFree(slot);
+      return true;
+    });
     // Lowest slot on top, as in free_: slabs fill in order.
     for (uint64_t s : plan.fresh) place_[s] = Place::kReservedFree;
     reserved_free_.insert(reserved_free_.begin(), plan.fresh.begin(), plan.fresh.end());
@@ -259,14 +323,14 @@ void SsdCatalog::FinishReservation(bool committed) {
     // As before: the slot named stays named, the rest goes back to the free list.
     if (plan.following) {
       place_[*plan.following] = Place::kFree;
-      free_.push_back(*plan.following);
+      PushFree(*plan.following);
     }
     if (plan.took_named) {
       place_[plan.fresh.back()] = Place::kNamedNext;
       plan.fresh.pop_back();
     }
     for (uint64_t s : plan.fresh) place_[s] = Place::kFree;
-    free_.insert(free_.end(), plan.fresh.begin(), plan.fresh.end());
+    for (uint64_t s : plan.fresh) PushFree(s);
   }
   plan_.reset();
   record_busy_ = false;
@@ -281,6 +345,42 @@ std::optional<SlotReservation> SsdCatalog::PlanRemoval(std::span<const uint64_t>
   record_busy_ = true;
   return SlotReservation{
       min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), named_next_};
+}
+
+std::optional<SlotReservation> SsdCatalog::PlanRelease() {
+  MutexLock lk(mu_);
+  KVC_CHECK(!record_busy_ && releasing_.empty());
+  if (reserved_free_.empty()) return std::nullopt;
+  releasing_.swap(reserved_free_);
+  for (uint64_t slot : releasing_) {
+    reserved_.erase(slot);
+    Move(slot, {Place::kReservedFree}, Place::kReserving);
+  }
+  record_busy_ = true;
+  return SlotReservation{
+      min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), named_next_};
+}
+
+void SsdCatalog::FinishRelease(bool committed) {
+  MutexLock lk(mu_);
+  KVC_CHECK(record_busy_ && !plan_);
+  for (uint64_t slot : releasing_) {
+    if (committed) {
+      place_[slot] = Place::kFree;
+      PushFree(slot);
+    } else {  // the durable record still lists them: they stay the reservation's
+      place_[slot] = Place::kReservedFree;
+      reserved_.insert(slot);
+      reserved_free_.push_back(slot);
+    }
+  }
+  releasing_.clear();
+  record_busy_ = false;
+}
+
+size_t SsdCatalog::releasing() const {
+  MutexLock lk(mu_);
+  return releasing_.size();
 }
 
 void SsdCatalog::FinishRemoval() {
@@ -345,6 +445,11 @@ absl::Status SsdCatalog::CheckInvariants(std::span<const uint64_t> chunk_slots) 
     }
   }
   uint64_t held_back = 0;
+  if (const uint64_t used =
+          static_cast<uint64_t>(std::count(place_.begin(), place_.end(), Place::kUsed));
+      used != used_) {
+    return absl::InternalError(absl::StrCat(used, " SSD slots hold chunks, counted ", used_));
+  }
   if (place_.size() > capacity_) {
     return absl::InternalError(
         absl::StrCat(place_.size(), " SSD slots taken of a tier of ", capacity_));

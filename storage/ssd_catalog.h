@@ -65,6 +65,18 @@ class SsdCatalog {
   // Slots that are not free: holding chunks, being written, reserved, held back, waiting
   // for readers. What the class takes of the device budget is Taken() × slot_bytes().
   uint64_t Taken() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Slots holding a chunk (published, or being removed).
+  uint64_t Used() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets the free slots above the highest slot in any other place (they become never
+  // taken, as before their first use) and returns how many slots are left, for the tier to
+  // give the slabs past them back to the disk; nullopt if there were none to forget. The
+  // caller gives them back before any other call can take one again.
+  std::optional<uint64_t> TrimFree() ABSL_LOCKS_EXCLUDED(mu_);
+  // A class left empty (no chunk, nothing reserved or being written) whose named slot sits
+  // above a lower free one: the record naming the lowest instead (record_busy until
+  // FinishRename), so the slabs above it can be given back; else nullopt.
+  std::optional<SlotReservation> PlanRenameIfEmpty() ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishRename(bool committed) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- at open ----
   // Sequences resume above every one seen (index records, slots, the reservation record).
@@ -133,6 +145,14 @@ class SsdCatalog {
   std::optional<SlotReservation> PlanRemoval(std::span<const uint64_t> slots)
       ABSL_LOCKS_EXCLUDED(mu_);
   void FinishRemoval() ABSL_LOCKS_EXCLUDED(mu_);
+  // The reservation's free slots leave it (no record busy), for another size class that
+  // needs the device budget they hold: the record to commit without them (record_busy until
+  // FinishRelease), or nullopt if it has none. Writes in flight keep their listed slots.
+  std::optional<SlotReservation> PlanRelease() ABSL_LOCKS_EXCLUDED(mu_);
+  // Committed: the slots are free; not: they are the reservation's again.
+  void FinishRelease(bool committed) ABSL_LOCKS_EXCLUDED(mu_);
+  // Slots being released (their bytes are the budget's once the release commits).
+  size_t releasing() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- checks ----
   // At a quiet moment (no write, reservation or read running): every slot in exactly one
@@ -151,16 +171,19 @@ class SsdCatalog {
   // The free slot to take next: the top of the free list, else the lowest never taken
   // (which then gets a place). nullopt when none is left.
   std::optional<uint64_t> TakeFree() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushFree(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_;
   const uint64_t slot_bytes_;
   mutable Mutex mu_;
   // The places of the slots taken so far (every slot past them is free and in no list).
   std::vector<Place> place_ ABSL_GUARDED_BY(mu_);
-  // The free slots among them, lowest on top (at the back).
+  // The free slots among them, a min-heap: the lowest is taken first, so a class's chunks
+  // stay in its first slabs and the slabs past them empty as it shrinks.
   std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, int> readers_ ABSL_GUARDED_BY(mu_);
   uint64_t held_back_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // slots in kUsed
   // The next write sequence: shared by the catalogs of one store's size classes, so that
   // sequences order writes across them (the eviction order resumes by them at open).
   const std::shared_ptr<std::atomic<uint64_t>> sequence_;
@@ -182,6 +205,8 @@ class SsdCatalog {
     SlotReservation record;
   };
   std::optional<Plan> plan_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> releasing_ ABSL_GUARDED_BY(mu_);   // PlanRelease's, until FinishRelease
+  std::optional<uint64_t> renaming_ ABSL_GUARDED_BY(mu_);  // PlanRenameIfEmpty's new named slot
 };
 
 }  // namespace kvc::storage

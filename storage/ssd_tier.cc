@@ -217,6 +217,7 @@ void SsdTier::LayOutAheadLoop() {
   uint64_t next = 0;
   MutexLock lock(slabs_mu_);
   while (!stopping_) {
+    next = std::min(next, lay_out_to_);  // slabs given back are laid out again when wanted
     if (next >= lay_out_to_) {
       lay_out_wanted_.wait(slabs_mu_);
       continue;
@@ -352,6 +353,32 @@ bool SsdTier::SlabOnDisk(uint64_t slab) {
     if (slab_fds_[slab] >= 0) return true;
   }
   return access(SlabPath(options_.dir, slab).c_str(), F_OK) == 0;
+}
+
+absl::Status SsdTier::RemoveSlabsFrom(uint64_t first) {
+  // The slab files there are (a class may span thousands of slabs, few of them on disk).
+  std::vector<uint64_t> on_disk;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    unsigned long long n = 0;
+    if (std::sscanf(name.c_str(), "slab-%llu.dat", &n) == 1 && n >= first && n < slab_count_)
+      on_disk.push_back(n);
+  }
+  absl::Status status;
+  MutexLock lock(slabs_mu_);
+  for (uint64_t slab : on_disk) {
+    while (slab_creating_[slab]) slab_ready_.wait(slabs_mu_);
+    if (slab_fds_[slab] >= 0) {
+      close(slab_fds_[slab]);
+      slab_fds_[slab] = -1;
+    }
+    const std::string path = SlabPath(options_.dir, slab);
+    if (unlink(path.c_str()) != 0 && errno != ENOENT && status.ok())
+      status = absl::InternalError(absl::StrCat("unlink ", path, ": ", strerror(errno)));
+  }
+  lay_out_to_ = std::min(lay_out_to_, first);
+  return status;
 }
 
 uint64_t SsdTier::LaidOutSlots() {

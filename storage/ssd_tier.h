@@ -100,6 +100,9 @@ class SsdTier {
   // The slots up to the end of the last slab laid out on disk (no slot past it holds a
   // chunk): what a scan of every slot has to read.
   uint64_t LaidOutSlots();
+  // Gives the slabs from `slab` on back to the disk (their files removed; laid out again
+  // when next used). Nothing may use their slots meanwhile. The first error, if any.
+  [[nodiscard]] absl::Status RemoveSlabsFrom(uint64_t slab);
   uint64_t slot_bytes() const { return options_.slot_bytes; }
   uint32_t header_bytes() const { return SlotHeaderBytes(options_.slot_format); }
   bool direct_io() const { return direct_io_; }

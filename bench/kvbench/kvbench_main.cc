@@ -20,7 +20,7 @@
 //   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
 //                   [--windows 0,32,64,128,256] [--documents N] [--points N]
 //                   [--decode-contexts 4096,16384,...] [--json]
-//   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N]
+//   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N,...]
 //                   [--dataset-chunks N | --dataset-bytes B] [--depths 1,8,32]
 //                   [--ops fetch,store] [--no-fio]
 //                   [--json]
@@ -109,7 +109,12 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   storage->add_option("--config", config, "model config giving the chunk size")
       ->capture_default_str();
-  storage->add_option("--chunk-bytes", opt.chunk_bytes, "chunk size in bytes (overrides --config)");
+  std::vector<uint64_t> storage_sizes;
+  storage
+      ->add_option("--chunk-bytes", storage_sizes,
+                   "chunk sizes in bytes, each measured in turn (overrides --config)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   storage->add_option("--dataset-chunks", opt.dataset_chunks, "chunks each system reads from")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -365,6 +370,10 @@ int Main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  footprint
+      ->add_option("--mixed-budget-bytes", footprint_opt.mixed_budget_bytes,
+                   "SSD budget of the mixed-size run (0: none)")
+      ->capture_default_str();
   footprint->add_option("--chunks", footprint_opt.chunks, "chunks stored per size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -536,21 +545,34 @@ int Main(int argc, char** argv) {
         });
   }
   opt.run_fio = !no_fio;
-  if (opt.chunk_bytes == 0) {
+  if (storage_sizes.empty()) {
     std::optional<uint64_t> bytes = ChunkBytesOf(config, "--chunk-bytes");
     if (!bytes) return 1;
-    opt.chunk_bytes = *bytes;
+    storage_sizes.push_back(*bytes);
   }
-  if (dataset_bytes > 0)
-    opt.dataset_chunks = std::max<uint64_t>(1, dataset_bytes / opt.chunk_bytes);
-  absl::StatusOr<std::vector<bench::BenchCase>> cases = bench::RunStorageBench(opt);
-  return PrintReport(
-      cases.ok() ? absl::StatusOr<nlohmann::json>(bench::CasesToJson(*cases)) : cases.status(),
-      json, [&](const nlohmann::json&) {
-        return absl::StrCat("chunk ", opt.chunk_bytes, " B, ", opt.seconds, " s per run, ",
-                            opt.repetitions, " alternated runs per case\n",
-                            bench::CasesToText(*cases));
-      });
+  // Each size in turn, its peers beside it (one JSON object per size: an array for several).
+  nlohmann::json all = nlohmann::json::array();
+  const uint64_t dataset_chunks = opt.dataset_chunks;
+  for (uint64_t size : storage_sizes) {
+    opt.chunk_bytes = size;
+    opt.dataset_chunks =
+        dataset_bytes > 0 ? std::max<uint64_t>(1, dataset_bytes / size) : dataset_chunks;
+    absl::StatusOr<std::vector<bench::BenchCase>> cases = bench::RunStorageBench(opt);
+    if (json && storage_sizes.size() > 1) {
+      if (!cases.ok()) return PrintReport(cases.status(), json, nullptr);
+      all.push_back({{"chunk_bytes", size}, {"cases", bench::CasesToJson(*cases)}});
+      continue;
+    }
+    const int rc = PrintReport(
+        cases.ok() ? absl::StatusOr<nlohmann::json>(bench::CasesToJson(*cases)) : cases.status(),
+        json, [&](const nlohmann::json&) {
+          return absl::StrCat("chunk ", size, " B, ", opt.seconds, " s per run, ", opt.repetitions,
+                              " alternated runs per case\n", bench::CasesToText(*cases));
+        });
+    if (rc != 0) return rc;
+  }
+  if (json && storage_sizes.size() > 1) std::cout << all.dump(2) << "\n";
+  return 0;
 }
 
 }  // namespace

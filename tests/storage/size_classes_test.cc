@@ -143,14 +143,23 @@ TEST(SizeClassesTest, AChunkPastTheLargestOrTheBudgetIsRefused) {
   EXPECT_EQ(store->CheckConsistency(), absl::OkStatus());
 }
 
+uint64_t SlabFiles(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) n += e.is_regular_file();
+  return n;
+}
+
 // One device budget: a burst of large pages makes room from the coldest small chunks of
-// another class, and the slots taken never pass the budget (by more than the slot a
-// reservation names next).
+// another class, the slots taken never pass the budget (by more than the slot a
+// reservation names next), and the small class's emptied slabs go back to the disk.
 TEST(SizeClassesTest, TheColdestChunksGiveWayWhateverTheirClass) {
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   const uint64_t budget = 8ull << 20;
-  auto store = OpenOrDie(Options(dir.path(), budget));
+  StoreOptions o = Options(dir.path(), budget);
+  o.slab_bytes = 1ull << 20;  // slabs of 51 small chunks
+  auto store = OpenOrDie(o);
   ASSERT_NE(store, nullptr);
   constexpr NamespaceId kSmall = 1, kLarge = 2;
   constexpr uint64_t kSmallBytes = 16384, kLargeBytes = 1048576;
@@ -160,8 +169,11 @@ TEST(SizeClassesTest, TheColdestChunksGiveWayWhateverTheirClass) {
   const uint64_t small = budget * 3 / 4 / SlotBytesFor(kSmallBytes);
   for (uint64_t i = 0; i < small; ++i)
     ASSERT_EQ(Put(*store, kSmall, KeyOf(seed, i), kSmallBytes), absl::OkStatus()) << i;
-  // Then large pages, twice the budget's worth.
-  const uint64_t large = 2 * budget / SlotBytesFor(kLargeBytes);
+  const std::string small_slabs =
+      dir.path() + "/slabs/c" + std::to_string(SlotBytesFor(kSmallBytes));
+  EXPECT_GE(SlabFiles(small_slabs), small / (o.slab_bytes / SlotBytesFor(kSmallBytes)));
+  // Then large pages, three times the budget's worth.
+  const uint64_t large = 3 * budget / SlotBytesFor(kLargeBytes);
   for (uint64_t i = 0; i < large; ++i) {
     ASSERT_EQ(Put(*store, kLarge, KeyOf(seed, 1'000'000 + i), kLargeBytes), absl::OkStatus()) << i;
     const StoreStats st = store->Stats();
@@ -177,7 +189,10 @@ TEST(SizeClassesTest, TheColdestChunksGiveWayWhateverTheirClass) {
     ASSERT_TRUE(st.ok() || absl::IsNotFound(st)) << st;
     small_left += st.ok();
   }
-  EXPECT_LT(small_left, small / 2) << "large pages evicted only their own class";
+  EXPECT_EQ(small_left, 0u) << "large pages evicted only their own class";
+  // Its slabs went back to the disk (but the one holding the slot its next reservation
+  // starts on).
+  EXPECT_LE(SlabFiles(small_slabs), 1u);
   const StoreStats st = store->Stats();
   EXPECT_GE(st.ssd_bytes, budget / 2) << "the budget is used, not left to one class";
   EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());

@@ -109,6 +109,34 @@ TEST(SsdCatalogTest, AClassCatalogCostsWhatIsTakenAndAReservationStopsAtTheBudge
   EXPECT_EQ(SsdCatalog(kCapacity, 8ull << 20).EvictAhead(), 4u);
 }
 
+// Another class needs the budget: the reservation's unwritten slots leave it (the record
+// keeps the written ones), and come back if that record's commit fails.
+TEST(SsdCatalogTest, AReleaseGivesUpTheUnwrittenReservedSlotsOnlyOnceCommitted) {
+  std::optional<uint64_t> named;
+  auto c = Loaded(64, {0}, &named);
+  c->BeginReservation();
+  c->PlanReservation(3);
+  c->FinishReservation(true);
+  ASSERT_EQ(c->reserved_free(), 8u);
+  const uint64_t written = *c->TakeForWrite();
+  c->Published(written);
+  c->EndWrites(1);
+  const uint64_t taken = c->Taken();
+  for (const bool committed : {false, true}) {
+    const std::optional<SlotReservation> r = c->PlanRelease();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->slots, std::vector<uint64_t>{written}) << "only the written slot stays listed";
+    EXPECT_EQ(c->releasing(), 7u);
+    EXPECT_TRUE(c->record_busy());
+    c->FinishRelease(committed);
+    EXPECT_FALSE(c->record_busy());
+    EXPECT_EQ(c->reserved_free(), committed ? 0u : 7u);
+    EXPECT_EQ(c->Taken(), committed ? taken - 7 : taken);
+    EXPECT_TRUE(c->CheckInvariants(Slots({0, written})).ok()) << committed;
+  }
+  EXPECT_FALSE(c->PlanRelease().has_value()) << "nothing left to release";
+}
+
 TEST(SsdCatalogTest, AReservationThatIsNotCommittedPutsEverySlotBack) {
   std::optional<uint64_t> named;
   auto c = Loaded(64, {5, 6}, &named);
