@@ -36,8 +36,11 @@ namespace {
 using storage::ChunkKey;
 constexpr storage::NamespaceId kNs = 1;
 // Slots beyond the data set in our SSD tier, for the store runs (erased after each); fio's
-// store file is as large.
-constexpr uint64_t kStoreRoomChunks = 8192;
+// store file is as large: 8,192 chunks, at most 2 GiB of them (a 4.5 MB page's 8,192
+// would be 36 GB), at least 64.
+uint64_t StoreRoomChunks(uint64_t chunk_bytes) {
+  return std::clamp<uint64_t>((2ull << 30) / storage::SlotBytesFor(chunk_bytes), 64, 8192);
+}
 // A batch fetch from SSD reads a prefix of this many times the depth per call.
 constexpr size_t kPrefixDepths = 8;
 
@@ -116,7 +119,8 @@ class KvcacheSystem final : public System {
     o.max_chunk_bytes = sh_->opt.chunk_bytes;
     const uint64_t slot = storage::SlotBytesFor(sh_->opt.chunk_bytes);
     if (ssd_) {
-      o.ssd_bytes = (n + kStoreRoomChunks) * slot;  // room for the store runs, erased after each
+      o.ssd_bytes = (n + StoreRoomChunks(sh_->opt.chunk_bytes)) *
+                    slot;  // room for the store runs, erased after each
     } else {
       o.ram_bytes = n * slot;
     }
@@ -321,7 +325,8 @@ class FioSystem final : public System {
     // tier (the data set and the room for store runs): on a disk whose cache absorbs a
     // small file rewritten in place, a smaller file would flatter the peer.
     const bool store = op != "fetch";
-    const uint64_t chunks = sh_->opt.dataset_chunks + (store ? kStoreRoomChunks : 0);
+    const uint64_t chunks =
+        sh_->opt.dataset_chunks + (store ? StoreRoomChunks(sh_->opt.chunk_bytes) : 0);
     const std::string shape =
         shape_ == Shape::kPipelined
             ? absl::StrFormat("--iodepth=%d%s", depth,
