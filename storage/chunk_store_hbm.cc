@@ -36,6 +36,13 @@ absl::StatusOr<HbmLease> ChunkStore::LeaseHbm(NamespaceId ns, const ChunkKey& ke
       return absl::NotFoundError(absl::StrCat(s.Where(key), " is not cached"));
     }
   }
+  // T0's slots have one size (the first class's chunk): a larger chunk is served from RAM
+  // or SSD only — a miss here, as for any chunk T0 has no room for.
+  if (chunk_bytes > s.hbm->slot_bytes()) {
+    return absl::NotFoundError(absl::StrCat("a chunk of ", chunk_bytes,
+                                            " bytes is larger than the HBM tier's slots (",
+                                            s.hbm->slot_bytes(), ")"));
+  }
   absl::StatusOr<HbmLease> lease = s.hbm->Lease(ns, key);
   if (lease.ok() || !absl::IsNotFound(lease.status())) return lease;
   // A miss: read the chunk from RAM or SSD (verified; a bad copy is a miss there too) and

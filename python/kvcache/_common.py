@@ -522,14 +522,20 @@ class Common:
 
     @staticmethod
     def stats_from(resp):
-        """The Stats answer as a dict; a message field (quota) as a dict, or None if absent."""
+        """The Stats answer as a dict; a message field (quota) as a dict, or None if absent;
+        a repeated one (ssd_classes) as a list."""
+        def as_dict(sub):
+            return {g.name: value(sub, g) for g in sub.DESCRIPTOR.fields}
+
         def value(msg, f):
+            if f.label == f.LABEL_REPEATED:
+                items = getattr(msg, f.name)
+                return [as_dict(i) for i in items] if f.message_type is not None else list(items)
             if f.message_type is None:
                 return getattr(msg, f.name)
             if not msg.HasField(f.name):
                 return None
-            sub = getattr(msg, f.name)
-            return {g.name: value(sub, g) for g in sub.DESCRIPTOR.fields}
+            return as_dict(getattr(msg, f.name))
         return {f.name: value(resp, f) for f in resp.DESCRIPTOR.fields}
 
     # ---- fetch ----

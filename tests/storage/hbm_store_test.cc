@@ -34,7 +34,8 @@ Opened Open(const std::string& dir, uint64_t ram_chunks, uint64_t ssd_chunks, ui
             bool write_through = false) {
   StoreOptions o;
   o.data_dir = dir;
-  o.max_chunk_bytes = kChunk;
+  o.first_class_chunk_bytes = kChunk;  // T0's slots, the first SSD class
+  o.max_chunk_bytes = 4 * kChunk;      // larger chunks: their own SSD classes
   o.ram_bytes = ram_chunks * RamSlotBytes(kChunk);
   o.ssd_bytes = ssd_chunks * SlotBytesFor(kChunk);
   o.slab_bytes = 16 * SlotBytesFor(kChunk);
@@ -62,6 +63,30 @@ std::vector<uint8_t> Leased(const DeviceArena& arena, const HbmLease& lease) {
   std::vector<uint8_t> b(lease.length());
   EXPECT_TRUE(arena.Read(lease.offset(), b).ok());
   return b;
+}
+
+// T0's slots have the first class's size: a larger chunk is a miss there (served from RAM
+// or SSD by the caller's fallback), never an error, and it is not copied in on a store.
+TEST(HbmStoreTest, AChunkLargerThanTheHbmSlotsIsAMissThereAndServedFromTheOtherTiers) {
+  const uint64_t seed = testing::FreshSeed();
+  TempDir dir;
+  Opened o = Open(dir.path(), /*ram_chunks=*/4, /*ssd_chunks=*/32, /*hbm_chunks=*/8,
+                  /*write_through=*/true);
+  ASSERT_NE(o.store, nullptr);
+  ChunkStore& s = *o.store;
+  constexpr NamespaceId kLarge = 9;
+  ASSERT_TRUE(s.RegisterNamespace(kLarge, 2 * kChunk).ok());
+  const ChunkKey key = KeyOf(seed, 1);
+  const std::vector<uint8_t> p = PayloadOf(key, 2 * kChunk);
+  ASSERT_TRUE(s.Put({kLarge, key, std::nullopt, p}, {Durability::kDurable, 0}).ok());
+  absl::StatusOr<HbmLease> lease = s.LeaseHbm(kLarge, key);
+  ASSERT_TRUE(absl::IsNotFound(lease.status())) << lease.status();
+  EXPECT_NE(lease.status().message().find("larger than the HBM tier's slots"), std::string::npos)
+      << lease.status();
+  std::vector<uint8_t> out(2 * kChunk);
+  ASSERT_TRUE(s.Get(kLarge, key, out).ok());
+  EXPECT_EQ(out, p);
+  EXPECT_EQ(s.Stats().hbm_chunks, 0u);
 }
 
 TEST(HbmStoreTest, ADeviceReadPromotesFromRamAndSsdAndLookupThenSaysHbm) {
