@@ -34,8 +34,9 @@ absl::StatusOr<DiskSpace> MeasureDiskSpace(const std::string& data_dir) {
   DiskSpace d;
   d.total_bytes = static_cast<uint64_t>(v.f_blocks) * v.f_frsize;
   d.free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
-  for (auto it = fs::directory_iterator(fs::path(data_dir) / "slabs", ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+  // Every size class's slabs: slabs/ and its cBYTES/ folders.
+  for (auto it = fs::recursive_directory_iterator(fs::path(data_dir) / "slabs", ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     struct stat st {};
     if (stat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
       d.slab_bytes += static_cast<uint64_t>(st.st_blocks) * 512;  // allocated, not apparent

@@ -327,10 +327,17 @@ TEST(DiskSpaceTest, MeasuresTheFileSystemAndTheSlabsAllocated) {
     const std::string block(1 << 20, 'x');
     f << block;
   }
+  // A size class's slabs count too (slabs/cBYTES/).
+  std::filesystem::create_directories(dir.path() + "/slabs/c8192");
+  {
+    std::ofstream f(dir.path() + "/slabs/c8192/slab-000000.dat", std::ios::binary);
+    const std::string block(1 << 20, 'y');
+    f << block;
+  }
   absl::StatusOr<DiskSpace> d = MeasureDiskSpace(dir.path());
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_GT(d->total_bytes, d->free_bytes);
-  EXPECT_GE(d->slab_bytes, 1u << 20);
+  EXPECT_GE(d->slab_bytes, 2u << 20);
   // A folder not made yet is measured on its parent's file system.
   absl::StatusOr<DiskSpace> fresh = MeasureDiskSpace(dir.path() + "/not/yet");
   ASSERT_TRUE(fresh.ok()) << fresh.status();
