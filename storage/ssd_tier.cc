@@ -225,14 +225,15 @@ void SsdTier::LayOutAheadLoop() {
     const uint64_t slab = next++;
     if (slab_fds_[slab] >= 0) continue;
     lock.unlock();
-    (void)SlabFd(slab);  // an error is the next write's to meet (and report)
+    (void)SlabFd(slab, /*in_use=*/false);  // an error is the next write's to meet (and report)
     lock.lock();
   }
 }
 
 void SsdTier::PreallocateInBackground() {
   preallocator_ = std::thread([this] {
-    for (uint64_t slab = 0; slab < slab_count_ && !stopping_; ++slab) (void)SlabFd(slab);
+    for (uint64_t slab = 0; slab < slab_count_ && !stopping_; ++slab)
+      (void)SlabFd(slab, /*in_use=*/false);
   });
 }
 
@@ -252,14 +253,16 @@ SsdTier::~SsdTier() {
   }
 }
 
-absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab) {
+absl::StatusOr<int> SsdTier::SlabFd(uint64_t slab, bool in_use) {
   if (slab >= slab_count_) {
     return absl::OutOfRangeError(absl::StrCat("slab ", slab, " beyond capacity"));
   }
   // Laying out a slab takes a while (zero fill): do it without the lock, so I/O to the
   // other slabs goes on; callers that need this slab wait for it.
   MutexLock lock(slabs_mu_);
-  if (options_.lay_out_ahead && slab + 1 < slab_count_ && lay_out_to_ < slab + 2) {
+  // (Only a slab used for I/O asks for the next: the layout's own calls would chain on to
+  // the whole capacity.)
+  if (in_use && options_.lay_out_ahead && slab + 1 < slab_count_ && lay_out_to_ < slab + 2) {
     lay_out_to_ = slab + 2;  // this slab and the next
     lay_out_wanted_.notify_all();
   }
@@ -391,7 +394,7 @@ uint64_t SsdTier::LaidOutSlots() {
 
 absl::Status SsdTier::PreallocateAll() {
   for (uint64_t slab = 0; slab < slab_count_; ++slab) {
-    if (absl::StatusOr<int> fd = SlabFd(slab); !fd.ok()) return fd.status();
+    if (absl::StatusOr<int> fd = SlabFd(slab, /*in_use=*/false); !fd.ok()) return fd.status();
   }
   return absl::OkStatus();
 }

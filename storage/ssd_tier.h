@@ -116,7 +116,9 @@ class SsdTier {
 
   explicit SsdTier(const SsdTierOptions& o) : options_(o) {}
   absl::Status Init();
-  absl::StatusOr<int> SlabFd(uint64_t slab);      // opens or creates (preallocated) the slab
+  // Opens or creates (preallocated) the slab; in_use: for I/O now (with lay_out_ahead, the
+  // next slab is then laid out in the background).
+  absl::StatusOr<int> SlabFd(uint64_t slab, bool in_use = true);
   absl::StatusOr<int> CreateSlab(uint64_t slab);  // open + zero fill + sync; no lock held
   // fsync of a new slab file and of its folder (the entry); either failing is an error.
   absl::Status SyncNewFile(int fd, const std::string& path);

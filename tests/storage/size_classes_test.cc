@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -196,6 +197,26 @@ TEST(SizeClassesTest, TheColdestChunksGiveWayWhateverTheirClass) {
   const StoreStats st = store->Stats();
   EXPECT_GE(st.ssd_bytes, budget / 2) << "the budget is used, not left to one class";
   EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
+}
+
+// Slabs are laid out one ahead of use (as kvcached does, in the background), not the whole
+// budget: a class that holds one chunk of a 1 GiB budget has its first slab and the next.
+TEST(SizeClassesTest, SlabsAreLaidOutOneAheadOfUseNotTheWholeBudget) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TempDir dir;
+  StoreOptions o = Options(dir.path(), 1ull << 30);
+  o.slab_bytes = 1ull << 20;
+  o.preallocate_ssd_background = true;
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->RegisterNamespace(1, 16384).ok());
+  ASSERT_EQ(Put(*store, 1, KeyOf(seed, 1), 16384), absl::OkStatus());
+  const std::string slabs = dir.path() + "/slabs/c" + std::to_string(SlotBytesFor(16384));
+  for (int i = 0; i < 200 && SlabFiles(slabs) < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // time to run on, if it would
+  EXPECT_EQ(SlabFiles(slabs), 2u) << "the slab in use and the next";
+  EXPECT_EQ(SlabFiles(dir.path() + "/slabs"), 0u) << "the first class is not used";
 }
 
 // The tenant of the storage-v3 issue: 100 chunks of 20,352 bytes (2 MB) under an 8 MB SSD
