@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 tests=(cudaemu_test kv_dequant_test_emu kv_ops_test_emu row_ops_test_emu page_mirror_test_emu
   device_matmul_test_emu chunk_store_test ram_pools_test fault_injection_test power_cut_test recovery_test quota_test
-  hbm_store_test client_test kvcached_test)
+  hbm_store_test size_classes_test client_test kvcached_test)
 # -O1 -g1 as in scripts/asan-check.sh: compiles in less than half the time of -O2 -g.
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_CUDA=OFF \
   -DKVC_SANITIZE_THREAD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
