@@ -222,8 +222,7 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
 ChunkStore::ReadRoom ChunkStore::ReadRoomFor(uint64_t payload_bytes) const {
   if (!impl_->HasSsd()) return {1, 0, payload_bytes};
   // The header of the chunk's class: the first class may keep an older format's.
-  const uint64_t slot = impl_->SsdSlotBytesFor(payload_bytes);
-  const uint16_t format = slot == impl_->slot_bytes ? impl_->legacy_format : kSlotFormatVersion;
+  const uint16_t format = impl_->SsdFormatFor(payload_bytes);
   return {kSlotAlignment, SlotHeaderBytes(format), SlotBytesFor(payload_bytes, format)};
 }
 
@@ -684,9 +683,7 @@ ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& nam
   MutexLock lk(impl_->mu);
   ChunkCounts c;
   if (impl_->ram) c.ram = impl_->ram->CountIn(namespaces);
-  for (const auto& [ns, bytes] : impl_->namespaces) {
-    if (namespaces.contains(ns)) c.ssd_bytes += impl_->ssd_order.BytesOf(ns);
-  }
+  for (NamespaceId ns : namespaces) c.ssd_bytes += impl_->ssd_order.BytesOf(ns);
   for (const auto& [key, rec] : impl_->ssd_map) c.ssd += namespaces.contains(rec.namespace_id);
   if (impl_->hbm) c.hbm = impl_->hbm->CountIn(namespaces);
   return c;

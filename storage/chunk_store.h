@@ -92,9 +92,12 @@ struct StoreOptions {
   // Pin past it fails with ResourceExhausted, so pins never leave a tier without room for
   // the writes of tenants that are inside their quotas (docs/security.md). 1: no limit.
   double max_pinned_share = 0.5;
-  bool preallocate_ssd = false;             // lay out every slab at open, not on first use
-  bool preallocate_ssd_background = false;  // lay slabs out on a background thread instead
-  bool prefault_ram = false;                // fault the RAM tier's pages in at open (ram_arena.h)
+  bool preallocate_ssd = false;  // lay out every slab at open, not on first use
+  // Lay each class's slabs out one ahead of use on a background thread (kvcached), so a
+  // write rarely waits for a slab's zero fill; a class takes the disk it fills, not the
+  // whole budget. Without either, a slab is laid out by the write that first needs it.
+  bool preallocate_ssd_background = false;
+  bool prefault_ram = false;  // fault the RAM tier's pages in at open (ram_arena.h)
   // When RAM copies are checked against their checksums (docs/storage.md, "Verification").
   // kScrub: when a copy enters RAM (from a client: the service's check; from SSD: the
   // slot's) and when it leaves (to SSD, to GPU memory), and by a background scrub of every

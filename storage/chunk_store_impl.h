@@ -166,12 +166,16 @@ class ChunkStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // ---- SSD tier (all under mu) ----
+  // Where in `classes` the class an index record names is (classes.size(): none).
+  size_t ClassIndexOf(const IndexRecord& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    size_t c = 0;
+    while (c < classes.size() && classes[c]->code != r.slot_class) ++c;
+    return c;
+  }
   // The class an index record names (null: none this store has).
   SsdClass* ClassOf(const IndexRecord& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    for (const auto& c : classes) {
-      if (c->code == r.slot_class) return c.get();
-    }
-    return nullptr;
+    const size_t c = ClassIndexOf(r);
+    return c < classes.size() ? classes[c].get() : nullptr;
   }
   SsdSlot SlotOf(const IndexRecord& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     SsdClass* c = ClassOf(r);
@@ -186,6 +190,11 @@ class ChunkStore::Impl {
                                                       uint64_t slots_per_slab, uint16_t slot_format,
                                                       bool lay_out_ahead)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The same for a class after the first: slots of `bytes`, format 3, the folder's slabs.
+  absl::StatusOr<std::unique_ptr<SsdClass>> OpenFurtherClass(uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The classes after the first, as the index's "ssd_classes" metadata lists them.
+  std::string FurtherClassList() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // What the classes take of the device budget now: every slot not free, at its size.
   uint64_t SsdTakenBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     uint64_t bytes = 0;
@@ -193,8 +202,16 @@ class ChunkStore::Impl {
     return bytes;
   }
   bool HasSsd() const { return ssd_budget > 0; }
+  // The slot format of a chunk of `payload_bytes`: the first class's (which may keep an
+  // older folder's) if the chunk is of its size, else format 3.
+  uint16_t SsdFormatFor(uint64_t payload_bytes) const {
+    return SlotBytesFor(payload_bytes, legacy_format) == slot_bytes ? legacy_format
+                                                                    : kSlotFormatVersion;
+  }
   // The slot size of a chunk of `payload_bytes`: its class's (what it is charged on SSD).
-  uint64_t SsdSlotBytesFor(uint64_t payload_bytes) const;
+  uint64_t SsdSlotBytesFor(uint64_t payload_bytes) const {
+    return SlotBytesFor(payload_bytes, SsdFormatFor(payload_bytes));
+  }
 
   void RemoveSsd(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Each class's free slots past its last slot in use are forgotten and the whole slabs
@@ -340,7 +357,7 @@ class ChunkStore::Impl {
   std::unordered_set<ChunkKey, ChunkKeyHash> access_dirty
       ABSL_GUARDED_BY(mu);  // last access to persist
   EvictionOrder ssd_order ABSL_GUARDED_BY(mu);
-  bool index_damaged = false;                 // found at open: rebuilt from every slot
+  bool index_damaged = false;  // found at open: rebuilt from every slot
 
   // Signalled (with mu) when the catalog's record commit ends or its last write in
   // flight does: a new reservation waits for both (the writes' index entries become

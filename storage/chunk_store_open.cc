@@ -225,10 +225,7 @@ absl::Status ChunkStore::Impl::Open() {
     }
     for (uint64_t bytes : sizes) {
       if (bytes > UINT32_MAX || bytes > ssd_budget) continue;  // never one of ours
-      KVC_ASSIGN_OR_RETURN(
-          std::unique_ptr<SsdClass> c,
-          OpenClass(static_cast<uint32_t>(bytes), bytes, std::max<uint64_t>(1, slab_bytes / bytes),
-                    kSlotFormatVersion, opt.preallocate_ssd_background));
+      KVC_ASSIGN_OR_RETURN(std::unique_ptr<SsdClass> c, OpenFurtherClass(bytes));
       classes.push_back(std::move(c));
     }
     commits = std::make_unique<GroupCommit>(index.get());
@@ -240,19 +237,13 @@ absl::Status ChunkStore::Impl::Open() {
   // and the map is sized once: at open this loop is most of a restart's time beside
   // reading the records.
   KVC_CHECK(records.size() < UINT32_MAX) << records.size() << " index records";
-  auto class_index = [&](const IndexRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) -> size_t {
-    for (size_t c = 0; c < classes.size(); ++c) {
-      if (classes[c]->code == r.slot_class) return c;
-    }
-    return classes.size();
-  };
   std::vector<std::vector<uint32_t>> holder(classes.size());
   std::vector<bool> kept(records.size(), false);
   std::vector<ChunkKey> stale;
   uint64_t sequence_seen = 0;
   for (size_t i = 0; i < records.size(); ++i) {
     const auto& [key, r] = records[i];
-    const size_t c = class_index(r);
+    const size_t c = ClassIndexOf(r);
     auto ns_it = namespaces.find(r.namespace_id);
     if (c == classes.size() || ns_it == namespaces.end() || ns_it->second != r.payload_bytes) {
       stale.push_back(key);
@@ -337,12 +328,11 @@ absl::Status ChunkStore::Impl::Open() {
     // starts from nothing — but on a slot named now, its lowest free one.
     for (const auto& [key, r] : ssd_map) {
       const SsdSlot at = SlotOf(r);
-      std::vector<bool>& u = used[class_index(r)];
+      std::vector<bool>& u = used[ClassIndexOf(r)];
       if (u.size() <= at.slot) u.resize(at.slot + 1, false);
       u[at.slot] = true;
     }
     const uint64_t next_sequence = NextSequence();
-    std::string class_list;
     for (size_t c = 0; c < classes.size(); ++c) {
       const std::vector<bool>& u = used[c];
       const uint64_t lowest_free =
@@ -351,10 +341,8 @@ absl::Status ChunkStore::Impl::Open() {
       meta.emplace_back(
           classes[c]->reservation_meta,
           EncodeSlotReservation({next_sequence, {}, next_sequence, next_first_slot[c]}));
-      if (classes[c]->code != 0)
-        absl::StrAppend(&class_list, class_list.empty() ? "" : ",", classes[c]->slot_bytes);
     }
-    meta.emplace_back("ssd_classes", class_list);
+    meta.emplace_back("ssd_classes", FurtherClassList());
     KVC_RETURN_IF_ERROR(index->Commit(recovered, stale, /*sync=*/true, meta));
     stats.recovered_chunks = recovered.size();
     if (!recovered.empty()) {

@@ -134,12 +134,6 @@ absl::Status ChunkStore::Impl::InsertRam(NamespaceId ns, const ChunkKey& key,
 }
 
 // ---- SSD tier (all under mu) ----
-uint64_t ChunkStore::Impl::SsdSlotBytesFor(uint64_t payload_bytes) const {
-  // The first class keeps its own header format (older folders: format 1 or 2).
-  const uint64_t first = SlotBytesFor(payload_bytes, legacy_format);
-  return first == slot_bytes ? slot_bytes : SlotBytesFor(payload_bytes, kSlotFormatVersion);
-}
-
 absl::StatusOr<std::unique_ptr<ChunkStore::Impl::SsdClass>> ChunkStore::Impl::OpenClass(
     uint32_t code, uint64_t bytes, uint64_t slots_per_slab, uint16_t format, bool lay_out_ahead) {
   auto c = std::make_unique<SsdClass>();
@@ -167,6 +161,20 @@ absl::StatusOr<std::unique_ptr<ChunkStore::Impl::SsdClass>> ChunkStore::Impl::Op
   return c;
 }
 
+absl::StatusOr<std::unique_ptr<ChunkStore::Impl::SsdClass>> ChunkStore::Impl::OpenFurtherClass(
+    uint64_t bytes) {
+  return OpenClass(static_cast<uint32_t>(bytes), bytes, std::max<uint64_t>(1, slab_bytes / bytes),
+                   kSlotFormatVersion, opt.preallocate_ssd_background);
+}
+
+std::string ChunkStore::Impl::FurtherClassList() const {
+  std::string list;
+  for (const auto& c : classes) {
+    if (c->code != 0) absl::StrAppend(&list, list.empty() ? "" : ",", c->slot_bytes);
+  }
+  return list;
+}
+
 absl::StatusOr<ChunkStore::Impl::SsdClass*> ChunkStore::Impl::ClassFor(uint64_t payload_bytes) {
   const uint64_t bytes = SsdSlotBytesFor(payload_bytes);
   if (bytes == slot_bytes) return classes[0].get();
@@ -178,20 +186,13 @@ absl::StatusOr<ChunkStore::Impl::SsdClass*> ChunkStore::Impl::ClassFor(uint64_t 
                                                      " bytes takes a slot of ", bytes,
                                                      ", more than the SSD tier's ", ssd_budget));
   }
-  KVC_ASSIGN_OR_RETURN(
-      std::unique_ptr<SsdClass> c,
-      OpenClass(static_cast<uint32_t>(bytes), bytes, std::max<uint64_t>(1, slab_bytes / bytes),
-                kSlotFormatVersion, opt.preallocate_ssd_background));
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<SsdClass> c, OpenFurtherClass(bytes));
   // The class's folder entry, then the class in the index's list (synced), before any of
-  // its slots is reserved: an open finds it either way (the list, or the folder).
+  // its slots is reserved: an open finds it either way (the list, or the folder; so a
+  // class kept after a failed commit here is found again too).
   KVC_RETURN_IF_ERROR(SyncDirectory(opt.data_dir + "/slabs"));
-  std::string list;
-  for (const auto& have : classes) {
-    if (have->code != 0) absl::StrAppend(&list, have->slot_bytes, ",");
-  }
-  absl::StrAppend(&list, bytes);
-  KVC_RETURN_IF_ERROR(index->Commit({}, {}, /*sync=*/true, {{"ssd_classes", list}}));
   classes.push_back(std::move(c));
+  KVC_RETURN_IF_ERROR(index->Commit({}, {}, /*sync=*/true, {{"ssd_classes", FurtherClassList()}}));
   return classes.back().get();
 }
 

@@ -30,17 +30,6 @@ constexpr uint32_t kOriginHasParent = 4;
 
 }  // namespace
 
-uint32_t SlotHeaderBytes(uint16_t version) {
-  switch (version) {
-    case 1:
-      return kSlotHeaderBytesV1;
-    case 2:
-    case 3:
-      return kSlotHeaderBytes;
-  }
-  return 0;
-}
-
 uint64_t PayloadChecksum(std::span<const uint8_t> payload) {
   return Xxh3Hash(payload.data(), payload.size());
 }

@@ -51,7 +51,17 @@ inline constexpr uint32_t kSlotHeaderBytesV1 = 64;
 inline constexpr uint32_t kSlotAlignment = 4096;
 
 // The header size of a slot format (1, 2 or 3); 0 for any other.
-uint32_t SlotHeaderBytes(uint16_t version);
+// (Inline, as SlotBytesFor: programs and tests that link no storage code size slots too.)
+inline constexpr uint32_t SlotHeaderBytes(uint16_t version) {
+  switch (version) {
+    case 1:
+      return kSlotHeaderBytesV1;
+    case 2:
+    case 3:
+      return kSlotHeaderBytes;
+  }
+  return 0;
+}
 
 // Slot size for payloads up to max_payload_bytes: header + payload, rounded up to 4 KiB.
 inline uint64_t SlotBytesFor(uint64_t max_payload_bytes, uint16_t version = kSlotFormatVersion) {

@@ -209,8 +209,7 @@ std::optional<SlotReservation> SsdCatalog::PlanRenameIfEmpty() {
   renaming_ = TakeFree();
   Move(*renaming_, {Place::kFree}, Place::kReserving);
   record_busy_ = true;
-  return SlotReservation{
-      min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), renaming_};
+  return ListedNow(renaming_);
 }
 
 void SsdCatalog::FinishRename(bool committed) {
@@ -343,8 +342,12 @@ std::optional<SlotReservation> SsdCatalog::PlanRemoval(std::span<const uint64_t>
   for (uint64_t slot : slots) any_reserved |= reserved_.erase(slot) > 0;
   if (!any_reserved) return std::nullopt;
   record_busy_ = true;
+  return ListedNow(named_next_);
+}
+
+SlotReservation SsdCatalog::ListedNow(std::optional<uint64_t> named) const {
   return SlotReservation{
-      min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), named_next_};
+      min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), named};
 }
 
 std::optional<SlotReservation> SsdCatalog::PlanRelease() {
@@ -357,8 +360,7 @@ std::optional<SlotReservation> SsdCatalog::PlanRelease() {
     Move(slot, {Place::kReservedFree}, Place::kReserving);
   }
   record_busy_ = true;
-  return SlotReservation{
-      min_sequence_, {reserved_.begin(), reserved_.end()}, sequence_->load(), named_next_};
+  return ListedNow(named_next_);
 }
 
 void SsdCatalog::FinishRelease(bool committed) {

@@ -172,6 +172,9 @@ class SsdCatalog {
   // (which then gets a place). nullopt when none is left.
   std::optional<uint64_t> TakeFree() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushFree(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record of what the reservation lists now (its min sequence, the sequence bound now),
+  // naming `named` next: what a removal, release or rename commits.
+  SlotReservation ListedNow(std::optional<uint64_t> named) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_;
   const uint64_t slot_bytes_;

@@ -230,13 +230,6 @@ void SsdTier::LayOutAheadLoop() {
   }
 }
 
-void SsdTier::PreallocateInBackground() {
-  preallocator_ = std::thread([this] {
-    for (uint64_t slab = 0; slab < slab_count_ && !stopping_; ++slab)
-      (void)SlabFd(slab, /*in_use=*/false);
-  });
-}
-
 SsdTier::~SsdTier() {
   {
     MutexLock lock(slabs_mu_);

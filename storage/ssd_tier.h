@@ -91,9 +91,6 @@ class SsdTier {
   // Creates (zero-filled) every slab of the configured capacity now rather than on
   // first use, so no later write waits for a slab to be laid out.
   [[nodiscard]] absl::Status PreallocateAll();
-  // Lays out every slab on a background thread, in slab order, so that writes rarely
-  // wait for a slab's zero fill (only when they outrun the preallocator).
-  void PreallocateInBackground();
   // Why the io_uring backend is not in use, empty if it is.
   const std::string& fallback_reason() const { return fallback_reason_; }
   uint64_t capacity_slots() const { return options_.capacity_slots; }

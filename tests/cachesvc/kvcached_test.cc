@@ -458,9 +458,7 @@ SlotCharge ChargePerChunk(const std::string& dir) {
   pb::StatsResponse s;
   EXPECT_TRUE(probe.stub().Stats(Client{}.Ctx().get(), {}, &s).ok());
   c.ram = s.quota().ram_bytes_per_chunk();
-  // (The header and 4 KiB rounding of slot_format.h; this test links no storage code.)
-  c.ssd = (storage::kSlotHeaderBytes + c.chunk_bytes + storage::kSlotAlignment - 1) /
-          storage::kSlotAlignment * storage::kSlotAlignment;
+  c.ssd = storage::SlotBytesFor(c.chunk_bytes);
   c.ssd_typical = s.quota().ssd_bytes_per_chunk();
   EXPECT_GT(c.ram, c.chunk_bytes);
   EXPECT_GT(c.ssd, c.chunk_bytes);

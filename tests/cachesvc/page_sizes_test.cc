@@ -32,13 +32,6 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
   return ctx;
 }
 
-// The slot a page of `bytes` takes: the 128-byte header and the payload in 4 KiB pages
-// (slot_format.h; this test links no storage code).
-uint64_t SlotOf(uint64_t bytes) {
-  return (storage::kSlotHeaderBytes + bytes + storage::kSlotAlignment - 1) /
-         storage::kSlotAlignment * storage::kSlotAlignment;
-}
-
 TEST(PageSizesTest, PagesFromFourKibToAnMlaHostPageAreKeptByteExactAndChargedTheirOwnSlot) {
   std::mt19937_64 rng(testing::FreshSeed());
   TempDir dir;
@@ -84,7 +77,7 @@ TEST(PageSizesTest, PagesFromFourKibToAnMlaHostPageAreKeptByteExactAndChargedThe
     EXPECT_EQ(resp.stored(), static_cast<uint32_t>(kPages)) << size;
     stored.push_back(std::move(s));
     payload += kPages * size;
-    slots += kPages * SlotOf(size);
+    slots += kPages * storage::SlotBytesFor(size);
   }
   d.Restart(SIGKILL);  // durable pages survive a crash
   grpc::ChannelArguments args;
@@ -117,10 +110,10 @@ TEST(PageSizesTest, PagesFromFourKibToAnMlaHostPageAreKeptByteExactAndChargedThe
   std::map<uint64_t, uint64_t> chunks_of;
   for (const pb::SsdSizeClass& c : stats.ssd_classes()) chunks_of[c.slot_bytes()] = c.chunks();
   for (uint64_t size : sizes) {
-    EXPECT_EQ(chunks_of[SlotOf(size)], static_cast<uint64_t>(kPages)) << size;
+    EXPECT_EQ(chunks_of[storage::SlotBytesFor(size)], static_cast<uint64_t>(kPages)) << size;
     std::printf("%8llu-byte pages: %.4f SSD bytes charged per payload byte\n",
                 static_cast<unsigned long long>(size),
-                static_cast<double>(SlotOf(size)) / static_cast<double>(size));
+                static_cast<double>(storage::SlotBytesFor(size)) / static_cast<double>(size));
   }
   std::printf("all: %llu payload bytes charged %llu (%.4f)\n",
               static_cast<unsigned long long>(payload), static_cast<unsigned long long>(slots),

@@ -536,7 +536,7 @@ TEST(ChunkStoreBasicsTest, SlabIsSizedToCapacityAndGrowsWithoutTouchingChunks) {
   for (uint64_t i = 0; i < 6; ++i) ExpectChunk(*store, KeyOf(seed, i));
 }
 
-TEST(ChunkStoreBasicsTest, BackgroundPreallocationLaysOutEverySlabWhileWritesGoOn) {
+TEST(ChunkStoreBasicsTest, BackgroundLayoutStaysASlabAheadOfTheWrites) {
   const uint64_t seed = testing::FreshSeed();
   TempDir dir;
   StoreOptions o = Options(dir.path(), 0, 64);  // 4 slabs of 16 slots
@@ -545,7 +545,7 @@ TEST(ChunkStoreBasicsTest, BackgroundPreallocationLaysOutEverySlabWhileWritesGoO
     auto store = OpenOrDie(o);
     for (uint64_t i = 0; i < 40; ++i) ASSERT_TRUE(PutChunk(*store, KeyOf(seed, i)).ok()) << i;
     for (uint64_t i = 0; i < 40; ++i) ExpectChunk(*store, KeyOf(seed, i));
-    // The preallocator reaches the last slab on its own (writes only needed three).
+    // The slab after the last one written (slab 2) is laid out on its own, ahead of need.
     const std::string last = dir.path() + "/slabs/slab-000003.dat";
     for (int i = 0; i < 500; ++i) {
       std::error_code ec;

@@ -107,8 +107,12 @@ TEST(SizeClassesTest, ChunksOfEverySizeStoreFetchAndReopenByteExactChargedTheirO
                 static_cast<unsigned long long>(payload), static_cast<unsigned long long>(slots),
                 static_cast<double>(slots) / static_cast<double>(payload));
     for (uint64_t bytes : kSizes) {
-      // 4 KiB slots: header + payload rounded up, so at most one page over the payload.
-      EXPECT_LE(SlotBytesFor(bytes) - bytes, kSlotAlignment) << bytes;
+      // The slot the store reads each size from: header + payload rounded up to 4 KiB, so
+      // at most one page over the payload (the store's choice of class and format).
+      const ChunkStore::ReadRoom room = store->ReadRoomFor(bytes);
+      EXPECT_EQ(room.bytes, SlotBytesFor(bytes)) << bytes;
+      EXPECT_EQ(room.before, kSlotHeaderBytes) << bytes;
+      EXPECT_LE(room.bytes - bytes, kSlotAlignment) << bytes;
     }
     EXPECT_EQ(ConsistentOnceQuiet(*store), absl::OkStatus());
   }
