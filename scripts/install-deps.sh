@@ -26,6 +26,8 @@ packages=(
   python3-matplotlib
   # training and the quality model (train/): PyTorch, CPU
   python3-torch
+  # its corpus's packages beyond the toolchain's (train/corpus-v2.json): shell, man pages
+  bash-completion manpages manpages-dev
   # fuzzing (scripts/fuzz.sh): clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
   # cluster mode (cluster/): etcd, and the .proto files of its v3 API

@@ -126,7 +126,9 @@ def hc_pre(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 def hc_post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     # out[k] = post[k]·f + Σ_j comb[j][k]·R[j] (broadcast, not hc×hc products per token)
-    mixed = (comb[..., :, :, None] * R[..., :, None, :]).sum(-3)
+    mixed = comb[..., 0, :, None] * R[..., 0, None, :]
+    for j in range(1, comb.shape[-2]):  # hc terms: no [.., hc, hc, D] temporary
+        mixed = mixed + comb[..., j, :, None] * R[..., j, None, :]
     return post[..., :, None] * f[..., None, :] + mixed
 
 
@@ -369,7 +371,7 @@ class V41(torch.nn.Module):
         if scores_c is not None:
             parts.append(scores_c)
         allsc = torch.cat(parts + [sink], dim=-1)
-        probs = torch.exp(allsc[..., :-1] - torch.logsumexp(allsc, dim=-1, keepdim=True))
+        probs = torch.softmax(allsc, dim=-1)[..., :-1]
         pw = F.pad(probs[..., :2 * Wb], (0, 0, 0, nb * Wb - N)).reshape(B, H, nb, Wb, 2 * Wb)
         o = torch.einsum("bhxqm,bxmd->bxqhd", pw, kv_blocks).reshape(B, nb * Wb, H, hd)[:, :N]
         if gathered is not None:

@@ -31,6 +31,7 @@ import math
 import os
 import random
 import shlex
+import signal
 import sys
 import time
 from typing import Dict, List, Optional
@@ -44,7 +45,7 @@ from .config import load_config
 from .model import V41, rms_norm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_MANIFEST = os.path.join(HERE, "..", "corpus.json")
+DEFAULT_MANIFEST = os.path.join(HERE, "..", "corpus-v2.json")
 
 
 def batch_of(data: np.ndarray, rng: np.random.Generator, batch: int, seq: int) -> torch.Tensor:
@@ -227,9 +228,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     tokens_per_step = args.batch * args.seq
     t0 = time.time() - elapsed
     last_loss = float("nan")
+    # SIGTERM / SIGINT end the run at the next step's end: checkpoint, evaluation and
+    # export as at the budget's end, so a stopped run resumes where it stopped.
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
     while True:
         elapsed = time.time() - t0
-        if (args.steps and step >= args.steps) or (not args.steps and elapsed >= budget):
+        if (args.steps and step >= args.steps) or (not args.steps and elapsed >= budget) or stop:
             break
         frac = step / args.steps if args.steps else elapsed / budget
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
