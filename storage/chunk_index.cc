@@ -223,6 +223,19 @@ absl::Status ChunkIndex::Write(rocksdb::WriteBatch& batch, bool sync) {
   return FromRocks(s, "write");
 }
 
+absl::StatusOr<std::optional<IndexRecord>> ChunkIndex::Get(const ChunkKey& key) {
+  // As ForEach reads them: a "k" row wins over a legacy "c" row of the same key.
+  for (const char prefix : {kRowPrefix, kLegacyRowPrefix}) {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ChunkRowKey(key, prefix), &value);
+    if (s.IsNotFound()) continue;
+    KVC_RETURN_IF_ERROR(FromRocks(s, "get"));
+    KVC_ASSIGN_OR_RETURN(IndexRecord rec, DecodeIndexRecord(value));
+    return std::optional<IndexRecord>(std::move(rec));
+  }
+  return std::optional<IndexRecord>();
+}
+
 absl::Status ChunkIndex::ForEach(
     const std::function<void(const ChunkKey&, const IndexRecord&)>& fn) {
   // Legacy rows first: a key with both (never written so, but a crash between versions

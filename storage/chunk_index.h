@@ -73,6 +73,10 @@ class ChunkIndex {
   absl::StatusOr<std::optional<std::string>> GetMeta(const std::string& name);
   [[nodiscard]] absl::Status PutMeta(const std::string& name, const std::string& value);
 
+  // One chunk's record, if the index has one (a point read, for lookups served while the
+  // store loads the index in the background). DataLoss if its bytes do not decode.
+  absl::StatusOr<std::optional<IndexRecord>> Get(const ChunkKey& key);
+
   // Calls fn for every chunk record; stops at and returns the first decode error.
   [[nodiscard]] absl::Status ForEach(
       const std::function<void(const ChunkKey&, const IndexRecord&)>& fn);

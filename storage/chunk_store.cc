@@ -120,6 +120,10 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   Impl& s = *impl_;
   std::vector<absl::StatusOr<PutResult>> results(requests.size(), PutResult{});
   MutexLock lk(s.mu);
+  if (absl::Status loaded = s.WaitLoaded(); !loaded.ok()) {
+    results.assign(requests.size(), loaded);
+    return results;
+  }
   const int64_t now = s.NowS();
   const int64_t expires = options.ttl_s > 0 ? now + options.ttl_s : 0;
   std::vector<Impl::PendingWrite> writes;
@@ -253,6 +257,18 @@ std::vector<absl::Status> ChunkStore::GetBatchImpl(NamespaceId ns, std::span<con
   };
   std::vector<RamHit> ram_hits;
   MutexLock lk(s.mu);
+  if (s.loading) {  // read from the slots the index on disk names, without the lock
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      status[i] = s.CheckPayload(ns, outs[i].size());
+      if (status[i].ok()) todo.push_back(i);
+    }
+    const std::shared_ptr<Impl::LoadingView> view = s.loading_view;
+    lk.unlock();
+    if (served_from != nullptr) served_from->assign(keys.size(), Tier::kNone);
+    s.GetWhileLoading(*view, ns, keys, outs, todo, outs_have_read_room, &status, served_from);
+    return status;
+  }
   const int64_t now = s.NowS();
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status st = s.CheckPayload(ns, outs[i].size()); !st.ok()) {
@@ -534,6 +550,11 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
                                      bool leading_only) const {
   const Impl& s = *impl_;
   MutexLock lk(s.mu);
+  if (s.loading) {  // answered from the index on disk, without the lock
+    const std::shared_ptr<Impl::LoadingView> view = s.loading_view;
+    lk.unlock();
+    return s.LookupWhileLoading(*view, ns, keys, leading_only);
+  }
   std::vector<Tier> tiers(keys.size(), Tier::kNone);
   size_t probed = 0;
   for (; probed < keys.size(); ++probed) {
@@ -559,6 +580,10 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
   std::vector<ChunkKey> deletes;
   std::vector<Impl::SsdSlot> slots;
   MutexLock lk(s.mu);
+  if (absl::Status loaded = s.WaitLoaded(); !loaded.ok()) {
+    status.assign(keys.size(), loaded);
+    return status;
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     const ChunkKey& key = keys[i];
     for (const RamEntry* r = s.ram ? s.ram->Find(key) : nullptr; r != nullptr && r->flushing;
@@ -603,6 +628,10 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
   std::vector<absl::Status> status(keys.size());
   std::vector<std::pair<ChunkKey, IndexRecord>> puts;
   MutexLock lk(s.mu);
+  if (absl::Status loaded = s.WaitLoaded(); !loaded.ok()) {
+    status.assign(keys.size(), loaded);
+    return status;
+  }
   // A pin limit counts the chunks pinned now, these included.
   const int64_t now = s.NowS();
   Impl::QuotaState* quota = s.QuotaOf(ns);
@@ -670,6 +699,7 @@ std::vector<absl::Status> ChunkStore::PinBatch(NamespaceId ns, std::span<const C
 absl::Status ChunkStore::Flush() {
   Impl& s = *impl_;
   MutexLock lk(s.mu);
+  KVC_RETURN_IF_ERROR(s.WaitLoaded());
   s.work.notify_all();
   const uint64_t errors = s.stats.write_errors;
   while (!s.dirty_queue.empty() || s.flushes_in_progress > 0) {
@@ -681,6 +711,7 @@ absl::Status ChunkStore::Flush() {
 
 ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& namespaces) const {
   MutexLock lk(impl_->mu);
+  (void)impl_->WaitLoaded();  // after a failed load: nothing is counted
   ChunkCounts c;
   if (impl_->ram) c.ram = impl_->ram->CountIn(namespaces);
   for (NamespaceId ns : namespaces) c.ssd_bytes += impl_->ssd_order.BytesOf(ns);
@@ -691,6 +722,7 @@ ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& nam
 
 std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
   MutexLock lk(impl_->mu);
+  (void)impl_->WaitLoaded();
   std::vector<std::pair<NamespaceId, ChunkKey>> out;
   out.reserve(impl_->ssd_map.size());
   for (const auto& [key, rec] : impl_->ssd_map) out.emplace_back(rec.namespace_id, key);
@@ -700,6 +732,7 @@ std::vector<std::pair<NamespaceId, ChunkKey>> ChunkStore::ListSsd() const {
 std::vector<ChunkStore::ChunkListing> ChunkStore::ListPinned() const {
   Impl& s = *impl_;
   MutexLock lk(s.mu);
+  (void)s.WaitLoaded();
   const int64_t now = s.NowS();
   std::vector<ChunkListing> out;
   for (const auto& [key, until] : s.pins) {
@@ -722,6 +755,7 @@ std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks(uint32_t shard,
   auto mine = [shard, shards](const ChunkKey& key) { return key.Prefix64() % shards == shard; };
   {
     MutexLock lk(impl_->mu);
+    (void)impl_->WaitLoaded();
     for (const auto& [key, rec] : impl_->ssd_map) {
       if (!mine(key)) continue;
       out.push_back(
@@ -751,6 +785,7 @@ StoreStats ChunkStore::Stats() const {
   StoreStats st = impl_->stats;
   st.ram_chunks = impl_->ram ? impl_->ram->size() : 0;
   st.ssd_chunks = impl_->ssd_map.size();
+  st.index_loading = impl_->loading;
   st.ssd_capacity_bytes = impl_->ssd_budget;
   st.ssd_taken_bytes = impl_->SsdTakenBytes();
   for (const auto& [ns, bytes] : impl_->namespaces) st.ssd_bytes += impl_->ssd_order.BytesOf(ns);

@@ -98,6 +98,12 @@ struct StoreOptions {
   // whole budget. Without either, a slab is laid out by the write that first needs it.
   bool preallocate_ssd_background = false;
   bool prefault_ram = false;  // fault the RAM tier's pages in at open (ram_arena.h)
+  // Open returns once the index is open, and its records load on a background thread
+  // (kvcached): until they are in memory, Lookup and Get answer from the index on disk
+  // (one point read a key; chunks written after its last sync appear when the load ends)
+  // and every other call on chunks waits for the load. Without it Open loads them first.
+  // A damaged index is always rebuilt before Open returns. docs/storage.md, "Restart".
+  bool load_index_in_background = false;
   // When RAM copies are checked against their checksums (docs/storage.md, "Verification").
   // kScrub: when a copy enters RAM (from a client: the service's check; from SSD: the
   // slot's) and when it leaves (to SSD, to GPU memory), and by a background scrub of every
@@ -113,6 +119,8 @@ struct StoreOptions {
   std::shared_ptr<PowerCut> power_cut;  // tests only: see power_cut.h
   uint16_t slot_format = 0;        // a new folder's slot format; 0 = the current one (tests: 1)
   std::function<int64_t()> now_s;  // wall clock in seconds; tests inject one
+  // Tests only: runs on the loader thread before it reads the index (background load).
+  std::function<void()> before_index_load;
 };
 
 struct PutRequest {
@@ -204,6 +212,10 @@ struct StoreStats {
   // last sync, or all of them after damage), and whether the index was found damaged.
   uint64_t recovered_chunks = 0;
   uint64_t index_rebuilds = 0;
+  // The index's records are still loading (StoreOptions::load_index_in_background), and
+  // how long the load took once it ended (seconds from Open; 0 while loading).
+  bool index_loading = false;
+  double index_load_s = 0;
   uint64_t reservations = 0;  // synced reservation commits since open
   // T0 (zero without it): its chunks and slots, leases that found the chunk there or not,
   // copies it dropped for room, and copies made on a read (promotions; write-through

@@ -13,6 +13,7 @@ namespace kvc::storage {
 absl::Status ChunkStore::CheckConsistency() const {
   const Impl& s = *impl_;
   MutexLock lk(s.mu);
+  KVC_RETURN_IF_ERROR(s.WaitLoaded());
   for (const auto& c : s.classes) {
     if (std::string busy = c->catalog->Busy(); !busy.empty()) {
       return absl::FailedPreconditionError(absl::StrCat("the store is not quiet: ", busy));

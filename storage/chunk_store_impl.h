@@ -4,6 +4,8 @@
 // share. Every method here is called with `mu` held unless it says otherwise.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -63,8 +65,14 @@ class ChunkStore::Impl {
 
   absl::Status Open() ABSL_LOCKS_EXCLUDED(mu);
   void Close() ABSL_LOCKS_EXCLUDED(mu);
-  // Opens the index and reads its records; a damaged index is salvaged (index_damaged).
-  absl::Status OpenIndex(std::vector<std::pair<ChunkKey, IndexRecord>>* records)
+  // Opens the index and, with `scan`, reads its records; a damaged index is salvaged
+  // (index_damaged, and its records read whatever `scan` says).
+  absl::Status OpenIndex(std::vector<std::pair<ChunkKey, IndexRecord>>* records, bool scan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The salvage of an index found damaged (`damage`): reopened keeping what still reads,
+  // or made anew; its records read into *records.
+  absl::Status SalvageIndex(const absl::Status& damage, bool open_failed,
+                            std::vector<std::pair<ChunkKey, IndexRecord>>* records)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Index entries committed and data synced, for all concurrent writers (group_commit.h).
@@ -73,21 +81,68 @@ class ChunkStore::Impl {
     return commits->Commit(slabs, puts);
   }
 
-  // ---- recovery (chunk_store_recovery.cc; at open, before other threads run, under mu) ----
-  // Brings the loaded index (ssd_map) up to date with the slots: the reserved slots
+  // ---- loading the index (chunk_store_open.cc) ----
+  // What the index's records become in memory: built without mu (by the loader thread, or
+  // by Open itself) from the records and the slots, then installed under mu in one step.
+  struct Loaded {
+    std::unordered_map<ChunkKey, IndexRecord, ChunkKeyHash> map;
+    std::unordered_map<NamespaceId, uint64_t> namespaces;  // the store's, and any rebuilt
+    EvictionOrder order;
+    std::unordered_map<ChunkKey, int64_t, ChunkKeyHash> pins;
+    int64_t access_clock = 0;
+    bool damaged = false;    // the index was (or was found while loading) damaged
+    uint64_t rebuilds = 0;   // damage found while loading (StoreStats::index_rebuilds)
+    uint64_t recovered = 0;  // chunks indexed from their slots
+  };
+  // The SSD classes as a load sees them: fixed while it runs (a class is opened only by a
+  // write, and writes wait for the load), so it reads them without mu.
+  using ClassList = std::vector<SsdClass*>;
+  static size_t ClassIndexIn(const ClassList& cls, const IndexRecord& r);
+  static std::string FurtherClassListOf(const ClassList& cls);  // as FurtherClassList
+  // Builds *out from the records (dedupe, recovery from the slots, the eviction order)
+  // and loads each class's catalog; commits what recovery found. Touches no state under mu.
+  absl::Status BuildLoaded(std::vector<std::pair<ChunkKey, IndexRecord>> records,
+                           const ClassList& cls, Loaded* out) ABSL_LOCKS_EXCLUDED(mu);
+  void InstallLoaded(Loaded&& loaded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The loader thread: reads the records (salvaging an index found damaged), builds and
+  // installs them; an error it cannot get past fails every later call on chunks.
+  void LoadInBackground(ClassList cls) ABSL_LOCKS_EXCLUDED(mu);
+  // Waits (releasing mu) until the index is loaded; then the load's error, if it failed.
+  absl::Status WaitLoaded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (loading) loaded_cv.wait(mu);
+    return load_error;
+  }
+  // While loading: Lookup and Get from the index on disk, without mu (Loading.readers
+  // keeps the index from being replaced under them). Null where the store is loaded.
+  struct LoadingView {
+    std::unordered_map<NamespaceId, uint64_t> namespaces;  // as at open
+    ClassList classes;
+    std::atomic<bool> serving{true};  // false: the index is being salvaged (answer misses)
+    std::atomic<int> readers{0};
+  };
+  // The record the index has for `key` in namespace `ns`, if the load would keep it.
+  std::optional<IndexRecord> RecordWhileLoading(const LoadingView& v, NamespaceId ns,
+                                                const ChunkKey& key) const;
+  std::vector<Tier> LookupWhileLoading(LoadingView& v, NamespaceId ns,
+                                       std::span<const ChunkKey> keys, bool leading_only) const;
+  void GetWhileLoading(LoadingView& v, NamespaceId ns, std::span<const ChunkKey> keys,
+                       std::span<const std::span<uint8_t>> outs, std::span<const size_t> todo,
+                       bool outs_have_read_room, std::vector<absl::Status>* status,
+                       std::vector<Tier>* served_from) const;
+
+  // ---- recovery (chunk_store_recovery.cc; part of a load, without mu) ----
+  // Brings the loaded records (l->map) up to date with the slots: the reserved slots
   // written after the reservation, or with whole_tier every slot (the index was damaged:
   // slots are then the only truth, and entries whose slot does not verify are dropped).
   // Keys whose entries go are appended to `stale`; recovered entries to `recovered`.
   absl::Status RecoverFromSlots(SsdClass& cls, const SlotReservation& reservation, bool whole_tier,
-                                std::vector<ChunkKey>* stale,
-                                std::vector<std::pair<ChunkKey, IndexRecord>>* recovered)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+                                Loaded* l, std::vector<ChunkKey>* stale,
+                                std::vector<std::pair<ChunkKey, IndexRecord>>* recovered);
 
   // Whether the slot the reservation names as the next one's first holds a chunk written
   // after the reservation (sequence ≥ its sequence_bound): a later synced reservation was lost (the
   // index's WAL came back short), and with it the entries of every chunk written under it.
-  absl::StatusOr<bool> LaterReservationLost(SsdClass& cls, const SlotReservation& reservation)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  absl::StatusOr<bool> LaterReservationLost(SsdClass& cls, const SlotReservation& reservation);
 
   int64_t NowS() const { return opt.now_s(); }
   // Whether the namespace's RAM pool has any slot.
@@ -358,6 +413,17 @@ class ChunkStore::Impl {
       ABSL_GUARDED_BY(mu);  // last access to persist
   EvictionOrder ssd_order ABSL_GUARDED_BY(mu);
   bool index_damaged = false;  // found at open: rebuilt from every slot
+
+  // The index's records are loading (Loaded, LoadInBackground): calls on chunks wait on
+  // loaded_cv, and Lookup / Get answer through `loading_view`.
+  bool loading ABSL_GUARDED_BY(mu) = true;
+  absl::Status load_error ABSL_GUARDED_BY(mu);  // the background load's, if it failed
+  mutable std::condition_variable_any loaded_cv;
+  std::shared_ptr<LoadingView> loading_view ABSL_GUARDED_BY(mu);
+  std::thread loader;
+  std::chrono::steady_clock::time_point opened_at = std::chrono::steady_clock::now();
+  // The metadata a new or salvaged index is given at open (geometry, namespaces).
+  std::vector<std::pair<std::string, std::string>> folder_meta ABSL_GUARDED_BY(mu);
 
   // Signalled (with mu) when the catalog's record commit ends or its last write in
   // flight does: a new reservation waits for both (the writes' index entries become

@@ -241,6 +241,7 @@ void ChunkStore::SetQuotaGroup(NamespaceId ns, QuotaGroup group) {
 QuotaUsage ChunkStore::Usage(QuotaGroup group) const {
   Impl& s = *impl_;
   MutexLock lk(s.mu);
+  (void)s.WaitLoaded();
   QuotaUsage u;
   auto g = s.quota_groups.find(group);
   if (g == s.quota_groups.end()) return u;

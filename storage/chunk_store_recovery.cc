@@ -9,8 +9,10 @@
 namespace kvc::storage {
 
 absl::Status ChunkStore::Impl::RecoverFromSlots(
-    SsdClass& cls, const SlotReservation& reservation, bool whole_tier,
+    SsdClass& cls, const SlotReservation& reservation, bool whole_tier, Loaded* l,
     std::vector<ChunkKey>* stale, std::vector<std::pair<ChunkKey, IndexRecord>>* recovered) {
+  auto& map = l->map;  // the records loaded so far
+  auto& namespaces_of = l->namespaces;
   SsdTier& ssd = *cls.tier;
   std::vector<uint64_t> slots;
   if (whole_tier) {
@@ -39,14 +41,14 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
   // (Of this class: other classes' slots are numbered apart.)
   std::unordered_map<uint64_t, ChunkKey> owner;
   if (whole_tier) {
-    owner.reserve(ssd_map.size());
-    for (const auto& [key, r] : ssd_map) {
-      if (ClassOf(r) == &cls) owner[cls.SlotOf(r)] = key;
+    owner.reserve(map.size());
+    for (const auto& [key, r] : map) {
+      if (r.slot_class == cls.code) owner[cls.SlotOf(r)] = key;
     }
   } else {
     const std::unordered_set<uint64_t> read(slots.begin(), slots.end());
-    for (const auto& [key, r] : ssd_map) {
-      if (ClassOf(r) != &cls) continue;
+    for (const auto& [key, r] : map) {
+      if (r.slot_class != cls.code) continue;
       if (const uint64_t slot = cls.SlotOf(r); read.contains(slot)) owner[slot] = key;
     }
   }
@@ -61,25 +63,25 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     // Bytes older than the reservation belong to chunks the index already dealt with
     // (stored, evicted or erased before it); only later writes are new.
     if (!whole_tier && h.sequence < reservation.min_sequence) continue;
-    auto ns = namespaces.find(h.namespace_id);
-    if (ns == namespaces.end()) {
+    auto ns = namespaces_of.find(h.namespace_id);
+    if (ns == namespaces_of.end()) {
       if (!whole_tier) continue;
       // The damaged index lost the namespace list; the slots say each one's chunk size.
-      ns = namespaces.emplace(h.namespace_id, h.payload_bytes).first;
+      ns = namespaces_of.emplace(h.namespace_id, h.payload_bytes).first;
     }
     if (ns->second != h.payload_bytes) continue;
     if (auto held = owner.find(f.slot); held != owner.end()) {
-      const IndexRecord& r = ssd_map[held->second];
+      const IndexRecord& r = map[held->second];
       if (held->second == h.key && r.sequence == h.sequence) continue;  // indexed already
       // The slot holds newer bytes than its entry says: the entry goes.
       dropped.push_back(held->second);
-      ssd_map.erase(held->second);
+      map.erase(held->second);
       owner.erase(held);
     }
-    if (auto same = ssd_map.find(h.key); same != ssd_map.end()) {
+    if (auto same = map.find(h.key); same != map.end()) {
       if (same->second.sequence > h.sequence) continue;  // a newer copy is indexed
       // This one replaces it (its slot, if of another class, is free at the load).
-      if (ClassOf(same->second) == &cls) owner.erase(cls.SlotOf(same->second));
+      if (same->second.slot_class == cls.code) owner.erase(cls.SlotOf(same->second));
     }
     IndexRecord r;
     r.namespace_id = h.namespace_id;
@@ -91,26 +93,26 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     r.origin = h.origin;
     r.created_s = r.last_access_s = h.created_s;
     r.expires_s = h.expires_s;
-    ssd_map[h.key] = r;
+    map[h.key] = r;
     owner[f.slot] = h.key;
     adopted.insert(h.key);
   }
   if (whole_tier) {
     // Every slot was read: an entry whose slot did not verify names bytes that are gone.
-    for (auto it = ssd_map.begin(); it != ssd_map.end();) {
-      if (ClassOf(it->second) != &cls || verified.contains(cls.SlotOf(it->second))) {
+    for (auto it = map.begin(); it != map.end();) {
+      if (it->second.slot_class != cls.code || verified.contains(cls.SlotOf(it->second))) {
         ++it;
       } else {
         dropped.push_back(it->first);
-        it = ssd_map.erase(it);
+        it = map.erase(it);
       }
     }
   }
   for (const ChunkKey& key : dropped) {
-    if (!ssd_map.contains(key)) stale->push_back(key);  // not re-adopted elsewhere
+    if (!map.contains(key)) stale->push_back(key);  // not re-adopted elsewhere
   }
   for (const ChunkKey& key : adopted) {
-    if (auto it = ssd_map.find(key); it != ssd_map.end()) recovered->emplace_back(key, it->second);
+    if (auto it = map.find(key); it != map.end()) recovered->emplace_back(key, it->second);
   }
   return absl::OkStatus();
 }

@@ -529,6 +529,7 @@ void ChunkStore::Impl::FlushLocked(const std::vector<ChunkKey>& keys) {
 
 void ChunkStore::Impl::WriterLoop() {
   MutexLock lk(mu);
+  (void)WaitLoaded();  // nothing is queued before: every write waits for the load
   while (true) {
     while (!stopping && dirty_queue.empty()) work.wait(mu);
     if (dirty_queue.empty() && stopping) break;

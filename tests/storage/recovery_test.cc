@@ -2,6 +2,7 @@
 // folder made in slot format 1 (before slots carried parents) opened by this version.
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 
@@ -297,6 +298,68 @@ TEST(RecoveryTest, AfterAReopenChunksOfOneSecondLeaveInTheOrderTheyWereWritten) 
           << "after put " << i << ", chunk " << j;
     }
   }
+}
+
+// StoreOptions::load_index_in_background: Open returns before the records are in memory;
+// meanwhile lookups and reads are answered from the index on disk, byte-exact, and a write
+// waits for the load, then lands. (The loader is held at its start so that every check
+// below runs while it loads.)
+TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWaitForIt) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TempDir dir;
+  constexpr uint64_t kStored = 300;
+  StoreOptions o = Options(dir.path());
+  {
+    auto s = Open(o);
+    ASSERT_NE(s, nullptr);
+    PutAll(*s, seed, kStored);
+  }
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  o.load_index_in_background = true;
+  o.before_index_load = [gate] { gate.wait(); };
+  absl::StatusOr<std::unique_ptr<ChunkStore>> opened = ChunkStore::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ChunkStore& s = **opened;
+  ASSERT_TRUE(s.RegisterNamespace(kNs, kChunk).ok());  // registering does not wait
+  EXPECT_TRUE(s.Stats().index_loading);
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < kStored; ++i) keys.push_back(KeyOf(seed, i));
+  keys.push_back(KeyOf(seed, kStored + 7));  // never stored
+  const std::vector<Tier> tiers = s.Lookup(kNs, keys, /*leading_only=*/false);
+  for (uint64_t i = 0; i < kStored; ++i) ASSERT_EQ(tiers[i], Tier::kSsd) << "chunk " << i;
+  EXPECT_EQ(tiers[kStored], Tier::kNone);
+  EXPECT_EQ(s.Lookup(kNs, keys, /*leading_only=*/true)[kStored], Tier::kNone);
+  EXPECT_EQ(s.Lookup(kNs + 1, std::span(keys).first(1))[0], Tier::kNone) << "another namespace";
+  std::vector<uint8_t> out(kChunk);
+  for (uint64_t i = 0; i < kStored; i += 7) {
+    ASSERT_TRUE(s.Get(kNs, keys[i], out).ok()) << "chunk " << i;
+    ASSERT_EQ(out, PayloadOf(keys[i], kChunk)) << "chunk " << i;
+  }
+  EXPECT_TRUE(absl::IsNotFound(s.Get(kNs, keys[kStored], out)));
+  EXPECT_TRUE(s.Stats().index_loading);
+  // A write waits for the load.
+  const ChunkKey fresh = KeyOf(seed, kStored);
+  const std::vector<uint8_t> fresh_bytes = PayloadOf(fresh, kChunk);
+  std::future<absl::StatusOr<PutResult>> put = std::async(std::launch::async, [&] {
+    return s.Put({kNs, fresh, std::nullopt, fresh_bytes}, {});
+  });
+  EXPECT_EQ(put.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "a write went ahead of the load";
+  go.set_value();
+  ASSERT_TRUE(put.get().ok());
+  EXPECT_FALSE(s.Stats().index_loading);
+  EXPECT_GT(s.Stats().index_load_s, 0.0);
+  ExpectAll(s, seed, kStored + 1);
+  EXPECT_EQ(testing::ConsistentOnceQuiet(s), absl::OkStatus());
+  opened->reset();
+  // And the next background open finds everything (no gate: the load runs at once).
+  o.before_index_load = nullptr;
+  opened = ChunkStore::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_TRUE((*opened)->RegisterNamespace(kNs, kChunk).ok());
+  EXPECT_EQ((*opened)->CountChunks({kNs}).ssd, kStored + 1);  // waits for the load
+  ExpectAll(**opened, seed, kStored + 1);
 }
 
 }  // namespace
