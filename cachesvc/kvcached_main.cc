@@ -265,6 +265,12 @@ int Main(int argc, char** argv) {
   app.add_flag("--drain", drain_on_term,
                "with --cluster: on SIGTERM, hand every chunk to its other owners before "
                "exiting (SIGUSR1, and kvctl drain, always do)");
+  bool load_index_in_background = true;
+  app.add_flag("--load-index-in-background,!--no-load-index-in-background",
+               load_index_in_background,
+               "listen before the SSD index is in memory, the default: lookups and fetches read "
+               "the index on disk until it is, stores wait for it (a restart's first hit does "
+               "not wait on the chunk count)");
   bool prefault_ram = true;
   app.add_flag("--prefault-ram,!--no-prefault-ram", prefault_ram,
                "fault the RAM tier's pages in at start, the default (its memory is taken at once; "
@@ -389,6 +395,7 @@ int Main(int argc, char** argv) {
   // writes so that a put rarely waits for a slab to be laid out.
   so.preallocate_ssd_background = true;
   so.prefault_ram = prefault_ram;
+  so.load_index_in_background = load_index_in_background;
   so.ram_verify =
       ram_verify == "every-read" ? storage::RamVerify::kEveryRead : storage::RamVerify::kScrub;
   so.ram_scrub_bytes_per_s = ram_scrub_mbps * 1000 * 1000;
@@ -538,7 +545,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return Fail("cannot listen on " + listen);
   const std::string host = listen.substr(0, listen.rfind(':'));
-  const storage::StoreStats st = (*store)->Stats();
+  const storage::StoreStats st = (*store)->StatsNow();  // capacities: known before the load
   std::printf("kvcached: listening on %s:%d (data %s, ram %llu chunks, ssd %llu chunks, io %s%s)\n",
               host.c_str(), port, data_dir.c_str(),
               static_cast<unsigned long long>(st.ram_capacity_chunks),

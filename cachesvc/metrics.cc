@@ -94,7 +94,7 @@ class StoreCollector final : public prometheus::Collectable {
  private:
   std::vector<prometheus::MetricFamily> StoreFamilies() const {
     using T = prometheus::MetricType;
-    const storage::StoreStats s = store_->Stats();
+    const storage::StoreStats s = store_->StatsNow();  // a scrape does not wait for a load
     auto tiers = [](double ram, double ssd) {
       return std::vector<prometheus::ClientMetric>{Value(ram, {{"tier", "ram"}}),
                                                    Value(ssd, {{"tier", "ssd"}})};
@@ -145,6 +145,9 @@ class StoreCollector final : public prometheus::Collectable {
         Family("kvcache_index_rebuilds_total",
                "Opens that found the SSD index damaged or missing and rebuilt it from the slots",
                T::Counter, {Value(s.index_rebuilds)}),
+        Family("kvcache_index_loading",
+               "1 while the SSD index loads after a start (lookups read it on disk meanwhile)",
+               T::Gauge, {Value(s.index_loading ? 1 : 0)}),
         Family("kvcache_recovered_chunks",
                "Chunks indexed from their slots at the last open (entries the index lost)",
                T::Gauge, {Value(s.recovered_chunks)}),

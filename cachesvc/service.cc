@@ -268,6 +268,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_write_errors(s.write_errors);
         resp->set_recovered_chunks(s.recovered_chunks);
         resp->set_index_rebuilds(s.index_rebuilds);
+        resp->set_index_load_s(s.index_load_s);
         resp->set_hbm_chunks(s.hbm_chunks);
         resp->set_hbm_hits(s.hbm_hits);
         if (impl_->opt.repair_stats) impl_->opt.repair_stats(resp->mutable_repair());

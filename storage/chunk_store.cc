@@ -781,6 +781,14 @@ std::vector<ChunkStore::ChunkListing> ChunkStore::ListChunks(uint32_t shard,
 }
 
 StoreStats ChunkStore::Stats() const {
+  {
+    MutexLock lk(impl_->mu);
+    (void)impl_->WaitLoaded();
+  }
+  return StatsNow();
+}
+
+StoreStats ChunkStore::StatsNow() const {
   MutexLock lk(impl_->mu);
   StoreStats st = impl_->stats;
   st.ram_chunks = impl_->ram ? impl_->ram->size() : 0;

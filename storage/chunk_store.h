@@ -347,7 +347,12 @@ class ChunkStore {
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();
+  // Waits for a background load of the index (StoreOptions::load_index_in_background), so
+  // every count is whole.
   StoreStats Stats() const;
+  // Stats without that wait: while the index loads, counts of what it holds read 0 (and
+  // index_loading says so). For metrics scrapes and a start-up line.
+  StoreStats StatsNow() const;
 
   // One step of the RAM scrub: verifies RAM copies from where the last step stopped until
   // at least `max_bytes` were checked or a pass over every slot completed, dropping copies

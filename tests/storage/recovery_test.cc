@@ -322,7 +322,7 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
   ASSERT_TRUE(opened.ok()) << opened.status();
   ChunkStore& s = **opened;
   ASSERT_TRUE(s.RegisterNamespace(kNs, kChunk).ok());  // registering does not wait
-  EXPECT_TRUE(s.Stats().index_loading);
+  EXPECT_TRUE(s.StatsNow().index_loading);
   std::vector<ChunkKey> keys;
   for (uint64_t i = 0; i < kStored; ++i) keys.push_back(KeyOf(seed, i));
   keys.push_back(KeyOf(seed, kStored + 7));  // never stored
@@ -337,7 +337,7 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
     ASSERT_EQ(out, PayloadOf(keys[i], kChunk)) << "chunk " << i;
   }
   EXPECT_TRUE(absl::IsNotFound(s.Get(kNs, keys[kStored], out)));
-  EXPECT_TRUE(s.Stats().index_loading);
+  EXPECT_TRUE(s.StatsNow().index_loading);
   // A write waits for the load.
   const ChunkKey fresh = KeyOf(seed, kStored);
   const std::vector<uint8_t> fresh_bytes = PayloadOf(fresh, kChunk);
@@ -348,7 +348,7 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
       << "a write went ahead of the load";
   go.set_value();
   ASSERT_TRUE(put.get().ok());
-  EXPECT_FALSE(s.Stats().index_loading);
+  EXPECT_FALSE(s.StatsNow().index_loading);
   EXPECT_GT(s.Stats().index_load_s, 0.0);
   ExpectAll(s, seed, kStored + 1);
   EXPECT_EQ(testing::ConsistentOnceQuiet(s), absl::OkStatus());
