@@ -399,13 +399,14 @@ int Main(int argc, char** argv) {
   so.ram_verify =
       ram_verify == "every-read" ? storage::RamVerify::kEveryRead : storage::RamVerify::kScrub;
   so.ram_scrub_bytes_per_s = ram_scrub_mbps * 1000 * 1000;
+  storage::StoreSeams drills;  // a fault drill's, if asked for
   if (inject_io_faults > 0) {
-    so.faults =
+    drills.faults =
         std::make_shared<storage::FaultPlan>(static_cast<uint64_t>(getpid()) ^ time(nullptr));
     storage::FaultRates r;
     r.read_eio = r.write_eio = r.write_enospc = r.sync_eio = inject_io_faults;
     r.short_read = inject_io_faults;
-    so.faults->set_rates(r);
+    drills.faults->set_rates(r);
     LogLine(LogLevel::kWarn, "injecting_io_faults")
         .Str("rate", absl::StrCat("1 in ", inject_io_faults));
   }
@@ -420,7 +421,8 @@ int Main(int argc, char** argv) {
     return Fail("--hbm-bytes: this kvcached was built without the CUDA backend (nvcc not found)");
 #endif
   }
-  absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store = storage::ChunkStore::Open(so);
+  absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store =
+      storage::ChunkStore::Open(so, drills);
   if (!store.ok()) return Fail(std::string(store.status().message()));
   std::optional<cluster::NodeInfo> node;
   if (!etcd_endpoints.empty()) {

@@ -59,8 +59,9 @@ ChunkStore::ChunkStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 ChunkStore::~ChunkStore() { impl_->Close(); }
 
-absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(StoreOptions options) {
-  auto impl = std::make_unique<Impl>(std::move(options));
+absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(StoreOptions options,
+                                                             StoreSeams seams) {
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(seams));
   if (absl::Status s = impl->Open(); !s.ok()) {
     if (impl->writer.joinable()) impl->Close();
     return s;

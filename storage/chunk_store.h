@@ -115,12 +115,20 @@ struct StoreOptions {
   // so a caller may keep it (its IPC handle) and StoreOptions stays copyable.
   std::shared_ptr<DeviceArena> hbm_arena;
   bool hbm_write_through = false;       // a stored chunk is copied to T0 at once (else on read)
-  std::shared_ptr<FaultPlan> faults;    // tests only
-  std::shared_ptr<PowerCut> power_cut;  // tests only: see power_cut.h
-  uint16_t slot_format = 0;        // a new folder's slot format; 0 = the current one (tests: 1)
-  std::function<int64_t()> now_s;  // wall clock in seconds; tests inject one
-  // Tests only: runs on the loader thread before it reads the index (background load).
-  std::function<void()> before_index_load;
+};
+
+// What tests (and kvcached's hidden fault drills) give a store beside its options, which
+// hold only what a deployment sets: where faults and power cuts enter its I/O — each wraps
+// every I/O lane's engine, and the power cut also the index's file system — its clock, the
+// slot format of a new folder, and a hook in a background open.
+struct StoreSeams {
+  // (Each has a default, so a test names only the seam it uses: {.now_s = …}.)
+  std::shared_ptr<FaultPlan> faults = nullptr;    // fault_injection.h
+  std::shared_ptr<PowerCut> power_cut = nullptr;  // power_cut.h
+  uint16_t slot_format = 0;                       // a new folder's slot format; 0 = the current one
+  std::function<int64_t()> now_s = nullptr;       // wall clock in seconds; null: the real one
+  // Runs on the loader thread before it reads the index (load_index_in_background).
+  std::function<void()> before_index_load = nullptr;
 };
 
 struct PutRequest {
@@ -226,7 +234,8 @@ struct StoreStats {
 
 class ChunkStore {
  public:
-  static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(StoreOptions options);
+  static absl::StatusOr<std::unique_ptr<ChunkStore>> Open(StoreOptions options,
+                                                          StoreSeams seams = {});
   // Flushes pending write-behind chunks to SSD and persists access times.
   ~ChunkStore();
 

@@ -59,8 +59,8 @@ class ChunkStore::Impl {
     SsdClass* cls = nullptr;
     uint64_t slot = 0;
   };
-  explicit Impl(StoreOptions o) : opt(std::move(o)) {
-    if (!opt.now_s) opt.now_s = WallSeconds;
+  Impl(StoreOptions o, StoreSeams s) : opt(std::move(o)), seams(std::move(s)) {
+    if (!seams.now_s) seams.now_s = WallSeconds;
   }
 
   absl::Status Open() ABSL_LOCKS_EXCLUDED(mu);
@@ -144,7 +144,7 @@ class ChunkStore::Impl {
   // index's WAL came back short), and with it the entries of every chunk written under it.
   absl::StatusOr<bool> LaterReservationLost(SsdClass& cls, const SlotReservation& reservation);
 
-  int64_t NowS() const { return opt.now_s(); }
+  int64_t NowS() const { return seams.now_s(); }
   // Whether the namespace's RAM pool has any slot.
   bool HasRam(NamespaceId ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return ram && ram->arena(ram->PoolOf(ns)) != nullptr;
@@ -379,6 +379,7 @@ class ChunkStore::Impl {
   void WriterLoop() ABSL_LOCKS_EXCLUDED(mu);
 
   StoreOptions opt;
+  StoreSeams seams;
   // The folder's first class (slabs/): its slot size, which is also what the RAM and HBM
   // tiers size a typical chunk by.
   uint64_t slot_bytes = 0;

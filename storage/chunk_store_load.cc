@@ -206,7 +206,7 @@ void ChunkStore::Impl::InstallLoaded(Loaded&& l) {
 }
 
 void ChunkStore::Impl::LoadInBackground(ClassList cls) {
-  if (opt.before_index_load) opt.before_index_load();
+  if (seams.before_index_load) seams.before_index_load();
   Loaded loaded;
   std::shared_ptr<LoadingView> view;
   {

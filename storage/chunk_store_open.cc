@@ -46,7 +46,8 @@ absl::StatusOr<uint64_t> MetaNumber(ChunkIndex& index, const std::string& name, 
 absl::Status ChunkStore::Impl::OpenIndex(std::vector<std::pair<ChunkKey, IndexRecord>>* records,
                                          bool scan) {
   const std::string dir = opt.data_dir + "/index";
-  std::shared_ptr<rocksdb::FileSystem> fs = opt.power_cut ? opt.power_cut->file_system() : nullptr;
+  std::shared_ptr<rocksdb::FileSystem> fs =
+      seams.power_cut ? seams.power_cut->file_system() : nullptr;
   absl::StatusOr<std::unique_ptr<ChunkIndex>> idx = ChunkIndex::Open(dir, fs);
   absl::StatusOr<std::vector<std::pair<ChunkKey, IndexRecord>>> loaded =
       std::vector<std::pair<ChunkKey, IndexRecord>>();
@@ -69,7 +70,8 @@ absl::Status ChunkStore::Impl::SalvageIndex(
   // Damaged (not merely torn at its tail by a crash): keep what still reads, then rebuild
   // from the slots, which describe themselves.
   const std::string dir = opt.data_dir + "/index";
-  std::shared_ptr<rocksdb::FileSystem> fs = opt.power_cut ? opt.power_cut->file_system() : nullptr;
+  std::shared_ptr<rocksdb::FileSystem> fs =
+      seams.power_cut ? seams.power_cut->file_system() : nullptr;
   index_damaged = true;
   ++stats.index_rebuilds;
   std::fprintf(stderr,
@@ -130,7 +132,7 @@ absl::Status ChunkStore::Impl::Open() {
                    "kvcache storage: %s has slabs but no index; rebuilding it from the slots\n",
                    opt.data_dir.c_str());
     }
-    const uint64_t new_format = opt.slot_format != 0 ? opt.slot_format : kSlotFormatVersion;
+    const uint64_t new_format = seams.slot_format != 0 ? seams.slot_format : kSlotFormatVersion;
     KVC_ASSIGN_OR_RETURN(uint64_t format,
                          MetaNumber(*index, "slot_format", made.has_value() ? 1 : new_format));
     if (SlotHeaderBytes(static_cast<uint16_t>(format)) == 0) {

@@ -153,8 +153,8 @@ absl::StatusOr<std::unique_ptr<ChunkStore::Impl::SsdClass>> ChunkStore::Impl::Op
   so.queue_depth = opt.queue_depth;
   so.lanes = opt.io_lanes;
   so.slot_format = format;
-  so.faults = opt.faults;
-  so.power_cut = opt.power_cut;
+  so.faults = seams.faults;
+  so.power_cut = seams.power_cut;
   so.lay_out_ahead = lay_out_ahead;
   KVC_ASSIGN_OR_RETURN(c->tier, SsdTier::Open(so));
   c->catalog = std::make_unique<SsdCatalog>(capacity, bytes, sequence);

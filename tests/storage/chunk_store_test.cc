@@ -50,8 +50,8 @@ StoreOptions Options(const std::string& dir, uint64_t ram_chunks, uint64_t ssd_c
   return o;
 }
 
-std::unique_ptr<ChunkStore> OpenOrDie(const StoreOptions& o) {
-  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
+std::unique_ptr<ChunkStore> OpenOrDie(const StoreOptions& o, const StoreSeams& seams = {}) {
+  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o, seams);
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return nullptr;
   EXPECT_TRUE((*s)->RegisterNamespace(kNs, kChunk).ok());
@@ -272,9 +272,8 @@ TEST(ChunkStoreBasicsTest, ExpiredTtlGoesFirstAndPinsHoldUntilLeaseEnds) {
   TempDir dir;
   Clock clock;
   StoreOptions o = Options(dir.path(), 0, 3);
-  o.now_s = clock.fn();
   o.max_pinned_share = 1;  // this test fills the tier with pins
-  auto store = OpenOrDie(o);
+  auto store = OpenOrDie(o, {.now_s = clock.fn()});
   const ChunkKey x = KeyOf(seed, 1), y = KeyOf(seed, 2), z = KeyOf(seed, 3), w = KeyOf(seed, 4);
   ASSERT_TRUE(PutChunk(*store, y).ok());
   ASSERT_TRUE(PutChunk(*store, x, {}, Durability::kDurable, /*ttl_s=*/10).ok());
@@ -330,8 +329,7 @@ TEST(ChunkStoreBasicsTest, PinnedLeafProtectsItsAncestors) {
   TempDir dir;
   Clock clock;
   StoreOptions o = Options(dir.path(), 0, 2);
-  o.now_s = clock.fn();
-  auto store = OpenOrDie(o);
+  auto store = OpenOrDie(o, {.now_s = clock.fn()});
   const ChunkKey p = KeyOf(seed, 1), q = KeyOf(seed, 2);
   ASSERT_TRUE(PutChunk(*store, p).ok());
   ASSERT_TRUE(PutChunk(*store, q, p).ok());
@@ -602,8 +600,7 @@ TEST(ChunkStoreBasicsTest, APutThatMayNotBlockStoresOnlyWhatNeedsNoIo) {
   StoreOptions o = Options(dir.path(), 2, 16);
   auto plan = std::make_shared<FaultPlan>(seed);
   plan->set_rates({.write_eio = 1});  // chunks in RAM stay unwritten (dirty) until healed
-  o.faults = plan;
-  auto store = OpenOrDie(o);
+  auto store = OpenOrDie(o, {.faults = plan});
   const PutOptions memory_now{Durability::kMemory, 0, /*may_block=*/false};
   const PutOptions durable_now{Durability::kDurable, 0, /*may_block=*/false};
   auto put = [&](uint64_t i, const PutOptions& opt) {

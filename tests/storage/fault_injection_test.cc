@@ -33,8 +33,7 @@ class FaultTest : public ::testing::Test {
     o.slab_bytes = 64 * SlotBytesFor(kChunk);
     o.queue_depth = 8;
     o.io_lanes = 1;
-    o.faults = plan_;
-    absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
+    absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o, {.faults = plan_});
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
     ASSERT_TRUE(store_->RegisterNamespace(kNs, kChunk).ok());

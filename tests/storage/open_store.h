@@ -17,8 +17,9 @@ namespace kvc::testing {
 // failure) if either fails.
 inline std::unique_ptr<storage::ChunkStore> OpenStoreWith(const storage::StoreOptions& o,
                                                           storage::NamespaceId ns,
-                                                          uint64_t chunk_bytes) {
-  absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o);
+                                                          uint64_t chunk_bytes,
+                                                          const storage::StoreSeams& seams = {}) {
+  absl::StatusOr<std::unique_ptr<storage::ChunkStore>> s = storage::ChunkStore::Open(o, seams);
   EXPECT_TRUE(s.ok()) << s.status();
   if (!s.ok()) return nullptr;
   EXPECT_EQ((*s)->CheckConsistency(), absl::OkStatus()) << "right after the open";

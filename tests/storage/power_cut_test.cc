@@ -31,8 +31,7 @@ using ::kvc::testing::PayloadOf;
 constexpr uint64_t kChunk = 12000;  // a 12 KiB slot in format 2
 constexpr NamespaceId kNs = 3;
 
-StoreOptions Options(const std::string& dir, uint64_t ssd_slots,
-                     std::shared_ptr<PowerCut> cut = nullptr) {
+StoreOptions Options(const std::string& dir, uint64_t ssd_slots) {
   StoreOptions o;
   o.data_dir = dir;
   o.max_chunk_bytes = kChunk;
@@ -41,12 +40,12 @@ StoreOptions Options(const std::string& dir, uint64_t ssd_slots,
   o.slab_bytes = 256 * SlotBytesFor(kChunk);
   o.queue_depth = 8;
   o.io_lanes = 2;
-  o.power_cut = std::move(cut);
   return o;
 }
 
-std::unique_ptr<ChunkStore> Open(const StoreOptions& o) {
-  return testing::OpenStoreWith(o, kNs, kChunk);
+// Open with the power cut's seam (none: the real disk).
+std::unique_ptr<ChunkStore> Open(const StoreOptions& o, std::shared_ptr<PowerCut> cut = nullptr) {
+  return testing::OpenStoreWith(o, kNs, kChunk, {.power_cut = std::move(cut)});
 }
 
 // OK if the chunk reads back exactly; NotFound if absent; anything else is a failure.
@@ -65,7 +64,7 @@ TEST(PowerCutTest, DurableChunksWhoseIndexEntriesNeverSyncedAreRebuiltFromTheirS
   auto cut = std::make_shared<PowerCut>(seed, /*drop_all=*/true);
   uint64_t reservations = 0;
   {
-    auto store = Open(Options(dir.path(), kSlots, cut));
+    auto store = Open(Options(dir.path(), kSlots), cut);
     ASSERT_NE(store, nullptr);
     for (uint64_t i = 0; i < kChunks; ++i) {
       const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk);
@@ -96,7 +95,7 @@ TEST(PowerCutTest, AnErasedChunkStaysErasedAfterACut) {
   testing::TempDir dir;
   auto cut = std::make_shared<PowerCut>(seed, /*drop_all=*/true);
   {
-    auto store = Open(Options(dir.path(), 256, cut));
+    auto store = Open(Options(dir.path(), 256), cut);
     ASSERT_NE(store, nullptr);
     for (uint64_t i = 0; i < 6; ++i) {
       const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, i), kChunk);
@@ -125,7 +124,7 @@ TEST(DiskFullTest, StoresFailWhileTheDiskIsFullAndResumeWhenSpaceReturns) {
     return s.Put({kNs, KeyOf(seed, i), {}, p}, {}).status();
   };
   {
-    auto store = Open(Options(dir.path(), 256, disk));
+    auto store = Open(Options(dir.path(), 256), disk);
     ASSERT_NE(store, nullptr);
     for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(put(*store, i).ok()) << i;
     disk->set_disk_full(true);
@@ -198,11 +197,11 @@ void RandomCuts(const std::vector<Writer>& writers_of, uint64_t slots, bool evic
     return st;
   };
   auto open = [&](std::shared_ptr<PowerCut> cut) {
-    StoreOptions o = Options(dir.path(), slots, std::move(cut));
+    StoreOptions o = Options(dir.path(), slots);
     o.first_class_chunk_bytes = kChunk;  // slabs/; the other sizes are classes of their own
     for (const Writer& w : writers_of)
       o.max_chunk_bytes = std::max(o.max_chunk_bytes, w.chunk_bytes);
-    auto store = Open(o);
+    auto store = Open(o, std::move(cut));
     for (const Writer& w : writers_of) {
       if (store && w.ns != kNs) {
         EXPECT_TRUE(store->RegisterNamespace(w.ns, w.chunk_bytes).ok());
@@ -339,9 +338,9 @@ TEST(PowerCutTest, RandomCutsUnderAQuotaServeNothingWrongAndKeepTheNewest) {
   std::vector<std::pair<uint64_t, ChunkKey>> stamped;  // (acknowledgement order, key)
   std::atomic<uint64_t> ack_clock{0};
   auto open = [&](std::shared_ptr<PowerCut> cut) {
-    StoreOptions o = Options(dir.path(), 1024, std::move(cut));
+    StoreOptions o = Options(dir.path(), 1024);
     o.ram_bytes = 0;  // every read after a reopen comes from the slots
-    std::unique_ptr<ChunkStore> store = Open(o);
+    std::unique_ptr<ChunkStore> store = Open(o, std::move(cut));
     if (store != nullptr) {
       EXPECT_TRUE(store->SetQuota(kGroup, {"the test tenant", 0, kQuotaChunks * kChunk, 0}).ok());
       store->SetQuotaGroup(kNs, kGroup);

@@ -32,12 +32,11 @@ StoreOptions Options(const std::string& dir, uint16_t slot_format = 0) {
   o.slab_bytes = 128 * SlotBytesFor(kChunk);
   o.queue_depth = 8;
   o.io_lanes = 2;
-  o.slot_format = slot_format;
   return o;
 }
 
-std::unique_ptr<ChunkStore> Open(const StoreOptions& o) {
-  return testing::OpenStoreWith(o, kNs, kChunk);
+std::unique_ptr<ChunkStore> Open(const StoreOptions& o, const StoreSeams& seams = {}) {
+  return testing::OpenStoreWith(o, kNs, kChunk, seams);
 }
 
 void PutAll(ChunkStore& s, uint64_t seed, uint64_t n) {
@@ -240,14 +239,14 @@ TEST(SlotFormatUpgradeTest, AFolderMadeInFormat1KeepsItsChunksAndItsFormat) {
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   {
-    auto store = Open(Options(dir.path(), /*slot_format=*/1));
+    auto store = Open(Options(dir.path(), /*slot_format=*/1), {.slot_format = 1});
     ASSERT_NE(store, nullptr);
     PutAll(*store, seed, 50);
   }
   // Opened as any folder is now (no format asked): it stays format 1, old chunks read,
   // new chunks are written and read in format 1, and it survives a reopen.
   {
-    auto store = Open(Options(dir.path(), /*slot_format=*/1));
+    auto store = Open(Options(dir.path(), /*slot_format=*/1), {.slot_format = 1});
     ASSERT_NE(store, nullptr);
     ExpectAll(*store, seed, 50);
     const std::vector<uint8_t> p = PayloadOf(KeyOf(seed, 50), kChunk);
@@ -275,18 +274,18 @@ TEST(RecoveryTest, AfterAReopenChunksOfOneSecondLeaveInTheOrderTheyWereWritten) 
   constexpr uint64_t kFull = 16;
   o.ssd_bytes = kFull * SlotBytesFor(kChunk);
   o.slab_bytes = kFull * SlotBytesFor(kChunk);
-  o.now_s = [] { return int64_t{1'800'000'000}; };  // one second for every write
+  const StoreSeams one_second{.now_s = [] { return int64_t{1'800'000'000}; }};  // every write
   std::vector<ChunkKey> keys;
   for (uint64_t i = 0; i < kFull; ++i) keys.push_back(KeyOf(seed, i));
   {
-    auto s = Open(o);
+    auto s = Open(o, one_second);
     ASSERT_NE(s, nullptr);
     for (const ChunkKey& k : keys) {
       const std::vector<uint8_t> p = PayloadOf(k, kChunk);
       ASSERT_TRUE(s->Put({kNs, k, std::nullopt, p}, {Durability::kDurable, 0}).ok());
     }
   }
-  auto s = Open(o);
+  auto s = Open(o, one_second);
   ASSERT_NE(s, nullptr);
   // Each new chunk evicts one (the tier is full): the first ones written go, in order.
   for (uint64_t i = 0; i < 4; ++i) {
@@ -317,8 +316,8 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
   std::promise<void> go;
   std::shared_future<void> gate = go.get_future().share();
   o.load_index_in_background = true;
-  o.before_index_load = [gate] { gate.wait(); };
-  absl::StatusOr<std::unique_ptr<ChunkStore>> opened = ChunkStore::Open(o);
+  absl::StatusOr<std::unique_ptr<ChunkStore>> opened =
+      ChunkStore::Open(o, {.before_index_load = [gate] { gate.wait(); }});
   ASSERT_TRUE(opened.ok()) << opened.status();
   ChunkStore& s = **opened;
   ASSERT_TRUE(s.RegisterNamespace(kNs, kChunk).ok());  // registering does not wait
@@ -354,7 +353,6 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
   EXPECT_EQ(testing::ConsistentOnceQuiet(s), absl::OkStatus());
   opened->reset();
   // And the next background open finds everything (no gate: the load runs at once).
-  o.before_index_load = nullptr;
   opened = ChunkStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status();
   ASSERT_TRUE((*opened)->RegisterNamespace(kNs, kChunk).ok());

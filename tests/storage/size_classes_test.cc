@@ -44,8 +44,8 @@ StoreOptions Options(const std::string& dir, uint64_t ssd_bytes) {
   return o;  // no RAM tier: every put goes to SSD
 }
 
-std::unique_ptr<ChunkStore> OpenOrDie(const StoreOptions& o) {
-  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o);
+std::unique_ptr<ChunkStore> OpenOrDie(const StoreOptions& o, const StoreSeams& seams = {}) {
+  absl::StatusOr<std::unique_ptr<ChunkStore>> s = ChunkStore::Open(o, seams);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *std::move(s) : nullptr;
 }
@@ -262,10 +262,10 @@ TEST(SizeClassesTest, AFolderOfTheFormatBeforeClassesKeepsEveryChunkAndGrowsClas
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   StoreOptions o = Options(dir.path(), 16ull << 20);
-  o.slot_format = 2;
+  const StoreSeams format_2{.slot_format = 2};  // the folder as the version before wrote it
   constexpr NamespaceId kNs = 1, kOther = 2;
   {
-    auto store = OpenOrDie(o);
+    auto store = OpenOrDie(o, format_2);
     ASSERT_NE(store, nullptr);
     ASSERT_TRUE(store->RegisterNamespace(kNs, kFirstChunk).ok());
     for (uint64_t i = 0; i < 20; ++i)
