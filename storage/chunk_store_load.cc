@@ -225,7 +225,13 @@ void ChunkStore::Impl::LoadInBackground(ClassList cls) {
     MutexLock lk(mu);
     records.clear();
     s = SalvageIndex(s, /*open_failed=*/false, &records);
-    if (s.ok()) s = index->Commit({}, {}, /*sync=*/true, folder_meta);  // it may be new
+    // The salvaged index may be a new one: the folder's metadata again, with the
+    // namespaces registered since the open.
+    std::vector<std::pair<std::string, std::string>> meta = folder_meta;
+    for (auto& [name, value] : meta) {
+      if (name == "namespaces") value = EncodeNamespaces(namespaces);
+    }
+    if (s.ok()) s = index->Commit({}, {}, /*sync=*/true, meta);
     loaded.damaged = true;
     loaded.rebuilds = 0;  // SalvageIndex counted it
   }

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "rocksdb/db.h"
 #include "storage/chunk_store.h"
 #include "storage/slot_format.h"
 #include "tests/storage/open_store.h"
@@ -358,6 +359,50 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
   ASSERT_TRUE((*opened)->RegisterNamespace(kNs, kChunk).ok());
   EXPECT_EQ((*opened)->CountChunks({kNs}).ssd, kStored + 1);  // waits for the load
   ExpectAll(**opened, seed, kStored + 1);
+}
+
+// A table of the index that does not read, found by the background load's scan: the
+// on-disk lookups stop, the index is salvaged and rebuilt from the slots, and every chunk
+// is kept — as an open that found the damage itself.
+TEST(BackgroundLoadTest, ADamagedTableFoundByTheLoadIsRebuiltFromTheSlots) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TempDir dir;
+  constexpr uint64_t kStored = 300;
+  StoreOptions o = Options(dir.path());
+  {
+    auto s = Open(o);
+    ASSERT_NE(s, nullptr);
+    PutAll(*s, seed, kStored);
+  }
+  {  // The records into a table, then bytes of its first data block overwritten.
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir.path() + "/index", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    ASSERT_TRUE(db->Flush(rocksdb::FlushOptions()).ok());
+  }
+  std::string table;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() + "/index")) {
+    if (e.path().extension() == ".sst" &&
+        (table.empty() || e.file_size() > std::filesystem::file_size(table)))
+      table = e.path().string();
+  }
+  ASSERT_FALSE(table.empty());
+  {
+    std::fstream f(table, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(256);
+    const std::string junk(1024, '\x5a');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  o.load_index_in_background = true;
+  absl::StatusOr<std::unique_ptr<ChunkStore>> opened = ChunkStore::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ChunkStore& s = **opened;
+  ASSERT_TRUE(s.RegisterNamespace(kNs, kChunk).ok());
+  const StoreStats st = s.Stats();  // waits for the load
+  EXPECT_EQ(st.index_rebuilds, 1u);
+  EXPECT_EQ(st.recovered_chunks, kStored);
+  ExpectAll(s, seed, kStored);
+  EXPECT_EQ(testing::ConsistentOnceQuiet(s), absl::OkStatus());
 }
 
 }  // namespace
