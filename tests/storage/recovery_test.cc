@@ -1,5 +1,6 @@
 // The index rebuilt from the slots: a damaged RocksDB WAL, a lost index folder, and a
 // folder made in slot format 1 (before slots carried parents) opened by this version.
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -346,8 +347,30 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
   });
   EXPECT_EQ(put.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
       << "a write went ahead of the load";
+  // Readers across the load's end (from the disk, then from memory): every stored chunk
+  // reads back exact throughout, while the write and more go in.
+  std::atomic<bool> done{false};
+  std::future<std::string> reader = std::async(std::launch::async, [&]() -> std::string {
+    std::vector<uint8_t> got(kChunk);
+    for (uint64_t n = 0; !done.load() || n < 200; ++n) {
+      const uint64_t i = (n * 37) % kStored;
+      if (absl::Status st = s.Get(kNs, keys[i], got); !st.ok())
+        return "chunk " + std::to_string(i) + ": " + st.ToString();
+      if (got != PayloadOf(keys[i], kChunk)) return "chunk " + std::to_string(i) + " differs";
+      if (s.Lookup(kNs, std::span(keys).subspan(i, 1))[0] == Tier::kNone)
+        return "chunk " + std::to_string(i) + " not found";
+    }
+    return "";
+  });
   go.set_value();
   ASSERT_TRUE(put.get().ok());
+  for (uint64_t i = 1; i <= 20; ++i) {
+    const ChunkKey k = KeyOf(seed, 10'000 + i);
+    ASSERT_TRUE(s.Put({kNs, k, std::nullopt, PayloadOf(k, kChunk)}, {}).ok());
+    ASSERT_TRUE(s.Erase(kNs, k).ok());  // frees its slot again for the next
+  }
+  done = true;
+  EXPECT_EQ(reader.get(), "");
   EXPECT_FALSE(s.StatsNow().index_loading);
   EXPECT_GT(s.Stats().index_load_s, 0.0);
   ExpectAll(s, seed, kStored + 1);
