@@ -162,6 +162,9 @@ def test_sglang_zero_copy_backup_and_prefetch_survive_a_restart_and_stop_at_a_mi
     storage = KvcacheHiCacheStorage(storage_config(d.address), {})
     storage.register_mem_pool_host(pool)
     assert prefetch(storage, keys) == 4, "a prefix of 6 pages with the last 2 never stored"
+    # Tokens by tier: after the restart the 4 pages are on SSD, the 2 others not found.
+    (counts,) = storage.tokens_by_tier().values()
+    assert counts == {"hbm": 0, "ram": 0, "ssd": 4 * pool.page_size, "none": 2 * pool.page_size}
     # _page_get_zero_copy: batch_get_v1 into free slots of the host pool, in place.
     results = storage.batch_get_v1(keys, slots(8, 6, pool.page_size), None)
     assert results == [True] * 4 + [False] * 2
@@ -498,9 +501,15 @@ def test_vllm_tier_stores_and_loads_blocks_across_restarts(make_daemon, seed):
     tier.submit_load(JobMetadata(2, keys, np.array([10, 11, 12, 13]), True))
     assert finish(tier, 2)
     assert torch.equal(cpu[10:14], cpu[2:6])
+    # Tokens by tier: the 4 blocks came from SSD after the restart (the first as its lookup
+    # said, the others asked by the job).
+    (counts,) = tier.tokens_by_tier().values()
+    assert counts == {"hbm": 0, "ram": 0, "ssd": 4 * 16, "none": 0}
     # A job with a block never stored fails as a whole (vLLM then recomputes).
     tier.submit_load(JobMetadata(3, [keys[0], rng.bytes(32)], np.array([14, 15]), True))
     assert finish(tier, 3) is False
+    (counts,) = tier.tokens_by_tier().values()
+    assert counts["none"] == 16 and sum(counts.values()) == 6 * 16, "every block of a job counts"
     tier.drain_jobs()
     tier.shutdown()
 

@@ -93,6 +93,29 @@ class CallerKeys:
         return out
 
 
+TIERS = ("hbm", "ram", "ssd", "none")  # "none": looked up and not found
+
+
+class TierTokens:
+    """Prompt tokens by the tier that served them, per namespace: what an adapter's
+    counts of its own calls say (docs/integrations.md, "Tokens by tier"). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: Dict[str, Dict[str, int]] = {}
+
+    def add(self, namespace: str, tiers: Any, page_tokens: int) -> None:
+        """One page of page_tokens for each tier named (one of TIERS)."""
+        with self._lock:
+            counts = self._by.setdefault(namespace, dict.fromkeys(TIERS, 0))
+            for t in tiers:
+                counts[t if t in counts else "none"] += page_tokens
+
+    def snapshot(self) -> Dict[str, Dict[str, int]]:
+        with self._lock:
+            return {ns: dict(c) for ns, c in self._by.items()}
+
+
 class PageStore:
     """Clients (one per thread) of one cache target, and each thread's caller-keyed
     namespaces by (pool name, page bytes, page tokens)."""
@@ -110,6 +133,7 @@ class PageStore:
         self._token, self._timeout_s, self._shm = token, timeout_s, shm_socket
         self._local = threading.local()
         self.keys = CallerKeys()  # keys(client, ns, engine keys) -> chunk keys
+        self.tokens = TierTokens()  # prompt tokens by tier, per namespace name
         self._all_lock = threading.Lock()
         self._all: list = []
         # After a call finds the cache unreachable, calls fail at once for backoff_s (the
@@ -133,10 +157,14 @@ class PageStore:
                 self._all.append(c)
         return c
 
+    def name_of(self, pool: str) -> str:
+        """The pool's namespace name (as registered in kvcached)."""
+        return bounded_name(self._namer(pool))
+
     def namespace(self, pool: str, page_bytes: int, page_tokens: int) -> Namespace:
         self.client()
         spaces = self._local.namespaces
-        name = bounded_name(self._namer(pool))
+        name = self.name_of(pool)
         ns = spaces.get((name, page_bytes, page_tokens))
         if ns is None:
             ns = self._local.client.register_keyed_namespace(name, page_bytes, page_tokens)

@@ -220,8 +220,20 @@ class KvcacheHiCacheStorage(_Base):
 
     # ---- existence ----
     def _leading(self, pool: str, page_bytes: int, page_tokens: int, keys: List[Any]) -> int:
-        return self._store.run(pool, page_bytes, page_tokens, lambda c, ns: c.lookup_keys(
-            ns, self._store.keys(c, ns, keys)).matched_chunks)
+        m = self._store.run(pool, page_bytes, page_tokens, lambda c, ns: c.lookup_keys(
+            ns, self._store.keys(c, ns, keys)))
+        # Tokens by tier: the leading run's pages by their tiers, the rest not found (what
+        # SGLang then prefetches, and what kvcached counts for the same call).
+        self._store.tokens.add(self._store.name_of(pool),
+                               list(m.tiers[:m.matched_chunks]) +
+                               ["none"] * (len(keys) - m.matched_chunks), page_tokens)
+        return int(m.matched_chunks)
+
+    def tokens_by_tier(self) -> Dict[str, Dict[str, int]]:
+        """Prompt tokens each tier (hbm, ram, ssd; none: not found) answered for this
+        backend's existence checks, per namespace: a page's tokens once per check. For a
+        pool checked whole (batch_exists_v2's extra pools) every page counts by its tier."""
+        return self._store.tokens.snapshot()
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many leading keys are stored (SGLang stops its prefetch at the first miss)."""
@@ -278,7 +290,9 @@ class KvcacheHiCacheStorage(_Base):
         tokens = int(getattr(pool, "page_size", 0) or 0)
 
         def every(c, ns):  # one call: each page's presence, not only the leading run
-            return [t != "none" for t in c.tiers_of(ns, self._store.keys(c, ns, keys))]
+            tiers = c.tiers_of(ns, self._store.keys(c, ns, keys))
+            self._store.tokens.add(self._store.name_of(pool_name), tiers, tokens)
+            return [t != "none" for t in tiers]
         return self._store.run(pool_name, page_bytes, tokens, every)
 
     # ---- zero-copy page I/O (host pool pages in place) ----

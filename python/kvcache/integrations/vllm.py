@@ -180,7 +180,9 @@ class KvcacheSecondaryTier(_Base):
         self._finished: List[Any] = []
         self._jobs: Set[Future] = set()
         self._storing: Dict[Any, int] = {}  # key -> store jobs in flight
-        self._stored: "OrderedDict[bytes, None]" = OrderedDict()  # known stored (bounded)
+        # Known stored (bounded), with the tier the daemon last named (RAM for a block this
+        # tier stored: kvcached answers RAM before SSD).
+        self._stored: "OrderedDict[bytes, str]" = OrderedDict()
         # Background lookups: keys asked and not yet answered, and recent misses (when).
         self._hit, self._miss, self._retry = _lookup_answers()
         self._miss_ttl_s = float(options.get("miss_ttl_s", 2.0))
@@ -204,7 +206,7 @@ class KvcacheSecondaryTier(_Base):
     def _remember(self, keys: List[bytes]) -> None:
         with self._lock:
             for k in keys:
-                self._stored[k] = None
+                self._stored[k] = "ram"
                 self._stored.move_to_end(k)
                 self._missed.pop(k, None)
             while len(self._stored) > _KNOWN:
@@ -223,13 +225,13 @@ class KvcacheSecondaryTier(_Base):
                 batch = list(self._asked)[:_BATCH]
             found = guarded("lookup", lambda: None, lambda: self._store.run(
                 POOL, self._block_bytes, self._tokens,
-                lambda c, ns: [t != "none" for t in c.tiers_of(ns, self._store.keys(c, ns, batch))]))
+                lambda c, ns: c.tiers_of(ns, self._store.keys(c, ns, batch))))
             now = time.monotonic()
             with self._lock:
                 for i, k in enumerate(batch):
                     self._asked.pop(k, None)
-                    if found is not None and found[i]:
-                        self._stored[k] = None
+                    if found is not None and found[i] != "none":
+                        self._stored[k] = found[i]
                         self._stored.move_to_end(k)
                     else:
                         self._missed[k] = now
@@ -314,8 +316,22 @@ class KvcacheSecondaryTier(_Base):
                 raise ValueError(f"{len(keys)} keys for {len(blocks)} block ids")
             cks = [caller_key(k) for k in keys]
             sink = ChunkSink(self._block_bytes, parts=[[b] for b in blocks])  # checked above
-            got = self._store.run(POOL, self._block_bytes, self._tokens, lambda c, ns:
-                                  c.fetch_scattered(ns, self._store.keys(c, ns, cks), sink))
+            with self._lock:  # the tier each block is in, as last named
+                tiers = [self._stored.get(k) for k in cks]
+            unknown = [i for i, t in enumerate(tiers) if t is None]
+
+            def fetch(c, ns):
+                chunk_keys = self._store.keys(c, ns, cks)
+                if unknown:  # blocks vLLM did not ask this tier about: asked now
+                    asked = c.tiers_of(ns, [chunk_keys[i] for i in unknown])
+                    for i, t in zip(unknown, asked):
+                        tiers[i] = t
+                return c.fetch_scattered(ns, chunk_keys, sink)
+            got = self._store.run(POOL, self._block_bytes, self._tokens, fetch)
+            # Tokens by tier: the blocks served, by their tiers; the rest of the job none.
+            self._store.tokens.add(self._store.name_of(POOL),
+                                   [str(t) for t in tiers[:got]] + ["none"] * (len(cks) - got),
+                                   self._tokens)
             if got < len(keys):
                 with self._lock:  # evicted since: answer misses, not hits, from memory
                     now = time.monotonic()
@@ -324,6 +340,13 @@ class KvcacheSecondaryTier(_Base):
                         self._missed[k] = now
             return got == len(keys)
         self._submit(job_metadata, work, keys)
+
+    def tokens_by_tier(self) -> Dict[str, Dict[str, int]]:
+        """Prompt tokens this tier's load jobs served into the primary tier, by the kvcached
+        tier that held each block (hbm, ram, ssd, as the last lookup named it; none: a block
+        of the job that did not arrive), per namespace — what vLLM counts as cached by this
+        tier in prompt_tokens_cached_by_source, once per loaded block."""
+        return self._store.tokens.snapshot()
 
     def get_finished(self) -> List[Any]:
         """Jobs (loads and stores) finished since the last call."""
