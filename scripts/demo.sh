@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The main job on its embedded default: install dependencies, build, and run kvdemo — a
+# The main job on its embedded default: install what it needs, build it, and run kvdemo — a
 # coding-agent session on the mini model resumed from kvcached every turn, with kvcached
 # restarted mid-session so a turn resumes from SSD; prints TTFT warm vs cold per turn.
 # Arguments go to kvdemo (e.g. --json, --replay exact, --turns 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
-scripts/build.sh >/dev/null
+# Only what the demo needs: the programs' packages, and the two programs it runs (the
+# tests, benchmarks and training come with scripts/test.sh).
+scripts/install-deps.sh --programs
+scripts/build.sh --target=kvdemo --target=kvcached >/dev/null
 exec build/bin/kvdemo "$@"

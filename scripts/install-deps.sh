@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency of kvcache from Debian 12's archive.
 # Idempotent: packages already present are skipped, so the README commands can run it
-# every time. Needs root (or sudo) only when something is missing.
+# every time. With --programs, only what building and running the programs needs
+# (scripts/demo.sh). Needs root (or sudo) only when something is missing.
 set -euo pipefail
 
-packages=(
+# What configuring the build and building the programs need (the demo's first run).
+programs=(
   # toolchain
-  build-essential cmake ninja-build ccache pkg-config git clang-format
+  build-essential cmake ninja-build ccache pkg-config git
   # service and storage (gRPC, Protobuf, RocksDB, io_uring, hashing)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev liburing-dev libxxhash-dev libabsl-dev
-  # config parsing, metrics, tests, CPU engine math
-  nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
+  # config parsing, metrics, CPU engine math; gtest/hiredis: the configure step looks for them
+  nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libopenblas-dev libgtest-dev libgmock-dev
+  libhiredis-dev
+  # cluster mode (cluster/): the .proto files of etcd's v3 API, compiled into kvcached
+  golang-etcd-server-dev python3
+)
+# What the tests, benchmarks, training and tools need beside those.
+rest=(
+  clang-format
   # benchmark peers
-  fio redis-server libhiredis-dev
+  fio redis-server
   # benchmark plots (PNG)
   gnuplot-nox
   # the Python client (python/): its stubs, runtime and tests
-  python3 python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-pip python3-venv
+  python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-pip python3-venv
   # its etcd access (a cluster's membership): etcd's gRPC API
   python3-etcd3
   # its type check (mypy over python/kvcache, a test)
@@ -30,11 +39,14 @@ packages=(
   bash-completion manpages manpages-dev
   # fuzzing (scripts/fuzz.sh): clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
-  # cluster mode (cluster/): etcd, and the .proto files of its v3 API
-  etcd-server golang-etcd-server-dev
+  # cluster mode's tests: etcd itself
+  etcd-server
   # tests: a throwaway TLS certificate
   openssl
 )
+# --programs: only what the programs need (scripts/demo.sh); default: everything.
+packages=("${programs[@]}")
+if [ "${1:-}" != "--programs" ]; then packages+=("${rest[@]}"); fi
 
 missing=()
 for p in "${packages[@]}"; do
