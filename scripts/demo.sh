@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Only what the demo needs: the programs' packages, and the two programs it runs (the
 # tests, benchmarks and training come with scripts/test.sh).
-scripts/install-deps.sh --programs
+deps=(--programs)
+for a in "$@"; do
+  case "$a" in --nodes*) deps+=(--etcd) ;; esac  # a cluster's membership lives in etcd
+done
+scripts/install-deps.sh "${deps[@]}"
 scripts/build.sh --target=kvdemo --target=kvcached >/dev/null
 exec build/bin/kvdemo "$@"

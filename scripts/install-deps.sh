@@ -44,9 +44,14 @@ rest=(
   # tests: a throwaway TLS certificate
   openssl
 )
-# --programs: only what the programs need (scripts/demo.sh); default: everything.
+# --programs: only what the programs need (scripts/demo.sh), and with --etcd etcd itself
+# (the cluster demo); default: everything.
 packages=("${programs[@]}")
-if [ "${1:-}" != "--programs" ]; then packages+=("${rest[@]}"); fi
+if [ "${1:-}" != "--programs" ]; then
+  packages+=("${rest[@]}")
+elif [ "${2:-}" = "--etcd" ]; then
+  packages+=(etcd-server)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
