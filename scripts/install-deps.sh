@@ -41,6 +41,8 @@ rest=(
   clang-14 libclang-rt-14-dev
   # cluster mode's tests: etcd itself
   etcd-server
+  # a single-host Ceph cluster (scripts/ceph-up.sh) and librados, for the RADOS tier's tests
+  ceph-mon ceph-osd ceph-common librados-dev libradospp-dev
   # tests: a throwaway TLS certificate
   openssl
 )
