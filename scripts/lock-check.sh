@@ -15,7 +15,12 @@ command -v "$cxx" >/dev/null || { echo "lock-check: $cxx missing (scripts/instal
 if [ $# -gt 0 ]; then
   files=("$@")
 else
-  files=(storage/*.cc tests/cachesvc/executor_test.cc tests/cachesvc/cost_pacer_test.cc)
+  files=(tests/cachesvc/executor_test.cc tests/cachesvc/cost_pacer_test.cc)
+  for f in storage/*.cc; do
+    # rados_tier.cc holds no lock, and Ceph 16's buffer.h is not C++20 under clang
+    # (an operator== its reversed candidate makes ambiguous).
+    [ "$f" = storage/rados_tier.cc ] || files+=("$f")
+  done
   for f in cachesvc/*.cc client/*.cc cluster/*.cc serve/*.cc; do
     case "$f" in *_main.cc) ;; *) files+=("$f") ;; esac
   done
