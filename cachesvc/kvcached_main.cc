@@ -265,12 +265,14 @@ int Main(int argc, char** argv) {
   app.add_flag("--drain", drain_on_term,
                "with --cluster: on SIGTERM, hand every chunk to its other owners before "
                "exiting (SIGUSR1, and kvctl drain, always do)");
-  bool load_index_in_background = true;
+  // Off by default until the fault soak passes with it (kvbench soak under injected I/O
+  // faults loses its end check with it on; docs/storage.md, "Restart").
+  bool load_index_in_background = false;
   app.add_flag("--load-index-in-background,!--no-load-index-in-background",
                load_index_in_background,
-               "listen before the SSD index is in memory, the default: lookups and fetches read "
-               "the index on disk until it is, stores wait for it (a restart's first hit does "
-               "not wait on the chunk count)");
+               "listen before the SSD index is in memory: lookups and fetches read the index "
+               "on disk until it is, stores wait for it (a restart's first hit does not wait "
+               "on the chunk count)");
   bool prefault_ram = true;
   app.add_flag("--prefault-ram,!--no-prefault-ram", prefault_ram,
                "fault the RAM tier's pages in at start, the default (its memory is taken at once; "

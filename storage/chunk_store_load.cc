@@ -235,7 +235,21 @@ void ChunkStore::Impl::LoadInBackground(ClassList cls) {
     loaded.damaged = true;
     loaded.rebuilds = 0;  // SalvageIndex counted it
   }
-  if (s.ok()) s = BuildLoaded(std::move(records), cls, &loaded);
+  // A read or commit that fails (an I/O error) fails the attempt, not the store: it is
+  // tried again from the same records, as a restart would (a synchronous open fails Open).
+  constexpr int kAttempts = 5;
+  for (int attempt = 1; s.ok(); ++attempt) {
+    Loaded built = loaded;
+    s = BuildLoaded(attempt < kAttempts ? records : std::move(records), cls, &built);
+    if (s.ok()) {
+      loaded = std::move(built);
+      break;
+    }
+    if (attempt == kAttempts || absl::IsDataLoss(s)) break;
+    std::fprintf(stderr, "kvcache storage: loading the index (attempt %d) failed: %s; again\n",
+                 attempt, std::string(s.message()).c_str());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+  }
   MutexLock lk(mu);
   if (!s.ok()) {
     std::fprintf(stderr, "kvcache storage: loading the index failed: %s\n",

@@ -60,9 +60,10 @@ absl::StatusOr<nlohmann::json> RunCount(const RestartOptions& opt, uint64_t n, u
                                    absl::StrCat(ssd_bytes),
                                    "--lookup-keys-per-second",
                                    "0"};
+  args.push_back("--load-index-in-background");
   serve::KvcachedProcess daemon(opt.kvcached, dir + "/data", args);
   // The peer in the same run: the open that loads every record before it listens.
-  args.push_back("--no-load-index-in-background");
+  args.back() = "--no-load-index-in-background";
   serve::KvcachedProcess synchronous(opt.kvcached, dir + "/data", args);
   KVC_RETURN_IF_ERROR(daemon.Start());
   std::mt19937_64 rng(seed ^ n);
