@@ -114,7 +114,7 @@ struct StoreOptions {
   // T0: device memory for copies of chunks (max_chunk_bytes a slot); null: no T0. Shared
   // so a caller may keep it (its IPC handle) and StoreOptions stays copyable.
   std::shared_ptr<DeviceArena> hbm_arena;
-  bool hbm_write_through = false;       // a stored chunk is copied to T0 at once (else on read)
+  bool hbm_write_through = false;  // a stored chunk is copied to T0 at once (else on read)
 };
 
 // What tests (and kvcached's hidden fault drills) give a store beside its options, which

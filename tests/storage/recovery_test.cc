@@ -309,12 +309,8 @@ TEST(BackgroundLoadTest, LookupsAndReadsAreServedWhileTheIndexLoadsAndWritesWait
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   constexpr uint64_t kStored = 300;
+  Fill(dir.path(), seed, kStored);
   StoreOptions o = Options(dir.path());
-  {
-    auto s = Open(o);
-    ASSERT_NE(s, nullptr);
-    PutAll(*s, seed, kStored);
-  }
   std::promise<void> go;
   std::shared_future<void> gate = go.get_future().share();
   o.load_index_in_background = true;
@@ -391,12 +387,8 @@ TEST(BackgroundLoadTest, ADamagedTableFoundByTheLoadIsRebuiltFromTheSlots) {
   const uint64_t seed = testing::FreshSeed();
   testing::TempDir dir;
   constexpr uint64_t kStored = 300;
+  Fill(dir.path(), seed, kStored);
   StoreOptions o = Options(dir.path());
-  {
-    auto s = Open(o);
-    ASSERT_NE(s, nullptr);
-    PutAll(*s, seed, kStored);
-  }
   {  // The records into a table, then bytes of its first data block overwritten.
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir.path() + "/index", &raw).ok());
