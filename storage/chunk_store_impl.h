@@ -449,6 +449,10 @@ class ChunkStore::Impl {
   StoreStats stats ABSL_GUARDED_BY(mu);
 };
 
+// Every chunk record of the index, appended to *out (open and the background load).
+absl::Status LoadRecords(ChunkIndex& index, std::vector<std::pair<ChunkKey, IndexRecord>>* out);
+absl::StatusOr<std::vector<std::pair<ChunkKey, IndexRecord>>> LoadRecords(ChunkIndex& index);
+
 // The namespaces' chunk sizes as the index's metadata stores them ("id:bytes,...").
 std::string EncodeNamespaces(const std::unordered_map<NamespaceId, uint64_t>& ns);
 

@@ -215,8 +215,7 @@ void ChunkStore::Impl::LoadInBackground(ClassList cls) {
     view = loading_view;
   }
   std::vector<std::pair<ChunkKey, IndexRecord>> records;
-  absl::Status s =
-      index->ForEach([&](const ChunkKey& k, const IndexRecord& r) { records.emplace_back(k, r); });
+  absl::Status s = LoadRecords(*index, &records);
   if (absl::IsDataLoss(s)) {
     // The index is damaged: lookups stop reading it (they answer misses), and once none is
     // inside it is salvaged and rebuilt from every slot, as an open that found it so does.
@@ -235,12 +234,13 @@ void ChunkStore::Impl::LoadInBackground(ClassList cls) {
     loaded.damaged = true;
     loaded.rebuilds = 0;  // SalvageIndex counted it
   }
-  // A read or commit that fails (an I/O error) fails the attempt, not the store: it is
-  // tried again from the same records, as a restart would (a synchronous open fails Open).
+  // A read or commit that fails (an I/O error) fails the attempt, not the store: the
+  // records are read again and the load tried again, as a restart would (a synchronous
+  // open fails Open).
   constexpr int kAttempts = 5;
   for (int attempt = 1; s.ok(); ++attempt) {
-    Loaded built = loaded;
-    s = BuildLoaded(attempt < kAttempts ? records : std::move(records), cls, &built);
+    Loaded built = loaded;  // its namespaces and damage, before any attempt
+    s = BuildLoaded(std::move(records), cls, &built);
     if (s.ok()) {
       loaded = std::move(built);
       break;
@@ -249,6 +249,8 @@ void ChunkStore::Impl::LoadInBackground(ClassList cls) {
     std::fprintf(stderr, "kvcache storage: loading the index (attempt %d) failed: %s; again\n",
                  attempt, std::string(s.message()).c_str());
     std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+    records.clear();
+    s = LoadRecords(*index, &records);
   }
   MutexLock lk(mu);
   if (!s.ok()) {

@@ -21,15 +21,17 @@ std::string EncodeNamespaces(const std::unordered_map<NamespaceId, uint64_t>& ns
   return out;
 }
 
-namespace {
+absl::Status LoadRecords(ChunkIndex& index, std::vector<std::pair<ChunkKey, IndexRecord>>* out) {
+  return index.ForEach([&](const ChunkKey& k, const IndexRecord& r) { out->emplace_back(k, r); });
+}
 
-// Reads every chunk record of the index.
 absl::StatusOr<std::vector<std::pair<ChunkKey, IndexRecord>>> LoadRecords(ChunkIndex& index) {
   std::vector<std::pair<ChunkKey, IndexRecord>> out;
-  KVC_RETURN_IF_ERROR(
-      index.ForEach([&](const ChunkKey& k, const IndexRecord& r) { out.emplace_back(k, r); }));
+  KVC_RETURN_IF_ERROR(LoadRecords(index, &out));
   return out;
 }
+
+namespace {
 
 absl::StatusOr<uint64_t> MetaNumber(ChunkIndex& index, const std::string& name, uint64_t fallback) {
   KVC_ASSIGN_OR_RETURN(std::optional<std::string> stored, index.GetMeta(name));

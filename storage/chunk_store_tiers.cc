@@ -168,11 +168,9 @@ absl::StatusOr<std::unique_ptr<ChunkStore::Impl::SsdClass>> ChunkStore::Impl::Op
 }
 
 std::string ChunkStore::Impl::FurtherClassList() const {
-  std::string list;
-  for (const auto& c : classes) {
-    if (c->code != 0) absl::StrAppend(&list, list.empty() ? "" : ",", c->slot_bytes);
-  }
-  return list;
+  ClassList cls;
+  for (const auto& c : classes) cls.push_back(c.get());
+  return FurtherClassListOf(cls);
 }
 
 absl::StatusOr<ChunkStore::Impl::SsdClass*> ChunkStore::Impl::ClassFor(uint64_t payload_bytes) {
