@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <algorithm>
+#include <atomic>
 #include <thread>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -265,14 +266,12 @@ int Main(int argc, char** argv) {
   app.add_flag("--drain", drain_on_term,
                "with --cluster: on SIGTERM, hand every chunk to its other owners before "
                "exiting (SIGUSR1, and kvctl drain, always do)");
-  // Off by default until the fault soak passes with it (kvbench soak under injected I/O
-  // faults loses its end check with it on; docs/storage.md, "Restart").
-  bool load_index_in_background = false;
+  bool load_index_in_background = true;
   app.add_flag("--load-index-in-background,!--no-load-index-in-background",
                load_index_in_background,
                "listen before the SSD index is in memory: lookups and fetches read the index "
                "on disk until it is, stores wait for it (a restart's first hit does not wait "
-               "on the chunk count)");
+               "on the chunk count; the default. A load that fails stops the daemon, exit 1)");
   bool prefault_ram = true;
   app.add_flag("--prefault-ram,!--no-prefault-ram", prefault_ram,
                "fault the RAM tier's pages in at start, the default (its memory is taken at once; "
@@ -637,12 +636,25 @@ int Main(int argc, char** argv) {
       .Str("tls", tls_cert.empty() ? "off" : "on")
       .Int("hbm_chunks", static_cast<int64_t>(st.hbm_capacity_chunks));
 
+  // A background index load that fails leaves a store whose every call on chunks fails:
+  // stop, as a failed synchronous open would have (exit 1, so a supervisor restarts it).
+  std::atomic<bool> index_failed{false};
+  std::thread index_watch;
+  if (load_index_in_background) {
+    index_watch = std::thread([&] {
+      if (absl::Status s = (*store)->WaitForIndex(); !s.ok()) {
+        LogLine(LogLevel::kError, "index_load_failed").Str("error", s.message());
+        index_failed = true;
+        kill(getpid(), SIGTERM);
+      }
+    });
+  }
   int sig = 0;
   sigwait(&signals, &sig);
   std::printf("kvcached: signal %d: draining\n", sig);
   std::fflush(stdout);
   LogLine(LogLevel::kInfo, "drain").Int("signal", sig);
-  if (repair && (sig == SIGUSR1 || (sig == SIGTERM && drain_on_term))) {
+  if (repair && !index_failed && (sig == SIGUSR1 || (sig == SIGTERM && drain_on_term))) {
     // Leaving for good: new chunks go to the next node of their ranking from now on; every
     // chunk here goes to its other owners while this node still serves it (its copies stay
     // readable meanwhile); then leave, and hand over anything that arrived in between.
@@ -664,6 +676,7 @@ int Main(int argc, char** argv) {
   service.reset();  // the executor finishes queued work; shared-memory leases end
   arena_socket.reset();
   LogLine(LogLevel::kDebug, "service_stopped");
+  if (index_watch.joinable()) index_watch.join();  // the load has ended (or the store waits)
   if (absl::Status s = (*store)->Flush(); !s.ok())
     LogLine(LogLevel::kError, "flush_failed").Str("error", s.message());
   store->reset();
@@ -680,7 +693,7 @@ int Main(int argc, char** argv) {
 #if defined(__SANITIZE_ADDRESS__)
   __lsan_do_leak_check();  // what a normal exit would have checked
 #endif
-  std::_Exit(0);
+  std::_Exit(index_failed ? 1 : 0);
 }
 
 }  // namespace

@@ -151,6 +151,9 @@ class StoreCollector final : public prometheus::Collectable {
         Family("kvcache_recovered_chunks",
                "Chunks indexed from their slots at the last open (entries the index lost)",
                T::Gauge, {Value(s.recovered_chunks)}),
+        Family("kvcache_unreadable_slots_at_open",
+               "SSD slots recovery could not read at the last open (their chunks not indexed)",
+               T::Gauge, {Value(s.unreadable_slots_at_open)}),
     };
   }
 

@@ -267,6 +267,7 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_read_errors(s.read_errors);
         resp->set_write_errors(s.write_errors);
         resp->set_recovered_chunks(s.recovered_chunks);
+        resp->set_unreadable_slots_at_open(s.unreadable_slots_at_open);
         resp->set_index_rebuilds(s.index_rebuilds);
         resp->set_index_load_s(s.index_load_s);
         resp->set_hbm_chunks(s.hbm_chunks);

@@ -710,6 +710,11 @@ absl::Status ChunkStore::Flush() {
   return absl::OkStatus();
 }
 
+absl::Status ChunkStore::WaitForIndex() const {
+  MutexLock lk(impl_->mu);
+  return impl_->WaitLoaded();
+}
+
 ChunkStore::ChunkCounts ChunkStore::CountChunks(const std::set<NamespaceId>& namespaces) const {
   MutexLock lk(impl_->mu);
   (void)impl_->WaitLoaded();  // after a failed load: nothing is counted

@@ -220,6 +220,9 @@ struct StoreStats {
   // last sync, or all of them after damage), and whether the index was found damaged.
   uint64_t recovered_chunks = 0;
   uint64_t index_rebuilds = 0;
+  // SSD slots that recovery could not read at the last open (after retries): their chunks
+  // are not indexed, and the open went on without them.
+  uint64_t unreadable_slots_at_open = 0;
   // The index's records are still loading (StoreOptions::load_index_in_background), and
   // how long the load took once it ended (seconds from Open; 0 while loading).
   bool index_loading = false;
@@ -356,6 +359,10 @@ class ChunkStore {
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();
+  // Waits for a background load of the index (StoreOptions::load_index_in_background) and
+  // returns its error: after a failed load every call on chunks fails with it, so a server
+  // should stop as a failed synchronous Open would have stopped it. OK at once without one.
+  [[nodiscard]] absl::Status WaitForIndex() const;
   // Waits for a background load of the index (StoreOptions::load_index_in_background), so
   // every count is whole.
   StoreStats Stats() const;

@@ -93,7 +93,11 @@ class ChunkStore::Impl {
     bool damaged = false;    // the index was (or was found while loading) damaged
     uint64_t rebuilds = 0;   // damage found while loading (StoreStats::index_rebuilds)
     uint64_t recovered = 0;  // chunks indexed from their slots
+    uint64_t unreadable_slots = 0;  // slots recovery could not read (StoreStats)
   };
+  // How far numbering jumps past the highest known sequence when recovery could not read
+  // a slot: past any number of writes between two syncs of the index.
+  static constexpr uint64_t kSequenceGapAfterUnreadable = uint64_t{1} << 32;
   // The SSD classes as a load sees them: fixed while it runs (a class is opened only by a
   // write, and writes wait for the load), so it reads them without mu.
   using ClassList = std::vector<SsdClass*>;

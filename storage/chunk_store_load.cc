@@ -198,6 +198,7 @@ void ChunkStore::Impl::InstallLoaded(Loaded&& l) {
   index_damaged = l.damaged;
   stats.index_rebuilds += l.rebuilds;
   stats.recovered_chunks = l.recovered;
+  stats.unreadable_slots_at_open = l.unreadable_slots;
   stats.index_load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_at).count();
   loading = false;

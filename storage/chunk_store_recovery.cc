@@ -26,13 +26,30 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
     SlotHeader header;
   };
   std::vector<Found> found;
-  if (absl::Status s = ssd.Scan(slots,
-                                [&](uint64_t slot, const SlotHeader& h) {
-                                  found.push_back({slot, h});
-                                });
+  std::vector<uint64_t> unreadable;
+  if (absl::Status s = ssd.Scan(
+          slots,
+          [&](uint64_t slot, const SlotHeader& h) {
+            found.push_back({slot, h});
+          },
+          &unreadable);
       !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("rebuilding the index from the slots: ", s.message()));
+  }
+  // A slot that could not be read (after retries) costs its own chunk, not the store: a
+  // store that would not open for one bad sector would lose every other chunk. Its index
+  // entry, if it has one, stays (a read of it verifies the header and checksum, as every
+  // read does). What it holds is unknown, its sequence too: numbering jumps far past any
+  // write since the last sync, so no later chunk's sequence can equal one written there.
+  if (!unreadable.empty()) {
+    l->unreadable_slots += unreadable.size();
+    cls.catalog->RaiseSequence(cls.catalog->next_sequence() + kSequenceGapAfterUnreadable);
+    std::fprintf(stderr,
+                 "kvcache storage: %zu SSD slot(s) of %llu-byte slots could not be read while "
+                 "rebuilding the index (first: slot %llu); what they hold is not indexed\n",
+                 unreadable.size(), static_cast<unsigned long long>(cls.slot_bytes),
+                 static_cast<unsigned long long>(unreadable.front()));
   }
   // Oldest first, so that of two copies of a chunk the newer one stays.
   std::sort(found.begin(), found.end(),
@@ -52,7 +69,7 @@ absl::Status ChunkStore::Impl::RecoverFromSlots(
       if (const uint64_t slot = cls.SlotOf(r); read.contains(slot)) owner[slot] = key;
     }
   }
-  std::unordered_set<uint64_t> verified;
+  std::unordered_set<uint64_t> verified(unreadable.begin(), unreadable.end());  // entries kept
   std::unordered_set<ChunkKey, ChunkKeyHash> adopted;
   std::vector<ChunkKey> dropped;
   for (const Found& f : found) {
@@ -122,12 +139,16 @@ absl::StatusOr<bool> ChunkStore::Impl::LaterReservationLost(SsdClass& cls,
   const uint64_t slot = *reservation.next_first_slot;
   if (slot >= cls.catalog->capacity()) return false;  // the tier shrank past it
   std::optional<SlotHeader> found;
-  if (absl::Status s = cls.tier->Scan(std::span<const uint64_t>(&slot, 1),
-                                      [&](uint64_t, const SlotHeader& h) { found = h; });
+  std::vector<uint64_t> unreadable;
+  if (absl::Status s = cls.tier->Scan(
+          std::span<const uint64_t>(&slot, 1), [&](uint64_t, const SlotHeader& h) { found = h; },
+          &unreadable);
       !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("reading the slot the reservation names next: ", s.message()));
   }
+  // Unreadable, it cannot tell: assume the worst, and read every slot.
+  if (!unreadable.empty()) return true;
   // Nothing is written there but under a later reservation, itself synced first; bytes
   // from before the record carry smaller sequences. (Such a chunk is never indexed: its
   // entry was committed after that later record, and an index holding the entry would

@@ -511,35 +511,47 @@ std::vector<absl::Status> SsdTier::Read(std::span<SlotRead> reads) {
 }
 
 absl::Status SsdTier::Scan(std::span<const uint64_t> slots,
-                           const std::function<void(uint64_t, const SlotHeader&)>& found) {
+                           const std::function<void(uint64_t, const SlotHeader&)>& found,
+                           std::vector<uint64_t>* unreadable) {
   std::vector<uint64_t> on_disk;
   for (uint64_t slot : slots) {
     if (slot < options_.capacity_slots && SlabOnDisk(slot / options_.slots_per_slab))
       on_disk.push_back(slot);
   }
   const uint32_t whole_payload = static_cast<uint32_t>(options_.slot_bytes - header_bytes());
-  absl::Status status;
-  for (size_t round = 0; round < on_disk.size() && status.ok(); round += options_.queue_depth) {
-    const size_t n = std::min<size_t>(options_.queue_depth, on_disk.size() - round);
-    LaneLease lane(this);
-    std::vector<IoOp> ops;
-    for (size_t i = 0; i < n; ++i) {
-      KVC_ASSIGN_OR_RETURN(IoOp op, SlotOp(IoOp::Kind::kRead, on_disk[round + i], whole_payload,
-                                           *lane, static_cast<int>(i)));
-      ops.push_back(op);
-    }
-    lane->engine->Execute(ops, nullptr, [&](size_t k) {
-      const uint64_t slot = on_disk[round + k];
-      if (ops[k].result != ops[k].len) {
-        if (status.ok()) status = IoError("read", slot, ops[k].result, ops[k].len);
-        return;
+  for (int attempt = 1; !on_disk.empty(); ++attempt) {
+    std::vector<uint64_t> failed;  // read again in the next attempt
+    absl::Status last_error;
+    for (size_t round = 0; round < on_disk.size(); round += options_.queue_depth) {
+      const size_t n = std::min<size_t>(options_.queue_depth, on_disk.size() - round);
+      LaneLease lane(this);
+      std::vector<IoOp> ops;
+      for (size_t i = 0; i < n; ++i) {
+        KVC_ASSIGN_OR_RETURN(IoOp op, SlotOp(IoOp::Kind::kRead, on_disk[round + i], whole_payload,
+                                             *lane, static_cast<int>(i)));
+        ops.push_back(op);
       }
-      const std::span<const uint8_t> bytes(ops[k].buf, ops[k].len);
-      absl::StatusOr<DecodedSlot> d = DecodeSlotHeader(bytes);
-      if (d.ok() && VerifyPayload(*d, bytes).ok()) found(slot, d->header);
-    });
+      lane->engine->Execute(ops, nullptr, [&](size_t k) {
+        const uint64_t slot = on_disk[round + k];
+        if (ops[k].result != ops[k].len) {
+          failed.push_back(slot);
+          last_error = IoError("read", slot, ops[k].result, ops[k].len);
+          return;
+        }
+        const std::span<const uint8_t> bytes(ops[k].buf, ops[k].len);
+        absl::StatusOr<DecodedSlot> d = DecodeSlotHeader(bytes);
+        if (d.ok() && VerifyPayload(*d, bytes).ok()) found(slot, d->header);
+      });
+    }
+    if (failed.empty()) break;
+    if (attempt == kScanReadAttempts) {
+      if (unreadable == nullptr) return last_error;
+      unreadable->insert(unreadable->end(), failed.begin(), failed.end());
+      break;
+    }
+    on_disk = std::move(failed);
   }
-  return status;
+  return absl::OkStatus();
 }
 
 }  // namespace kvc::storage

@@ -83,9 +83,14 @@ class SsdTier {
   std::vector<absl::Status> Read(std::span<SlotRead> reads);
   // Reads whole slots and decodes what each holds, for rebuilding the index: found(slot,
   // header) for every slot whose header and payload verify. Slots of slabs never laid
-  // out are skipped (not created). Returns the first I/O error; bad bytes are not errors.
+  // out are skipped (not created); bad bytes are not errors. A read that fails is tried
+  // again (kScanReadAttempts in all: an I/O error may pass); a slot whose reads all fail
+  // is listed in *unreadable and the scan goes on, or, with unreadable null, its error is
+  // returned.
+  static constexpr int kScanReadAttempts = 4;
   [[nodiscard]] absl::Status Scan(std::span<const uint64_t> slots,
-                                  const std::function<void(uint64_t, const SlotHeader&)>& found);
+                                  const std::function<void(uint64_t, const SlotHeader&)>& found,
+                                  std::vector<uint64_t>* unreadable = nullptr);
 
   const char* backend_name() const { return backend_name_; }
   // Creates (zero-filled) every slab of the configured capacity now rather than on

@@ -172,6 +172,53 @@ TEST(IndexDamageTest, ALostIndexFolderIsRebuiltFromTheSlots) {
   EXPECT_EQ(store->Stats().recovered_chunks, kChunks);
 }
 
+// A rebuild from the slots whose reads fail half the time still opens: each failed read
+// is tried again, and a slot whose reads all fail costs its own chunk, not the store.
+// Every chunk found is byte-exact; the rest are counted as unreadable, not served.
+TEST(IndexDamageTest, SlotsThatCannotBeReadCostTheirChunksNotTheOpen) {
+  const uint64_t seed = testing::FreshSeed();
+  testing::TempDir dir;
+  constexpr uint64_t kChunks = 120;
+  Fill(dir.path(), seed, kChunks);
+  std::filesystem::remove_all(dir.path() + "/index");
+  StoreSeams seams;
+  seams.faults = std::make_shared<FaultPlan>(seed);
+  FaultRates half;
+  half.read_eio = 2;
+  seams.faults->set_rates(half);
+  auto store = Open(Options(dir.path()), seams);
+  ASSERT_NE(store, nullptr) << "a rebuild with unreadable slots must still open";
+  seams.faults->set_rates({});  // the reads below see the disk as it is
+  const StoreStats st = store->Stats();
+  EXPECT_EQ(st.index_rebuilds, 1u);
+  // 1 in 16 slots fails all 4 reads: some are unreadable, most recovered.
+  EXPECT_GT(st.unreadable_slots_at_open, 0u);
+  EXPECT_GT(st.recovered_chunks, kChunks / 2);
+  EXPECT_LE(st.recovered_chunks, kChunks);
+  std::vector<uint8_t> out(kChunk);
+  uint64_t found = 0;
+  for (uint64_t i = 0; i < kChunks; ++i) {
+    const absl::Status got = store->Get(kNs, KeyOf(seed, i), out);
+    if (absl::IsNotFound(got)) continue;
+    ASSERT_TRUE(got.ok()) << got;
+    ASSERT_EQ(out, PayloadOf(KeyOf(seed, i), kChunk)) << "chunk " << i;
+    ++found;
+  }
+  EXPECT_EQ(found, st.recovered_chunks);
+  EXPECT_EQ(st.ssd_chunks, found);
+  // A chunk is stored over an unreadable slot's place as over a free one; a reopen (no
+  // faults) keeps every chunk found.
+  PutAll(*store, seed + 1, 8);
+  store.reset();
+  store = Open(Options(dir.path()));
+  ASSERT_NE(store, nullptr);
+  for (uint64_t i = 0; i < 8; ++i) {
+    ASSERT_TRUE(store->Get(kNs, KeyOf(seed + 1, i), out).ok()) << "chunk " << i << " lost";
+    ASSERT_EQ(out, PayloadOf(KeyOf(seed + 1, i), kChunk)) << "chunk " << i;
+  }
+  EXPECT_EQ(store->Stats().ssd_chunks, found + 8);
+}
+
 // A chunk's origin (the client's key and parent, which a cluster node places it by) is kept
 // through every path a chunk takes: stored durably, stored in RAM and written behind,
 // reopened from the index, and rebuilt from the slots alone after the index is lost.
