@@ -49,6 +49,9 @@
 #include "cachesvc/service.h"
 #include "engine/spec/chunk_layout.h"
 #include "storage/disk_space.h"
+#if KVC_WITH_RADOS
+#include "storage/rados_tier.h"
+#endif
 #if KVC_WITH_CUDA
 #include "kernels/hbm_arena.h"
 #endif
@@ -145,6 +148,29 @@ int Main(int argc, char** argv) {
                "stored chunks also go to the HBM tier at once (else on their first device fetch)");
   app.add_option("--hbm-device", hbm_device, "CUDA device of the HBM tier")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  // The shared tier (docs/rados.md).
+  std::string rados_pool, ceph_conf, ceph_user = "admin";
+  bool rados_write_behind = false;
+  uint64_t rados_backlog_bytes = 256ull << 20;
+  uint32_t rados_op_timeout_s = 5;
+  app.add_option("--rados-pool", rados_pool,
+                 "a shared tier below SSD on this Ceph RADOS pool (it must exist): durable stores "
+                 "reach it, misses here are read from it; empty: none");
+  app.add_option("--ceph-conf", ceph_conf,
+                 "the Ceph cluster's ceph.conf (default: librados' search)");
+  app.add_option("--ceph-user", ceph_user, "the cephx client name (client.NAME)")
+      ->capture_default_str();
+  app.add_flag("--rados-write-behind", rados_write_behind,
+               "acknowledge durable stores once on this node's SSD and send them to RADOS from a "
+               "bounded backlog (default: the acknowledgement waits for RADOS)");
+  app.add_option("--rados-backlog-bytes", rados_backlog_bytes,
+                 "with --rados-write-behind: the backlog's bound (past it a store is written "
+                 "through)")
+      ->capture_default_str();
+  app.add_option("--rados-op-timeout-seconds", rados_op_timeout_s,
+                 "a RADOS operation that takes longer fails (an OSD stopped or gone)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--auth-tokens", auth_file,
                  "file of \"TOKEN TENANT\" lines; without it everyone is one tenant");
@@ -420,6 +446,22 @@ int Main(int argc, char** argv) {
     so.hbm_write_through = hbm_write_through;
 #else
     return Fail("--hbm-bytes: this kvcached was built without the CUDA backend (nvcc not found)");
+#endif
+  }
+  if (!rados_pool.empty()) {
+#if KVC_WITH_RADOS
+    storage::RadosTierOptions ro;
+    ro.pool = rados_pool;
+    ro.conf_file = ceph_conf;
+    ro.user = ceph_user;
+    ro.op_timeout_s = rados_op_timeout_s;
+    absl::StatusOr<std::unique_ptr<storage::RadosTier>> rados = storage::RadosTier::Connect(ro);
+    if (!rados.ok()) return Fail(absl::StrCat("--rados-pool: ", rados.status().message()));
+    so.shared_tier = *std::move(rados);
+    so.shared_write_behind = rados_write_behind;
+    so.shared_backlog_bytes = rados_backlog_bytes;
+#else
+    return Fail("--rados-pool: this kvcached was built without librados (scripts/install-deps.sh)");
 #endif
   }
   absl::StatusOr<std::unique_ptr<storage::ChunkStore>> store =

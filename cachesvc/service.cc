@@ -268,6 +268,21 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
         resp->set_write_errors(s.write_errors);
         resp->set_recovered_chunks(s.recovered_chunks);
         resp->set_unreadable_slots_at_open(s.unreadable_slots_at_open);
+        if (!s.shared.name.empty()) {
+          pb::SharedTierStats* t = resp->mutable_shared_tier();
+          t->set_name(s.shared.name);
+          t->set_write_behind(s.shared.write_behind);
+          t->set_puts(s.shared.puts);
+          t->set_put_errors(s.shared.put_errors);
+          t->set_hits(s.shared.hits);
+          t->set_misses(s.shared.misses);
+          t->set_read_errors(s.shared.read_errors);
+          t->set_removes(s.shared.removes);
+          t->set_backlog_chunks(s.shared.backlog_chunks);
+          t->set_backlog_bytes(s.shared.backlog_bytes);
+          t->set_reachable(s.shared.reachable);
+          t->set_last_error(s.shared.last_error);
+        }
         resp->set_index_rebuilds(s.index_rebuilds);
         resp->set_index_load_s(s.index_load_s);
         resp->set_hbm_chunks(s.hbm_chunks);

@@ -51,6 +51,8 @@ inline pb::Tier ToProto(storage::Tier t) {
       return pb::TIER_SSD;
     case storage::Tier::kHbm:
       return pb::TIER_HBM;
+    case storage::Tier::kRados:
+      return pb::TIER_RADOS;
     default:
       return pb::TIER_NONE;
   }

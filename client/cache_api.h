@@ -19,8 +19,8 @@
 namespace kvc::client {
 
 // Where a chunk is, fastest first after kNone (numbered as kvcache.v1.Tier on the wire).
-enum class Tier : uint8_t { kNone = 0, kHbm = 1, kRam = 2, kSsd = 3 };
-// "none", "hbm", "ram", "ssd".
+enum class Tier : uint8_t { kNone = 0, kHbm = 1, kRam = 2, kSsd = 3, kRados = 4 };
+// "none", "hbm", "ram", "ssd", "rados".
 const char* TierName(Tier tier);
 
 // When a Store is acknowledged (numbered as kvcache.v1.Durability on the wire).

@@ -41,7 +41,7 @@ void AddKeys(Req* req, std::span<const ChunkKey> keys) {
 
 // A tier the server named; one this client does not know reads as none (absent).
 Tier TierFromWire(int t) {
-  return t >= static_cast<int>(Tier::kNone) && t <= static_cast<int>(Tier::kSsd)
+  return t >= static_cast<int>(Tier::kNone) && t <= static_cast<int>(Tier::kRados)
              ? static_cast<Tier>(t)
              : Tier::kNone;
 }
@@ -67,6 +67,8 @@ const char* TierName(Tier tier) {
       return "ram";
     case Tier::kSsd:
       return "ssd";
+    case Tier::kRados:
+      return "rados";
   }
   return "unknown";
 }

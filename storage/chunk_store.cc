@@ -32,6 +32,8 @@ const char* TierName(Tier t) {
       return "ssd";
     case Tier::kHbm:
       return "hbm";
+    case Tier::kRados:
+      return "rados";
   }
   return "?";
 }
@@ -61,10 +63,15 @@ ChunkStore::~ChunkStore() { impl_->Close(); }
 
 absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(StoreOptions options,
                                                              StoreSeams seams) {
+  std::shared_ptr<SharedTier> shared = options.shared_tier;
   auto impl = std::make_unique<Impl>(std::move(options), std::move(seams));
   if (absl::Status s = impl->Open(); !s.ok()) {
     if (impl->writer.joinable()) impl->Close();
     return s;
+  }
+  if (shared) {
+    impl->shared = std::make_unique<SharedTierLink>(
+        std::move(shared), impl->opt.shared_write_behind, impl->opt.shared_backlog_bytes);
   }
   return std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
 }
@@ -116,8 +123,8 @@ absl::StatusOr<PutResult> ChunkStore::Put(const PutRequest& request, const PutOp
   return PutBatch(std::span(&request, 1), options)[0];
 }
 
-std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutRequest> requests,
-                                                            const PutOptions& options) {
+std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatchLocal(
+    std::span<const PutRequest> requests, const PutOptions& options) {
   Impl& s = *impl_;
   std::vector<absl::StatusOr<PutResult>> results(requests.size(), PutResult{});
   MutexLock lk(s.mu);
@@ -221,7 +228,10 @@ std::vector<absl::Status> ChunkStore::GetBatch(NamespaceId ns, std::span<const C
                                                std::span<const std::span<uint8_t>> outs,
                                                std::vector<Tier>* served_from,
                                                bool outs_have_read_room) {
-  return GetBatchImpl(ns, keys, outs, served_from, impl_->verify_ram_reads(), outs_have_read_room);
+  std::vector<absl::Status> status =
+      GetBatchImpl(ns, keys, outs, served_from, impl_->verify_ram_reads(), outs_have_read_room);
+  if (impl_->shared) GetFromShared(ns, keys, outs, &status, served_from);
+  return status;
 }
 
 ChunkStore::ReadRoom ChunkStore::ReadRoomFor(uint64_t payload_bytes) const {
@@ -547,8 +557,8 @@ Tier ChunkStore::Contains(NamespaceId ns, const ChunkKey& key) const {
   return Lookup(ns, std::span(&key, 1))[0];
 }
 
-std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> keys,
-                                     bool leading_only) const {
+std::vector<Tier> ChunkStore::LookupLocal(NamespaceId ns, std::span<const ChunkKey> keys,
+                                          bool leading_only) const {
   const Impl& s = *impl_;
   MutexLock lk(s.mu);
   if (s.loading) {  // answered from the index on disk, without the lock
@@ -575,7 +585,8 @@ absl::Status ChunkStore::Erase(NamespaceId ns, const ChunkKey& key) {
   return EraseBatch(ns, std::span(&key, 1))[0];
 }
 
-std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const ChunkKey> keys) {
+std::vector<absl::Status> ChunkStore::EraseBatchLocal(NamespaceId ns,
+                                                      std::span<const ChunkKey> keys) {
   Impl& s = *impl_;
   std::vector<absl::Status> status(keys.size());
   std::vector<ChunkKey> deletes;
@@ -815,6 +826,7 @@ StoreStats ChunkStore::StatsNow() const {
     st.hbm_misses = h.misses;
     st.hbm_evictions = h.evictions;
   }
+  if (impl_->shared) st.shared = impl_->shared->Stats();  // (its own lock, taken inside mu)
   return st;
 }
 

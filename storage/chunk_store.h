@@ -37,6 +37,7 @@
 // (the store is closing).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -58,11 +59,13 @@
 #include "storage/power_cut.h"
 #include "storage/quota.h"
 #include "storage/ram_tier.h"
+#include "storage/shared_tier.h"
 
 namespace kvc::storage {
 
-enum class Tier : uint8_t { kNone = 0, kRam = 1, kSsd = 2, kHbm = 3 };
-const char* TierName(Tier t);  // "none", "ram", "ssd", "hbm"
+// kRados: not on this node, in the shared tier below it (StoreOptions::shared_tier).
+enum class Tier : uint8_t { kNone = 0, kRam = 1, kSsd = 2, kHbm = 3, kRados = 4 };
+const char* TierName(Tier t);  // "none", "ram", "ssd", "hbm", "rados"
 
 enum class Durability { kMemory, kDurable };
 
@@ -115,6 +118,13 @@ struct StoreOptions {
   // so a caller may keep it (its IPC handle) and StoreOptions stays copyable.
   std::shared_ptr<DeviceArena> hbm_arena;
   bool hbm_write_through = false;  // a stored chunk is copied to T0 at once (else on read)
+  // The shared tier below SSD (shared_tier.h; docs/rados.md); null: none. Durable puts
+  // reach it — before they are acknowledged, or with shared_write_behind from a backlog of
+  // at most shared_backlog_bytes; lookups and reads that miss here ask it, and what it
+  // serves is promoted into RAM (written to SSD behind); erases remove its copy too.
+  std::shared_ptr<SharedTier> shared_tier;
+  bool shared_write_behind = false;
+  uint64_t shared_backlog_bytes = 256ull << 20;
 };
 
 // What tests (and kvcached's hidden fault drills) give a store beside its options, which
@@ -233,6 +243,7 @@ struct StoreStats {
   // copies not counted).
   uint64_t hbm_chunks = 0, hbm_capacity_chunks = 0, hbm_leased = 0;
   uint64_t hbm_hits = 0, hbm_misses = 0, hbm_evictions = 0, hbm_promotions = 0;
+  SharedTierStats shared;  // the shared tier's link (name empty without one)
 };
 
 class ChunkStore {
@@ -359,6 +370,9 @@ class ChunkStore {
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();
+  // Waits until the shared tier's write-behind backlog is sent (OK at once without one, or
+  // with write-through); DeadlineExceeded after `timeout`.
+  [[nodiscard]] absl::Status DrainSharedTier(std::chrono::milliseconds timeout);
   // Waits for a background load of the index (StoreOptions::load_index_in_background) and
   // returns its error: after a failed load every call on chunks fails with it, so a server
   // should stop as a failed synchronous Open would have stopped it. OK at once without one.
@@ -396,6 +410,17 @@ class ChunkStore {
                                          std::span<const std::span<uint8_t>> outs,
                                          std::vector<Tier>* served_from, bool verify_ram,
                                          bool outs_have_read_room = false);
+  // The calls on this node's tiers alone; the public ones add the shared tier
+  // (chunk_store_shared.cc), outside the store's lock.
+  std::vector<absl::StatusOr<PutResult>> PutBatchLocal(std::span<const PutRequest> requests,
+                                                       const PutOptions& options);
+  std::vector<Tier> LookupLocal(NamespaceId ns, std::span<const ChunkKey> keys,
+                                bool leading_only) const;
+  std::vector<absl::Status> EraseBatchLocal(NamespaceId ns, std::span<const ChunkKey> keys);
+  // Reads what GetBatch missed here from the shared tier and promotes it.
+  void GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
+                     std::span<const std::span<uint8_t>> outs, std::vector<absl::Status>* status,
+                     std::vector<Tier>* served_from);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -24,6 +24,7 @@
 #include "storage/group_commit.h"
 #include "storage/hbm_tier.h"
 #include "storage/ram_tier.h"
+#include "storage/shared_link.h"
 #include "storage/slot_format.h"
 #include "storage/slot_reservation.h"
 #include "storage/ssd_catalog.h"
@@ -425,6 +426,9 @@ class ChunkStore::Impl {
   absl::Status load_error ABSL_GUARDED_BY(mu);  // the background load's, if it failed
   mutable std::condition_variable_any loaded_cv;
   std::shared_ptr<LoadingView> loading_view ABSL_GUARDED_BY(mu);
+  // The shared tier's link (null without one): set at open, before any call; called
+  // outside mu (chunk_store_shared.cc).
+  std::unique_ptr<SharedTierLink> shared;
   std::thread loader;
   std::chrono::steady_clock::time_point opened_at = std::chrono::steady_clock::now();
   // The metadata a new or salvaged index is given at open (geometry, namespaces).

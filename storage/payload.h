@@ -31,6 +31,9 @@ class Payload {
   explicit Payload(std::span<const std::span<const uint8_t>> pieces);
 
   size_t size() const { return size_; }
+  std::span<const std::span<const uint8_t>> pieces() const {
+    return {pieces_.data(), pieces_.size()};
+  }
   // The bytes, if they are one piece (or none).
   std::optional<std::span<const uint8_t>> contiguous() const;
   // Copies the bytes to dst (size() of them).

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "storage/slot_format.h"
@@ -46,7 +48,7 @@ std::string EncodeMeta(NamespaceId ns, uint64_t payload_bytes, uint64_t checksum
   return out;
 }
 
-std::string EncodeChain(const RadosChunk& c) {
+std::string EncodeChain(const SharedChunk& c) {
   std::string out;
   const uint8_t flags =
       (c.parent ? 1 : 0) | (c.origin ? 2 : 0) | (c.origin && c.origin->parent ? 4 : 0);
@@ -60,7 +62,7 @@ std::string EncodeChain(const RadosChunk& c) {
   return out;
 }
 
-bool DecodeChain(std::string_view in, RadosChunk* c) {
+bool DecodeChain(std::string_view in, SharedChunk* c) {
   uint8_t flags = 0;
   if (!Take(&in, &flags)) return false;
   if (flags & 1) {
@@ -141,34 +143,72 @@ absl::StatusOr<std::unique_ptr<RadosTier>> RadosTier::Connect(const RadosTierOpt
   return std::unique_ptr<RadosTier>(new RadosTier(std::move(impl)));
 }
 
-absl::Status RadosTier::Put(const ChunkKey& key, const RadosChunk& meta,
-                            std::span<const uint8_t> payload) {
-  librados::bufferlist data, meta_bl, chain_bl;
-  data.append(reinterpret_cast<const char*>(payload.data()), payload.size());
-  meta_bl.append(EncodeMeta(meta.namespace_id, payload.size(), meta.payload_checksum));
-  chain_bl.append(EncodeChain(meta));
-  // One operation: the bytes and what checks them land together or not at all.
-  librados::ObjectWriteOperation op;
-  op.write_full(data);
-  op.setxattr(kMetaXattr, meta_bl);
-  op.setxattr(kChainXattr, chain_bl);
-  return FromRados(impl_->io.operate(ObjectName(key), &op), absl::StrCat("writing ", key.Hex()));
+namespace {
+
+// A batch's completions: each waited for, then released (also on an early return).
+class Completions {
+ public:
+  Completions() = default;
+  Completions(const Completions&) = delete;
+  Completions& operator=(const Completions&) = delete;
+  ~Completions() {
+    for (librados::AioCompletion* c : all_) {
+      c->wait_for_complete();  // an operation issued must end before its buffers go
+      c->release();
+    }
+  }
+  librados::AioCompletion* New() {
+    all_.push_back(librados::Rados::aio_create_completion());
+    return all_.back();
+  }
+  // Waits for the i-th, then its return value.
+  int Wait(size_t i) {
+    all_[i]->wait_for_complete();
+    return all_[i]->get_return_value();
+  }
+
+ private:
+  std::vector<librados::AioCompletion*> all_;
+};
+
+}  // namespace
+
+std::vector<absl::Status> RadosTier::PutMany(std::span<const SharedPut> puts) {
+  std::vector<absl::Status> status(puts.size());
+  std::vector<librados::ObjectWriteOperation> ops(puts.size());
+  Completions done;
+  std::vector<int> issued(puts.size(), 0);
+  for (size_t i = 0; i < puts.size(); ++i) {
+    const SharedPut& p = puts[i];
+    // One copy into the write's buffer, hashed as it is copied: the checksum kept beside
+    // the bytes is of the bytes sent.
+    ceph::bufferptr bytes = ceph::buffer::create(p.payload.size());
+    const uint64_t checksum = p.payload.CopyWithChecksum(reinterpret_cast<uint8_t*>(bytes.c_str()));
+    librados::bufferlist data, meta_bl, chain_bl;
+    data.push_back(std::move(bytes));
+    meta_bl.append(EncodeMeta(p.meta.namespace_id, p.payload.size(), checksum));
+    chain_bl.append(EncodeChain(p.meta));
+    // One operation: the bytes and what checks them land together or not at all.
+    ops[i].write_full(data);
+    ops[i].setxattr(kMetaXattr, meta_bl);
+    ops[i].setxattr(kChainXattr, chain_bl);
+    issued[i] = impl_->io.aio_operate(ObjectName(p.key), done.New(), &ops[i]);
+  }
+  for (size_t i = 0; i < puts.size(); ++i) {
+    const int rc = issued[i] < 0 ? issued[i] : done.Wait(i);
+    status[i] =
+        FromRados(rc, absl::StrCat("writing ", puts[i].key.Hex(), " to pool ", impl_->pool));
+  }
+  return status;
 }
 
-absl::Status RadosTier::Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out,
-                            RadosChunk* meta) {
-  librados::bufferlist data;
-  std::map<std::string, librados::bufferlist> attrs;
-  int read_rc = 0, attrs_rc = 0;
-  librados::ObjectReadOperation op;
-  op.read(0, out.size() + 1, &data, &read_rc);  // one byte more: a longer object shows
-  op.getxattrs(&attrs, &attrs_rc);
-  const std::string where = absl::StrCat("chunk ", key.Hex(), " in pool ", impl_->pool);
-  int rc = impl_->io.operate(ObjectName(key), &op, nullptr);
-  if (rc == -ENOENT) return absl::NotFoundError(absl::StrCat(where, " is not stored"));
-  if (rc < 0) return FromRados(rc, absl::StrCat("reading ", where));
-  if (read_rc < 0) return FromRados(read_rc, absl::StrCat("reading ", where));
-  if (attrs_rc < 0) return FromRados(attrs_rc, absl::StrCat("reading the xattrs of ", where));
+namespace {
+
+// What a read brought back, checked: the chunk of namespace `ns`, `out.size()` bytes,
+// matching its checksum.
+absl::Status CheckRead(NamespaceId ns, const std::string& where, librados::bufferlist& data,
+                       const std::map<std::string, librados::bufferlist>& attrs,
+                       std::span<uint8_t> out, SharedChunk* meta) {
   auto m = attrs.find(kMetaXattr);
   if (m == attrs.end()) return absl::DataLossError(absl::StrCat(where, " has no ", kMetaXattr));
   const std::string meta_bytes = m->second.to_str();
@@ -189,7 +229,7 @@ absl::Status RadosTier::Get(NamespaceId ns, const ChunkKey& key, std::span<uint8
   if (PayloadChecksum(out) != checksum)
     return absl::DataLossError(absl::StrCat(where, " does not match its checksum"));
   if (meta != nullptr) {
-    *meta = RadosChunk();
+    *meta = SharedChunk();
     meta->namespace_id = stored_ns;
     meta->payload_checksum = checksum;
     auto c = attrs.find(kChainXattr);
@@ -199,19 +239,101 @@ absl::Status RadosTier::Get(NamespaceId ns, const ChunkKey& key, std::span<uint8
   return absl::OkStatus();
 }
 
+}  // namespace
+
+std::vector<absl::Status> RadosTier::GetMany(NamespaceId ns, std::span<const ChunkKey> keys,
+                                             std::span<const std::span<uint8_t>> outs,
+                                             std::vector<SharedChunk>* metas) {
+  std::vector<absl::Status> status(keys.size());
+  if (metas != nullptr) metas->assign(keys.size(), SharedChunk());
+  struct Read {
+    librados::ObjectReadOperation op;
+    librados::bufferlist data;
+    std::map<std::string, librados::bufferlist> attrs;
+    int read_rc = 0, attrs_rc = 0, issued = 0;
+  };
+  std::vector<Read> reads(keys.size());
+  Completions done;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Read& r = reads[i];
+    r.op.read(0, outs[i].size() + 1, &r.data, &r.read_rc);  // one byte more: a longer object shows
+    r.op.getxattrs(&r.attrs, &r.attrs_rc);
+    r.issued = impl_->io.aio_operate(ObjectName(keys[i]), done.New(), &r.op, nullptr);
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Read& r = reads[i];
+    const int rc = r.issued < 0 ? r.issued : done.Wait(i);
+    const std::string where = absl::StrCat("chunk ", keys[i].Hex(), " in pool ", impl_->pool);
+    if (rc == -ENOENT) {
+      status[i] = absl::NotFoundError(absl::StrCat(where, " is not stored"));
+    } else if (rc < 0 || r.read_rc < 0) {
+      status[i] = FromRados(rc < 0 ? rc : r.read_rc, absl::StrCat("reading ", where));
+    } else if (r.attrs_rc < 0) {
+      status[i] = FromRados(r.attrs_rc, absl::StrCat("reading the xattrs of ", where));
+    } else {
+      status[i] =
+          CheckRead(ns, where, r.data, r.attrs, outs[i], metas != nullptr ? &(*metas)[i] : nullptr);
+    }
+  }
+  return status;
+}
+
+std::vector<absl::StatusOr<bool>> RadosTier::ContainsMany(std::span<const ChunkKey> keys) {
+  std::vector<absl::StatusOr<bool>> found(keys.size(), false);
+  std::vector<uint64_t> sizes(keys.size());
+  std::vector<time_t> mtimes(keys.size());
+  std::vector<int> issued(keys.size());
+  Completions done;
+  for (size_t i = 0; i < keys.size(); ++i)
+    issued[i] = impl_->io.aio_stat(ObjectName(keys[i]), done.New(), &sizes[i], &mtimes[i]);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int rc = issued[i] < 0 ? issued[i] : done.Wait(i);
+    if (rc == -ENOENT) {
+      found[i] = false;
+    } else if (rc < 0) {
+      found[i] = FromRados(rc, absl::StrCat("stat of ", keys[i].Hex()));
+    } else {
+      found[i] = true;
+    }
+  }
+  return found;
+}
+
+std::vector<absl::Status> RadosTier::RemoveMany(std::span<const ChunkKey> keys) {
+  std::vector<absl::Status> status(keys.size());
+  std::vector<int> issued(keys.size());
+  Completions done;
+  for (size_t i = 0; i < keys.size(); ++i)
+    issued[i] = impl_->io.aio_remove(ObjectName(keys[i]), done.New());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int rc = issued[i] < 0 ? issued[i] : done.Wait(i);
+    status[i] = FromRados(rc, absl::StrCat("removing ", keys[i].Hex(), " from pool ", impl_->pool));
+  }
+  return status;
+}
+
+absl::Status RadosTier::Put(const ChunkKey& key, const RadosChunk& meta,
+                            std::span<const uint8_t> payload) {
+  const SharedPut put{key, meta, payload};
+  return PutMany(std::span(&put, 1))[0];
+}
+
+absl::Status RadosTier::Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out,
+                            RadosChunk* meta) {
+  std::vector<SharedChunk> metas;
+  const std::span<uint8_t> outs[] = {out};
+  absl::Status s = GetMany(ns, std::span(&key, 1), outs, meta != nullptr ? &metas : nullptr)[0];
+  if (s.ok() && meta != nullptr) *meta = metas[0];
+  return s;
+}
+
 absl::StatusOr<bool> RadosTier::Contains(const ChunkKey& key) {
-  uint64_t size = 0;
-  time_t mtime = 0;
-  const int rc = impl_->io.stat(ObjectName(key), &size, &mtime);
-  if (rc == -ENOENT) return false;
-  if (rc < 0) return FromRados(rc, absl::StrCat("stat of ", key.Hex()));
-  return true;
+  return ContainsMany(std::span(&key, 1))[0];
 }
 
 absl::Status RadosTier::Remove(const ChunkKey& key) {
-  const int rc = impl_->io.remove(ObjectName(key));
-  if (rc == -ENOENT) return absl::OkStatus();
-  return FromRados(rc, absl::StrCat("removing ", key.Hex()));
+  absl::Status s = RemoveMany(std::span(&key, 1))[0];
+  return absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
 }  // namespace kvc::storage

@@ -1,31 +1,29 @@
-// RadosTier: chunks as objects of a Ceph RADOS pool — the shared, durable tier below every
-// node's RAM and SSD (docs/storage.md, "RADOS tier"), so a session's chunks outlive the
-// nodes that wrote them. Not yet wired into ChunkStore / kvcached: this is the object
-// format and its checks, used by tests/storage/rados_tier_test.cc against a real cluster.
+// RadosTier: the shared tier (shared_tier.h) on a Ceph RADOS pool — chunks as objects, so
+// a session's chunks outlive the nodes that wrote them (docs/rados.md).
 //
 // One object per chunk, named by its storage key (namespace-bound: tenants stay apart), in
 // one atomic write: the payload as the object's data, and what a reader must check beside
 // it as xattrs — namespace, payload bytes and checksum ("kvc.meta", fixed little-endian),
 // and the origin, parent and expiry ("kvc.chain"). A read checks all of it: bytes whose
-// checksum does not verify, or an object of another namespace or size, are never handed
-// out (DataLoss), and an absent object is NotFound.
+// checksum does not verify, or an object of another size, are never handed out
+// (DataLoss); an absent object, or another namespace's, is NotFound.
 //
-// Thread-safe (librados is); each call is synchronous, bounded by the options' timeouts.
+// Thread-safe (librados is). A batch's operations are issued together (librados' aio) and
+// waited for; each is bounded by op_timeout_s (rados_osd_op_timeout), so an OSD that is
+// stopped or gone fails the call, never hangs it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/chunk_key.h"
+#include "storage/shared_tier.h"
 
 namespace kvc::storage {
-
-using NamespaceId = uint32_t;
 
 struct RadosTierOptions {
   std::string pool;            // must exist
@@ -35,30 +33,29 @@ struct RadosTierOptions {
   uint32_t connect_timeout_s = 10;
 };
 
-// What is stored beside a chunk's bytes.
-struct RadosChunk {
-  NamespaceId namespace_id = 0;
-  uint64_t payload_checksum = 0;  // PayloadChecksum of the payload
-  std::optional<ChunkKey> parent;
-  std::optional<ChunkOrigin> origin;
-  int64_t expires_s = 0;  // 0: no TTL
-};
+using RadosChunk = SharedChunk;
 
-class RadosTier {
+class RadosTier final : public SharedTier {
  public:
   static absl::StatusOr<std::unique_ptr<RadosTier>> Connect(const RadosTierOptions& options);
-  ~RadosTier();
+  ~RadosTier() override;
   RadosTier(const RadosTier&) = delete;
   RadosTier& operator=(const RadosTier&) = delete;
 
-  // Stores the chunk (replacing an object of the same key) in one atomic write.
+  const char* name() const override { return "rados"; }
+  // (The payload's checksum is computed from the bytes as they are copied for the write;
+  // meta.payload_checksum is not read.)
+  std::vector<absl::Status> PutMany(std::span<const SharedPut> puts) override;
+  std::vector<absl::Status> GetMany(NamespaceId ns, std::span<const ChunkKey> keys,
+                                    std::span<const std::span<uint8_t>> outs,
+                                    std::vector<SharedChunk>* metas) override;
+  std::vector<absl::StatusOr<bool>> ContainsMany(std::span<const ChunkKey> keys) override;
+  std::vector<absl::Status> RemoveMany(std::span<const ChunkKey> keys) override;
+
+  // One chunk at a time, as the batches do it.
   absl::Status Put(const ChunkKey& key, const RadosChunk& meta, std::span<const uint8_t> payload);
-  // Reads the chunk of namespace `ns` into out (its size: the namespace's chunk size),
-  // verified; *meta (if given) gets what was stored beside it. On an error out holds no
-  // bytes to use.
   absl::Status Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out,
                    RadosChunk* meta = nullptr);
-  // Whether the pool holds the key's object (not verified: a Get does that).
   absl::StatusOr<bool> Contains(const ChunkKey& key);
   // Removes the object; OK if it was not there.
   absl::Status Remove(const ChunkKey& key);

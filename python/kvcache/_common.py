@@ -14,7 +14,8 @@ from .hashing import Namespace, Tokens, as_tokens, caller_chunk_keys, chunk_keys
 from .shm import MappedArena
 from .v1 import kvcache_pb2 as pb
 
-_TIERS = {pb.TIER_NONE: "none", pb.TIER_HBM: "hbm", pb.TIER_RAM: "ram", pb.TIER_SSD: "ssd"}
+_TIERS = {pb.TIER_NONE: "none", pb.TIER_HBM: "hbm", pb.TIER_RAM: "ram", pb.TIER_SSD: "ssd",
+          pb.TIER_RADOS: "rados"}
 MAX_MESSAGE = 256 << 20
 LOOKAHEAD_BYTES = 8 << 20  # HTTP/2's window per stream: room for several chunks
 # A call that meets a connection the daemon just dropped (a restart) is retried: every

@@ -5,35 +5,24 @@
 // beside them, never handed out when they do not verify or are another namespace's.
 #include <rados/librados.hpp>
 
+#include <atomic>
+#include <filesystem>
 #include <random>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "storage/rados_tier.h"
 #include "storage/slot_format.h"
+#include "tests/storage/open_store.h"
 #include "tests/storage/store_testing.h"
+#include "tests/testing/ceph_cluster.h"
 #include "tests/testing/seed.h"
 #include "tests/testing/subprocess.h"
 
 namespace kvc::storage {
 namespace {
 
-class RadosClusterTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto up = testing::RunProgram(std::string(KVC_SOURCE_DIR) + "/scripts/ceph-up.sh",
-                                        {dir_.File("ceph"), "kvc-test"});
-    ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
-    conf_ = dir_.File("ceph") + "/ceph.conf";
-  }
-  void TearDown() override {
-    const auto down = testing::RunProgram(std::string(KVC_SOURCE_DIR) + "/scripts/ceph-down.sh",
-                                          {dir_.File("ceph")});
-    EXPECT_EQ(down.exit_code, 0) << down.err;
-  }
-  testing::TempDir dir_;
-  std::string conf_;
-};
+using RadosClusterTest = testing::CephClusterTest;
 
 TEST_F(RadosClusterTest, AnObjectAndItsXattrsGoInAndComeBackExact) {
   const uint64_t seed = testing::FreshSeed();
@@ -131,6 +120,160 @@ TEST_F(RadosClusterTest, APoolThatDoesNotExistIsNamed) {
   ASSERT_FALSE(tier.ok());
   EXPECT_TRUE(absl::IsNotFound(tier.status())) << tier.status();
   EXPECT_NE(tier.status().message().find("no-such-pool"), std::string::npos) << tier.status();
+}
+
+// ---- A store with RADOS as its shared tier (chunk_store_shared.cc) ----
+
+constexpr NamespaceId kStoreNs = 21;
+constexpr uint64_t kStoreChunk = 9000;
+
+std::shared_ptr<RadosTier> ConnectTier(const std::string& conf) {
+  absl::StatusOr<std::unique_ptr<RadosTier>> t =
+      RadosTier::Connect({.pool = testing::CephClusterTest::kPool, .conf_file = conf});
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::shared_ptr<RadosTier>(*std::move(t)) : nullptr;
+}
+
+std::unique_ptr<ChunkStore> OpenSharedStore(const std::string& dir, std::shared_ptr<RadosTier> tier,
+                                            bool write_behind, const StoreSeams& seams = {}) {
+  StoreOptions o;
+  o.data_dir = dir;
+  o.max_chunk_bytes = kStoreChunk;
+  o.ram_bytes = 64 * kStoreChunk;
+  o.ssd_bytes = 256 * SlotBytesFor(kStoreChunk);
+  o.slab_bytes = 64 * SlotBytesFor(kStoreChunk);
+  o.shared_tier = std::move(tier);
+  o.shared_write_behind = write_behind;
+  return testing::OpenStoreWith(o, kStoreNs, kStoreChunk, seams);
+}
+
+// Durable puts reach RADOS, memory puts do not; a node whose folder is gone (a new,
+// empty store on the same pool) finds them there, reads them exact and keeps a copy; an
+// erase removes the shared copy too; another namespace never reads them.
+TEST_F(RadosClusterTest, AStoreWithAnEmptyFolderServesWhatDurablePutsSentToRados) {
+  const uint64_t seed = testing::FreshSeed();
+  std::shared_ptr<RadosTier> tier = ConnectTier(conf_);
+  ASSERT_NE(tier, nullptr);
+  testing::TempDir dir;
+  constexpr uint64_t kDurable = 40, kMemory = 6;
+  std::vector<ChunkKey> keys;
+  {
+    auto node = OpenSharedStore(dir.File("a"), tier, /*write_behind=*/false);
+    ASSERT_NE(node, nullptr);
+    for (uint64_t i = 0; i < kDurable + kMemory; ++i) {
+      keys.push_back(testing::KeyOf(seed, i));
+      const std::vector<uint8_t> p = testing::PayloadOf(keys[i], kStoreChunk);
+      PutOptions o;
+      o.durability = i < kDurable ? Durability::kDurable : Durability::kMemory;
+      std::optional<ChunkKey> parent;
+      if (i > 0) parent = keys[i - 1];
+      ASSERT_TRUE(node->Put({kStoreNs, keys[i], parent, p}, o).ok()) << i;
+    }
+    const StoreStats st = node->Stats();
+    EXPECT_EQ(st.shared.name, "rados");
+    EXPECT_EQ(st.shared.puts, kDurable);
+    EXPECT_EQ(st.shared.put_errors, 0u);
+    EXPECT_TRUE(st.shared.reachable);
+  }
+  for (uint64_t i = 0; i < keys.size(); ++i)
+    EXPECT_EQ(tier->Contains(keys[i]).value_or(false), i < kDurable) << i;
+
+  std::filesystem::remove_all(dir.File("a"));  // the node's disk is gone
+  auto fresh = OpenSharedStore(dir.File("a"), tier, false);
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->Stats().ssd_chunks, 0u);
+  const std::vector<Tier> found = fresh->Lookup(kStoreNs, keys, /*leading_only=*/true);
+  for (uint64_t i = 0; i < keys.size(); ++i)
+    EXPECT_EQ(found[i], i < kDurable ? Tier::kRados : Tier::kNone) << i;
+  std::vector<std::vector<uint8_t>> bufs(kDurable, std::vector<uint8_t>(kStoreChunk));
+  std::vector<std::span<uint8_t>> outs(bufs.begin(), bufs.end());
+  std::vector<Tier> from;
+  const std::vector<absl::Status> got =
+      fresh->GetBatch(kStoreNs, std::span(keys).first(kDurable), outs, &from);
+  for (uint64_t i = 0; i < kDurable; ++i) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i];
+    EXPECT_EQ(from[i], Tier::kRados);
+    ASSERT_EQ(bufs[i], testing::PayloadOf(keys[i], kStoreChunk)) << i;
+  }
+  EXPECT_EQ(fresh->Stats().shared.hits, kDurable);
+  // Promoted: the next read is this node's, and so is the lookup.
+  std::vector<uint8_t> out(kStoreChunk);
+  std::vector<Tier> again;
+  std::span<uint8_t> one[] = {out};
+  ASSERT_TRUE(fresh->GetBatch(kStoreNs, std::span(&keys[3], 1), one, &again)[0].ok());
+  EXPECT_NE(again[0], Tier::kRados);
+  EXPECT_EQ(fresh->Lookup(kStoreNs, std::span(&keys[3], 1))[0], Tier::kRam);
+  // A memory put never reached RADOS: a miss, not someone else's bytes.
+  EXPECT_TRUE(absl::IsNotFound(fresh->Get(kStoreNs, keys[kDurable], out)));
+  // Another namespace (same chunk size) asking for the key gets nothing.
+  ASSERT_TRUE(fresh->RegisterNamespace(kStoreNs + 1, kStoreChunk).ok());
+  EXPECT_TRUE(absl::IsNotFound(fresh->Get(kStoreNs + 1, keys[5], out)));
+  // Erased here (promoted copy) and there; one held only there is erased there.
+  ASSERT_EQ(fresh->Erase(kStoreNs, keys[3]), absl::OkStatus());
+  ASSERT_EQ(fresh->Erase(kStoreNs, keys[4]), absl::OkStatus());
+  EXPECT_FALSE(tier->Contains(keys[3]).value_or(true));
+  EXPECT_FALSE(tier->Contains(keys[4]).value_or(true));
+  EXPECT_TRUE(absl::IsNotFound(fresh->Get(kStoreNs, keys[4], out)));
+  EXPECT_TRUE(absl::IsNotFound(fresh->Erase(kStoreNs, keys[4])));
+}
+
+// Write-behind: the puts are acknowledged before RADOS has them, and the backlog reaches
+// it; a chunk erased while queued never does.
+TEST_F(RadosClusterTest, WriteBehindSendsItsBacklogAndAnEraseOvertakesIt) {
+  const uint64_t seed = testing::FreshSeed();
+  std::shared_ptr<RadosTier> tier = ConnectTier(conf_);
+  ASSERT_NE(tier, nullptr);
+  testing::TempDir dir;
+  auto node = OpenSharedStore(dir.File("b"), tier, /*write_behind=*/true);
+  ASSERT_NE(node, nullptr);
+  constexpr uint64_t kChunks = 64;
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < kChunks; ++i) {
+    keys.push_back(testing::KeyOf(seed, i));
+    ASSERT_TRUE(
+        node->Put({kStoreNs, keys[i], std::nullopt, testing::PayloadOf(keys[i], kStoreChunk)}, {})
+            .ok());
+  }
+  ASSERT_EQ(node->Erase(kStoreNs, keys[kChunks - 1]), absl::OkStatus());
+  ASSERT_EQ(node->DrainSharedTier(std::chrono::seconds(30)), absl::OkStatus());
+  const StoreStats st = node->Stats();
+  EXPECT_TRUE(st.shared.write_behind);
+  EXPECT_EQ(st.shared.backlog_chunks, 0u);
+  EXPECT_EQ(st.shared.backlog_bytes, 0u);
+  std::vector<uint8_t> out(kStoreChunk);
+  for (uint64_t i = 0; i + 1 < kChunks; ++i) {
+    ASSERT_EQ(tier->Get(kStoreNs, keys[i], out), absl::OkStatus()) << i;
+    ASSERT_EQ(out, testing::PayloadOf(keys[i], kStoreChunk)) << i;
+  }
+  EXPECT_FALSE(tier->Contains(keys[kChunks - 1]).value_or(true));
+}
+
+// A chunk's TTL goes with it: read after its expiry from RADOS, it is a miss, and gone.
+TEST_F(RadosClusterTest, AChunkPastItsTtlIsAMissAndIsRemovedFromRados) {
+  const uint64_t seed = testing::FreshSeed();
+  std::shared_ptr<RadosTier> tier = ConnectTier(conf_);
+  ASSERT_NE(tier, nullptr);
+  testing::TempDir dir;
+  std::atomic<int64_t> now{1'800'000'000};
+  StoreSeams clock;
+  clock.now_s = [&] { return now.load(); };
+  const ChunkKey key = testing::KeyOf(seed, 1);
+  {
+    auto node = OpenSharedStore(dir.File("c"), tier, false, clock);
+    ASSERT_NE(node, nullptr);
+    PutOptions o;
+    o.ttl_s = 60;
+    ASSERT_TRUE(
+        node->Put({kStoreNs, key, std::nullopt, testing::PayloadOf(key, kStoreChunk)}, o).ok());
+  }
+  ASSERT_TRUE(tier->Contains(key).value_or(false));
+  std::filesystem::remove_all(dir.File("c"));
+  now += 61;
+  auto fresh = OpenSharedStore(dir.File("c"), tier, false, clock);
+  ASSERT_NE(fresh, nullptr);
+  std::vector<uint8_t> out(kStoreChunk);
+  EXPECT_TRUE(absl::IsNotFound(fresh->Get(kStoreNs, key, out)));
+  EXPECT_FALSE(tier->Contains(key).value_or(true));
 }
 
 }  // namespace

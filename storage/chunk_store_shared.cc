@@ -1,0 +1,162 @@
+// The shared tier (shared_tier.h) behind ChunkStore's public calls: each runs on this
+// node's tiers first (under the store's lock), then asks the shared tier outside it — a
+// network away — for what is left: durable puts are sent to it, misses are looked up and
+// read in it (and promoted), erases remove its copy.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "storage/chunk_store_impl.h"
+
+namespace kvc::storage {
+
+std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutRequest> requests,
+                                                            const PutOptions& options) {
+  std::vector<absl::StatusOr<PutResult>> results = PutBatchLocal(requests, options);
+  SharedTierLink* link = impl_->shared.get();
+  if (link == nullptr || options.durability != Durability::kDurable) return results;
+  // Durable puts stored here go to the shared tier too; one that was here already may be
+  // missing there (stored before the tier was configured, or by a write-behind a crash
+  // lost): asked first, sent if absent.
+  std::vector<size_t> send, ask;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (results[i].ok()) (results[i]->already_present ? ask : send).push_back(i);
+  }
+  if (!ask.empty()) {
+    std::vector<ChunkKey> keys;
+    for (size_t i : ask) keys.push_back(requests[i].key);
+    const std::vector<absl::StatusOr<bool>> there = link->Contains(keys);
+    for (size_t j = 0; j < ask.size(); ++j) {
+      if (!there[j].ok() || !*there[j]) send.push_back(ask[j]);
+    }
+  }
+  if (send.empty()) return results;
+  const int64_t expires = options.ttl_s > 0 ? impl_->NowS() + options.ttl_s : 0;
+  std::vector<SharedPut> puts;
+  puts.reserve(send.size());
+  for (size_t i : send) {
+    const PutRequest& r = requests[i];
+    SharedChunk meta;
+    meta.namespace_id = r.namespace_id;
+    meta.parent = r.parent;
+    meta.origin = r.origin;
+    meta.expires_s = expires;
+    puts.push_back({r.key, meta, r.payload});
+  }
+  const std::vector<absl::Status> sent = link->Store(puts);
+  for (size_t j = 0; j < send.size(); ++j) {
+    if (sent[j].ok()) continue;
+    // Stored on this node, not where it must also be: the put is not acknowledged (a
+    // retry finds it here and sends it again).
+    results[send[j]] = absl::Status(
+        sent[j].code(),
+        absl::StrCat(impl_->Where(requests[send[j]].key),
+                     " is on this node but the shared tier did not take it: ", sent[j].message()));
+  }
+  return results;
+}
+
+void ChunkStore::GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
+                               std::span<const std::span<uint8_t>> outs,
+                               std::vector<absl::Status>* status, std::vector<Tier>* served_from) {
+  std::vector<size_t> missed;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::IsNotFound((*status)[i])) missed.push_back(i);
+  }
+  if (missed.empty()) return;
+  std::vector<ChunkKey> ask;
+  std::vector<std::span<uint8_t>> into;
+  for (size_t i : missed) {
+    ask.push_back(keys[i]);
+    into.push_back(outs[i]);
+  }
+  std::vector<SharedChunk> metas;
+  const std::vector<absl::Status> got = impl_->shared->Fetch(ns, ask, into, &metas);
+  const int64_t now = impl_->NowS();
+  std::vector<PutRequest> promote;
+  std::vector<ChunkKey> expired;
+  int64_t ttl = 0;  // the promoted copies' (the longest left of those that have one)
+  for (size_t j = 0; j < missed.size(); ++j) {
+    const size_t i = missed[j];
+    if (!got[j].ok()) {
+      // A miss here and there, or a shared tier that failed to answer: a miss for the
+      // caller, saying why (never bytes that did not verify).
+      if (!absl::IsNotFound(got[j]))
+        (*status)[i] = absl::NotFoundError(
+            absl::StrCat((*status)[i].message(), "; the shared tier: ", got[j].message()));
+      continue;
+    }
+    const SharedChunk& m = metas[j];
+    if (m.expires_s != 0 && m.expires_s <= now) {
+      expired.push_back(keys[i]);
+      continue;  // stays a miss
+    }
+    (*status)[i] = absl::OkStatus();
+    if (served_from != nullptr) (*served_from)[i] = Tier::kRados;
+    if (m.expires_s != 0) ttl = std::max(ttl, m.expires_s - now);
+    promote.emplace_back(ns, keys[i], m.parent, Payload(std::span<const uint8_t>(outs[i])),
+                         m.origin);
+  }
+  if (!expired.empty()) (void)impl_->shared->Remove(expired);  // past their TTL: gone
+  if (promote.empty()) return;
+  // Promoted into RAM (and written to SSD behind), not sent back; a namespace without RAM
+  // gets no copy here (that would be a synchronous SSD write inside a read). A promotion
+  // that finds no room is skipped: the read has its bytes.
+  PutOptions o;
+  o.durability = Durability::kMemory;
+  o.may_block = false;
+  o.ttl_s = ttl;
+  (void)PutBatchLocal(promote, o);
+}
+
+std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> keys,
+                                     bool leading_only) const {
+  std::vector<Tier> tiers = LookupLocal(ns, keys, leading_only);
+  SharedTierLink* link = impl_->shared.get();
+  if (link == nullptr) return tiers;
+  // Every key this node does not hold is asked at once (one round trip); with
+  // leading_only the answer stops at the first the shared tier does not hold either.
+  std::vector<size_t> missed;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (tiers[i] == Tier::kNone) missed.push_back(i);
+  }
+  if (missed.empty()) return tiers;
+  std::vector<ChunkKey> ask;
+  for (size_t i : missed) ask.push_back(keys[i]);
+  const std::vector<absl::StatusOr<bool>> there = link->Contains(ask);
+  for (size_t j = 0; j < missed.size(); ++j) {
+    const bool held = there[j].ok() && *there[j];
+    if (held) tiers[missed[j]] = Tier::kRados;
+    if (!held && leading_only) {
+      for (size_t k = missed[j]; k < keys.size(); ++k) tiers[k] = Tier::kNone;
+      break;
+    }
+  }
+  return tiers;
+}
+
+std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const ChunkKey> keys) {
+  std::vector<absl::Status> status = EraseBatchLocal(ns, keys);
+  SharedTierLink* link = impl_->shared.get();
+  if (link == nullptr) return status;
+  // The shared copy goes too, whether this node held the chunk or not: a copy left there
+  // would bring an erased chunk back on the next miss.
+  const std::vector<absl::Status> removed = link->Remove(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (removed[i].ok()) {
+      status[i] = absl::OkStatus();  // it was there (here too, or only there)
+    } else if (!absl::IsNotFound(removed[i])) {
+      status[i] = absl::Status(removed[i].code(),
+                               absl::StrCat(impl_->Where(keys[i]),
+                                            ": the shared tier still holds it (the remove failed: ",
+                                            removed[i].message(), ")"));
+    }
+  }
+  return status;
+}
+
+absl::Status ChunkStore::DrainSharedTier(std::chrono::milliseconds timeout) {
+  if (!impl_->shared) return absl::OkStatus();
+  return impl_->shared->Drain(timeout);
+}
+
+}  // namespace kvc::storage

@@ -1,0 +1,74 @@
+// SharedTierLink: a store's link to its shared tier (shared_tier.h) — how durable puts
+// reach it (written through before the put is acknowledged, or written behind from a
+// bounded backlog), and the counts StoreStats reports. ChunkStore calls it outside its
+// own lock: the shared tier is a network away.
+//
+// Write-behind: a durable put is acknowledged once on the node's SSD; a copy of its bytes
+// waits in the backlog (at most backlog_max_bytes; past that a put is written through, so
+// the backlog is bounded and nothing is dropped) and one writer thread sends it in
+// batches, retrying while the tier does not answer. A node that dies loses its backlog:
+// those chunks stay on its SSD only (docs/rados.md, "Durability").
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/mutex.h"
+#include "storage/shared_tier.h"
+
+namespace kvc::storage {
+
+class SharedTierLink {
+ public:
+  SharedTierLink(std::shared_ptr<SharedTier> tier, bool write_behind, uint64_t backlog_max_bytes);
+  // Stops the writer after it has sent the backlog (or failed a round at it).
+  ~SharedTierLink();
+  SharedTierLink(const SharedTierLink&) = delete;
+  SharedTierLink& operator=(const SharedTierLink&) = delete;
+
+  // Durable puts the node has stored: written now (one status each), or queued (OK).
+  std::vector<absl::Status> Store(std::span<const SharedPut> puts) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<absl::Status> Fetch(NamespaceId ns, std::span<const ChunkKey> keys,
+                                  std::span<const std::span<uint8_t>> outs,
+                                  std::vector<SharedChunk>* metas) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<absl::StatusOr<bool>> Contains(std::span<const ChunkKey> keys)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops queued copies of the keys (waiting for any being written), then removes them.
+  std::vector<absl::Status> Remove(std::span<const ChunkKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the backlog is empty, or the timeout passes (DeadlineExceeded).
+  absl::Status Drain(std::chrono::milliseconds timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  SharedTierStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Queued {
+    ChunkKey key;
+    SharedChunk meta;
+    std::vector<uint8_t> bytes;
+  };
+  void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts an operation's outcome: reachable, or not and why.
+  void Note(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::shared_ptr<SharedTier> tier_;
+  const bool write_behind_;
+  const uint64_t backlog_max_bytes_;
+  mutable Mutex mu_;
+  std::condition_variable_any changed_;  // the backlog or in_flight_ changed, or stop_
+  std::deque<Queued> backlog_ ABSL_GUARDED_BY(mu_);
+  uint64_t backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<ChunkKey> in_flight_ ABSL_GUARDED_BY(mu_);  // taken by the writer, being sent
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  SharedTierStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread writer_;
+};
+
+}  // namespace kvc::storage

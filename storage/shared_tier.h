@@ -1,0 +1,76 @@
+// SharedTier: the durable tier below every node's RAM and SSD, shared by the nodes of a
+// fleet, so that a session's chunks outlive the nodes that wrote them (docs/rados.md).
+// ChunkStore talks to it through this interface only; RadosTier (rados_tier.h, built where
+// librados is installed) is the implementation, on a Ceph RADOS pool.
+//
+// Chunks are named by their storage key (namespace-bound: tenants stay apart) and stored
+// with what a reader must check beside them. A read verifies the namespace, the size and
+// the checksum: bytes that do not verify are never handed out (DataLoss), another
+// namespace's chunk is NotFound. Each call works on a batch, its operations in flight
+// together (one round trip, not one per chunk), each bounded by the tier's timeout.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/chunk_key.h"
+#include "storage/payload.h"
+
+namespace kvc::storage {
+
+using NamespaceId = uint32_t;
+
+// What is stored beside a chunk's bytes.
+struct SharedChunk {
+  NamespaceId namespace_id = 0;
+  uint64_t payload_checksum = 0;  // PayloadChecksum of the payload
+  std::optional<ChunkKey> parent;
+  std::optional<ChunkOrigin> origin;
+  int64_t expires_s = 0;  // 0: no TTL (wall-clock seconds)
+};
+
+struct SharedPut {
+  ChunkKey key;
+  SharedChunk meta;
+  Payload payload;  // viewed: must outlive the call
+};
+
+// What a store's link to its shared tier has done since open (StoreStats::shared).
+struct SharedTierStats {
+  std::string name;           // empty: no shared tier
+  bool write_behind = false;  // durable puts acknowledged before the shared copy
+  uint64_t puts = 0;          // chunks written to it
+  uint64_t put_errors = 0;    // writes it refused or did not answer in time
+  uint64_t hits = 0;          // local misses it served (verified), then promoted
+  uint64_t misses = 0;        // local misses it did not hold either
+  uint64_t read_errors = 0;   // reads that failed (not a miss), bad bytes included
+  uint64_t removes = 0;
+  uint64_t backlog_chunks = 0;  // write-behind: waiting to be written
+  uint64_t backlog_bytes = 0;
+  bool reachable = true;   // its last operation was answered
+  std::string last_error;  // of the last failed operation
+};
+
+class SharedTier {
+ public:
+  virtual ~SharedTier() = default;
+  virtual const char* name() const = 0;  // "rados"
+  // Stores each chunk, replacing an object of the same key, in one atomic write each.
+  virtual std::vector<absl::Status> PutMany(std::span<const SharedPut> puts) = 0;
+  // Reads each chunk of namespace `ns` into its out (exactly its size), verified; metas
+  // (if given, resized) get what was stored beside each. NotFound where absent.
+  virtual std::vector<absl::Status> GetMany(NamespaceId ns, std::span<const ChunkKey> keys,
+                                            std::span<const std::span<uint8_t>> outs,
+                                            std::vector<SharedChunk>* metas) = 0;
+  // Whether each key's object is there (not verified: a read does that).
+  virtual std::vector<absl::StatusOr<bool>> ContainsMany(std::span<const ChunkKey> keys) = 0;
+  // Removes each object; NotFound where it was not there.
+  virtual std::vector<absl::Status> RemoveMany(std::span<const ChunkKey> keys) = 0;
+};
+
+}  // namespace kvc::storage
