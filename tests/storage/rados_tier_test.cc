@@ -5,8 +5,12 @@
 // beside them, never handed out when they do not verify or are another namespace's.
 #include <rados/librados.hpp>
 
+#include <signal.h>
+
 #include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 
@@ -127,9 +131,9 @@ TEST_F(RadosClusterTest, APoolThatDoesNotExistIsNamed) {
 constexpr NamespaceId kStoreNs = 21;
 constexpr uint64_t kStoreChunk = 9000;
 
-std::shared_ptr<RadosTier> ConnectTier(const std::string& conf) {
-  absl::StatusOr<std::unique_ptr<RadosTier>> t =
-      RadosTier::Connect({.pool = testing::CephClusterTest::kPool, .conf_file = conf});
+std::shared_ptr<RadosTier> ConnectTier(const std::string& conf, uint32_t op_timeout_s = 5) {
+  absl::StatusOr<std::unique_ptr<RadosTier>> t = RadosTier::Connect(
+      {.pool = testing::CephClusterTest::kPool, .conf_file = conf, .op_timeout_s = op_timeout_s});
   EXPECT_TRUE(t.ok()) << t.status();
   return t.ok() ? std::shared_ptr<RadosTier>(*std::move(t)) : nullptr;
 }
@@ -274,6 +278,76 @@ TEST_F(RadosClusterTest, AChunkPastItsTtlIsAMissAndIsRemovedFromRados) {
   std::vector<uint8_t> out(kStoreChunk);
   EXPECT_TRUE(absl::IsNotFound(fresh->Get(kStoreNs, key, out)));
   EXPECT_FALSE(tier->Contains(key).value_or(true));
+}
+
+// The OSD stopped (SIGSTOP) under a store: a read of a chunk held only in RADOS is a clean
+// miss within the operation timeout, a write-through put fails naming why (the chunk is
+// kept here), a write-behind put is acknowledged and waits in the backlog (its size
+// visible); Stats says the tier is unreachable. Once the OSD runs again everything
+// catches up: the miss reads, the put retried reaches RADOS, the backlog drains.
+TEST_F(RadosClusterTest, AStoppedOsdIsABoundedMissAndTheStoreCatchesUpWhenItReturns) {
+  const uint64_t seed = testing::FreshSeed();
+  constexpr uint32_t kTimeoutS = 2;
+  std::shared_ptr<RadosTier> tier = ConnectTier(conf_, kTimeoutS);
+  ASSERT_NE(tier, nullptr);
+  testing::TempDir dir;
+  auto through = OpenSharedStore(dir.File("t"), tier, /*write_behind=*/false);
+  auto behind = OpenSharedStore(dir.File("w"), tier, /*write_behind=*/true);
+  ASSERT_NE(through, nullptr);
+  ASSERT_NE(behind, nullptr);
+  const ChunkKey only_there = testing::KeyOf(seed, 1), put_key = testing::KeyOf(seed, 2);
+  const std::vector<uint8_t> there_bytes = testing::PayloadOf(only_there, kStoreChunk);
+  SharedChunk meta;
+  meta.namespace_id = kStoreNs;
+  ASSERT_EQ(tier->Put(only_there, meta, there_bytes), absl::OkStatus());
+
+  std::ifstream pid_file(ceph_dir_.File("ceph") + "/osd.pid");
+  pid_t osd = 0;
+  ASSERT_TRUE(pid_file >> osd) << "ceph-up.sh writes the OSD's pid";
+  ASSERT_EQ(kill(osd, SIGSTOP), 0);
+  std::vector<uint8_t> out(kStoreChunk);
+  auto t0 = std::chrono::steady_clock::now();
+  const absl::Status miss = through->Get(kStoreNs, only_there, out);
+  const double miss_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(absl::IsNotFound(miss)) << miss;
+  EXPECT_LT(miss_s, 3.0 * kTimeoutS) << "bounded by the operation timeout";
+  t0 = std::chrono::steady_clock::now();
+  const absl::StatusOr<PutResult> refused =
+      through->Put({kStoreNs, put_key, std::nullopt, testing::PayloadOf(put_key, kStoreChunk)}, {});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            3.0 * kTimeoutS);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("shared tier did not take it"), std::string::npos)
+      << refused.status();
+  StoreStats st = through->Stats();
+  EXPECT_FALSE(st.shared.reachable);
+  EXPECT_FALSE(st.shared.last_error.empty());
+  EXPECT_EQ(through->Lookup(kStoreNs, std::span(&put_key, 1))[0], Tier::kRam) << "kept here";
+  constexpr int kBehind = 8;
+  for (int i = 0; i < kBehind; ++i) {
+    const ChunkKey k = testing::KeyOf(seed, 100 + i);
+    ASSERT_TRUE(
+        behind->Put({kStoreNs, k, std::nullopt, testing::PayloadOf(k, kStoreChunk)}, {}).ok())
+        << "write-behind acknowledges on the node's SSD";
+  }
+  EXPECT_GT(behind->Stats().shared.backlog_chunks, 0u);
+
+  ASSERT_EQ(kill(osd, SIGCONT), 0);
+  ASSERT_EQ(through->Get(kStoreNs, only_there, out), absl::OkStatus());
+  EXPECT_EQ(out, there_bytes);
+  EXPECT_TRUE(through->Stats().shared.reachable);
+  // The client's retry: here already, not there, so it is sent now.
+  ASSERT_TRUE(
+      through->Put({kStoreNs, put_key, std::nullopt, testing::PayloadOf(put_key, kStoreChunk)}, {})
+          .ok());
+  EXPECT_TRUE(tier->Contains(put_key).value_or(false));
+  ASSERT_EQ(behind->DrainSharedTier(std::chrono::seconds(30)), absl::OkStatus());
+  for (int i = 0; i < kBehind; ++i) {
+    const ChunkKey k = testing::KeyOf(seed, 100 + i);
+    ASSERT_EQ(tier->Get(kStoreNs, k, out), absl::OkStatus()) << i;
+    EXPECT_EQ(out, testing::PayloadOf(k, kStoreChunk));
+  }
 }
 
 }  // namespace
