@@ -86,7 +86,7 @@ absl::StatusOr<std::vector<float>> CacheConnector::Prefill(model::Sequence& seq,
       // Which tiers the prefix came from, fastest first ("hbm+ram", "ssd", …).
       using client::Tier;
       r->tier.clear();
-      for (Tier t : {Tier::kHbm, Tier::kRam, Tier::kSsd}) {
+      for (Tier t : {Tier::kHbm, Tier::kRam, Tier::kSsd, Tier::kRados}) {
         if (std::find(look->tiers.begin(), look->tiers.end(), t) != look->tiers.end())
           absl::StrAppend(&r->tier, r->tier.empty() ? "" : "+", client::TierName(t));
       }

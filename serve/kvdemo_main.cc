@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -121,7 +122,7 @@ int Main(int argc, char** argv) {
   std::string external_cache;
   int64_t tool_tokens = 2048, generate = 128, initial_tokens = 12288;
   std::string replay = "bounded", source_dir, backend = "cpu";
-  bool keep = false, json = false;
+  bool keep = false, json = false, rados = false;
   app.add_option("--turns", turns, "turns in the session")
       ->check(CLI::Range(2, 100))
       ->capture_default_str();
@@ -144,6 +145,12 @@ int Main(int argc, char** argv) {
   app.add_option("--cache", external_cache,
                  "use this running cache instead (HOST:PORT or etcd://H:P); no restart step")
       ->excludes(nodes_opt);
+  app.add_flag(
+         "--rados", rados,
+         "a single-host Ceph cluster as the shared tier below every node (scripts/ceph-up.sh; "
+         "Ceph from scripts/install-deps.sh); halfway every node is killed and its folder "
+         "deleted, and the session resumes from RADOS")
+      ->excludes("--cache");
   model::AddBackendFlag(app, backend);
   app.add_flag("--keep", keep, "keep the scratch folder (weights, kvcached data and log)");
   std::string weights_opt, config_opt;
@@ -223,8 +230,29 @@ int Main(int argc, char** argv) {
       trained ? absl::StrCat("trained weights ", weights) : std::string("random weights"),
       work.string()));
 
-  const std::vector<std::string> capacity = {"--ram-bytes", "268435456", "--ssd-bytes",
-                                             "1073741824"};
+  std::vector<std::string> capacity = {"--ram-bytes", "268435456", "--ssd-bytes", "1073741824"};
+  const fs::path ceph = work / "ceph";
+  struct CephDown {  // the cluster ends with the demo, however it ends
+    fs::path dir, script;
+    ~CephDown() {
+      if (!dir.empty())
+        (void)std::system(("'" + script.string() + "' '" + dir.string() + "' >/dev/null").c_str());
+    }
+  } ceph_down;
+  if (rados) {
+    const fs::path up = fs::path(source_dir) / "scripts" / "ceph-up.sh";
+    say("kvdemo: starting a single-host Ceph cluster (one monitor, one memstore OSD)\n");
+    const std::string cmd = "'" + up.string() + "' '" + ceph.string() + "' kvcache >'" +
+                            (work / "ceph-up.log").string() + "' 2>&1";
+    if (std::system(cmd.c_str()) != 0)
+      return fail(
+          absl::StrCat("scripts/ceph-up.sh failed (its output: ", (work / "ceph-up.log").string(),
+                       "; Ceph comes from scripts/install-deps.sh)"));
+    ceph_down.dir = ceph;  // (fields set in place: a temporary's destructor would end it)
+    ceph_down.script = fs::path(source_dir) / "scripts" / "ceph-down.sh";
+    capacity.insert(capacity.end(),
+                    {"--rados-pool", "kvcache", "--ceph-conf", (ceph / "ceph.conf").string()});
+  }
   KvcachedProcess daemon((bin / "kvcached").string(), (work / "kvcached").string(), capacity);
   std::vector<std::string> node_flags = capacity;
   node_flags.insert(node_flags.end(), {"--cluster-lease-seconds", "2"});
@@ -279,7 +307,30 @@ int Main(int argc, char** argv) {
       context.insert(context.end(), t.begin(), t.end());
     }
     const bool after_restart = turn == restart_after + 1;
-    if (after_restart && nodes > 1) {
+    if (after_restart && rados) {
+      // The fleet is lost: every node killed, every data folder deleted; they start empty.
+      cache->Drain();
+      cache.reset();
+      for (int i = 0; i < (nodes > 1 ? nodes : 1); ++i) {
+        KvcachedProcess& node = nodes > 1 ? cluster.node(i) : daemon;
+        node.Stop(SIGKILL);
+        fs::remove_all(nodes > 1 ? work / "cluster" / LocalCluster::NodeId(i) : work / "kvcached");
+        if (absl::Status s = node.Start(); !s.ok()) return fail(std::string(s.message()));
+        if (nodes > 1) {
+          if (absl::Status s = cluster.WaitForNode(i, 10); !s.ok())
+            return fail(std::string(s.message()));
+        }
+      }
+      say(absl::StrCat("---- every node killed (SIGKILL) and its data folder deleted; ",
+                       nodes > 1 ? "the nodes" : "kvcached",
+                       " restarted empty: the session comes from RADOS ----\n"));
+      if (nodes == 1) {
+        copt.client.address = daemon.address();
+        copt.client.shm_socket = (work / "kvcached" / "kvcached.sock").string();
+      }
+      cache = CacheConnector::Create(m, copt);
+      if (!cache->connected()) return fail(cache->connect_error());
+    } else if (after_restart && nodes > 1) {
       cluster.node(1).Stop(SIGKILL);
       say(absl::StrCat("---- node ", LocalCluster::NodeId(1),
                        " killed (SIGKILL): its chunks come from their other copy ----\n"));
@@ -293,7 +344,7 @@ int Main(int argc, char** argv) {
       cache = CacheConnector::Create(m, copt);
       if (!cache->connected()) return fail(cache->connect_error());
     }
-    if (nodes > 1 && turn == restart_after + 2) {
+    if (nodes > 1 && !rados && turn == restart_after + 2) {
       if (absl::Status s = cluster.node(1).Start(); !s.ok()) return fail(std::string(s.message()));
       if (absl::Status s = cluster.WaitForNode(1, 10); !s.ok())
         return fail(std::string(s.message()));
@@ -319,12 +370,13 @@ int Main(int argc, char** argv) {
     tj["after_restart"] = after_restart;
     tj["answer"] = DecodeBytes(warm->generated);
     out["turns"].push_back(tj);
-    say(absl::StrFormat("%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens,
-                        r.reused_tokens, r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms,
-                        cold_ms, cold_ms / r.ttft_ms,
-                        show_nodes      ? r.nodes
-                        : after_restart ? "(from SSD after restart)"
-                                        : ""));
+    say(absl::StrFormat(
+        "%4d %9d %8d %6d %-7s %8.0fms %8.0fms %7.1fx %s\n", turn, r.prompt_tokens, r.reused_tokens,
+        r.prompt_tokens - r.reused_tokens, r.tier, r.ttft_ms, cold_ms, cold_ms / r.ttft_ms,
+        show_nodes ? r.nodes
+        : after_restart
+            ? (rados ? "(from RADOS: the node's disk was lost)" : "(from SSD after restart)")
+            : ""));
     say(absl::StrCat("     answer: ", AnswerSample(warm->generated, 72), "\n"));
     context.insert(context.end(), warm->generated.begin(), warm->generated.end());
   }
@@ -333,6 +385,7 @@ int Main(int argc, char** argv) {
   daemon.Stop(SIGTERM);
   out["replay"] = replay;
   out["nodes"] = nodes;
+  out["rados"] = rados;
   out["chunk_tokens"] = m.layout().chunk_tokens;
   out["chunk_bytes"] = m.layout().chunk_bytes;
   say(absl::StrFormat(

@@ -73,6 +73,24 @@ TEST(KvdemoTest, OnAClusterAKilledNodeIsRoutedAroundAndTheSessionGoesOnAfterItsR
   for (const nlohmann::json& t : turns) EXPECT_TRUE(t["warnings"].empty()) << t["warnings"];
 }
 
+// With RADOS under the nodes, the whole fleet can be lost: halfway every node is killed and
+// its folder deleted, and the session resumes from RADOS (then from the nodes' RAM).
+TEST(KvdemoTest, WithRadosTheSessionOutlivesEveryNodeAndItsDisk) {
+  const auto r = RunProgram(
+      kBin + "/kvdemo", {"--json", "--rados", "--nodes", "3", "--turns", "4", "--initial-tokens",
+                         "2048", "--tool-tokens", "600", "--generate", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["rados"].get<bool>());
+  const nlohmann::json& turns = j["turns"];
+  ASSERT_EQ(turns.size(), 4u);
+  ASSERT_TRUE(turns[2]["after_restart"].get<bool>());
+  EXPECT_EQ(turns[2]["tier"], "rados") << "no node kept anything";
+  EXPECT_GE(turns[2]["reused_tokens"].get<int>(), 2048);
+  EXPECT_GT(turns[3]["reused_tokens"].get<int>(), turns[2]["reused_tokens"].get<int>());
+  for (const nlohmann::json& t : turns) EXPECT_TRUE(t["warnings"].empty()) << t["warnings"];
+}
+
 TEST(KvserveTest, TurnsInSeparateProcessesResumeFromTheCache) {
   TempDir dir;
   Daemon d(dir.File("kvcached"));
