@@ -45,6 +45,9 @@
 #include "bench/kvbench/quality_bench.h"
 #include "bench/kvbench/report.h"
 #include "bench/kvbench/restart_bench.h"
+#if KVC_WITH_RADOS
+#include "bench/kvbench/rados_bench.h"
+#endif
 #include "bench/kvbench/service_bench.h"
 #include "bench/kvbench/soak.h"
 #include "bench/kvbench/storage_bench.h"
@@ -385,6 +388,26 @@ int Main(int argc, char** argv) {
       ->add_option("--max-chunk-bytes", footprint_opt.max_chunk_bytes, "the store's largest chunk")
       ->capture_default_str();
   footprint->add_flag("--json", json, "print one JSON object");
+#if KVC_WITH_RADOS
+  CLI::App* rados = app.add_subcommand(
+      "rados", "the shared tier on Ceph RADOS: store and fetch beside `rados bench`, same run");
+  bench::RadosBenchOptions rados_opt;
+  std::string rados_config = "configs/deepseek-v4.1-flash.config.json";
+  rados->add_option("--dir", rados_opt.dir, "scratch folder (emptied)")->capture_default_str();
+  rados->add_option("--ceph-conf", rados_opt.ceph_conf,
+                    "an existing cluster (default: a single-host one started in DIR/ceph)");
+  rados->add_option("--pool", rados_opt.pool, "pool (must exist with --ceph-conf)")
+      ->capture_default_str();
+  rados->add_option("--config", rados_config, "model config giving the chunk size");
+  rados->add_option("--chunk-bytes", rados_opt.chunk_bytes, "chunk size (instead of --config)");
+  rados->add_option("--depth", rados_opt.depth, "operations in flight")->capture_default_str();
+  rados->add_option("--seconds", rados_opt.seconds, "a write run's time limit")
+      ->capture_default_str();
+  rados->add_option("--bytes", rados_opt.max_bytes, "what each write run writes")
+      ->capture_default_str();
+  rados->add_option("--reps", rados_opt.reps, "alternated runs")->capture_default_str();
+  rados->add_flag("--json", json, "print one JSON object");
+#endif
   CLI::App* restart = app.add_subcommand(
       "restart", "kvcached holding N chunks on SSD, SIGKILLed: time to listening and first hit");
   bench::RestartOptions restart_opt;
@@ -490,6 +513,17 @@ int Main(int argc, char** argv) {
     footprint_opt.first_class_chunk_bytes = *bytes;
     return PrintReport(bench::RunFootprintBench(footprint_opt), json, bench::FootprintToText);
   }
+#if KVC_WITH_RADOS
+  if (rados->parsed()) {
+    if (rados_opt.chunk_bytes == 0) {
+      std::optional<uint64_t> bytes = ChunkBytesOf(rados_config, "--chunk-bytes");
+      if (!bytes) return 1;
+      rados_opt.chunk_bytes = *bytes;
+    }
+    rados_opt.source_dir = KVC_SOURCE_DIR;
+    return PrintReport(bench::RunRadosBench(rados_opt), json, bench::RadosBenchToText);
+  }
+#endif
   if (restart->parsed()) {
     restart_opt.kvcached = SiblingKvcached();
     return PrintReport(bench::RunRestartBench(restart_opt), json, bench::RestartToText);

@@ -155,6 +155,23 @@ TEST(KvbenchTest, ASoakUnderFaultsLosesNothingAndServesNothingWrong) {
   EXPECT_GT(j["chunks_verified_at_end"].get<int>(), 0);
 }
 
+// The shared tier on a real single-host Ceph cluster, beside `rados bench` in the same run:
+// every side moved bytes, and the ratios are there.
+TEST(KvbenchTest, RadosBenchRunsBesideRadosBench) {
+  TempDir dir;
+  auto r = RunProgram(kKvbench, {"rados", "--dir", dir.File("rados"), "--bytes", "30000000",
+                                 "--reps", "1", "--depth", "8", "--json"});
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(j["chunk_bytes"].get<uint64_t>(), 0u) << "the default config's chunk";
+  for (const char* f : {"rados_bench_write_mbps", "rados_bench_read_mbps", "tier_write_mbps",
+                        "tier_read_mbps", "store_fetch_mbps", "write_vs_rados_bench",
+                        "read_vs_rados_bench", "store_fetch_vs_rados_bench"})
+    EXPECT_GT(j[f].get<double>(), 0) << f;
+  EXPECT_EQ(j["runs"][0]["chunks"].get<uint64_t>(), j["objects"].get<uint64_t>());
+}
+
 // A crashed daemon restarted on its folder finds every chunk it held, each time (the run
 // fails otherwise), and the report has each count's times and the index-read floor.
 TEST(KvbenchTest, RestartFindsEveryChunkAfterEachCrash) {
