@@ -3,23 +3,59 @@
 // network away — for what is left: durable puts are sent to it, misses are looked up and
 // read in it (and promoted), erases remove its copy.
 #include <algorithm>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "storage/chunk_store_impl.h"
 
 namespace kvc::storage {
 
+namespace {
+
+SharedPut SharedPutOf(const PutRequest& r, int64_t expires_s) {
+  SharedChunk meta;
+  meta.namespace_id = r.namespace_id;
+  meta.parent = r.parent;
+  meta.origin = r.origin;
+  meta.expires_s = expires_s;
+  return {r.key, meta, r.payload};
+}
+
+}  // namespace
+
 std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutRequest> requests,
                                                             const PutOptions& options) {
-  std::vector<absl::StatusOr<PutResult>> results = PutBatchLocal(requests, options);
   SharedTierLink* link = impl_->shared.get();
-  if (link == nullptr || options.durability != Durability::kDurable) return results;
-  // Durable puts stored here go to the shared tier too; one that was here already may be
-  // missing there (stored before the tier was configured, or by a write-behind a crash
-  // lost): asked first, sent if absent.
+  if (link == nullptr || options.durability != Durability::kDurable)
+    return PutBatchLocal(requests, options);
+  const int64_t expires = options.ttl_s > 0 ? impl_->NowS() + options.ttl_s : 0;
+  // Written through: chunks this node does not hold yet go to the shared tier while the
+  // node writes and syncs its own copy (the acknowledgement waits for both, not one after
+  // the other). Write-behind only queues a copy: no need.
+  std::vector<size_t> early;
+  std::vector<SharedPut> early_puts;
+  std::future<std::vector<absl::Status>> early_sent;
+  if (!link->write_behind()) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const PutRequest& r = requests[i];
+      if (LookupLocal(r.namespace_id, std::span(&r.key, 1), false)[0] != Tier::kNone) continue;
+      early.push_back(i);
+      early_puts.push_back(SharedPutOf(r, expires));
+    }
+    if (!early.empty())
+      early_sent = std::async(std::launch::async, [&] { return link->Store(early_puts); });
+  }
+  std::vector<absl::StatusOr<PutResult>> results = PutBatchLocal(requests, options);
+  std::vector<absl::Status> sent_early;
+  if (early_sent.valid()) sent_early = early_sent.get();
+  // The rest of the durable puts stored here go to the shared tier now; one that was here
+  // already may be missing there (stored before the tier was configured, or by a
+  // write-behind a crash lost): asked first, sent if absent.
   std::vector<size_t> send, ask;
+  std::vector<bool> sent(requests.size(), false);
+  for (size_t j = 0; j < early.size(); ++j) sent[early[j]] = true;
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (results[i].ok()) (results[i]->already_present ? ask : send).push_back(i);
+    if (results[i].ok() && !sent[i]) (results[i]->already_present ? ask : send).push_back(i);
   }
   if (!ask.empty()) {
     std::vector<ChunkKey> keys;
@@ -29,29 +65,21 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
       if (!there[j].ok() || !*there[j]) send.push_back(ask[j]);
     }
   }
-  if (send.empty()) return results;
-  const int64_t expires = options.ttl_s > 0 ? impl_->NowS() + options.ttl_s : 0;
   std::vector<SharedPut> puts;
-  puts.reserve(send.size());
-  for (size_t i : send) {
-    const PutRequest& r = requests[i];
-    SharedChunk meta;
-    meta.namespace_id = r.namespace_id;
-    meta.parent = r.parent;
-    meta.origin = r.origin;
-    meta.expires_s = expires;
-    puts.push_back({r.key, meta, r.payload});
-  }
-  const std::vector<absl::Status> sent = link->Store(puts);
-  for (size_t j = 0; j < send.size(); ++j) {
-    if (sent[j].ok()) continue;
+  for (size_t i : send) puts.push_back(SharedPutOf(requests[i], expires));
+  std::vector<absl::Status> sent_now =
+      puts.empty() ? std::vector<absl::Status>() : link->Store(puts);
+  auto refuse = [&](size_t i, const absl::Status& st) {
+    if (st.ok() || !results[i].ok()) return;  // (a put that failed here says why already)
     // Stored on this node, not where it must also be: the put is not acknowledged (a
     // retry finds it here and sends it again).
-    results[send[j]] = absl::Status(
-        sent[j].code(),
-        absl::StrCat(impl_->Where(requests[send[j]].key),
-                     " is on this node but the shared tier did not take it: ", sent[j].message()));
-  }
+    results[i] = absl::Status(
+        st.code(),
+        absl::StrCat(impl_->Where(requests[i].key),
+                     " is on this node but the shared tier did not take it: ", st.message()));
+  };
+  for (size_t j = 0; j < early.size(); ++j) refuse(early[j], sent_early[j]);
+  for (size_t j = 0; j < send.size(); ++j) refuse(send[j], sent_now[j]);
   return results;
 }
 

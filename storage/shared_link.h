@@ -47,6 +47,7 @@ class SharedTierLink {
   // Waits until the backlog is empty, or the timeout passes (DeadlineExceeded).
   absl::Status Drain(std::chrono::milliseconds timeout) ABSL_LOCKS_EXCLUDED(mu_);
   SharedTierStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool write_behind() const { return write_behind_; }
 
  private:
   struct Queued {

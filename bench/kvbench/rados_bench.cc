@@ -171,6 +171,39 @@ absl::StatusOr<nlohmann::json> RunRadosBench(const RadosBenchOptions& o) {
       const double ns = Seconds(t2);
       node.reset();
       fs::remove_all(so.data_dir, ec);
+      // Durable puts through a store (SSD write and fdatasync): on its own, with the
+      // acknowledgement waiting for RADOS (write-through), and with write-behind (the
+      // acknowledgement, then the time until the backlog reached RADOS).
+      for (const char* mode : {"local", "through", "behind"}) {
+        storage::StoreOptions po = so;
+        po.data_dir = absl::StrCat(o.dir, "/put-", mode, rep);
+        po.shared_tier = std::string(mode) == "local" ? nullptr : tier;
+        po.shared_write_behind = std::string(mode) == "behind";
+        po.shared_backlog_bytes = 2 * o.max_bytes;
+        KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> s, storage::ChunkStore::Open(po));
+        KVC_RETURN_IF_ERROR(s->RegisterNamespace(kNs, o.chunk_bytes));
+        const auto tp = Clock::now();
+        for (size_t at = 0; at < written.size(); at += o.depth) {
+          std::vector<storage::PutRequest> reqs;
+          for (size_t i = at; i < std::min<size_t>(written.size(), at + o.depth); ++i)
+            reqs.emplace_back(kNs, KeyOf(seed + 1000 + rep, i), std::nullopt, payload);
+          for (const auto& r : s->PutBatch(reqs, {})) KVC_RETURN_IF_ERROR(r.status());
+        }
+        const double acked = Seconds(tp);
+        KVC_RETURN_IF_ERROR(s->DrainSharedTier(std::chrono::minutes(5)));
+        const double drained = Seconds(tp);
+        const double mb = static_cast<double>(written.size() * o.chunk_bytes) / 1e6;
+        run[absl::StrCat("store_put_", mode, "_mbps")] = mb / acked;
+        if (std::string(mode) == "behind") run["store_put_behind_in_rados_mbps"] = mb / drained;
+        s.reset();
+        fs::remove_all(po.data_dir, ec);
+        std::vector<ChunkKey> put_keys;
+        for (size_t i = 0; i < written.size(); ++i) put_keys.push_back(KeyOf(seed + 1000 + rep, i));
+        for (size_t at = 0; at < put_keys.size(); at += 256) {
+          (void)tier->RemoveMany(
+              std::span(put_keys).subspan(at, std::min<size_t>(256, put_keys.size() - at)));
+        }
+      }
       for (size_t at = 0; at < written.size(); at += 256) {
         (void)tier->RemoveMany(
             std::span(written).subspan(at, std::min<size_t>(256, written.size() - at)));
@@ -205,6 +238,12 @@ absl::StatusOr<nlohmann::json> RunRadosBench(const RadosBenchOptions& o) {
   j["tier_write_mbps"] = Median(ours_w);
   j["tier_read_mbps"] = Median(ours_r);
   j["store_fetch_mbps"] = Median(store_r);
+  for (const char* f : {"store_put_local_mbps", "store_put_through_mbps", "store_put_behind_mbps",
+                        "store_put_behind_in_rados_mbps"}) {
+    std::vector<double> v;
+    for (const auto& r : runs) v.push_back(r[f].get<double>());
+    j[f] = Median(v);
+  }
   j["write_vs_rados_bench"] = Median(ours_w) / Median(peer_w);
   j["read_vs_rados_bench"] = Median(ours_r) / Median(peer_r);
   j["store_fetch_vs_rados_bench"] = Median(store_r) / Median(peer_r);
@@ -216,12 +255,16 @@ std::string RadosBenchToText(const nlohmann::json& j) {
       "RADOS, %d-byte chunks, %d in flight, median of %d runs (MB/s):\n"
       "  write: rados bench %.0f | RadosTier batches %.0f (%.2fx)\n"
       "  read:  rados bench %.0f | RadosTier batches %.0f (%.2fx) | a store on an empty "
-      "folder, verified and promoted %.0f (%.2fx)\n",
+      "folder, verified and promoted %.0f (%.2fx)\n"
+      "  durable puts through a store: SSD only %.0f | acknowledged after RADOS (write-through) "
+      "%.0f | write-behind: acknowledged %.0f, in RADOS %.0f\n",
       j["chunk_bytes"].get<uint64_t>(), j["depth"].get<int>(), static_cast<int>(j["runs"].size()),
       j["rados_bench_write_mbps"].get<double>(), j["tier_write_mbps"].get<double>(),
       j["write_vs_rados_bench"].get<double>(), j["rados_bench_read_mbps"].get<double>(),
       j["tier_read_mbps"].get<double>(), j["read_vs_rados_bench"].get<double>(),
-      j["store_fetch_mbps"].get<double>(), j["store_fetch_vs_rados_bench"].get<double>());
+      j["store_fetch_mbps"].get<double>(), j["store_fetch_vs_rados_bench"].get<double>(),
+      j["store_put_local_mbps"].get<double>(), j["store_put_through_mbps"].get<double>(),
+      j["store_put_behind_mbps"].get<double>(), j["store_put_behind_in_rados_mbps"].get<double>());
 }
 
 }  // namespace kvc::bench
