@@ -106,6 +106,13 @@ uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& 
   return 1 + static_cast<uint32_t>(XXH3_64bits(buf.data(), buf.size()) % 0x7FFFFFFFu);
 }
 
+uint64_t SharedNamespaceTag(const NamespaceInfo& ns) {
+  std::string buf = "kvcache-shared-v1:";
+  buf.append(reinterpret_cast<const char*>(ns.root.bytes.data()), ns.root.bytes.size());
+  const uint64_t tag = XXH3_64bits(buf.data(), buf.size());
+  return tag == 0 ? 1 : tag;
+}
+
 absl::StatusOr<std::unique_ptr<NamespaceRegistry>> NamespaceRegistry::Open(
     const std::string& data_dir, RegistryLimits limits, NamespaceIds ids) {
   std::unique_ptr<NamespaceRegistry> r(new NamespaceRegistry(data_dir, limits, ids));

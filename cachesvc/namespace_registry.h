@@ -66,6 +66,11 @@ storage::ChunkKey StorageKey(const NamespaceInfo& ns, const storage::ChunkKey& k
 std::vector<storage::ChunkKey> StorageKeys(const NamespaceInfo& ns,
                                            std::span<const storage::ChunkKey> keys);
 
+// The namespace's name in a shared tier (storage/shared_tier.h): XXH3-64 of
+// "kvcache-shared-v1:" ‖ root key (never 0), the same on every node, tenant-bound as the root
+// is.
+uint64_t SharedNamespaceTag(const NamespaceInfo& ns);
+
 // How a new namespace gets its id.
 enum class NamespaceIds {
   kSequential,  // 1, 2, 3, … in registration order (a single daemon)

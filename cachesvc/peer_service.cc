@@ -82,6 +82,7 @@ absl::StatusOr<std::optional<NamespaceInfo>> KvCacheService::Impl::PeerNamespace
   KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, registry->FindOrAdd(info));
   KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.store_id, ns.chunk_bytes));
   AssignRamPool(ns);
+  ShareNamespace(ns);
   quotas.Assign(ns);
   return ns;
 }

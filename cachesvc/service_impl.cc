@@ -38,6 +38,7 @@ KvCacheService::Impl::Impl(storage::ChunkStore* s, NamespaceRegistry* r, const A
   // Namespaces of tenants with a RAM pool of their own keep their chunks there.
   for (const NamespaceInfo& ns : r->All()) {
     AssignRamPool(ns);
+    ShareNamespace(ns);
     quotas.Assign(ns);
   }
 }
@@ -48,6 +49,10 @@ void KvCacheService::Impl::AssignRamPool(const NamespaceInfo& ns) {
     absl::Status s = store->SetRamPool(ns.store_id, *pool);
     KVC_CHECK(s.ok()) << "namespace " << ns.id << ": " << s;
   }
+}
+
+void KvCacheService::Impl::ShareNamespace(const NamespaceInfo& ns) {
+  store->SetSharedTag(ns.store_id, ns.key_scope >= kKeyScopeBound ? SharedNamespaceTag(ns) : 0);
 }
 
 void KvCacheService::Impl::Observe(const char* method, absl::string_view tenant,
@@ -138,6 +143,7 @@ absl::Status KvCacheService::Impl::Register(const std::string& tenant,
   KVC_ASSIGN_OR_RETURN(NamespaceInfo ns, registry->FindOrAdd(info));
   KVC_RETURN_IF_ERROR(store->RegisterNamespace(ns.store_id, ns.chunk_bytes));
   AssignRamPool(ns);
+  ShareNamespace(ns);
   quotas.Assign(ns);
   resp->set_namespace_id(ns.id);
   resp->set_chunk_bytes(ns.chunk_bytes);

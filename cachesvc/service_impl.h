@@ -104,6 +104,10 @@ class KvCacheService::Impl {
     return quotas.Describe(tenant, out);
   }
   void AssignRamPool(const NamespaceInfo& ns);
+  // Names the namespace in the store's shared tier (if it has one) by a tag every node
+  // derives alike from its root (the store id is this node's own); a namespace whose keys
+  // are not bound to it (registered before key scopes) stays off the shared tier.
+  void ShareNamespace(const NamespaceInfo& ns);
 
   // Records a finished call in the metrics (if any) and the log: successes at debug,
   // the caller's mistakes at info, the server's own failures at error.

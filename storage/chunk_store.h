@@ -370,6 +370,10 @@ class ChunkStore {
 
   // Waits until every memory-durability chunk accepted so far is on SSD.
   [[nodiscard]] absl::Status Flush();
+  // Names namespace `ns` in the shared tier by `tag`, which every node sharing it must give
+  // the namespace alike (a store id is this node's own); 0 keeps the namespace off the
+  // shared tier. Without a call a namespace is named by its store id.
+  void SetSharedTag(NamespaceId ns, SharedTag tag);
   // Waits until the shared tier's write-behind backlog is sent (OK at once without one, or
   // with write-through); DeadlineExceeded after `timeout`.
   [[nodiscard]] absl::Status DrainSharedTier(std::chrono::milliseconds timeout);

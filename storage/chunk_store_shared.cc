@@ -12,9 +12,9 @@ namespace kvc::storage {
 
 namespace {
 
-SharedPut SharedPutOf(const PutRequest& r, int64_t expires_s) {
+SharedPut SharedPutOf(const PutRequest& r, SharedTag tag, int64_t expires_s) {
   SharedChunk meta;
-  meta.namespace_id = r.namespace_id;
+  meta.namespace_tag = tag;
   meta.parent = r.parent;
   meta.origin = r.origin;
   meta.expires_s = expires_s;
@@ -29,6 +29,8 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   if (link == nullptr || options.durability != Durability::kDurable)
     return PutBatchLocal(requests, options);
   const int64_t expires = options.ttl_s > 0 ? impl_->NowS() + options.ttl_s : 0;
+  std::vector<SharedTag> tags;  // 0: the namespace stays off the shared tier
+  for (const PutRequest& r : requests) tags.push_back(link->TagOf(r.namespace_id));
   // Written through: chunks this node does not hold yet go to the shared tier while the
   // node writes and syncs its own copy (the acknowledgement waits for both, not one after
   // the other). Write-behind only queues a copy: no need.
@@ -38,9 +40,11 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   if (!link->write_behind()) {
     for (size_t i = 0; i < requests.size(); ++i) {
       const PutRequest& r = requests[i];
-      if (LookupLocal(r.namespace_id, std::span(&r.key, 1), false)[0] != Tier::kNone) continue;
+      if (tags[i] == 0 ||
+          LookupLocal(r.namespace_id, std::span(&r.key, 1), false)[0] != Tier::kNone)
+        continue;
       early.push_back(i);
-      early_puts.push_back(SharedPutOf(r, expires));
+      early_puts.push_back(SharedPutOf(r, tags[i], expires));
     }
     if (!early.empty())
       early_sent = std::async(std::launch::async, [&] { return link->Store(early_puts); });
@@ -55,7 +59,8 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   std::vector<bool> sent(requests.size(), false);
   for (size_t j = 0; j < early.size(); ++j) sent[early[j]] = true;
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (results[i].ok() && !sent[i]) (results[i]->already_present ? ask : send).push_back(i);
+    if (results[i].ok() && !sent[i] && tags[i] != 0)
+      (results[i]->already_present ? ask : send).push_back(i);
   }
   if (!ask.empty()) {
     std::vector<ChunkKey> keys;
@@ -66,7 +71,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     }
   }
   std::vector<SharedPut> puts;
-  for (size_t i : send) puts.push_back(SharedPutOf(requests[i], expires));
+  for (size_t i : send) puts.push_back(SharedPutOf(requests[i], tags[i], expires));
   std::vector<absl::Status> sent_now =
       puts.empty() ? std::vector<absl::Status>() : link->Store(puts);
   auto refuse = [&](size_t i, const absl::Status& st) {
@@ -86,6 +91,8 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
 void ChunkStore::GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
                                std::span<const std::span<uint8_t>> outs,
                                std::vector<absl::Status>* status, std::vector<Tier>* served_from) {
+  const SharedTag tag = impl_->shared->TagOf(ns);
+  if (tag == 0) return;
   std::vector<size_t> missed;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::IsNotFound((*status)[i])) missed.push_back(i);
@@ -98,7 +105,7 @@ void ChunkStore::GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
     into.push_back(outs[i]);
   }
   std::vector<SharedChunk> metas;
-  const std::vector<absl::Status> got = impl_->shared->Fetch(ns, ask, into, &metas);
+  const std::vector<absl::Status> got = impl_->shared->Fetch(tag, ask, into, &metas);
   const int64_t now = impl_->NowS();
   std::vector<PutRequest> promote;
   std::vector<ChunkKey> expired;
@@ -140,7 +147,7 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
                                      bool leading_only) const {
   std::vector<Tier> tiers = LookupLocal(ns, keys, leading_only);
   SharedTierLink* link = impl_->shared.get();
-  if (link == nullptr) return tiers;
+  if (link == nullptr || link->TagOf(ns) == 0) return tiers;
   // Every key this node does not hold is asked at once (one round trip); with
   // leading_only the answer stops at the first the shared tier does not hold either.
   std::vector<size_t> missed;
@@ -165,7 +172,7 @@ std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> k
 std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const ChunkKey> keys) {
   std::vector<absl::Status> status = EraseBatchLocal(ns, keys);
   SharedTierLink* link = impl_->shared.get();
-  if (link == nullptr) return status;
+  if (link == nullptr || link->TagOf(ns) == 0) return status;
   // The shared copy goes too, whether this node held the chunk or not: a copy left there
   // would bring an erased chunk back on the next miss.
   const std::vector<absl::Status> removed = link->Remove(keys);
@@ -180,6 +187,10 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
     }
   }
   return status;
+}
+
+void ChunkStore::SetSharedTag(NamespaceId ns, SharedTag tag) {
+  if (impl_->shared) impl_->shared->SetTag(ns, tag);
 }
 
 absl::Status ChunkStore::DrainSharedTier(std::chrono::milliseconds timeout) {

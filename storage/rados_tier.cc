@@ -16,7 +16,7 @@ namespace {
 
 constexpr char kMetaXattr[] = "kvc.meta";
 constexpr char kChainXattr[] = "kvc.chain";
-constexpr uint8_t kMetaVersion = 1;
+constexpr uint8_t kMetaVersion = 2;  // 2: the namespace as a 64-bit shared tag
 
 template <typename T>
 void Append(std::string* out, T v) {
@@ -39,7 +39,7 @@ bool TakeKey(std::string_view* in, ChunkKey* k) {
   return true;
 }
 
-std::string EncodeMeta(NamespaceId ns, uint64_t payload_bytes, uint64_t checksum) {
+std::string EncodeMeta(SharedTag ns, uint64_t payload_bytes, uint64_t checksum) {
   std::string out;
   Append(&out, kMetaVersion);
   Append(&out, ns);
@@ -186,7 +186,7 @@ std::vector<absl::Status> RadosTier::PutMany(std::span<const SharedPut> puts) {
     const uint64_t checksum = p.payload.CopyWithChecksum(reinterpret_cast<uint8_t*>(bytes.c_str()));
     librados::bufferlist data, meta_bl, chain_bl;
     data.push_back(std::move(bytes));
-    meta_bl.append(EncodeMeta(p.meta.namespace_id, p.payload.size(), checksum));
+    meta_bl.append(EncodeMeta(p.meta.namespace_tag, p.payload.size(), checksum));
     chain_bl.append(EncodeChain(p.meta));
     // One operation: the bytes and what checks them land together or not at all.
     ops[i].write_full(data);
@@ -206,7 +206,7 @@ namespace {
 
 // What a read brought back, checked: the chunk of namespace `ns`, `out.size()` bytes,
 // matching its checksum.
-absl::Status CheckRead(NamespaceId ns, const std::string& where, librados::bufferlist& data,
+absl::Status CheckRead(SharedTag ns, const std::string& where, librados::bufferlist& data,
                        const std::map<std::string, librados::bufferlist>& attrs,
                        std::span<uint8_t> out, SharedChunk* meta) {
   auto m = attrs.find(kMetaXattr);
@@ -214,7 +214,7 @@ absl::Status CheckRead(NamespaceId ns, const std::string& where, librados::buffe
   const std::string meta_bytes = m->second.to_str();
   std::string_view in(meta_bytes);
   uint8_t version = 0;
-  NamespaceId stored_ns = 0;
+  SharedTag stored_ns = 0;
   uint64_t stored_bytes = 0, checksum = 0;
   if (!Take(&in, &version) || version != kMetaVersion || !Take(&in, &stored_ns) ||
       !Take(&in, &stored_bytes) || !Take(&in, &checksum) || !in.empty())
@@ -230,7 +230,7 @@ absl::Status CheckRead(NamespaceId ns, const std::string& where, librados::buffe
     return absl::DataLossError(absl::StrCat(where, " does not match its checksum"));
   if (meta != nullptr) {
     *meta = SharedChunk();
-    meta->namespace_id = stored_ns;
+    meta->namespace_tag = stored_ns;
     meta->payload_checksum = checksum;
     auto c = attrs.find(kChainXattr);
     if (c != attrs.end() && !DecodeChain(c->second.to_str(), meta))
@@ -241,7 +241,7 @@ absl::Status CheckRead(NamespaceId ns, const std::string& where, librados::buffe
 
 }  // namespace
 
-std::vector<absl::Status> RadosTier::GetMany(NamespaceId ns, std::span<const ChunkKey> keys,
+std::vector<absl::Status> RadosTier::GetMany(SharedTag ns, std::span<const ChunkKey> keys,
                                              std::span<const std::span<uint8_t>> outs,
                                              std::vector<SharedChunk>* metas) {
   std::vector<absl::Status> status(keys.size());
@@ -318,7 +318,7 @@ absl::Status RadosTier::Put(const ChunkKey& key, const RadosChunk& meta,
   return PutMany(std::span(&put, 1))[0];
 }
 
-absl::Status RadosTier::Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out,
+absl::Status RadosTier::Get(SharedTag ns, const ChunkKey& key, std::span<uint8_t> out,
                             RadosChunk* meta) {
   std::vector<SharedChunk> metas;
   const std::span<uint8_t> outs[] = {out};

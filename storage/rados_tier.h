@@ -3,7 +3,8 @@
 //
 // One object per chunk, named by its storage key (namespace-bound: tenants stay apart), in
 // one atomic write: the payload as the object's data, and what a reader must check beside
-// it as xattrs — namespace, payload bytes and checksum ("kvc.meta", fixed little-endian),
+// it as xattrs — the namespace's shared tag, payload bytes and checksum ("kvc.meta", fixed
+// little-endian),
 // and the origin, parent and expiry ("kvc.chain"). A read checks all of it: bytes whose
 // checksum does not verify, or an object of another size, are never handed out
 // (DataLoss); an absent object, or another namespace's, is NotFound.
@@ -46,7 +47,7 @@ class RadosTier final : public SharedTier {
   // (The payload's checksum is computed from the bytes as they are copied for the write;
   // meta.payload_checksum is not read.)
   std::vector<absl::Status> PutMany(std::span<const SharedPut> puts) override;
-  std::vector<absl::Status> GetMany(NamespaceId ns, std::span<const ChunkKey> keys,
+  std::vector<absl::Status> GetMany(SharedTag ns, std::span<const ChunkKey> keys,
                                     std::span<const std::span<uint8_t>> outs,
                                     std::vector<SharedChunk>* metas) override;
   std::vector<absl::StatusOr<bool>> ContainsMany(std::span<const ChunkKey> keys) override;
@@ -54,7 +55,7 @@ class RadosTier final : public SharedTier {
 
   // One chunk at a time, as the batches do it.
   absl::Status Put(const ChunkKey& key, const RadosChunk& meta, std::span<const uint8_t> payload);
-  absl::Status Get(NamespaceId ns, const ChunkKey& key, std::span<uint8_t> out,
+  absl::Status Get(SharedTag ns, const ChunkKey& key, std::span<uint8_t> out,
                    RadosChunk* meta = nullptr);
   absl::StatusOr<bool> Contains(const ChunkKey& key);
   // Removes the object; OK if it was not there.

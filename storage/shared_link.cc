@@ -126,7 +126,7 @@ void SharedTierLink::WriterLoop() {
   }
 }
 
-std::vector<absl::Status> SharedTierLink::Fetch(NamespaceId ns, std::span<const ChunkKey> keys,
+std::vector<absl::Status> SharedTierLink::Fetch(SharedTag ns, std::span<const ChunkKey> keys,
                                                 std::span<const std::span<uint8_t>> outs,
                                                 std::vector<SharedChunk>* metas) {
   std::vector<absl::Status> got = tier_->GetMany(ns, keys, outs, metas);
@@ -192,6 +192,17 @@ absl::Status SharedTierLink::Drain(std::chrono::milliseconds timeout) {
           absl::StrCat("the shared tier's backlog still holds ", backlog_.size(), " chunks"));
   }
   return absl::OkStatus();
+}
+
+void SharedTierLink::SetTag(NamespaceId ns, SharedTag tag) {
+  MutexLock lk(mu_);
+  tags_[ns] = tag;
+}
+
+SharedTag SharedTierLink::TagOf(NamespaceId ns) const {
+  MutexLock lk(mu_);
+  auto it = tags_.find(ns);
+  return it == tags_.end() ? ns : it->second;
 }
 
 SharedTierStats SharedTierLink::Stats() const {

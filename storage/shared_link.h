@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -37,7 +38,7 @@ class SharedTierLink {
 
   // Durable puts the node has stored: written now (one status each), or queued (OK).
   std::vector<absl::Status> Store(std::span<const SharedPut> puts) ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<absl::Status> Fetch(NamespaceId ns, std::span<const ChunkKey> keys,
+  std::vector<absl::Status> Fetch(SharedTag ns, std::span<const ChunkKey> keys,
                                   std::span<const std::span<uint8_t>> outs,
                                   std::vector<SharedChunk>* metas) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<absl::StatusOr<bool>> Contains(std::span<const ChunkKey> keys)
@@ -48,6 +49,10 @@ class SharedTierLink {
   absl::Status Drain(std::chrono::milliseconds timeout) ABSL_LOCKS_EXCLUDED(mu_);
   SharedTierStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   bool write_behind() const { return write_behind_; }
+  // The namespace's tag in the shared tier (ChunkStore::SetSharedTag); one never set is
+  // named by its store id; 0: the namespace stays off the shared tier.
+  void SetTag(NamespaceId ns, SharedTag tag) ABSL_LOCKS_EXCLUDED(mu_);
+  SharedTag TagOf(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Queued {
@@ -69,6 +74,7 @@ class SharedTierLink {
   std::vector<ChunkKey> in_flight_ ABSL_GUARDED_BY(mu_);  // taken by the writer, being sent
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   SharedTierStats stats_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<NamespaceId, SharedTag> tags_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

@@ -26,8 +26,12 @@ namespace kvc::storage {
 using NamespaceId = uint32_t;
 
 // What is stored beside a chunk's bytes.
+// A namespace is named in the shared tier by a tag every node gives it alike
+// (ChunkStore::SetSharedTag; a store id is one node's own).
+using SharedTag = uint64_t;
+
 struct SharedChunk {
-  NamespaceId namespace_id = 0;
+  SharedTag namespace_tag = 0;
   uint64_t payload_checksum = 0;  // PayloadChecksum of the payload
   std::optional<ChunkKey> parent;
   std::optional<ChunkOrigin> origin;
@@ -62,9 +66,10 @@ class SharedTier {
   virtual const char* name() const = 0;  // "rados"
   // Stores each chunk, replacing an object of the same key, in one atomic write each.
   virtual std::vector<absl::Status> PutMany(std::span<const SharedPut> puts) = 0;
-  // Reads each chunk of namespace `ns` into its out (exactly its size), verified; metas
-  // (if given, resized) get what was stored beside each. NotFound where absent.
-  virtual std::vector<absl::Status> GetMany(NamespaceId ns, std::span<const ChunkKey> keys,
+  // Reads each chunk of the namespace tagged `ns` into its out (exactly its size),
+  // verified; metas (if given, resized) get what was stored beside each. NotFound where
+  // absent (or another namespace's).
+  virtual std::vector<absl::Status> GetMany(SharedTag ns, std::span<const ChunkKey> keys,
                                             std::span<const std::span<uint8_t>> outs,
                                             std::vector<SharedChunk>* metas) = 0;
   // Whether each key's object is there (not verified: a read does that).

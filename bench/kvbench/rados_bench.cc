@@ -131,7 +131,7 @@ absl::StatusOr<nlohmann::json> RunRadosBench(const RadosBenchOptions& o) {
         std::vector<storage::SharedPut> puts;
         for (int i = 0; i < o.depth; ++i) {
           storage::SharedChunk meta;
-          meta.namespace_id = kNs;
+          meta.namespace_tag = kNs;
           puts.push_back({KeyOf(seed + rep, written.size() + i), meta, payload});
         }
         for (const absl::Status& s : tier->PutMany(puts)) KVC_RETURN_IF_ERROR(s);

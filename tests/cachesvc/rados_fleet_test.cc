@@ -48,14 +48,15 @@ class RadosFleetTest : public testing::CephClusterTest {
     EXPECT_EQ(node->Start(), absl::OkStatus()) << "its log: " << dir << ".log";
     return node;
   }
-  std::pair<std::unique_ptr<CacheClient>, RemoteNamespace> Connect(const std::string& address) {
+  std::pair<std::unique_ptr<CacheClient>, RemoteNamespace> Connect(const std::string& address,
+                                                                   const char* model = kModelId) {
     client::ClientOptions o;
     o.address = address;
     absl::StatusOr<std::unique_ptr<CacheClient>> c = CacheClient::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return {};
     absl::StatusOr<RemoteNamespace> ns = (*c)->RegisterNamespace(
-        ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), kModelId);
+        ReadFile(std::string(KVC_SOURCE_DIR) + "/configs/mini.json"), model);
     EXPECT_TRUE(ns.ok()) << ns.status();
     return {*std::move(c), ns.value_or(RemoteNamespace{})};
   }
@@ -99,6 +100,10 @@ TEST_F(RadosFleetTest, EveryNodeKilledAndItsFolderDeletedLosesNoDurableSession) 
   }
   auto fresh = Node(dir.File("fresh"));
   ASSERT_GT(fresh->pid(), 0);
+  // Another model registers first here: the session's namespace must still name the
+  // objects its chunks were stored as (ids derived, not in registration order).
+  auto other = Connect(fresh->address(), "another-model");
+  ASSERT_NE(other.first, nullptr);
   auto [api, ns] = Connect(fresh->address());
   ASSERT_NE(api, nullptr);
   for (size_t s = 0; s < durable.size(); ++s) {

@@ -72,7 +72,7 @@ TEST_F(RadosClusterTest, ChunksAreStoredAndReadExactWithWhatIsKeptBesideThem) {
   const ChunkKey key = testing::KeyOf(seed, 1), parent = testing::KeyOf(seed, 0);
   const std::vector<uint8_t> bytes = testing::PayloadOf(key, kBytes);
   RadosChunk meta;
-  meta.namespace_id = kNs;
+  meta.namespace_tag = kNs;
   meta.payload_checksum = PayloadChecksum(bytes);
   meta.parent = parent;
   meta.origin = ChunkOrigin{testing::KeyOf(seed, 100), testing::KeyOf(seed, 99)};
@@ -85,7 +85,7 @@ TEST_F(RadosClusterTest, ChunksAreStoredAndReadExactWithWhatIsKeptBesideThem) {
   RadosChunk got;
   ASSERT_EQ(t.Get(kNs, key, out, &got), absl::OkStatus());
   EXPECT_EQ(out, bytes);
-  EXPECT_EQ(got.namespace_id, kNs);
+  EXPECT_EQ(got.namespace_tag, kNs);
   EXPECT_EQ(got.payload_checksum, meta.payload_checksum);
   EXPECT_EQ(got.parent, meta.parent);
   EXPECT_EQ(got.origin, meta.origin);
@@ -298,7 +298,7 @@ TEST_F(RadosClusterTest, AStoppedOsdIsABoundedMissAndTheStoreCatchesUpWhenItRetu
   const ChunkKey only_there = testing::KeyOf(seed, 1), put_key = testing::KeyOf(seed, 2);
   const std::vector<uint8_t> there_bytes = testing::PayloadOf(only_there, kStoreChunk);
   SharedChunk meta;
-  meta.namespace_id = kStoreNs;
+  meta.namespace_tag = kStoreNs;
   ASSERT_EQ(tier->Put(only_there, meta, there_bytes), absl::OkStatus());
 
   std::ifstream pid_file(ceph_dir_.File("ceph") + "/osd.pid");
