@@ -334,6 +334,18 @@ absl::Status Run(const std::string& cmd, const Args& a) {
         (unsigned long long)s.ram_scrub_passes(), s.ram_scrub_bytes() / 1e6,
         since < 0 ? "never" : (std::to_string(since) + " s ago").c_str(),
         100 * s.ram_scrub_progress(), (unsigned long long)s.ram_checksum_failures());
+    if (s.has_shared_tier()) {
+      const pb::SharedTierStats& t = s.shared_tier();
+      std::printf(
+          "shared tier %s (%s): %s; puts %llu (failed %llu), hits %llu, misses %llu, read "
+          "errors %llu, backlog %llu chunks%s%s\n",
+          t.name().c_str(), t.write_behind() ? "write-behind" : "write-through",
+          t.reachable() ? "answering" : "NOT ANSWERING", (unsigned long long)t.puts(),
+          (unsigned long long)t.put_errors(), (unsigned long long)t.hits(),
+          (unsigned long long)t.misses(), (unsigned long long)t.read_errors(),
+          (unsigned long long)t.backlog_chunks(),
+          t.last_error().empty() ? "" : "; last error: ", t.last_error().c_str());
+    }
     if (s.has_quota()) {
       const pb::TenantQuota& q = s.quota();
       auto limit = [](uint64_t x) { return x > 0 ? std::to_string(x) : std::string("none"); };

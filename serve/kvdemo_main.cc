@@ -256,6 +256,8 @@ int Main(int argc, char** argv) {
   KvcachedProcess daemon((bin / "kvcached").string(), (work / "kvcached").string(), capacity);
   std::vector<std::string> node_flags = capacity;
   node_flags.insert(node_flags.end(), {"--cluster-lease-seconds", "2"});
+  // Under RADOS one copy on the nodes is enough: RADOS holds the durable one (R = 1).
+  if (rados) node_flags.insert(node_flags.end(), {"--replicas", "1"});
   LocalCluster cluster((bin / "kvcached").string(), (work / "cluster").string(), nodes, node_flags);
   ConnectorOptions copt;
   copt.model_config_json = config_text;
@@ -270,8 +272,9 @@ int Main(int argc, char** argv) {
     std::filesystem::create_directories(work / "cluster");
     if (absl::Status s = cluster.Start(); !s.ok()) return fail(std::string(s.message()));
     say(absl::StrCat("kvdemo: etcd and ", nodes, " kvcached nodes (", cluster.url(),
-                     "), each chunk on 2 of them\n"));
+                     "), each chunk on ", rados ? "1 of them and in RADOS" : "2 of them", "\n"));
     copt.client.address = cluster.url();
+    if (rados) copt.client.replicas = 1;
   } else {
     if (absl::Status s = daemon.Start(); !s.ok()) return fail(std::string(s.message()));
     say(absl::StrCat("kvdemo: kvcached on ", daemon.address(), "\n"));

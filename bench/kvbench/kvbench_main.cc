@@ -392,7 +392,8 @@ int Main(int argc, char** argv) {
   CLI::App* rados = app.add_subcommand(
       "rados", "the shared tier on Ceph RADOS: store and fetch beside `rados bench`, same run");
   bench::RadosBenchOptions rados_opt;
-  std::string rados_config = "configs/deepseek-v4.1-flash.config.json";
+  std::string rados_config =
+      std::string(KVC_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.config.json";
   rados->add_option("--dir", rados_opt.dir, "scratch folder (emptied)")->capture_default_str();
   rados->add_option("--ceph-conf", rados_opt.ceph_conf,
                     "an existing cluster (default: a single-host one started in DIR/ceph)");

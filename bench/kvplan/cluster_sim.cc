@@ -4,6 +4,7 @@
 #include <list>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,8 +34,8 @@ struct Node {
 class ClusterModel {
  public:
   ClusterModel(int nodes, int replicas, int64_t slots_per_node, uint64_t chunk_bytes,
-               bool anti_entropy)
-      : replicas_(replicas), chunk_bytes_(chunk_bytes), anti_entropy_(anti_entropy) {
+               bool anti_entropy, bool rados)
+      : replicas_(replicas), chunk_bytes_(chunk_bytes), anti_entropy_(anti_entropy), rados_(rados) {
     for (int i = 0; i < nodes; ++i) {
       Node n;
       n.id = "n" + std::to_string(i);
@@ -49,8 +50,17 @@ class ClusterModel {
   // `reader`: the client's read salt (its pick among a chunk's copies).
   size_t Serve(const std::vector<ChunkKey>& keys, const std::string& reader) {
     size_t hit = 0;
-    while (hit < keys.size() && Holders(keys[hit]) > 0) {
+    while (hit < keys.size()) {
       const ChunkKey& k = keys[hit];
+      if (Holders(k) == 0) {
+        if (!rados_ || !in_rados_.contains(k)) break;
+        // No live node holds it: its first owner reads it from RADOS and keeps a copy.
+        rados_read_bytes_ += chunk_bytes_;
+        ++rados_hits_;
+        Insert(Owners(k).front(), k);
+        ++hit;
+        continue;
+      }
       const std::vector<size_t> owners = Owners(k);
       // Read from the client's pick among the live holders (cluster::FirstHolder, as the
       // clients do), holders in rank order.
@@ -71,7 +81,11 @@ class ClusterModel {
       ++hit;
     }
     for (size_t c = hit; c < keys.size(); ++c) {
-      for (size_t i : Owners(keys[c])) Insert(i, keys[c]);
+      for (size_t i : Owners(keys[c])) {
+        Insert(i, keys[c]);
+        if (rados_) rados_write_bytes_ += chunk_bytes_;  // each owner writes the object
+      }
+      if (rados_) in_rados_.insert(keys[c]);
     }
     return hit;
   }
@@ -98,7 +112,7 @@ class ClusterModel {
       auto h = holders_.find(k);
       if (h != holders_.end() && --h->second == 0) {
         holders_.erase(h);
-        ++lost;
+        if (!in_rados_.contains(k)) ++lost;  // RADOS still holds it otherwise
         continue;
       }
       if (!anti_entropy_) continue;
@@ -116,6 +130,10 @@ class ClusterModel {
   }
 
   uint64_t read_repair_bytes() const { return read_repair_bytes_; }
+  uint64_t rados_read_bytes() const { return rados_read_bytes_; }
+  uint64_t rados_write_bytes() const { return rados_write_bytes_; }
+  uint64_t rados_hits() const { return rados_hits_; }
+  uint64_t rados_chunks() const { return in_rados_.size(); }
   uint64_t anti_entropy_bytes() const { return anti_entropy_bytes_; }
   const std::vector<Node>& nodes() const { return nodes_; }
 
@@ -161,6 +179,9 @@ class ClusterModel {
   int replicas_;
   uint64_t chunk_bytes_;
   bool anti_entropy_;
+  bool rados_;
+  std::unordered_set<ChunkKey, ChunkKeyHash> in_rados_;  // every chunk stored (rados_)
+  uint64_t rados_read_bytes_ = 0, rados_write_bytes_ = 0, rados_hits_ = 0;
   std::vector<Node> nodes_;
   std::vector<std::string> live_ids_;
   std::vector<size_t> live_index_;
@@ -247,8 +268,16 @@ absl::StatusOr<nlohmann::json> RunClusterSimulate(const ModelConfig& config,
   j["slots_per_node"] = slots;
   j["policies"] = nlohmann::json::array();
   const double start = requests.front().arrival_s;
-  for (const bool anti_entropy : {false, true}) {
-    ClusterModel m(c.nodes, c.replicas, slots, chunk_bytes, anti_entropy);
+  struct Policy {
+    const char* name;
+    bool anti_entropy, rados;
+  };
+  std::vector<Policy> policies = {{"read-repair-only", false, false},
+                                  {"anti-entropy", true, false}};
+  if (c.rados) policies.push_back({"rados", false, true});
+  for (const Policy& policy : policies) {
+    const bool anti_entropy = policy.anti_entropy;
+    ClusterModel m(c.nodes, c.replicas, slots, chunk_bytes, anti_entropy, policy.rados);
     std::vector<Window> windows(1);
     nlohmann::json failures = nlohmann::json::array();
     size_t next_failure = 0;
@@ -281,8 +310,20 @@ absl::StatusOr<nlohmann::json> RunClusterSimulate(const ModelConfig& config,
       wj.push_back({{"from_hours", win.from_s / 3600}, {"hit_rate", win.hit_rate()}});
     }
     if (balance_before.is_null()) balance_before = Balance(m.nodes());
+    nlohmann::json rados_j;
+    if (policy.rados) {
+      const uint64_t hit_chunks = hit / static_cast<uint64_t>(o.chunk_tokens);
+      rados_j = {
+          {"read_bytes", m.rados_read_bytes()},
+          {"write_bytes", m.rados_write_bytes()},
+          {"chunks_held", m.rados_chunks()},
+          {"bytes_held", m.rados_chunks() * chunk_bytes},
+          {"share_of_reused_chunks",
+           hit_chunks ? static_cast<double>(m.rados_hits()) / static_cast<double>(hit_chunks) : 0}};
+    }
     j["policies"].push_back(
-        {{"name", anti_entropy ? "anti-entropy" : "read-repair-only"},
+        {{"name", policy.name},
+         {"rados", rados_j},
          {"hit_rate", prompt ? static_cast<double>(hit) / static_cast<double>(prompt) : 0},
          {"windows", wj},
          {"failures", failures},
@@ -311,6 +352,16 @@ std::string ClusterSimulateToText(const nlohmann::json& j) {
     for (const nlohmann::json& w : p["windows"]) {
       absl::StrAppendFormat(&out, "  from %.2f h: hit rate %.4f\n", w["from_hours"].get<double>(),
                             w["hit_rate"].get<double>());
+    }
+    if (!p["rados"].is_null()) {
+      const nlohmann::json& r = p["rados"];
+      absl::StrAppendFormat(&out,
+                            "  RADOS: holds %.2f GB (%d chunks); wrote %.2f GB, read %.2f GB; "
+                            "%.1f%% of reused chunks came from it\n",
+                            r["bytes_held"].get<double>() / 1e9, r["chunks_held"].get<int64_t>(),
+                            r["write_bytes"].get<double>() / 1e9,
+                            r["read_bytes"].get<double>() / 1e9,
+                            100 * r["share_of_reused_chunks"].get<double>());
     }
     for (const nlohmann::json& f : p["failures"]) {
       absl::StrAppendFormat(&out,

@@ -14,6 +14,11 @@
 //     copied from a surviving copy to its new owners, read or not), reporting hit rates
 //     around each failure, chunks left with no copy, and the bytes each repair moved.
 // Per-node balance (chunks held, chunks served) shows what the placement does to load.
+// With --rados a third policy runs: a shared tier below the nodes (docs/rados.md) holds
+// every chunk stored (each of its R owners writes it, as kvcached does), a prefix chunk no
+// live node holds is read from it and promoted into its first owner, and a node's loss
+// leaves no chunk without a copy — reporting what it read and wrote, and the share of
+// reused tokens that came from it (each such hit a RADOS read, not a node's RAM or SSD).
 #pragma once
 
 #include <vector>
@@ -29,6 +34,7 @@ struct ClusterSimOptions {
   int nodes = 0;  // 0: no cluster simulation
   int replicas = 2;
   std::vector<double> fail_at_hours;  // hours after the trace's first request
+  bool rados = false;                 // also the policy with a shared tier below the nodes
 };
 
 // InvalidArgument naming the option for nodes < 1, replicas outside 1..nodes, a failure

@@ -4,7 +4,7 @@
 //          [--ssd TiB] [--chunk-tokens C] [--json]
 //   kvplan simulate --trace FILE --config FILE [--hbm GiB] [--ram GiB] [--ssd GiB]
 //          [--chunk-tokens C] [--limit N] [--target-hit-rate R] [--curve-points N] [--json]
-//          [--nodes N [--replicas R] [--fail-node-at HOURS …]]   (a cluster: cluster_sim.h)
+//          [--nodes N [--replicas R] [--fail-node-at HOURS …] [--rados]]   (cluster_sim.h)
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -83,6 +83,9 @@ int Main(int argc, char** argv) {
       ->add_option("--fail-node-at", co.fail_at_hours,
                    "HOURS after the first request, the fullest live node dies (repeatable)")
       ->check(CLI::NonNegativeNumber);
+  simulate->add_flag("--rados", co.rados,
+                     "with --nodes: also a shared RADOS tier below the nodes (every chunk "
+                     "stored kept there; a node's loss loses nothing)");
   simulate->add_flag("--json", json, "print one JSON object");
   CLI::App* flops = app.add_subcommand(
       "flops", "the work of one decoded token by component (multiply-adds) at each context");

@@ -240,5 +240,40 @@ TEST(KvplanClusterTest, AntiEntropyKeepsEveryChunkThroughTwoFailuresAndReadRepai
   EXPECT_NE(bad.err.find("--replicas is 3"), std::string::npos) << bad.err;
 }
 
+// With RADOS under the nodes, R = 1 loses nothing at two failures (R = 2 without it, read
+// repair only, does), the reused chunks a lost node held come back from RADOS, and what it
+// read and wrote is reported.
+TEST(KvplanClusterTest, WithRadosOneCopyPerNodeLosesNothingAtTwoFailures) {
+  const char* requests = testing::kUnderSanitizer ? "1500" : "4000";
+  const auto r =
+      RunProgram(std::string(KVC_BIN_DIR) + "/kvplan",
+                 {"simulate", "--trace", kMooncake, "--limit",        requests, "--config",
+                  kReference, "--nodes", "4",       "--replicas",     "1",      "--ram",
+                  "-1",       "--ssd",   "-1",      "--fail-node-at", "0.04",   "--fail-node-at",
+                  "0.08",     "--rados", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out.substr(0, 300);
+  ASSERT_EQ(j["policies"].size(), 3u);
+  const Json& alone = j["policies"][0];
+  const Json& rados = j["policies"][2];
+  EXPECT_EQ(rados["name"], "rados");
+  ASSERT_EQ(rados["failures"].size(), 2u);
+  EXPECT_GT(alone["failures"][0]["chunks_without_a_copy"].get<int64_t>(), 0) << "R = 1 alone";
+  EXPECT_EQ(rados["failures"][0]["chunks_without_a_copy"], 0);
+  EXPECT_EQ(rados["failures"][1]["chunks_without_a_copy"], 0);
+  // Before any failure both see the same cache; after, RADOS serves what was lost.
+  EXPECT_EQ(rados["windows"][0]["hit_rate"], alone["windows"][0]["hit_rate"]);
+  EXPECT_GT(rados["windows"][1]["hit_rate"].get<double>(),
+            alone["windows"][1]["hit_rate"].get<double>());
+  const Json& io = rados["rados"];
+  EXPECT_GT(io["read_bytes"].get<double>(), 0);
+  EXPECT_EQ(io["write_bytes"].get<uint64_t>(), io["bytes_held"].get<uint64_t>())
+      << "R = 1: each chunk written once";
+  EXPECT_GT(io["share_of_reused_chunks"].get<double>(), 0);
+  EXPECT_LT(io["share_of_reused_chunks"].get<double>(), 1);
+  EXPECT_TRUE(alone["rados"].is_null());
+}
+
 }  // namespace
 }  // namespace kvc::trace

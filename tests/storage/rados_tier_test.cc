@@ -13,6 +13,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "storage/rados_tier.h"
@@ -305,6 +306,16 @@ TEST_F(RadosClusterTest, AStoppedOsdIsABoundedMissAndTheStoreCatchesUpWhenItRetu
   pid_t osd = 0;
   ASSERT_TRUE(pid_file >> osd) << "ceph-up.sh writes the OSD's pid";
   ASSERT_EQ(kill(osd, SIGSTOP), 0);
+  // The signal stops it asynchronously: wait until the kernel says it is stopped ("T").
+  auto stopped = [&] {
+    std::ifstream stat("/proc/" + std::to_string(osd) + "/stat");
+    std::string pid_field, comm, state;
+    stat >> pid_field >> comm >> state;
+    return state == "T";
+  };
+  for (int i = 0; i < 500 && !stopped(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(stopped()) << "the OSD did not stop";
   std::vector<uint8_t> out(kStoreChunk);
   auto t0 = std::chrono::steady_clock::now();
   const absl::Status miss = through->Get(kStoreNs, only_there, out);
