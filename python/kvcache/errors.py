@@ -4,13 +4,15 @@ Every error the package raises is a KvcacheError. Arguments refused before any c
 payload of the wrong size, a token id out of range) raise InvalidArgumentError, which is
 also a ValueError.
 """
+from typing import Any, Dict, Optional, Type
+
 import grpc
 
 
 class KvcacheError(Exception):
     """Base class. `code` is the gRPC status code (None for client-side checks)."""
 
-    def __init__(self, message, code=None):
+    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -52,7 +54,7 @@ class InternalError(KvcacheError):
     """The server failed (I/O, a bug); the request may be retried."""
 
 
-_BY_CODE = {
+_BY_CODE: Dict[Any, Type[KvcacheError]] = {
     grpc.StatusCode.NOT_FOUND: NotFoundError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNAUTHENTICATED: PermissionDeniedError,
@@ -68,7 +70,7 @@ _BY_CODE = {
 }
 
 
-def from_rpc_error(error):
+def from_rpc_error(error: Any) -> KvcacheError:
     """The KvcacheError for a grpc.RpcError (or grpc.aio.AioRpcError)."""
     code = error.code()
     cls = _BY_CODE.get(code, InternalError)
@@ -76,10 +78,10 @@ def from_rpc_error(error):
     return cls(f"{code.name}: {details}", code)
 
 
-_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+_BY_NUMBER: Dict[int, Any] = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def from_status(code, details):
+def from_status(code: int, details: Optional[str]) -> KvcacheError:
     """The KvcacheError for a status by its number (a call made outside grpcio: the
     native fetch), worded as from_rpc_error words it."""
     status = _BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)

@@ -12,7 +12,7 @@ import ctypes
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, List, Optional, Union
 
 import numpy as np
 import xxhash
@@ -37,7 +37,7 @@ class Namespace:
 MAX_CALLER_KEY_BYTES = 64
 
 
-def caller_key_bytes(key, what="key"):
+def caller_key_bytes(key: Union[str, bytes, bytearray, memoryview], what: str = "key") -> bytes:
     """A caller's key as bytes (a str as UTF-8); InvalidArgumentError naming `what` unless
     it is 1..64 bytes."""
     if isinstance(key, str):
@@ -60,10 +60,10 @@ def caller_namespace_root(tenant: str, model_id: str, page_bytes: int, page_toke
         struct.pack("<QI", page_bytes, page_tokens))
 
 
-def caller_chunk_keys(root_key, keys):
+def caller_chunk_keys(root_key: bytes, keys: Iterable[Union[str, bytes]]) -> List[bytes]:
     """The 16-byte chunk key of each caller key (str or bytes, 1..64 bytes) under root_key."""
     prefix = b"kvcache-caller-key-v1" + bytes(root_key)
-    out = []
+    out: List[bytes] = []
     for i, k in enumerate(keys):
         b = caller_key_bytes(k, f"keys[{i}]")
         out.append(xxhash.xxh3_128_digest(prefix + struct.pack("<I", len(b)) + b))
@@ -74,7 +74,7 @@ def caller_chunk_keys(root_key, keys):
 Tokens = Any
 
 
-def as_tokens(tokens, vocab_size=None):
+def as_tokens(tokens: Tokens, vocab_size: Optional[int] = None) -> Any:
     """tokens (a sequence or array of ints) as a 1-D little-endian uint32 array, or
     InvalidArgumentError naming the first bad id."""
     arr = np.asarray(tokens)
@@ -124,7 +124,7 @@ def native_hashing() -> bool:
     return _NATIVE_CHUNK_KEYS is not None
 
 
-def chunk_keys(root_key, tokens, chunk_tokens):
+def chunk_keys(root_key: bytes, tokens: Tokens, chunk_tokens: int) -> List[bytes]:
     """The keys of every whole chunk of `tokens` under `root_key` (16 bytes each)."""
     if len(root_key) != 16:
         raise InvalidArgumentError(f"root key is {len(root_key)} bytes; keys are 16 bytes")
@@ -141,7 +141,7 @@ def chunk_keys(root_key, tokens, chunk_tokens):
     return _chunk_keys_python(root_key, arr, chunk_tokens)
 
 
-def _chunk_keys_python(root_key, arr, chunk_tokens):
+def _chunk_keys_python(root_key: bytes, arr: Any, chunk_tokens: int) -> List[bytes]:
     """chunk_keys one Python call per chunk: without the native library, and its reference."""
     step = 4 * chunk_tokens
     whole = (arr.size // chunk_tokens) * step
@@ -149,7 +149,8 @@ def _chunk_keys_python(root_key, arr, chunk_tokens):
     # and one concatenation (40 % less time than a tobytes() per chunk, measured).
     raw = memoryview(arr[:whole // 4].tobytes())
     digest = xxhash.xxh3_128_digest
-    keys, prev = [], bytes(root_key)
+    keys: List[bytes] = []
+    prev = bytes(root_key)
     for at in range(0, whole, step):
         prev = digest(prev + raw[at:at + step])
         keys.append(prev)

@@ -8,11 +8,12 @@ Protocol (wire/arena_handshake.h): send the bearer token and a newline; the answ
 import mmap
 import os
 import socket
+from typing import Optional
 
 from .errors import PermissionDeniedError, UnavailableError
 
 
-def arena_identity(fd):
+def arena_identity(fd: int) -> int:
     """Which arena an fd is (device and inode of the memfd), as FetchRefs reports it."""
     st = os.fstat(fd)
     return ((st.st_dev << 40) ^ st.st_ino) & 0xFFFFFFFFFFFFFFFF
@@ -21,7 +22,7 @@ def arena_identity(fd):
 class MappedArena:
     """A read-only mapping of one arena; `view` is a memoryview over it."""
 
-    def __init__(self, socket_path, token):
+    def __init__(self, socket_path: str, token: Optional[str]) -> None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             try:
                 conn.connect(socket_path)
@@ -57,6 +58,6 @@ class MappedArena:
             return 0
         return int.from_bytes(self.view[offset:offset + 8], "little")
 
-    def close(self):
+    def close(self) -> None:
         self.view.release()
         self._map.close()
