@@ -12,7 +12,8 @@ from ._common import Fetched, Match, StoreResult
 from .api import CacheClient, connect
 from .aio import AsyncClient, AsyncClusterClient, connect_async
 from .client import Client
-from .cluster import ClusterClient, EtcdSecurity, rank_nodes
+from .cluster import ClusterClient, rank_nodes
+from .membership import EtcdSecurity
 from .errors import (AlreadyExistsError, DataLossError, FailedPreconditionError, InternalError,
                      InvalidArgumentError, KvcacheError, NotFoundError, PermissionDeniedError,
                      ResourceExhaustedError, UnavailableError)

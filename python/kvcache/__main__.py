@@ -9,15 +9,16 @@ The output is byte for byte that of `kvctl` with the same arguments.
 import argparse
 import sys
 import time
+from typing import List, Optional, Sequence
 
 from .client import Client
 from .errors import KvcacheError
 
 
-def _tokens(path):
+def _tokens(path: str) -> List[int]:
     with open(path) as f:
         words = f.read().split()
-    out = []
+    out: List[int] = []
     for i, w in enumerate(words):
         if not w.isdigit() or int(w) >= 2**32:
             raise KvcacheError(f'"{path}": token {i} is "{w}", not a token id')
@@ -25,7 +26,7 @@ def _tokens(path):
     return out
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvcache", description=__doc__.splitlines()[0])
     p.add_argument("--server", default="127.0.0.1:50051", help="kvcached address")
     p.add_argument("--token", default="", help="bearer token")
@@ -56,9 +57,18 @@ def main(argv=None):
                       f"{st['ram_scrub_bytes'] / 1e6:.1f} MB verified, last pass {since}, "
                       f"current pass {100 * st['ram_scrub_progress']:.0f}%; "
                       f"corrupt RAM copies dropped {st['ram_checksum_failures']}")
+                t = st["shared_tier"]
+                if t is not None:
+                    print(f"shared tier {t['name']} "
+                          f"({'write-behind' if t['write_behind'] else 'write-through'}): "
+                          f"{'answering' if t['reachable'] else 'NOT ANSWERING'}; puts {t['puts']} "
+                          f"(failed {t['put_errors']}), hits {t['hits']}, misses {t['misses']}, "
+                          f"read errors {t['read_errors']}, backlog {t['backlog_chunks']} chunks"
+                          + (f"; last error: {t['last_error']}" if t['last_error'] else ""))
                 q = st["quota"]
                 if q is not None:
-                    lim = lambda x: str(x) if x else "none"
+                    def lim(x: int) -> str:
+                        return str(x) if x else "none"
                     print(f"quota: ram {q['ram_bytes']} / {lim(q['ram_bytes_limit'])} bytes, "
                           f"ssd {q['ssd_bytes']} / {lim(q['ssd_bytes_limit'])} bytes, "
                           f"pins {q['pinned_chunks']} / {lim(q['pinned_chunks_limit'])}")

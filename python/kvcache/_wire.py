@@ -19,7 +19,7 @@ def key_bytes(k: object, what: str) -> bytes:
     if isinstance(k, (str, int, float)) or k is None:
         raise InvalidArgumentError(f"{what} is a {type(k).__name__}; keys are 16 bytes")
     try:
-        b = bytes(k)  # type: ignore[call-overload]
+        b: bytes = bytes(k)  # type: ignore[call-overload]
     except TypeError:
         raise InvalidArgumentError(
             f"{what} ({type(k).__name__}) is not bytes-like; keys are 16 bytes") from None

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, cast
 
 from .. import api
 from ..errors import KvcacheError, NotFoundError, UnavailableError
@@ -79,7 +79,7 @@ class CallerKeys:
         self._keys: Dict[Tuple[bytes, bytes], bytes] = {}
         self._keep = keep
 
-    def __call__(self, client: Any, ns: Namespace, keys: Any) -> list:
+    def __call__(self, client: Any, ns: Namespace, keys: Any) -> List[Any]:
         names = [caller_key(k) for k in keys]
         out = [self._keys.get((ns.root_key, n)) for n in names]
         todo = [i for i, ck in enumerate(out) if ck is None]
@@ -135,7 +135,7 @@ class PageStore:
         self.keys = CallerKeys()  # keys(client, ns, engine keys) -> chunk keys
         self.tokens = TierTokens()  # prompt tokens by tier, per namespace name
         self._all_lock = threading.Lock()
-        self._all: list = []
+        self._all: List[Any] = []
         # After a call finds the cache unreachable, calls fail at once for backoff_s (the
         # engine gets its miss without waiting on a connection attempt every time).
         self._backoff_s = backoff_s
@@ -169,7 +169,7 @@ class PageStore:
         if ns is None:
             ns = self._local.client.register_keyed_namespace(name, page_bytes, page_tokens)
             spaces[(name, page_bytes, page_tokens)] = ns
-        return ns
+        return cast(Namespace, ns)
 
     def run(self, pool: str, page_bytes: int, page_tokens: int,
             work: Callable[[Any, Namespace], T]) -> T:
