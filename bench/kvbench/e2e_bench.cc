@@ -59,6 +59,24 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
   std::vector<std::string> flags = {"--ram-bytes", std::to_string(1ull << 30), "--ssd-bytes",
                                     std::to_string(4ull << 30)};
   if (o.hbm_bytes > 0) flags.insert(flags.end(), {"--hbm-bytes", std::to_string(o.hbm_bytes)});
+  const fs::path ceph = fs::path(o.dir) / "ceph";
+  struct CephDown {  // the cluster ends with the run, however it ends
+    std::string cmd;
+    ~CephDown() {
+      if (!cmd.empty()) (void)std::system(cmd.c_str());
+    }
+  } ceph_down;
+  if (o.rados) {
+    const std::string up = absl::StrCat("'", o.source_dir, "/scripts/ceph-up.sh' '", ceph.string(),
+                                        "' kvcache >'", o.dir, "/ceph-up.log' 2>&1");
+    if (std::system(up.c_str()) != 0)
+      return absl::UnavailableError(
+          absl::StrCat("scripts/ceph-up.sh failed (", o.dir, "/ceph-up.log)"));
+    ceph_down.cmd =
+        absl::StrCat("'", o.source_dir, "/scripts/ceph-down.sh' '", ceph.string(), "' >/dev/null");
+    flags.insert(flags.end(),
+                 {"--rados-pool", "kvcache", "--ceph-conf", (ceph / "ceph.conf").string()});
+  }
   model::HbmChunkReader hbm_reader;
   if (o.hbm_bytes > 0) {
     hbm_reader = model::MakeHbmChunkReader();
@@ -97,6 +115,7 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
     std::vector<std::string> tiers = {"ram"};
     if (o.hbm_bytes > 0) tiers.push_back("hbm");
     if (ssd) tiers.push_back("ssd");
+    if (ssd && o.rados) tiers.push_back("rados");
     for (const std::string& tier : tiers) {
       std::unique_ptr<serve::CacheConnector> hbm_cache;
       if (tier == "hbm") {  // a lease brings the prefix into HBM; the engine reads it there
@@ -115,7 +134,15 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
         cache = connect();
         if (!cache->connected()) return absl::UnavailableError(cache->connect_error());
       }
-      // After a restart for SSD: `cache` is a new connector.
+      if (tier == "rados") {  // the node and its disk are lost; it starts empty
+        cache.reset();
+        daemon.Stop(SIGKILL);
+        fs::remove_all(fs::path(o.dir) / "kvcached", ec);
+        KVC_RETURN_IF_ERROR(daemon.Start());
+        cache = connect();
+        if (!cache->connected()) return absl::UnavailableError(cache->connect_error());
+      }
+      // After a restart for SSD or RADOS: `cache` is a new connector.
       serve::CacheConnector& via = hbm_cache ? *hbm_cache : *cache;
       std::vector<double> cold, warm;
       serve::TurnReport report;
@@ -139,7 +166,7 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
             !l.ok())
           return l.status();
         cold.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
-        if (tier == "ssd") break;  // later runs would read RAM
+        if (tier == "ssd" || tier == "rados") break;  // later runs would read RAM
         if (prefix >= 32768 && r == 0) break;
       }
       cases.push_back(
@@ -210,7 +237,7 @@ std::string PlotE2e(const nlohmann::json& r, const std::string& png) {
       if (c["new_tokens"] != r["cases"][0]["new_tokens"]) continue;
       auto& row = rows[c["prefix_tokens"].get<int64_t>()];
       row[0] = c["ttft_cold_ms"].get<double>();
-      if (c["tier"] == "hbm") continue;  // the plot shows RAM and SSD
+      if (c["tier"] == "hbm" || c["tier"] == "rados") continue;  // the plot shows RAM and SSD
       row[c["tier"] == "ssd" ? 2 : 1] = c["ttft_warm_ms"].get<double>();
     }
     for (const auto& [p, v] : rows) d << p << " " << v[0] << " " << v[1] << " " << v[2] << "\n";

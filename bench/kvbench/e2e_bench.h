@@ -1,7 +1,8 @@
 // kvbench e2e: time to first token of a request whose prefix kvcached holds (warm: lookup,
 // fetch into pages, bounded replay, the new tokens) beside the same request prefilled cold,
 // in the same run — against the cached prefix length (from RAM, and from SSD after a
-// kvcached restart) and against the new tokens per turn; bytes fetched and the share of
+// kvcached restart; from RADOS after the node and its disk are lost, with --rados) and
+// against the new tokens per turn; bytes fetched and the share of
 // TTFT spent fetching.
 #pragma once
 
@@ -27,6 +28,11 @@ struct E2eBenchOptions {
   // > 0: kvcached gets an HBM tier of this many bytes and the engine (a GPU backend) also
   // resumes from it, reading the chunks out over CUDA IPC (tier "hbm").
   uint64_t hbm_bytes = 0;
+  // A single-host Ceph cluster (scripts/ceph-up.sh under source_dir) as kvcached's shared
+  // tier; each prefix is also resumed from it after kvcached is SIGKILLed and its folder
+  // deleted (tier "rados").
+  bool rados = false;
+  std::string source_dir;
   std::string plot;  // PNG path (gnuplot), empty: none
 };
 

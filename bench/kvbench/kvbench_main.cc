@@ -275,6 +275,9 @@ int Main(int argc, char** argv) {
   e2e->add_option("--reps", xopt.repetitions, "alternated runs per case")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  e2e->add_flag("--rados", xopt.rados,
+                "a single-host Ceph cluster as kvcached's shared tier; each prefix also resumed "
+                "from RADOS after kvcached is killed and its folder deleted");
   e2e->add_option("--plot", xopt.plot, "write a PNG of TTFT vs prefix (needs gnuplot)");
   e2e->add_flag("--json", json, "print one JSON object");
   CLI::App* trace = app.add_subcommand(
@@ -558,6 +561,7 @@ int Main(int argc, char** argv) {
   }
   if (e2e->parsed()) {
     xopt.kvcached = SiblingKvcached();
+    xopt.source_dir = KVC_SOURCE_DIR;
     return PrintReport(bench::RunE2eBench(xopt), json, bench::E2eBenchToText);
   }
   if (engine->parsed()) {

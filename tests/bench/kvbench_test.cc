@@ -354,6 +354,25 @@ TEST(KvbenchTest, E2eJsonHasEveryCase) {
   EXPECT_EQ(tiers, (std::set<std::string>{"ram", "ssd"}));
 }
 
+// With --rados each prefix is also resumed after kvcached is killed and its folder deleted:
+// the whole prefix comes from RADOS.
+TEST(KvbenchTest, E2eResumesAPrefixFromRadosAfterTheNodeIsLost) {
+  TempDir dir;
+  auto r =
+      RunProgram(kKvbench, {"e2e", "--dir", dir.File("scratch"), "--config",
+                            std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--prefix-tokens",
+                            "512", "--new-tokens", "64", "--new-token-sweep", "32",
+                            "--sweep-prefix", "256", "--reps", "1", "--rados", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["cases"].size(), 4u);  // RAM, SSD, RADOS, one sweep case
+  const nlohmann::json& from_rados = j["cases"][2];
+  EXPECT_EQ(from_rados["tier"], "rados");
+  EXPECT_EQ(from_rados["reused_tokens"].get<int>(), j["cases"][1]["reused_tokens"].get<int>());
+  EXPECT_GT(from_rados["reused_tokens"].get<int>(), 0);
+}
+
 // On a machine with a GPU: small cases, every field, our GEMM batch invariant. Without
 // one (or in a build without CUDA): one clear line and exit code 1.
 TEST(KvbenchTest, KernelsRunOnAGpuOrSayWhyNot) {
