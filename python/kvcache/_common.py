@@ -4,7 +4,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import xxhash
 
@@ -38,18 +38,18 @@ STORE_METHOD = "/kvcache.v1.KVCache/Store"
 @dataclass(frozen=True)
 class Match:
     """A Lookup answer: the keys of every whole chunk, how many leading ones are cached,
-    and the tier of each of those ("hbm", "ram", "ssd")."""
+    and the tier of each of those ("hbm", "ram", "ssd", "rados")."""
     matched_chunks: int
     keys: List[bytes]
     tiers: List[str]
     chunk_tokens: int
 
     @property
-    def matched_tokens(self):
+    def matched_tokens(self) -> int:
         return self.matched_chunks * self.chunk_tokens
 
     @property
-    def matched_keys(self):
+    def matched_keys(self) -> List[bytes]:
         return self.keys[:self.matched_chunks]
 
 
@@ -63,7 +63,7 @@ class Fetched:
     shm_chunks: int = 0
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.chunks * self.chunk_bytes
 
 
@@ -81,25 +81,25 @@ class StoreResult:
 key_bytes = _wire.key_bytes
 
 
-def refuse_caller_keyed(ns, call):
+def refuse_caller_keyed(ns: Namespace, call: str) -> None:
     if ns.caller_keys:
         raise InvalidArgumentError(
             f"namespace {ns.id} is caller-keyed: {call} does not apply; use caller_keys(ns, keys) "
             "with lookup_keys, store_keys, fetch")
 
 
-def check_keys(keys):
+def check_keys(keys: Any) -> List[bytes]:
     """`keys` as a list of 16-byte bytes, or InvalidArgumentError naming the first bad one.
     Keys that are already 16-byte bytes (what chunk_keys gives) are checked by two C-level
     passes instead of a Python call per key (a 1M-token prefix: 3,906 keys)."""
     if not isinstance(keys, (str, bytes, bytearray, memoryview)):
         keys = list(keys)
         if set(map(type, keys)) <= {bytes} and set(map(len, keys)) <= {16}:
-            return keys
+            return cast(List[bytes], keys)
     return [key_bytes(k, f"keys[{i}]") for i, k in enumerate(keys)]
 
 
-def byte_view(obj, what):
+def byte_view(obj: Any, what: str) -> memoryview:
     """`obj` as a flat byte memoryview, without a copy; InvalidArgumentError naming `what`
     for an object without the buffer protocol or with gaps in its memory."""
     try:
@@ -113,7 +113,7 @@ def byte_view(obj, what):
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def writable_view(out, need_bytes):
+def writable_view(out: Any, need_bytes: int) -> memoryview:
     """`out` as a flat writable byte view of at least need_bytes, without a copy."""
     view = byte_view(out, "out")
     if view.readonly:
@@ -130,14 +130,16 @@ class ChunkSink:
     chunk is copied once, from the shared arena or the gRPC message, straight to its
     place."""
 
-    def __init__(self, chunk_bytes, view=None, parts=None):
+    def __init__(self, chunk_bytes: int, view: Optional[memoryview] = None,
+                 parts: Optional[List[List[memoryview]]] = None) -> None:
         self.n = chunk_bytes
-        self._view = view
+        # One of the two: the flat view (unused, empty, when there are parts) or the parts.
+        self._view: memoryview = view if view is not None else memoryview(b"")
         self._parts = parts
         self.chunks = len(parts) if parts is not None else (
             view.nbytes // chunk_bytes if view is not None and chunk_bytes else 0)
 
-    def put(self, i, src):
+    def put(self, i: int, src: Any) -> None:
         if self._parts is None:
             self._view[i * self.n:(i + 1) * self.n] = src
             return
@@ -146,7 +148,7 @@ class ChunkSink:
             p[:] = src[at:at + p.nbytes]
             at += p.nbytes
 
-    def layout(self, start, count):
+    def layout(self, start: int, count: int) -> Tuple[List[int], List[int], List[int]]:
         """Where chunks start .. start+count-1 go, for the native fetch: (each part's
         address, each part's size, the end of each chunk's parts in those lists)."""
         if self._parts is None:
@@ -162,13 +164,13 @@ class ChunkSink:
             ends.append(len(addrs))
         return addrs, sizes, ends
 
-    def dest(self, i):
+    def dest(self, i: int) -> Any:
         """Chunk i's destination: a view of chunk_bytes, or its list of parts."""
         if self._parts is None:
             return self._view[i * self.n:(i + 1) * self.n]
         return self._parts[i]
 
-    def digest(self, i):
+    def digest(self, i: int) -> int:
         """XXH3-64 of chunk i as it now lies in the destination."""
         if self._parts is None:
             return xxhash.xxh3_64_intdigest(self._view[i * self.n:(i + 1) * self.n])
@@ -178,14 +180,14 @@ class ChunkSink:
         return h.intdigest()
 
 
-def _flat_view(obj, what):
+def _flat_view(obj: Any, what: str) -> memoryview:
     # Flat byte views (what an engine adapter passes, per page part) are taken as they are.
     if type(obj) is memoryview and obj.ndim == 1 and obj.format == "B":
         return obj
     return byte_view(obj, what)
 
 
-def scatter_sink(ns, dsts, chunks):
+def scatter_sink(ns: Namespace, dsts: Sequence[Any], chunks: int) -> "ChunkSink":
     """A ChunkSink over dsts: one writable buffer per chunk, or per chunk a list of
     writable buffers whose sizes add up to chunk_bytes. InvalidArgumentError naming the
     destination of the wrong size."""
@@ -205,7 +207,7 @@ def scatter_sink(ns, dsts, chunks):
     return ChunkSink(ns.chunk_bytes, parts=parts)
 
 
-def sink_for(ns, dsts, chunks):
+def sink_for(ns: Namespace, dsts: Any, chunks: int) -> ChunkSink:
     """fetch_scattered's destinations as a ChunkSink: one given ready-made (checked for its
     size only), or one made from the buffers (scatter_sink)."""
     sink = dsts if isinstance(dsts, ChunkSink) else scatter_sink(ns, dsts, chunks)
@@ -215,7 +217,7 @@ def sink_for(ns, dsts, chunks):
     return sink
 
 
-def chunk_payloads(ns, payloads, chunks):
+def chunk_payloads(ns: Namespace, payloads: Any, chunks: int) -> List[Any]:
     """Per-chunk byte views of `payloads`: one buffer of chunks × chunk_bytes, or a
     sequence of chunk-sized buffers. InvalidArgumentError naming the wrong size."""
     if isinstance(payloads, (list, tuple)):
@@ -223,7 +225,7 @@ def chunk_payloads(ns, payloads, chunks):
             raise InvalidArgumentError(f"{len(payloads)} payloads for {chunks} whole chunks")
         # A payload may itself be a list of parts (a page over several buffers), joined
         # into the request message as it is written (the one copy a store makes).
-        views = [[byte_view(q, f"payloads[{i}][{j}]") for j, q in enumerate(p)]
+        views: List[Any] = [[byte_view(q, f"payloads[{i}][{j}]") for j, q in enumerate(p)]
                  if isinstance(p, (list, tuple)) else byte_view(p, f"payloads[{i}]")
                  for i, p in enumerate(payloads)]
         for i, v in enumerate(views):
@@ -243,8 +245,10 @@ def chunk_payloads(ns, payloads, chunks):
 class Common:
     """State and pure logic of a client; subclasses make the calls."""
 
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
-                 lease_cache=True, max_held_chunks=1024, native_fetch=True):
+    def __init__(self, target: str, token: Optional[str] = None, timeout_s: float = 30.0,
+                 shm_socket: Optional[str] = None, lease_ms: int = 10000,
+                 lease_cache: bool = True, max_held_chunks: int = 1024,
+                 native_fetch: bool = True) -> None:
         if not target:
             raise InvalidArgumentError("target is empty (HOST:PORT or unix:PATH)")
         if target.startswith("etcd://"):
@@ -262,16 +266,16 @@ class Common:
         self._native = self._open_native(native_fetch)
         self._shm_socket = shm_socket if shm_socket is not None else os.environ.get(
             "KVCACHE_SHM_SOCKET", "")
-        self._arena = None
+        self._arena: Optional[MappedArena] = None
         self.shm_error = ""
-        self._pending_release = []
+        self._pending_release: List[int] = []
         # The lease cache: chunks leased by earlier fetches stay readable until a quarter
         # of their lease is left, so fetching them again is a copy with no call at all.
         self._lease_cache = lease_cache
         self._max_held = max_held_chunks
-        self._held_refs = {}    # key -> (lease id, arena offset, checksum)
+        self._held_refs: Dict[bytes, Tuple[int, int, int]] = {}  # key -> (lease, offset, checksum)
         # lease id -> [usable until (monotonic s), chunks held, verdict count, its offset]
-        self._held_leases = {}
+        self._held_leases: Dict[int, List[Any]] = {}
         self.refs_verdicts = 0  # the arena's verdict count read before the last FetchRefs
         if self._shm_socket:
             self._map_arena()
@@ -279,7 +283,7 @@ class Common:
             self.shm_error = "no shared-memory socket given (shm_socket or $KVCACHE_SHM_SOCKET)"
 
     # ---- the native fetch ----
-    def _open_native(self, wanted):
+    def _open_native(self, wanted: bool) -> Optional["_native.NativeFetch"]:
         """The native library's Fetch channel with this client's settings (_native.py), or
         None when not wanted or the library is absent."""
         if not wanted or not _native.available():
@@ -294,10 +298,10 @@ class Common:
 
     # ---- shared memory ----
     @property
-    def shared_memory(self):
+    def shared_memory(self) -> bool:
         return self._arena is not None
 
-    def _map_arena(self):
+    def _map_arena(self) -> None:
         try:
             self._arena = MappedArena(self._shm_socket, self._token)
             self.shm_error = ""
@@ -305,7 +309,7 @@ class Common:
             self._arena = None
             self.shm_error = e.message
 
-    def _drop_arena(self, why):
+    def _drop_arena(self, why: str) -> None:
         if self._arena is not None:
             self._arena.close()
         self._arena = None
@@ -313,7 +317,7 @@ class Common:
         self._held_leases.clear()
         self.shm_error = why
 
-    def copy_from_held(self, ns, keys, sink):
+    def copy_from_held(self, ns: Namespace, keys: List[bytes], sink: ChunkSink) -> bool:
         """Copies every key from held leases (all or nothing), each copy checked against the
         chunk's checksum; False if one is missing, its lease is about to end, or its copy
         does not verify (the daemon's RAM scrub may have found it corrupt since: that chunk
@@ -348,7 +352,7 @@ class Common:
                 return False
         return True
 
-    def _leases_to_release(self):
+    def _leases_to_release(self) -> List[int]:
         now = time.monotonic()
         done = [lid for lid, (until, refs, _, _) in self._held_leases.items()
                 if refs == 0 or until <= now]
@@ -359,14 +363,14 @@ class Common:
         out, self._pending_release = self._pending_release + done, []
         return out
 
-    def forget_held(self, keys):
+    def forget_held(self, keys: Sequence[Any]) -> None:
         """Chunks this client deleted leave its held leases at once."""
         for k in keys:
             held = self._held_refs.pop(bytes(k), None)
             if held is not None:
                 self._held_leases[held[0]][1] -= 1
 
-    def refs_request(self, ns, keys):
+    def refs_request(self, ns: Namespace, keys: List[bytes]) -> Any:
         self.refs_sent = time.monotonic()
         # Read before asking: a verdict that lands while the call is under way is news.
         arena = self._arena
@@ -374,7 +378,7 @@ class Common:
         return pb.FetchRefsRequest(namespace_id=ns.id, chunk_keys=keys, lease_ms=self.lease_ms,
                                    release_lease_ids=self._leases_to_release())
 
-    def copy_refs(self, ns, keys, resp, sink):
+    def copy_refs(self, ns: Namespace, keys: List[bytes], resp: Any, sink: ChunkSink) -> int:
         """Copies the leased chunks of a FetchRefs answer out of the mapping and holds the
         lease (or releases it with the next call); returns how many leading chunks it
         copied. A ref that does not match the request is DataLossError."""
@@ -401,7 +405,8 @@ class Common:
                 self._pending_release.append(resp.lease_id)
         return len(offsets)
 
-    def take_refs(self, ns, keys, resp, sink, attempt):
+    def take_refs(self, ns: Namespace, keys: List[bytes], resp: Any, sink: ChunkSink,
+                  attempt: int) -> Optional[int]:
         """A FetchRefs answer: the chunks copied, or None to ask again (the daemon
         restarted, its offsets are into a new arena, which is now mapped)."""
         assert self._arena is not None
@@ -412,7 +417,8 @@ class Common:
             self._map_arena()
         return None if self._arena is not None and attempt == 0 else 0
 
-    def _hold(self, lease_id, until, keys, offsets, checksums, verdicts, verdict_offset):
+    def _hold(self, lease_id: int, until: float, keys: List[bytes], offsets: List[int],
+              checksums: List[int], verdicts: int, verdict_offset: int) -> None:
         self._held_leases[lease_id] = [until, 0, verdicts, verdict_offset]
         for k, off, checksum in zip(keys, offsets, checksums):
             old = self._held_refs.get(k)
@@ -427,7 +433,7 @@ class Common:
 
     # ---- namespaces, lookups ----
     @staticmethod
-    def register_request(model_config_json, model_id, chunk_tokens):
+    def register_request(model_config_json: Any, model_id: str, chunk_tokens: int) -> Any:
         if not model_id:
             raise InvalidArgumentError("model_id is empty")
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or \
@@ -441,7 +447,7 @@ class Common:
                                            model_id=model_id, chunk_tokens=chunk_tokens)
 
     @staticmethod
-    def register_keyed_request(model_id, page_bytes, page_tokens):
+    def register_keyed_request(model_id: str, page_bytes: int, page_tokens: int) -> Any:
         if not model_id:
             raise InvalidArgumentError("model_id is empty")
         for name, value, top in (("page_bytes", page_bytes, 2**64), ("page_tokens", page_tokens, 2**32)):
@@ -453,7 +459,7 @@ class Common:
                                            page_bytes=page_bytes, chunk_tokens=page_tokens)
 
     @staticmethod
-    def namespace_from(req, resp):
+    def namespace_from(req: Any, resp: Any) -> Namespace:
         if req.key_mode == pb.KEY_MODE_CALLER:
             if resp.key_mode != pb.KEY_MODE_CALLER:
                 raise KvcacheError("this kvcached predates caller-keyed namespaces "
@@ -485,7 +491,7 @@ class Common:
         return caller_chunk_keys(ns.root_key, keys)
 
     @staticmethod
-    def lookup_request(ns, tokens):
+    def lookup_request(ns: Namespace, tokens: Tokens) -> Tuple[Any, Optional[List[bytes]]]:
         """The Lookup request for tokens, and the keys it asks about (None if the daemon is to
         hash the tokens). Knowing the vocabulary, the client checks the ids and hashes them
         itself and sends 16 bytes a chunk; the daemon then hashes nothing."""
@@ -497,13 +503,13 @@ class Common:
         return Common.keys_lookup_request(ns, keys), keys
 
     @staticmethod
-    def keys_lookup_request(ns, keys, every_chunk=False):
+    def keys_lookup_request(ns: Namespace, keys: Sequence[bytes], every_chunk: bool = False) -> Any:
         """A Lookup by keys, packed end to end (one field, not one string per key)."""
         return pb.LookupRequest(namespace_id=ns.id, packed_chunk_keys=_wire.pack_keys(keys),
                                 every_chunk=every_chunk)
 
     @staticmethod
-    def unpacked_retry(req, resp):
+    def unpacked_retry(req: Any, resp: Any) -> Any:
         """The same question with one string per key when the daemon predates packed keys
         (it saw none of them: keys_seen 0); None when the answer stands."""
         if not req.packed_chunk_keys or resp.keys_seen * 16 == len(req.packed_chunk_keys):
@@ -512,23 +518,24 @@ class Common:
                                 chunk_keys=_wire.unpack_keys(req.packed_chunk_keys))
 
     @staticmethod
-    def match_from(ns, resp, keys=None):
+    def match_from(ns: Namespace, resp: Any, keys: Optional[Sequence[bytes]] = None) -> Match:
         """A Lookup answer as a Match; `keys`: what a lookup by keys asked (the answer
         then carries none)."""
         if keys is None:
             keys = [bytes(k) for k in resp.chunk_keys]
         got = list(map(_TIERS.get, resp.tiers))  # one C-level pass; a tier unknown here
         tiers = [t or "none" for t in got] if None in got else cast(List[str], got)  # (newer)
-        return Match(resp.matched_chunks, keys, tiers, ns.chunk_tokens)
+        return Match(resp.matched_chunks, keys if isinstance(keys, list) else list(keys), tiers,
+                     ns.chunk_tokens)
 
     @staticmethod
-    def stats_from(resp):
+    def stats_from(resp: Any) -> Dict[str, Any]:
         """The Stats answer as a dict; a message field (quota) as a dict, or None if absent;
         a repeated one (ssd_classes) as a list."""
-        def as_dict(sub):
+        def as_dict(sub: Any) -> Dict[str, Any]:
             return {g.name: value(sub, g) for g in sub.DESCRIPTOR.fields}
 
-        def value(msg, f):
+        def value(msg: Any, f: Any) -> Any:
             if f.label == f.LABEL_REPEATED:
                 items = getattr(msg, f.name)
                 return [as_dict(i) for i in items] if f.message_type is not None else list(items)
@@ -541,7 +548,7 @@ class Common:
 
     # ---- fetch ----
     @staticmethod
-    def fetch_target(ns, keys, out):
+    def fetch_target(ns: Namespace, keys: Any, out: Any) -> Tuple[List[bytes], Any, memoryview]:
         keys = check_keys(keys)
         need = len(keys) * ns.chunk_bytes
         if out is None:
@@ -549,7 +556,7 @@ class Common:
         return keys, out, writable_view(out, need)
 
     @staticmethod
-    def take_chunk(ns, keys, raw, index):
+    def take_chunk(ns: Namespace, keys: List[bytes], raw: bytes, index: int) -> memoryview:
         """The payload view of raw FetchResponse `index`, checked against the request."""
         if index >= len(keys):
             raise DataLossError(f"Fetch answer {index}: an answer past the last chunk asked for")
@@ -563,17 +570,19 @@ class Common:
         return payload
 
     @staticmethod
-    def ends_fetch(error):
+    def ends_fetch(error: BaseException) -> bool:
         """A NOT_FOUND naming a chunk ends a fetch after the leading chunks (not an error);
         a missing namespace is."""
         return isinstance(error, NotFoundError) and "namespace" not in error.message
 
     # ---- store ----
-    def store_requests(self, ns, tokens, payloads, durable, ttl_s, parent):
+    def store_requests(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool,
+                       ttl_s: int, parent: Optional[bytes]) -> List[bytes]:
         return self.store_plan(ns, tokens, payloads, durable, ttl_s, parent)[0]
 
     @staticmethod
-    def store_plan(ns, tokens, payloads, durable, ttl_s, parent):
+    def store_plan(ns: Namespace, tokens: Tokens, payloads: Any, durable: bool, ttl_s: int,
+                   parent: Optional[bytes]) -> Tuple[List[bytes], List[bytes]]:
         """(one serialized StoreRequest per whole chunk, each naming its own parent; the
         chunks' keys), after checking every argument."""
         refuse_caller_keyed(ns, "store(ns, tokens, …)")
@@ -594,7 +603,8 @@ class Common:
         return requests, keys
 
     @staticmethod
-    def keyed_store_plan(ns, keys, payloads, durable, ttl_s, chain):
+    def keyed_store_plan(ns: Namespace, keys: Any, payloads: Any, durable: bool, ttl_s: int,
+                         chain: bool) -> Tuple[List[bytes], List[bytes]]:
         """(one serialized StoreRequest per chunk of a caller-keyed namespace; their keys):
         `keys` are chunk keys (caller_keys), `payloads` as in store (one buffer, or one
         buffer — or list of part buffers — per key). chain: each chunk names the one
@@ -612,20 +622,20 @@ class Common:
                 for i in range(len(keys))], keys
 
     @staticmethod
-    def pin_request(ns, keys, ttl_s):
+    def pin_request(ns: Namespace, keys: Any, ttl_s: int) -> Any:
         if ttl_s <= 0 or ttl_s >= 2**32:
             raise InvalidArgumentError(f"ttl_s is {ttl_s}; a pin needs a positive TTL")
         return pb.PinRequest(namespace_id=ns.id, chunk_keys=check_keys(keys), ttl_seconds=ttl_s)
 
     @staticmethod
-    def unpin_request(ns, keys):
+    def unpin_request(ns: Namespace, keys: Any) -> Any:
         return pb.UnpinRequest(namespace_id=ns.id, chunk_keys=check_keys(keys))
 
     @staticmethod
-    def delete_request(ns, keys):
+    def delete_request(ns: Namespace, keys: Any) -> Any:
         return pb.DeleteRequest(namespace_id=ns.id, chunk_keys=check_keys(keys))
 
     @staticmethod
-    def store_result(resp, chunks, ns):
+    def store_result(resp: Any, chunks: int, ns: Namespace) -> StoreResult:
         return StoreResult(resp.stored, resp.already_present, [bytes(k) for k in resp.chunk_keys],
                            chunks * ns.chunk_tokens)
