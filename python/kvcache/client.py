@@ -46,7 +46,7 @@ class Client(Common):
         # over from gRPC's polling thread (futexes, ~3x the CPU per chunk, measured).
         self._channel = grpc.insecure_channel(
             target, options=CHANNEL_OPTIONS + [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
-        self._stub = pb_grpc.KVCacheStub(self._channel)
+        self._stub = pb_grpc.KVCacheStub(self._channel)  # type: ignore[no-untyped-call]
         self._fetch = self._channel.unary_stream(
             FETCH_METHOD, request_serializer=pb.FetchRequest.SerializeToString,
             response_deserializer=None)
@@ -54,10 +54,10 @@ class Client(Common):
             STORE_METHOD, request_serializer=None,
             response_deserializer=pb.StoreResponse.FromString)
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def close(self) -> None:
@@ -73,7 +73,7 @@ class Client(Common):
         if self._native is not None:
             self._native.close()
 
-    def _call(self, method, request):
+    def _call(self, method: Any, request: Any) -> Any:
         try:
             return method(request, timeout=self.timeout_s, metadata=self._metadata,
                           wait_for_ready=self._wait)
@@ -105,7 +105,7 @@ class Client(Common):
         keys = check_keys(keys)
         return self.match_from(ns, self._lookup(self.keys_lookup_request(ns, keys)), keys)
 
-    def _lookup(self, req):
+    def _lookup(self, req: Any) -> Any:
         resp = self._call(self._stub.Lookup, req)
         retry = self.unpacked_retry(req, resp)
         return resp if retry is None else self._call(self._stub.Lookup, retry)
@@ -130,7 +130,7 @@ class Client(Common):
         sink = sink_for(ns, dsts, len(keys))
         return self._fetch_into(ns, keys, sink)[0]
 
-    def _fetch_into(self, ns, keys, sink):
+    def _fetch_into(self, ns: Namespace, keys: List[bytes], sink: ChunkSink) -> Tuple[int, int]:
         """(leading chunks delivered to sink, how many of them from shared memory)."""
         got = shm = 0
         if self._arena is not None and keys:
@@ -141,7 +141,7 @@ class Client(Common):
             got += self._stream_into(ns, keys, got, sink)
         return got, shm
 
-    def _stream_into(self, ns, keys, start, sink):
+    def _stream_into(self, ns: Namespace, keys: List[bytes], start: int, sink: ChunkSink) -> int:
         """Streams keys[start:] into the sink from chunk `start` on; how many arrived."""
         if self._native is not None:
             return self._native.stream_into(self, ns, keys, start, sink, self._wait)
@@ -158,7 +158,7 @@ class Client(Common):
         for i, payload in self._stream(ns, keys):
             yield i, keys[i], payload
 
-    def _stream(self, ns, keys):
+    def _stream(self, ns: Namespace, keys: List[bytes]) -> Iterator[Tuple[int, memoryview]]:
         try:
             call = self._fetch(pb.FetchRequest(namespace_id=ns.id, chunk_keys=keys),
                                timeout=self.timeout_s, metadata=self._metadata,
@@ -170,7 +170,7 @@ class Client(Common):
             if not self.ends_fetch(error):
                 raise error from None
 
-    def _fetch_shared(self, ns, keys, sink):
+    def _fetch_shared(self, ns: Namespace, keys: List[bytes], sink: ChunkSink) -> int:
         for attempt in range(2):
             try:
                 resp = self._call(self._stub.FetchRefs, self.refs_request(ns, keys))
@@ -233,15 +233,15 @@ class Client(Common):
 
     def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
         """Keeps the chunks (and so their prefix) from eviction for ttl_s; how many found."""
-        return self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s)).pinned
+        return int(self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s)).pinned)
 
     def unpin(self, ns: Namespace, keys: Sequence[bytes]) -> int:
-        return self._call(self._stub.Unpin, self.unpin_request(ns, keys)).unpinned
+        return int(self._call(self._stub.Unpin, self.unpin_request(ns, keys)).unpinned)
 
     def delete(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         req = self.delete_request(ns, keys)
         self.forget_held(req.chunk_keys)
-        return self._call(self._stub.Delete, req).deleted
+        return int(self._call(self._stub.Delete, req).deleted)
 
     def stats(self) -> Dict[str, Any]:
         return self.stats_from(self._call(self._stub.Stats, pb.StatsRequest()))
