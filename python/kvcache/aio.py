@@ -1,6 +1,6 @@
 """The asyncio client (grpc.aio): the same methods as Client, as coroutines."""
 import asyncio
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple, cast
 
 import grpc
 import grpc.aio
@@ -18,12 +18,14 @@ class AsyncClient(Common):
     `await client.close()` (or `async with`) when done. With the native library, a fetch's
     gRPC stream runs on the loop's default executor (the GIL released), not on the loop."""
 
-    def __init__(self, target, token=None, timeout_s=30.0, shm_socket=None, lease_ms=10000,
-                 lease_cache=True, max_held_chunks=1024, native_fetch=True):
+    def __init__(self, target: str, token: Optional[str] = None, timeout_s: float = 30.0,
+                 shm_socket: Optional[str] = None, lease_ms: int = 10000,
+                 lease_cache: bool = True, max_held_chunks: int = 1024,
+                 native_fetch: bool = True) -> None:
         super().__init__(target, token, timeout_s, shm_socket, lease_ms, lease_cache,
                          max_held_chunks, native_fetch)
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.KVCacheStub(self._channel)
+        self._stub = pb_grpc.KVCacheStub(self._channel)  # type: ignore[no-untyped-call]
         self._fetch = self._channel.unary_stream(
             FETCH_METHOD, request_serializer=pb.FetchRequest.SerializeToString,
             response_deserializer=None)
@@ -31,10 +33,10 @@ class AsyncClient(Common):
             STORE_METHOD, request_serializer=None,
             response_deserializer=pb.StoreResponse.FromString)
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -50,7 +52,7 @@ class AsyncClient(Common):
         if self._native is not None:
             self._native.close()
 
-    async def _call(self, method, request):
+    async def _call(self, method: Any, request: Any) -> Any:
         try:
             return await method(request, timeout=self.timeout_s, metadata=self._metadata,
                                 wait_for_ready=True)
@@ -109,7 +111,7 @@ class AsyncClient(Common):
         async for i, payload in self._stream(ns, keys):
             yield i, keys[i], payload
 
-    async def _stream(self, ns, keys):
+    async def _stream(self, ns: Namespace, keys: List[bytes]) -> AsyncIterator[Tuple[int, memoryview]]:
         try:
             call = self._fetch(pb.FetchRequest(namespace_id=ns.id, chunk_keys=keys),
                                timeout=self.timeout_s, metadata=self._metadata,
@@ -123,7 +125,7 @@ class AsyncClient(Common):
             if not self.ends_fetch(error):
                 raise error from None
 
-    async def _fetch_shared(self, ns, keys, sink):
+    async def _fetch_shared(self, ns: Namespace, keys: List[bytes], sink: ChunkSink) -> int:
         for attempt in range(2):
             try:
                 resp = await self._call(self._stub.FetchRefs, self.refs_request(ns, keys))
@@ -148,7 +150,7 @@ class AsyncClient(Common):
         requests, _ = self.keyed_store_plan(ns, keys, payloads, durable, ttl_s, chain)
         return await self._send_store(ns, requests)
 
-    async def _send_store(self, ns, requests):
+    async def _send_store(self, ns: Namespace, requests: List[bytes]) -> StoreResult:
         if not requests:
             return StoreResult(0, 0, [])
         try:
@@ -159,15 +161,15 @@ class AsyncClient(Common):
         return self.store_result(resp, len(requests), ns)
 
     async def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
-        return (await self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s))).pinned
+        return int((await self._call(self._stub.Pin, self.pin_request(ns, keys, ttl_s))).pinned)
 
     async def unpin(self, ns: Namespace, keys: Sequence[bytes]) -> int:
-        return (await self._call(self._stub.Unpin, self.unpin_request(ns, keys))).unpinned
+        return int((await self._call(self._stub.Unpin, self.unpin_request(ns, keys))).unpinned)
 
     async def delete(self, ns: Namespace, keys: Sequence[bytes]) -> int:
         req = self.delete_request(ns, keys)
         self.forget_held(req.chunk_keys)
-        return (await self._call(self._stub.Delete, req)).deleted
+        return int((await self._call(self._stub.Delete, req)).deleted)
 
     async def stats(self) -> Dict[str, Any]:
         return self.stats_from(await self._call(self._stub.Stats, pb.StatsRequest()))
@@ -202,10 +204,10 @@ class AsyncClusterClient:
         """The ClusterClient behind it (membership, owners, counters)."""
         return self._cluster
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "AsyncClusterClient":
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -214,13 +216,13 @@ class AsyncClusterClient:
 
     async def register_namespace(self, model_config_json: str, model_id: str,
                                  chunk_tokens: int = 0) -> Namespace:
-        return await self._run(self._cluster.register_namespace, model_config_json, model_id,
-                               chunk_tokens)
+        return cast(Namespace, await self._run(self._cluster.register_namespace,
+                                               model_config_json, model_id, chunk_tokens))
 
     async def register_keyed_namespace(self, model_id: str, page_bytes: int,
                                        page_tokens: int = 0) -> Namespace:
-        return await self._run(self._cluster.register_keyed_namespace, model_id, page_bytes,
-                               page_tokens)
+        return cast(Namespace, await self._run(self._cluster.register_keyed_namespace, model_id,
+                                               page_bytes, page_tokens))
 
     def chunk_keys(self, ns: Namespace, tokens: Tokens) -> List[bytes]:
         return self._cluster.chunk_keys(ns, tokens)  # local hashing: no I/O
@@ -229,36 +231,38 @@ class AsyncClusterClient:
         return Common.caller_keys(ns, keys)
 
     async def lookup(self, ns: Namespace, tokens: Tokens) -> Match:
-        return await self._run(self._cluster.lookup, ns, tokens)
+        return cast(Match, await self._run(self._cluster.lookup, ns, tokens))
 
     async def lookup_keys(self, ns: Namespace, keys: Sequence[bytes]) -> Match:
-        return await self._run(self._cluster.lookup_keys, ns, keys)
+        return cast(Match, await self._run(self._cluster.lookup_keys, ns, keys))
 
     async def fetch(self, ns: Namespace, keys: Sequence[bytes], out: Optional[Any] = None) -> Fetched:
-        return await self._run(self._cluster.fetch, ns, keys, out)
+        return cast(Fetched, await self._run(self._cluster.fetch, ns, keys, out))
 
     async def fetch_scattered(self, ns: Namespace, keys: Sequence[bytes], dsts: Any) -> int:
-        return await self._run(self._cluster.fetch_scattered, ns, keys, dsts)
+        return cast(int, await self._run(self._cluster.fetch_scattered, ns, keys, dsts))
 
     async def store(self, ns: Namespace, tokens: Tokens, payloads: Any, durable: bool = True,
                     ttl_s: int = 0, parent: Optional[bytes] = None) -> StoreResult:
-        return await self._run(self._cluster.store, ns, tokens, payloads, durable, ttl_s, parent)
+        return cast(StoreResult, await self._run(self._cluster.store, ns, tokens, payloads,
+                                                 durable, ttl_s, parent))
 
     async def store_keys(self, ns: Namespace, keys: Sequence[bytes], payloads: Any,
                          durable: bool = True, ttl_s: int = 0, chain: bool = True) -> StoreResult:
-        return await self._run(self._cluster.store_keys, ns, keys, payloads, durable, ttl_s, chain)
+        return cast(StoreResult, await self._run(self._cluster.store_keys, ns, keys, payloads,
+                                                 durable, ttl_s, chain))
 
     async def pin(self, ns: Namespace, keys: Sequence[bytes], ttl_s: int) -> int:
-        return await self._run(self._cluster.pin, ns, keys, ttl_s)
+        return cast(int, await self._run(self._cluster.pin, ns, keys, ttl_s))
 
     async def unpin(self, ns: Namespace, keys: Sequence[bytes]) -> int:
-        return await self._run(self._cluster.unpin, ns, keys)
+        return cast(int, await self._run(self._cluster.unpin, ns, keys))
 
     async def delete(self, ns: Namespace, keys: Sequence[bytes]) -> int:
-        return await self._run(self._cluster.delete, ns, keys)
+        return cast(int, await self._run(self._cluster.delete, ns, keys))
 
     async def stats(self) -> Dict[str, Any]:
-        return await self._run(self._cluster.stats)
+        return cast(Dict[str, Any], await self._run(self._cluster.stats))
 
 
 def connect_async(target: str, token: Optional[str] = None, **options: Any) -> Any:
