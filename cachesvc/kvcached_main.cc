@@ -154,6 +154,7 @@ int Main(int argc, char** argv) {
   bool rados_write_behind = false;
   uint64_t rados_backlog_bytes = 256ull << 20;
   uint32_t rados_op_timeout_s = 5;
+  double rados_retry_after_s = 5;
   app.add_option("--rados-pool", rados_pool,
                  "a shared tier below SSD on this Ceph RADOS pool (it must exist): durable stores "
                  "reach it, misses here are read from it; empty: none");
@@ -171,6 +172,11 @@ int Main(int argc, char** argv) {
   app.add_option("--rados-op-timeout-seconds", rados_op_timeout_s,
                  "a RADOS operation that takes longer fails (an OSD stopped or gone)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rados-retry-after-seconds", rados_retry_after_s,
+                 "after RADOS fails to answer, calls skip it for this long (misses stay misses, "
+                 "write-through stores fail at once), then ask it again")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--auth-tokens", auth_file,
                  "file of \"TOKEN TENANT\" lines; without it everyone is one tenant");
@@ -460,6 +466,7 @@ int Main(int argc, char** argv) {
     so.shared_tier = *std::move(rados);
     so.shared_write_behind = rados_write_behind;
     so.shared_backlog_bytes = rados_backlog_bytes;
+    so.shared_retry_after_s = rados_retry_after_s;
 #else
     return Fail("--rados-pool: this kvcached was built without librados (scripts/install-deps.sh)");
 #endif

@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<ChunkStore>> ChunkStore::Open(StoreOptions option
   }
   if (shared) {
     impl->shared = std::make_unique<SharedTierLink>(
-        std::move(shared), impl->opt.shared_write_behind, impl->opt.shared_backlog_bytes);
+        std::move(shared), impl->opt.shared_write_behind, impl->opt.shared_backlog_bytes,
+        impl->opt.shared_retry_after_s);
   }
   return std::unique_ptr<ChunkStore>(new ChunkStore(std::move(impl)));
 }

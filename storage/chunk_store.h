@@ -125,6 +125,10 @@ struct StoreOptions {
   std::shared_ptr<SharedTier> shared_tier;
   bool shared_write_behind = false;
   uint64_t shared_backlog_bytes = 256ull << 20;
+  // After the shared tier fails to answer (a timeout, a refused connection), calls skip it
+  // for this long — misses stay misses, write-through puts and erases fail at once — and
+  // then ask it again: one timeout per interval, not one per call, while it is down.
+  double shared_retry_after_s = 5;
 };
 
 // What tests (and kvcached's hidden fault drills) give a store beside its options, which

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace kvc::storage {
 namespace {
@@ -12,8 +13,12 @@ constexpr size_t kWriteBatch = 32;  // chunks a write-behind round sends togethe
 }  // namespace
 
 SharedTierLink::SharedTierLink(std::shared_ptr<SharedTier> tier, bool write_behind,
-                               uint64_t backlog_max_bytes)
-    : tier_(std::move(tier)), write_behind_(write_behind), backlog_max_bytes_(backlog_max_bytes) {
+                               uint64_t backlog_max_bytes, double retry_after_s)
+    : tier_(std::move(tier)),
+      write_behind_(write_behind),
+      backlog_max_bytes_(backlog_max_bytes),
+      retry_after_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(retry_after_s))) {
   stats_.name = tier_->name();
   stats_.write_behind = write_behind_;
   if (write_behind_) writer_ = std::thread([this] { WriterLoop(); });
@@ -34,6 +39,21 @@ void SharedTierLink::Note(const absl::Status& s) {
   const bool answered = s.ok() || absl::IsNotFound(s) || absl::IsDataLoss(s);
   stats_.reachable = answered;
   if (!s.ok() && !absl::IsNotFound(s)) stats_.last_error = std::string(s.message());
+  if (answered) {
+    down_until_ = {};
+  } else {
+    down_until_ = std::chrono::steady_clock::now() + retry_after_;
+  }
+}
+
+absl::Status SharedTierLink::Skipping() const {
+  MutexLock lk(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= down_until_) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("the shared tier is not answering (", stats_.last_error, "); asked again in ",
+                   absl::FormatDuration(
+                       absl::Trunc(absl::FromChrono(down_until_ - now), absl::Milliseconds(1)))));
 }
 
 std::vector<absl::Status> SharedTierLink::Store(std::span<const SharedPut> puts) {
@@ -62,6 +82,12 @@ std::vector<absl::Status> SharedTierLink::Store(std::span<const SharedPut> puts)
     }
   }
   if (now.empty()) return status;
+  if (absl::Status down = Skipping(); !down.ok()) {
+    for (size_t i : now_index) status[i] = down;
+    MutexLock lk(mu_);
+    stats_.put_errors += now_index.size();
+    return status;
+  }
   std::vector<SharedPut> batch;
   batch.reserve(now.size());
   for (const SharedPut* p : now) batch.push_back(*p);
@@ -129,6 +155,11 @@ void SharedTierLink::WriterLoop() {
 std::vector<absl::Status> SharedTierLink::Fetch(SharedTag ns, std::span<const ChunkKey> keys,
                                                 std::span<const std::span<uint8_t>> outs,
                                                 std::vector<SharedChunk>* metas) {
+  if (absl::Status down = Skipping(); !down.ok()) {
+    MutexLock lk(mu_);
+    stats_.read_errors += keys.size();
+    return std::vector<absl::Status>(keys.size(), down);
+  }
   std::vector<absl::Status> got = tier_->GetMany(ns, keys, outs, metas);
   uint64_t hits = 0, misses = 0, errors = 0;
   for (const absl::Status& s : got) {
@@ -149,6 +180,8 @@ std::vector<absl::Status> SharedTierLink::Fetch(SharedTag ns, std::span<const Ch
 }
 
 std::vector<absl::StatusOr<bool>> SharedTierLink::Contains(std::span<const ChunkKey> keys) {
+  if (absl::Status down = Skipping(); !down.ok())
+    return std::vector<absl::StatusOr<bool>>(keys.size(), down);
   std::vector<absl::StatusOr<bool>> found = tier_->ContainsMany(keys);
   for (const absl::StatusOr<bool>& f : found) Note(f.status());
   return found;
@@ -172,6 +205,8 @@ std::vector<absl::Status> SharedTierLink::Remove(std::span<const ChunkKey> keys)
     }
     while (std::any_of(in_flight_.begin(), in_flight_.end(), removed)) changed_.wait(mu_);
   }
+  if (absl::Status down = Skipping(); !down.ok())
+    return std::vector<absl::Status>(keys.size(), down);
   std::vector<absl::Status> status = tier_->RemoveMany(keys);
   uint64_t removed = 0;
   for (const absl::Status& s : status) {

@@ -10,6 +10,7 @@
 // those chunks stay on its SSD only (docs/rados.md, "Durability").
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -30,7 +31,8 @@ namespace kvc::storage {
 
 class SharedTierLink {
  public:
-  SharedTierLink(std::shared_ptr<SharedTier> tier, bool write_behind, uint64_t backlog_max_bytes);
+  SharedTierLink(std::shared_ptr<SharedTier> tier, bool write_behind, uint64_t backlog_max_bytes,
+                 double retry_after_s = 5);
   // Stops the writer after it has sent the backlog (or failed a round at it).
   ~SharedTierLink();
   SharedTierLink(const SharedTierLink&) = delete;
@@ -61,12 +63,18 @@ class SharedTierLink {
     std::vector<uint8_t> bytes;
   };
   void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Counts an operation's outcome: reachable, or not and why.
+  // Counts an operation's outcome: reachable, or not and why (then calls skip the tier
+  // for retry_after_s).
   void Note(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu_);
+  // While the tier is not answering (a failure less than retry_after_s ago): the error
+  // to answer at once, naming the last failure; OK when a call may ask it.
+  absl::Status Skipping() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::shared_ptr<SharedTier> tier_;
   const bool write_behind_;
   const uint64_t backlog_max_bytes_;
+  const std::chrono::steady_clock::duration retry_after_;
+  std::chrono::steady_clock::time_point down_until_ ABSL_GUARDED_BY(mu_);
   mutable Mutex mu_;
   std::condition_variable_any changed_;  // the backlog or in_flight_ changed, or stop_
   std::deque<Queued> backlog_ ABSL_GUARDED_BY(mu_);

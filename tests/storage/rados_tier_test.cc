@@ -140,7 +140,8 @@ std::shared_ptr<RadosTier> ConnectTier(const std::string& conf, uint32_t op_time
 }
 
 std::unique_ptr<ChunkStore> OpenSharedStore(const std::string& dir, std::shared_ptr<RadosTier> tier,
-                                            bool write_behind, const StoreSeams& seams = {}) {
+                                            bool write_behind, const StoreSeams& seams = {},
+                                            double retry_after_s = 5) {
   StoreOptions o;
   o.data_dir = dir;
   o.max_chunk_bytes = kStoreChunk;
@@ -149,6 +150,7 @@ std::unique_ptr<ChunkStore> OpenSharedStore(const std::string& dir, std::shared_
   o.slab_bytes = 64 * SlotBytesFor(kStoreChunk);
   o.shared_tier = std::move(tier);
   o.shared_write_behind = write_behind;
+  o.shared_retry_after_s = retry_after_s;
   return testing::OpenStoreWith(o, kStoreNs, kStoreChunk, seams);
 }
 
@@ -292,8 +294,9 @@ TEST_F(RadosClusterTest, AStoppedOsdIsABoundedMissAndTheStoreCatchesUpWhenItRetu
   std::shared_ptr<RadosTier> tier = ConnectTier(conf_, kTimeoutS);
   ASSERT_NE(tier, nullptr);
   testing::TempDir dir;
-  auto through = OpenSharedStore(dir.File("t"), tier, /*write_behind=*/false);
-  auto behind = OpenSharedStore(dir.File("w"), tier, /*write_behind=*/true);
+  constexpr double kRetryAfterS = 1;
+  auto through = OpenSharedStore(dir.File("t"), tier, /*write_behind=*/false, {}, kRetryAfterS);
+  auto behind = OpenSharedStore(dir.File("w"), tier, /*write_behind=*/true, {}, kRetryAfterS);
   ASSERT_NE(through, nullptr);
   ASSERT_NE(behind, nullptr);
   const ChunkKey only_there = testing::KeyOf(seed, 1), put_key = testing::KeyOf(seed, 2);
@@ -323,6 +326,12 @@ TEST_F(RadosClusterTest, AStoppedOsdIsABoundedMissAndTheStoreCatchesUpWhenItRetu
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(absl::IsNotFound(miss)) << miss;
   EXPECT_LT(miss_s, 3.0 * kTimeoutS) << "bounded by the operation timeout";
+  // Once it has failed to answer, calls skip it for a while: the next miss is at once.
+  t0 = std::chrono::steady_clock::now();
+  const absl::Status skipped = through->Get(kStoreNs, only_there, out);
+  EXPECT_TRUE(absl::IsNotFound(skipped)) << skipped;
+  EXPECT_NE(skipped.message().find("not answering"), std::string::npos) << skipped;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);
   t0 = std::chrono::steady_clock::now();
   const absl::StatusOr<PutResult> refused =
       through->Put({kStoreNs, put_key, std::nullopt, testing::PayloadOf(put_key, kStoreChunk)}, {});
@@ -345,6 +354,8 @@ TEST_F(RadosClusterTest, AStoppedOsdIsABoundedMissAndTheStoreCatchesUpWhenItRetu
   EXPECT_GT(behind->Stats().shared.backlog_chunks, 0u);
 
   ASSERT_EQ(kill(osd, SIGCONT), 0);
+  // Asked again once the interval has passed.
+  std::this_thread::sleep_for(std::chrono::duration<double>(kRetryAfterS + 0.1));
   ASSERT_EQ(through->Get(kStoreNs, only_there, out), absl::OkStatus());
   EXPECT_EQ(out, there_bytes);
   EXPECT_TRUE(through->Stats().shared.reachable);
