@@ -51,6 +51,7 @@
 #include "nlohmann/json.hpp"
 #include "serve/embedded_mini_config.h"
 #include "serve/kvcached_process.h"
+#include "serve/local_ceph.h"
 #include "serve/local_cluster.h"
 #include "serve/session.h"
 
@@ -231,27 +232,15 @@ int Main(int argc, char** argv) {
       work.string()));
 
   std::vector<std::string> capacity = {"--ram-bytes", "268435456", "--ssd-bytes", "1073741824"};
-  const fs::path ceph = work / "ceph";
-  struct CephDown {  // the cluster ends with the demo, however it ends
-    fs::path dir, script;
-    ~CephDown() {
-      if (!dir.empty())
-        (void)std::system(("'" + script.string() + "' '" + dir.string() + "' >/dev/null").c_str());
-    }
-  } ceph_down;
+  std::unique_ptr<LocalCeph> ceph;  // ended with the demo, however it ends
   if (rados) {
-    const fs::path up = fs::path(source_dir) / "scripts" / "ceph-up.sh";
     say("kvdemo: starting a single-host Ceph cluster (one monitor, one memstore OSD)\n");
-    const std::string cmd = "'" + up.string() + "' '" + ceph.string() + "' kvcache >'" +
-                            (work / "ceph-up.log").string() + "' 2>&1";
-    if (std::system(cmd.c_str()) != 0)
-      return fail(
-          absl::StrCat("scripts/ceph-up.sh failed (its output: ", (work / "ceph-up.log").string(),
-                       "; Ceph comes from scripts/install-deps.sh)"));
-    ceph_down.dir = ceph;  // (fields set in place: a temporary's destructor would end it)
-    ceph_down.script = fs::path(source_dir) / "scripts" / "ceph-down.sh";
-    capacity.insert(capacity.end(),
-                    {"--rados-pool", "kvcache", "--ceph-conf", (ceph / "ceph.conf").string()});
+    absl::StatusOr<std::unique_ptr<LocalCeph>> up =
+        LocalCeph::Start(source_dir, (work / "ceph").string(), "kvcache");
+    if (!up.ok()) return fail(std::string(up.status().message()));
+    ceph = *std::move(up);
+    const std::vector<std::string> shared = ceph->KvcachedFlags();
+    capacity.insert(capacity.end(), shared.begin(), shared.end());
   }
   KvcachedProcess daemon((bin / "kvcached").string(), (work / "kvcached").string(), capacity);
   std::vector<std::string> node_flags = capacity;

@@ -23,6 +23,7 @@
 #include "engine/model/weights.h"
 #include "serve/cache_connector.h"
 #include "serve/kvcached_process.h"
+#include "serve/local_ceph.h"
 
 namespace kvc::bench {
 namespace {
@@ -59,23 +60,12 @@ absl::StatusOr<nlohmann::json> RunE2eBench(const E2eBenchOptions& o) {
   std::vector<std::string> flags = {"--ram-bytes", std::to_string(1ull << 30), "--ssd-bytes",
                                     std::to_string(4ull << 30)};
   if (o.hbm_bytes > 0) flags.insert(flags.end(), {"--hbm-bytes", std::to_string(o.hbm_bytes)});
-  const fs::path ceph = fs::path(o.dir) / "ceph";
-  struct CephDown {  // the cluster ends with the run, however it ends
-    std::string cmd;
-    ~CephDown() {
-      if (!cmd.empty()) (void)std::system(cmd.c_str());
-    }
-  } ceph_down;
+  std::unique_ptr<serve::LocalCeph> ceph;  // ended with the run, however it ends
   if (o.rados) {
-    const std::string up = absl::StrCat("'", o.source_dir, "/scripts/ceph-up.sh' '", ceph.string(),
-                                        "' kvcache >'", o.dir, "/ceph-up.log' 2>&1");
-    if (std::system(up.c_str()) != 0)
-      return absl::UnavailableError(
-          absl::StrCat("scripts/ceph-up.sh failed (", o.dir, "/ceph-up.log)"));
-    ceph_down.cmd =
-        absl::StrCat("'", o.source_dir, "/scripts/ceph-down.sh' '", ceph.string(), "' >/dev/null");
-    flags.insert(flags.end(),
-                 {"--rados-pool", "kvcache", "--ceph-conf", (ceph / "ceph.conf").string()});
+    KVC_ASSIGN_OR_RETURN(ceph, serve::LocalCeph::Start(
+                                   o.source_dir, (fs::path(o.dir) / "ceph").string(), "kvcache"));
+    const std::vector<std::string> shared = ceph->KvcachedFlags();
+    flags.insert(flags.end(), shared.begin(), shared.end());
   }
   model::HbmChunkReader hbm_reader;
   if (o.hbm_bytes > 0) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "serve/local_ceph.h"
 #include "storage/chunk_store.h"
 #include "storage/rados_tier.h"
 #include "storage/slot_format.h"
@@ -69,20 +70,11 @@ absl::StatusOr<nlohmann::json> RunRadosBench(const RadosBenchOptions& o) {
   fs::remove_all(o.dir, ec);
   fs::create_directories(o.dir);
   std::string conf = o.ceph_conf;
-  struct Down {
-    std::string cmd;
-    ~Down() {
-      if (!cmd.empty()) (void)std::system(cmd.c_str());
-    }
-  } down;
+  std::unique_ptr<serve::LocalCeph> ceph;  // ended with the run, however it ends
   if (conf.empty()) {
-    const std::string ceph = o.dir + "/ceph";
-    KVC_RETURN_IF_ERROR(
-        Capture(absl::StrCat("KVC_CEPH_OSD_BYTES=", 4ull << 30, " '", o.source_dir,
-                             "/scripts/ceph-up.sh' '", ceph, "' '", o.pool, "' 2>&1"))
-            .status());
-    down.cmd = absl::StrCat("'", o.source_dir, "/scripts/ceph-down.sh' '", ceph, "' >/dev/null");
-    conf = ceph + "/ceph.conf";
+    KVC_ASSIGN_OR_RETURN(ceph, serve::LocalCeph::Start(o.source_dir, o.dir + "/ceph", o.pool,
+                                                       /*osd_bytes=*/4ull << 30));
+    conf = ceph->conf();
   }
   storage::RadosTierOptions ro;
   ro.pool = o.pool;
