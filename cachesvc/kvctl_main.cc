@@ -95,7 +95,7 @@ struct Args {
   std::string node_id, secret_file;  // drain
   std::string tenant;                // pins, unpin --tenant: the operator's
   uint32_t limit = 1000;
-  std::string tls_ca;                // reach kvcached over TLS, trusting this CA bundle
+  std::string tls_ca;  // reach kvcached over TLS, trusting this CA bundle
   double wait_s = 3600;
   EtcdFlags etcd;  // a cluster whose etcd runs with TLS or authentication
 };

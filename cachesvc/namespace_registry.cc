@@ -130,7 +130,7 @@ absl::Status NamespaceRegistry::Load() {
   const std::string log = dir_ + kLog, old = dir_ + kOldArray;
   std::vector<NamespaceInfo> entries;
   std::vector<std::string> where;  // each entry's file and line, for the load's errors
-  size_t good_bytes = 0;  // the log's length up to its last whole line
+  size_t good_bytes = 0;           // the log's length up to its last whole line
   if (std::ifstream in(log); in) {
     std::string line;
     size_t n = 0, at = 0;

@@ -91,9 +91,9 @@ class ChunkStore::Impl {
     EvictionOrder order;
     std::unordered_map<ChunkKey, int64_t, ChunkKeyHash> pins;
     int64_t access_clock = 0;
-    bool damaged = false;    // the index was (or was found while loading) damaged
-    uint64_t rebuilds = 0;   // damage found while loading (StoreStats::index_rebuilds)
-    uint64_t recovered = 0;  // chunks indexed from their slots
+    bool damaged = false;           // the index was (or was found while loading) damaged
+    uint64_t rebuilds = 0;          // damage found while loading (StoreStats::index_rebuilds)
+    uint64_t recovered = 0;         // chunks indexed from their slots
     uint64_t unreadable_slots = 0;  // slots recovery could not read (StoreStats)
   };
   // How far numbering jumps past the highest known sequence when recovery could not read
