@@ -38,13 +38,20 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   std::vector<SharedPut> early_puts;
   std::future<std::vector<absl::Status>> early_sent;
   if (!link->write_behind()) {
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const PutRequest& r = requests[i];
-      if (tags[i] == 0 ||
-          LookupLocal(r.namespace_id, std::span(&r.key, 1), false)[0] != Tier::kNone)
-        continue;
-      early.push_back(i);
-      early_puts.push_back(SharedPutOf(r, tags[i], expires));
+    // One lookup per run of requests of one namespace (a batch is usually one run).
+    for (size_t run = 0; run < requests.size();) {
+      const NamespaceId ns = requests[run].namespace_id;
+      std::vector<ChunkKey> keys;
+      size_t end = run;
+      for (; end < requests.size() && requests[end].namespace_id == ns; ++end)
+        keys.push_back(requests[end].key);
+      const std::vector<Tier> here = LookupLocal(ns, keys, /*leading_only=*/false);
+      for (size_t i = run; i < end; ++i) {
+        if (tags[i] == 0 || here[i - run] != Tier::kNone) continue;
+        early.push_back(i);
+        early_puts.push_back(SharedPutOf(requests[i], tags[i], expires));
+      }
+      run = end;
     }
     if (!early.empty())
       early_sent = std::async(std::launch::async, [&] { return link->Store(early_puts); });

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "bench/kvbench/harness.h"
 #include "serve/local_ceph.h"
 #include "storage/chunk_store.h"
 #include "storage/rados_tier.h"
@@ -55,11 +56,6 @@ ChunkKey KeyOf(uint64_t seed, uint64_t i) {
   std::mt19937_64 rng(seed * 1'000'003 + i);
   for (auto& b : k.bytes) b = static_cast<uint8_t>(rng());
   return k;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace
