@@ -333,13 +333,31 @@ TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
   EXPECT_NE(bad.err.find("is not NAME=FILE"), std::string::npos) << bad.err;
 }
 
+// kvbench e2e on small cases (a 512-token prefix, one sweep case), plus `extra` flags.
+testing::ProcessResult RunSmallE2e(const TempDir& dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"e2e",
+                                   "--dir",
+                                   dir.File("scratch"),
+                                   "--config",
+                                   std::string(KVC_SOURCE_DIR) + "/configs/mini.json",
+                                   "--prefix-tokens",
+                                   "512",
+                                   "--new-tokens",
+                                   "64",
+                                   "--new-token-sweep",
+                                   "32",
+                                   "--sweep-prefix",
+                                   "256",
+                                   "--reps",
+                                   "1",
+                                   "--json"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return RunProgram(kKvbench, args);
+}
+
 TEST(KvbenchTest, E2eJsonHasEveryCase) {
   TempDir dir;
-  auto r =
-      RunProgram(kKvbench, {"e2e", "--dir", dir.File("scratch"), "--config",
-                            std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--prefix-tokens",
-                            "512", "--new-tokens", "64", "--new-token-sweep", "32",
-                            "--sweep-prefix", "256", "--reps", "1", "--json"});
+  auto r = RunSmallE2e(dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -358,11 +376,7 @@ TEST(KvbenchTest, E2eJsonHasEveryCase) {
 // the whole prefix comes from RADOS.
 TEST(KvbenchTest, E2eResumesAPrefixFromRadosAfterTheNodeIsLost) {
   TempDir dir;
-  auto r =
-      RunProgram(kKvbench, {"e2e", "--dir", dir.File("scratch"), "--config",
-                            std::string(KVC_SOURCE_DIR) + "/configs/mini.json", "--prefix-tokens",
-                            "512", "--new-tokens", "64", "--new-token-sweep", "32",
-                            "--sweep-prefix", "256", "--reps", "1", "--rados", "--json"});
+  auto r = RunSmallE2e(dir, {"--rados"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
