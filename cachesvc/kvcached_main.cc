@@ -47,6 +47,7 @@
 #include "cachesvc/peer_service.h"
 #include "cachesvc/repair.h"
 #include "cachesvc/service.h"
+#include "cachesvc/shared_sweeper.h"
 #include "engine/spec/chunk_layout.h"
 #include "storage/disk_space.h"
 #if KVC_WITH_RADOS
@@ -155,6 +156,7 @@ int Main(int argc, char** argv) {
   uint64_t rados_backlog_bytes = 256ull << 20;
   uint32_t rados_op_timeout_s = 5;
   double rados_retry_after_s = 5;
+  double rados_sweep_s = 3600;
   app.add_option("--rados-pool", rados_pool,
                  "a shared tier below SSD on this Ceph RADOS pool (it must exist): durable stores "
                  "reach it, misses here are read from it; empty: none");
@@ -176,6 +178,11 @@ int Main(int argc, char** argv) {
   app.add_option("--rados-retry-after-seconds", rados_retry_after_s,
                  "after RADOS fails to answer, calls skip it for this long (misses stay misses, "
                  "write-through stores fail at once), then ask it again")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rados-sweep-seconds", rados_sweep_s,
+                 "remove the pool's chunks past their TTL this often, whoever wrote them (one "
+                 "node sweeping is enough for a fleet; 0: never)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--auth-tokens", auth_file,
@@ -698,8 +705,14 @@ int Main(int argc, char** argv) {
       }
     });
   }
+  std::unique_ptr<SharedSweeper> sweeper;
+  if (!rados_pool.empty() && rados_sweep_s > 0) {
+    sweeper = std::make_unique<SharedSweeper>(
+        store->get(), std::chrono::milliseconds(static_cast<int64_t>(rados_sweep_s * 1000)));
+  }
   int sig = 0;
   sigwait(&signals, &sig);
+  sweeper.reset();
   std::printf("kvcached: signal %d: draining\n", sig);
   std::fflush(stdout);
   LogLine(LogLevel::kInfo, "drain").Int("signal", sig);

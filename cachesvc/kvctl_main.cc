@@ -349,10 +349,20 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     if (s.has_quota()) {
       const pb::TenantQuota& q = s.quota();
       auto limit = [](uint64_t x) { return x > 0 ? std::to_string(x) : std::string("none"); };
-      std::printf("quota: ram %llu / %s bytes, ssd %llu / %s bytes, pins %llu / %s\n",
+      std::printf("quota: ram %llu / %s bytes, ssd %llu / %s bytes, pins %llu / %s",
                   (unsigned long long)q.ram_bytes(), limit(q.ram_bytes_limit()).c_str(),
                   (unsigned long long)q.ssd_bytes(), limit(q.ssd_bytes_limit()).c_str(),
                   (unsigned long long)q.pinned_chunks(), limit(q.pinned_chunks_limit()).c_str());
+      if (s.has_shared_tier()) {
+        if (q.rados_error().empty()) {
+          std::printf(", rados %llu / %s bytes", (unsigned long long)q.rados_bytes(),
+                      limit(q.rados_bytes_limit()).c_str());
+        } else {
+          std::printf(", rados ? / %s bytes (%s)", limit(q.rados_bytes_limit()).c_str(),
+                      q.rados_error().c_str());
+        }
+      }
+      std::printf("\n");
     }
     return absl::OkStatus();
   }

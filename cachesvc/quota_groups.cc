@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "base/status_macros.h"
+#include "cachesvc/namespace_registry.h"
 
 namespace kvc::cachesvc {
 
@@ -32,6 +33,15 @@ bool QuotaGroups::Describe(const std::string& tenant, kvcache::v1::TenantQuota* 
   out->set_ram_bytes_limit(q->ram_bytes);
   out->set_ssd_bytes_limit(q->ssd_bytes);
   out->set_pinned_chunks_limit(q->pinned_chunks);
+  out->set_rados_bytes_limit(q->rados_bytes);
+  // Fleet-wide: counted in the shared tier itself (one read of its count); nothing
+  // without one.
+  absl::StatusOr<uint64_t> shared = store_->SharedAccountBytes(SharedAccountOf(tenant));
+  if (shared.ok()) {
+    out->set_rados_bytes(*shared);
+  } else if (!absl::IsFailedPrecondition(shared.status())) {
+    out->set_rados_error(std::string(shared.status().message()));
+  }
   const storage::ChunkStore::QuotaRoom room = store_->QuotaCapacity();
   out->set_ram_bytes_per_chunk(room.ram_bytes_per_chunk);
   out->set_ssd_bytes_per_chunk(room.ssd_bytes_per_chunk);

@@ -282,6 +282,8 @@ grpc::ServerUnaryReactor* KvCacheService::Stats(grpc::CallbackServerContext* ctx
           t->set_backlog_bytes(s.shared.backlog_bytes);
           t->set_reachable(s.shared.reachable);
           t->set_last_error(s.shared.last_error);
+          t->set_sweeps(s.shared.sweeps);
+          t->set_swept(s.shared.swept);
         }
         resp->set_index_rebuilds(s.index_rebuilds);
         resp->set_index_load_s(s.index_load_s);

@@ -52,7 +52,8 @@ void KvCacheService::Impl::AssignRamPool(const NamespaceInfo& ns) {
 }
 
 void KvCacheService::Impl::ShareNamespace(const NamespaceInfo& ns) {
-  store->SetSharedTag(ns.store_id, ns.key_scope >= kKeyScopeBound ? SharedNamespaceTag(ns) : 0);
+  store->SetSharedTag(ns.store_id, ns.key_scope >= kKeyScopeBound ? SharedNamespaceTag(ns) : 0,
+                      SharedAccountOf(ns.tenant));
 }
 
 void KvCacheService::Impl::Observe(const char* method, absl::string_view tenant,

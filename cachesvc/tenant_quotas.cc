@@ -58,22 +58,25 @@ absl::StatusOr<TenantQuotas> TenantQuotas::Parse(const std::vector<std::string>&
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(limit, '=');
       const absl::string_view kind = absl::StripAsciiWhitespace(kv.first);
       const absl::string_view value = absl::StripAsciiWhitespace(kv.second);
-      if (kind == "ram" || kind == "ssd") {
+      if (kind == "ram" || kind == "ssd" || kind == "rados") {
         KVC_ASSIGN_OR_RETURN(uint64_t bytes, ParseByteSize(kFlag, item, value));
-        (kind == "ram" ? quota.ram_bytes : quota.ssd_bytes) = bytes;
+        (kind == "ram"   ? quota.ram_bytes
+         : kind == "ssd" ? quota.ssd_bytes
+                         : quota.rados_bytes) = bytes;
       } else if (kind == "pins") {
         if (!absl::SimpleAtoi(value, &quota.pinned_chunks) || quota.pinned_chunks == 0) {
           return absl::InvalidArgumentError(
               absl::StrCat(kFlag, " '", item, "': pins must be a positive number of chunks"));
         }
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat(kFlag, " '", item, "': unknown limit '", kind, "' (ram, ssd or pins)"));
+        return absl::InvalidArgumentError(absl::StrCat(kFlag, " '", item, "': unknown limit '",
+                                                       kind, "' (ram, ssd, rados or pins)"));
       }
     }
-    if (quota.ram_bytes == 0 && quota.ssd_bytes == 0 && quota.pinned_chunks == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kFlag, " '", item, "' sets no limit (ram=BYTES, ssd=BYTES or pins=N)"));
+    if (quota.ram_bytes == 0 && quota.ssd_bytes == 0 && quota.rados_bytes == 0 &&
+        quota.pinned_chunks == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFlag, " '", item, "' sets no limit (ram=BYTES, ssd=BYTES, rados=BYTES or pins=N)"));
     }
     if (tenant == "*") {
       q.others_ = quota;
@@ -92,7 +95,7 @@ std::optional<storage::Quota> TenantQuotas::For(const std::string& tenant) const
     q = *others_;
     q->owner = absl::StrCat("tenant ", tenant);
   } else if (default_pins_ > 0) {
-    q = storage::Quota{absl::StrCat("tenant ", tenant), 0, 0, 0};
+    q = storage::Quota{absl::StrCat("tenant ", tenant), 0, 0, 0, 0};
   }
   if (q && q->pinned_chunks == 0) q->pinned_chunks = default_pins_;
   return q;

@@ -1,8 +1,9 @@
 // TenantQuotas: what each tenant may keep in the store (--tenant-quota), as storage quotas
 // (storage/quota.h) — RAM bytes, SSD bytes and pinned chunks.
 //
-// Each flag is "TENANT:KIND=N[,KIND=N…]" with KIND ram, ssd (bytes, with a K, M, G or T
-// suffix for powers of 1024) or pins (chunks); the tenant "*" stands for every tenant not
+// Each flag is "TENANT:KIND=N[,KIND=N…]" with KIND ram, ssd, rados (bytes, with a K, M, G
+// or T suffix for powers of 1024) or pins (chunks); rados bounds the tenant's bytes in the
+// shared tier, fleet-wide (storage/quota.h); the tenant "*" stands for every tenant not
 // named in a flag of its own. A tenant over a byte quota gives up its own chunks first;
 // when all it holds is pinned its Store fails with RESOURCE_EXHAUSTED naming it and the
 // limit. Other tenants are never evicted for it.

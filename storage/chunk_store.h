@@ -376,8 +376,16 @@ class ChunkStore {
   [[nodiscard]] absl::Status Flush();
   // Names namespace `ns` in the shared tier by `tag`, which every node sharing it must give
   // the namespace alike (a store id is this node's own); 0 keeps the namespace off the
-  // shared tier. Without a call a namespace is named by its store id.
-  void SetSharedTag(NamespaceId ns, SharedTag tag);
+  // shared tier. Without a call a namespace is named by its store id. Its bytes there
+  // count against `account` (SharedChunk::account; empty: none), which a group's
+  // Quota::rados_bytes limits.
+  void SetSharedTag(NamespaceId ns, SharedTag tag, std::string account = "");
+  // The account's bytes in the shared tier, fleet-wide (with this node's write-behind
+  // backlog); FailedPrecondition without a shared tier.
+  absl::StatusOr<uint64_t> SharedAccountBytes(const std::string& account);
+  // Removes the shared tier's chunks past their TTL, whoever wrote them (a chunk nobody
+  // reads again is otherwise kept); FailedPrecondition without a shared tier.
+  absl::StatusOr<SharedSweep> SweepSharedTier();
   // Waits until the shared tier's write-behind backlog is sent (OK at once without one, or
   // with write-through); DeadlineExceeded after `timeout`.
   [[nodiscard]] absl::Status DrainSharedTier(std::chrono::milliseconds timeout);
@@ -422,6 +430,11 @@ class ChunkStore {
   // (chunk_store_shared.cc), outside the store's lock.
   std::vector<absl::StatusOr<PutResult>> PutBatchLocal(std::span<const PutRequest> requests,
                                                        const PutOptions& options);
+  // For PutBatch: each request (not `held` here) that would take its account past its
+  // group's rados_bytes, refused; empty when none is.
+  std::vector<absl::Status> OverSharedQuota(std::span<const PutRequest> requests,
+                                            std::span<const std::string> accounts,
+                                            const std::vector<bool>& held);
   std::vector<Tier> LookupLocal(NamespaceId ns, std::span<const ChunkKey> keys,
                                 bool leading_only) const;
   std::vector<absl::Status> EraseBatchLocal(NamespaceId ns, std::span<const ChunkKey> keys);

@@ -4,6 +4,7 @@
 // read in it (and promoted), erases remove its copy.
 #include <algorithm>
 #include <future>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "storage/chunk_store_impl.h"
@@ -30,7 +31,44 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     return PutBatchLocal(requests, options);
   const int64_t expires = options.ttl_s > 0 ? impl_->NowS() + options.ttl_s : 0;
   std::vector<SharedTag> tags;  // 0: the namespace stays off the shared tier
-  for (const PutRequest& r : requests) tags.push_back(link->TagOf(r.namespace_id));
+  std::vector<std::string> accounts;
+  for (const PutRequest& r : requests) {
+    tags.push_back(link->TagOf(r.namespace_id));
+    accounts.push_back(link->AccountOf(r.namespace_id));
+  }
+  // What this node holds already (one lookup per run of requests of one namespace; a
+  // batch is usually one run): the rest is new to it, and likely to the shared tier.
+  std::vector<bool> held(requests.size(), false);
+  for (size_t run = 0; run < requests.size();) {
+    const NamespaceId ns = requests[run].namespace_id;
+    std::vector<ChunkKey> keys;
+    size_t end = run;
+    for (; end < requests.size() && requests[end].namespace_id == ns; ++end)
+      keys.push_back(requests[end].key);
+    const std::vector<Tier> here = LookupLocal(ns, keys, /*leading_only=*/false);
+    for (size_t i = run; i < end; ++i) held[i] = here[i - run] != Tier::kNone;
+    run = end;
+  }
+  if (std::vector<absl::Status> over = OverSharedQuota(requests, accounts, held); !over.empty()) {
+    // Refused before anything is written; the rest are put as one batch.
+    std::vector<PutRequest> rest;
+    std::vector<size_t> rest_index;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (over[i].ok()) {
+        rest.push_back(requests[i]);
+        rest_index.push_back(i);
+      }
+    }
+    std::vector<absl::StatusOr<PutResult>> results(over.begin(), over.end());
+    std::vector<absl::StatusOr<PutResult>> put = PutBatch(rest, options);
+    for (size_t j = 0; j < rest_index.size(); ++j) results[rest_index[j]] = std::move(put[j]);
+    return results;
+  }
+  auto shared_put = [&](size_t i) {
+    SharedPut p = SharedPutOf(requests[i], tags[i], expires);
+    p.meta.account = accounts[i];
+    return p;
+  };
   // Written through: chunks this node does not hold yet go to the shared tier while the
   // node writes and syncs its own copy (the acknowledgement waits for both, not one after
   // the other). Write-behind only queues a copy: no need.
@@ -38,20 +76,10 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   std::vector<SharedPut> early_puts;
   std::future<std::vector<absl::Status>> early_sent;
   if (!link->write_behind()) {
-    // One lookup per run of requests of one namespace (a batch is usually one run).
-    for (size_t run = 0; run < requests.size();) {
-      const NamespaceId ns = requests[run].namespace_id;
-      std::vector<ChunkKey> keys;
-      size_t end = run;
-      for (; end < requests.size() && requests[end].namespace_id == ns; ++end)
-        keys.push_back(requests[end].key);
-      const std::vector<Tier> here = LookupLocal(ns, keys, /*leading_only=*/false);
-      for (size_t i = run; i < end; ++i) {
-        if (tags[i] == 0 || here[i - run] != Tier::kNone) continue;
-        early.push_back(i);
-        early_puts.push_back(SharedPutOf(requests[i], tags[i], expires));
-      }
-      run = end;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (tags[i] == 0 || held[i]) continue;
+      early.push_back(i);
+      early_puts.push_back(shared_put(i));
     }
     if (!early.empty())
       early_sent = std::async(std::launch::async, [&] { return link->Store(early_puts); });
@@ -78,7 +106,7 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
     }
   }
   std::vector<SharedPut> puts;
-  for (size_t i : send) puts.push_back(SharedPutOf(requests[i], tags[i], expires));
+  for (size_t i : send) puts.push_back(shared_put(i));
   std::vector<absl::Status> sent_now =
       puts.empty() ? std::vector<absl::Status>() : link->Store(puts);
   auto refuse = [&](size_t i, const absl::Status& st) {
@@ -93,6 +121,46 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   for (size_t j = 0; j < early.size(); ++j) refuse(early[j], sent_early[j]);
   for (size_t j = 0; j < send.size(); ++j) refuse(send[j], sent_now[j]);
   return results;
+}
+
+std::vector<absl::Status> ChunkStore::OverSharedQuota(std::span<const PutRequest> requests,
+                                                      std::span<const std::string> accounts,
+                                                      const std::vector<bool>& held) {
+  // The batch's new bytes per account whose group limits them.
+  struct Need {
+    uint64_t limit = 0, bytes = 0;
+    std::string owner;
+  };
+  std::map<std::string, Need> need;
+  {
+    MutexLock lock(impl_->mu);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (accounts[i].empty() || held[i]) continue;
+      const Impl::QuotaState* q = impl_->QuotaOf(requests[i].namespace_id);
+      if (q == nullptr || q->quota.rados_bytes == 0) continue;
+      Need& n = need[accounts[i]];
+      n.limit = q->quota.rados_bytes;
+      n.owner = q->quota.owner;
+      n.bytes += requests[i].payload.size();
+    }
+  }
+  std::map<std::string, absl::Status> refused;
+  for (const auto& [account, n] : need) {
+    // A count the shared tier cannot give does not stop the put: the write itself then
+    // fails (write-through) or waits in the bounded backlog (write-behind).
+    const absl::StatusOr<uint64_t> holds = impl_->shared->AccountBytes(account);
+    if (!holds.ok() || *holds + n.bytes <= n.limit) continue;
+    refused[account] = absl::ResourceExhaustedError(absl::StrCat(
+        n.owner, " is at its rados quota of ", n.limit, " bytes: it holds ", *holds,
+        " in the shared tier and this put adds ", n.bytes, " (nothing there is evicted for it)"));
+  }
+  if (refused.empty()) return {};
+  std::vector<absl::Status> out(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto r = refused.find(accounts[i]);
+    if (r != refused.end() && !held[i]) out[i] = r->second;
+  }
+  return out;
 }
 
 void ChunkStore::GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
@@ -196,8 +264,18 @@ std::vector<absl::Status> ChunkStore::EraseBatch(NamespaceId ns, std::span<const
   return status;
 }
 
-void ChunkStore::SetSharedTag(NamespaceId ns, SharedTag tag) {
-  if (impl_->shared) impl_->shared->SetTag(ns, tag);
+void ChunkStore::SetSharedTag(NamespaceId ns, SharedTag tag, std::string account) {
+  if (impl_->shared) impl_->shared->SetTag(ns, tag, std::move(account));
+}
+
+absl::StatusOr<uint64_t> ChunkStore::SharedAccountBytes(const std::string& account) {
+  if (!impl_->shared) return absl::FailedPreconditionError("the store has no shared tier");
+  return impl_->shared->AccountBytes(account);
+}
+
+absl::StatusOr<SharedSweep> ChunkStore::SweepSharedTier() {
+  if (!impl_->shared) return absl::FailedPreconditionError("the store has no shared tier");
+  return impl_->shared->Sweep(impl_->NowS());
 }
 
 absl::Status ChunkStore::DrainSharedTier(std::chrono::milliseconds timeout) {

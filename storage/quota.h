@@ -18,6 +18,9 @@
 //   namespaces without a limit in that tier, or of groups over it (a lowered quota); a
 //   group within its limit keeps every chunk. When nothing else can go, the put fails.
 // Group 0 (every namespace not put in a group) has no quota and no guarantee.
+// The shared tier (rados_bytes) is no node's: its limit is checked, not guaranteed — a
+// durable put that would take the group's account past it is refused before anything is
+// written (ResourceExhausted naming the owner, the limit and what it holds).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,10 @@ struct Quota {
   uint64_t ram_bytes = 0;      // 0: no limit
   uint64_t ssd_bytes = 0;      // 0: no limit
   uint64_t pinned_chunks = 0;  // 0: no limit
+  // Bytes of the group's durable chunks in the shared tier (its account's count there,
+  // fleet-wide: SharedTier::AccountBytes). Over it a durable put is refused — nothing in
+  // the shared tier is evicted for it (it is the copy that outlives the nodes).
+  uint64_t rados_bytes = 0;  // 0: no limit
 };
 
 // What a group holds now.

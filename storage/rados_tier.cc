@@ -8,14 +8,22 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "storage/slot_format.h"
+#include "storage/xxh3.h"
 
 namespace kvc::storage {
 namespace {
 
 constexpr char kMetaXattr[] = "kvc.meta";
 constexpr char kChainXattr[] = "kvc.chain";
+constexpr char kAccountXattr[] = "kvc.account";  // on a chunk and on its account's usage object
+constexpr char kBytesXattr[] = "kvc.bytes";      // a usage object's count, decimal
+constexpr char kChunkPrefix[] = "chunk-";
+constexpr size_t kSweepBatch = 256;    // objects a sweep reads (and removes) together
+constexpr int kChargeAttempts = 1000;  // compare-and-swap rounds before a count gives up
 constexpr uint8_t kMetaVersion = 2;  // 2: the namespace as a 64-bit shared tag
 
 template <typename T>
@@ -114,7 +122,12 @@ RadosTier::~RadosTier() {
   impl_->cluster.shutdown();
 }
 
-std::string RadosTier::ObjectName(const ChunkKey& key) { return "chunk-" + key.Hex(); }
+std::string RadosTier::ObjectName(const ChunkKey& key) { return kChunkPrefix + key.Hex(); }
+
+std::string RadosTier::UsageObjectName(const std::string& account) {
+  return absl::StrCat("usage-",
+                      absl::Hex(Xxh3Hash(account.data(), account.size()), absl::kZeroPad16));
+}
 
 absl::StatusOr<std::unique_ptr<RadosTier>> RadosTier::Connect(const RadosTierOptions& o) {
   if (o.pool.empty()) return absl::InvalidArgumentError("no RADOS pool named");
@@ -175,31 +188,114 @@ class Completions {
 
 std::vector<absl::Status> RadosTier::PutMany(std::span<const SharedPut> puts) {
   std::vector<absl::Status> status(puts.size());
-  std::vector<librados::ObjectWriteOperation> ops(puts.size());
-  Completions done;
-  std::vector<int> issued(puts.size(), 0);
+  struct Write {
+    librados::bufferlist data, meta, chain, account;
+    librados::ObjectWriteOperation ops[2];  // kept until they complete: the create, the rewrite
+    int issued = 0, rc = 0;
+  };
+  std::vector<Write> writes(puts.size());
+  // One operation per chunk: the bytes and what checks them land together or not at all.
+  // `create` makes it exclusive: only the write that creates the object counts its bytes.
+  auto issue = [&](size_t i, bool create, Completions& done) {
+    Write& w = writes[i];
+    librados::ObjectWriteOperation& op = w.ops[create ? 0 : 1];
+    if (create) op.create(true);
+    op.write_full(w.data);
+    op.setxattr(kMetaXattr, w.meta);
+    op.setxattr(kChainXattr, w.chain);
+    if (w.account.length() > 0) op.setxattr(kAccountXattr, w.account);
+    w.issued = impl_->io.aio_operate(ObjectName(puts[i].key), done.New(), &op);
+  };
+  {
+    Completions done;
+    for (size_t i = 0; i < puts.size(); ++i) {
+      const SharedPut& p = puts[i];
+      Write& w = writes[i];
+      // One copy into the write's buffer, hashed as it is copied: the checksum kept beside
+      // the bytes is of the bytes sent.
+      ceph::bufferptr bytes = ceph::buffer::create(p.payload.size());
+      const uint64_t checksum =
+          p.payload.CopyWithChecksum(reinterpret_cast<uint8_t*>(bytes.c_str()));
+      w.data.push_back(std::move(bytes));
+      w.meta.append(EncodeMeta(p.meta.namespace_tag, p.payload.size(), checksum));
+      w.chain.append(EncodeChain(p.meta));
+      w.account.append(p.meta.account);
+      issue(i, /*create=*/true, done);
+    }
+    for (size_t i = 0; i < puts.size(); ++i)
+      writes[i].rc = writes[i].issued < 0 ? writes[i].issued : done.Wait(i);
+  }
+  // Objects that were there already (another node's write, or an earlier one of this
+  // chunk) are written again — the same bytes, its expiry renewed — and not counted.
+  std::vector<size_t> again;
+  std::map<std::string, int64_t> created;  // account → bytes of the objects created
   for (size_t i = 0; i < puts.size(); ++i) {
-    const SharedPut& p = puts[i];
-    // One copy into the write's buffer, hashed as it is copied: the checksum kept beside
-    // the bytes is of the bytes sent.
-    ceph::bufferptr bytes = ceph::buffer::create(p.payload.size());
-    const uint64_t checksum = p.payload.CopyWithChecksum(reinterpret_cast<uint8_t*>(bytes.c_str()));
-    librados::bufferlist data, meta_bl, chain_bl;
-    data.push_back(std::move(bytes));
-    meta_bl.append(EncodeMeta(p.meta.namespace_tag, p.payload.size(), checksum));
-    chain_bl.append(EncodeChain(p.meta));
-    // One operation: the bytes and what checks them land together or not at all.
-    ops[i].write_full(data);
-    ops[i].setxattr(kMetaXattr, meta_bl);
-    ops[i].setxattr(kChainXattr, chain_bl);
-    issued[i] = impl_->io.aio_operate(ObjectName(p.key), done.New(), &ops[i]);
+    if (writes[i].rc == -EEXIST) {
+      again.push_back(i);
+    } else if (writes[i].rc >= 0 && !puts[i].meta.account.empty()) {
+      created[puts[i].meta.account] += static_cast<int64_t>(puts[i].payload.size());
+    }
+  }
+  if (!again.empty()) {
+    Completions done;
+    for (size_t i : again) issue(i, /*create=*/false, done);
+    for (size_t j = 0; j < again.size(); ++j) {
+      Write& w = writes[again[j]];
+      w.rc = w.issued < 0 ? w.issued : done.Wait(j);
+    }
   }
   for (size_t i = 0; i < puts.size(); ++i) {
-    const int rc = issued[i] < 0 ? issued[i] : done.Wait(i);
-    status[i] =
-        FromRados(rc, absl::StrCat("writing ", puts[i].key.Hex(), " to pool ", impl_->pool));
+    status[i] = FromRados(writes[i].rc,
+                          absl::StrCat("writing ", puts[i].key.Hex(), " to pool ", impl_->pool));
   }
+  // The objects are stored: a count that fails leaves the account short by them (the
+  // status of the writes does not change — their bytes are durable).
+  for (const auto& [account, bytes] : created) (void)Charge(account, bytes);
   return status;
+}
+
+absl::Status RadosTier::Charge(const std::string& account, int64_t delta) {
+  const std::string oid = UsageObjectName(account);
+  for (int attempt = 0; attempt < kChargeAttempts; ++attempt) {
+    librados::bufferlist current;
+    const int got = impl_->io.getxattr(oid, kBytesXattr, current);
+    if (got < 0 && got != -ENOENT && got != -ENODATA)
+      return FromRados(got, absl::StrCat("reading the usage of ", account));
+    uint64_t old = 0;
+    if (got > 0 && !absl::SimpleAtoi(current.to_str(), &old))
+      return absl::DataLossError(absl::StrCat("the usage of ", account, " does not parse"));
+    if (got == -ENOENT && delta <= 0) return absl::OkStatus();  // nothing counted yet
+    const uint64_t next = delta >= 0 ? old + static_cast<uint64_t>(delta)
+                                     : old - std::min(old, static_cast<uint64_t>(-delta));
+    librados::ObjectWriteOperation op;
+    librados::bufferlist value;
+    value.append(std::to_string(next));
+    if (got == -ENOENT) {
+      librados::bufferlist name;
+      name.append(account);
+      op.create(true);  // fails (EEXIST) if another writer made it first: read again
+      op.setxattr(kAccountXattr, name);
+    } else {
+      op.cmpxattr(kBytesXattr, LIBRADOS_CMPXATTR_OP_EQ, old);  // ECANCELED if it moved
+    }
+    op.setxattr(kBytesXattr, value);
+    const int rc = impl_->io.operate(oid, &op);
+    if (rc >= 0) return absl::OkStatus();
+    if (rc != -EEXIST && rc != -ECANCELED)
+      return FromRados(rc, absl::StrCat("counting the usage of ", account));
+  }
+  return absl::AbortedError(absl::StrCat("the usage of ", account, " kept changing"));
+}
+
+absl::StatusOr<uint64_t> RadosTier::AccountBytes(const std::string& account) {
+  librados::bufferlist current;
+  const int got = impl_->io.getxattr(UsageObjectName(account), kBytesXattr, current);
+  if (got == -ENOENT || got == -ENODATA) return 0;
+  if (got < 0) return FromRados(got, absl::StrCat("reading the usage of ", account));
+  uint64_t bytes = 0;
+  if (!absl::SimpleAtoi(current.to_str(), &bytes))
+    return absl::DataLossError(absl::StrCat("the usage of ", account, " does not parse"));
+  return bytes;
 }
 
 namespace {
@@ -300,16 +396,117 @@ std::vector<absl::StatusOr<bool>> RadosTier::ContainsMany(std::span<const ChunkK
 }
 
 std::vector<absl::Status> RadosTier::RemoveMany(std::span<const ChunkKey> keys) {
-  std::vector<absl::Status> status(keys.size());
-  std::vector<int> issued(keys.size());
-  Completions done;
-  for (size_t i = 0; i < keys.size(); ++i)
-    issued[i] = impl_->io.aio_remove(ObjectName(keys[i]), done.New());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const int rc = issued[i] < 0 ? issued[i] : done.Wait(i);
-    status[i] = FromRados(rc, absl::StrCat("removing ", keys[i].Hex(), " from pool ", impl_->pool));
+  std::vector<std::string> names;
+  for (const ChunkKey& k : keys) names.push_back(ObjectName(k));
+  return RemoveObjects(names);
+}
+
+std::vector<absl::Status> RadosTier::RemoveObjects(std::span<const std::string> names) {
+  std::vector<absl::Status> status(names.size());
+  // Each object's size and account first (to take its bytes off the count), then the
+  // removes; only a remove that deletes the object counts (two nodes removing one object
+  // take its bytes off once).
+  struct Seen {
+    librados::ObjectReadOperation op;
+    uint64_t size = 0;
+    time_t mtime = 0;
+    std::map<std::string, librados::bufferlist> attrs;
+    int stat_rc = 0, attrs_rc = 0, issued = 0, rc = 0;
+  };
+  std::vector<Seen> seen(names.size());
+  {
+    Completions done;
+    for (size_t i = 0; i < names.size(); ++i) {
+      seen[i].op.stat(&seen[i].size, &seen[i].mtime, &seen[i].stat_rc);
+      seen[i].op.getxattrs(&seen[i].attrs, &seen[i].attrs_rc);
+      seen[i].issued = impl_->io.aio_operate(names[i], done.New(), &seen[i].op, nullptr);
+    }
+    for (size_t i = 0; i < names.size(); ++i)
+      seen[i].rc = seen[i].issued < 0 ? seen[i].issued : done.Wait(i);
   }
+  std::vector<int> issued(names.size(), 0);
+  std::vector<int> removed_rc(names.size(), 0);
+  {
+    Completions done;
+    std::vector<size_t> asked;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (seen[i].rc < 0) {
+        removed_rc[i] = seen[i].rc;
+        continue;
+      }
+      issued[i] = impl_->io.aio_remove(names[i], done.New());
+      asked.push_back(i);
+    }
+    for (size_t j = 0; j < asked.size(); ++j) {
+      const size_t i = asked[j];
+      removed_rc[i] = issued[i] < 0 ? issued[i] : done.Wait(j);
+    }
+  }
+  std::map<std::string, int64_t> freed;
+  for (size_t i = 0; i < names.size(); ++i) {
+    status[i] =
+        FromRados(removed_rc[i], absl::StrCat("removing ", names[i], " from pool ", impl_->pool));
+    if (removed_rc[i] < 0) continue;
+    auto a = seen[i].attrs.find(kAccountXattr);
+    if (a != seen[i].attrs.end() && a->second.length() > 0)
+      freed[a->second.to_str()] -= static_cast<int64_t>(seen[i].size);
+  }
+  for (const auto& [account, bytes] : freed) (void)Charge(account, bytes);
   return status;
+}
+
+absl::StatusOr<SharedSweep> RadosTier::SweepExpired(int64_t now_s) {
+  SharedSweep sweep;
+  std::vector<std::string> batch;
+  // Reads the expiry of each object in the batch; removes those past it.
+  auto settle = [&] {
+    struct Read {
+      librados::ObjectReadOperation op;
+      std::map<std::string, librados::bufferlist> attrs;
+      int attrs_rc = 0, issued = 0;
+    };
+    std::vector<Read> reads(batch.size());
+    std::vector<std::string> expired;
+    {
+      Completions done;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        reads[i].op.getxattrs(&reads[i].attrs, &reads[i].attrs_rc);
+        reads[i].issued = impl_->io.aio_operate(batch[i], done.New(), &reads[i].op, nullptr);
+      }
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const int rc = reads[i].issued < 0 ? reads[i].issued : done.Wait(i);
+        if (rc == -ENOENT) continue;  // removed since it was listed
+        SharedChunk meta;
+        auto c = reads[i].attrs.find(kChainXattr);
+        if (rc < 0 || c == reads[i].attrs.end() || !DecodeChain(c->second.to_str(), &meta)) {
+          ++sweep.errors;
+          continue;
+        }
+        if (meta.expires_s != 0 && meta.expires_s <= now_s) expired.push_back(batch[i]);
+      }
+    }
+    sweep.listed += batch.size();
+    for (const absl::Status& s : RemoveObjects(expired)) {
+      if (s.ok()) {
+        ++sweep.removed;
+      } else if (!absl::IsNotFound(s)) {
+        ++sweep.errors;
+      }
+    }
+    batch.clear();
+  };
+  try {
+    for (auto it = impl_->io.nobjects_begin(); it != impl_->io.nobjects_end(); ++it) {
+      if (!absl::StartsWith(it->get_oid(), kChunkPrefix)) continue;  // usage objects, others'
+      batch.push_back(it->get_oid());
+      if (batch.size() == kSweepBatch) settle();
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("RADOS listing pool ", impl_->pool, " for expired chunks: ", e.what()));
+  }
+  settle();
+  return sweep;
 }
 
 absl::Status RadosTier::Put(const ChunkKey& key, const RadosChunk& meta,

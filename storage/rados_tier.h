@@ -4,10 +4,15 @@
 // One object per chunk, named by its storage key (namespace-bound: tenants stay apart), in
 // one atomic write: the payload as the object's data, and what a reader must check beside
 // it as xattrs — the namespace's shared tag, payload bytes and checksum ("kvc.meta", fixed
-// little-endian),
-// and the origin, parent and expiry ("kvc.chain"). A read checks all of it: bytes whose
+// little-endian), the origin, parent and expiry ("kvc.chain") and the account
+// ("kvc.account"). A read checks all of it: bytes whose
 // checksum does not verify, or an object of another size, are never handed out
 // (DataLoss); an absent object, or another namespace's, is NotFound.
+//
+// Accounts: an object's bytes are added to its account's usage object when a write
+// creates it (an exclusive create tells a new object from one another node wrote first),
+// and taken off when a remove deletes it; both by compare-and-swap on the usage object,
+// so nodes that write at once count exactly.
 //
 // Thread-safe (librados is). A batch's operations are issued together (librados' aio) and
 // waited for; each is bounded by op_timeout_s (rados_osd_op_timeout), so an OSD that is
@@ -52,6 +57,8 @@ class RadosTier final : public SharedTier {
                                     std::vector<SharedChunk>* metas) override;
   std::vector<absl::StatusOr<bool>> ContainsMany(std::span<const ChunkKey> keys) override;
   std::vector<absl::Status> RemoveMany(std::span<const ChunkKey> keys) override;
+  absl::StatusOr<uint64_t> AccountBytes(const std::string& account) override;
+  absl::StatusOr<SharedSweep> SweepExpired(int64_t now_s) override;
 
   // One chunk at a time, as the batches do it.
   absl::Status Put(const ChunkKey& key, const RadosChunk& meta, std::span<const uint8_t> payload);
@@ -62,9 +69,16 @@ class RadosTier final : public SharedTier {
   absl::Status Remove(const ChunkKey& key);
 
   static std::string ObjectName(const ChunkKey& key);  // "chunk-<hex key>"
+  // The object counting an account's bytes: "usage-<hex of its hash>" (the account's name
+  // in its xattr kvc.account, its bytes as a decimal string in kvc.bytes).
+  static std::string UsageObjectName(const std::string& account);
 
  private:
   struct Impl;
+  // Adds delta (negative: takes it off, never below 0) to the account's count.
+  absl::Status Charge(const std::string& account, int64_t delta);
+  // Removes the named objects, their bytes leaving their accounts.
+  std::vector<absl::Status> RemoveObjects(std::span<const std::string> names);
   explicit RadosTier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 
 namespace kvc::storage {
 namespace {
@@ -229,15 +230,46 @@ absl::Status SharedTierLink::Drain(std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
-void SharedTierLink::SetTag(NamespaceId ns, SharedTag tag) {
+void SharedTierLink::SetTag(NamespaceId ns, SharedTag tag, std::string account) {
   MutexLock lk(mu_);
-  tags_[ns] = tag;
+  shares_[ns] = {tag, std::move(account)};
 }
 
 SharedTag SharedTierLink::TagOf(NamespaceId ns) const {
   MutexLock lk(mu_);
-  auto it = tags_.find(ns);
-  return it == tags_.end() ? ns : it->second;
+  auto it = shares_.find(ns);
+  return it == shares_.end() ? ns : it->second.tag;
+}
+
+std::string SharedTierLink::AccountOf(NamespaceId ns) const {
+  MutexLock lk(mu_);
+  auto it = shares_.find(ns);
+  return it == shares_.end() ? std::string() : it->second.account;
+}
+
+absl::StatusOr<uint64_t> SharedTierLink::AccountBytes(const std::string& account) {
+  KVC_RETURN_IF_ERROR(Skipping());
+  absl::StatusOr<uint64_t> stored = tier_->AccountBytes(account);
+  Note(stored.status());
+  if (!stored.ok()) return stored.status();
+  MutexLock lk(mu_);
+  uint64_t queued = 0;
+  for (const Queued& q : backlog_) {
+    if (q.meta.account == account) queued += q.bytes.size();
+  }
+  return *stored + queued;
+}
+
+absl::StatusOr<SharedSweep> SharedTierLink::Sweep(int64_t now_s) {
+  KVC_RETURN_IF_ERROR(Skipping());
+  absl::StatusOr<SharedSweep> swept = tier_->SweepExpired(now_s);
+  Note(swept.status());
+  if (!swept.ok()) return swept.status();
+  MutexLock lk(mu_);
+  ++stats_.sweeps;
+  stats_.swept += swept->removed;
+  stats_.removes += swept->removed;
+  return swept;
 }
 
 SharedTierStats SharedTierLink::Stats() const {

@@ -51,10 +51,16 @@ class SharedTierLink {
   absl::Status Drain(std::chrono::milliseconds timeout) ABSL_LOCKS_EXCLUDED(mu_);
   SharedTierStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   bool write_behind() const { return write_behind_; }
-  // The namespace's tag in the shared tier (ChunkStore::SetSharedTag); one never set is
-  // named by its store id; 0: the namespace stays off the shared tier.
-  void SetTag(NamespaceId ns, SharedTag tag) ABSL_LOCKS_EXCLUDED(mu_);
+  // The namespace's tag in the shared tier (ChunkStore::SetSharedTag) and the account its
+  // bytes count against (empty: none); one never set is named by its store id; tag 0: the
+  // namespace stays off the shared tier.
+  void SetTag(NamespaceId ns, SharedTag tag, std::string account) ABSL_LOCKS_EXCLUDED(mu_);
   SharedTag TagOf(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::string AccountOf(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The account's bytes in the shared tier, with those waiting in the backlog.
+  absl::StatusOr<uint64_t> AccountBytes(const std::string& account) ABSL_LOCKS_EXCLUDED(mu_);
+  // SharedTier::SweepExpired, counted in Stats.
+  absl::StatusOr<SharedSweep> Sweep(int64_t now_s) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Queued {
@@ -82,7 +88,11 @@ class SharedTierLink {
   std::vector<ChunkKey> in_flight_ ABSL_GUARDED_BY(mu_);  // taken by the writer, being sent
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   SharedTierStats stats_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<NamespaceId, SharedTag> tags_ ABSL_GUARDED_BY(mu_);
+  struct Share {
+    SharedTag tag = 0;
+    std::string account;
+  };
+  std::unordered_map<NamespaceId, Share> shares_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

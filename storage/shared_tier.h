@@ -36,6 +36,17 @@ struct SharedChunk {
   std::optional<ChunkKey> parent;
   std::optional<ChunkOrigin> origin;
   int64_t expires_s = 0;  // 0: no TTL (wall-clock seconds)
+  // Whose bytes these are (the namespace's owner, "tenant alice"; ChunkStore::SetSharedTag):
+  // the tier counts each account's bytes as its objects are created and removed
+  // (AccountBytes), for quotas that span the fleet. Empty: counted nowhere.
+  std::string account;
+};
+
+// What a sweep of expired chunks did (SharedTier::SweepExpired).
+struct SharedSweep {
+  uint64_t listed = 0;   // chunk objects looked at
+  uint64_t removed = 0;  // past their expiry, removed
+  uint64_t errors = 0;   // objects that could not be read or removed (left for the next)
 };
 
 struct SharedPut {
@@ -54,6 +65,8 @@ struct SharedTierStats {
   uint64_t misses = 0;        // local misses it did not hold either
   uint64_t read_errors = 0;   // reads that failed (not a miss), bad bytes included
   uint64_t removes = 0;
+  uint64_t sweeps = 0;          // sweeps of expired chunks done (SweepExpired)
+  uint64_t swept = 0;           // chunks they removed
   uint64_t backlog_chunks = 0;  // write-behind: waiting to be written
   uint64_t backlog_bytes = 0;
   bool reachable = true;   // its last operation was answered
@@ -74,8 +87,18 @@ class SharedTier {
                                             std::vector<SharedChunk>* metas) = 0;
   // Whether each key's object is there (not verified: a read does that).
   virtual std::vector<absl::StatusOr<bool>> ContainsMany(std::span<const ChunkKey> keys) = 0;
-  // Removes each object; NotFound where it was not there.
+  // Removes each object; NotFound where it was not there. The bytes removed leave their
+  // account.
   virtual std::vector<absl::Status> RemoveMany(std::span<const ChunkKey> keys) = 0;
+  // The bytes of the chunks stored under `account` now, fleet-wide: an object is counted
+  // once however many nodes write it (only its creation counts), and leaves the count when
+  // it is removed. A writer that dies between an object and its count leaves the count
+  // off by that object (docs/rados.md, "Quotas").
+  virtual absl::StatusOr<uint64_t> AccountBytes(const std::string& account) = 0;
+  // Lists every chunk and removes those whose expiry (wall-clock seconds) is before now_s:
+  // a chunk past its TTL that nobody reads again still leaves the tier. Unavailable when
+  // the listing fails.
+  virtual absl::StatusOr<SharedSweep> SweepExpired(int64_t now_s) = 0;
 };
 
 }  // namespace kvc::storage

@@ -69,9 +69,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if q is not None:
                     def lim(x: int) -> str:
                         return str(x) if x else "none"
+                    rados = ""
+                    if t is not None:
+                        held = q['rados_bytes'] if not q['rados_error'] else "?"
+                        rados = f", rados {held} / {lim(q['rados_bytes_limit'])} bytes" + (
+                            f" ({q['rados_error']})" if q['rados_error'] else "")
                     print(f"quota: ram {q['ram_bytes']} / {lim(q['ram_bytes_limit'])} bytes, "
                           f"ssd {q['ssd_bytes']} / {lim(q['ssd_bytes_limit'])} bytes, "
-                          f"pins {q['pinned_chunks']} / {lim(q['pinned_chunks_limit'])}")
+                          f"pins {q['pinned_chunks']} / {lim(q['pinned_chunks_limit'])}{rados}")
                 return 0
             with open(a.config) as f:
                 ns = c.register_namespace(f.read(), a.model_id, a.chunk_tokens)

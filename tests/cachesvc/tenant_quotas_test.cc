@@ -9,7 +9,8 @@ namespace {
 
 TEST(TenantQuotasTest, NamedTenantsAndEveryoneElse) {
   absl::StatusOr<TenantQuotas> q =
-      TenantQuotas::Parse({"acme:ram=4G,ssd=100G,pins=1000", "*:ssd=10M", "globex:pins=7"});
+      TenantQuotas::Parse({"acme:ram=4G,ssd=100G,pins=1000,rados=2T", "*:ssd=10M", "globex:pins=7",
+                           "initrode:rados=500G"});
   ASSERT_TRUE(q.ok()) << q.status();
   const std::optional<storage::Quota> acme = q->For("acme");
   ASSERT_TRUE(acme.has_value());
@@ -17,6 +18,11 @@ TEST(TenantQuotasTest, NamedTenantsAndEveryoneElse) {
   EXPECT_EQ(acme->ram_bytes, 4ull << 30);
   EXPECT_EQ(acme->ssd_bytes, 100ull << 30);
   EXPECT_EQ(acme->pinned_chunks, 1000u);
+  EXPECT_EQ(acme->rados_bytes, 2ull << 40);
+  const std::optional<storage::Quota> initrode = q->For("initrode");
+  ASSERT_TRUE(initrode.has_value());  // a RADOS limit alone is a quota
+  EXPECT_EQ(initrode->rados_bytes, 500ull << 30);
+  EXPECT_EQ(initrode->ssd_bytes, 0u);
   const std::optional<storage::Quota> globex = q->For("globex");
   ASSERT_TRUE(globex.has_value());
   EXPECT_EQ(globex->ssd_bytes, 0u);  // named: "*" does not add to it

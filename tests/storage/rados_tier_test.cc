@@ -372,5 +372,123 @@ TEST_F(RadosClusterTest, AStoppedOsdIsABoundedMissAndTheStoreCatchesUpWhenItRetu
   }
 }
 
+// Accounts (SharedTier::AccountBytes): two nodes (two connections) writing the same
+// chunks at once count each object once; rewrites do not count; removes by both take its
+// bytes off once; a sweep removes what is past its expiry (and only that), its bytes
+// leaving the account.
+TEST_F(RadosClusterTest, AnAccountCountsEachObjectOnceHoweverManyWriteOrRemoveIt) {
+  const uint64_t seed = testing::FreshSeed();
+  std::mt19937_64 rng(seed);
+  std::shared_ptr<RadosTier> a = ConnectTier(conf_), b = ConnectTier(conf_);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  constexpr int kChunks = 48;
+  constexpr int64_t kNow = 1'800'000'000;
+  std::vector<ChunkKey> keys;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<SharedPut> puts;
+  uint64_t total = 0, expiring = 0, other = 0;
+  for (int i = 0; i < kChunks; ++i) {
+    keys.push_back(testing::KeyOf(seed, i));
+    bytes.push_back(testing::PayloadOf(keys[i], 1000 + rng() % 20'000));  // chunks of any size
+  }
+  for (int i = 0; i < kChunks; ++i) {
+    SharedChunk m;
+    m.namespace_tag = 5;
+    m.account = i % 8 == 7 ? "tenant other" : "tenant a";
+    if (i % 3 == 0) m.expires_s = i % 2 == 0 ? kNow - 1 : kNow + 3600;  // half past, half not
+    puts.push_back({keys[i], m, bytes[i]});
+    (i % 8 == 7 ? other : total) += bytes[i].size();
+    if (i % 8 != 7 && i % 3 == 0 && i % 2 == 0) expiring += bytes[i].size();
+  }
+  auto write_all = [&](RadosTier* t) {
+    for (const absl::Status& s : t->PutMany(puts)) EXPECT_EQ(s, absl::OkStatus());
+  };
+  std::thread first(write_all, a.get()), second(write_all, b.get());
+  first.join();
+  second.join();
+  EXPECT_EQ(a->AccountBytes("tenant a").value_or(0), total);
+  EXPECT_EQ(b->AccountBytes("tenant other").value_or(0), other);
+  EXPECT_EQ(a->AccountBytes("tenant nobody").value_or(1), 0u);
+  write_all(a.get());  // written again: the same objects, not more bytes
+  EXPECT_EQ(b->AccountBytes("tenant a").value_or(0), total);
+
+  const absl::StatusOr<SharedSweep> swept = a->SweepExpired(kNow);
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  EXPECT_EQ(swept->listed, static_cast<uint64_t>(kChunks)) << "chunks only, not usage objects";
+  EXPECT_EQ(swept->errors, 0u);
+  uint64_t expired_n = 0;
+  for (int i = 0; i < kChunks; ++i) {
+    const bool expired = i % 3 == 0 && i % 2 == 0;
+    expired_n += expired;
+    EXPECT_EQ(a->Contains(keys[i]).value_or(expired), !expired) << i;
+  }
+  EXPECT_EQ(swept->removed, expired_n);
+  EXPECT_EQ(a->AccountBytes("tenant a").value_or(0), total - expiring);
+
+  // Both remove the first half at once: taken off once.
+  std::vector<ChunkKey> half(keys.begin(), keys.begin() + kChunks / 2);
+  uint64_t half_bytes = 0;
+  for (int i = 0; i < kChunks / 2; ++i) {
+    if (i % 8 != 7 && !(i % 3 == 0 && i % 2 == 0)) half_bytes += bytes[i].size();
+  }
+  std::thread r1([&] { (void)a->RemoveMany(half); }), r2([&] { (void)b->RemoveMany(half); });
+  r1.join();
+  r2.join();
+  EXPECT_EQ(a->AccountBytes("tenant a").value_or(0), total - expiring - half_bytes);
+}
+
+// A tenant's quota on its bytes in RADOS (Quota::rados_bytes) holds across the fleet: a
+// durable put that would pass it is refused before anything is written — here or there —
+// naming the owner and the limit; a second node sees the same count; memory puts and
+// re-puts of what is stored are not refused; an erase makes room again.
+TEST_F(RadosClusterTest, ARadosQuotaRefusesAPutThatWouldPassItOnEveryNode) {
+  const uint64_t seed = testing::FreshSeed();
+  std::shared_ptr<RadosTier> tier = ConnectTier(conf_);
+  ASSERT_NE(tier, nullptr);
+  testing::TempDir dir;
+  constexpr uint64_t kLimitChunks = 10;
+  auto open_node = [&](const std::string& name) {
+    auto node = OpenSharedStore(dir.File(name), tier, /*write_behind=*/false);
+    if (node == nullptr) return node;
+    Quota q;
+    q.owner = "tenant a";
+    q.rados_bytes = kLimitChunks * kStoreChunk;
+    EXPECT_EQ(node->SetQuota(1, q), absl::OkStatus());
+    node->SetQuotaGroup(kStoreNs, 1);
+    node->SetSharedTag(kStoreNs, 0xa11ce, "tenant a");
+    return node;
+  };
+  auto one = open_node("one"), two = open_node("two");
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  auto put = [&](ChunkStore* node, uint64_t i, Durability d = Durability::kDurable) {
+    const ChunkKey k = testing::KeyOf(seed, i);
+    PutOptions o;
+    o.durability = d;
+    return node->Put({kStoreNs, k, std::nullopt, testing::PayloadOf(k, kStoreChunk)}, o);
+  };
+  for (uint64_t i = 0; i < kLimitChunks; ++i)
+    ASSERT_TRUE(put(i % 2 ? two.get() : one.get(), i).ok()) << i;
+  EXPECT_EQ(one->SharedAccountBytes("tenant a").value_or(0), kLimitChunks * kStoreChunk);
+  for (ChunkStore* node : {one.get(), two.get()}) {
+    const absl::StatusOr<PutResult> over = put(node, 100);
+    ASSERT_FALSE(over.ok());
+    EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+    EXPECT_NE(over.status().message().find("tenant a is at its rados quota of"), std::string::npos)
+        << over.status();
+    const ChunkKey k = testing::KeyOf(seed, 100);
+    EXPECT_EQ(node->Lookup(kStoreNs, std::span(&k, 1))[0], Tier::kNone) << "nothing written";
+  }
+  // Stored already (this node's copy): not new bytes.
+  EXPECT_TRUE(put(one.get(), 0).ok());
+  // A memory put never goes to the shared tier.
+  EXPECT_TRUE(put(one.get(), 101, Durability::kMemory).ok());
+  // An erase gives the room back, on any node.
+  ASSERT_EQ(one->Erase(kStoreNs, testing::KeyOf(seed, 1)), absl::OkStatus());
+  EXPECT_EQ(two->SharedAccountBytes("tenant a").value_or(0), (kLimitChunks - 1) * kStoreChunk);
+  EXPECT_TRUE(put(two.get(), 100).ok());
+}
+
 }  // namespace
 }  // namespace kvc::storage
