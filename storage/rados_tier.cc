@@ -190,60 +190,70 @@ std::vector<absl::Status> RadosTier::PutMany(std::span<const SharedPut> puts) {
   std::vector<absl::Status> status(puts.size());
   struct Write {
     librados::bufferlist data, meta, chain, account;
-    librados::ObjectWriteOperation ops[2];  // kept until they complete: the create, the rewrite
+    // Kept until they complete: the create, the renewal, the rewrite.
+    librados::ObjectWriteOperation ops[3];
     int issued = 0, rc = 0;
   };
   std::vector<Write> writes(puts.size());
-  // One operation per chunk: the bytes and what checks them land together or not at all.
-  // `create` makes it exclusive: only the write that creates the object counts its bytes.
-  auto issue = [&](size_t i, bool create, Completions& done) {
+  enum Step { kCreate, kRenew, kRewrite };
+  // kCreate: the bytes and what checks them in one exclusive create — only the write that
+  // creates the object counts its bytes. kRenew, for an object there already (another
+  // owner's write, an earlier one of this chunk): if it holds these very bytes (its
+  // kvc.meta, with their checksum, compares equal) only its expiry and account are written
+  // — the payload crosses the network once however many owners store the chunk. kRewrite:
+  // it holds something else (an older format): replaced whole, in one operation.
+  auto issue = [&](size_t i, Step step, Completions& done) {
     Write& w = writes[i];
-    librados::ObjectWriteOperation& op = w.ops[create ? 0 : 1];
-    if (create) op.create(true);
-    op.write_full(w.data);
-    op.setxattr(kMetaXattr, w.meta);
+    librados::ObjectWriteOperation& op = w.ops[step];
+    if (step == kCreate) op.create(true);
+    if (step == kRenew) {
+      op.cmpxattr(kMetaXattr, LIBRADOS_CMPXATTR_OP_EQ, w.meta);  // ECANCELED if not
+    } else {
+      op.write_full(w.data);
+      op.setxattr(kMetaXattr, w.meta);
+    }
     op.setxattr(kChainXattr, w.chain);
     if (w.account.length() > 0) op.setxattr(kAccountXattr, w.account);
     w.issued = impl_->io.aio_operate(ObjectName(puts[i].key), done.New(), &op);
   };
-  {
+  // Issues `step` for the writes listed, and waits for them.
+  auto run = [&](const std::vector<size_t>& which, Step step) {
     Completions done;
-    for (size_t i = 0; i < puts.size(); ++i) {
-      const SharedPut& p = puts[i];
-      Write& w = writes[i];
-      // One copy into the write's buffer, hashed as it is copied: the checksum kept beside
-      // the bytes is of the bytes sent.
-      ceph::bufferptr bytes = ceph::buffer::create(p.payload.size());
-      const uint64_t checksum =
-          p.payload.CopyWithChecksum(reinterpret_cast<uint8_t*>(bytes.c_str()));
-      w.data.push_back(std::move(bytes));
-      w.meta.append(EncodeMeta(p.meta.namespace_tag, p.payload.size(), checksum));
-      w.chain.append(EncodeChain(p.meta));
-      w.account.append(p.meta.account);
-      issue(i, /*create=*/true, done);
+    for (size_t i : which) issue(i, step, done);
+    for (size_t j = 0; j < which.size(); ++j) {
+      Write& w = writes[which[j]];
+      w.rc = w.issued < 0 ? w.issued : done.Wait(j);
     }
-    for (size_t i = 0; i < puts.size(); ++i)
-      writes[i].rc = writes[i].issued < 0 ? writes[i].issued : done.Wait(i);
+  };
+  std::vector<size_t> all(puts.size());
+  for (size_t i = 0; i < puts.size(); ++i) {
+    all[i] = i;
+    const SharedPut& p = puts[i];
+    Write& w = writes[i];
+    // One copy into the write's buffer, hashed as it is copied: the checksum kept beside
+    // the bytes is of the bytes sent.
+    ceph::bufferptr bytes = ceph::buffer::create(p.payload.size());
+    const uint64_t checksum = p.payload.CopyWithChecksum(reinterpret_cast<uint8_t*>(bytes.c_str()));
+    w.data.push_back(std::move(bytes));
+    w.meta.append(EncodeMeta(p.meta.namespace_tag, p.payload.size(), checksum));
+    w.chain.append(EncodeChain(p.meta));
+    w.account.append(p.meta.account);
   }
-  // Objects that were there already (another node's write, or an earlier one of this
-  // chunk) are written again — the same bytes, its expiry renewed — and not counted.
-  std::vector<size_t> again;
+  run(all, kCreate);
   std::map<std::string, int64_t> created;  // account → bytes of the objects created
+  std::vector<size_t> renew, rewrite;
   for (size_t i = 0; i < puts.size(); ++i) {
     if (writes[i].rc == -EEXIST) {
-      again.push_back(i);
+      renew.push_back(i);
     } else if (writes[i].rc >= 0 && !puts[i].meta.account.empty()) {
       created[puts[i].meta.account] += static_cast<int64_t>(puts[i].payload.size());
     }
   }
-  if (!again.empty()) {
-    Completions done;
-    for (size_t i : again) issue(i, /*create=*/false, done);
-    for (size_t j = 0; j < again.size(); ++j) {
-      Write& w = writes[again[j]];
-      w.rc = w.issued < 0 ? w.issued : done.Wait(j);
-    }
+  if (!renew.empty()) run(renew, kRenew);
+  for (size_t i : renew) {
+    if (writes[i].rc == -ECANCELED) rewrite.push_back(i);
   }
+  if (!rewrite.empty()) run(rewrite, kRewrite);
   for (size_t i = 0; i < puts.size(); ++i) {
     status[i] = FromRados(writes[i].rc,
                           absl::StrCat("writing ", puts[i].key.Hex(), " to pool ", impl_->pool));
@@ -302,9 +312,12 @@ namespace {
 
 // What a read brought back, checked: the chunk of namespace `ns`, `out.size()` bytes,
 // matching its checksum.
+// `damaged`: set when the object does not match what is kept beside it (not when the
+// reader expected another size).
 absl::Status CheckRead(SharedTag ns, const std::string& where, librados::bufferlist& data,
                        const std::map<std::string, librados::bufferlist>& attrs,
-                       std::span<uint8_t> out, SharedChunk* meta) {
+                       std::span<uint8_t> out, SharedChunk* meta, bool* damaged) {
+  *damaged = true;
   auto m = attrs.find(kMetaXattr);
   if (m == attrs.end()) return absl::DataLossError(absl::StrCat(where, " has no ", kMetaXattr));
   const std::string meta_bytes = m->second.to_str();
@@ -316,14 +329,21 @@ absl::Status CheckRead(SharedTag ns, const std::string& where, librados::bufferl
       !Take(&in, &stored_bytes) || !Take(&in, &checksum) || !in.empty())
     return absl::DataLossError(absl::StrCat(where, ": ", kMetaXattr, " does not decode"));
   // Never another namespace's bytes, nor bytes of another size or that do not verify.
+  *damaged = false;
   if (stored_ns != ns)
     return absl::NotFoundError(absl::StrCat(where, " belongs to another namespace"));
-  if (stored_bytes != out.size() || data.length() != out.size())
+  if (stored_bytes != out.size() || data.length() != out.size()) {
+    // (Read: up to one byte more than asked. Asked at least the recorded size, a length
+    // other than that is the object's own; asked less, the reader is the one mistaken.)
+    *damaged = out.size() >= stored_bytes && data.length() != stored_bytes;
     return absl::DataLossError(absl::StrCat(where, " holds ", data.length(), " bytes (",
                                             stored_bytes, " recorded), not ", out.size()));
+  }
   data.begin().copy(out.size(), reinterpret_cast<char*>(out.data()));
-  if (PayloadChecksum(out) != checksum)
+  if (PayloadChecksum(out) != checksum) {
+    *damaged = true;
     return absl::DataLossError(absl::StrCat(where, " does not match its checksum"));
+  }
   if (meta != nullptr) {
     *meta = SharedChunk();
     meta->namespace_tag = stored_ns;
@@ -349,6 +369,7 @@ std::vector<absl::Status> RadosTier::GetMany(SharedTag ns, std::span<const Chunk
     int read_rc = 0, attrs_rc = 0, issued = 0;
   };
   std::vector<Read> reads(keys.size());
+  std::vector<std::string> damaged;
   Completions done;
   for (size_t i = 0; i < keys.size(); ++i) {
     Read& r = reads[i];
@@ -367,10 +388,15 @@ std::vector<absl::Status> RadosTier::GetMany(SharedTag ns, std::span<const Chunk
     } else if (r.attrs_rc < 0) {
       status[i] = FromRados(r.attrs_rc, absl::StrCat("reading the xattrs of ", where));
     } else {
-      status[i] =
-          CheckRead(ns, where, r.data, r.attrs, outs[i], metas != nullptr ? &(*metas)[i] : nullptr);
+      bool bad = false;
+      status[i] = CheckRead(ns, where, r.data, r.attrs, outs[i],
+                            metas != nullptr ? &(*metas)[i] : nullptr, &bad);
+      if (bad) damaged.push_back(ObjectName(keys[i]));
     }
   }
+  // A damaged object is removed (it is never served): the next durable store of the chunk
+  // creates it again, where a renewal would have kept the damage.
+  if (!damaged.empty()) (void)RemoveObjects(damaged);
   return status;
 }
 

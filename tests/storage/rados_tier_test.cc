@@ -110,7 +110,26 @@ TEST_F(RadosClusterTest, ChunksAreStoredAndReadExactWithWhatIsKeptBesideThem) {
     rados.shutdown();
   }
   EXPECT_TRUE(absl::IsDataLoss(t.Get(kNs, key, out)));
-  // Stored again, it reads exact; removed, it is gone (and removing twice is fine).
+  // A damaged object is removed by the read that found it: the next store creates it anew
+  // (a renewal would have kept the damage).
+  EXPECT_FALSE(t.Contains(key).value_or(true));
+  // Stored again, it reads exact; a second store (another owner's) renews what is kept
+  // beside it; removed, it is gone (and removing twice is fine).
+  ASSERT_EQ(t.Put(key, meta, bytes), absl::OkStatus());
+  ASSERT_EQ(t.Get(kNs, key, out), absl::OkStatus());
+  EXPECT_EQ(out, bytes);
+  RadosChunk renewed = meta;
+  renewed.expires_s += 3600;
+  ASSERT_EQ(t.Put(key, renewed, bytes), absl::OkStatus());
+  ASSERT_EQ(t.Get(kNs, key, out, &got), absl::OkStatus());
+  EXPECT_EQ(out, bytes);
+  EXPECT_EQ(got.expires_s, renewed.expires_s);
+  // An object of this key holding something else (another format, other bytes) is
+  // replaced whole by a store, not renewed.
+  const std::vector<uint8_t> other = testing::PayloadOf(parent, kBytes);
+  ASSERT_EQ(t.Put(key, meta, other), absl::OkStatus());
+  ASSERT_EQ(t.Get(kNs, key, out), absl::OkStatus());
+  EXPECT_EQ(out, other);
   ASSERT_EQ(t.Put(key, meta, bytes), absl::OkStatus());
   ASSERT_EQ(t.Get(kNs, key, out), absl::OkStatus());
   EXPECT_EQ(out, bytes);
