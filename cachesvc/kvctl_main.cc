@@ -131,7 +131,7 @@ absl::Status PrintClusterStats(ClusterClient& c) {
   // and when it last checked all its chunks. Shown to tenants that see the daemon's totals.
   std::printf("\n%-16s %8s %14s %14s %12s %10s %8s %6s %s\n", "repair", "state", "under-repl.",
               "bytes", "copied", "MB/s", "failed", "passes", "last full pass");
-  uint64_t under = 0, under_bytes = 0;
+  uint64_t under = 0, under_bytes = 0, left_to_shared = 0;
   bool any_repair = false;
   for (const client::NodeStats& n : c.Stats()) {
     if (!n.stats.ok() || !n.stats->has_repair()) continue;
@@ -139,6 +139,7 @@ absl::Status PrintClusterStats(ClusterClient& c) {
     const pb::RepairStats& r = n.stats->repair();
     under += r.under_replicated_chunks();
     under_bytes += r.under_replicated_bytes();
+    left_to_shared += r.left_to_shared_tier_chunks();
     const std::string state = r.running()
                                   ? absl::StrCat("run ", static_cast<int>(100 * r.progress()), "%")
                               : r.pending() ? "pending"
@@ -157,6 +158,12 @@ absl::Status PrintClusterStats(ClusterClient& c) {
   if (any_repair) {
     std::printf("%-16s %8s %14llu %14llu\n", "cluster", "", (unsigned long long)under,
                 (unsigned long long)under_bytes);
+    if (left_to_shared > 0) {
+      std::printf(
+          "%llu chunks short of a copy on an owner are in the shared tier (not copied: "
+          "read from it when asked)\n",
+          (unsigned long long)left_to_shared);
+    }
   } else {
     std::printf("(no node reported repair: single daemons, or a token that sees no totals)\n");
   }

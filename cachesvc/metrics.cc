@@ -69,6 +69,9 @@ class StoreCollector final : public prometheus::Collectable {
           r.under_replicated_chunks());
       add("kvcache_repair_under_replicated_bytes", "Their payload bytes", T::Gauge,
           r.under_replicated_bytes());
+      add("kvcache_repair_left_to_shared_tier_chunks",
+          "Chunks short of a local copy on an owner that the shared tier holds (not copied)",
+          T::Gauge, r.left_to_shared_tier_chunks());
       add("kvcache_repair_copied_chunks_total", "Chunk copies repair made to other nodes",
           T::Counter, r.copied_chunks());
       add("kvcache_repair_copied_bytes_total", "Payload bytes repair copied to other nodes",

@@ -184,7 +184,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
   const auto shards = static_cast<uint32_t>(std::max<uint64_t>(
       1, (held.ram_chunks + held.ssd_chunks) / std::max<uint64_t>(opt_.shard_chunks, 1)));
   uint64_t unplaceable = 0, under = 0, under_bytes = 0, copied = 0, copied_bytes = 0, failures = 0,
-           dropped = 0;
+           dropped = 0, left_to_shared = 0;
   std::set<size_t> unreachable;
   {
     MutexLock lk(mu_);
@@ -192,6 +192,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     stats_.set_progress(0);
     stats_.set_under_replicated_chunks(0);
     stats_.set_under_replicated_bytes(0);
+    stats_.set_left_to_shared_tier_chunks(0);
   }
   opt_.log("repair_pass_start",
            absl::StrCat(held.ram_chunks + held.ssd_chunks, " chunks (", shards, " shards) over ",
@@ -218,6 +219,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       const NamespaceInfo* ns;
       std::vector<size_t> owners;
       uint32_t holds = 0;
+      uint32_t shared = 0;  // of holds: the owners that hold it only in the shared tier
       int copies_left = 0;
       bool deleted = false;  // an owner says its tenant deleted it there
     };
@@ -266,9 +268,9 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
           break;
         }
         for (size_t j = 0; j < n; ++j) {
-          if (resp.tiers(static_cast<int>(j)) != pb::TIER_NONE) {
-            items[list[at + j].first].holds |= 1u << list[at + j].second;
-          }
+          const pb::Tier tier = resp.tiers(static_cast<int>(j));
+          if (tier != pb::TIER_NONE) items[list[at + j].first].holds |= 1u << list[at + j].second;
+          if (tier == pb::TIER_RADOS) items[list[at + j].first].shared |= 1u << list[at + j].second;
         }
         for (uint32_t j : resp.deleted()) {
           if (j < n) items[list[at + j].first].deleted = true;
@@ -280,7 +282,8 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
     std::map<std::pair<size_t, uint32_t>, std::vector<size_t>> copies;  // (owner, ns) → items
     std::map<uint32_t, std::vector<ChunkKey>> extra;  // ns → stored keys of copies to drop
     std::map<uint32_t, std::vector<ChunkKey>> deleted;  // ns → stored keys deleted elsewhere
-    const uint64_t under_before = under, under_bytes_before = under_bytes;
+    const uint64_t under_before = under, under_bytes_before = under_bytes,
+                   left_to_shared_before = left_to_shared;
     uint64_t copies_planned = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       Item& it = items[i];
@@ -300,6 +303,15 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       for (size_t k = 0; k < it.owners.size(); ++k) {
         if (!(holders & (1u << k)) && !unreachable.contains(it.owners[k]))
           missing.push_back(it.owners[k]);
+      }
+      if (missing.empty() && it.shared != 0) {
+        // Owners lack a copy of their own, but the shared tier (RADOS) holds the durable
+        // one: nothing is copied — an owner reads it from there, and keeps it, when asked.
+        // Counted by the node that would copy it (the best-ranked owner with a copy here).
+        const uint32_t local = holders & ~it.shared;
+        if (self_rank < it.owners.size() ? (local & ((1u << self_rank) - 1)) == 0
+                                         : (it.holds & ~it.shared) == 0)
+          ++left_to_shared;
       }
       if (missing.empty()) {
         // Not an owner, and every owner has it: this copy is an extra one.
@@ -334,6 +346,8 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
       stats_.set_under_replicated_chunks(stats_.under_replicated_chunks() + under - under_before);
       stats_.set_under_replicated_bytes(stats_.under_replicated_bytes() + under_bytes -
                                         under_bytes_before);
+      stats_.set_left_to_shared_tier_chunks(stats_.left_to_shared_tier_chunks() + left_to_shared -
+                                            left_to_shared_before);
     }
 
     // 3. Copy, in calls of up to max_copy_bytes, at no more than bytes_per_s.

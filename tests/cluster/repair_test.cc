@@ -101,6 +101,7 @@ class RepairTest : public ::testing::Test {
         "--repair-shard-chunks", "40",
         // slots of the mini model's chunks: room for every copy
         "--max-chunk-bytes", "8192"};
+    flags.insert(flags.end(), extra_flags_.begin(), extra_flags_.end());
     if (i == 0) {  // node 0 also serves Prometheus metrics
       metrics_port_ = FreeLoopbackPort();
       flags.insert(flags.end(), {"--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port_)});
@@ -163,9 +164,10 @@ class RepairTest : public ::testing::Test {
   }
 
   // Which live nodes hold each chunk of `p` (a direct Lookup on each: not a cluster read,
-  // so no read repair).
+  // so no read repair); a node that would read it from the shared tier holds it too, unless
+  // `own_copies_only`.
   std::vector<std::set<int>> HoldersOf(const RemoteNamespace& ns, const std::string& token,
-                                       const Prefix& p) {
+                                       const Prefix& p, bool own_copies_only = false) {
     const size_t chunks = p.tokens.size() / ns.chunk_tokens;
     std::vector<std::set<int>> holders(chunks);
     for (int i = 0; i < kNodes; ++i) {
@@ -180,7 +182,8 @@ class RepairTest : public ::testing::Test {
       EXPECT_TRUE(l.ok()) << NodeId(i) << ": " << l.status();
       if (!l.ok()) continue;
       for (size_t k = 0; k < chunks && k < l->tiers.size(); ++k) {
-        if (l->tiers[k] != Tier::kNone) holders[k].insert(i);
+        if (l->tiers[k] != Tier::kNone && !(own_copies_only && l->tiers[k] == Tier::kRados))
+          holders[k].insert(i);
       }
     }
     return holders;
@@ -221,7 +224,84 @@ class RepairTest : public ::testing::Test {
   std::string config_;
   RemoteNamespace ns_a_, ns_b_;
   int metrics_port_ = 0;
+  std::vector<std::string> extra_flags_;  // every node's, besides the fixture's
 };
+
+// The same cluster on a shared tier: a single-host Ceph cluster (scripts/ceph-up.sh) under
+// every node (--rados-pool).
+class RepairWithRadosTest : public RepairTest {
+ protected:
+  void SetUp() override {
+    const testing::ProcessResult up = testing::RunProgram(
+        std::string(KVC_SOURCE_DIR) + "/scripts/ceph-up.sh", {ceph_.File("ceph"), "kvc-repair"});
+    ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
+    extra_flags_ = {"--rados-pool", "kvc-repair", "--ceph-conf", ceph_.File("ceph") + "/ceph.conf"};
+    RepairTest::SetUp();
+  }
+  void TearDown() override {
+    RepairTest::TearDown();
+    for (auto& n : nodes_) n.reset();  // before the cluster under them goes
+    const testing::ProcessResult down = testing::RunProgram(
+        std::string(KVC_SOURCE_DIR) + "/scripts/ceph-down.sh", {ceph_.File("ceph")});
+    EXPECT_EQ(down.exit_code, 0) << down.err;
+  }
+  TempDir ceph_;
+};
+
+// Under RADOS, repair knows where the durable copy is: after a node and its disk are lost,
+// the durable chunks it held are not copied between nodes (their new owners answer that
+// RADOS holds them; Stats' left_to_shared_tier_chunks counts them) — only the
+// memory-durability ones, which RADOS never had, are. Every chunk still fetches
+// byte-exact: the durable ones through their new owners, from RADOS.
+TEST_F(RepairWithRadosTest, RepairLeavesDurableChunksToRadosAndCopiesOnlyTheRest) {
+  std::vector<Prefix> durable, memory;
+  for (int i = 0; i < 4; ++i) {
+    durable.push_back(MakePrefix(rng_, ns_a_, 16));
+    ASSERT_TRUE(
+        alice_->Store(ns_a_, std::nullopt, durable.back().tokens, durable.back().payloads).ok());
+    memory.push_back(MakePrefix(rng_, ns_a_, 16));
+    ASSERT_TRUE(alice_
+                    ->Store(ns_a_, std::nullopt, memory.back().tokens, memory.back().payloads,
+                            Durability::kMemory)
+                    .ok());
+  }
+  ASSERT_TRUE(WaitFor([&] { return RepairSettled({}); }, 30)) << "no first pass";
+  // What n1 held of each kind: after its loss, one owner of each of those chunks lacks it.
+  auto held_by_n1 = [&](const std::vector<Prefix>& ps) {
+    uint64_t n = 0;
+    for (const Prefix& p : ps) {
+      for (const std::set<int>& h : HoldersOf(ns_a_, kTokenA, p, /*own_copies_only=*/true))
+        n += h.contains(1);
+    }
+    return n;
+  };
+  const uint64_t durable_on_n1 = held_by_n1(durable), memory_on_n1 = held_by_n1(memory);
+  ASSERT_GT(durable_on_n1, 0u);
+  ASSERT_GT(memory_on_n1, 0u);
+  uint64_t copied_before = 0;
+  for (int i : {0, 2, 3}) copied_before += StatsOf(i)->repair().copied_chunks();
+
+  const std::map<int, uint64_t> before = Passes();
+  KillAndWipe(1);
+  ASSERT_TRUE(WaitFor([&] { return RepairSettled(before); }, 60)) << "repair did not settle";
+  uint64_t copied = 0, left = 0;
+  for (int i : {0, 2, 3}) {
+    const pb::RepairStats r = StatsOf(i)->repair();
+    copied += r.copied_chunks();
+    left += r.left_to_shared_tier_chunks();
+  }
+  copied -= copied_before;
+  std::printf("n1 held %llu durable and %llu memory chunks: %llu copied, %llu left to RADOS\n",
+              (unsigned long long)durable_on_n1, (unsigned long long)memory_on_n1,
+              (unsigned long long)copied, (unsigned long long)left);
+  EXPECT_EQ(copied, memory_on_n1) << "only what RADOS does not hold is copied";
+  EXPECT_EQ(left, durable_on_n1);
+  for (const Prefix& p : memory) EXPECT_EQ(MinCopies(CopiesOf(ns_a_, kTokenA, p)), 2);
+  std::unique_ptr<ClusterClient> reader = Connect(kTokenA);
+  ASSERT_TRUE(reader->RegisterNamespace(config_, "mini", 64).ok());
+  for (const Prefix& p : durable) ExpectFetchExact(*reader, ns_a_, p);
+  for (const Prefix& p : memory) ExpectFetchExact(*reader, ns_a_, p);
+}
 
 TEST_F(RepairTest, ChunksNobodyReadsSurviveTwoNodeLossesOneAfterTheOther) {
   std::vector<Prefix> alice, bob;
