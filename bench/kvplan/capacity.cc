@@ -38,6 +38,32 @@ std::string Bytes(double b) {
 
 }  // namespace
 
+FleetPlan PlanFleet(const Workload& w, double session_bytes) {
+  FleetPlan f;
+  f.rados = w.rados_bytes > 0;
+  const double nodes = static_cast<double>(std::max<int64_t>(w.nodes, 1));
+  f.new_bytes_per_day = nodes * w.sessions_per_day * session_bytes;
+  // A node's SSD holds its share of R copies: what it held alone is lost with it when
+  // R = 1; otherwise its share is copied back from the other owners.
+  const double node_sessions = std::floor(w.ssd_bytes / session_bytes);
+  f.lost_sessions_without = w.replicas <= 1 ? static_cast<int64_t>(node_sessions) : 0;
+  f.repair_bytes_without = w.replicas <= 1 ? 0 : w.ssd_bytes;
+  f.repair_s_without = w.repair_bytes_per_s > 0 ? f.repair_bytes_without / w.repair_bytes_per_s : 0;
+  if (!f.rados) return f;
+  f.rados_sessions = static_cast<int64_t>(std::floor(w.rados_bytes / session_bytes));
+  f.rados_retention_days = f.new_bytes_per_day > 0 ? w.rados_bytes / f.new_bytes_per_day : 0;
+  f.node_write_bytes_per_s = w.sessions_per_day * session_bytes / 86400.0;
+  if (w.rados_node_bytes_per_s > 0) {
+    f.resume_from_rados_s = session_bytes / w.rados_node_bytes_per_s;
+    // Durable chunks are in RADOS: nothing is lost, repair copies none of them, and the
+    // node's successor reads the hot set back as it is asked for it.
+    f.refill_bytes_with = w.ram_bytes;
+    f.refill_s_with = w.ram_bytes / w.rados_node_bytes_per_s;
+  }
+  f.lost_sessions_with = 0;
+  return f;
+}
+
 absl::StatusOr<CapacityPlan> PlanCapacity(const ModelConfig& config, const Workload& w) {
   CapacityPlan p;
   p.config = config;
@@ -68,6 +94,7 @@ absl::StatusOr<CapacityPlan> PlanCapacity(const ModelConfig& config, const Workl
   }
   p.ssd_write_bytes_per_day = w.sessions_per_day * p.session_bytes;
   p.ssd_drive_writes_per_day = w.ssd_bytes > 0 ? p.ssd_write_bytes_per_day / w.ssd_bytes : 0;
+  p.fleet = PlanFleet(w, p.session_bytes);
   p.bounded_replay_tokens = config.sliding_window;
   p.exact_replay_tokens = p.schedule.encoder_layers * config.sliding_window;
 
@@ -148,6 +175,28 @@ nlohmann::json PlanToJson(const CapacityPlan& p) {
   j["ssd"] = {{"sessions_per_day", p.workload.sessions_per_day},
               {"write_bytes_per_day", p.ssd_write_bytes_per_day},
               {"drive_writes_per_day", p.ssd_drive_writes_per_day}};
+  if (p.workload.nodes > 1 || p.fleet.rados) {
+    const FleetPlan& f = p.fleet;
+    j["fleet"] = {{"nodes", p.workload.nodes},
+                  {"replicas", p.workload.replicas},
+                  {"new_bytes_per_day", f.new_bytes_per_day},
+                  {"node_loss_without_rados",
+                   {{"sessions_lost", f.lost_sessions_without},
+                    {"repair_bytes", f.repair_bytes_without},
+                    {"repair_seconds", f.repair_s_without}}}};
+    if (f.rados) {
+      j["fleet"]["rados"] = {{"capacity_bytes", p.workload.rados_bytes},
+                             {"sessions_fit", f.rados_sessions},
+                             {"retention_days", f.rados_retention_days},
+                             {"node_write_bytes_per_s", f.node_write_bytes_per_s},
+                             {"node_bytes_per_s", p.workload.rados_node_bytes_per_s},
+                             {"resume_seconds", f.resume_from_rados_s}};
+      j["fleet"]["node_loss_with_rados"] = {{"sessions_lost", f.lost_sessions_with},
+                                            {"repair_bytes", 0},
+                                            {"refill_bytes", f.refill_bytes_with},
+                                            {"refill_seconds", f.refill_s_with}};
+    }
+  }
   j["active_parameters"] = {{"total", p.active.total},
                             {"per_decode_token", p.active.decode},
                             {"per_prefill_token_ced", p.active.prefill_ced},
@@ -167,6 +216,60 @@ nlohmann::json PlanToJson(const CapacityPlan& p) {
   }
   return j;
 }
+
+namespace {
+
+std::string Seconds(double s) {
+  if (s < 120) return absl::StrFormat("%.1f s", s);
+  if (s < 7200) return absl::StrFormat("%.1f min", s / 60);
+  return absl::StrFormat("%.1f h", s / 3600);
+}
+
+std::string FleetToText(const CapacityPlan& p) {
+  const Workload& w = p.workload;
+  const FleetPlan& f = p.fleet;
+  std::string out = absl::StrFormat(
+      "Fleet of %d nodes, R = %d on their SSDs%s: %s of new sessions/day (stored once each)\n",
+      w.nodes, w.replicas,
+      f.rados ? absl::StrCat(", a RADOS pool of ", Bytes(w.rados_bytes), " under them") : "",
+      Bytes(f.new_bytes_per_day));
+  if (f.rados) {
+    absl::StrAppendFormat(&out,
+                          "  RADOS holds %d sessions: %.1f days of the fleet's new sessions\n",
+                          f.rados_sessions, f.rados_retention_days);
+    absl::StrAppendFormat(&out, "  each node writes %s/s to it on average",
+                          Bytes(f.node_write_bytes_per_s));
+    if (w.rados_node_bytes_per_s > 0) {
+      absl::StrAppendFormat(&out, " (%.1f %% of its %s/s); a whole session resumes from it in %s\n",
+                            100 * f.node_write_bytes_per_s / w.rados_node_bytes_per_s,
+                            Bytes(w.rados_node_bytes_per_s), Seconds(f.resume_from_rados_s));
+    } else {
+      out += "\n";
+    }
+  }
+  absl::StrAppendFormat(&out, "  %-24s  %-30s  %s\n", "one node lost", "nodes alone",
+                        f.rados ? "with RADOS" : "");
+  absl::StrAppendFormat(
+      &out, "  %-24s  %-30s  %s\n", "sessions without a copy",
+      absl::StrCat(f.lost_sessions_without, w.replicas <= 1 ? " (R = 1: its SSD's)" : ""),
+      f.rados ? "0 (every durable chunk is in RADOS)" : "");
+  absl::StrAppendFormat(
+      &out, "  %-24s  %-30s  %s\n", "repair copies",
+      w.replicas <= 1
+          ? std::string("none (nothing left to copy)")
+          : absl::StrCat(Bytes(f.repair_bytes_without), " in ",
+                         w.repair_bytes_per_s > 0 ? Seconds(f.repair_s_without) : std::string("?")),
+      f.rados ? "none (owners read RADOS when asked)" : "");
+  if (f.rados && w.rados_node_bytes_per_s > 0) {
+    absl::StrAppendFormat(&out, "  %-24s  %-30s  %s\n", "hot set back", "-",
+                          absl::StrCat(Bytes(f.refill_bytes_with), " (its RAM) in ",
+                                       Seconds(f.refill_s_with), ", read as asked"));
+  }
+  out += "\n";
+  return out;
+}
+
+}  // namespace
 
 std::string PlanToText(const CapacityPlan& p) {
   std::string out;
@@ -203,6 +306,7 @@ std::string PlanToText(const CapacityPlan& p) {
   absl::StrAppendFormat(
       &out, "\nSSD writes at %.0f new sessions/day: %s/day (%.3f drive writes/day)\n\n",
       w.sessions_per_day, Bytes(p.ssd_write_bytes_per_day), p.ssd_drive_writes_per_day);
+  if (w.nodes > 1 || p.fleet.rados) out += FleetToText(p);
   absl::StrAppendFormat(&out, "%-28s  %12s  %12s  %9s  %10s  %s\n", "keeping the session as",
                         "B/token", "per session", "× ours", "fit on SSD", "what");
   for (const Alternative& a : p.alternatives) {

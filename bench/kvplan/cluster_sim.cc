@@ -81,11 +81,9 @@ class ClusterModel {
       ++hit;
     }
     for (size_t c = hit; c < keys.size(); ++c) {
-      for (size_t i : Owners(keys[c])) {
-        Insert(i, keys[c]);
-        if (rados_) rados_write_bytes_ += chunk_bytes_;  // each owner writes the object
-      }
-      if (rados_) in_rados_.insert(keys[c]);
+      for (size_t i : Owners(keys[c])) Insert(i, keys[c]);
+      // Each owner stores it, but the payload crosses once: the others renew the object.
+      if (rados_ && in_rados_.insert(keys[c]).second) rados_write_bytes_ += chunk_bytes_;
     }
     return hit;
   }

@@ -1,7 +1,8 @@
 // kvplan: capacity planner for the global-KV cache of a V4.1 Flash model.
 //
 //   kvplan --config FILE [--context-tokens N] [--sessions N] [--hbm GiB] [--ram GiB]
-//          [--ssd TiB] [--chunk-tokens C] [--json]
+//          [--ssd TiB] [--chunk-tokens C] [--nodes N --replicas R --rados TiB
+//          --rados-gbps G --repair-mbps M] [--json]
 //   kvplan simulate --trace FILE --config FILE [--hbm GiB] [--ram GiB] [--ssd GiB]
 //          [--chunk-tokens C] [--limit N] [--target-hit-rate R] [--curve-points N] [--json]
 //          [--nodes N [--replicas R] [--fail-node-at HOURS …] [--rados]]   (cluster_sim.h)
@@ -23,6 +24,8 @@ int Main(int argc, char** argv) {
   std::string config_path;
   int64_t context_tokens = 0;
   double sessions_per_day = 10000, hbm_gib = 64, ram_gib = 512, ssd_tib = 8;
+  int64_t nodes = 1, replicas = 1;
+  double rados_tib = 0, rados_gbps = 3.125, repair_mbps = 200;
   int64_t chunk_tokens = kDefaultChunkTokens;
   bool json = false;
   app.add_option("--config", config_path, "model config.json (Hugging Face format)");
@@ -43,6 +46,24 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--chunk-tokens", chunk_tokens, "tokens per cached chunk")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--nodes", nodes, "nodes in the fleet (the tiers above are each node's)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--replicas", replicas, "copies of a chunk on the nodes' SSDs (R)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rados", rados_tib,
+                 "a shared RADOS pool under the fleet, TiB usable (0: none; docs/rados.md)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rados-gbps", rados_gbps,
+                 "one node's bandwidth to RADOS, GB/s (3.125: a 25 GbE link)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--repair-mbps", repair_mbps,
+                 "node-to-node repair bandwidth, MB/s (kvcached --repair-mbps)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object");
   CLI::App* simulate = app.add_subcommand(
@@ -159,6 +180,11 @@ int Main(int argc, char** argv) {
   w.hbm_bytes = hbm_gib * kGiB;
   w.ram_bytes = ram_gib * kGiB;
   w.ssd_bytes = ssd_tib * kGiB * 1024;
+  w.nodes = nodes;
+  w.replicas = replicas;
+  w.rados_bytes = rados_tib * kGiB * 1024;
+  w.rados_node_bytes_per_s = rados_gbps * 1e9;
+  w.repair_bytes_per_s = repair_mbps * 1e6;
   absl::StatusOr<CapacityPlan> plan = PlanCapacity(*config, w);
   if (!plan.ok()) {
     std::cerr << "kvplan: error: " << config_path << ": " << plan.status().message() << "\n";

@@ -147,6 +147,47 @@ TEST(KvplanTest, SessionsFitFollowFromCapacityAndContext) {
                        t["num_hidden_layers"].get<double>());
 }
 
+// A fleet on RADOS: what the pool holds and for how long, what a node writes to it, and
+// what one node's loss costs with it (nothing lost, nothing copied, the hot set read back)
+// against the nodes alone at R = 1 (its SSD's sessions lost) and R = 2 (its SSD copied).
+TEST(KvplanTest, AFleetOnRadosLosesNothingAndCopiesNothingWhenANodeGoes) {
+  const std::vector<std::string> base = {"--config", kReferenceConfig(),
+                                         "--json",   "--context-tokens",
+                                         "100000",   "--ram",
+                                         "64",       "--ssd",
+                                         "2",        "--sessions",
+                                         "5000",     "--nodes",
+                                         "6"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return RunJson(args);
+  };
+  const Json j = with({"--rados", "50", "--rados-gbps", "2"});
+  const double session = j["session"]["bytes"].get<double>();
+  const double ram = 64 * std::pow(2, 30), ssd = 2 * std::pow(2, 40), pool = 50 * std::pow(2, 40);
+  const Json& f = j["fleet"];
+  EXPECT_DOUBLE_EQ(f["new_bytes_per_day"].get<double>(), 6 * 5000 * session);
+  EXPECT_EQ(f["rados"]["sessions_fit"], static_cast<int64_t>(pool / session));
+  EXPECT_DOUBLE_EQ(f["rados"]["retention_days"].get<double>(), pool / (6 * 5000 * session));
+  EXPECT_DOUBLE_EQ(f["rados"]["node_write_bytes_per_s"].get<double>(), 5000 * session / 86400);
+  EXPECT_DOUBLE_EQ(f["rados"]["resume_seconds"].get<double>(), session / 2e9);
+  EXPECT_EQ(f["node_loss_with_rados"]["sessions_lost"], 0);
+  EXPECT_EQ(f["node_loss_with_rados"]["repair_bytes"], 0);
+  EXPECT_DOUBLE_EQ(f["node_loss_with_rados"]["refill_seconds"].get<double>(), ram / 2e9);
+  EXPECT_EQ(f["node_loss_without_rados"]["sessions_lost"], static_cast<int64_t>(ssd / session));
+  const Json r2 = with({"--replicas", "2", "--repair-mbps", "100"});
+  EXPECT_FALSE(r2["fleet"].contains("rados"));
+  EXPECT_EQ(r2["fleet"]["node_loss_without_rados"]["sessions_lost"], 0);
+  EXPECT_DOUBLE_EQ(r2["fleet"]["node_loss_without_rados"]["repair_seconds"].get<double>(),
+                   ssd / 100e6);
+  auto text =
+      RunProgram(kKvplan, {"--config", kReferenceConfig(), "--nodes", "4", "--rados", "10"});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("with RADOS"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("RADOS holds"), std::string::npos) << text.out;
+}
+
 TEST(KvplanTest, AnyConfigGivesComputedNumbers) {
   const Json j = RunJson({"--config", kMiniConfig(), "--json", "--context-tokens", "4096"});
   const Json t = LoadJson(kMiniConfig())["text_config"];
