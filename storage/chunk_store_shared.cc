@@ -182,9 +182,16 @@ void ChunkStore::GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
   std::vector<SharedChunk> metas;
   const std::vector<absl::Status> got = impl_->shared->Fetch(tag, ask, into, &metas);
   const int64_t now = impl_->NowS();
-  std::vector<PutRequest> promote;
+  struct Promotion {
+    ChunkKey key;
+    std::optional<ChunkKey> parent;
+    std::optional<ChunkOrigin> origin;
+    std::span<const uint8_t> bytes;
+    uint64_t checksum;
+    int64_t expires_s;
+  };
+  std::vector<Promotion> promote;
   std::vector<ChunkKey> expired;
-  int64_t ttl = 0;  // the promoted copies' (the longest left of those that have one)
   for (size_t j = 0; j < missed.size(); ++j) {
     const size_t i = missed[j];
     if (!got[j].ok()) {
@@ -202,20 +209,26 @@ void ChunkStore::GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
     }
     (*status)[i] = absl::OkStatus();
     if (served_from != nullptr) (*served_from)[i] = Tier::kRados;
-    if (m.expires_s != 0) ttl = std::max(ttl, m.expires_s - now);
-    promote.emplace_back(ns, keys[i], m.parent, Payload(std::span<const uint8_t>(outs[i])),
-                         m.origin);
+    promote.push_back({keys[i], m.parent, m.origin, outs[i], m.payload_checksum, m.expires_s});
   }
   if (!expired.empty()) (void)impl_->shared->Remove(expired);  // past their TTL: gone
   if (promote.empty()) return;
-  // Promoted into RAM (and written to SSD behind), not sent back; a namespace without RAM
-  // gets no copy here (that would be a synchronous SSD write inside a read). A promotion
-  // that finds no room is skipped: the read has its bytes.
-  PutOptions o;
-  o.durability = Durability::kMemory;
-  o.may_block = false;
-  o.ttl_s = ttl;
-  (void)PutBatchLocal(promote, o);
+  // Promoted into RAM as clean copies: the shared tier holds the durable one, so nothing
+  // is written to SSD for them (a RAM eviction drops one; the next miss reads it from the
+  // shared tier again) and the checksum the read verified is kept, not computed again. A
+  // namespace without RAM gets no copy here, and a promotion that finds no room without
+  // waiting is skipped: the read has its bytes.
+  Impl& s = *impl_;
+  MutexLock lk(s.mu);
+  if (!s.HasRam(ns)) return;
+  for (const Promotion& p : promote) {
+    if (s.ram->Contains(p.key)) continue;
+    const int64_t expires = p.expires_s;
+    if (s.InsertRam(ns, p.key, p.parent, p.origin, Payload(p.bytes), p.checksum,
+                    /*dirty=*/false, expires, /*allow_writeback=*/false)
+            .ok())
+      ++s.stats.promotions;
+  }
 }
 
 std::vector<Tier> ChunkStore::Lookup(NamespaceId ns, std::span<const ChunkKey> keys,

@@ -229,6 +229,10 @@ TEST_F(RadosClusterTest, AStoreWithAnEmptyFolderServesWhatDurablePutsSentToRados
   ASSERT_TRUE(fresh->GetBatch(kStoreNs, std::span(&keys[3], 1), one, &again)[0].ok());
   EXPECT_NE(again[0], Tier::kRados);
   EXPECT_EQ(fresh->Lookup(kStoreNs, std::span(&keys[3], 1))[0], Tier::kRam);
+  // Clean copies: RADOS holds the durable one, nothing is written to this node's SSD.
+  ASSERT_EQ(fresh->Flush(), absl::OkStatus());
+  EXPECT_EQ(fresh->Stats().ssd_chunks, 0u);
+  EXPECT_EQ(fresh->Stats().promotions, kDurable);
   // A memory put never reached RADOS: a miss, not someone else's bytes.
   EXPECT_TRUE(absl::IsNotFound(fresh->Get(kStoreNs, keys[kDurable], out)));
   // Another namespace (same chunk size) asking for the key gets nothing.
