@@ -389,11 +389,18 @@ absl::StatusOr<LookupResult> ClusterClient::LookupImpl(const RemoteNamespace& ns
       holders_.erase(r.keys[c]);
       continue;
     }
-    for (size_t i : cluster::RankNodes(r.keys[c], ids)) {
-      if (!per[i].ok()) continue;
-      if (per[i]->tiers[c] == Tier::kNone) continue;
-      if (holders.empty()) tier = per[i]->tiers[c];
-      holders.push_back(ids[i]);
+    // Nodes with a copy of their own first (best-ranked first), then those that would read
+    // it from the shared tier (TIER_RADOS: under RADOS every node can): a fetch goes to a
+    // copy in RAM or on SSD when there is one.
+    const std::vector<size_t> ranked = cluster::RankNodes(r.keys[c], ids);
+    for (const bool shared : {false, true}) {
+      for (size_t i : ranked) {
+        if (!per[i].ok()) continue;
+        const Tier t = per[i]->tiers[c];
+        if (t == Tier::kNone || (t == Tier::kRados) != shared) continue;
+        if (holders.empty()) tier = t;
+        holders.push_back(ids[i]);
+      }
     }
     if (holders.empty()) {
       holders_.erase(r.keys[c]);
