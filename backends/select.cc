@@ -1,9 +1,9 @@
 #include "backends/select.h"
 
 #include <map>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #if KVC_WITH_CUDA
 #include "kernels/cuda_attention.h"
@@ -57,14 +57,15 @@ HbmChunkReader MakeHbmChunkReader() {
 #if KVC_WITH_CUDA
   if (cuda::DeviceCount() == 0) return nullptr;
   struct Mapped {
-    std::mutex mu;
-    std::map<uint64_t, std::unique_ptr<cuda::MappedHbmArena>> arenas;  // by arena_id
+    Mutex mu;
+    std::map<uint64_t, std::unique_ptr<cuda::MappedHbmArena>> arenas
+        ABSL_GUARDED_BY(mu);  // by arena_id
   };
   auto mapped = std::make_shared<Mapped>();
   return [mapped](std::string_view handle, int device, uint64_t arena_id,
                   std::span<const uint64_t> offsets, uint64_t chunk_bytes,
                   std::span<uint8_t> out) -> absl::Status {
-    std::lock_guard lock(mapped->mu);
+    MutexLock lock(mapped->mu);
     std::unique_ptr<cuda::MappedHbmArena>& arena = mapped->arenas[arena_id];
     if (arena == nullptr) {
       absl::StatusOr<std::unique_ptr<cuda::MappedHbmArena>> m =

@@ -6,11 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "base/mutex.h"
 #include "engine/cpu/ops.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_matmul.h"
@@ -58,7 +58,7 @@ class CudaAttention final : public model::AttentionBackend {
   void Attend(const model::AttentionBatch& b) const override {
     if (b.queries == 0) return;
     GuardShape(b);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     PageMirror::View view;  // held until the kernel is done with the pages
     const float* d_o = QueueAttention(b, view);
     Return(d_o, static_cast<size_t>(b.queries * b.heads * b.dim), b.out);
@@ -71,7 +71,7 @@ class CudaAttention final : public model::AttentionBackend {
     const DeviceProducts* products = ProductsFor(b, p);
     if (products == nullptr) return false;
     if (b.queries == 0) return true;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     PageMirror::View view;
     const float* d_y = QueueAttendAndProject(b, p, *products, view);
     Return(d_y, static_cast<size_t>(b.queries * p.wo_b->out_features()), out);
@@ -86,7 +86,7 @@ class CudaAttention final : public model::AttentionBackend {
     if (products == nullptr || b.queries == 0 || !products->RunsMoeSublayer(b.queries, then)) {
       return false;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     PageMirror::View view;  // held until the sublayer's wait, which covers this stream's work
     const float* d_y = QueueAttendAndProject(b, p, *products, view);
     CUDA_CHECK(cudaEventRecord(projected_, stream_));
@@ -103,7 +103,7 @@ class CudaAttention final : public model::AttentionBackend {
     const auto* products = dynamic_cast<const DeviceProducts*>(b.landing);
     if (products == nullptr) return false;  // the host's copies land only with its wait
     if (b.count == 0) return true;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const int64_t n = b.count, hd = b.dim, Id = b.index_dim;
     const ChunkLayout& layout = *b.layout;
     const int64_t per_page = layout.chunk_tokens / b.ratio;
@@ -214,7 +214,8 @@ class CudaAttention final : public model::AttentionBackend {
   // the layer's output on the device (queries × wo_b's outputs). Needs mu_; `view` holds
   // the pages until the caller has waited.
   const float* QueueAttendAndProject(const model::AttentionBatch& b, const model::OutputPath& p,
-                                     const DeviceProducts& products, PageMirror::View& view) const {
+                                     const DeviceProducts& products, PageMirror::View& view) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     GuardShape(b);
     const int64_t rows = b.queries, G = static_cast<int64_t>(p.wo_a.size());
     const int64_t width = b.heads * b.dim, gw = width / G, ol = p.wo_a[0].out_features();
@@ -253,7 +254,8 @@ class CudaAttention final : public model::AttentionBackend {
   }
   // Queues the uploads and the attention kernel; returns the output on the device
   // (queries × heads × dim). `view` holds the pages until the caller has waited. Needs mu_.
-  float* QueueAttention(const model::AttentionBatch& b, PageMirror::View& view) const {
+  float* QueueAttention(const model::AttentionBatch& b, PageMirror::View& view) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (handed_over_) {
       CUDA_CHECK(cudaStreamWaitEvent(stream_, read_, 0));
       handed_over_ = false;
@@ -326,7 +328,7 @@ class CudaAttention final : public model::AttentionBackend {
   }
   // Copies n floats at d back to `out` and waits: through page-locked staging, since a
   // copy into pageable memory would be a second wait.
-  void Return(const float* d, size_t n, float* out) const {
+  void Return(const float* d, size_t n, float* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     float* h = out_.Reserve(n);
     CUDA_CHECK(cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -335,20 +337,27 @@ class CudaAttention final : public model::AttentionBackend {
   void Copy(void* dst, const void* src, size_t bytes) const {
     if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   }
-  mutable std::mutex mu_;  // one call at a time on the stream and the buffers
+  mutable Mutex mu_;  // one call at a time on the stream and the buffers
   cudaStream_t stream_ = nullptr;
   // AttendThenMoe hands the layer's output (y_) to the matmul backend's stream: `projected_`
   // says it is ready, `read_` that it was read; the next call's work waits for that before
   // it may overwrite y_ (with a step into the next layer nothing has waited yet). With mu_.
   cudaEvent_t projected_ = nullptr, read_ = nullptr;
   cudaEvent_t entries_free_ = nullptr;  // WriteEntries' scratch free to be written again
-  mutable bool handed_over_ = false;
+  mutable bool handed_over_ ABSL_GUARDED_BY(mu_) = false;
   const std::shared_ptr<PageMirror> mirror_;
-  mutable GrowingDeviceBuffer<float> q_, o_, window_, sink_, turns_, og_, ug_, u_, y_;
-  mutable GrowingDeviceBuffer<float> entry_latents_, entry_keys_, entry_turns_, entry_out_;
-  mutable GrowingDeviceBuffer<uint8_t> entry_bytes_;
-  mutable GrowingPinnedBuffer<float> out_;
-  mutable GrowingDeviceBuffer<int32_t> offsets_, entries_, all_offsets_, all_entries_;
+  // The scratch buffers: one call's at a time.
+  mutable GrowingDeviceBuffer<float> q_ ABSL_GUARDED_BY(mu_), o_ ABSL_GUARDED_BY(mu_),
+      window_ ABSL_GUARDED_BY(mu_), sink_ ABSL_GUARDED_BY(mu_), turns_ ABSL_GUARDED_BY(mu_),
+      og_ ABSL_GUARDED_BY(mu_), ug_ ABSL_GUARDED_BY(mu_), u_ ABSL_GUARDED_BY(mu_),
+      y_ ABSL_GUARDED_BY(mu_);
+  mutable GrowingDeviceBuffer<float> entry_latents_ ABSL_GUARDED_BY(mu_),
+      entry_keys_ ABSL_GUARDED_BY(mu_), entry_turns_ ABSL_GUARDED_BY(mu_),
+      entry_out_ ABSL_GUARDED_BY(mu_);
+  mutable GrowingDeviceBuffer<uint8_t> entry_bytes_ ABSL_GUARDED_BY(mu_);
+  mutable GrowingPinnedBuffer<float> out_ ABSL_GUARDED_BY(mu_);
+  mutable GrowingDeviceBuffer<int32_t> offsets_ ABSL_GUARDED_BY(mu_), entries_ ABSL_GUARDED_BY(mu_),
+      all_offsets_ ABSL_GUARDED_BY(mu_), all_entries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <utility>
+#include "base/mutex.h"
 
 #include "kernels/attention_kernel.cuh"
 #include "kernels/cuda_check.h"
@@ -42,7 +42,7 @@ struct Slot {
 class SlotPool {
  public:
   Slot* Take() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (free_.empty()) {
       all_.push_back(std::make_unique<Slot>());
       return all_.back().get();
@@ -52,14 +52,14 @@ class SlotPool {
     return s;
   }
   void Give(Slot* s) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     free_.push_back(s);
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Slot>> all_;
-  std::vector<Slot*> free_;
+  Mutex mu_;
+  std::vector<std::unique_ptr<Slot>> all_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot*> free_ ABSL_GUARDED_BY(mu_);
 };
 
 // A call's selection on the device (rows × k positions and counts in its slot's results);
@@ -183,7 +183,7 @@ class CudaIndexer final : public model::IndexerBackend {
     if (produce) out.pool = b.pool;
 
     Slot* slot = slots_.Take();  // this call's own staging and results
-    std::lock_guard lock(mu_);   // one call at a time on the stream and the shared scratch
+    MutexLock lock(mu_);         // one call at a time on the stream and the shared scratch
     std::byte* h_in = slot->in_host.Reserve(in.bytes());
     std::byte* d_in = in_.Reserve(in.bytes());
     std::byte* d = dev_.Reserve(dev.bytes());
@@ -284,12 +284,12 @@ class CudaIndexer final : public model::IndexerBackend {
   }
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t before_in_ = nullptr;  // this stream done with in_ (a landing copy waits for it)
   const std::shared_ptr<PageMirror> mirror_;
   mutable SlotPool slots_;
-  mutable GrowingDeviceBuffer<std::byte> in_, dev_;
+  mutable GrowingDeviceBuffer<std::byte> in_ ABSL_GUARDED_BY(mu_), dev_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -52,7 +52,7 @@ DeviceMatmul::DeviceMatmul() {
 }
 
 void DeviceMatmul::LimitInFlight(size_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   in_flight_limit_ = bytes;
 }
 
@@ -69,7 +69,7 @@ DeviceMatmul::~DeviceMatmul() {
 }
 
 void DeviceMatmul::Register(const cpu::PackedMatrix& w) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (w.out_features() == 0 || weights_.contains(w.packed().data())) return;
   std::vector<float> storage;
   const std::span<const float> layout = Layout(w, storage);
@@ -81,7 +81,7 @@ void DeviceMatmul::Register(const cpu::PackedMatrix& w) {
 
 void DeviceMatmul::QueueProduct(const float* d_x, int64_t m, const cpu::PackedMatrix& w, float* d_y,
                                 cudaStream_t stream) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = weights_.find(w.packed().data());
   KVC_CHECK(it != weights_.end()) << "a device product with a weight the backend does not hold";
   if (m > 0) Launch(d_x, m, w.in_features(), it->second, w.out_features(), d_y, stream);
@@ -159,7 +159,8 @@ DeviceMatmul::QueuedGroup DeviceMatmul::QueueGroup(std::span<const model::GemmCa
   }
   size_t xo = 0, yo = 0, wo = 0;
   // Call i's product on the device input d_in, its finish after it, where the result is.
-  auto product = [&](size_t i, const float* d_in, const float* d_w) {
+  auto product = [&](size_t i, const float* d_in,
+                     const float* d_w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const model::GemmCall& c = calls[i];
     const int64_t n = c.w->out_features();
     Launch(d_in, c.m, c.w->in_features(), d_w, n, d_y + yo, stream_);
@@ -257,7 +258,7 @@ DeviceMatmul::QueuedGroup DeviceMatmul::QueueGroup(std::span<const model::GemmCa
 }
 
 void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const QueuedGroup g = QueueGroup(calls);
   Synchronize();  // one wait, then out to the callers
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -269,7 +270,7 @@ void DeviceMatmul::GemmGroup(std::span<const model::GemmCall> calls) const {
 }
 
 void DeviceMatmul::GemmGroupLater(std::span<const model::GemmCall> calls) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const QueuedGroup g = QueueGroup(calls);
   for (size_t i = 0; i < calls.size(); ++i) {  // delivered at the next wait, in this order
     const model::GemmCall& c = calls[i];
@@ -280,13 +281,13 @@ void DeviceMatmul::GemmGroupLater(std::span<const model::GemmCall> calls) const 
 }
 
 void DeviceMatmul::Settle() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!pending_.empty() || !pending_bytes_.empty()) Synchronize();
 }
 
 void DeviceMatmul::CopyWhenLanded(const float* from, int64_t count, float* to) const {
   if (count <= 0) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const size_t n = static_cast<size_t>(count);
   SettleUnlessResident(from, n);
   if (const Pending* p = Holding(from, n)) {  // lands with it, a second time
@@ -300,7 +301,7 @@ void DeviceMatmul::CopyWhenLanded(const float* from, int64_t count, float* to) c
 
 bool DeviceMatmul::CopyLanding(const float* host, size_t floats, float* d_to, cudaStream_t reader,
                                cudaEvent_t after) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   SettleUnlessResident(host, floats);
   const float* d = Resident(host, floats);
   if (d == nullptr) return false;
@@ -319,7 +320,7 @@ void DeviceMatmul::LandOnHost(std::span<const HostLanding> ranges, cudaStream_t 
     if (landed) landed();
     return;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WaitIfPastLimit(total);
   if (landed) on_landed_.push_back(std::move(landed));
   CUDA_CHECK(cudaEventRecord(produced_, producer));
@@ -348,7 +349,7 @@ void DeviceMatmul::Synchronize() const {
 }
 
 bool DeviceMatmul::Holds(const cpu::PackedMatrix& w) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return weights_.contains(w.packed().data());
 }
 

@@ -9,11 +9,11 @@
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "engine/cpu/gemm.h"
 #include "engine/model/matmul.h"
 #include "kernels/cuda_matmul.h"
@@ -96,7 +96,7 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
                                         std::vector<float>& storage) const = 0;
   // Queues d_y (m × n) = d_x (m × k) · Wᵀ on `stream`. Called with mu_ held.
   virtual void Launch(const float* d_x, int64_t m, int64_t k, const float* d_w, int64_t n,
-                      float* d_y, cudaStream_t stream) const = 0;
+                      float* d_y, cudaStream_t stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   cudaStream_t stream_ = nullptr;
 
  private:
@@ -109,8 +109,10 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
   struct MoeScratch {
     std::byte *h_in, *d_in, *h_res, *d_res, *dev;
   };
-  MoeScratch ReserveMoe(size_t in_bytes, size_t res_bytes, size_t dev_bytes) const;
-  void ReturnMoe(std::byte* h_res, const std::byte* d_res, size_t bytes) const;
+  MoeScratch ReserveMoe(size_t in_bytes, size_t res_bytes, size_t dev_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReturnMoe(std::byte* h_res, const std::byte* d_res, size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The buffers one call stages its inputs and results through and computes in. Calls take
   // sets in turn, and every set is free again only after the stream's next wait
@@ -127,7 +129,7 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     GrowingPinnedBuffer<std::byte> moe_in_host, moe_res_host;
     GrowingPinnedBuffer<std::byte> landing;  // another stream's bytes for the host (LandOnHost)
   };
-  BufferSet& TakeSet() const;
+  BufferSet& TakeSet() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With mu_ held: queues the group `calls` on one set — inputs up, products, finishes, the
   // results back into page-locked staging — and says where each call's result lies in the
   // set's device results and their staging (y_at[i], floats from the start).
@@ -137,15 +139,17 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     std::vector<size_t> y_at;
     std::vector<Pending> inputs;  // chained inputs asked for (GemmCall::input_out)
   };
-  QueuedGroup QueueGroup(std::span<const model::GemmCall> calls) const;
+  QueuedGroup QueueGroup(std::span<const model::GemmCall> calls) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the stream; then every result has landed: pending ones are delivered, and
   // every set is free.
-  void Synchronize() const;
-  mutable std::vector<std::unique_ptr<BufferSet>> sets_;
-  mutable size_t sets_taken_ = 0;
+  void Synchronize() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  mutable std::vector<std::unique_ptr<BufferSet>> sets_ ABSL_GUARDED_BY(mu_);
+  mutable size_t sets_taken_ ABSL_GUARDED_BY(mu_) = 0;
   void FillRouting(const model::MoeBlock& moe, std::byte* h_in, const RoutingRegions& at) const;
   void QueueRouted(const float* d_x, int64_t rows, const model::MoeBlock& moe, std::byte* d_in,
-                   std::byte* d_dev, const RoutingRegions& at, float* d_out) const;
+                   std::byte* d_dev, const RoutingRegions& at, float* d_out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Results returned before they landed — a group's (GemmGroupLater), a MoE sublayer's that
   // went on into the next layer (MoeSublayer::Next), a second place for one of them
@@ -167,37 +171,40 @@ class DeviceMatmul : public model::MatmulBackend, public DeviceProducts {
     const float* at;
     int64_t count;
   };
-  void SettleFor(std::span<const HostFloats> ranges) const;
-  void SettleFor(std::initializer_list<HostFloats> ranges) const {
+  void SettleFor(std::span<const HostFloats> ranges) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SettleFor(std::initializer_list<HostFloats> ranges) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     SettleFor(std::span(ranges.begin(), ranges.size()));
   }
-  void Deliver() const;
+  void Deliver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The latest pending result landing in x[0, floats) if it holds all of them; null when
   // none lands there, or the latest covers only part of them.
-  const Pending* Holding(const float* x, size_t floats) const;
+  const Pending* Holding(const float* x, size_t floats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Its device copy of x[0, floats), or null (Holding).
-  const float* Resident(const float* x, size_t floats) const;
+  const float* Resident(const float* x, size_t floats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits first (Synchronize) when a pending result lands in part of x[0, floats) but
   // Resident would not read it there: the host's floats are the current ones then.
-  void SettleUnlessResident(const float* x, size_t floats) const;
-  mutable std::vector<Pending> pending_;
+  void SettleUnlessResident(const float* x, size_t floats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  mutable std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   // With mu_ held, before a call takes `bytes` of buffers and reads anything landing: waits
   // first (Synchronize) when what is in flight would pass the limit with them.
-  void WaitIfPastLimit(size_t bytes) const;
+  void WaitIfPastLimit(size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t in_flight_limit_ = 0;
   size_t routed_scratch_limit_ = 0;  // a quarter of the device's memory (Routes)
-  mutable size_t in_flight_ = 0;     // bytes of the sets taken since the last wait
+  mutable size_t in_flight_ ABSL_GUARDED_BY(mu_) =
+      0;                 // bytes of the sets taken since the last wait
   struct PendingBytes {  // LandOnHost's: delivered with pending_, never read on the device
     void* to;
     const std::byte* staged;
     size_t bytes;
   };
-  mutable std::vector<PendingBytes> pending_bytes_;
-  mutable std::vector<std::function<void()>> on_landed_;  // run after the deliveries
+  mutable std::vector<PendingBytes> pending_bytes_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<std::function<void()>> on_landed_
+      ABSL_GUARDED_BY(mu_);  // run after the deliveries
 
   cudaEvent_t landed_ = nullptr;    // recorded for a reader of a pending result (CopyLanding)
   cudaEvent_t produced_ = nullptr;  // recorded on a producer's stream (LandOnHost)
-  mutable std::mutex mu_;           // one group at a time on the stream and the scratch buffers
+  mutable Mutex mu_;                // one group at a time on the stream and the scratch buffers
   std::unordered_map<const float*, float*> weights_;  // host panels → device copy
 };
 

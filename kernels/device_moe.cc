@@ -79,7 +79,7 @@ void DeviceMatmul::Experts(const float* x, int64_t rows, std::span<const model::
     slot_at += static_cast<size_t>(g.slots);
   }
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   SettleFor({{x, rows * D}, {out, rows * D}});
   WaitIfPastLimit((static_cast<size_t>(rows * D) + weights.size()) * sizeof(float));
   BufferSet& set = TakeSet();
@@ -283,7 +283,7 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
     res_also[i] = res.Take<float>(also[i].m * also[i].w->out_features());
   const RoutingRegions routing(b, rows, in, dev);
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WaitIfPastLimit(in.bytes() + res.bytes() + dev.bytes());
   std::vector<HostFloats> touched = {{x, rows * b.D}, {out, rows * b.D}};
   for (const model::GemmCall& c : also) {
@@ -291,7 +291,10 @@ bool DeviceMatmul::RoutedMoe(const float* x, int64_t rows, const model::MoeBlock
     touched.push_back({c.y, c.m * c.w->out_features()});
   }
   SettleFor(touched);
-  const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
+  // (Named copies, not a structured binding: lambdas below capture them.)
+  const MoeScratch scratch = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
+  std::byte *const h_in = scratch.h_in, *const d_in = scratch.d_in, *const h_res = scratch.h_res,
+                   *const d_res = scratch.d_res, *const d = scratch.dev;
   std::memcpy(At<float>(h_in, in_x), x, static_cast<size_t>(rows * b.D) * sizeof(float));
   for (size_t i = 0; i < also.size(); ++i) {
     const size_t n = static_cast<size_t>(also[i].m * also[i].w->in_features());
@@ -390,7 +393,7 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   }
   const RoutingRegions routing(b, rows, in, dev);
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   WaitIfPastLimit(in.bytes() + res.bytes() + dev.bytes());
   // R, the mixes and the next layer's Engram products may still be landing: read where
   // they are. Anything else the call
@@ -412,7 +415,10 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
       engram ? Resident(next->engram_kv, static_cast<size_t>(rows * (n + b.D))) : nullptr;
   const float* d_mixes =
       coef != nullptr ? Resident(coef->mixes, static_cast<size_t>(rows * mix)) : nullptr;
-  const auto [h_in, d_in, h_res, d_res, d] = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
+  // (Named copies, not a structured binding: lambdas below capture them.)
+  const MoeScratch scratch = ReserveMoe(in.bytes(), res.bytes(), dev.bytes());
+  std::byte *const h_in = scratch.h_in, *const d_in = scratch.d_in, *const h_res = scratch.h_res,
+                   *const d_res = scratch.d_res, *const d = scratch.dev;
   std::byte* d_own = next != nullptr ? d : d_res;
   auto put = [&](size_t at, const float* from, int64_t count) {
     std::memcpy(At<float>(h_in, at), from, static_cast<size_t>(count) * sizeof(float));
@@ -504,7 +510,7 @@ void DeviceMatmul::MoeSublayerAfter(const float* d_f, cudaEvent_t f_ready, cudaE
   // No wait here: the results land with the next group's (GemmGroup), whose products may
   // read them where they are.
   CUDA_CHECK(cudaMemcpyAsync(h_res, d_res, res.bytes(), cudaMemcpyDeviceToHost, stream_));
-  auto pend = [&](float* to, size_t at, int64_t count) {
+  auto pend = [&](float* to, size_t at, int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     pending_.push_back(
         {to, At<float>(h_res, at), At<float>(d_res, at), static_cast<size_t>(count)});
   };

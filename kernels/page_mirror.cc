@@ -39,7 +39,7 @@ std::function<void()> PageMirror::Written(const View& view, uint64_t sequence, i
 PageMirror::View PageMirror::Pages(uint64_t sequence, std::span<const std::vector<uint8_t>> pages,
                                    std::span<const uint64_t> versions, int64_t count,
                                    size_t page_bytes, cudaStream_t stream) {
-  std::unique_lock lock(mu_);
+  std::unique_lock<Mutex> lock(mu_);
   Entry& e = seqs_[sequence];
   e.last_use = ++clock_;
   if (e.written != nullptr) CUDA_CHECK(cudaStreamWaitEvent(stream, e.written, 0));
@@ -103,7 +103,7 @@ void PageMirror::EvictFor(uint64_t keep) {
 }
 
 PageMirror::Stats PageMirror::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stats s = stats_;
   s.sequences = static_cast<int64_t>(seqs_.size());
   for (const auto& [id, e] : seqs_) s.awaiting_host += e.landed->load() < e.writes;

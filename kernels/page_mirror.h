@@ -16,10 +16,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <unordered_map>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace kvc::cuda {
 
@@ -35,11 +36,12 @@ class PageMirror {
   // until it is dropped: keep it until the work reading the pages is done.
   struct View {
     uint8_t* device = nullptr;  // written only by WriteEntries-like callers (Written)
-    std::unique_lock<std::mutex> hold;
+    std::unique_lock<Mutex> hold;  // the mirror's mu_
   };
+  // (The lock leaves with the view, which the lock analysis cannot follow: unchecked.)
   View Pages(uint64_t sequence, std::span<const std::vector<uint8_t>> pages,
              std::span<const uint64_t> versions, int64_t count, size_t page_bytes,
-             cudaStream_t stream);
+             cudaStream_t stream) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The caller, holding `view` of `sequence`, has queued writes into pages [first,
   // first + versions.size()) on `stream` (a backend making compressed entries on the
   // device, the host's bytes landing later): the device copies are current under the
@@ -52,13 +54,14 @@ class PageMirror {
   // host's stale copies. The function takes no lock (it may run under a backend's).
   [[nodiscard]] std::function<void()> Written(const View& view, uint64_t sequence, int64_t first,
                                               std::span<const uint64_t> versions,
-                                              cudaStream_t stream);
+                                              cudaStream_t stream)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;  // (the lock is the view's: checked at run time)
 
   struct Stats {
     int64_t uploaded_pages = 0, reused_pages = 0, sequences = 0;
     int64_t awaiting_host = 0;  // sequences with device writes the host's pages lack
   };
-  Stats stats() const;
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
@@ -73,14 +76,14 @@ class PageMirror {
     std::shared_ptr<std::atomic<uint64_t>> landed = std::make_shared<std::atomic<uint64_t>>(0);
   };
   static void Release(Entry& e);  // its device memory and event
-  void EvictFor(uint64_t keep);   // needs mu_
+  void EvictFor(uint64_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t budget_;
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Entry> seqs_;
-  size_t bytes_ = 0;
-  uint64_t clock_ = 0;
-  Stats stats_;
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, Entry> seqs_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 // A mirror shared by the backends of one model (0: a quarter of the device's memory).

@@ -12,7 +12,7 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
@@ -36,7 +36,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     fn(0, n);
     return;
   }
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   fn_ = &fn;
   n_ = n;
   chunk_ = (n + parts - 1) / parts;
@@ -54,15 +54,15 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     lk.lock();
     --pending_;
   }
-  done_cv_.wait(lk, [this] { return pending_ == 0; });
+  while (pending_ != 0) done_cv_.wait(mu_);
   fn_ = nullptr;
 }
 
 void ThreadPool::Worker() {
   uint64_t seen = 0;
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   while (true) {
-    work_cv_.wait(lk, [&] { return stop_ || (generation_ != seen && fn_ != nullptr); });
+    while (!stop_ && (generation_ == seen || fn_ == nullptr)) work_cv_.wait(mu_);
     if (stop_) return;
     seen = generation_;
     while (fn_ != nullptr && next_ < n_) {

@@ -7,9 +7,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace kvc::cpu {
 
@@ -24,22 +25,24 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Calls fn(begin, end) on disjoint ranges covering [0, n), each at least `grain` long
   // (except the last), using the workers and the calling thread; returns when all are done.
-  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The process-wide pool the engine uses (sized at first use; KVC_THREADS overrides).
   static ThreadPool& Default();
 
  private:
-  void Worker();
+  void Worker() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, chunk_ = 0, next_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  Mutex mu_;
+  std::condition_variable_any work_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t n_ ABSL_GUARDED_BY(mu_) = 0, chunk_ ABSL_GUARDED_BY(mu_) = 0,
+             next_ ABSL_GUARDED_BY(mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvc::cpu
