@@ -88,12 +88,8 @@ def main():
                     assert c.lookup_keys(ns, keys).matched_chunks == chunks
 
                 native = timed(a.calls, by_tokens)
-                saved = hashing._NATIVE_CHUNK_KEYS
-                hashing._NATIVE_CHUNK_KEYS = None
-                try:
+                with hashing.python_hashing():
                     python = timed(a.calls, by_tokens)
-                finally:
-                    hashing._NATIVE_CHUNK_KEYS = saved
                 kept = timed(a.calls, by_keys)
         finally:
             proc.terminate()

@@ -15,11 +15,13 @@ watched (membership.py: the etcd access; this module routes); when etcd cannot b
 reached the last membership seen is kept and `membership.stale` says so. Not thread-safe;
 use one per thread. `kvcache.connect("etcd://…")` gives one.
 """
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
+                    Tuple, TypeVar)
 
 import xxhash
 
@@ -27,26 +29,28 @@ from ._common import (ChunkSink, Common, Fetched, Match, StoreResult, check_keys
                       refuse_caller_keyed, sink_for, writable_view)
 from .errors import InvalidArgumentError, KvcacheError, UnavailableError
 from .hashing import Namespace, Tokens, as_tokens, chunk_keys
-from .membership import (NODES_PREFIX, EtcdSecurity, Membership, Node, _MembershipWatch,  # noqa: F401
-                         parse_etcd_url)
+from .membership import (NODES_PREFIX, EtcdSecurity, Membership, MembershipWatch,  # noqa: F401
+                         Node, parse_etcd_url)
 
 if TYPE_CHECKING:  # the node clients; client.py imports this module lazily
     from .client import Client
 
 PLACEMENT_RULE = "kvcache-rendezvous-v1"
 
+T = TypeVar("T")
 
-def rendezvous_weight(key, node_id):
+
+def rendezvous_weight(key: bytes, node_id: str) -> int:
     """XXH3-64 (seed 0) of the 16 key bytes followed by the node id's UTF-8 bytes."""
-    return xxhash.xxh3_64_intdigest(bytes(key) + node_id.encode())
+    return int(xxhash.xxh3_64_intdigest(bytes(key) + node_id.encode()))
 
 
-def rank_nodes(key, node_ids):
+def rank_nodes(key: bytes, node_ids: Iterable[str]) -> List[str]:
     """node_ids ordered best owner first: highest weight, then the smaller id."""
     return sorted(node_ids, key=lambda n: (-rendezvous_weight(key, n), n))
 
 
-def first_holder(key, reader_salt, holders):
+def first_holder(key: bytes, reader_salt: str, holders: int) -> int:
     """Which of a chunk's `holders` copies a reader asks first: rendezvous_weight(key,
     reader_salt) mod holders (0 when none). Each reader has its own salt, so the readers of
     a hot chunk share its copies instead of all asking its best-ranked holder (the C++
@@ -54,7 +58,8 @@ def first_holder(key, reader_salt, holders):
     return rendezvous_weight(key, reader_salt) % holders if holders else 0
 
 
-def fetch_order(key, node_ids, holders, replicas, reader_salt):
+def fetch_order(key: bytes, node_ids: Sequence[str], holders: Sequence[str], replicas: int,
+                reader_salt: str) -> List[str]:
     """The nodes a fetch asks for `key`, in order: the holders a lookup saw (in its order),
     then every other member by rank; the first `copies` of them (the holders, or the first
     `replicas` ranked nodes when no lookup saw any) rotated to start at this reader's pick
@@ -117,10 +122,10 @@ class ClusterClient:
         self._token = token
         self._replicas = replicas
         self._backoff = node_backoff_s
-        self._watch = _MembershipWatch(parse_etcd_url(target), min(timeout_s, 5.0), etcd_security)
+        self._watch = MembershipWatch(parse_etcd_url(target), min(timeout_s, 5.0), etcd_security)
         self._nodes: Dict[str, _NodeClient] = {}
         # namespace id -> how to register it on a node (a node that joins later, a restart)
-        self._registrations: Dict[int, Callable[[Any], Namespace]] = {}
+        self._registrations: Dict[int, Callable[["Client"], Namespace]] = {}
         self._holders: Dict[bytes, List[str]] = {}  # key -> node ids a recent lookup found it on
         self._read_salt = f"reader-{os.urandom(8).hex()}"  # this client's pick among copies
         self._pool = ThreadPoolExecutor(max_workers=16)
@@ -129,15 +134,15 @@ class ClusterClient:
         # anywhere then). lookup_fanout counts what that cost.
         self._lookup_extra = lookup_extra_nodes
         self._repair_grace_s = settle_s
-        self._seen_membership: Tuple = ()
+        self._seen_membership: Tuple[Tuple[str, str, int], ...] = ()
         self._membership_changed = 0.0
         self.lookup_fanout: Dict[str, int] = {"lookups": 0, "wide": 0, "nodes": 0, "keys": 0}
         self.fetched_from: Dict[str, int] = {}  # node id -> chunks it served
 
-    def __enter__(self):
+    def __enter__(self) -> "ClusterClient":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -152,20 +157,20 @@ class ClusterClient:
         return self._watch.current
 
     @property
-    def replicas(self):
+    def replicas(self) -> int:
         n = len(self.membership.nodes)
         return min(self._replicas or (2 if n >= 2 else 1), n)
 
     def _replicas_for(self, n: int) -> int:
         return min(self._replicas or (2 if n >= 2 else 1), n)
 
-    def owners(self, key):
+    def owners(self, key: bytes) -> List[str]:
         """The node ids that hold `key` under the current membership."""
         return rank_nodes(key, [n.id for n in self.membership.nodes])[:self.replicas]
 
-    def _members(self):
+    def _members(self) -> List[_NodeClient]:
         from .client import Client
-        out = []
+        out: List[_NodeClient] = []
         for n in self.membership.nodes:
             nc = self._nodes.get(n.id)
             if nc is None or nc.node.address != n.address or nc.node.generation != n.generation:
@@ -177,12 +182,12 @@ class ClusterClient:
             out.append(nc)
         return out
 
-    def _failed(self, nc, error):
+    def _failed(self, nc: _NodeClient, error: KvcacheError) -> None:
         if isinstance(error, UnavailableError) or error.code is not None and error.code.name in (
                 "UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "INTERNAL", "UNKNOWN"):
             nc.skip_until = time.monotonic() + self._backoff
 
-    def _ensure_namespace(self, nc, ns):
+    def _ensure_namespace(self, nc: _NodeClient, ns: Namespace) -> None:
         if ns.id in nc.namespaces:
             return
         reg = self._registrations.get(ns.id)
@@ -196,15 +201,17 @@ class ClusterClient:
                 "running with --cluster?")
         nc.namespaces.add(ns.id)
 
-    def _on_nodes(self, work):
-        """Runs fn(node_client) for each (node_client, fn) in parallel; (result or error)."""
+    def _on_nodes(self, work: Sequence[Tuple[_NodeClient, Callable[[_NodeClient], T]]]
+                  ) -> List[Tuple[T, Optional[KvcacheError]]]:
+        """Runs fn(node_client) for each (node_client, fn) in parallel; (result or error).
+        (Where the error is set the result is None: the callers look at the error first.)"""
         futures = [self._pool.submit(fn, nc) for nc, fn in work]
-        out: List[Tuple[Any, Optional[KvcacheError]]] = []
+        out: List[Tuple[T, Optional[KvcacheError]]] = []
         for f in futures:
             try:
                 out.append((f.result(), None))
             except KvcacheError as e:
-                out.append((None, e))
+                out.append((None, e))  # type: ignore[arg-type]
         return out
 
     def register_namespace(self, model_config_json: str, model_id: str,
@@ -218,14 +225,14 @@ class ClusterClient:
         return self._register(lambda client: client.register_keyed_namespace(
             model_id, page_bytes, page_tokens))
 
-    def _register(self, register):
+    def _register(self, register: Callable[["Client"], Namespace]) -> Namespace:
         """`register(node client)` on every member; the namespace they agree on."""
         nodes = self._members()
         if not nodes:
             raise UnavailableError(f"the cluster at {self.target} has no nodes")
         results = self._on_nodes([(nc, lambda nc: register(nc.client)) for nc in nodes])
-        ns = None
-        first_error = None
+        ns: Optional[Namespace] = None
+        first_error: Optional[KvcacheError] = None
         for nc, (got, err) in zip(nodes, results):
             if err is not None:
                 first_error = first_error or err
@@ -270,7 +277,7 @@ class ClusterClient:
         caller that needs each chunk (an engine's side pools, docs/integrations.md)."""
         return self._tiers_everywhere(ns, check_keys(keys))
 
-    def _tiers_everywhere(self, ns, keys):
+    def _tiers_everywhere(self, ns: Namespace, keys: Sequence[bytes]) -> List[str]:
         nodes = [nc for nc in self._members() if nc.skip_until <= time.monotonic()]
         ids = [nc.node.id for nc in nodes]
         version = tuple((n.id, n.address, n.generation) for n in self.membership.nodes)
@@ -285,7 +292,7 @@ class ClusterClient:
         self.lookup_fanout["nodes"] += sum(1 for p in plan if p)
         self.lookup_fanout["keys"] += sum(len(p) for p in plan)
 
-        def ask(nc, idx):  # by key: hashed once here, not on every node
+        def ask(nc: _NodeClient, idx: List[int]) -> List[str]:  # by key: hashed once here
             self._ensure_namespace(nc, ns)
             tiers, deleted = nc.client.tiers_and_deleted_of(ns, [keys[c] for c in idx])
             every = ["none"] * len(keys)
@@ -295,8 +302,8 @@ class ClusterClient:
                 every[idx[j]] = "deleted"
             return every
         asked = [(nc, idx) for nc, idx in zip(nodes, plan) if idx]
-        results = self._on_nodes([(nc, lambda n, idx=idx: ask(n, idx)) for nc, idx in asked])
-        answered = {}
+        results = self._on_nodes([(nc, functools.partial(ask, idx=idx)) for nc, idx in asked])
+        answered: Dict[str, List[str]] = {}
         for (nc, _), (tiers, err) in zip(asked, results):
             if err is None and len(tiers) == len(keys):
                 answered[nc.node.id] = tiers
@@ -304,7 +311,7 @@ class ClusterClient:
                 self._failed(nc, err)
         if asked and not answered:
             raise UnavailableError(f"no node of the cluster answered lookup: {results[0][1]}")
-        every = []
+        every: List[str] = []
         for c, key in enumerate(keys):
             if any(tiers[c] == "deleted" for tiers in answered.values()):
                 self._holders.pop(key, None)
@@ -339,12 +346,12 @@ class ClusterClient:
         sink = sink_for(ns, dsts, len(keys))
         return self._fetch_into(ns, keys, sink)
 
-    def _fetch_into(self, ns, keys, sink):
+    def _fetch_into(self, ns: Namespace, keys: Sequence[bytes], sink: ChunkSink) -> int:
         """How many leading chunks of keys reached sink, each from a node that holds it."""
         nodes = {nc.node.id: nc for nc in self._members()}
         ids = sorted(nodes)
         now = time.monotonic()
-        cands = []
+        cands: List[List[str]] = []
         for k in keys:
             order = fetch_order(k, ids, self._holders.get(k, []), self._replicas_for(len(ids)),
                                 self._read_salt)
@@ -362,7 +369,7 @@ class ClusterClient:
             if not share:
                 break
 
-            def pull(nc, idx=None):
+            def pull(nc: _NodeClient, idx: List[int]) -> int:
                 self._ensure_namespace(nc, ns)
                 # Each chunk straight to its place in the caller's buffer.
                 return nc.client.fetch_scattered(ns, [keys[c] for c in idx],
@@ -398,21 +405,22 @@ class ClusterClient:
         requests, keys = Common.keyed_store_plan(ns, keys, payloads, durable, ttl_s, chain)
         return self._store_on_owners(ns, requests, keys)
 
-    def _store_on_owners(self, ns, requests, keys):
+    def _store_on_owners(self, ns: Namespace, requests: Sequence[Any],
+                         keys: List[bytes]) -> StoreResult:
         chunks = len(requests)
         nodes = {nc.node.id: nc for nc in self._members()}
         if not nodes:
             raise UnavailableError(f"the cluster at {self.target} has no nodes")
         want = self.replicas
         now = time.monotonic()
-        order = []
+        order: List[List[str]] = []
         for k in keys:
             o = rank_nodes(k, sorted(nodes))
             o.sort(key=lambda n: nodes[n].skip_until > now)
             order.append(o)
         copies, nxt = [0] * chunks, [0] * chunks
         stored = present = 0
-        last_error = None
+        last_error: Optional[KvcacheError] = None
         while True:
             share: Dict[str, List[int]] = {}
             for c in range(chunks):
@@ -424,7 +432,7 @@ class ClusterClient:
             if not share:
                 break
 
-            def put(nc, idx=None):
+            def put(nc: _NodeClient, idx: List[int]) -> StoreResult:
                 self._ensure_namespace(nc, ns)
                 return nc.client.send_store(ns, [requests[c] for c in idx])
             work = [(nodes[n], lambda nc, idx=idx: put(nc, idx)) for n, idx in share.items()]
@@ -445,10 +453,10 @@ class ClusterClient:
                 raise UnavailableError(f"chunk {c} has {copies[c]} of {want} copies: {last_error}")
         return StoreResult(stored, present, keys, chunks * ns.chunk_tokens)
 
-    def _everywhere(self, ns, call):
+    def _everywhere(self, ns: Namespace, call: Callable[["Client"], int]) -> int:
         nodes = self._members()
 
-        def run(nc):
+        def run(nc: _NodeClient) -> int:
             self._ensure_namespace(nc, ns)
             return call(nc.client)
         total = 0
@@ -474,7 +482,7 @@ class ClusterClient:
     def stats(self) -> Dict[str, Any]:
         """{"membership": ..., "nodes": {id: stats dict or {"error": message}}}."""
         nodes = self._members()
-        per = {}
+        per: Dict[str, Any] = {}
         for nc, (s, err) in zip(nodes, self._on_nodes([(nc, lambda nc: nc.client.stats())
                                                         for nc in nodes])):
             per[nc.node.id] = s if err is None else {"error": err.message}

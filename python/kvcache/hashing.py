@@ -8,11 +8,12 @@ keys) maps each caller key instead:
 
     chunk key = XXH3-128("kvcache-caller-key-v1" ‖ root ‖ u32 length ‖ the caller key)
 """
+import contextlib
 import ctypes
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Union
 
 import numpy as np
 import xxhash
@@ -124,6 +125,18 @@ def native_hashing() -> bool:
     return _NATIVE_CHUNK_KEYS is not None
 
 
+@contextlib.contextmanager
+def python_hashing() -> Iterator[None]:
+    """Within it, chunk_keys hashes one Python call per chunk, as without the native
+    library: for a benchmark to set the two side by side in one process (not thread-safe)."""
+    global _NATIVE_CHUNK_KEYS
+    saved, _NATIVE_CHUNK_KEYS = _NATIVE_CHUNK_KEYS, None
+    try:
+        yield
+    finally:
+        _NATIVE_CHUNK_KEYS = saved
+
+
 def chunk_keys(root_key: bytes, tokens: Tokens, chunk_tokens: int) -> List[bytes]:
     """The keys of every whole chunk of `tokens` under `root_key` (16 bytes each)."""
     if len(root_key) != 16:
@@ -138,10 +151,10 @@ def chunk_keys(root_key: bytes, tokens: Tokens, chunk_tokens: int) -> List[bytes
         got = _NATIVE_CHUNK_KEYS(bytes(root_key), arr.ctypes.data, arr.size, chunk_tokens, out)
         raw = out.raw
         return [raw[i:i + 16] for i in range(0, 16 * got, 16)]
-    return _chunk_keys_python(root_key, arr, chunk_tokens)
+    return chunk_keys_python(root_key, arr, chunk_tokens)
 
 
-def _chunk_keys_python(root_key: bytes, arr: Any, chunk_tokens: int) -> List[bytes]:
+def chunk_keys_python(root_key: bytes, arr: Any, chunk_tokens: int) -> List[bytes]:
     """chunk_keys one Python call per chunk: without the native library, and its reference."""
     step = 4 * chunk_tokens
     whole = (arr.size // chunk_tokens) * step

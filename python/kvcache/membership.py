@@ -94,7 +94,7 @@ def _node_id(key: bytes) -> str:
     return key[len(NODES_PREFIX):].decode(errors="replace")
 
 
-class _MembershipWatch:
+class MembershipWatch:
     """Reads the node records from etcd, then watches them on a thread. Over gRPC, so a
     client certificate and a user combine (etcd's JSON gateway refuses that pair)."""
 

@@ -48,7 +48,7 @@ def test_native_and_python_hashing_give_the_same_keys(seed):
                                                   dtype=np.uint64).tolist(), chunk))
     for root, tokens, chunk in cases:
         native = hashing.chunk_keys(root, tokens, chunk)
-        assert native == hashing._chunk_keys_python(root, hashing.as_tokens(tokens), chunk)
+        assert native == hashing.chunk_keys_python(root, hashing.as_tokens(tokens), chunk)
         assert len(native) == len(tokens) // chunk
     code = ("import json, sys, kvcache; from kvcache import hashing; "
             "assert not hashing.native_hashing(); v = json.load(open(sys.argv[1]))['vectors']; "

@@ -48,7 +48,7 @@ class Etcd:
         deadline = time.monotonic() + 20
         while True:
             try:
-                kvcache.membership._MembershipWatch([f"127.0.0.1:{self.port}"], 0.5,
+                kvcache.membership.MembershipWatch([f"127.0.0.1:{self.port}"], 0.5,
                                                  self.tls[3] if self.tls else None).close()
                 return
             except kvcache.KvcacheError:

@@ -79,7 +79,7 @@ class CallerKeys:
         self._keys: Dict[Tuple[bytes, bytes], bytes] = {}
         self._keep = keep
 
-    def __call__(self, client: Any, ns: Namespace, keys: Any) -> List[Any]:
+    def __call__(self, client: api.CacheClient, ns: Namespace, keys: Any) -> List[bytes]:
         names = [caller_key(k) for k in keys]
         out = [self._keys.get((ns.root_key, n)) for n in names]
         todo = [i for i, ck in enumerate(out) if ck is None]
@@ -90,7 +90,7 @@ class CallerKeys:
             for i, ck in zip(todo, mapped):
                 out[i] = ck
                 self._keys[(ns.root_key, names[i])] = ck
-        return out
+        return cast(List[bytes], out)  # every entry filled above
 
 
 TIERS = ("hbm", "ram", "ssd", "none")  # "none": looked up and not found
@@ -141,7 +141,7 @@ class PageStore:
         self._backoff_s = backoff_s
         self._down_until = 0.0
 
-    def client(self) -> Any:
+    def client(self) -> api.CacheClient:
         c = getattr(self._local, "client", None)
         if c is None:
             options: Dict[str, Any] = {"timeout_s": self._timeout_s}
@@ -172,7 +172,7 @@ class PageStore:
         return cast(Namespace, ns)
 
     def run(self, pool: str, page_bytes: int, page_tokens: int,
-            work: Callable[[Any, Namespace], T]) -> T:
+            work: Callable[[api.CacheClient, Namespace], T]) -> T:
         """work(client, namespace), once more after registering again when the daemon no
         longer knows the namespace (it was started on a fresh data folder)."""
         if time.monotonic() < self._down_until:

@@ -30,10 +30,14 @@ HiCacheStorage base that SGLang's loader checks with issubclass.
 """
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from .._common import ChunkSink
+from ..api import CacheClient
+from ..hashing import Namespace
 from ._pages import PageStore, RawViews, guarded, identity, settings
+
+T = TypeVar("T")
 
 try:  # SGLang loads a dynamic backend only if it subclasses its HiCacheStorage
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -88,7 +92,7 @@ def _is_trailing(policy: Any) -> bool:
     return _pool_name(policy) == "trailing_pages"
 
 
-class KvcacheHiCacheStorage(_Base):
+class KvcacheHiCacheStorage(_Base):  # type: ignore[misc]  # (Any where SGLang is installed)
     """SGLang's HiCacheStorage over kvcached. Constructed by SGLang's dynamic backend
     loader as cls(storage_config, kwargs); see the module docstring for extra_config."""
 
@@ -164,7 +168,8 @@ class KvcacheHiCacheStorage(_Base):
         return getattr(self, "registered_pools", {}).get(name) or (
             getattr(self, "registered_pools", {}).get(KV_POOL) if name == KV_POOL else None)
 
-    def _pages(self, pool_name: str, host_indices: Any, n_pages: int):
+    def _pages(self, pool_name: str, host_indices: Any,
+               n_pages: int) -> Tuple[List[List[memoryview]], int, int]:
         """Per page, writable views of its parts in the host pool (from the pool's own
         get_page_buffer_meta), and the page's bytes."""
         pool = self._pool(pool_name)
@@ -214,9 +219,10 @@ class KvcacheHiCacheStorage(_Base):
         pool = self._pool(KV_POOL)
         return int(getattr(pool, "page_size", 0) or 0) if pool is not None else 0
 
-    def _failed(self, *value: Any) -> Any:
+    def _failed(self, value: T) -> T:
+        """The miss a failed call answers (guarded), counted."""
         self.stats["failed_calls"] += 1
-        return value[0] if value else None
+        return value
 
     # ---- existence ----
     def _leading(self, pool: str, page_bytes: int, page_tokens: int, keys: List[Any]) -> int:
@@ -245,7 +251,7 @@ class KvcacheHiCacheStorage(_Base):
             if page_bytes is None:
                 return 0  # no page seen or registered yet: nothing can be stored
             return self._leading(KV_POOL, page_bytes, self._page_tokens(), keys)
-        return guarded("batch_exists", self._failed, work, 0)
+        return guarded("batch_exists", lambda: self._failed(0), work)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -255,7 +261,7 @@ class KvcacheHiCacheStorage(_Base):
         """The usable prefix across pools: the KV pool's leading run, shortened by each extra
         pool's hit policy ("all_pages": every page of the prefix; "trailing_pages": only the
         last len(transfer.keys) pages before the prefix's end)."""
-        def work():
+        def work() -> object:  # SGLang's PoolTransferResult
             kv = self.batch_exists(keys)
             hits: Dict[str, int] = {KV_POOL: kv} if kv else {}
             final = kv
@@ -274,7 +280,8 @@ class KvcacheHiCacheStorage(_Base):
                     hits[name] = boundary
                 final = min(final, boundary)
             return PoolTransferResult(final, hits)
-        return guarded("batch_exists_v2", self._failed, work, PoolTransferResult(0, {}))
+        nothing: object = PoolTransferResult(0, {})
+        return guarded("batch_exists_v2", lambda: self._failed(nothing), work)
 
     def _present(self, pool_name: str, keys: List[str]) -> List[bool]:
         """Whether each key's page of an extra pool is stored (not only the leading run)."""
@@ -289,7 +296,7 @@ class KvcacheHiCacheStorage(_Base):
             return [False] * len(keys)
         tokens = int(getattr(pool, "page_size", 0) or 0)
 
-        def every(c, ns):  # one call: each page's presence, not only the leading run
+        def every(c: CacheClient, ns: Namespace) -> List[bool]:  # each page, not only the leading run
             tiers = c.tiers_of(ns, self._store.keys(c, ns, keys))
             self._store.tokens.add(self._store.name_of(pool_name), tiers, tokens)
             return [t != "none" for t in tiers]
@@ -323,22 +330,23 @@ class KvcacheHiCacheStorage(_Base):
         place; per key whether it arrived (a prefix: True up to the first miss)."""
         if not keys:
             return []
-        return guarded("batch_get_v1", self._failed,
-                       lambda: self._get_pages(KV_POOL, keys, host_indices), [False] * len(keys))
+        return guarded("batch_get_v1", lambda: self._failed([False] * len(keys)),
+                       lambda: self._get_pages(KV_POOL, keys, host_indices))
 
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """The host pool's pages at host_indices stored under `keys`; per key whether it is."""
         if not keys:
             return []
-        return guarded("batch_set_v1", self._failed,
-                       lambda: self._set_pages(KV_POOL, keys, host_indices), [False] * len(keys))
+        return guarded("batch_set_v1", lambda: self._failed([False] * len(keys)),
+                       lambda: self._set_pages(KV_POOL, keys, host_indices))
 
-    def _batch_v2(self, transfers: List[Any], op) -> Dict[str, List[bool]]:
+    def _batch_v2(self, transfers: List[Any],
+                  op: Callable[[str, List[Any], Any], List[bool]]) -> Dict[str, List[bool]]:
         out: Dict[str, List[bool]] = {}
         for t in transfers:
             name, keys = _pool_name(t.name), list(t.keys or [])
-            out[name] = (guarded(f"{op.__name__} {name}", self._failed,
-                                 lambda: op(name, keys, t.host_indices), [False] * len(keys))
+            out[name] = (guarded(f"{op.__name__} {name}", lambda: self._failed([False] * len(keys)),
+                                 lambda: op(name, keys, t.host_indices))
                          if keys and t.host_indices is not None else [False] * len(keys))
         return out
 
@@ -360,7 +368,7 @@ class KvcacheHiCacheStorage(_Base):
         if not keys or target_locations is None:
             return [None] * len(keys)
 
-        def work():
+        def work() -> List[Any]:
             views = [_tensor_bytes(t) for t in target_locations]
             page_bytes = views[0].nbytes
             self._page_bytes.setdefault(KV_POOL, page_bytes)
@@ -368,7 +376,7 @@ class KvcacheHiCacheStorage(_Base):
                                   c.fetch_scattered(ns, self._store.keys(c, ns, keys), views))
             self.stats["pages_loaded"] += got
             return [t if i < got else None for i, t in enumerate(target_locations)]
-        return guarded("batch_get", self._failed, work, [None] * len(keys))
+        return guarded("batch_get", lambda: self._failed([None] * len(keys)), work)
 
     def set(self, key: str, value: Any = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
@@ -382,7 +390,7 @@ class KvcacheHiCacheStorage(_Base):
         if values is None or len(values) != len(keys):
             return False
 
-        def work():
+        def work() -> bool:
             views = [_tensor_bytes(v.contiguous()) for v in values]
             page_bytes = views[0].nbytes
             self._page_bytes.setdefault(KV_POOL, page_bytes)
@@ -391,7 +399,7 @@ class KvcacheHiCacheStorage(_Base):
                 durable=self._durable, ttl_s=self._ttl_s))
             self.stats["pages_stored"] += len(keys)
             return True
-        return guarded("batch_set", self._failed, work, False)
+        return guarded("batch_set", lambda: self._failed(False), work)
 
     def clear(self) -> None:
         """SGLang's flush (also after an in-place weight update under the same served name):
@@ -411,7 +419,7 @@ class KvcacheHiCacheStorage(_Base):
                 c.pin(ns, keys, _PIN_FOREVER_S)  # the epoch must outlive every page
             self._store.run(_EPOCH_POOL, 8, 0, put)
             self._epoch = new
-        guarded("clear", self._failed, work)
+        guarded("clear", lambda: self._failed(None), work)
 
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics (pages per prefetch and backup call, and their GB/s, since

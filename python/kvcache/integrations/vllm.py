@@ -41,9 +41,11 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Collection, Dict, List, Optional, Set
+from typing import Any, Collection, Dict, List, Optional, Set, Tuple
 
 from .._common import ChunkSink
+from ..api import CacheClient
+from ..hashing import Namespace
 from ._pages import PageStore, caller_key, guarded, identity, settings
 
 log = logging.getLogger("kvcache.integrations")
@@ -86,7 +88,7 @@ _KNOWN = 1 << 16  # keys remembered (lookups answered without a call)
 _BATCH = 4096     # keys per background Lookup call
 
 
-def _lookup_answers() -> tuple:
+def _lookup_answers() -> Tuple[Any, Any, Any]:
     """(hit, miss, retry) as the installed vLLM's lookup() returns them: its LookupResult
     where the tiering base defines one, else True / False / None (the older contract)."""
     try:
@@ -142,7 +144,7 @@ def _spec_identity(spec: Any, options: Dict[str, Any]) -> str:
                  ("dcp", _find(spec, "parallel_config.decode_context_parallel_size")))) if p)
 
 
-class KvcacheSecondaryTier(_Base):
+class KvcacheSecondaryTier(_Base):  # type: ignore[misc]  # (Any where vLLM is installed)
     """vLLM's SecondaryTierManager over kvcached (see the module docstring)."""
 
     def __init__(self, offloading_spec: Any = None, primary_kv_view: Any = None,
@@ -178,7 +180,7 @@ class KvcacheSecondaryTier(_Base):
                                         thread_name_prefix="kvcache-tier")
         self._lock = threading.Lock()
         self._finished: List[Any] = []
-        self._jobs: Set[Future] = set()
+        self._jobs: Set["Future[None]"] = set()
         self._storing: Dict[Any, int] = {}  # key -> store jobs in flight
         # Known stored (bounded), with the tier the daemon last named (RAM for a block this
         # tier stored: kvcached answers RAM before SSD).
@@ -241,7 +243,7 @@ class KvcacheSecondaryTier(_Base):
                     self._missed.popitem(last=False)
 
     def _submit(self, job: Any, work: Any, keys: List[Any]) -> None:
-        def run():
+        def run() -> None:
             ok = guarded("offload job", lambda: False, work)
             with self._lock:
                 self._finished.append(JobResult(job_id=job.job_id, success=bool(ok)))
@@ -250,7 +252,7 @@ class KvcacheSecondaryTier(_Base):
             self._jobs.add(future)
         future.add_done_callback(lambda f: self._discard(f))
 
-    def _discard(self, future: Future) -> None:
+    def _discard(self, future: "Future[None]") -> None:
         with self._lock:
             self._jobs.discard(future)
 
@@ -320,7 +322,7 @@ class KvcacheSecondaryTier(_Base):
                 tiers = [self._stored.get(k) for k in cks]
             unknown = [i for i, t in enumerate(tiers) if t is None]
 
-            def fetch(c, ns):
+            def fetch(c: CacheClient, ns: Namespace) -> int:
                 chunk_keys = self._store.keys(c, ns, cks)
                 if unknown:  # blocks vLLM did not ask this tier about: asked now
                     asked = c.tiers_of(ns, [chunk_keys[i] for i in unknown])
