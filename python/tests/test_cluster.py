@@ -93,6 +93,20 @@ def test_ranking_matches_the_published_vectors():
             assert format(kvcache.cluster.rendezvous_weight(key, n), "016x") == v["weights"][n]
 
 
+def test_the_routing_vectors_are_the_independent_scripts():
+    """tests/cluster/lookup_plan_vectors.json is what scripts/lookup_plan_vectors.py writes —
+    an implementation of the rules of its own, importing neither client — so each client's
+    planner is held to vectors it did not write."""
+    import sys
+    script = os.path.join(SOURCE_DIR, "scripts", "lookup_plan_vectors.py")
+    with open(script) as f:
+        assert "kvcache" not in "".join(l for l in f if l.startswith(("import", "from")))
+    written = subprocess.run([sys.executable, script], check=True, capture_output=True,
+                             text=True).stdout
+    with open(os.path.join(SOURCE_DIR, "tests", "cluster", "lookup_plan_vectors.json")) as f:
+        assert f.read() == written
+
+
 def test_lookup_plans_match_the_published_vectors():
     """The same vectors the C++ planner is held to (scripts/lookup_plan_vectors.py)."""
     with open(os.path.join(SOURCE_DIR, "tests", "cluster", "lookup_plan_vectors.json")) as f:
