@@ -88,7 +88,7 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(const ClientOp
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);  // see kvcached_main.cc
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);  // see programs/kvcached/main.cc
   // Each client a TCP connection of its own: by default gRPC gives every channel of a
   // process to the same daemon one shared connection, and 8 clients of one process then
   // fetched 2.2 GB/s where 8 connections fetch 2.6-3.5 (kvbench service, 8 clients).

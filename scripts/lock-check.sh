@@ -5,8 +5,8 @@
 # that guards it, or a function that needs the lock called without it, fails this script.
 # GCC, which builds everything else, ignores the annotations.
 #   scripts/lock-check.sh [FILE.cc ...]    (default: every source of storage/, cachesvc/,
-#   client/, cluster/ and serve/ but the programs' mains — every mutex there is annotated,
-#   base/task_pool.h's too — the header-only executor.h and delayed_start.h through their
+#   client/, cluster/ and serve/ — every mutex there is annotated, base/task_pool.h's too
+#   (the mains in programs/ hold none) — the header-only executor.h and delayed_start.h through their
 #   tests, the engine's thread pool, and the CUDA backends (kernels/, backends/select.cc,
 #   compiled as with the CUDA toolkit: their host code holds the locks). They include
 #   generated protobuf headers, so this runs after a build)
@@ -26,9 +26,7 @@ else
     # (an operator== its reversed candidate makes ambiguous).
     [ "$f" = storage/rados_tier.cc ] || files+=("$f")
   done
-  for f in cachesvc/*.cc client/*.cc cluster/*.cc serve/*.cc; do
-    case "$f" in *_main.cc) ;; *) files+=("$f") ;; esac
-  done
+  files+=(cachesvc/*.cc client/*.cc cluster/*.cc serve/*.cc)
   files+=(engine/cpu/thread_pool.cc)
   if [ ${#cuda_flags[@]} -gt 0 ]; then
     files+=(backends/select.cc kernels/*.cc)
