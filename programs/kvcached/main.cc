@@ -244,11 +244,12 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   etcd_flags.AddTo(app);
   app.add_option("--tenant-quota", tenant_quota,
-                 "TENANT:ram=BYTES,ssd=BYTES,pins=N (repeatable; TENANT * = every tenant not "
-                 "named): a guaranteed share of each tier — the named quotas must fit the "
-                 "tiers together, a '*' tenant is admitted at its first namespace while its "
-                 "quota fits; over its quota a tenant evicts its own chunks, and tier "
-                 "pressure never evicts a tenant within its quota");
+                 "TENANT:ram=BYTES,ssd=BYTES,pins=N,rados=BYTES (repeatable; TENANT * = every "
+                 "tenant not named): a guaranteed share of each tier — the named quotas must "
+                 "fit the tiers together, a '*' tenant is admitted at its first namespace while "
+                 "its quota fits; over its quota a tenant evicts its own chunks, and tier "
+                 "pressure never evicts a tenant within its quota. rados= bounds its bytes in "
+                 "the shared tier, fleet-wide: a durable store past it is refused");
   app.add_option("--log-level", log_level,
                  "structured log (JSON lines on stderr): debug (every call), info (failed calls, "
                  "start, stop), warn, error")
