@@ -280,7 +280,7 @@ absl::Status ClusterRepair::RunPass(const std::vector<cluster::NodeInfo>& member
 
     // 2. Who lacks what, and whether this node is the one to copy it.
     std::map<std::pair<size_t, uint32_t>, std::vector<size_t>> copies;  // (owner, ns) → items
-    std::map<uint32_t, std::vector<ChunkKey>> extra;  // ns → stored keys of copies to drop
+    std::map<uint32_t, std::vector<ChunkKey>> extra;    // ns → stored keys of copies to drop
     std::map<uint32_t, std::vector<ChunkKey>> deleted;  // ns → stored keys deleted elsewhere
     const uint64_t under_before = under, under_bytes_before = under_bytes,
                    left_to_shared_before = left_to_shared;

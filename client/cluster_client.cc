@@ -25,7 +25,7 @@ struct ClusterClient::Node {
   std::shared_ptr<CacheClient> client;
   Mutex mu;
   std::set<uint32_t> namespaces ABSL_GUARDED_BY(mu);  // registered on this node
-  std::atomic<int64_t> skip_until_ms{0};  // steady clock
+  std::atomic<int64_t> skip_until_ms{0};              // steady clock
 };
 
 namespace {

@@ -159,17 +159,17 @@ DeviceMatmul::QueuedGroup DeviceMatmul::QueueGroup(std::span<const model::GemmCa
   }
   size_t xo = 0, yo = 0, wo = 0;
   // Call i's product on the device input d_in, its finish after it, where the result is.
-  auto product = [&](size_t i, const float* d_in,
-                     const float* d_w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const model::GemmCall& c = calls[i];
-    const int64_t n = c.w->out_features();
-    Launch(d_in, c.m, c.w->in_features(), d_w, n, d_y + yo, stream_);
-    if (c.finish != nullptr) {
-      QueueFinish(*c.finish, c.m, n, d_y + yo, d_x + xs + f_at[i].norm, d_x + xs + f_at[i].turns,
-                  stream_);
-    }
-    yo += static_cast<size_t>(c.m * n);
-  };
+  auto product = [&](size_t i, const float* d_in, const float* d_w)
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       const model::GemmCall& c = calls[i];
+                       const int64_t n = c.w->out_features();
+                       Launch(d_in, c.m, c.w->in_features(), d_w, n, d_y + yo, stream_);
+                       if (c.finish != nullptr) {
+                         QueueFinish(*c.finish, c.m, n, d_y + yo, d_x + xs + f_at[i].norm,
+                                     d_x + xs + f_at[i].turns, stream_);
+                       }
+                       yo += static_cast<size_t>(c.m * n);
+                     };
   for (size_t i = 0; i < calls.size(); ++i) {
     const model::GemmCall& c = calls[i];
     const int64_t k = c.w->in_features(), n = c.w->out_features();

@@ -35,7 +35,7 @@ class PageMirror {
   // uploads this call queued. The view holds the mirror (no buffer moves or goes away)
   // until it is dropped: keep it until the work reading the pages is done.
   struct View {
-    uint8_t* device = nullptr;  // written only by WriteEntries-like callers (Written)
+    uint8_t* device = nullptr;     // written only by WriteEntries-like callers (Written)
     std::unique_lock<Mutex> hold;  // the mirror's mu_
   };
   // (The lock leaves with the view, which the lock analysis cannot follow: unchecked.)

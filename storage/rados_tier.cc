@@ -24,7 +24,7 @@ constexpr char kBytesXattr[] = "kvc.bytes";      // a usage object's count, deci
 constexpr char kChunkPrefix[] = "chunk-";
 constexpr size_t kSweepBatch = 256;    // objects a sweep reads (and removes) together
 constexpr int kChargeAttempts = 1000;  // compare-and-swap rounds before a count gives up
-constexpr uint8_t kMetaVersion = 2;  // 2: the namespace as a 64-bit shared tag
+constexpr uint8_t kMetaVersion = 2;    // 2: the namespace as a 64-bit shared tag
 
 template <typename T>
 void Append(std::string* out, T v) {
