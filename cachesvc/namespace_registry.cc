@@ -106,8 +106,6 @@ uint32_t DerivedNamespaceId(const std::string& tenant, const storage::ChunkKey& 
   return 1 + static_cast<uint32_t>(XXH3_64bits(buf.data(), buf.size()) % 0x7FFFFFFFu);
 }
 
-std::string SharedAccountOf(const std::string& tenant) { return "tenant " + tenant; }
-
 uint64_t SharedNamespaceTag(const NamespaceInfo& ns) {
   std::string buf = "kvcache-shared-v1:";
   buf.append(reinterpret_cast<const char*>(ns.root.bytes.data()), ns.root.bytes.size());

@@ -70,9 +70,6 @@ std::vector<storage::ChunkKey> StorageKeys(const NamespaceInfo& ns,
 // "kvcache-shared-v1:" ‖ root key (never 0), the same on every node, tenant-bound as the root
 // is.
 uint64_t SharedNamespaceTag(const NamespaceInfo& ns);
-// The account a tenant's chunks count against in a shared tier (SharedChunk::account):
-// "tenant NAME", the same on every node.
-std::string SharedAccountOf(const std::string& tenant);
 
 // How a new namespace gets its id.
 enum class NamespaceIds {

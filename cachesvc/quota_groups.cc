@@ -4,7 +4,6 @@
 
 #include "base/check.h"
 #include "base/status_macros.h"
-#include "cachesvc/namespace_registry.h"
 
 namespace kvc::cachesvc {
 

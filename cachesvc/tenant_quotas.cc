@@ -8,6 +8,8 @@
 
 namespace kvc::cachesvc {
 
+std::string SharedAccountOf(const std::string& tenant) { return "tenant " + tenant; }
+
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view flag, absl::string_view item,
                                        absl::string_view text) {
   uint64_t scale = 1;
@@ -52,7 +54,7 @@ absl::StatusOr<TenantQuotas> TenantQuotas::Parse(const std::vector<std::string>&
       return absl::InvalidArgumentError(absl::StrCat(kFlag, " names tenant '", tenant, "' twice"));
     }
     storage::Quota quota;
-    quota.owner = tenant == "*" ? "a tenant" : absl::StrCat("tenant ", tenant);
+    quota.owner = tenant == "*" ? "a tenant" : SharedAccountOf(tenant);
     for (absl::string_view limit :
          absl::StrSplit(absl::string_view(item).substr(colon + 1), ',', absl::SkipEmpty())) {
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(limit, '=');
@@ -93,9 +95,9 @@ std::optional<storage::Quota> TenantQuotas::For(const std::string& tenant) const
     q = it->second;
   } else if (others_) {
     q = *others_;
-    q->owner = absl::StrCat("tenant ", tenant);
+    q->owner = SharedAccountOf(tenant);
   } else if (default_pins_ > 0) {
-    q = storage::Quota{absl::StrCat("tenant ", tenant), 0, 0, 0, 0};
+    q = storage::Quota{SharedAccountOf(tenant), 0, 0, 0, 0};
   }
   if (q && q->pinned_chunks == 0) q->pinned_chunks = default_pins_;
   return q;

@@ -22,6 +22,11 @@
 
 namespace kvc::cachesvc {
 
+// Who a tenant is to storage: "tenant NAME" — its quota's owner (the name errors give) and
+// the account its chunks count against in a shared tier (SharedChunk::account), the same
+// on every node.
+std::string SharedAccountOf(const std::string& tenant);
+
 // BYTES with an optional K, M, G or T suffix (powers of 1024), positive. InvalidArgument
 // naming the flag and the item otherwise.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view flag, absl::string_view item,

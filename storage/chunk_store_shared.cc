@@ -30,23 +30,26 @@ std::vector<absl::StatusOr<PutResult>> ChunkStore::PutBatch(std::span<const PutR
   if (link == nullptr || options.durability != Durability::kDurable)
     return PutBatchLocal(requests, options);
   const int64_t expires = options.ttl_s > 0 ? impl_->NowS() + options.ttl_s : 0;
-  std::vector<SharedTag> tags;  // 0: the namespace stays off the shared tier
-  std::vector<std::string> accounts;
-  for (const PutRequest& r : requests) {
-    tags.push_back(link->TagOf(r.namespace_id));
-    accounts.push_back(link->AccountOf(r.namespace_id));
-  }
-  // What this node holds already (one lookup per run of requests of one namespace; a
-  // batch is usually one run): the rest is new to it, and likely to the shared tier.
+  // Per request: its namespace's tag (0: the namespace stays off the shared tier) and
+  // account, and whether this node holds it already (the rest is new to it, and likely to
+  // the shared tier) — asked once per run of requests of one namespace (a batch is
+  // usually one run).
+  std::vector<SharedTag> tags(requests.size());
+  std::vector<std::string> accounts(requests.size());
   std::vector<bool> held(requests.size(), false);
   for (size_t run = 0; run < requests.size();) {
     const NamespaceId ns = requests[run].namespace_id;
+    const SharedTierLink::Share share = link->ShareOf(ns);
     std::vector<ChunkKey> keys;
     size_t end = run;
     for (; end < requests.size() && requests[end].namespace_id == ns; ++end)
       keys.push_back(requests[end].key);
     const std::vector<Tier> here = LookupLocal(ns, keys, /*leading_only=*/false);
-    for (size_t i = run; i < end; ++i) held[i] = here[i - run] != Tier::kNone;
+    for (size_t i = run; i < end; ++i) {
+      tags[i] = share.tag;
+      accounts[i] = share.account;
+      held[i] = here[i - run] != Tier::kNone;
+    }
     run = end;
   }
   if (std::vector<absl::Status> over = OverSharedQuota(requests, accounts, held); !over.empty()) {
@@ -223,9 +226,8 @@ void ChunkStore::GetFromShared(NamespaceId ns, std::span<const ChunkKey> keys,
   if (!s.HasRam(ns)) return;
   for (const Promotion& p : promote) {
     if (s.ram->Contains(p.key)) continue;
-    const int64_t expires = p.expires_s;
     if (s.InsertRam(ns, p.key, p.parent, p.origin, Payload(p.bytes), p.checksum,
-                    /*dirty=*/false, expires, /*allow_writeback=*/false)
+                    /*dirty=*/false, p.expires_s, /*allow_writeback=*/false)
             .ok())
       ++s.stats.promotions;
   }

@@ -5,12 +5,14 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/slot_format.h"
 #include "storage/xxh3.h"
 
@@ -264,23 +266,34 @@ std::vector<absl::Status> RadosTier::PutMany(std::span<const SharedPut> puts) {
   return status;
 }
 
+// The count in an account's usage object: nullopt when the object does not exist yet, 0
+// when it exists without a count.
+absl::StatusOr<std::optional<uint64_t>> RadosTier::ReadUsage(const std::string& account) {
+  librados::bufferlist current;
+  const int got = impl_->io.getxattr(UsageObjectName(account), kBytesXattr, current);
+  if (got == -ENOENT) return std::nullopt;
+  if (got == -ENODATA) return 0;
+  if (got < 0) return FromRados(got, absl::StrCat("reading the usage of ", account));
+  uint64_t bytes = 0;
+  if (!absl::SimpleAtoi(current.to_str(), &bytes)) {
+    return absl::DataLossError(absl::StrCat("the usage of ", account, " reads \"",
+                                            current.to_str(), "\", not a count of bytes"));
+  }
+  return bytes;
+}
+
 absl::Status RadosTier::Charge(const std::string& account, int64_t delta) {
   const std::string oid = UsageObjectName(account);
   for (int attempt = 0; attempt < kChargeAttempts; ++attempt) {
-    librados::bufferlist current;
-    const int got = impl_->io.getxattr(oid, kBytesXattr, current);
-    if (got < 0 && got != -ENOENT && got != -ENODATA)
-      return FromRados(got, absl::StrCat("reading the usage of ", account));
-    uint64_t old = 0;
-    if (got > 0 && !absl::SimpleAtoi(current.to_str(), &old))
-      return absl::DataLossError(absl::StrCat("the usage of ", account, " does not parse"));
-    if (got == -ENOENT && delta <= 0) return absl::OkStatus();  // nothing counted yet
+    KVC_ASSIGN_OR_RETURN(const std::optional<uint64_t> current, ReadUsage(account));
+    if (!current && delta <= 0) return absl::OkStatus();  // nothing counted yet
+    const uint64_t old = current.value_or(0);
     const uint64_t next = delta >= 0 ? old + static_cast<uint64_t>(delta)
                                      : old - std::min(old, static_cast<uint64_t>(-delta));
     librados::ObjectWriteOperation op;
     librados::bufferlist value;
     value.append(std::to_string(next));
-    if (got == -ENOENT) {
+    if (!current) {
       librados::bufferlist name;
       name.append(account);
       op.create(true);  // fails (EEXIST) if another writer made it first: read again
@@ -294,18 +307,13 @@ absl::Status RadosTier::Charge(const std::string& account, int64_t delta) {
     if (rc != -EEXIST && rc != -ECANCELED)
       return FromRados(rc, absl::StrCat("counting the usage of ", account));
   }
-  return absl::AbortedError(absl::StrCat("the usage of ", account, " kept changing"));
+  return absl::AbortedError(absl::StrCat("the usage of ", account, " kept changing (",
+                                         kChargeAttempts, " attempts)"));
 }
 
 absl::StatusOr<uint64_t> RadosTier::AccountBytes(const std::string& account) {
-  librados::bufferlist current;
-  const int got = impl_->io.getxattr(UsageObjectName(account), kBytesXattr, current);
-  if (got == -ENOENT || got == -ENODATA) return 0;
-  if (got < 0) return FromRados(got, absl::StrCat("reading the usage of ", account));
-  uint64_t bytes = 0;
-  if (!absl::SimpleAtoi(current.to_str(), &bytes))
-    return absl::DataLossError(absl::StrCat("the usage of ", account, " does not parse"));
-  return bytes;
+  KVC_ASSIGN_OR_RETURN(const std::optional<uint64_t> current, ReadUsage(account));
+  return current.value_or(0);
 }
 
 namespace {

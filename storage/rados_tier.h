@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -75,6 +76,7 @@ class RadosTier final : public SharedTier {
 
  private:
   struct Impl;
+  absl::StatusOr<std::optional<uint64_t>> ReadUsage(const std::string& account);
   // Adds delta (negative: takes it off, never below 0) to the account's count.
   absl::Status Charge(const std::string& account, int64_t delta);
   // Removes the named objects, their bytes leaving their accounts.

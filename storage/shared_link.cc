@@ -235,16 +235,10 @@ void SharedTierLink::SetTag(NamespaceId ns, SharedTag tag, std::string account) 
   shares_[ns] = {tag, std::move(account)};
 }
 
-SharedTag SharedTierLink::TagOf(NamespaceId ns) const {
+SharedTierLink::Share SharedTierLink::ShareOf(NamespaceId ns) const {
   MutexLock lk(mu_);
   auto it = shares_.find(ns);
-  return it == shares_.end() ? ns : it->second.tag;
-}
-
-std::string SharedTierLink::AccountOf(NamespaceId ns) const {
-  MutexLock lk(mu_);
-  auto it = shares_.find(ns);
-  return it == shares_.end() ? std::string() : it->second.account;
+  return it == shares_.end() ? Share{ns, ""} : it->second;
 }
 
 absl::StatusOr<uint64_t> SharedTierLink::AccountBytes(const std::string& account) {

@@ -55,8 +55,12 @@ class SharedTierLink {
   // bytes count against (empty: none); one never set is named by its store id; tag 0: the
   // namespace stays off the shared tier.
   void SetTag(NamespaceId ns, SharedTag tag, std::string account) ABSL_LOCKS_EXCLUDED(mu_);
-  SharedTag TagOf(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(mu_);
-  std::string AccountOf(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(mu_);
+  struct Share {
+    SharedTag tag = 0;
+    std::string account;
+  };
+  Share ShareOf(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(mu_);
+  SharedTag TagOf(NamespaceId ns) const ABSL_LOCKS_EXCLUDED(mu_) { return ShareOf(ns).tag; }
   // The account's bytes in the shared tier, with those waiting in the backlog.
   absl::StatusOr<uint64_t> AccountBytes(const std::string& account) ABSL_LOCKS_EXCLUDED(mu_);
   // SharedTier::SweepExpired, counted in Stats.
@@ -88,10 +92,6 @@ class SharedTierLink {
   std::vector<ChunkKey> in_flight_ ABSL_GUARDED_BY(mu_);  // taken by the writer, being sent
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   SharedTierStats stats_ ABSL_GUARDED_BY(mu_);
-  struct Share {
-    SharedTag tag = 0;
-    std::string account;
-  };
   std::unordered_map<NamespaceId, Share> shares_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
