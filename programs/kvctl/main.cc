@@ -259,130 +259,111 @@ absl::Status TenantPins(const Args& a, bool unpin) {
   return absl::OkStatus();
 }
 
-absl::Status Run(const std::string& cmd, const Args& a) {
-  if (cmd == "pins" || (cmd == "unpin" && !a.tenant.empty())) {
-    return TenantPins(a, /*unpin=*/cmd == "unpin");
-  }
-  if (cmd == "unpin" && (a.config.empty() || a.model_id.empty() || a.tokens_file.empty())) {
-    return absl::InvalidArgumentError(
-        "unpin needs --config, --model-id and --tokens-file (a tenant's own chunks), or "
-        "--tenant T (the operator: every pin of T)");
-  }
-  if (cmd == "ls" || cmd == "verify") {
-    storage::StoreOptions o;
-    o.data_dir = a.data_dir;
-    o.max_chunk_bytes = 0;  // the folder's own geometry
-    KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> store, storage::ChunkStore::Open(o));
-    const auto chunks = store->ListSsd();
-    if (cmd == "ls") {
-      std::map<storage::NamespaceId, size_t> per_ns;
-      for (const auto& [ns, key] : chunks) {
-        std::printf("%u %s\n", ns, key.Hex().c_str());
-        ++per_ns[ns];
-      }
-      for (const auto& [ns, n] : per_ns) std::fprintf(stderr, "namespace %u: %zu chunks\n", ns, n);
-      return absl::OkStatus();
-    }
-    size_t bad = 0, done = 0;
-    std::vector<uint8_t> buf;
+// kvctl ls|verify: on a stopped daemon's data folder, opened with its own geometry.
+absl::Status FolderCommand(const std::string& cmd, const Args& a) {
+  storage::StoreOptions o;
+  o.data_dir = a.data_dir;
+  o.max_chunk_bytes = 0;  // the folder's own geometry
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<storage::ChunkStore> store, storage::ChunkStore::Open(o));
+  const auto chunks = store->ListSsd();
+  if (cmd == "ls") {
+    std::map<storage::NamespaceId, size_t> per_ns;
     for (const auto& [ns, key] : chunks) {
-      KVC_ASSIGN_OR_RETURN(uint64_t bytes, store->ChunkBytes(ns));
-      buf.resize(bytes);
-      absl::Status st = store->Get(ns, key, buf);  // verifies; a bad chunk is dropped
-      if (!st.ok()) {
-        ++bad;
-        std::fprintf(stderr, "\n%s\n", std::string(st.message()).c_str());
-      }
-      if (++done % 64 == 0 || done == chunks.size()) Progress(done, chunks.size());
+      std::printf("%u %s\n", ns, key.Hex().c_str());
+      ++per_ns[ns];
     }
-    std::printf("verified %zu chunks: %zu good, %zu bad (dropped)\n", chunks.size(),
-                chunks.size() - bad, bad);
-    return bad == 0 ? absl::OkStatus()
-                    : absl::DataLossError(std::to_string(bad) + " chunks failed verification");
-  }
-  ClientOptions options;
-  options.address = a.cluster.empty() ? a.server : a.cluster;
-  options.bearer_token = a.token;
-  options.tls_ca_file = a.tls_ca;
-  options.timeout_ms = 60000;
-  KVC_ASSIGN_OR_RETURN(cluster::EtcdSecurity etcd, a.etcd.Resolve());
-  options.etcd = etcd;
-  KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> client, ConnectCache(options));
-  if (cmd == "drain") {
-    auto* cluster = dynamic_cast<ClusterClient*>(client.get());
-    if (cluster == nullptr) return absl::InvalidArgumentError("drain needs --cluster etcd://H:P");
-    return DrainNode(*cluster, a.node_id, a.secret_file, a.tls_ca, a.wait_s);
-  }
-  if (cmd == "stats") {
-    if (auto* cluster = dynamic_cast<ClusterClient*>(client.get()); cluster != nullptr) {
-      return PrintClusterStats(*cluster);
-    }
-    KVC_ASSIGN_OR_RETURN(pb::StatsResponse s, dynamic_cast<CacheClient&>(*client).Stats());
-    std::printf(
-        "ram  %llu / %llu chunks\nssd  %llu / %llu chunks\nhits ram %llu, ssd %llu; misses %llu\n"
-        "checksum failures %llu, evictions %llu, io %s\n",
-        (unsigned long long)s.ram_chunks(), (unsigned long long)s.ram_capacity_chunks(),
-        (unsigned long long)s.ssd_chunks(), (unsigned long long)s.ssd_capacity_chunks(),
-        (unsigned long long)s.ram_hits(), (unsigned long long)s.ssd_hits(),
-        (unsigned long long)s.misses(), (unsigned long long)s.checksum_failures(),
-        (unsigned long long)s.evictions(), s.io_backend().c_str());
-    std::printf(
-        "ssd io errors: read %llu, write %llu; at the last start %llu chunks were "
-        "indexed from their slots%s\n",
-        (unsigned long long)s.read_errors(), (unsigned long long)s.write_errors(),
-        (unsigned long long)s.recovered_chunks(),
-        s.index_rebuilds() > 0 ? " (the index was damaged and rebuilt)" : "");
-    const int64_t since = s.ram_scrub_last_pass_unix_s() > 0
-                              ? static_cast<int64_t>(time(nullptr)) - s.ram_scrub_last_pass_unix_s()
-                              : -1;
-    std::printf(
-        "ram scrub: %llu passes, %.1f MB verified, last pass %s, current pass %.0f%%; "
-        "corrupt RAM copies dropped %llu\n",
-        (unsigned long long)s.ram_scrub_passes(), s.ram_scrub_bytes() / 1e6,
-        since < 0 ? "never" : (std::to_string(since) + " s ago").c_str(),
-        100 * s.ram_scrub_progress(), (unsigned long long)s.ram_checksum_failures());
-    if (s.has_shared_tier()) {
-      const pb::SharedTierStats& t = s.shared_tier();
-      std::printf(
-          "shared tier %s (%s): %s; puts %llu (failed %llu), hits %llu, misses %llu, read "
-          "errors %llu, backlog %llu chunks%s%s\n",
-          t.name().c_str(), t.write_behind() ? "write-behind" : "write-through",
-          t.reachable() ? "answering" : "NOT ANSWERING", (unsigned long long)t.puts(),
-          (unsigned long long)t.put_errors(), (unsigned long long)t.hits(),
-          (unsigned long long)t.misses(), (unsigned long long)t.read_errors(),
-          (unsigned long long)t.backlog_chunks(),
-          t.last_error().empty() ? "" : "; last error: ", t.last_error().c_str());
-    }
-    if (s.has_quota()) {
-      const pb::TenantQuota& q = s.quota();
-      auto limit = [](uint64_t x) { return x > 0 ? std::to_string(x) : std::string("none"); };
-      std::printf("quota: ram %llu / %s bytes, ssd %llu / %s bytes, pins %llu / %s",
-                  (unsigned long long)q.ram_bytes(), limit(q.ram_bytes_limit()).c_str(),
-                  (unsigned long long)q.ssd_bytes(), limit(q.ssd_bytes_limit()).c_str(),
-                  (unsigned long long)q.pinned_chunks(), limit(q.pinned_chunks_limit()).c_str());
-      if (s.has_shared_tier()) {
-        if (q.rados_error().empty()) {
-          std::printf(", rados %llu / %s bytes", (unsigned long long)q.rados_bytes(),
-                      limit(q.rados_bytes_limit()).c_str());
-        } else {
-          std::printf(", rados ? / %s bytes (%s)", limit(q.rados_bytes_limit()).c_str(),
-                      q.rados_error().c_str());
-        }
-      }
-      std::printf("\n");
-    }
+    for (const auto& [ns, n] : per_ns) std::fprintf(stderr, "namespace %u: %zu chunks\n", ns, n);
     return absl::OkStatus();
   }
+  size_t bad = 0, done = 0;
+  std::vector<uint8_t> buf;
+  for (const auto& [ns, key] : chunks) {
+    KVC_ASSIGN_OR_RETURN(uint64_t bytes, store->ChunkBytes(ns));
+    buf.resize(bytes);
+    absl::Status st = store->Get(ns, key, buf);  // verifies; a bad chunk is dropped
+    if (!st.ok()) {
+      ++bad;
+      std::fprintf(stderr, "\n%s\n", std::string(st.message()).c_str());
+    }
+    if (++done % 64 == 0 || done == chunks.size()) Progress(done, chunks.size());
+  }
+  std::printf("verified %zu chunks: %zu good, %zu bad (dropped)\n", chunks.size(),
+              chunks.size() - bad, bad);
+  return bad == 0 ? absl::OkStatus()
+                  : absl::DataLossError(std::to_string(bad) + " chunks failed verification");
+}
+
+// kvctl stats against one daemon: its tiers, scrub, shared tier and the caller's quota.
+absl::Status PrintNodeStats(CacheClient& client) {
+  KVC_ASSIGN_OR_RETURN(pb::StatsResponse s, client.Stats());
+  std::printf(
+      "ram  %llu / %llu chunks\nssd  %llu / %llu chunks\nhits ram %llu, ssd %llu; misses %llu\n"
+      "checksum failures %llu, evictions %llu, io %s\n",
+      (unsigned long long)s.ram_chunks(), (unsigned long long)s.ram_capacity_chunks(),
+      (unsigned long long)s.ssd_chunks(), (unsigned long long)s.ssd_capacity_chunks(),
+      (unsigned long long)s.ram_hits(), (unsigned long long)s.ssd_hits(),
+      (unsigned long long)s.misses(), (unsigned long long)s.checksum_failures(),
+      (unsigned long long)s.evictions(), s.io_backend().c_str());
+  std::printf(
+      "ssd io errors: read %llu, write %llu; at the last start %llu chunks were "
+      "indexed from their slots%s\n",
+      (unsigned long long)s.read_errors(), (unsigned long long)s.write_errors(),
+      (unsigned long long)s.recovered_chunks(),
+      s.index_rebuilds() > 0 ? " (the index was damaged and rebuilt)" : "");
+  const int64_t since = s.ram_scrub_last_pass_unix_s() > 0
+                            ? static_cast<int64_t>(time(nullptr)) - s.ram_scrub_last_pass_unix_s()
+                            : -1;
+  std::printf(
+      "ram scrub: %llu passes, %.1f MB verified, last pass %s, current pass %.0f%%; "
+      "corrupt RAM copies dropped %llu\n",
+      (unsigned long long)s.ram_scrub_passes(), s.ram_scrub_bytes() / 1e6,
+      since < 0 ? "never" : (std::to_string(since) + " s ago").c_str(),
+      100 * s.ram_scrub_progress(), (unsigned long long)s.ram_checksum_failures());
+  if (s.has_shared_tier()) {
+    const pb::SharedTierStats& t = s.shared_tier();
+    std::printf(
+        "shared tier %s (%s): %s; puts %llu (failed %llu), hits %llu, misses %llu, read "
+        "errors %llu, backlog %llu chunks%s%s\n",
+        t.name().c_str(), t.write_behind() ? "write-behind" : "write-through",
+        t.reachable() ? "answering" : "NOT ANSWERING", (unsigned long long)t.puts(),
+        (unsigned long long)t.put_errors(), (unsigned long long)t.hits(),
+        (unsigned long long)t.misses(), (unsigned long long)t.read_errors(),
+        (unsigned long long)t.backlog_chunks(),
+        t.last_error().empty() ? "" : "; last error: ", t.last_error().c_str());
+  }
+  if (s.has_quota()) {
+    const pb::TenantQuota& q = s.quota();
+    auto limit = [](uint64_t x) { return x > 0 ? std::to_string(x) : std::string("none"); };
+    std::printf("quota: ram %llu / %s bytes, ssd %llu / %s bytes, pins %llu / %s",
+                (unsigned long long)q.ram_bytes(), limit(q.ram_bytes_limit()).c_str(),
+                (unsigned long long)q.ssd_bytes(), limit(q.ssd_bytes_limit()).c_str(),
+                (unsigned long long)q.pinned_chunks(), limit(q.pinned_chunks_limit()).c_str());
+    if (s.has_shared_tier()) {
+      if (q.rados_error().empty()) {
+        std::printf(", rados %llu / %s bytes", (unsigned long long)q.rados_bytes(),
+                    limit(q.rados_bytes_limit()).c_str());
+      } else {
+        std::printf(", rados ? / %s bytes (%s)", limit(q.rados_bytes_limit()).c_str(),
+                    q.rados_error().c_str());
+      }
+    }
+    std::printf("\n");
+  }
+  return absl::OkStatus();
+}
+
+// The commands on a token file's chunks: register, hash, lookup, put, get, pin, unpin, evict.
+absl::Status ChunkCommand(const std::string& cmd, const Args& a, CacheApi& client) {
   KVC_ASSIGN_OR_RETURN(std::string config, ReadFile(a.config));
   KVC_ASSIGN_OR_RETURN(RemoteNamespace ns,
-                       client->RegisterNamespace(config, a.model_id, a.chunk_tokens));
+                       client.RegisterNamespace(config, a.model_id, a.chunk_tokens));
   if (cmd == "register") {
     std::printf("namespace %u: %u tokens and %llu bytes per chunk, root %s\n", ns.id,
                 ns.chunk_tokens, (unsigned long long)ns.chunk_bytes, ns.root.Hex().c_str());
     return absl::OkStatus();
   }
   KVC_ASSIGN_OR_RETURN(std::vector<uint32_t> tokens, ReadTokens(a.tokens_file));
-  KVC_ASSIGN_OR_RETURN(LookupResult found, client->Lookup(ns, tokens));
+  KVC_ASSIGN_OR_RETURN(LookupResult found, client.Lookup(ns, tokens));
   if (cmd == "lookup") {
     std::printf("matched %u of %zu chunks (%llu tokens)\n", found.matched_chunks, found.keys.size(),
                 static_cast<unsigned long long>(found.matched_chunks) * ns.chunk_tokens);
@@ -406,16 +387,16 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     }
     KVC_ASSIGN_OR_RETURN(
         StoreResult r,
-        client->Store(ns, std::nullopt, std::span(tokens).first(chunks * ns.chunk_tokens),
-                      std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()),
-                      a.memory ? Durability::kMemory : Durability::kDurable, a.ttl));
+        client.Store(ns, std::nullopt, std::span(tokens).first(chunks * ns.chunk_tokens),
+                     std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()),
+                     a.memory ? Durability::kMemory : Durability::kDurable, a.ttl));
     std::printf("stored %u, already present %u\n", r.stored, r.already_present);
     return absl::OkStatus();
   }
   if (cmd == "get") {
     std::vector<uint8_t> out(found.matched_chunks * ns.chunk_bytes);
     KVC_ASSIGN_OR_RETURN(size_t n,
-                         client->Fetch(ns, std::span(found.keys).first(found.matched_chunks), out));
+                         client.Fetch(ns, std::span(found.keys).first(found.matched_chunks), out));
     std::ofstream f(a.out, std::ios::binary | std::ios::trunc);
     f.write(reinterpret_cast<const char*>(out.data()),
             static_cast<std::streamsize>(n * ns.chunk_bytes));
@@ -424,17 +405,48 @@ absl::Status Run(const std::string& cmd, const Args& a) {
     return absl::OkStatus();
   }
   const std::span<const storage::ChunkKey> keys(found.keys);
-  KVC_ASSIGN_OR_RETURN(uint32_t n, cmd == "pin"     ? client->Pin(ns, keys, a.ttl)
-                                   : cmd == "unpin" ? client->Unpin(ns, keys)
-                                                    : client->Delete(ns, keys));
+  KVC_ASSIGN_OR_RETURN(uint32_t n, cmd == "pin"     ? client.Pin(ns, keys, a.ttl)
+                                   : cmd == "unpin" ? client.Unpin(ns, keys)
+                                                    : client.Delete(ns, keys));
   std::printf("%s: %u of %zu chunks\n", cmd.c_str(), n, keys.size());
   return absl::OkStatus();
 }
 
-int Main(int argc, char** argv) {
-  CLI::App app{"kvctl: kvcache admin CLI"};
+absl::Status Run(const std::string& cmd, const Args& a) {
+  if (cmd == "pins" || (cmd == "unpin" && !a.tenant.empty())) {
+    return TenantPins(a, /*unpin=*/cmd == "unpin");
+  }
+  if (cmd == "unpin" && (a.config.empty() || a.model_id.empty() || a.tokens_file.empty())) {
+    return absl::InvalidArgumentError(
+        "unpin needs --config, --model-id and --tokens-file (a tenant's own chunks), or "
+        "--tenant T (the operator: every pin of T)");
+  }
+  if (cmd == "ls" || cmd == "verify") return FolderCommand(cmd, a);
+  ClientOptions options;
+  options.address = a.cluster.empty() ? a.server : a.cluster;
+  options.bearer_token = a.token;
+  options.tls_ca_file = a.tls_ca;
+  options.timeout_ms = 60000;
+  KVC_ASSIGN_OR_RETURN(cluster::EtcdSecurity etcd, a.etcd.Resolve());
+  options.etcd = etcd;
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<CacheApi> client, ConnectCache(options));
+  if (cmd == "drain") {
+    auto* cluster = dynamic_cast<ClusterClient*>(client.get());
+    if (cluster == nullptr) return absl::InvalidArgumentError("drain needs --cluster etcd://H:P");
+    return DrainNode(*cluster, a.node_id, a.secret_file, a.tls_ca, a.wait_s);
+  }
+  if (cmd == "stats") {
+    if (auto* cluster = dynamic_cast<ClusterClient*>(client.get()); cluster != nullptr) {
+      return PrintClusterStats(*cluster);
+    }
+    return PrintNodeStats(dynamic_cast<CacheClient&>(*client));
+  }
+  return ChunkCommand(cmd, a, *client);
+}
+
+// The global flags and every subcommand with its own.
+void AddFlags(CLI::App& app, Args& a) {
   app.require_subcommand(1);
-  Args a;
   app.add_option("--server", a.server, "kvcached address, or a cluster's etcd://H:P[,H:P…]")
       ->capture_default_str();
   app.add_option("--token", a.token, "bearer token");
@@ -489,6 +501,12 @@ int Main(int argc, char** argv) {
         ->add_option("--data-dir", a.data_dir, "data folder")
         ->required();
   }
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kvctl: kvcache admin CLI"};
+  Args a;
+  AddFlags(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
