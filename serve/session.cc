@@ -8,7 +8,8 @@
 namespace kvc::serve {
 
 absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& cache,
-                                   std::span<const uint32_t> context, int64_t max_new_tokens) {
+                                   std::span<const uint32_t> context, int64_t max_new_tokens,
+                                   const model::SamplingOptions& sampling) {
   TurnResult t;
   model::Sequence seq = model.NewSequence();
   KVC_ASSIGN_OR_RETURN(std::vector<float> logits, cache.Prefill(seq, context, &t.report));
@@ -17,7 +18,7 @@ absl::StatusOr<TurnResult> RunTurn(const model::Model& model, CacheConnector& ca
   cache.StoreNewChunks(seq);
   const auto d0 = std::chrono::steady_clock::now();
   KVC_ASSIGN_OR_RETURN(model::Generation g,
-                       model::GenerateGreedy(model, seq, std::move(logits), max_new_tokens, false));
+                       model::Generate(model, seq, std::move(logits), max_new_tokens, sampling));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
   t.generated = g.tokens;
   t.decode_tok_s = t.generated.size() > 1 && s > 0 ? (t.generated.size() - 1) / s : 0;

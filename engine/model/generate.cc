@@ -2,6 +2,9 @@
 #include "base/status_macros.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
 
 namespace kvc::model {
 
@@ -57,6 +60,71 @@ absl::StatusOr<Generation> GenerateGreedy(const Model& model, Sequence& seq,
   }
   g.tokens.resize(max_new);
   g.logits.resize(max_new);
+  return g;
+}
+
+absl::Status CheckSampling(const SamplingOptions& o) {
+  if (!std::isfinite(o.temperature) || o.temperature < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--temperature is ", o.temperature, "; use 0 (greedy) or a positive number"));
+  }
+  if (!(o.top_p > 0 && o.top_p <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-p is ", o.top_p, "; use a share in (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+double Sampler::Uniform() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;
+}
+
+uint32_t Sampler::Next(const std::vector<float>& logits) {
+  if (options_.greedy() || logits.empty()) return Argmax(logits);
+  // Softmax in double from the largest logit, so no exponent overflows.
+  const double top = *std::max_element(logits.begin(), logits.end());
+  order_.clear();
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double p = std::exp((logits[i] - top) / options_.temperature);
+    order_.emplace_back(p, static_cast<uint32_t>(i));
+    total += p;
+  }
+  // Most likely first, ties to the lower id: the nucleus is the same on every machine.
+  std::sort(order_.begin(), order_.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  size_t kept = 0;
+  double mass = 0;
+  while (kept < order_.size() && (kept == 0 || mass < options_.top_p * total)) {
+    mass += order_[kept++].first;
+  }
+  double u = Uniform() * mass;
+  for (size_t i = 0; i < kept; ++i) {
+    u -= order_[i].first;
+    if (u <= 0) return order_[i].second;
+  }
+  return order_[kept - 1].second;  // rounding left a sliver: the least likely kept token
+}
+
+absl::StatusOr<Generation> Generate(const Model& model, Sequence& seq, std::vector<float> first,
+                                    int64_t max_new, const SamplingOptions& sampling) {
+  KVC_RETURN_IF_ERROR(CheckSampling(sampling));
+  if (sampling.greedy()) return GenerateGreedy(model, seq, std::move(first), max_new, false);
+  Generation g;
+  Sampler sampler(sampling);
+  std::vector<float> logits = std::move(first);
+  while (static_cast<int64_t>(g.tokens.size()) < max_new) {
+    g.tokens.push_back(sampler.Next(logits));
+    g.logits.push_back(std::move(logits));
+    if (static_cast<int64_t>(g.tokens.size()) == max_new) break;
+    KVC_ASSIGN_OR_RETURN(logits, model.Decode(seq, g.tokens.back()));
+    ++g.main_passes;
+  }
   return g;
 }
 

@@ -104,6 +104,29 @@ TEST_F(KvgenTest, ATextPromptRunsAsByteTokensAndPrintsTheContinuation) {
   EXPECT_EQ(as_text["text"].get<std::string>(), replaced);
 }
 
+// Sampling: the same seed gives the same tokens, another seed others, --greedy the argmax
+// (= --temperature 0), and a tiny nucleus the argmax at any temperature.
+TEST_F(KvgenTest, SamplingIsSeededAndGreedyIsTheTinyNucleus) {
+  auto run = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--max-new-tokens", "24"});
+    const auto r = RunProgram(kKvgen, Args(extra));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  std::mt19937_64 rng(testing::FreshSeed());
+  const std::string seed = std::to_string(rng() % 1000000);
+  const nlohmann::json a = run({"--temperature", "1.2", "--seed", seed});
+  const nlohmann::json b = run({"--temperature", "1.2", "--seed", seed});
+  const nlohmann::json c = run({"--temperature", "1.2", "--seed", seed + "1"});
+  EXPECT_EQ(a["generated"], b["generated"]);
+  EXPECT_NE(a["generated"], c["generated"]);
+  EXPECT_EQ(a["sampling"]["temperature"], 1.2);
+  const nlohmann::json greedy = run({"--greedy"});
+  EXPECT_EQ(greedy["sampling"]["temperature"], 0.0);
+  EXPECT_EQ(run({"--temperature", "0"})["generated"], greedy["generated"]);
+  EXPECT_EQ(run({"--top-p", "0.000001", "--seed", seed})["generated"], greedy["generated"]);
+}
+
 TEST_F(KvgenTest, BadInputGivesOneLineErrors) {
   auto expect = [&](std::vector<std::string> args, int code, const std::string& text) {
     const auto r = RunProgram(kKvgen, args);
@@ -115,6 +138,8 @@ TEST_F(KvgenTest, BadInputGivesOneLineErrors) {
   expect(Args({"--resume-at", "512"}), 1, "shorter than the prompt (300 tokens)");
   expect(Args({"--resume-at", "256", "--replay", "sometimes"}), 1, "--replay is \"sometimes\"");
   expect(Args({"--dspark"}), 2, "--dspark needs --greedy");
+  expect(Args({"--temperature", "-1"}), 2, "--temperature");
+  expect(Args({"--top-p", "1.5"}), 2, "--top-p");
   expect(Args({"--backend", "tpu"}), 1, "--backend is \"tpu\"; use cpu, cuda or cublas");
   expect({"--config", kMini}, 2, "required");
   expect({"--config", kMini, "--weights", dir_.File("w.safetensors"), "--prompt",

@@ -43,6 +43,10 @@ TEST(KvdemoTest, ASessionResumesEveryTurnAndFromSsdAfterTheRestart) {
   EXPECT_EQ(turns[1]["tier"], "ssd");
   EXPECT_GE(turns[1]["reused_tokens"].get<int>(), 1024);
   EXPECT_GT(turns[2]["reused_tokens"].get<int>(), turns[1]["reused_tokens"].get<int>());
+  // Answers are sampled by default, with the documented defaults.
+  EXPECT_EQ(j["sampling"]["temperature"], 0.8);
+  EXPECT_EQ(j["sampling"]["top_p"], 0.95);
+  EXPECT_EQ(j["sampling"]["seed"], 1);
   // The scratch folder is gone.
   EXPECT_EQ(r.out.find("kvdemo-"), std::string::npos);
 }
