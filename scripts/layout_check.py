@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """Checks that every #include obeys the README's Layout table: a folder includes only
 itself, the folders it may depend on, and outside libraries (<…> and the generated
-headers named below). One line per violation, exit 1 if any.
+headers named below). Also that the programs' mains stay short: in programs/ and the
+benchmarks' mains (bench/*/*_main.cc) no function body is longer than MAX_MAIN_FUNCTION_LINES
+(flags → build the parts → run, each step its own function). One line per violation, exit 1
+if any.
 
     scripts/layout_check.py [REPO_ROOT]
 """
@@ -18,7 +21,7 @@ EXTERNAL = ("absl/", "nlohmann/", "gtest/", "gmock/", "google/", "CLI/", "promet
 
 # Folder (longest prefix wins) → the project folders it may include besides itself. The
 # README's Layout table in code; change both together.
-MAY_INCLUDE = {
+MAY_INCLUDE: dict[str, list[str]] = {
     "base/": [],
     "wire/": ["base/"],
     "engine/spec/": ["base/"],
@@ -39,8 +42,62 @@ MAY_INCLUDE = {
 }
 UNCHECKED = ("bench/", "tests/", "train/", "python/", "proto/", "scripts/")
 
+MAX_MAIN_FUNCTION_LINES = 80
 
-def rule_for(path):
+
+def is_main_source(path: str) -> bool:
+    return path.endswith(".cc") and (path.startswith("programs/") or
+                                     re.match(r"bench/[^/]+/[^/]+_main\.cc$", path) is not None)
+
+
+def strip_comments_and_literals(text: str) -> str:
+    """The code with comments, strings and characters blanked (line breaks kept)."""
+    def keep_lines(m: re.Match[str]) -> str:
+        return "\n" * m.group(0).count("\n")
+
+    text = re.sub(r'R"([^(\s]*)\((.*?)\)\1"', lambda m: '""' + keep_lines(m), text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", keep_lines, text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r'"(\\.|[^"\\\n])*"', '""', text)
+    return re.sub(r"'(\\.|[^'\\\n])*'", "''", text)
+
+
+def long_functions(text: str, limit: int) -> list[tuple[int, str, int]]:
+    """(first line, name, lines) of every function body longer than `limit` lines: a brace
+    block opened after a parameter list, directly inside namespaces or classes."""
+    code = strip_comments_and_literals(text)
+    stack: list[tuple[str, int, str]] = []  # kind (ns, cls, fn, blk), first line, name
+    head, line = "", 1
+    found: list[tuple[int, str, int]] = []
+    for ch in code:
+        if ch == "\n":
+            line += 1
+        if ch == "{":
+            outer = all(kind in ("ns", "cls") for kind, _, _ in stack)
+            last = head.split(";")[-1]
+            names = re.findall(r"([\w:~]+)\s*\(", last)
+            if re.search(r"\bnamespace\s*[\w:]*\s*$", head) or re.search(r'extern\s+"C"\s*$', head):
+                kind = "ns"
+            elif outer and re.search(r"\b(struct|class)\s+\w+[^;()]*$", last):
+                kind = "cls"
+            elif outer and ")" in last:
+                kind = "fn"
+            else:
+                kind = "blk"
+            stack.append((kind, line, names[0] if names else "?"))
+            head = ""
+        elif ch == "}":
+            if stack:
+                kind, first, name = stack.pop()
+                if kind == "fn" and line - first + 1 > limit:
+                    found.append((first, name, line - first + 1))
+            head = ""
+        else:
+            head = (head + ch)[-400:]
+    return found
+
+
+def rule_for(path: str) -> str | None:
     best = None
     for prefix in MAY_INCLUDE:
         if path.startswith(prefix) and (best is None or len(prefix) > len(best)):
@@ -48,7 +105,7 @@ def rule_for(path):
     return best
 
 
-def own_folder(prefix):
+def own_folder(prefix: str) -> str:
     return prefix if prefix.endswith("/") else prefix.rsplit("/", 1)[0] + "/"
 
 
@@ -64,6 +121,11 @@ def main() -> int:
                  if not os.path.relpath(d, root).startswith(("build", ".git"))]
     bad = []
     for path in files:
+        if is_main_source(path):
+            with open(os.path.join(root, path), errors="replace") as f:
+                for first, name, n in long_functions(f.read(), MAX_MAIN_FUNCTION_LINES):
+                    bad.append(f"{path}:{first}: {name} is {n} lines; a program's functions "
+                               f"stay under {MAX_MAIN_FUNCTION_LINES} (split it into steps)")
         if not re.search(r"\.(cc|h|cu|cuh|in)$", path) or path.startswith(UNCHECKED):
             continue
         rule = rule_for(path)
