@@ -26,6 +26,8 @@ MAY_INCLUDE: dict[str, list[str]] = {
     "wire/": ["base/"],
     "engine/spec/": ["base/"],
     "engine/": ["base/"],
+    # The HBM tier's CUDA arena implements storage's device-arena interface (storage stays
+    # free of CUDA; kvcached hands the arena to the store).
     "kernels/": ["base/", "engine/", "storage/device_arena.h"],
     "backends/": ["base/", "engine/", "kernels/"],
     "storage/": ["base/", "engine/spec/"],
@@ -37,6 +39,8 @@ MAY_INCLUDE: dict[str, list[str]] = {
     "serve/": ["base/", "engine/", "client/", "cluster/", "backends/"],
     # The mains: each builds its parts from the libraries below it, and nothing includes a
     # program.
+    # kvcached builds the HBM tier's CUDA arena itself (kernels/hbm_arena.h): the one kernel
+    # header a program needs; the engine's CUDA parts come through backends/.
     "programs/": ["base/", "wire/", "engine/", "kernels/hbm_arena.h", "backends/", "storage/",
                   "cluster/", "client/", "cachesvc/", "serve/", "proto/"],
 }
