@@ -19,6 +19,7 @@
 //                     [--max-chunk-bytes N] [--json]
 //   kvbench quality [--config FILE] [--weights NAME=FILE]... [--held-out FILE...]
 //                   [--windows 0,32,64,128,256] [--documents N] [--points N]
+//                   [--steps N] [--greedy-steps N] [--bootstrap N] [--seed S]
 //                   [--decode-contexts 4096,16384,...] [--json]
 //   kvbench storage --dir DIR [--seconds S] [--reps N] [--config FILE | --chunk-bytes N,...]
 //                   [--dataset-chunks N | --dataset-bytes B] [--depths 1,8,32]
@@ -544,7 +545,11 @@ Case AddQuality(CLI::App& app, bool& json) {
                 "prompt tokens after the resume point (0: the window)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  PositiveOption(c, "--steps", q.steps, "tokens decoded and read teacher-forced per case");
+  PositiveOption(c, "--steps", q.steps, "tokens read teacher-forced per case");
+  PositiveOption(c, "--greedy-steps", q.greedy_steps,
+                 "tokens decoded greedily per case (identity, first divergence, KL over steps)");
+  PositiveOption(c, "--bootstrap", q.bootstrap, "resamples of the documents per 95% interval");
+  c->add_option("--seed", q.seed, "the resampling's seed")->capture_default_str();
   PositiveOption(c, "--max-prompt-tokens", q.max_prompt_tokens,
                  "resume points at most this far in (a full-depth prefill is quadratic)");
   c->add_option("--windows", q.windows, "bounded replay lengths")

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "bench/kvbench/bootstrap.h"
 #include "bench/kvbench/harness.h"
 #include "bench/kvplan/decode_flops.h"
 #include "engine/model/generate.h"
@@ -98,7 +99,7 @@ struct Run {
 // `truth` (the document's next tokens), rolled back, then greedy decoding.
 absl::StatusOr<Run> Continue(const model::Model& m, model::Sequence& seq,
                              absl::StatusOr<std::vector<float>> first,
-                             std::span<const uint32_t> truth, int64_t steps) {
+                             std::span<const uint32_t> truth, int64_t greedy_steps) {
   if (!first.ok()) return first.status();
   Run r;
   const model::SequenceCheckpoint cp = m.Checkpoint(seq);
@@ -111,21 +112,25 @@ absl::StatusOr<Run> Continue(const model::Model& m, model::Sequence& seq,
   for (size_t k = 0; k < truth.size(); ++k) r.loss_bits -= LogSoftmax(r.forced[k])[truth[k]];
   r.loss_bits /= std::log(2.0) * static_cast<double>(truth.size());
   m.Rollback(seq, cp);
-  KVC_ASSIGN_OR_RETURN(model::Generation g, model::GenerateGreedy(m, seq, *first, steps, false));
+  KVC_ASSIGN_OR_RETURN(model::Generation g,
+                       model::GenerateGreedy(m, seq, *first, greedy_steps, false));
   r.tokens = std::move(g.tokens);
   r.logits = std::move(g.logits);
   return r;
 }
 
 struct Comparison {
+  int document = 0;  // the bootstrap's cluster
   double kl_first = 0;
   std::vector<double> kl_steps;  // while both contexts are still the same
   double agreement = 0, loss_diff_bits = 0;
+  int64_t first_divergence = 0;  // the first greedy step whose token differs (steps: none)
   bool identical = true;
 };
 
-Comparison Compare(const Run& ref, const Run& run) {
+Comparison Compare(const Run& ref, const Run& run, int document) {
   Comparison c;
+  c.document = document;
   size_t same = 0;
   while (same < ref.tokens.size() && same < run.tokens.size() &&
          (same == 0 || ref.tokens[same - 1] == run.tokens[same - 1]))
@@ -137,6 +142,13 @@ Comparison Compare(const Run& ref, const Run& run) {
     agree += ref.tokens[k] == run.tokens[k];
   c.agreement =
       static_cast<double>(agree) / static_cast<double>(std::max<size_t>(1, ref.tokens.size()));
+  c.first_divergence = static_cast<int64_t>(ref.tokens.size());
+  for (size_t k = 0; k < std::min(ref.tokens.size(), run.tokens.size()); ++k) {
+    if (ref.tokens[k] != run.tokens[k]) {
+      c.first_divergence = static_cast<int64_t>(k);
+      break;
+    }
+  }
   c.loss_diff_bits = run.loss_bits - ref.loss_bits;
   auto same_bits = [](const std::vector<std::vector<float>>& a,
                       const std::vector<std::vector<float>>& b) {
@@ -153,29 +165,104 @@ Comparison Compare(const Run& ref, const Run& run) {
   return c;
 }
 
-nlohmann::json Summarize(const std::vector<Comparison>& rows) {
-  std::vector<double> first, steps, agree, loss;
+// How a summary's intervals are drawn: over `documents` clusters, reproducibly.
+struct Resampling {
+  size_t documents = 0;
+  int resamples = 0;
+  uint64_t seed = 0;
+};
+
+// A mean over the cases and its bootstrap interval: {"mean", "ci95": [lo, hi]}.
+nlohmann::json MeanWithInterval(const std::vector<double>& values, const std::vector<int>& doc,
+                                const Resampling& rs) {
+  const std::vector<double> ones(rs.documents, 1.0);
+  const double mean = ClusterWeightedMean(values, doc, ones);
+  const Interval ci = ClusterBootstrap(
+      rs.documents, [&](std::span<const double> w) { return ClusterWeightedMean(values, doc, w); },
+      rs.resamples, rs.seed);
+  return {{"mean", mean}, {"ci95", {ci.lo, ci.hi}}};
+}
+
+// Where greedy decoding first left the reference: quantiles of the step, and how many cases
+// fall in each range of steps ("never": identical over every step).
+nlohmann::json Divergence(const std::vector<Comparison>& rows, int64_t steps) {
+  std::vector<double> at;
+  std::map<std::string, int64_t> hist;
+  for (const Comparison& c : rows) {
+    at.push_back(static_cast<double>(c.first_divergence));
+    const int64_t k = c.first_divergence;
+    hist[k >= steps ? "never"
+         : k == 0   ? "0"
+         : k < 4    ? "1-3"
+         : k < 16   ? "4-15"
+         : k < 64   ? "16-63"
+                    : "64+"]++;
+  }
+  return {{"p10", Percentile(at, 0.10)},
+          {"median", Percentile(at, 0.5)},
+          {"p90", Percentile(at, 0.90)},
+          {"histogram", hist}};
+}
+
+nlohmann::json Summarize(const std::vector<Comparison>& rows, const Resampling& rs,
+                         int64_t greedy_steps) {
+  std::vector<double> first, agree, loss, same, steps_sum, steps_n;
+  std::vector<double> all_steps;
+  std::vector<int> doc;
   bool identical = !rows.empty();
   for (const Comparison& c : rows) {
+    doc.push_back(c.document);
     first.push_back(c.kl_first);
-    steps.insert(steps.end(), c.kl_steps.begin(), c.kl_steps.end());
+    all_steps.insert(all_steps.end(), c.kl_steps.begin(), c.kl_steps.end());
+    double sum = 0;
+    for (double k : c.kl_steps) sum += k;
+    steps_sum.push_back(sum);
+    steps_n.push_back(static_cast<double>(c.kl_steps.size()));
     agree.push_back(c.agreement);
     loss.push_back(c.loss_diff_bits);
+    same.push_back(c.first_divergence >= greedy_steps ? 1.0 : 0.0);
     identical = identical && c.identical;
   }
-  auto mean = [](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+  // KL over steps pools every step of the resampled cases: a ratio of two weighted sums.
+  auto pooled = [&](std::span<const double> w) {
+    const double n = ClusterWeightedMean(steps_n, doc, w);
+    return n > 0 ? ClusterWeightedMean(steps_sum, doc, w) / n : 0.0;
   };
+  const std::vector<double> ones(rs.documents, 1.0);
+  const Interval steps_ci = ClusterBootstrap(rs.documents, pooled, rs.resamples, rs.seed);
+  const nlohmann::json kl = MeanWithInterval(first, doc, rs), ag = MeanWithInterval(agree, doc, rs),
+                       dl = MeanWithInterval(loss, doc, rs), id = MeanWithInterval(same, doc, rs);
   return {{"cases", rows.size()},
-          {"kl_mean", mean(first)},
+          {"kl_mean", kl["mean"]},
+          {"kl_mean_ci95", kl["ci95"]},
           {"kl_p99", Percentile(first, 0.99)},
-          {"kl_steps_mean", mean(steps)},
-          {"kl_steps_p99", Percentile(steps, 0.99)},
-          {"agreement", mean(agree)},
-          {"loss_diff_bits", mean(loss)},
+          {"kl_steps_mean", pooled(ones)},
+          {"kl_steps_mean_ci95", {steps_ci.lo, steps_ci.hi}},
+          {"kl_steps_p99", Percentile(all_steps, 0.99)},
+          {"agreement", ag["mean"]},
+          {"agreement_ci95", ag["ci95"]},
+          {"greedy_identity", id["mean"]},
+          {"greedy_identity_ci95", id["ci95"]},
+          {"first_divergence", Divergence(rows, greedy_steps)},
+          {"loss_diff_bits", dl["mean"]},
+          {"loss_diff_bits_ci95", dl["ci95"]},
           {"bit_identical", identical}};
+}
+
+// Paired: the mean of KL(ref ‖ a) − KL(ref ‖ b) over the same cases, with its interval;
+// "separated" when the interval excludes 0 (the harness tells a from b at 95 %).
+nlohmann::json PairedKl(const std::vector<Comparison>& a, const std::vector<Comparison>& b,
+                        const Resampling& rs) {
+  std::vector<double> diff;
+  std::vector<int> doc;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff.push_back(a[i].kl_first - b[i].kl_first);
+    doc.push_back(a[i].document);
+  }
+  nlohmann::json m = MeanWithInterval(diff, doc, rs);
+  const double lo = m["ci95"][0], hi = m["ci95"][1];
+  m["separated"] = lo > 0 || hi < 0;
+  return m;
 }
 
 // ---- decode cost by component: the backends, timed ----
@@ -456,14 +543,20 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("no document has the ", min_len,
                                                    " bytes a resume point past the window needs"));
   }
-  nlohmann::json out = {{"config", o.config},
-                        {"window", W},
-                        {"chunk_tokens", C},
-                        {"new_tokens", fresh},
-                        {"steps", o.steps},
-                        {"windows", o.windows},
-                        {"documents", nlohmann::json::array()},
-                        {"variants", nlohmann::json::object()}};
+  nlohmann::json out = {
+      {"config", o.config},
+      {"window", W},
+      {"chunk_tokens", C},
+      {"new_tokens", fresh},
+      {"steps", o.steps},
+      {"greedy_steps", o.greedy_steps},
+      {"bootstrap", {{"resamples", o.bootstrap}, {"seed", o.seed}, {"over", "documents"}}},
+      // SGLang's test of bounded replay on V4.1: mean KL ≤ 0.01 between
+      // cached and replayed logprobs.
+      {"sglang_kl_bar", 0.01},
+      {"windows", o.windows},
+      {"documents", nlohmann::json::array()},
+      {"variants", nlohmann::json::object()}};
   for (const auto& d : docs) out["documents"].push_back(d.first);
   for (const auto& [name, weights] : o.variants) {
     model::ModelOptions options;
@@ -479,8 +572,10 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
     std::vector<double> reference_loss;
     std::map<int64_t, int64_t> replayed;  // replay length → tokens replayed over the cases
     int64_t cases = 0;
+    bool repeat_identical = false;
     const auto t0 = Clock::now();
-    for (const auto& [path, toks] : docs) {
+    for (int doc_index = 0; doc_index < static_cast<int>(docs.size()); ++doc_index) {
+      const std::vector<uint32_t>& toks = docs[doc_index].second;
       const int64_t len = static_cast<int64_t>(toks.size());
       const int64_t last = (std::min(len - o.steps - 1, o.max_prompt_tokens) - fresh) / C;
       const int64_t first = (2 * W + C - 1) / C;
@@ -500,10 +595,10 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
         KVC_ASSIGN_OR_RETURN(
             Run full,
             Continue(m, full_seq, m.Prefill(full_seq, prompt, model::PrefillMode::kFullDepth),
-                     truth, o.steps));
+                     truth, o.greedy_steps));
         KVC_ASSIGN_OR_RETURN(
             Run ced, Continue(m, ced_seq, m.Prefill(ced_seq, prompt, model::PrefillMode::kCed),
-                              truth, o.steps));
+                              truth, o.greedy_steps));
         KVC_RETURN_IF_ERROR(m.Prefill(prefix, prompt.first(P), model::PrefillMode::kCed).status());
         std::vector<uint8_t> pages;
         for (int64_t c = 0; c < P / C; ++c) {
@@ -511,21 +606,29 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
           pages.insert(pages.end(), pg.begin(), pg.end());
         }
         reference_loss.push_back(full.loss_bits);
-        rows["ced_vs_full"].push_back(Compare(full, ced));
+        rows["ced_vs_full"].push_back(Compare(full, ced, doc_index));
         for (int64_t w : o.windows) {
           model::Sequence s = m.NewSequence();
           absl::StatusOr<std::vector<float>> l =
               m.Resume(s, pages, P, prompt, model::ReplayMode::kBounded, w);
           replayed[w] += s.last_stats().replayed_tokens;
-          KVC_ASSIGN_OR_RETURN(Run b, Continue(m, s, std::move(l), truth, o.steps));
-          rows[absl::StrCat("bounded_", w, "_vs_full")].push_back(Compare(full, b));
-          rows[absl::StrCat("bounded_", w, "_vs_ced")].push_back(Compare(ced, b));
+          KVC_ASSIGN_OR_RETURN(Run b, Continue(m, s, std::move(l), truth, o.greedy_steps));
+          rows[absl::StrCat("bounded_", w, "_vs_full")].push_back(Compare(full, b, doc_index));
+          rows[absl::StrCat("bounded_", w, "_vs_ced")].push_back(Compare(ced, b, doc_index));
+          if (cases == 0 && w == W) {
+            // Run-to-run noise: the same resume again must give the same bits.
+            model::Sequence again = m.NewSequence();
+            absl::StatusOr<std::vector<float>> l2 =
+                m.Resume(again, pages, P, prompt, model::ReplayMode::kBounded, w);
+            KVC_ASSIGN_OR_RETURN(Run b2, Continue(m, again, std::move(l2), truth, o.greedy_steps));
+            repeat_identical = Compare(b, b2, doc_index).identical;
+          }
         }
         model::Sequence s = m.NewSequence();
         KVC_ASSIGN_OR_RETURN(
             Run exact, Continue(m, s, m.Resume(s, pages, P, prompt, model::ReplayMode::kExact),
-                                truth, o.steps));
-        rows["exact_vs_ced"].push_back(Compare(ced, exact));
+                                truth, o.greedy_steps));
+        rows["exact_vs_ced"].push_back(Compare(ced, exact, doc_index));
         ++cases;
       }
     }
@@ -534,7 +637,16 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
     for (double x : reference_loss) ref += x;
     v["held_out_bits_per_byte"] =
         ref / static_cast<double>(std::max<size_t>(1, reference_loss.size()));
-    for (const auto& [key, r] : rows) v["modes"][key] = Summarize(r);
+    const Resampling rs{docs.size(), o.bootstrap, o.seed};
+    for (const auto& [key, r] : rows) v["modes"][key] = Summarize(r, rs, o.greedy_steps);
+    v["run_to_run"] = {{"repeated", absl::StrCat("the first case's bounded replay at W = ", W)},
+                       {"bit_identical", repeat_identical}};
+    if (o.windows.size() >= 2) {
+      const auto [lo, hi] = std::minmax_element(o.windows.begin(), o.windows.end());
+      v["separation"] = PairedKl(rows[absl::StrCat("bounded_", *lo, "_vs_full")],
+                                 rows[absl::StrCat("bounded_", *hi, "_vs_full")], rs);
+      v["separation"]["windows"] = {*lo, *hi};
+    }
     for (int64_t w : o.windows) {
       // What was replayed: at least the decoder's segment (window − new tokens).
       const double mean =
@@ -565,25 +677,62 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
 std::string QualityBenchToText(const nlohmann::json& r) {
   std::string s = absl::StrFormat(
       "kvbench quality: %s, window %d, %d documents, resume points every %d tokens + %d new, "
-      "%d steps decoded and read teacher-forced per case\n",
+      "%d tokens decoded greedily and %d read teacher-forced per case; intervals: %d bootstrap "
+      "resamples of the documents (seed %d)\n",
       r["config"].get<std::string>(), r["window"].get<int64_t>(), r["documents"].size(),
-      r["chunk_tokens"].get<int64_t>(), r["new_tokens"].get<int64_t>(), r["steps"].get<int64_t>());
+      r["chunk_tokens"].get<int64_t>(), r["new_tokens"].get<int64_t>(),
+      r["greedy_steps"].get<int64_t>(), r["steps"].get<int64_t>(),
+      r["bootstrap"]["resamples"].get<int>(), r["bootstrap"]["seed"].get<uint64_t>());
   for (const auto& [name, v] : r["variants"].items()) {
     absl::StrAppendFormat(&s,
                           "\n%s (%s): %d cases in %.0f s; held-out %.3f bits/byte (full depth, "
                           "teacher-forced)\n",
                           name, v["weights"].get<std::string>(), v["cases"].get<int64_t>(),
                           v["seconds"].get<double>(), v["held_out_bits_per_byte"].get<double>());
-    absl::StrAppend(&s, absl::StrFormat("  %-22s %11s %11s %11s %7s %11s %s\n", "mode", "KL mean",
-                                        "KL p99", "KL steps", "agree", "Δloss b/B", "bits"));
+    absl::StrAppend(&s, absl::StrFormat("  %-22s %-29s %9s %9s %6s %6s %8s %-27s %s\n", "mode",
+                                        "KL mean [95% interval]", "KL p99", "KL steps", "agree",
+                                        "same", "1st diff", "Δloss b/B [95% interval]", "bits"));
+    // "mean [lo, hi]": KL in 3 significant digits, a loss difference signed in 4 decimals.
+    auto ci = [](const nlohmann::json& m, const std::string& key) {
+      const double x = m[key].get<double>(), lo = m[key + "_ci95"][0], hi = m[key + "_ci95"][1];
+      return key == "loss_diff_bits" ? absl::StrFormat("%+.4f [%+.4f, %+.4f]", x, lo, hi)
+                                     : absl::StrFormat("%.3g [%.2g, %.2g]", x, lo, hi);
+    };
     for (const auto& [key, m] : v["modes"].items()) {
       absl::StrAppend(
-          &s, absl::StrFormat("  %-22s %11.3g %11.3g %11.3g %7.3f %+11.4f %s\n", key,
-                              m["kl_mean"].get<double>(), m["kl_p99"].get<double>(),
-                              m["kl_steps_mean"].get<double>(), m["agreement"].get<double>(),
-                              m["loss_diff_bits"].get<double>(),
-                              m["bit_identical"].get<bool>() ? "identical" : "differ"));
+          &s, absl::StrFormat(
+                  "  %-22s %-29s %9.3g %9.3g %6.3f %6.3f %8.0f %-27s %s\n", key, ci(m, "kl_mean"),
+                  m["kl_p99"].get<double>(), m["kl_steps_mean"].get<double>(),
+                  m["agreement"].get<double>(), m["greedy_identity"].get<double>(),
+                  m["first_divergence"]["median"].get<double>(), ci(m, "loss_diff_bits"),
+                  m["bit_identical"].get<bool>() ? "identical" : "differ"));
     }
+    if (v.contains("separation")) {
+      const nlohmann::json& sep = v["separation"];
+      absl::StrAppendFormat(
+          &s,
+          "  W = %d vs W = %d, paired over the same cases: KL difference %.3g [%.2g, %.2g]: %s\n",
+          sep["windows"][0].get<int64_t>(), sep["windows"][1].get<int64_t>(),
+          sep["mean"].get<double>(), sep["ci95"][0].get<double>(), sep["ci95"][1].get<double>(),
+          sep["separated"].get<bool>() ? "told apart at 95 %" : "NOT told apart at 95 %");
+    }
+    const std::string rule = absl::StrCat("bounded_", r["window"].get<int64_t>(), "_vs_full");
+    if (v["modes"].contains(rule)) {
+      const nlohmann::json& m = v["modes"][rule];
+      absl::StrAppendFormat(&s,
+                            "  the model's rule (W = %d): mean KL %.3g, upper 95%% bound %.2g, "
+                            "beside SGLang's bar of %.2g: %s\n",
+                            r["window"].get<int64_t>(), m["kl_mean"].get<double>(),
+                            m["kl_mean_ci95"][1].get<double>(), r["sglang_kl_bar"].get<double>(),
+                            m["kl_mean_ci95"][1].get<double>() <= r["sglang_kl_bar"].get<double>()
+                                ? "under it"
+                                : "NOT under it");
+    }
+    absl::StrAppendFormat(&s, "  run to run (%s, again): %s\n",
+                          v["run_to_run"]["repeated"].get<std::string>(),
+                          v["run_to_run"]["bit_identical"].get<bool>()
+                              ? "bit-identical (no noise: the intervals are the texts' spread)"
+                              : "DIFFERENT bits");
     const nlohmann::json& d = v["dspark"];
     if (d.contains("acceptance")) {
       std::string depth;

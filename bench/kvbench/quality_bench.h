@@ -9,11 +9,16 @@
 //                    rebuilt by replaying the last W cached tokens (W = the model's window
 //                    is the model's own rule), the decoder as in CED
 //   exact            the exact replay (must equal `ced` bit for bit)
-// and then (a) greedy-decodes `steps` tokens and (b) reads the document's next `steps`
-// tokens teacher-forced. Against a reference mode: KL(ref ‖ mode) of the next-token
+// and then (a) greedy-decodes `greedy_steps` tokens and (b) reads the document's next
+// `steps` tokens teacher-forced. Against a reference mode: KL(ref ‖ mode) of the next-token
 // distribution after the prompt (mean, p99) and over the decode steps while both runs
-// have produced the same tokens, greedy agreement over the steps, the teacher-forced loss
-// difference in bits per byte, and whether every logit is bit-identical.
+// have produced the same tokens, greedy agreement over the steps, greedy identity (the
+// share of cases whose every greedy token matches) and the first-divergence position, the
+// teacher-forced loss difference in bits per byte, and whether every logit is
+// bit-identical. Every mean carries a 95 % bootstrap interval over documents
+// (bench/kvbench/bootstrap.h); the smallest and largest replay lengths are compared
+// paired, case by case, to say whether the harness tells them apart; one case is run
+// twice to show the run-to-run noise (the CPU engine is deterministic: none).
 // DSpark: acceptance per draft depth and decode tokens/s beside plain greedy decoding in
 // the same run (outputs must be equal). Decode cost: per context, ms per decoded token by
 // component (the backends timed), beside the analytical multiply-adds (kvplan flops).
@@ -41,7 +46,10 @@ struct QualityBenchOptions {
   // the window is what it says (fewer new tokens than the window make the decoder's
   // segment reach back into the cache, and every replay covers at least that).
   int64_t new_tokens = 0;
-  int64_t steps = 64;                // decoded / teacher-forced tokens per case
+  int64_t steps = 64;                // teacher-forced tokens per case
+  int64_t greedy_steps = 256;        // greedy-decoded tokens per case
+  int bootstrap = 2000;              // resamples per interval
+  uint64_t seed = 1;                 // of the resampling (intervals are reproducible)
   int64_t max_prompt_tokens = 3072;  // a full-depth prefill is quadratic in the prompt
   std::vector<int64_t> windows = {0, 32, 64, 128, 256};  // bounded replay lengths
   int dspark_prompts = 4;

@@ -333,6 +333,63 @@ TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
   EXPECT_NE(bad.err.find("is not NAME=FILE"), std::string::npos) << bad.err;
 }
 
+// The intervals: with several documents the harness tells no replay (W = 0) from two windows
+// of it (W = 256) at 95 % — the paired interval of their KL difference excludes 0 — while
+// exact replay's interval is exactly [0, 0]; every interval holds its mean; the repeated
+// case is bit-identical; the first-divergence histogram counts every case.
+TEST(KvbenchTest, QualityIntervalsSeparateNoReplayFromTwoWindows) {
+  auto r = RunProgram(
+      kKvbench, {"quality",
+                 "--weights",
+                 "plain=" + std::string(KVC_SOURCE_DIR) + "/train/weights/small-plain.safetensors",
+                 "--documents",
+                 "6",
+                 "--points",
+                 "2",
+                 "--steps",
+                 "8",
+                 "--greedy-steps",
+                 "24",
+                 "--windows",
+                 "0,128,256",
+                 "--max-prompt-tokens",
+                 "700",
+                 "--dspark-prompts",
+                 "0",
+                 "--bootstrap",
+                 "500",
+                 "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  const nlohmann::json& v = j["variants"]["plain"];
+  ASSERT_GE(v["cases"].get<int64_t>(), 10) << r.out;
+  const nlohmann::json& sep = v["separation"];
+  EXPECT_EQ(sep["windows"], nlohmann::json({0, 256}));
+  EXPECT_TRUE(sep["separated"].get<bool>()) << sep.dump();
+  EXPECT_GT(sep["ci95"][0].get<double>(), 0.0) << "no replay diverges more than two windows";
+  EXPECT_TRUE(v["run_to_run"]["bit_identical"].get<bool>());
+  for (const auto& [mode, m] : v["modes"].items()) {
+    for (const char* key :
+         {"kl_mean", "kl_steps_mean", "agreement", "greedy_identity", "loss_diff_bits"}) {
+      const double mean = m[key].get<double>(), lo = m[std::string(key) + "_ci95"][0],
+                   hi = m[std::string(key) + "_ci95"][1];
+      EXPECT_LE(lo, mean + 1e-12) << mode << " " << key;
+      EXPECT_GE(hi, mean - 1e-12) << mode << " " << key;
+    }
+    int64_t counted = 0;
+    for (const auto& [range, n] : m["first_divergence"]["histogram"].items())
+      counted += n.get<int64_t>();
+    EXPECT_EQ(counted, v["cases"].get<int64_t>()) << mode;
+  }
+  const nlohmann::json& exact = v["modes"]["exact_vs_ced"];
+  EXPECT_EQ(exact["kl_mean_ci95"], nlohmann::json({0.0, 0.0}));
+  EXPECT_EQ(exact["greedy_identity"].get<double>(), 1.0);
+  EXPECT_EQ(exact["first_divergence"]["histogram"]["never"], v["cases"]);
+  EXPECT_LT(v["modes"]["bounded_0_vs_full"]["greedy_identity"].get<double>(), 1.0);
+  EXPECT_EQ(j["sglang_kl_bar"].get<double>(), 0.01);
+}
+
 // kvbench e2e on small cases (a 512-token prefix, one sweep case), plus `extra` flags.
 testing::ProcessResult RunSmallE2e(const TempDir& dir, std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"e2e",
