@@ -4,11 +4,13 @@
     scripts/plot_quality.py RESULT.json OUT_PREFIX
 
 writes OUT_PREFIX-replay.png (KL of bounded replay against a cold full-depth prefill, by
-replay length, per model variant, with CED's as the floor) and, when the result has a
+replay length, per model variant, with its 95 % interval where the result has one, CED's as
+the floor and SGLang's acceptance bar) and, when the result has a
 decode-cost section, OUT_PREFIX-decode.png (ms per decoded token by component, by context).
 """
 import json
 import sys
+from typing import Any
 
 import matplotlib
 
@@ -16,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_replay(r: dict, png: str) -> None:
+def plot_replay(r: dict[str, Any], png: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     windows = r["windows"]
     for name, v in r["variants"].items():
@@ -24,11 +26,21 @@ def plot_replay(r: dict, png: str) -> None:
         xs = [w for w in windows if f"bounded_{w}_vs_full" in modes]
         mean = [modes[f"bounded_{w}_vs_full"]["kl_mean"] for w in xs]
         p99 = [modes[f"bounded_{w}_vs_full"]["kl_p99"] for w in xs]
-        line, = ax.plot(xs, mean, "o-", label=f"{name}: mean")
+        if all("kl_mean_ci95" in modes[f"bounded_{w}_vs_full"] for w in xs):
+            # The 95 % bootstrap interval of each mean, as error bars.
+            ci = [modes[f"bounded_{w}_vs_full"]["kl_mean_ci95"] for w in xs]
+            err = [[m - c[0] for m, c in zip(mean, ci)], [c[1] - m for m, c in zip(mean, ci)]]
+            line = ax.errorbar(xs, mean, yerr=err, fmt="o-", capsize=3,
+                               label=f"{name}: mean, 95 % interval").lines[0]
+        else:
+            line, = ax.plot(xs, mean, "o-", label=f"{name}: mean")
         ax.plot(xs, p99, "s--", color=line.get_color(), alpha=0.6, label=f"{name}: p99")
         ax.axhline(modes["ced_vs_full"]["kl_mean"], color=line.get_color(), lw=0.8, ls=":",
                    label=f"{name}: CED (no resume)")
     ax.axvline(r["window"], color="grey", lw=0.8)
+    if "sglang_kl_bar" in r:
+        ax.axhline(r["sglang_kl_bar"], color="black", lw=0.8, ls="-.",
+                   label="SGLang's bar (mean KL %.2g)" % r["sglang_kl_bar"])
     ax.set_yscale("log")
     ax.set_xlabel("replayed tokens W (the model's rule: W = window = %d)" % r["window"])
     ax.set_ylabel("KL(full ‖ resumed), next token")
@@ -40,7 +52,7 @@ def plot_replay(r: dict, png: str) -> None:
     plt.close(fig)
 
 
-def plot_decode(r: dict, png: str) -> None:
+def plot_decode(r: dict[str, Any], png: str) -> None:
     rows = r["decode_cost"]["rows"]
     labels = [f"{row['context_tokens'] // 1024}K" for row in rows]
     parts = ["attention_ms", "indexer_ms", "dense_ms", "experts_ms", "rest_ms"]
