@@ -558,6 +558,9 @@ Case AddQuality(CLI::App& app, bool& json) {
   c->add_option("--dspark-prompts", q.dspark_prompts, "prompts decoded with DSpark")
       ->capture_default_str();
   PositiveOption(c, "--dspark-steps", q.dspark_steps, "tokens per DSpark/plain decode");
+  PositiveOption(c, "--dspark-probe-every", q.dspark_probe_every,
+                 "DSpark on the documents' text: a speculative step every N tokens");
+  PositiveOption(c, "--dspark-probes", q.dspark_probes, "DSpark probes per document");
   c->add_option("--decode-contexts", q.decode_contexts,
                 "decode cost by component at these contexts (the last variant)")
       ->delimiter(',')

@@ -20,8 +20,9 @@
 // paired, case by case, to say whether the harness tells them apart; one case is run
 // twice to show the run-to-run noise (the CPU engine is deterministic: none).
 // DSpark: acceptance per draft depth and decode tokens/s beside plain greedy decoding in
-// the same run (outputs must be equal). Decode cost: per context, ms per decoded token by
-// component (the backends timed), beside the analytical multiply-adds (kvplan flops).
+// the same run (outputs must be equal), and the acceptance probed on the documents' own
+// text, where greedy loops cannot flatter the drafter. Decode cost: per context, ms per decoded
+// token by component (the backends timed), beside the analytical multiply-adds (kvplan flops).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,10 @@ struct QualityBenchOptions {
   std::vector<int64_t> windows = {0, 32, 64, 128, 256};  // bounded replay lengths
   int dspark_prompts = 4;
   int64_t dspark_steps = 96;
+  // DSpark probed on the documents' own text (no loops): every `every` tokens from 2W on,
+  // up to `probes` per document, every document.
+  int64_t dspark_probe_every = 16;
+  int64_t dspark_probes = 32;
   std::vector<int64_t> decode_contexts;  // decode cost per context (empty: not measured)
   int64_t decode_tokens = 32;            // tokens timed per context
 };

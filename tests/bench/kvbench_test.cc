@@ -321,6 +321,15 @@ TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
               d["acceptance_by_depth"][k - 1].get<double>());
   EXPECT_GT(d["verify_ms"].get<double>(), 0.0);
   EXPECT_GT(d["speedup"].get<double>(), 0.0);
+  // On the document's own text: probes along it, acceptance falling with depth.
+  const nlohmann::json& t = d["on_text"];
+  EXPECT_GT(t["probes"].get<int64_t>(), 0) << t.dump();
+  ASSERT_EQ(t["acceptance_by_depth"].size(), block) << t.dump();
+  for (size_t k = 1; k < block; ++k)
+    EXPECT_LE(t["acceptance_by_depth"][k].get<double>(),
+              t["acceptance_by_depth"][k - 1].get<double>());
+  EXPECT_NEAR(t["tokens_per_main_pass"].get<double>(),
+              1.0 + t["acceptance"].get<double>() * static_cast<double>(block), 1e-9);
   ASSERT_EQ(j["decode_cost"]["rows"].size(), 1u);
   const nlohmann::json& row = j["decode_cost"]["rows"][0];
   EXPECT_GT(row["indexer_ms"].get<double>(), 0.0) << row.dump();
