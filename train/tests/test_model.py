@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from kvtrain import safetensors_io, tokenizer  # noqa: E402
 from kvtrain.config import load_config  # noqa: E402
-from kvtrain.model import V41, topk_ascending  # noqa: E402
+from kvtrain.model import V41, topk_ascending, topk_indices  # noqa: E402
 from kvtrain.quant import fake_quant  # noqa: E402
 
 SOURCE = os.environ.get("KVC_SOURCE_DIR", os.path.join(HERE, "..", ".."))
@@ -112,6 +112,26 @@ def test_topk_keeps_pinned_blocks_and_breaks_ties_low():
     s = torch.tensor([[1.0, float("inf"), 1.0, float("-inf"), 1.0]])
     assert topk_ascending(s, 3).tolist() == [[True, True, True, False, False]]
     assert topk_ascending(s, 9).tolist() == [[True, True, True, False, True]]
+
+
+def test_topk_without_a_full_sort_is_a_stable_sorts_first_k(seed):
+    """topk_indices and topk_ascending (torch.topk and a tie count) give what a stable
+    descending sort's first k give — indices, order and validity — on scores full of ties
+    and −inf, at every k up to past the row."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(300):
+        n = int(torch.randint(1, 80, (1,), generator=g))
+        k = int(torch.randint(0, n + 3, (1,), generator=g))
+        s = torch.randint(-3, 4, (3, 5, n), generator=g).float()
+        s = s.masked_fill(torch.rand(3, 5, n, generator=g) < 0.3, float("-inf"))
+        kk = min(k, n)
+        srt = torch.sort(s, dim=-1, descending=True, stable=True)
+        idx, ok = topk_indices(s, k)
+        assert torch.equal(idx, srt.indices[..., :kk]), (n, k)
+        assert torch.equal(ok, srt.values[..., :kk] != float("-inf")), (n, k)
+        want = torch.zeros_like(s, dtype=torch.bool)
+        want.scatter_(-1, srt.indices[..., :kk], True)
+        assert torch.equal(topk_ascending(s, k), want & (s != float("-inf"))), (n, k)
 
 
 def test_logits_agree_with_the_engine_on_its_random_weights(tmp_path, seed):
