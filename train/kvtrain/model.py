@@ -114,6 +114,72 @@ def topk_ascending(scores: torch.Tensor, k: int) -> torch.Tensor:
     return topk_mask(scores, k) & (scores != NEG_INF)
 
 
+_scratch: Dict[Tuple[Tuple[int, ...], torch.dtype], torch.Tensor] = {}
+
+
+def _zeroed_scratch(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed buffer reused across calls of one shape: a fresh 32 MB tensor per backward
+    costs more in page faults than the product it feeds."""
+    buf = _scratch.get((shape, dtype))
+    if buf is None:
+        buf = _scratch[(shape, dtype)] = torch.empty(shape, dtype=dtype)
+    return buf.zero_()
+
+
+class _SelectedRows(torch.autograd.Function):
+    """Products of per-query rows [B, N, H, X] with the k rows of `main` [B, Nc, hd] each
+    query selected (idx [B, N, k]): forward "keys" — rows · selectedᵀ → [B, N, H, k] (the
+    scores) — or "values" — rows [.., k] · selected → [B, N, H, hd] (the output).
+
+    The same as gathering the selected rows [B, N, k, hd] and multiplying, but the gradient
+    for `main` never goes through that gathered tensor: the per-query factors are scattered
+    into a dense [B, N·H, Nc] block and multiplied with one GEMM per batch row. Autograd
+    would instead run B·N products with inner dimension H (4) and add the two uses'
+    [B, N, k, hd] gradients; on a CPU core that was a third of a training step."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, main: torch.Tensor, idx: torch.Tensor,
+                keys: bool) -> torch.Tensor:  # type: ignore[override]
+        B, Nc, hd = main.shape
+        N, k = idx.shape[1], idx.shape[2]
+        flat = (idx + torch.arange(B).view(B, 1, 1) * Nc).reshape(-1)
+        sel = main.reshape(B * Nc, hd)[flat].reshape(B * N, k, hd)
+        r = rows.reshape(B * N, rows.shape[2], rows.shape[3])
+        out = torch.bmm(r, sel.transpose(1, 2)) if keys else torch.bmm(r, sel)
+        ctx.save_for_backward(rows, main, idx, sel)
+        ctx.keys = keys
+        return out.reshape(B, N, rows.shape[2], -1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        rows, main, idx, sel = ctx.saved_tensors
+        B, Nc, hd = main.shape
+        N, H, k = idx.shape[1], rows.shape[2], idx.shape[2]
+        g = grad.reshape(B * N, H, -1)
+        if ctx.keys:  # out = rows · selᵀ: rows [.., H, hd], g [.., H, k]
+            grad_rows = torch.bmm(g, sel)
+            weights, other = g, rows  # d main[m] += Σ g[n, h, j] rows[n, h] where idx = m
+        else:  # out = rows · sel: rows [.., H, k], g [.., H, hd]
+            grad_rows = torch.bmm(g, sel.transpose(1, 2))
+            weights, other = rows.reshape(B * N, H, k), g  # d main[m] += Σ rows[n, h, j] g[n, h]
+        dense = _zeroed_scratch((B, N, H, Nc), grad.dtype)
+        dense.scatter_add_(-1, idx[:, :, None, :].expand(B, N, H, k),
+                           weights.reshape(B, N, H, k))
+        grad_main = torch.bmm(dense.reshape(B, N * H, Nc).transpose(1, 2),
+                              other.reshape(B, N * H, hd))
+        return grad_rows.reshape(rows.shape), grad_main, None, None
+
+
+def selected_scores(q: torch.Tensor, main: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """q [B, N, H, hd] against each query's selected rows of main: [B, N, H, k]."""
+    return _SelectedRows.apply(q, main, idx, True)
+
+
+def selected_values(p: torch.Tensor, main: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Weights p [B, N, H, k] of each query's selected rows of main: [B, N, H, hd]."""
+    return _SelectedRows.apply(p, main, idx, False)
+
+
 # ---------------------------------------------------------------------------------------
 # mHC
 
@@ -349,7 +415,8 @@ class V41(torch.nn.Module):
         # block's start (only what a window can reach, not all N).
         scores_w, kv_blocks, nb, Wb = self._window_scores(q, kv, window_start, first_position,
                                                           scale)
-        scores_c = gathered = None
+        scores_c: Optional[torch.Tensor] = None
+        picked: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # (main, idx)
         if plan.ratio > 0:
             ratio = plan.ratio
             if plan.mode == FULL:
@@ -377,12 +444,8 @@ class V41(torch.nn.Module):
                 if aux is not None:
                     aux.append((iscore, visible, q.detach(), main.detach(), scale))
             idx, ok = state["selected"][plan.topk_layer]  # [B, N, k]
-            k = idx.shape[-1]
-            # Rows of the flattened entries (its backward is an index_add, not a copy of
-            # the entries per query).
-            flat = (idx + torch.arange(B).view(B, 1, 1) * Nc).reshape(-1)
-            gathered = main.reshape(B * Nc, hd)[flat].reshape(B, N, k, hd)
-            scores_c = torch.einsum("bnhd,bnkd->bhnk", q, gathered) * scale
+            picked = (main, idx)
+            scores_c = selected_scores(q, main, idx).permute(0, 2, 1, 3) * scale
             scores_c = scores_c.masked_fill(~ok[:, None], NEG_INF)
         sink = self.p(a + "attn_sink").view(1, H, 1, 1).expand(B, H, N, 1)
         parts = [scores_w.reshape(B, H, nb * Wb, 2 * Wb)[:, :, :N]]
@@ -392,8 +455,8 @@ class V41(torch.nn.Module):
         probs = torch.softmax(allsc, dim=-1)[..., :-1]
         pw = F.pad(probs[..., :2 * Wb], (0, 0, 0, nb * Wb - N)).reshape(B, H, nb, Wb, 2 * Wb)
         o = torch.einsum("bhxqm,bxmd->bxqhd", pw, kv_blocks).reshape(B, nb * Wb, H, hd)[:, :N]
-        if gathered is not None:
-            o = o + torch.einsum("bhnk,bnkd->bnhd", probs[..., 2 * Wb:], gathered)
+        if picked is not None:
+            o = o + selected_values(probs[..., 2 * Wb:].permute(0, 2, 1, 3).contiguous(), *picked)
         return self._output(a, o, cos, sin)
 
     def _output(self, a: str, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
