@@ -17,6 +17,13 @@ sequence gets a random resume point P (a multiple of 64, past the window) and it
 are cut as a resume from P cuts them — the encoder's from P − W (the bounded replay), the
 decoder's from P (its segment) — so the model learns to work from a replayed state.
 
+`--workers N`: N processes train data-parallel (gloo over loopback), each on its own batches
+with one thread — on a CPU, where one process with two threads runs a step 2× slower than
+with one (thousands of small operations), this is how a run uses both cores. Rank 0 keeps
+the 1-worker run's data stream, decides the learning rate and when to stop, and alone
+logs, evaluates, checkpoints and exports; gradients and the experts' loads are summed
+over the workers each step, so every worker holds the same weights (checked at the end).
+
 `--init W --draft-only`: a second stage for the DSpark drafter alone. The trunk is frozen
 (and run without gradients), the drafter distilled from it: at many anchors per batch its
 block's distributions are pulled towards the trunk's own next-token distributions at the
@@ -37,7 +44,10 @@ import time
 from typing import Dict, List, Optional
 
 import numpy as np
+import socket
+import subprocess
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import corpus, safetensors_io, tokenizer
@@ -165,6 +175,88 @@ def export(model: V41, path: str, recipe: dict) -> None:
     safetensors_io.write(path, model.tensors(), {"recipe": json.dumps(recipe, sort_keys=True)})
 
 
+class Workers:
+    """The data-parallel group of --workers N (a no-op for 1): rank 0 is this process and
+    starts the others (the same command, their rank in KVTRAIN_RANK)."""
+
+    def __init__(self, n: int, argv: List[str]):
+        self.world = n
+        self.rank = int(os.environ.get("KVTRAIN_RANK", "0"))
+        self.children: List[subprocess.Popen] = []
+        if n == 1:
+            return
+        if self.rank == 0:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            os.environ["KVTRAIN_PORT"] = str(port)
+            for r in range(1, n):
+                env = dict(os.environ, KVTRAIN_RANK=str(r))
+                self.children.append(subprocess.Popen(
+                    [sys.executable, "-m", "kvtrain.train"] + argv, env=env,
+                    cwd=os.getcwd()))
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["KVTRAIN_PORT"],
+                                rank=self.rank, world_size=n)
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+    def control(self, stop: bool, lr: float) -> tuple:
+        """Rank 0's decision (stop, learning rate) for this step, on every worker."""
+        if self.world == 1:
+            return stop, lr
+        t = torch.tensor([1.0 if stop else 0.0, lr], dtype=torch.float64)
+        dist.broadcast(t, 0)
+        return bool(t[0] > 0), float(t[1])
+
+    def reduce_grads(self, params: List[torch.nn.Parameter]) -> None:
+        """Every worker's gradients replaced by their mean: one flat all-reduce."""
+        if self.world == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world
+        at = 0
+        for p, g in zip(params, grads):
+            p.grad = flat[at:at + g.numel()].view_as(g)
+            at += g.numel()
+
+    def reduce_loads(self, stats: Dict[int, torch.Tensor]) -> None:
+        """The experts' token counts summed over the workers (gate biases move alike)."""
+        if self.world == 1 or not stats:
+            return
+        keys = sorted(stats)
+        flat = torch.cat([stats[k].reshape(-1) for k in keys])
+        dist.all_reduce(flat)
+        at = 0
+        for k in keys:
+            n = stats[k].numel()
+            stats[k] = flat[at:at + n].view_as(stats[k])
+            at += n
+
+    def check_same_weights(self, model: torch.nn.Module) -> None:
+        if self.world == 1:
+            return
+        total = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())],
+                             dtype=torch.float64)
+        lo, hi = total.clone(), total.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        if lo.item() != hi.item():
+            raise SystemExit(f"workers' weights differ at the end ({lo.item()} vs {hi.item()})")
+
+    def finish(self) -> None:
+        if self.world == 1:
+            return
+        dist.barrier()
+        dist.destroy_process_group()
+        for c in self.children:
+            if c.wait() != 0:
+                raise SystemExit(f"worker {c.args} exited with {c.returncode}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
@@ -183,11 +275,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--draft-only", action="store_true",
                     help="train only the DSpark drafter, distilled from the frozen trunk")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="data-parallel processes (one thread each is fastest on a CPU)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--checkpoint-every", type=int, default=50)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads or args.workers > 1:
+        torch.set_num_threads(args.threads or 1)  # workers: one thread each unless told
+    workers = Workers(max(1, args.workers), argv)
+    lead = workers.lead
     os.makedirs(args.out, exist_ok=True)
     c = load_config(args.config)
     tokenizer.check_vocab(c.vocab_size, c.dspark_noise_token_id)
@@ -209,9 +306,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                             betas=(0.9, 0.95), weight_decay=0.01)
     # Separate streams: the data are the same batches in both variants whatever the
     # replay draws take.
-    rng = np.random.default_rng(args.seed)
-    replay_rng = np.random.default_rng([args.seed, 1])
-    draft_rng = np.random.default_rng([args.seed, 2])
+    # Rank 0's streams are the 1-worker run's; the others draw their own batches.
+    def streams(*at: int):
+        r = workers.rank
+        tag = [r + 100] if r else []
+        return (np.random.default_rng([args.seed, *at] + tag if at or r else args.seed),
+                np.random.default_rng([args.seed, *at, 1] + tag),
+                np.random.default_rng([args.seed, *at, 2] + tag))
+
+    rng, replay_rng, draft_rng = streams()
     ckpt = os.path.join(args.out, "checkpoint.pt")
     log_path = os.path.join(args.out, "log.jsonl")
     step, elapsed = 0, 0.0
@@ -220,12 +323,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
-        rng = np.random.default_rng([args.seed, step])
-        replay_rng = np.random.default_rng([args.seed, step, 1])
-        draft_rng = np.random.default_rng([args.seed, step, 2])
-        print(f"resumed at step {step} ({elapsed / 60:.1f} min trained)", flush=True)
+        rng, replay_rng, draft_rng = streams(step)
+        if lead:
+            print(f"resumed at step {step} ({elapsed / 60:.1f} min trained)", flush=True)
     budget = args.minutes * 60.0
-    tokens_per_step = args.batch * args.seq
+    tokens_per_step = args.batch * args.seq * workers.world
     t0 = time.time() - elapsed
     last_loss = float("nan")
     # SIGTERM / SIGINT end the run at the next step's end: checkpoint, evaluation and
@@ -235,10 +337,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         signal.signal(sig, lambda *_: stop.append(True))
     while True:
         elapsed = time.time() - t0
-        if (args.steps and step >= args.steps) or (not args.steps and elapsed >= budget) or stop:
-            break
+        done = bool((args.steps and step >= args.steps) or (not args.steps and elapsed >= budget)
+                    or stop)
         frac = step / args.steps if args.steps else elapsed / budget
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        done, lr = workers.control(done, lr)
+        if done:
+            break
         for g in opt.param_groups:
             g["lr"] = lr
         x = batch_of(train, rng, args.batch, args.seq)
@@ -264,6 +369,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 loss = loss + 0.5 * draft_loss(model, hidden, x, draft_rng, args.draft_anchors)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        workers.reduce_grads([p for p in model.parameters() if p.requires_grad])
+        workers.reduce_loads(stats)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if not args.draft_only:
@@ -271,6 +378,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         step += 1
         last_loss = float(lm)  # the drafter's distillation loss with --draft-only
         elapsed = time.time() - t0
+        if not lead:
+            continue
         rec = {"step": step, "loss": last_loss, "lr": lr, "elapsed_s": round(elapsed, 1),
                "replay": enc_start is not None}
         if step % args.eval_every == 0:
@@ -287,6 +396,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                         "elapsed": elapsed}, ckpt + ".tmp")
             os.replace(ckpt + ".tmp", ckpt)
+    workers.check_same_weights(model)
+    if not lead:
+        workers.finish()
+        return 0
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                 "elapsed": time.time() - t0}, ckpt + ".tmp")
     os.replace(ckpt + ".tmp", ckpt)
@@ -295,7 +408,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               "seed": args.seed, "corpus_sha256": manifest["corpus_sha256"], "steps": step,
               "train_loss_bits_per_byte": last_loss / math.log(2), "held_out_bits_per_byte": bpb,
               "replay_aware": args.replay_aware, "seq": args.seq, "batch": args.batch,
-              "config": os.path.basename(args.config), "minutes": round((time.time() - t0) / 60, 1)}
+              "config": os.path.basename(args.config), "minutes": round((time.time() - t0) / 60, 1),
+              "workers": workers.world}
     if args.draft_only:
         # The trunk is the init's: its recipe stays the record of how it was trained.
         recipe["draft_distill_loss"] = recipe.pop("train_loss_bits_per_byte") * math.log(2)
@@ -309,6 +423,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f.write("\n")
     plot(log_path, os.path.join(args.out, "loss.png"))
     print(json.dumps(recipe), flush=True)
+    workers.finish()
     return 0
 
 
