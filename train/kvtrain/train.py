@@ -329,6 +329,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     budget = args.minutes * 60.0
     tokens_per_step = args.batch * args.seq * workers.world
     t0 = time.time() - elapsed
+    first_step, started = step, time.time()  # tokens/s of this process's own steps
     last_loss = float("nan")
     # SIGTERM / SIGINT end the run at the next step's end: checkpoint, evaluation and
     # export as at the budget's end, so a stopped run resumes where it stopped.
@@ -386,7 +387,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             rec["held_out_bpb"] = evaluate(model, held, args.seq, 2, 1234)
         with open(log_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        tps = step * tokens_per_step / max(elapsed, 1e-9)
+        tps = (step - first_step) * tokens_per_step / max(time.time() - started, 1e-9)
         left = (args.steps - step) * elapsed / step if args.steps else budget - elapsed
         print(f"step {step}  loss {last_loss:.3f} ({last_loss / math.log(2):.3f} bits/byte)  "
               f"{tps:.0f} tok/s  ETA {left / 60:.1f} min"
