@@ -276,8 +276,8 @@ absl::StatusOr<std::optional<uint64_t>> RadosTier::ReadUsage(const std::string& 
   if (got < 0) return FromRados(got, absl::StrCat("reading the usage of ", account));
   uint64_t bytes = 0;
   if (!absl::SimpleAtoi(current.to_str(), &bytes)) {
-    return absl::DataLossError(absl::StrCat("the usage of ", account, " reads \"",
-                                            current.to_str(), "\", not a count of bytes"));
+    return absl::DataLossError(absl::StrCat("the usage of ", account, " reads \"", current.to_str(),
+                                            "\", not a count of bytes"));
   }
   return bytes;
 }
@@ -307,8 +307,8 @@ absl::Status RadosTier::Charge(const std::string& account, int64_t delta) {
     if (rc != -EEXIST && rc != -ECANCELED)
       return FromRados(rc, absl::StrCat("counting the usage of ", account));
   }
-  return absl::AbortedError(absl::StrCat("the usage of ", account, " kept changing (",
-                                         kChargeAttempts, " attempts)"));
+  return absl::AbortedError(
+      absl::StrCat("the usage of ", account, " kept changing (", kChargeAttempts, " attempts)"));
 }
 
 absl::StatusOr<uint64_t> RadosTier::AccountBytes(const std::string& account) {
