@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/splitmix.h"
 
 namespace kvc::model {
 
@@ -76,11 +77,7 @@ absl::Status CheckSampling(const SamplingOptions& o) {
 }
 
 double Sampler::Uniform() {
-  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;
+  return (static_cast<double>(SplitMix64(state_) >> 11) + 0.5) * 0x1.0p-53;
 }
 
 uint32_t Sampler::Next(const std::vector<float>& logits) {

@@ -5,18 +5,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/splitmix.h"
 
 namespace kvc::model {
 namespace {
 
-// splitmix64: a portable, seedable generator (std:: distributions differ between
-// standard libraries; these weights must not).
-uint64_t Mix(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// Weights must be the same on every machine: base/splitmix.h.
+uint64_t Mix(uint64_t& s) { return SplitMix64(s); }
 
 uint64_t NameSeed(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ull ^ seed;
