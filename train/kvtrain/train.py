@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import corpus, safetensors_io, tokenizer
+from . import alloc, corpus, safetensors_io, tokenizer
 from .config import load_config
-from .model import V41, rms_norm
+from .model import NEG_INF, V41, index_scores, rms_norm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MANIFEST = os.path.join(HERE, "..", "corpus-v2.json")
@@ -77,7 +77,7 @@ def indexer_loss(aux: list, queries: int = 128) -> torch.Tensor:
     positions per layer, where target is the heads' mean attention distribution over those
     entries (detached): the indexer learns to find what attention would pick."""
     total = torch.zeros(())
-    for iscore, visible, q, main, scale in aux:
+    for qi, ik, wts, visible, q, main, scale in aux:
         rows = visible.any(-1).nonzero(as_tuple=True)[0]  # queries with at least one entry
         if rows.numel() == 0:
             continue
@@ -86,7 +86,10 @@ def indexer_loss(aux: list, queries: int = 128) -> torch.Tensor:
         vis = visible[rows]
         logits = torch.einsum("bnhd,bmd->bhnm", q[:, rows], main) * scale
         target = torch.softmax(logits.masked_fill(~vis[None, None], float("-inf")), -1).mean(1)
-        logp = torch.log_softmax(iscore[:, rows], dim=-1)
+        # The sampled queries' scores, with their graph (the forward scored every query
+        # without one, for the selection).
+        iscore = index_scores(qi[:, rows], ik, wts[:, rows]).masked_fill(~vis[None], NEG_INF)
+        logp = torch.log_softmax(iscore, dim=-1)
         kl = (target * (torch.log(target.clamp(min=1e-12)) - logp)).masked_fill(
             ~vis[None], 0.0).sum(-1)
         total = total + kl.mean()
@@ -169,6 +172,17 @@ def plot(log_path: str, png_path: str) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
+
+
+def init_tokens(init) -> int:
+    """The tokens an --init's weights were trained on (their recipe's tokens_total; a
+    recipe from before it was recorded: steps × batch × seq × workers of its chain)."""
+    if not isinstance(init, dict):
+        return 0
+    if "tokens_total" in init:
+        return int(init["tokens_total"])
+    own = init.get("steps", 0) * init.get("batch", 0) * init.get("seq", 0) * init.get("workers", 1)
+    return own + init_tokens(init.get("init"))
 
 
 def export(model: V41, path: str, recipe: dict) -> None:
@@ -277,10 +291,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1,
                     help="data-parallel processes (one thread each is fastest on a CPU)")
+    ap.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
+                    help="keep freed memory in the heap (kvtrain/alloc.py; off: glibc's defaults)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--checkpoint-every", type=int, default=50)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
+    if args.keep_freed_memory:
+        alloc.keep_freed_memory()  # before the first large tensor (kvtrain/alloc.py)
     if args.threads or args.workers > 1:
         torch.set_num_threads(args.threads or 1)  # workers: one thread each unless told
     workers = Workers(max(1, args.workers), argv)
@@ -410,7 +428,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               "train_loss_bits_per_byte": last_loss / math.log(2), "held_out_bits_per_byte": bpb,
               "replay_aware": args.replay_aware, "seq": args.seq, "batch": args.batch,
               "config": os.path.basename(args.config), "minutes": round((time.time() - t0) / 60, 1),
-              "workers": workers.world}
+              "workers": workers.world, "tokens": step * tokens_per_step}
     if args.draft_only:
         # The trunk is the init's: its recipe stays the record of how it was trained.
         recipe["draft_distill_loss"] = recipe.pop("train_loss_bits_per_byte") * math.log(2)
@@ -418,6 +436,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.init:
         init_recipe = safetensors_io.metadata(args.init).get("recipe")
         recipe["init"] = json.loads(init_recipe) if init_recipe else os.path.basename(args.init)
+    # Every run's tokens, this one's and its init chain's: what the weights have seen.
+    recipe["tokens_total"] = recipe["tokens"] + init_tokens(recipe.get("init"))
     export(model, os.path.join(args.out, "model.safetensors"), recipe)
     with open(os.path.join(args.out, "recipe.json"), "w") as f:
         json.dump(recipe, f, indent=1)

@@ -1,0 +1,104 @@
+#!/usr/bin/python3
+"""Training tokens per second, one variant against another in the same run.
+
+    /usr/bin/python3 bench/train/step_bench.py [--steps 8] [--rounds 2] [--config configs/small.json]
+
+Each variant is `python3 -m kvtrain.train` itself (the real step: trunk, indexer loss,
+drafter, AdamW, gate biases) for --steps steps on batch 2 × 1,024 tokens, started fresh in
+its own process; the variants alternate round by round so that a noisy machine penalizes
+them alike. Reported: each variant's tokens/s over the steps after the first (the first
+pays for warming the allocator and caches), best of the rounds, and its ratio to the first
+variant. The data are a few of corpus v2's training files (a step's cost does not depend
+on which bytes it reads).
+
+Variants: `glibc` (one process, one thread, glibc's default allocator settings),
+`kept` (the same with kvtrain/alloc.py's settings: what training runs with), `kept-2threads`
+(one process, two threads), `kept-2workers` (two data-parallel processes, one thread each).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+TRAIN = os.path.join(ROOT, "train")
+
+VARIANTS: Dict[str, List[str]] = {
+    "glibc": ["--threads", "1", "--workers", "1", "--no-keep-freed-memory"],
+    "kept": ["--threads", "1", "--workers", "1"],
+    "kept-2threads": ["--threads", "2", "--workers", "1"],
+    "kept-2workers": ["--threads", "1", "--workers", "2"],
+}
+
+
+def small_manifest(out_dir: str, files: int) -> str:
+    """The first `files` training files and one held-out file of corpus v2."""
+    with open(os.path.join(TRAIN, "corpus-v2.json")) as f:
+        full = json.load(f)
+    train = [e for e in full["files"] if e["split"] == "train" and e["bytes"] > 20000][:files]
+    held = [e for e in full["files"] if e["split"] == "held_out" and e["bytes"] > 20000][:1]
+    path = os.path.join(out_dir, "manifest.json")
+    with open(path, "w") as f:
+        json.dump(dict(full, files=train + held, corpus_sha256="bench"), f)
+    return path
+
+
+def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) -> float:
+    """Tokens/s of one run over its steps after the first (from the trainer's log)."""
+    out = os.path.join(tmp, f"{name}-{time.monotonic_ns()}")
+    cmd = [sys.executable, "-m", "kvtrain.train", "--config", args.config, "--out", out,
+           "--manifest", manifest, "--steps", str(args.steps), "--batch", "2", "--seq", "1024",
+           "--eval-every", "100000", "--checkpoint-every", "100000", "--seed", str(args.seed)]
+    r = subprocess.run(cmd + VARIANTS[name], cwd=TRAIN, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="2"))
+    if r.returncode != 0:
+        raise SystemExit(f"{name}: kvtrain.train exited {r.returncode}\n{r.stderr[-2000:]}")
+    rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
+    workers = 2 if name.endswith("2workers") else 1
+    first, last = rows[0], rows[-1]
+    tokens = (last["step"] - first["step"]) * 2 * 1024 * workers
+    return tokens / (last["elapsed_s"] - first["elapsed_s"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "small.json"))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--files", type=int, default=40, help="training files in the small manifest")
+    ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "little"))
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated, the first is the baseline: " + ", ".join(VARIANTS))
+    args = ap.parse_args()
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
+    if args.steps < 3:
+        raise SystemExit("--steps: at least 3 (the first is not timed)")
+    print(f"seed {args.seed}, {args.steps} steps of batch 2 x 1024, {args.rounds} rounds, "
+          f"config {os.path.basename(args.config)}", flush=True)
+    best: Dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = small_manifest(tmp, args.files)
+        for r in range(args.rounds):
+            for name in names:
+                tps = run_variant(name, args, manifest, tmp)
+                best[name] = max(best.get(name, 0.0), tps)
+                print(f"round {r + 1}  {name:14s} {tps:7.0f} tok/s", flush=True)
+    base = best[names[0]]
+    print(f"{'variant':14s} {'tok/s':>7s}  vs {names[0]}")
+    for name in names:
+        print(f"{name:14s} {best[name]:7.0f}  {best[name] / base:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
