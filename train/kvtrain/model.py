@@ -16,7 +16,7 @@ Shapes: B sequences, N positions, D model width, hc stream copies, H heads of hd
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -180,6 +180,26 @@ def selected_values(p: torch.Tensor, main: torch.Tensor, idx: torch.Tensor) -> t
     return _SelectedRows.apply(p, main, idx, False)
 
 
+def index_scores(qi: torch.Tensor, ik: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
+    """The indexer's scores [B, n, Nc]: Σ_heads w_h · relu(q_h · k) for queries qi
+    [B, n, IH, Id] with head weights wts [B, n, IH] against index keys ik [B, Nc, Id]."""
+    dots = torch.einsum("bnhd,bmd->bnhm", qi, ik)
+    return (F.relu(dots) * wts[..., None]).sum(2)
+
+
+class IndexerInputs(NamedTuple):
+    """What the indexer's training loss needs from one layer: its queries, keys and head
+    weights (with their graphs), which entries each query sees [N, Nc], and the main
+    attention's queries and entries (detached: the target)."""
+    qi: torch.Tensor
+    ik: torch.Tensor
+    wts: torch.Tensor
+    visible: torch.Tensor
+    q: torch.Tensor
+    main: torch.Tensor
+    scale: float
+
+
 # ---------------------------------------------------------------------------------------
 # mHC
 
@@ -190,12 +210,63 @@ def hc_coefficients(m: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc
     pre = torch.sigmoid(m[..., :hc] * scale[0] + base[:hc]) + eps
     post = 2.0 * torch.sigmoid(m[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
     C = (m[..., 2 * hc:] * scale[2] + base[2 * hc:]).reshape(*m.shape[:-1], hc, hc)
+    return pre, post, sinkhorn(C, iters, eps)
+
+
+def sinkhorn_reference(C: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """comb from its logits C [.., hc, hc]: a row softmax (+ eps), then `iters` alternating
+    normalizations — the first of columns only, then rows and columns — as the engine's
+    HcSinkhorn. The plain PyTorch form (autograd through every step); `sinkhorn` is the
+    same math with its own backward."""
     C = torch.softmax(C, dim=-1) + eps
     for it in range(max(iters, 1)):
         if it > 0:  # rows, then columns; the first step normalizes columns only
             C = C / (C.sum(-1, keepdim=True) + eps)
         C = C / (C.sum(-2, keepdim=True) + eps)
-    return pre, post, C
+    return C
+
+
+class _Sinkhorn(torch.autograd.Function):
+    """sinkhorn_reference with the token axis last ([hc, hc, T]: each sum over a row or a
+    column adds hc contiguous vectors of T instead of reducing T rows of hc values) and a
+    backward written out: each step y = x / (Σ_axis x + eps) gives
+    dx = (dy − Σ_axis(dy · y)) / (Σ_axis x + eps). Autograd through the reference form ran
+    ~250 operations on [T, hc, hc] per call, each a reduction over 4 values — 30 ms of a
+    layer's 110 (docs/quality.md, "Training throughput")."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:  # type: ignore[override]
+        shape = logits.shape
+        hc = shape[-1]
+        z = logits.reshape(-1, hc, hc).permute(1, 2, 0)  # [row, col, T]
+        z = z - z.amax(1, keepdim=True)
+        e = torch.exp(z)
+        P = e / e.sum(1, keepdim=True)  # softmax over each row's columns
+        C = P + eps
+        steps = []  # (axis, y, divisor) of each normalization
+        for it in range(max(iters, 1)):
+            for axis in ((1, 0) if it > 0 else (0,)):  # rows (sum over columns), columns
+                d = C.sum(axis, keepdim=True) + eps
+                C = C / d
+                steps.append((axis, C, d))
+        ctx.steps = steps
+        ctx.save_for_backward(P)
+        ctx.shape = shape
+        return C.permute(2, 0, 1).reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (P,) = ctx.saved_tensors
+        hc = ctx.shape[-1]
+        g = grad.reshape(-1, hc, hc).permute(1, 2, 0)
+        for axis, y, d in reversed(ctx.steps):
+            g = (g - (g * y).sum(axis, keepdim=True)) / d
+        g = P * (g - (g * P).sum(1, keepdim=True))  # the softmax's backward
+        return g.permute(2, 0, 1).reshape(ctx.shape), None, None
+
+
+def sinkhorn(C: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    return _Sinkhorn.apply(C, iters, eps)
 
 
 def hc_mixes(X: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
@@ -432,17 +503,20 @@ class V41(torch.nn.Module):
                 wts = self._linear(x, a + "indexer.weights_proj.weight") * \
                     (1.0 / math.sqrt(Id) / math.sqrt(IH))
                 ik = state["entries"][plan.index_k_layer][1]
-                dots = torch.einsum("bnhd,bmd->bnhm", qi, ik)
-                iscore = (F.relu(dots) * wts[..., None]).sum(2)  # [B, N, Nc]
-                iscore = iscore.masked_fill(~visible[None], NEG_INF)
-                sel_scores = iscore.detach()
+                # Selection needs every query's scores but no gradient (top-k picks are
+                # not differentiable); the indexer's own loss scores its sampled queries
+                # again with one (train.indexer_loss), so no [B, N, IH, Nc] tensor is kept
+                # for a backward pass.
+                with torch.no_grad():
+                    sel_scores = index_scores(qi, ik, wts).masked_fill(~visible[None], NEG_INF)
                 if plan.is_candidate_source:
                     state["pool"] = self._candidate_pool(sel_scores, pos, ratio)
                 elif plan.candidate_pool_layer >= 0:
                     sel_scores = sel_scores.masked_fill(~state["pool"], NEG_INF)
                 state["selected"][l] = topk_indices(sel_scores, c.index_topk)
                 if aux is not None:
-                    aux.append((iscore, visible, q.detach(), main.detach(), scale))
+                    aux.append(IndexerInputs(qi, ik, wts, visible, q.detach(), main.detach(),
+                                             scale))
             idx, ok = state["selected"][plan.topk_layer]  # [B, N, k]
             picked = (main, idx)
             scores_c = selected_scores(q, main, idx).permute(0, 2, 1, 3) * scale

@@ -212,6 +212,73 @@ def test_a_few_training_steps_lower_the_loss_on_a_fixed_batch(seed):
     assert losses[-1] < losses[0] - 0.1, losses
 
 
+def test_sinkhorn_backward_is_the_reference_gradient(seed):
+    """mHC's Sinkhorn with its written-out backward: the reference form's values, and a
+    gradient that passes gradcheck (float64, finite differences), on logits wide enough
+    that the softmax is far from uniform."""
+    from kvtrain.model import sinkhorn, sinkhorn_reference
+    g = torch.Generator().manual_seed(seed)
+    C = torch.randn(3, 7, 4, 4, generator=g, dtype=torch.float64) * 3
+    a, b = sinkhorn(C, 20, 1e-6), sinkhorn_reference(C, 20, 1e-6)
+    print("max |sinkhorn - reference|", float((a - b).abs().max()))
+    assert float(a.std()) > 0.05  # not a uniform matrix
+    assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+    x = C[:1, :3].clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: sinkhorn(t, 20, 1e-6), (x,))
+    up = torch.randn(a.shape, generator=g, dtype=torch.float64)
+    x1, x2 = C.clone().requires_grad_(), C.clone().requires_grad_()
+    (sinkhorn(x1, 20, 1e-6) * up).sum().backward()
+    (sinkhorn_reference(x2, 20, 1e-6) * up).sum().backward()
+    assert torch.allclose(x1.grad, x2.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_indexer_loss_has_the_dense_scores_gradient(seed):
+    """The forward scores every query for the selection without a graph, and the indexer's
+    loss scores its sampled queries again with one: its value and every parameter's
+    gradient are those of the dense way (all queries scored with a graph, then sampled),
+    in float64 so that the two orders of summation agree to ~1e-12."""
+    import torch.nn.functional as F
+    from kvtrain.train import indexer_loss
+
+    def dense_loss(aux, queries=128):  # the computation before 2026-12-05, kept as the oracle
+        total = torch.zeros((), dtype=torch.float64)
+        for qi, ik, wts, visible, q, main, scale in aux:
+            iscore = (F.relu(torch.einsum("bnhd,bmd->bnhm", qi, ik)) * wts[..., None]).sum(2)
+            iscore = iscore.masked_fill(~visible[None], float("-inf"))
+            rows = visible.any(-1).nonzero(as_tuple=True)[0]
+            if rows.numel() > queries:
+                rows = rows[torch.randperm(rows.numel())[:queries]]
+            vis = visible[rows]
+            logits = torch.einsum("bnhd,bmd->bhnm", q[:, rows], main) * scale
+            target = torch.softmax(logits.masked_fill(~vis[None, None], float("-inf")), -1).mean(1)
+            logp = torch.log_softmax(iscore[:, rows], dim=-1)
+            kl = (target * (torch.log(target.clamp(min=1e-12)) - logp)).masked_fill(
+                ~vis[None], 0.0).sum(-1)
+            total = total + kl.mean()
+        return total
+
+    c = load_config(MINI)
+    model = V41(c, init_seed=seed).double()
+    x = torch.randint(3, 259, (2, 160), generator=torch.Generator().manual_seed(seed))
+    grads = []
+    for loss_of in (indexer_loss, dense_loss):
+        model.zero_grad(set_to_none=True)
+        aux = []
+        model(x, aux=aux)
+        assert aux, "mini.json has indexer layers"
+        torch.manual_seed(seed)  # the same sampled queries
+        loss = loss_of(aux, 32)  # fewer than the visible queries: sampling is exercised
+        loss.backward()
+        grads.append((float(loss), {n: p.grad.clone() for n, p in model.named_parameters()
+                                     if p.grad is not None}))
+    (new, g_new), (old, g_old) = grads
+    print("indexer loss", new, old, "parameters with a gradient", len(g_new))
+    assert new > 0 and abs(new - old) <= 1e-12 * max(1.0, abs(old))
+    assert set(g_new) == set(g_old) and g_new
+    for n in g_old:
+        assert torch.allclose(g_new[n], g_old[n], rtol=1e-9, atol=1e-12), n
+
+
 def test_no_position_sees_a_later_token(seed):
     """Causality, in plain and in replay-cut windows: changing the tokens from k on leaves
     the logits before k as they were (up to float noise of other rows' shapes).
