@@ -4,7 +4,7 @@
     /usr/bin/python3 bench/train/step_bench.py [--steps 8] [--rounds 2] [--config configs/small.json]
 
 Each variant is `python3 -m kvtrain.train` itself (the real step: trunk, indexer loss,
-drafter, AdamW, gate biases) for --steps steps on batch 2 × 1,024 tokens, started fresh in
+drafter, AdamW, gate biases) for --steps steps on batch 2 × 1,024 tokens (--batch, --seq), started fresh in
 its own process; the variants alternate round by round so that a noisy machine penalizes
 them alike. Reported: each variant's tokens/s over the steps after the first (the first
 pays for warming the allocator and caches), best of the rounds, and its ratio to the first
@@ -54,7 +54,8 @@ def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) ->
     """Tokens/s of one run over its steps after the first (from the trainer's log)."""
     out = os.path.join(tmp, f"{name}-{time.monotonic_ns()}")
     cmd = [sys.executable, "-m", "kvtrain.train", "--config", args.config, "--out", out,
-           "--manifest", manifest, "--steps", str(args.steps), "--batch", "2", "--seq", "1024",
+           "--manifest", manifest, "--steps", str(args.steps), "--batch", str(args.batch),
+           "--seq", str(args.seq),
            "--eval-every", "100000", "--checkpoint-every", "100000", "--seed", str(args.seed)]
     r = subprocess.run(cmd + VARIANTS[name], cwd=TRAIN, capture_output=True, text=True,
                        env=dict(os.environ, OMP_NUM_THREADS="2"))
@@ -63,7 +64,7 @@ def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) ->
     rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
     workers = 2 if name.endswith("2workers") else 1
     first, last = rows[0], rows[-1]
-    tokens = (last["step"] - first["step"]) * 2 * 1024 * workers
+    tokens = (last["step"] - first["step"]) * args.batch * args.seq * workers
     return tokens / (last["elapsed_s"] - first["elapsed_s"])
 
 
@@ -72,18 +73,21 @@ def main() -> int:
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "small.json"))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--files", type=int, default=40, help="training files in the small manifest")
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "little"))
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated, the first is the baseline: " + ", ".join(VARIANTS))
     args = ap.parse_args()
+    args.config = os.path.abspath(args.config)  # the trainer runs in train/
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
     if args.steps < 3:
         raise SystemExit("--steps: at least 3 (the first is not timed)")
-    print(f"seed {args.seed}, {args.steps} steps of batch 2 x 1024, {args.rounds} rounds, "
+    print(f"seed {args.seed}, {args.steps} steps of batch {args.batch} x {args.seq}, {args.rounds} rounds, "
           f"config {os.path.basename(args.config)}", flush=True)
     best: Dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
