@@ -76,6 +76,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--files", type=int, default=40, help="training files in the small manifest")
+    ap.add_argument("--manifest", default="",
+                    help="train on this manifest instead of corpus v2's first --files files")
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "little"))
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated, the first is the baseline: " + ", ".join(VARIANTS))
@@ -91,7 +93,7 @@ def main() -> int:
           f"config {os.path.basename(args.config)}", flush=True)
     best: Dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = small_manifest(tmp, args.files)
+        manifest = os.path.abspath(args.manifest) if args.manifest else small_manifest(tmp, args.files)
         for r in range(args.rounds):
             for name in names:
                 tps = run_variant(name, args, manifest, tmp)

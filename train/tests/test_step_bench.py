@@ -6,14 +6,16 @@ import re
 import subprocess
 import sys
 
+from test_workers import manifest  # a manifest of this repository's docs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
 
 
-def test_step_bench_reports_each_variant_against_the_first():
+def test_step_bench_reports_each_variant_against_the_first(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "train", "step_bench.py"),
                         "--config", os.path.join(SOURCE, "configs", "mini.json"), "--steps", "3",
-                        "--rounds", "1", "--batch", "1", "--seq", "160", "--files", "2",
+                        "--rounds", "1", "--batch", "1", "--seq", "160", "--manifest", manifest(tmp_path),
                         "--variants", "glibc,kept"],
                        capture_output=True, text=True, timeout=600)
     print(r.stdout)
