@@ -335,12 +335,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     rng, replay_rng, draft_rng = streams()
     ckpt = os.path.join(args.out, "checkpoint.pt")
     log_path = os.path.join(args.out, "log.jsonl")
-    step, elapsed = 0, 0.0
+    step, elapsed, tokens = 0, 0.0, 0
     if os.path.exists(ckpt):
         st = torch.load(ckpt)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
+        # (a checkpoint from before tokens were counted: as if every step had this run's size)
+        tokens = st.get("tokens", step * args.batch * args.seq * workers.world)
         rng, replay_rng, draft_rng = streams(step)
         if lead:
             print(f"resumed at step {step} ({elapsed / 60:.1f} min trained)", flush=True)
@@ -395,6 +397,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.draft_only:
             update_gate_biases(model, stats, 1e-3)
         step += 1
+        tokens += tokens_per_step  # the worker count may change between resumes
         last_loss = float(lm)  # the drafter's distillation loss with --draft-only
         elapsed = time.time() - t0
         if not lead:
@@ -413,14 +416,14 @@ def main(argv: Optional[List[str]] = None) -> int:
               flush=True)
         if step % args.checkpoint_every == 0:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                        "elapsed": elapsed}, ckpt + ".tmp")
+                        "elapsed": elapsed, "tokens": tokens}, ckpt + ".tmp")
             os.replace(ckpt + ".tmp", ckpt)
     workers.check_same_weights(model)
     if not lead:
         workers.finish()
         return 0
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                "elapsed": time.time() - t0}, ckpt + ".tmp")
+                "elapsed": time.time() - t0, "tokens": tokens}, ckpt + ".tmp")
     os.replace(ckpt + ".tmp", ckpt)
     bpb = evaluate(model, held, args.seq, 8, 1234)
     recipe = {"command": "python3 -m kvtrain.train " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
@@ -428,7 +431,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               "train_loss_bits_per_byte": last_loss / math.log(2), "held_out_bits_per_byte": bpb,
               "replay_aware": args.replay_aware, "seq": args.seq, "batch": args.batch,
               "config": os.path.basename(args.config), "minutes": round((time.time() - t0) / 60, 1),
-              "workers": workers.world, "tokens": step * tokens_per_step}
+              "workers": workers.world, "tokens": tokens}
     if args.draft_only:
         # The trunk is the init's: its recipe stays the record of how it was trained.
         recipe["draft_distill_loss"] = recipe.pop("train_loss_bits_per_byte") * math.log(2)

@@ -38,6 +38,7 @@ def train(tmp_path, name: str, workers: int) -> list:
     assert r.returncode == 0, r.stderr[-3000:]
     recipe = json.load(open(os.path.join(out, "recipe.json")))
     assert recipe["workers"] == workers
+    assert recipe["tokens"] == recipe["tokens_total"] == 3 * 1 * 160 * workers
     assert os.path.exists(os.path.join(out, "model.safetensors"))
     return [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
 
