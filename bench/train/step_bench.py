@@ -62,7 +62,8 @@ def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) ->
     if r.returncode != 0:
         raise SystemExit(f"{name}: kvtrain.train exited {r.returncode}\n{r.stderr[-2000:]}")
     rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
-    workers = 2 if name.endswith("2workers") else 1
+    flags = VARIANTS[name]
+    workers = int(flags[flags.index("--workers") + 1])
     first, last = rows[0], rows[-1]
     tokens = (last["step"] - first["step"]) * args.batch * args.seq * workers
     return tokens / (last["elapsed_s"] - first["elapsed_s"])
