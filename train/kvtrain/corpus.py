@@ -5,7 +5,9 @@ are never trained on.
 
 Two manifests exist: `corpus.json` (v1: the C and C++ headers only, what the first shipped
 weights were trained on) and `corpus-v2.json` (several languages: C/C++ headers, Python's
-standard library, Perl's modules, CMake's modules, shell completions, man pages)."""
+standard library, Perl's modules, CMake's modules, shell completions, man pages).
+A third, `outside-v1.json`, is never trained on: code in the corpus's languages from other
+packages, which `python3 -m kvtrain.score` reads for the outside check."""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +43,16 @@ SOURCES_V2: List[Tuple[str, str, Callable[[str], bool]]] = [
     ("manpages", "man", _is("/usr/share/man/", ".gz")),
     ("manpages-dev", "man", _is("/usr/share/man/", ".gz")),
 ]
+# The outside check: code in the corpus's languages from packages the corpus never read
+# (third-party Python; C++ and C headers of other libraries). Every package is one
+# scripts/install-deps.sh installs. Nothing here is trained on: the split is "outside".
+SOURCES_OUTSIDE: List[Tuple[str, str, Callable[[str], bool]]] = [
+    ("python3-numpy", "python", _is("/usr/lib/python3/dist-packages/", ".py")),
+    ("python3-pytest", "python", _is("/usr/lib/python3/dist-packages/", ".py")),
+    ("libabsl-dev", "c++", _is("/usr/include/absl/", ".h")),
+    ("librocksdb-dev", "c++", _is("/usr/include/rocksdb/", ".h")),
+    ("liburing-dev", "c", _is("/usr/include/", ".h")),
+]
 MAX_FILE_BYTES = 1 << 20  # generated tables (unicode data and the like) are not language
 
 
@@ -73,7 +85,11 @@ def _entry(path: str, language: str) -> Dict:
             "language": language, "split": "held_out" if held_out(path) else "train"}
 
 
+OUTSIDE = 0  # build_manifest's version for the outside check's manifest
+
+
 def build_manifest(path: str, version: int = 2) -> dict:
+    """Version 1 or 2: a training corpus; OUTSIDE: text for the outside check."""
     files = []
     if version == 1:
         for p in sorted({q for pkg in PACKAGES_V1 for q in _package_files(pkg)
@@ -84,15 +100,18 @@ def build_manifest(path: str, version: int = 2) -> dict:
                 files.append(e)
         head = {"packages": PACKAGES_V1}
     else:
+        sources = SOURCES_OUTSIDE if version == OUTSIDE else SOURCES_V2
         seen = set()
-        for package, language, wanted in SOURCES_V2:
+        for package, language, wanted in sources:
             for p in _package_files(package):
                 if wanted(p) and p not in seen:
                     seen.add(p)
                     e = _entry(p, language)
                     if e:
+                        if version == OUTSIDE:
+                            e["split"] = "outside"
                         files.append(e)
-        head = {"packages": sorted({s[0] for s in SOURCES_V2})}
+        head = {"packages": sorted({s[0] for s in sources})}
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     manifest = dict(head, held_out_every=HELD_OUT_EVERY, corpus_sha256=digest, files=files)
     with open(path, "w") as f:
@@ -125,20 +144,22 @@ def load(manifest_path: str, split: str) -> Tuple[bytes, dict]:
     return b"".join(parts), manifest
 
 
-def held_out_documents(manifest_path: str) -> Dict[str, bytes]:
+def held_out_documents(manifest_path: str, split: str = "held_out") -> Dict[str, bytes]:
     with open(manifest_path) as f:
         manifest = json.load(f)
     return {e["path"]: _read_checked(e, manifest_path)
-            for e in manifest["files"] if e["split"] == "held_out"}
+            for e in manifest["files"] if e["split"] == split}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="write a corpus manifest from this machine's "
                                  "Debian packages")
     ap.add_argument("out")
-    ap.add_argument("--version", type=int, default=2, choices=(1, 2))
+    ap.add_argument("--version", default="2", choices=("1", "2", "outside"),
+                    help="1, 2: a training corpus; outside: code the corpus never read "
+                    "(kvtrain.score's outside check)")
     args = ap.parse_args()
-    m = build_manifest(args.out, args.version)
+    m = build_manifest(args.out, OUTSIDE if args.version == "outside" else int(args.version))
     by: Dict[Tuple[str, str], int] = {}
     for e in m["files"]:
         k = (e.get("language", "c"), e["split"])
