@@ -11,8 +11,10 @@ pays for warming the allocator and caches), best of the rounds, and its ratio to
 variant. The data are a few of corpus v2's training files (a step's cost does not depend
 on which bytes it reads).
 
-Variants: `glibc` (one process, one thread, glibc's default allocator settings),
-`kept` (the same with kvtrain/alloc.py's settings: what training runs with), `kept-2threads`
+Variants: `glibc` (one process, one thread, glibc's default allocator settings and
+model.py's PyTorch forms instead of the fused kernels), `torch-ops` (kvtrain/alloc.py's
+settings, still the PyTorch forms), `kept` (alloc.py's settings and the fused kernels of
+kvtrain/kernels.c: what training runs with), `kept-2threads`
 (one process, two threads), `kept-2workers` (two data-parallel processes, one thread each).
 """
 from __future__ import annotations
@@ -32,10 +34,12 @@ TRAIN = os.path.join(ROOT, "train")
 
 VARIANTS: Dict[str, List[str]] = {
     "glibc": ["--threads", "1", "--workers", "1", "--no-keep-freed-memory"],
+    "torch-ops": ["--threads", "1", "--workers", "1"],
     "kept": ["--threads", "1", "--workers", "1"],
     "kept-2threads": ["--threads", "2", "--workers", "1"],
     "kept-2workers": ["--threads", "1", "--workers", "2"],
 }
+TORCH_OPS = {"glibc", "torch-ops"}  # run with KVTRAIN_KERNELS=0
 
 
 def small_manifest(out_dir: str, files: int) -> str:
@@ -57,8 +61,10 @@ def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) ->
            "--manifest", manifest, "--steps", str(args.steps), "--batch", str(args.batch),
            "--seq", str(args.seq),
            "--eval-every", "100000", "--checkpoint-every", "100000", "--seed", str(args.seed)]
-    r = subprocess.run(cmd + VARIANTS[name], cwd=TRAIN, capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="2"))
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    if name in TORCH_OPS:
+        env["KVTRAIN_KERNELS"] = "0"
+    r = subprocess.run(cmd + VARIANTS[name], cwd=TRAIN, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"{name}: kvtrain.train exited {r.returncode}\n{r.stderr[-2000:]}")
     rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import kernels
 from .config import FULL, REINDEX, Config, parameter_shapes
 from .quant import fake_quant
 
@@ -171,13 +172,16 @@ class _SelectedRows(torch.autograd.Function):
 
 
 def selected_scores(q: torch.Tensor, main: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """q [B, N, H, hd] against each query's selected rows of main: [B, N, H, k]."""
-    return _SelectedRows.apply(q, main, idx, True)
+    """q [B, N, H, hd] against each query's selected rows of main: [B, N, H, k] (the fused
+    kernel when it runs here, else _SelectedRows)."""
+    f = kernels.SelectedRows if kernels.usable(q, main) else _SelectedRows
+    return f.apply(q, main, idx, True)
 
 
 def selected_values(p: torch.Tensor, main: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Weights p [B, N, H, k] of each query's selected rows of main: [B, N, H, hd]."""
-    return _SelectedRows.apply(p, main, idx, False)
+    f = kernels.SelectedRows if kernels.usable(p, main) else _SelectedRows
+    return f.apply(p, main, idx, False)
 
 
 def index_scores(qi: torch.Tensor, ik: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
@@ -266,6 +270,8 @@ class _Sinkhorn(torch.autograd.Function):
 
 
 def sinkhorn(C: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    if kernels.usable(C) and C.shape[-1] <= 8:
+        return kernels.Sinkhorn.apply(C, iters, eps)
     return _Sinkhorn.apply(C, iters, eps)
 
 
@@ -280,9 +286,19 @@ def hc_pre(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 
 def hc_post(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    # out[k] = post[k]·f + Σ_j comb[j][k]·R[j]: one batched product per token (einsum's
-    # bmm), 1.7× faster forward and backward than hc broadcast terms (16.9 → 10.1 ms on
-    # [2, 1024, 4, 128]), whose backward reduced over D once per term.
+    # out[k] = post[k]·f + Σ_j comb[j][k]·R[j]. The fused kernel: one pass per token (1.8 ms
+    # forward and backward on [2, 1024, 4, 128] against 15.9 for the form below).
+    shapes_agree = (f.shape[:-1] == R.shape[:-2] == post.shape[:-1] == comb.shape[:-2])
+    if shapes_agree and kernels.usable(f, R, post, comb):
+        return kernels.HcPost.apply(f, R, post, comb)
+    return hc_post_reference(f, R, post, comb)
+
+
+def hc_post_reference(f: torch.Tensor, R: torch.Tensor, post: torch.Tensor,
+                      comb: torch.Tensor) -> torch.Tensor:
+    # One batched product per token (einsum's bmm), 1.7× faster forward and backward than
+    # hc broadcast terms (16.9 → 10.1 ms on [2, 1024, 4, 128]), whose backward reduced over
+    # D once per term.
     return post[..., :, None] * f[..., None, :] + torch.einsum("...jk,...jd->...kd", comb, R)
 
 

@@ -11,6 +11,7 @@
 - a few training steps lower the loss on a fixed batch.
 
 Random prompts and weights take a fresh seed each run, printed (KVC_TEST_SEED replays)."""
+import contextlib
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from kvtrain import safetensors_io, tokenizer  # noqa: E402
+from kvtrain import kernels, safetensors_io, tokenizer  # noqa: E402
 from kvtrain.config import load_config  # noqa: E402
 from kvtrain.model import (V41, selected_scores, selected_values, topk_ascending,  # noqa: E402
                            topk_indices)
@@ -135,11 +136,26 @@ def test_topk_without_a_full_sort_is_a_stable_sorts_first_k(seed):
         assert torch.equal(topk_ascending(s, k), want & (s != float("-inf"))), (n, k)
 
 
-def test_selected_rows_match_the_gathered_products_and_their_gradients(seed):
-    """selected_scores / selected_values (a custom backward through a dense scatter and one
-    GEMM per batch row) equal the gather-then-multiply they replace, and their gradients
-    pass torch's numerical check, on random shapes in float64."""
+def forms(fused: bool):
+    """The fused kernels (kvtrain/kernels.c) or model.py's PyTorch forms."""
+    if fused:
+        assert kernels.lib() is not None, "the fused kernels did not compile here"
+        return contextlib.nullcontext()
+    return kernels.torch_forms()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_selected_rows_match_the_gathered_products_and_their_gradients(seed, fused):
+    """selected_scores / selected_values (the fused kernel reading the rows in place, or a
+    custom backward through a dense scatter and one GEMM per batch row) equal the
+    gather-then-multiply they replace, and their gradients pass torch's numerical check, on
+    random shapes in float64."""
     torch.manual_seed(seed)
+    with forms(fused):
+        check_selected_rows()
+
+
+def check_selected_rows():
     for B, N, H, hd, Nc, k in [(2, 5, 3, 4, 7, 3), (1, 9, 4, 8, 9, 9), (3, 4, 2, 5, 6, 1)]:
         q = torch.randn(B, N, H, hd, dtype=torch.float64, requires_grad=True)
         p = torch.randn(B, N, H, k, dtype=torch.float64, requires_grad=True)
@@ -212,10 +228,17 @@ def test_a_few_training_steps_lower_the_loss_on_a_fixed_batch(seed):
     assert losses[-1] < losses[0] - 0.1, losses
 
 
-def test_sinkhorn_backward_is_the_reference_gradient(seed):
-    """mHC's Sinkhorn with its written-out backward: the reference form's values, and a
-    gradient that passes gradcheck (float64, finite differences), on logits wide enough
-    that the softmax is far from uniform."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_sinkhorn_backward_is_the_reference_gradient(seed, fused):
+    """mHC's Sinkhorn with its written-out backward (the fused kernel, or the PyTorch form
+    with the token axis last): the reference form's values, and a gradient that passes
+    gradcheck (float64, finite differences), on logits wide enough that the softmax is far
+    from uniform."""
+    with forms(fused):
+        check_sinkhorn(seed)
+
+
+def check_sinkhorn(seed):
     from kvtrain.model import sinkhorn, sinkhorn_reference
     g = torch.Generator().manual_seed(seed)
     C = torch.randn(3, 7, 4, 4, generator=g, dtype=torch.float64) * 3
@@ -230,6 +253,27 @@ def test_sinkhorn_backward_is_the_reference_gradient(seed):
     (sinkhorn(x1, 20, 1e-6) * up).sum().backward()
     (sinkhorn_reference(x2, 20, 1e-6) * up).sum().backward()
     assert torch.allclose(x1.grad, x2.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_fused_hc_post_is_the_batched_product(seed):
+    """hc_post's kernel against the einsum form: values in float32 and float64 and a
+    gradient through all four inputs that passes gradcheck."""
+    from kvtrain.model import hc_post, hc_post_reference
+    g = torch.Generator().manual_seed(seed)
+    assert kernels.lib() is not None, "the fused kernels did not compile here"
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        f, R, post, comb = (torch.randn(*s, generator=g, dtype=dtype, requires_grad=True)
+                            for s in ((2, 5, 16), (2, 5, 4, 16), (2, 5, 4), (2, 5, 4, 4)))
+        a, b = hc_post(f, R, post, comb), hc_post_reference(f, R, post, comb)
+        assert a.grad_fn is not None and "HcPost" in type(a.grad_fn).__name__
+        assert torch.allclose(a, b, rtol=tol, atol=tol)
+        up = torch.randn(a.shape, generator=g, dtype=dtype)
+        ga = torch.autograd.grad((a * up).sum(), (f, R, post, comb))
+        gb = torch.autograd.grad((b * up).sum(), (f, R, post, comb))
+        for x, y in zip(ga, gb):
+            assert float(y.abs().max()) > 0.1 and torch.allclose(x, y, rtol=tol, atol=tol)
+        if dtype == torch.float64:
+            assert torch.autograd.gradcheck(hc_post, (f, R, post, comb))
 
 
 def test_indexer_loss_has_the_dense_scores_gradient(seed):
