@@ -15,7 +15,9 @@ Variants: `glibc` (one process, one thread, glibc's default allocator settings a
 model.py's PyTorch forms instead of the fused kernels), `torch-ops` (kvtrain/alloc.py's
 settings, still the PyTorch forms), `kept` (alloc.py's settings and the fused kernels of
 kvtrain/kernels.c: what training runs with), `kept-2threads`
-(one process, two threads), `kept-2workers` (two data-parallel processes, one thread each).
+(one process, two threads), `kept-2workers` (two data-parallel processes, one thread each),
+`commit` (the trainer and configs of --commit, e.g. the code a speed-up is measured
+against, one thread).
 """
 from __future__ import annotations
 
@@ -54,22 +56,36 @@ def small_manifest(out_dir: str, files: int) -> str:
     return path
 
 
+def checkout(commit: str, tmp: str) -> str:
+    """The repository's train/ and configs/ at `commit`, extracted under tmp: its trainer."""
+    root = os.path.join(tmp, f"at-{commit}")
+    os.makedirs(root)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "train", "configs"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
+    return root
+
+
 def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) -> float:
     """Tokens/s of one run over its steps after the first (from the trainer's log)."""
     out = os.path.join(tmp, f"{name}-{time.monotonic_ns()}")
-    cmd = [sys.executable, "-m", "kvtrain.train", "--config", args.config, "--out", out,
+    train_dir, config, flags = TRAIN, args.config, VARIANTS.get(name, [])
+    if name == "commit":  # the trainer of --commit, one thread, its own settings
+        train_dir = os.path.join(args.commit_root, "train")
+        config = os.path.join(args.commit_root, "configs", os.path.basename(args.config))
+        flags = ["--threads", "1"]
+    cmd = [sys.executable, "-m", "kvtrain.train", "--config", config, "--out", out,
            "--manifest", manifest, "--steps", str(args.steps), "--batch", str(args.batch),
            "--seq", str(args.seq),
            "--eval-every", "100000", "--checkpoint-every", "100000", "--seed", str(args.seed)]
     env = dict(os.environ, OMP_NUM_THREADS="2")
     if name in TORCH_OPS:
         env["KVTRAIN_KERNELS"] = "0"
-    r = subprocess.run(cmd + VARIANTS[name], cwd=TRAIN, capture_output=True, text=True, env=env)
+    r = subprocess.run(cmd + flags, cwd=train_dir, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"{name}: kvtrain.train exited {r.returncode}\n{r.stderr[-2000:]}")
     rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
-    flags = VARIANTS[name]
-    workers = int(flags[flags.index("--workers") + 1])
+    workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1
     first, last = rows[0], rows[-1]
     tokens = (last["step"] - first["step"]) * args.batch * args.seq * workers
     return tokens / (last["elapsed_s"] - first["elapsed_s"])
@@ -87,13 +103,18 @@ def main() -> int:
                     help="train on this manifest instead of corpus v2's first --files files")
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "little"))
     ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated, the first is the baseline: " + ", ".join(VARIANTS))
+                    help="comma-separated, the first is the baseline: " + ", ".join(VARIANTS)
+                    + ", commit (--commit's trainer)")
+    ap.add_argument("--commit", default="",
+                    help="a commit of this repository whose trainer the `commit` variant runs")
     args = ap.parse_args()
     args.config = os.path.abspath(args.config)  # the trainer runs in train/
     names = args.variants.split(",")
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if n not in VARIANTS and n != "commit"]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
+    if "commit" in names and not args.commit:
+        raise SystemExit("--variants commit needs --commit SHA")
     if args.steps < 3:
         raise SystemExit("--steps: at least 3 (the first is not timed)")
     print(f"seed {args.seed}, {args.steps} steps of batch {args.batch} x {args.seq}, {args.rounds} rounds, "
@@ -101,6 +122,8 @@ def main() -> int:
     best: Dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         manifest = os.path.abspath(args.manifest) if args.manifest else small_manifest(tmp, args.files)
+        if args.commit:
+            args.commit_root = checkout(args.commit, tmp)
         for r in range(args.rounds):
             for name in names:
                 tps = run_variant(name, args, manifest, tmp)
