@@ -276,6 +276,22 @@ def test_fused_hc_post_is_the_batched_product(seed):
             assert torch.autograd.gradcheck(hc_post, (f, R, post, comb))
 
 
+def test_index_scores_are_the_weighted_relu_of_the_heads(seed):
+    """index_scores (a GEMM, then the heads' weighted sum) is Σ_h w_h · relu(q_h · k), with
+    and without a graph, and its gradient is that of the definition."""
+    from kvtrain.model import index_scores
+    g = torch.Generator().manual_seed(seed)
+    qi, ik, w = (torch.randn(*s, generator=g, dtype=torch.float64)
+                 for s in ((2, 6, 3, 5), (2, 7, 5), (2, 6, 3)))
+    want = (torch.einsum("bnhd,bmd->bnhm", qi, ik).clamp_min(0) * w[..., None]).sum(2)
+    with torch.no_grad():
+        assert torch.allclose(index_scores(qi, ik, w), want, rtol=1e-12, atol=1e-12)
+    assert float((want == 0).double().mean()) < 0.5  # the relu cut some, not all
+    args = tuple(t.clone().requires_grad_() for t in (qi, ik, w))
+    assert torch.allclose(index_scores(*args), want, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(index_scores, args)
+
+
 def test_indexer_loss_has_the_dense_scores_gradient(seed):
     """The forward scores every query for the selection without a graph, and the indexer's
     loss scores its sampled queries again with one: its value and every parameter's
