@@ -148,7 +148,7 @@ class HcPost(torch.autograd.Function):
     R [.., hc, D], post [.., hc], comb [.., hc, hc] (model.hc_post)."""
 
     @staticmethod
-    def forward(ctx, f, R, post, comb):  # type: ignore[override]
+    def forward(ctx, f, R, post, comb):
         f, R, post, comb = (t.contiguous() for t in (f, R, post, comb))
         hc, D = R.shape[-2], R.shape[-1]
         out = torch.empty_like(R)
@@ -158,7 +158,7 @@ class HcPost(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         f, R, post, comb = ctx.saved_tensors
         hc, D = R.shape[-2], R.shape[-1]
         g = grad.contiguous().to(R.dtype)
@@ -189,7 +189,7 @@ class SelectedRows(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         rows, main, idx = ctx.saved_tensors
         B, Nc, hd = main.shape
         N, H, k = idx.shape[1], rows.shape[2], idx.shape[2]

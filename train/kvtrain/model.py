@@ -139,8 +139,8 @@ class _SelectedRows(torch.autograd.Function):
     [B, N, k, hd] gradients; on a CPU core that was a third of a training step."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, main: torch.Tensor, idx: torch.Tensor,
-                keys: bool) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, rows: torch.Tensor, main: torch.Tensor,  # type: ignore[override]
+                idx: torch.Tensor, keys: bool) -> torch.Tensor:
         B, Nc, hd = main.shape
         N, k = idx.shape[1], idx.shape[2]
         flat = (idx + torch.arange(B).view(B, 1, 1) * Nc).reshape(-1)
@@ -667,7 +667,7 @@ class V41(torch.nn.Module):
         X, pre = self._embed(tokens)
         rows = {l: torch.from_numpy(engram_rows(c, s, tokens.numpy()))
                 for s, l in enumerate(c.engram_layer_ids)}
-        state = {"entries": {}, "selected": {}, "pool": None}
+        state: dict = {"entries": {}, "selected": {}, "pool": None}
         hidden = []
         for l in range(c.num_hidden_layers):
             if c.layers[l].has_engram:
@@ -736,7 +736,7 @@ class V41(torch.nn.Module):
         toks = torch.full((B, S), c.dspark_noise_token_id, dtype=torch.long)
         toks[:, 0] = next_tokens
         X, pre = self._embed(toks)
-        state = {"ring": ring}
+        state: dict = {"ring": ring}
         if ring_mask is not None:
             state["ring_mask"] = torch.cat([ring_mask, torch.ones(B, S, dtype=torch.bool)], 1)
         for l in range(c.num_hidden_layers, c.total_layers):

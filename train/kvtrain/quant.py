@@ -63,11 +63,11 @@ def _quant(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 class _FakeQuant(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, fmt):  # type: ignore[override]
+    def forward(ctx, x, fmt):
         return _quant(x, fmt)
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
+    def backward(ctx, g):
         return g, None
 
 

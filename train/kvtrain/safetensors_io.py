@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -41,7 +41,8 @@ def metadata(path: str) -> Dict[str, str]:
     return dict(header.get("__metadata__", {}))
 
 
-def write(path: str, tensors: Dict[str, torch.Tensor], metadata: Dict[str, str] = None) -> None:
+def write(path: str, tensors: Dict[str, torch.Tensor],
+          metadata: Optional[Dict[str, str]] = None) -> None:
     header: dict = {}
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}

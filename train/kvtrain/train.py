@@ -268,7 +268,7 @@ class Workers:
         dist.destroy_process_group()
         for c in self.children:
             if c.wait() != 0:
-                raise SystemExit(f"worker {c.args} exited with {c.returncode}")
+                raise SystemExit(f"worker {c.args!r} exited with {c.returncode}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
