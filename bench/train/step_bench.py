@@ -29,19 +29,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 TRAIN = os.path.join(ROOT, "train")
 
-VARIANTS: Dict[str, List[str]] = {
-    "glibc": ["--threads", "1", "--workers", "1", "--no-keep-freed-memory"],
-    "torch-ops": ["--threads", "1", "--workers", "1"],
-    "kept": ["--threads", "1", "--workers", "1"],
-    "kept-2threads": ["--threads", "2", "--workers", "1"],
-    "kept-2workers": ["--threads", "1", "--workers", "2"],
+TORCH_FORMS = {"KVTRAIN_KERNELS": "0"}  # model.py's PyTorch forms, not kernels.c
+# name: (the trainer's flags, its environment)
+VARIANTS: Dict[str, Tuple[List[str], Dict[str, str]]] = {
+    "glibc": (["--threads", "1", "--workers", "1", "--no-keep-freed-memory"], TORCH_FORMS),
+    "torch-ops": (["--threads", "1", "--workers", "1"], TORCH_FORMS),
+    "kept": (["--threads", "1", "--workers", "1"], {}),
+    "kept-2threads": (["--threads", "2", "--workers", "1"], {}),
+    "kept-2workers": (["--threads", "1", "--workers", "2"], {}),
 }
-TORCH_OPS = {"glibc", "torch-ops"}  # run with KVTRAIN_KERNELS=0
 
 
 def small_manifest(out_dir: str, files: int) -> str:
@@ -69,7 +70,8 @@ def checkout(commit: str, tmp: str) -> str:
 def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) -> float:
     """Tokens/s of one run over its steps after the first (from the trainer's log)."""
     out = os.path.join(tmp, f"{name}-{time.monotonic_ns()}")
-    train_dir, config, flags = TRAIN, args.config, VARIANTS.get(name, [])
+    train_dir, config = TRAIN, args.config
+    flags, extra_env = VARIANTS.get(name, ([], {}))
     if name == "commit":  # the trainer of --commit, one thread, its own settings
         train_dir = os.path.join(args.commit_root, "train")
         config = os.path.join(args.commit_root, "configs", os.path.basename(args.config))
@@ -78,9 +80,7 @@ def run_variant(name: str, args: argparse.Namespace, manifest: str, tmp: str) ->
            "--manifest", manifest, "--steps", str(args.steps), "--batch", str(args.batch),
            "--seq", str(args.seq),
            "--eval-every", "100000", "--checkpoint-every", "100000", "--seed", str(args.seed)]
-    env = dict(os.environ, OMP_NUM_THREADS="2")
-    if name in TORCH_OPS:
-        env["KVTRAIN_KERNELS"] = "0"
+    env = dict(os.environ, OMP_NUM_THREADS="2", **extra_env)
     r = subprocess.run(cmd + flags, cwd=train_dir, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"{name}: kvtrain.train exited {r.returncode}\n{r.stderr[-2000:]}")

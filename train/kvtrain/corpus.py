@@ -120,7 +120,7 @@ def build_manifest(path: str, version: int = 2) -> dict:
     return manifest
 
 
-def _read_checked(e: dict, manifest_path: str) -> bytes:
+def read_checked(e: dict, manifest_path: str) -> bytes:
     try:
         with open(e["path"], "rb") as f:
             raw = f.read()
@@ -139,7 +139,7 @@ def load(manifest_path: str, split: str) -> Tuple[bytes, dict]:
     the manifest names."""
     with open(manifest_path) as f:
         manifest = json.load(f)
-    parts = [_read_checked(e, manifest_path) + b"\n\n"
+    parts = [read_checked(e, manifest_path) + b"\n\n"
              for e in manifest["files"] if e["split"] == split]
     return b"".join(parts), manifest
 
@@ -147,7 +147,7 @@ def load(manifest_path: str, split: str) -> Tuple[bytes, dict]:
 def held_out_documents(manifest_path: str, split: str = "held_out") -> Dict[str, bytes]:
     with open(manifest_path) as f:
         manifest = json.load(f)
-    return {e["path"]: _read_checked(e, manifest_path)
+    return {e["path"]: read_checked(e, manifest_path)
             for e in manifest["files"] if e["split"] == split}
 
 

@@ -18,6 +18,25 @@
 #include <string.h>
 
 #define KVT_DEFINE(T, S)                                                                      \
+  /* y = x / (sum + eps) along each of hc lines of an hc x hc matrix: line o holds the    \
+   * elements o*so + i*si (rows: so = hc, si = 1; columns: so = 1, si = hc); d gets the   \
+   * divisors. */                                                                         \
+  static void normalize_##S(T* m, int hc, int so, int si, T eps, T* d) {                  \
+    for (int o = 0; o < hc; ++o) {                                                        \
+      T s = 0;                                                                            \
+      for (int i = 0; i < hc; ++i) s += m[o * so + i * si];                               \
+      d[o] = s + eps;                                                                     \
+      for (int i = 0; i < hc; ++i) m[o * so + i * si] /= d[o];                            \
+    }                                                                                     \
+  }                                                                                       \
+  /* Its backward along the same lines: dx = (dy - sum_line(dy * y)) / d, in place in g. */\
+  static void normalize_bwd_##S(T* g, const T* y, const T* d, int hc, int so, int si) {   \
+    for (int o = 0; o < hc; ++o) {                                                        \
+      T s = 0;                                                                            \
+      for (int i = 0; i < hc; ++i) s += g[o * so + i * si] * y[o * so + i * si];          \
+      for (int i = 0; i < hc; ++i) g[o * so + i * si] = (g[o * so + i * si] - s) / d[o];  \
+    }                                                                                     \
+  }                                                                                       \
   /* Sinkhorn: per token a row softmax of the hc x hc logits (+ eps), then `iters`          \
    * normalizations — the first of columns only, later rows then columns — each            \
    * y = x / (sum + eps). With `trace`, every step's output and divisors are kept for the   \
@@ -38,21 +57,8 @@
     for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {                                  \
       for (int a = (it > 0 ? 0 : 1); a < 2; ++a, ++step) {                                  \
         T d[8];                                                                             \
-        if (a == 0) { /* rows: divide each row by its sum over columns */                   \
-          for (int r = 0; r < hc; ++r) {                                                    \
-            T s = 0;                                                                        \
-            for (int c = 0; c < hc; ++c) s += m[r * hc + c];                                \
-            d[r] = s + eps;                                                                 \
-            for (int c = 0; c < hc; ++c) m[r * hc + c] /= d[r];                             \
-          }                                                                                 \
-        } else { /* columns */                                                              \
-          for (int c = 0; c < hc; ++c) {                                                    \
-            T s = 0;                                                                        \
-            for (int r = 0; r < hc; ++r) s += m[r * hc + c];                                \
-            d[c] = s + eps;                                                                 \
-            for (int r = 0; r < hc; ++r) m[r * hc + c] /= d[c];                             \
-          }                                                                                 \
-        }                                                                                   \
+        /* rows (a == 0): each row by its sum over columns; columns: each column */       \
+        normalize_##S(m, hc, a == 0 ? hc : 1, a == 0 ? 1 : hc, eps, d);                   \
         if (trace) {                                                                        \
           T* t = trace + hc * hc + (size_t)step * (hc * hc + hc);                           \
           memcpy(t, m, sizeof(T) * hc * hc);                                                \
@@ -84,19 +90,7 @@
         const T* ys = trace + hc * hc + (size_t)step * (hc * hc + hc);                      \
         const T* d = ys + hc * hc;                                                          \
         const int rows = (step == 0) ? 0 : ((step - 1) % 2 == 0);                           \
-        if (rows) {                                                                         \
-          for (int r = 0; r < hc; ++r) {                                                    \
-            T s = 0;                                                                        \
-            for (int c = 0; c < hc; ++c) s += g[r * hc + c] * ys[r * hc + c];               \
-            for (int c = 0; c < hc; ++c) g[r * hc + c] = (g[r * hc + c] - s) / d[r];        \
-          }                                                                                 \
-        } else {                                                                            \
-          for (int c = 0; c < hc; ++c) {                                                    \
-            T s = 0;                                                                        \
-            for (int r = 0; r < hc; ++r) s += g[r * hc + c] * ys[r * hc + c];               \
-            for (int r = 0; r < hc; ++r) g[r * hc + c] = (g[r * hc + c] - s) / d[c];        \
-          }                                                                                 \
-        }                                                                                   \
+        normalize_bwd_##S(g, ys, d, hc, rows ? hc : 1, rows ? 1 : hc);                    \
       }                                                                                     \
       const T* P = trace;                                                                   \
       T* dz = dlogits + t * hc * hc;                                                        \

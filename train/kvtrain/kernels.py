@@ -110,10 +110,17 @@ def _real(t: torch.Tensor, v: float):
     return (ctypes.c_float if t.dtype == torch.float32 else ctypes.c_double)(v)
 
 
-def _check(rc: int, what: str) -> None:
+def _check_sinkhorn(rc: int, hc: int) -> None:
+    if rc == -2:
+        raise MemoryError("sinkhorn: no memory for the backward's per-token trace")
     if rc != 0:
-        raise ValueError(f"{what}: kernel refused its input (code {rc}: hc over 8, or an index "
-                         "outside its rows)")
+        raise ValueError(f"sinkhorn: hc is {hc}; the kernel takes 1 to 8")
+
+
+def _check_selected(rc: int, idx: torch.Tensor, Nc: int) -> None:
+    if rc != 0:
+        raise ValueError(f"selected rows: indices run {int(idx.min())}..{int(idx.max())}, "
+                         f"outside the {Nc} rows of main")
 
 
 class Sinkhorn(torch.autograd.Function):
@@ -125,8 +132,9 @@ class Sinkhorn(torch.autograd.Function):
         z = logits.contiguous()
         hc = z.shape[-1]
         out = torch.empty_like(z)
-        _check(_fn("sinkhorn_fwd", z)(z.data_ptr(), out.data_ptr(), z.numel() // (hc * hc), hc,
-                                      iters, _real(z, eps)), "sinkhorn")
+        _check_sinkhorn(_fn("sinkhorn_fwd", z)(z.data_ptr(), out.data_ptr(),
+                                               z.numel() // (hc * hc), hc, iters, _real(z, eps)),
+                        hc)
         ctx.save_for_backward(z)
         ctx.iters, ctx.eps = iters, eps
         return out
@@ -137,9 +145,9 @@ class Sinkhorn(torch.autograd.Function):
         hc = z.shape[-1]
         g = grad.contiguous().to(z.dtype)
         dz = torch.empty_like(z)
-        _check(_fn("sinkhorn_bwd", z)(z.data_ptr(), g.data_ptr(), dz.data_ptr(),
-                                      z.numel() // (hc * hc), hc, ctx.iters,
-                                      _real(z, ctx.eps)), "sinkhorn")
+        _check_sinkhorn(_fn("sinkhorn_bwd", z)(z.data_ptr(), g.data_ptr(), dz.data_ptr(),
+                                               z.numel() // (hc * hc), hc, ctx.iters,
+                                               _real(z, ctx.eps)), hc)
         return dz, None, None
 
 
@@ -181,9 +189,9 @@ class SelectedRows(torch.autograd.Function):
         B, Nc, hd = main.shape
         N, H, k = idx.shape[1], rows.shape[2], idx.shape[2]
         out = rows.new_empty((B, N, H, k if keys else hd))
-        _check(_fn("selected_fwd", rows)(rows.data_ptr(), main.data_ptr(), idx.data_ptr(),
-                                         out.data_ptr(), B, N, H, k, Nc, hd, int(keys)),
-               "selected rows")
+        _check_selected(_fn("selected_fwd", rows)(rows.data_ptr(), main.data_ptr(),
+                                                  idx.data_ptr(), out.data_ptr(), B, N, H, k, Nc,
+                                                  hd, int(keys)), idx, Nc)
         ctx.save_for_backward(rows, main, idx)
         ctx.keys = keys
         return out
@@ -196,8 +204,8 @@ class SelectedRows(torch.autograd.Function):
         g = grad.contiguous().to(rows.dtype)
         grad_rows = torch.empty_like(rows)
         grad_main = torch.zeros_like(main)
-        _check(_fn("selected_bwd", rows)(rows.data_ptr(), main.data_ptr(), idx.data_ptr(),
-                                         g.data_ptr(), grad_rows.data_ptr(),
-                                         grad_main.data_ptr(), B, N, H, k, Nc, hd,
-                                         int(ctx.keys)), "selected rows")
+        _check_selected(_fn("selected_bwd", rows)(rows.data_ptr(), main.data_ptr(),
+                                                  idx.data_ptr(), g.data_ptr(),
+                                                  grad_rows.data_ptr(), grad_main.data_ptr(),
+                                                  B, N, H, k, Nc, hd, int(ctx.keys)), idx, Nc)
         return grad_rows, grad_main, None, None

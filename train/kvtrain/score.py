@@ -47,7 +47,7 @@ def windows(manifest: str, split: str, files: int, seq: int, min_bytes: int,
     for language in sorted(by_language):
         chosen = [by_language[language][i] for i in rng.permutation(len(by_language[language]))]
         for e in chosen[:files]:
-            text = corpus._read_checked(e, manifest)
+            text = corpus.read_checked(e, manifest)
             start = int(rng.integers(0, max(1, len(text) - seq)))
             out.setdefault(language, []).append((e["path"], text[start:start + seq]))
     return out

@@ -255,6 +255,18 @@ def check_sinkhorn(seed):
     assert torch.allclose(x1.grad, x2.grad, rtol=1e-9, atol=1e-12)
 
 
+def test_kernels_name_bad_input():
+    """An index outside main's rows, or an hc the Sinkhorn kernel cannot hold, is refused
+    with the values named — not read out of bounds."""
+    assert kernels.lib() is not None, "the fused kernels did not compile here"
+    main, q = torch.randn(1, 4, 8), torch.randn(1, 2, 3, 8)
+    idx = torch.tensor([[[0, 1], [2, 4]]])
+    with pytest.raises(ValueError, match=r"indices run 0\.\.4, outside the 4 rows"):
+        kernels.SelectedRows.apply(q, main, idx, True)
+    with pytest.raises(ValueError, match="hc is 9"):
+        kernels.Sinkhorn.apply(torch.randn(2, 9, 9), 20, 1e-6)
+
+
 def test_fused_hc_post_is_the_batched_product(seed):
     """hc_post's kernel against the einsum form: values in float32 and float64 and a
     gradient through all four inputs that passes gradcheck."""
