@@ -12,6 +12,8 @@ programs=(
   # service and storage (gRPC, Protobuf, RocksDB, io_uring, hashing)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev liburing-dev libxxhash-dev libabsl-dev
+  # kvbench quality reads the corpus's gzipped man pages
+  zlib1g-dev
   # config parsing, metrics, CPU engine math; gtest/hiredis: the configure step looks for them
   nlohmann-json3-dev libcli11-dev prometheus-cpp-dev libopenblas-dev libgtest-dev libgmock-dev
   libhiredis-dev

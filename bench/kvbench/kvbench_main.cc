@@ -538,7 +538,10 @@ Case AddQuality(CLI::App& app, bool& json) {
   c->add_option("--manifest", q.manifest, "corpus manifest (its held-out split)")
       ->capture_default_str();
   c->add_option("--held-out", q.held_out, "text files instead of the held-out split");
-  PositiveOption(c, "--documents", q.documents, "documents (the first by path)");
+  PositiveOption(c, "--documents", q.documents, "documents (the first by path, or --shuffle's)");
+  c->add_option("--shuffle", q.shuffle,
+                "non-zero: the documents are a sample drawn with this seed (0: the first by path)")
+      ->capture_default_str();
   PositiveOption(c, "--points", q.points, "resume points per document");
   PositiveOption(c, "--chunk-tokens", q.chunk_tokens, "page size (resume points)");
   c->add_option("--new-tokens", q.new_tokens,

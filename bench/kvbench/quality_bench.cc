@@ -9,9 +9,12 @@
 #include <map>
 #include <sstream>
 
+#include <zlib.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/splitmix.h"
 #include "base/status_macros.h"
 #include "bench/kvbench/bootstrap.h"
 #include "bench/kvbench/harness.h"
@@ -31,6 +34,45 @@ double Since(Clock::time_point t) {
 
 // ---- held-out text ----
 
+// A gzipped file's text (the corpus keeps man pages as Debian ships them, gzipped; the
+// manifest's size is the text's). Concatenated members are read as gzip(1) reads them.
+absl::StatusOr<std::string> Gunzip(const std::string& path, const std::string& raw) {
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
+    return absl::InternalError(absl::StrCat("zlib cannot start inflating ", path));
+  }
+  std::string out;
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
+  z.avail_in = static_cast<uInt>(raw.size());
+  char buf[1 << 16];
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END || z.avail_in > 0) {
+    if (rc == Z_STREAM_END) inflateReset(&z);  // the next member
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof(buf);
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      const std::string why = z.msg ? z.msg : "truncated";
+      inflateEnd(&z);
+      return absl::DataLossError(absl::StrCat(path, " is not valid gzip (", why, ")"));
+    }
+    out.append(buf, sizeof(buf) - z.avail_out);
+    if (rc == Z_OK && z.avail_in == 0 && z.avail_out != 0) {
+      inflateEnd(&z);
+      return absl::DataLossError(absl::StrCat(path, " is not valid gzip (truncated)"));
+    }
+  }
+  inflateEnd(&z);
+  return out;
+}
+
+// A held-out file's text: gzipped files are read through gzip, as the corpus reads them.
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  KVC_ASSIGN_OR_RETURN(std::string raw, ReadFile(path));
+  if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) return Gunzip(path, raw);
+  return raw;
+}
+
 // (path, bytes) of the documents: the files given, or the manifest's held-out split (each
 // file's size checked against the manifest, so a changed corpus is named, not measured).
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
@@ -38,7 +80,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
   std::vector<std::pair<std::string, std::string>> docs;
   if (!o.held_out.empty()) {
     for (const std::string& p : o.held_out) {
-      KVC_ASSIGN_OR_RETURN(std::string text, ReadFile(p));
+      KVC_ASSIGN_OR_RETURN(std::string text, ReadText(p));
       docs.emplace_back(p, std::move(text));
     }
     return docs;
@@ -52,7 +94,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
   for (const nlohmann::json& f : m["files"]) {
     if (f.value("split", "") != "held_out") continue;
     const std::string path = f.value("path", "");
-    absl::StatusOr<std::string> bytes = ReadFile(path);
+    absl::StatusOr<std::string> bytes = ReadText(path);
     if (!bytes.ok()) {
       return absl::NotFoundError(absl::StrCat("held-out file ", path, " of ", o.manifest,
                                               " cannot be read (", bytes.status().message(),
@@ -589,7 +631,13 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
     if (static_cast<int64_t>(text.size()) >= min_len) docs.emplace_back(path, EncodeBytes(text));
   }
   std::sort(docs.begin(), docs.end());
+  if (o.shuffle != 0) {
+    // A seeded sample across the split (its languages), not the first paths' directory.
+    uint64_t s = o.shuffle;
+    for (size_t i = docs.size(); i > 1; --i) std::swap(docs[i - 1], docs[SplitMix64(s) % i]);
+  }
   if (static_cast<int>(docs.size()) > o.documents) docs.resize(o.documents);
+  std::sort(docs.begin(), docs.end());
   if (docs.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("no document has the ", min_len,
                                                    " bytes a resume point past the window needs"));
@@ -602,6 +650,7 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
       {"steps", o.steps},
       {"greedy_steps", o.greedy_steps},
       {"bootstrap", {{"resamples", o.bootstrap}, {"seed", o.seed}, {"over", "documents"}}},
+      {"shuffle", o.shuffle},
       // SGLang's test of bounded replay on V4.1: mean KL ≤ 0.01 between
       // cached and replayed logprobs.
       {"sglang_kl_bar", 0.01},

@@ -41,6 +41,7 @@ struct QualityBenchOptions {
   std::string manifest;               // corpus manifest whose held-out split is read
   std::vector<std::string> held_out;  // text files instead of the manifest's split
   int documents = 16;                 // documents used (long enough, by path)
+  uint64_t shuffle = 0;               // non-zero: the documents a seeded sample, not the first
   int points = 2;                     // resume points per document
   int64_t chunk_tokens = 64;
   // Prompt tokens after P; 0: the config's window, so that a replay of any length W up to

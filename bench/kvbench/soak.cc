@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/splitmix.h"
 #include "base/status_macros.h"
 #include "client/client.h"
 #include "client/stats.h"
@@ -41,10 +42,7 @@ std::vector<uint8_t> PayloadOf(const ChunkKey& key, size_t bytes) {
   std::vector<uint8_t> p(bytes);
   uint64_t x = key.Prefix64();
   for (size_t i = 0; i < bytes; i += 8) {
-    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = SplitMix64(x);
     std::memcpy(p.data() + i, &z, std::min<size_t>(8, bytes - i));
   }
   return p;

@@ -5,17 +5,13 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "base/splitmix.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace kvc::trace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return SplitMix64(x); }
 
 namespace {
 

@@ -2,6 +2,7 @@
 // the JSON shape the docs promise, and bad flags fail with one line. Not a timing test.
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -340,6 +341,94 @@ TEST(KvbenchTest, QualityMeasuresEveryResumeModeOnTheTrainedModel) {
   auto bad = RunProgram(kKvbench, {"quality", "--weights", "nameless"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("is not NAME=FILE"), std::string::npos) << bad.err;
+}
+
+// A quick `kvbench quality` (the shipped small-plain weights, one resume point per document,
+// a few tokens) with `args` added; its JSON, or a discarded value.
+nlohmann::json QuickQuality(std::vector<std::string> args) {
+  std::vector<std::string> all = {
+      "quality",
+      "--weights",
+      "plain=" + std::string(KVC_SOURCE_DIR) + "/train/weights/small-plain.safetensors",
+      "--points",
+      "1",
+      "--steps",
+      "4",
+      "--greedy-steps",
+      "2",
+      "--windows",
+      "128",
+      "--max-prompt-tokens",
+      "600",
+      "--dspark-prompts",
+      "0",
+      "--dspark-probes",
+      "1",
+      "--bootstrap",
+      "10",
+      "--json"};
+  all.insert(all.end(), args.begin(), args.end());
+  auto r = RunProgram(kKvbench, all);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return nlohmann::json::parse(r.out, nullptr, false);
+}
+
+// The corpus keeps man pages gzipped (as Debian ships them): a gzipped document reads as its
+// text — the same figures as the plain file, a file of two gzip members too — and a truncated
+// one is refused by name, never measured.
+TEST(KvbenchTest, QualityReadsGzippedDocumentsAsTheirText) {
+  TempDir dir;
+  std::ifstream src(std::string(KVC_SOURCE_DIR) + "/bench/kvbench/quality_bench.cc");
+  const std::string text((std::istreambuf_iterator<char>(src)), std::istreambuf_iterator<char>());
+  ASSERT_GT(text.size(), 4000u);
+  const std::string half = dir.File("a.txt"), rest = dir.File("b.txt"), whole = dir.File("doc.txt");
+  std::ofstream(half) << text.substr(0, text.size() / 2);
+  std::ofstream(rest) << text.substr(text.size() / 2);
+  std::ofstream(whole) << text;
+  for (const std::string& f : {half, rest, whole}) {
+    ASSERT_EQ(RunProgram("/bin/gzip", {"-k", f}).exit_code, 0) << f;
+  }
+  auto slurp = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string two = dir.File("two-members.txt.gz"), cut = dir.File("cut.txt.gz");
+  std::ofstream(two, std::ios::binary) << slurp(half + ".gz") << slurp(rest + ".gz");
+  const std::string gz = slurp(whole + ".gz");
+  std::ofstream(cut, std::ios::binary) << gz.substr(0, gz.size() / 2);
+  auto bits = [](const std::string& doc) {
+    const nlohmann::json j = QuickQuality({"--held-out", doc, "--documents", "1"});
+    return j.is_discarded() ? -1.0 : j["variants"]["plain"]["held_out_bits_per_byte"].get<double>();
+  };
+  const double plain = bits(whole);
+  EXPECT_GT(plain, 0.05);
+  EXPECT_EQ(bits(whole + ".gz"), plain);
+  EXPECT_EQ(bits(two), plain);
+  auto bad = RunProgram(kKvbench, {"quality", "--held-out", cut, "--json"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("cut.txt.gz is not valid gzip"), std::string::npos) << bad.err;
+}
+
+// --shuffle draws the documents as a seeded sample of the whole held-out split (corpus v2: its
+// gzipped man pages among them), the same for the same seed; 0 keeps the first by path.
+TEST(KvbenchTest, QualityShuffleSamplesTheSplitReproducibly) {
+  auto documents = [](const std::string& shuffle) {
+    const nlohmann::json j =
+        QuickQuality({"--manifest", std::string(KVC_SOURCE_DIR) + "/train/corpus-v2.json",
+                      "--shuffle", shuffle, "--documents", "5"});
+    std::vector<std::string> docs;
+    if (!j.is_discarded()) docs = j["documents"].get<std::vector<std::string>>();
+    EXPECT_EQ(docs.size(), 5u) << j.dump();
+    return docs;
+  };
+  const std::vector<std::string> first = documents("0"), a = documents("7"), b = documents("8");
+  EXPECT_TRUE(std::is_sorted(first.begin(), first.end()));
+  EXPECT_NE(a, first);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(documents("7"), a);
+  std::set<std::string> tops;  // a sample across the split reaches beyond one directory
+  for (const auto& d : a) tops.insert(d.substr(0, d.find('/', 5)));
+  EXPECT_GE(tops.size(), 2u) << ::testing::PrintToString(a);
 }
 
 // The intervals: with several documents the harness tells no replay (W = 0) from two windows

@@ -11,22 +11,16 @@
 #include <vector>
 
 #include "base/chunk_key.h"
+#include "base/splitmix.h"
 #include "storage/chunk_store.h"
 
 namespace kvc::testing {
-
-inline uint64_t SplitMix(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // The n-th key of a stream identified by seed.
 inline storage::ChunkKey KeyOf(uint64_t seed, uint64_t n) {
   uint64_t x = seed * 0x100000001B3ull + n;
   storage::ChunkKey k;
-  const uint64_t a = SplitMix(x), b = SplitMix(x);
+  const uint64_t a = SplitMix64(x), b = SplitMix64(x);
   std::memcpy(k.bytes.data(), &a, 8);
   std::memcpy(k.bytes.data() + 8, &b, 8);
   return k;
@@ -37,7 +31,7 @@ inline std::vector<uint8_t> PayloadOf(const storage::ChunkKey& key, size_t bytes
   std::vector<uint8_t> p(bytes);
   uint64_t x = key.Prefix64();
   for (size_t i = 0; i < bytes; i += 8) {
-    const uint64_t v = SplitMix(x);
+    const uint64_t v = SplitMix64(x);
     std::memcpy(p.data() + i, &v, std::min<size_t>(8, bytes - i));
   }
   return p;
