@@ -56,6 +56,7 @@
 #include "bench/kvbench/storage_bench.h"
 #include "bench/kvbench/trace_bench.h"
 #include "engine/spec/chunk_layout.h"
+#include "programs/command_line.h"
 
 namespace kvc {
 namespace {
@@ -594,14 +595,7 @@ int Main(int argc, char** argv) {
     AddRestart(app, json),
     AddQuality(app, json)
   };
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvbench: error: " << e.what() << " (run kvbench --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvbench")) return *stop;
   for (const Case& c : cases) {
     if (c.command->parsed()) return c.run();
   }

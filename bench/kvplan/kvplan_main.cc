@@ -17,6 +17,7 @@
 #include "bench/kvplan/cluster_sim.h"
 #include "bench/kvplan/decode_flops.h"
 #include "bench/kvplan/simulate.h"
+#include "programs/command_line.h"
 
 namespace kvc {
 namespace {
@@ -177,14 +178,7 @@ int Main(int argc, char** argv) {
   AddPlanFlags(app, f);
   CLI::App* simulate = AddSimulateFlags(app, f);
   CLI::App* flops = AddFlopsFlags(app, f);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvplan: error: " << e.what() << " (run kvplan --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvplan")) return *stop;
   if (!flops->parsed() && !simulate->parsed() && f.config_path.empty()) {
     std::cerr << "kvplan: error: --config is required (run kvplan --help)\n";
     return 2;

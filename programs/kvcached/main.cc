@@ -52,6 +52,7 @@
 #include "cachesvc/service.h"
 #include "cachesvc/shared_sweeper.h"
 #include "engine/spec/chunk_layout.h"
+#include "programs/command_line.h"
 #include "storage/disk_space.h"
 #if KVC_WITH_RADOS
 #include "storage/rados_tier.h"
@@ -867,14 +868,7 @@ int Main(int argc, char** argv) {
   AddServingFlags(app, d->f);
   AddTenantLimitFlags(app, d->f);
   AddClusterFlags(app, d->f);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvcached: error: " << e.what() << " (run kvcached --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvcached")) return *stop;
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);

@@ -43,6 +43,7 @@
 #include "client/stats.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 #include "kvcache/v1/peer.grpc.pb.h"
+#include "programs/command_line.h"
 #include "storage/chunk_store.h"
 #include "wire/grpc_status.h"
 #include "wire/wire.h"
@@ -507,14 +508,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"kvctl: kvcache admin CLI"};
   Args a;
   AddFlags(app, a);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvctl: error: " << e.what() << " (run kvctl --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvctl")) return *stop;
   const std::string cmd = app.get_subcommands()[0]->get_name();
   if (cmd == "pin" && a.ttl == 0) {
     std::cerr << "kvctl: error: pin needs --ttl SECONDS\n";

@@ -54,6 +54,7 @@
 #include "engine/model/weights.h"
 #include "engine/spec/byte_tokens.h"
 #include "nlohmann/json.hpp"
+#include "programs/command_line.h"
 #include "serve/embedded_mini_config.h"
 #include "serve/kvcached_process.h"
 #include "serve/local_ceph.h"
@@ -434,14 +435,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"kvdemo: a multi-day coding-agent session resumed from kvcached"};
   Flags f;
   AddFlags(app, f);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvdemo: error: " << e.what() << " (run kvdemo --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvdemo")) return *stop;
   if (f.source_dir.empty()) f.source_dir = KVC_SOURCE_DIR;
   char tmpl[] = "/tmp/kvdemo-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {

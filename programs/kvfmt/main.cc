@@ -27,6 +27,7 @@
 #include "engine/spec/kv_codec.h"
 #include "engine/spec/layer_schedule.h"
 #include "engine/spec/model_config.h"
+#include "programs/command_line.h"
 
 static_assert(std::endian::native == std::endian::little, "file formats are little-endian");
 
@@ -136,14 +137,7 @@ int Main(int argc, char** argv) {
   CLI::App* layout = app.add_subcommand("layout", "print a config's chunk layout");
   layout->add_option("--config", config_path, "model config.json")->required();
   layout->add_option("--chunk-tokens", chunk_tokens, "tokens per chunk");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvfmt: error: " << e.what() << " (run kvfmt --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvfmt")) return *stop;
 
   absl::Status status;
   if (layout->parsed()) {

@@ -41,6 +41,7 @@
 #include "engine/spec/byte_tokens.h"
 #include "engine/spec/model_config.h"
 #include "nlohmann/json.hpp"
+#include "programs/command_line.h"
 
 static_assert(std::endian::native == std::endian::little, "logit dumps are little-endian");
 
@@ -253,14 +254,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"kvgen: run the kvcache engine on a prompt"};
   Flags f;
   AddFlags(app, f);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvgen: error: " << e.what() << " (run kvgen --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvgen")) return *stop;
   if (f.dspark && !f.sampling.greedy()) {
     std::cerr << "kvgen: error: --dspark needs --greedy (speculative sampling is greedy here)\n";
     return 2;

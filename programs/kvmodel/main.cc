@@ -12,6 +12,7 @@
 #include "engine/model/weights.h"
 #include "engine/spec/layer_schedule.h"
 #include "engine/spec/model_config.h"
+#include "programs/command_line.h"
 
 namespace kvc {
 namespace {
@@ -28,14 +29,7 @@ int Main(int argc, char** argv) {
   CLI::App* check = app.add_subcommand("check", "load weights against a config");
   check->add_option("--config", config_path, "model config.json")->required();
   check->add_option("--weights", weights_path, "safetensors file")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvmodel: error: " << e.what() << " (run kvmodel --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvmodel")) return *stop;
   absl::StatusOr<ModelConfig> config = LoadModelConfig(config_path);
   absl::Status status = config.status();
   if (status.ok() && init->parsed()) {

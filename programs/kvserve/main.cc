@@ -25,6 +25,7 @@
 #include "base/status_macros.h"
 #include "engine/spec/byte_tokens.h"
 #include "nlohmann/json.hpp"
+#include "programs/command_line.h"
 #include "serve/session.h"
 
 namespace kvc::serve {
@@ -155,14 +156,7 @@ int Main(int argc, char** argv) {
   app.add_option("--auth-token", token, "bearer token");
   model::AddBackendFlag(app, backend);
   app.add_flag("--json", json, "print one JSON object");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "kvserve: error: " << e.what() << " (run kvserve --help)\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandLine(app, argc, argv, "kvserve")) return *stop;
   if (text.empty() && tokens_file.empty()) {
     std::cerr << "kvserve: error: give the turn's input with --text or --tokens-file\n";
     return 2;
