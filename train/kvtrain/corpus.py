@@ -85,13 +85,16 @@ def _entry(path: str, language: str) -> Dict:
             "language": language, "split": "held_out" if held_out(path) else "train"}
 
 
-OUTSIDE = 0  # build_manifest's version for the outside check's manifest
+KINDS = ("1", "2", "outside")  # corpus versions 1 and 2; text for the outside check
 
 
-def build_manifest(path: str, version: int = 2) -> dict:
-    """Version 1 or 2: a training corpus; OUTSIDE: text for the outside check."""
+def build_manifest(path: str, kind: str = "2") -> dict:
+    """kind "1" or "2": that version of the training corpus; "outside": code the corpus
+    never read, for kvtrain.score's outside check (every file's split is "outside")."""
+    if kind not in KINDS:
+        raise ValueError(f"corpus kind {kind!r} is not one of {', '.join(KINDS)}")
     files = []
-    if version == 1:
+    if kind == "1":
         for p in sorted({q for pkg in PACKAGES_V1 for q in _package_files(pkg)
                          if q.startswith("/usr/include/")}):
             e = _entry(p, "c")
@@ -100,7 +103,7 @@ def build_manifest(path: str, version: int = 2) -> dict:
                 files.append(e)
         head = {"packages": PACKAGES_V1}
     else:
-        sources = SOURCES_OUTSIDE if version == OUTSIDE else SOURCES_V2
+        sources = SOURCES_OUTSIDE if kind == "outside" else SOURCES_V2
         seen = set()
         for package, language, wanted in sources:
             for p in _package_files(package):
@@ -108,7 +111,7 @@ def build_manifest(path: str, version: int = 2) -> dict:
                     seen.add(p)
                     e = _entry(p, language)
                     if e:
-                        if version == OUTSIDE:
+                        if kind == "outside":
                             e["split"] = "outside"
                         files.append(e)
         head = {"packages": sorted({s[0] for s in sources})}
@@ -155,11 +158,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="write a corpus manifest from this machine's "
                                  "Debian packages")
     ap.add_argument("out")
-    ap.add_argument("--version", default="2", choices=("1", "2", "outside"),
+    ap.add_argument("--version", default="2", choices=KINDS,
                     help="1, 2: a training corpus; outside: code the corpus never read "
                     "(kvtrain.score's outside check)")
     args = ap.parse_args()
-    m = build_manifest(args.out, OUTSIDE if args.version == "outside" else int(args.version))
+    m = build_manifest(args.out, args.version)
     by: Dict[Tuple[str, str], int] = {}
     for e in m["files"]:
         k = (e.get("language", "c"), e["split"])
