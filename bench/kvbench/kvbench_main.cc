@@ -509,8 +509,9 @@ struct QualityFlags {
 int RunQuality(QualityFlags& f, bool json) {
   const std::string src = KVC_SOURCE_DIR;
   if (f.weights.empty()) {
-    f.weights = {"plain=" + src + "/train/weights/small-plain.safetensors",
-                 "replay-aware=" + src + "/train/weights/small-replay.safetensors"};
+    // The shipped pair trained on corpus v2 (the default manifest's), from one trunk.
+    f.weights = {"plain=" + src + "/train/weights/small-v2-plain.safetensors",
+                 "replay-aware=" + src + "/train/weights/small-v2-replay.safetensors"};
   }
   for (const std::string& w : f.weights) {
     const size_t eq = w.find('=');
@@ -532,10 +533,10 @@ Case AddQuality(CLI::App& app, bool& json) {
   bench::QualityBenchOptions& q = f->opt;
   const std::string src = KVC_SOURCE_DIR;
   q.config = src + "/configs/small.json";
-  q.manifest = src + "/train/corpus.json";
+  q.manifest = src + "/train/corpus-v2.json";
   c->add_option("--config", q.config, "model config")->capture_default_str();
   c->add_option("--weights", f->weights,
-                "NAME=FILE, repeatable (default: the shipped small-plain and small-replay)");
+                "NAME=FILE, repeatable (default: the shipped small-v2-plain and small-v2-replay)");
   c->add_option("--manifest", q.manifest, "corpus manifest (its held-out split)")
       ->capture_default_str();
   c->add_option("--held-out", q.held_out, "text files instead of the held-out split");
