@@ -412,13 +412,14 @@ TEST(KvbenchTest, QualityReadsGzippedDocumentsAsTheirText) {
 // --shuffle draws the documents as a seeded sample of the whole held-out split (corpus v2: its
 // gzipped man pages among them), the same for the same seed; 0 keeps the first by path.
 TEST(KvbenchTest, QualityShuffleSamplesTheSplitReproducibly) {
+  static constexpr size_t kDocuments = 5;  // of the split's hundreds: a sample, not all of it
   auto documents = [](const std::string& shuffle) {
     const nlohmann::json j =
         QuickQuality({"--manifest", std::string(KVC_SOURCE_DIR) + "/train/corpus-v2.json",
-                      "--shuffle", shuffle, "--documents", "5"});
+                      "--shuffle", shuffle, "--documents", std::to_string(kDocuments)});
     std::vector<std::string> docs;
     if (!j.is_discarded()) docs = j["documents"].get<std::vector<std::string>>();
-    EXPECT_EQ(docs.size(), 5u) << j.dump();
+    EXPECT_EQ(docs.size(), kDocuments) << j.dump();
     return docs;
   };
   const std::vector<std::string> first = documents("0"), a = documents("7"), b = documents("8");
