@@ -571,6 +571,9 @@ Case AddQuality(CLI::App& app, bool& json) {
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   PositiveOption(c, "--decode-tokens", q.decode_tokens, "tokens timed per context");
+  PositiveOption(c, "--jobs", q.jobs,
+                 "threads running the resume cases (the same figures for any count; DSpark "
+                 "and decode timings run on one afterwards)");
   AddJson(c, json);
   return {c, [f, &json] { return RunQuality(*f, json); }};
 }

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include <zlib.h>
 
@@ -611,6 +613,61 @@ absl::StatusOr<nlohmann::json> DSparkOnText(const model::Model& m,
 
 }  // namespace
 
+struct CaseResult {
+  double reference_loss = 0;                             // full depth, teacher-forced
+  std::vector<std::pair<std::string, Comparison>> rows;  // mode → this case's comparison
+  std::map<int64_t, int64_t> replayed;                   // replay length → tokens replayed
+  std::optional<bool> repeat_identical;                  // the first case: run twice
+};
+
+// One case: the document's first P + fresh tokens as the prompt, resumed at P every way.
+absl::StatusOr<CaseResult> RunCase(const model::Model& m, const QualityBenchOptions& o,
+                                   const std::vector<uint32_t>& toks, int doc_index, int64_t P,
+                                   int64_t fresh, int64_t W, bool first_case) {
+  const int64_t C = o.chunk_tokens, n = P + fresh;
+  const std::span<const uint32_t> prompt(toks.data(), n);
+  const std::span<const uint32_t> truth(toks.data() + n, o.steps);
+  CaseResult out;
+  model::Sequence full_seq = m.NewSequence(), ced_seq = m.NewSequence(), prefix = m.NewSequence();
+  KVC_ASSIGN_OR_RETURN(
+      Run full, Continue(m, full_seq, m.Prefill(full_seq, prompt, model::PrefillMode::kFullDepth),
+                         truth, o.greedy_steps));
+  KVC_ASSIGN_OR_RETURN(
+      Run ced, Continue(m, ced_seq, m.Prefill(ced_seq, prompt, model::PrefillMode::kCed), truth,
+                        o.greedy_steps));
+  KVC_RETURN_IF_ERROR(m.Prefill(prefix, prompt.first(P), model::PrefillMode::kCed).status());
+  std::vector<uint8_t> pages;
+  for (int64_t c = 0; c < P / C; ++c) {
+    const std::span<const uint8_t> pg = prefix.page(c);
+    pages.insert(pages.end(), pg.begin(), pg.end());
+  }
+  out.reference_loss = full.loss_bits;
+  out.rows.emplace_back("ced_vs_full", Compare(full, ced, doc_index));
+  for (int64_t w : o.windows) {
+    model::Sequence s = m.NewSequence();
+    absl::StatusOr<std::vector<float>> l =
+        m.Resume(s, pages, P, prompt, model::ReplayMode::kBounded, w);
+    out.replayed[w] += s.last_stats().replayed_tokens;
+    KVC_ASSIGN_OR_RETURN(Run b, Continue(m, s, std::move(l), truth, o.greedy_steps));
+    out.rows.emplace_back(absl::StrCat("bounded_", w, "_vs_full"), Compare(full, b, doc_index));
+    out.rows.emplace_back(absl::StrCat("bounded_", w, "_vs_ced"), Compare(ced, b, doc_index));
+    if (first_case && w == W) {
+      // Run-to-run noise: the same resume again must give the same bits.
+      model::Sequence again = m.NewSequence();
+      absl::StatusOr<std::vector<float>> l2 =
+          m.Resume(again, pages, P, prompt, model::ReplayMode::kBounded, w);
+      KVC_ASSIGN_OR_RETURN(Run b2, Continue(m, again, std::move(l2), truth, o.greedy_steps));
+      out.repeat_identical = Compare(b, b2, doc_index).identical;
+    }
+  }
+  model::Sequence s = m.NewSequence();
+  KVC_ASSIGN_OR_RETURN(
+      Run exact, Continue(m, s, m.Resume(s, pages, P, prompt, model::ReplayMode::kExact), truth,
+                          o.greedy_steps));
+  out.rows.emplace_back("exact_vs_ced", Compare(ced, exact, doc_index));
+  return out;
+}
+
 absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
   KVC_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.config));
   if (!HoldsByteTokens(config.vocab_size)) {
@@ -668,15 +725,12 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
                           absl::StrCat(name, " (", weights, "): ", loaded.status().message()));
     }
     const model::Model& m = **loaded;
-    std::map<std::string, std::vector<Comparison>> rows;
-    std::vector<double> reference_loss;
-    std::map<int64_t, int64_t> replayed;  // replay length → tokens replayed over the cases
-    int64_t cases = 0;
-    bool repeat_identical = false;
-    const auto t0 = Clock::now();
+    // The cases (document, resume point) in order; each is independent of the others, so
+    // `jobs` threads run them and the results are merged in this order: the figures do not
+    // depend on the thread count.
+    std::vector<std::pair<int, int64_t>> plan;
     for (int doc_index = 0; doc_index < static_cast<int>(docs.size()); ++doc_index) {
-      const std::vector<uint32_t>& toks = docs[doc_index].second;
-      const int64_t len = static_cast<int64_t>(toks.size());
+      const int64_t len = static_cast<int64_t>(docs[doc_index].second.size());
       const int64_t last = (std::min(len - o.steps - 1, o.max_prompt_tokens) - fresh) / C;
       const int64_t first = (2 * W + C - 1) / C;
       std::vector<int64_t> points;
@@ -686,53 +740,41 @@ absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& o) {
                               : first + (std::max(first, last) - first) * i / (o.points - 1);
         if (points.empty() || points.back() != k) points.push_back(k);
       }
-      for (int64_t k : points) {
-        const int64_t P = k * C, n = P + fresh;
-        const std::span<const uint32_t> prompt(toks.data(), n);
-        const std::span<const uint32_t> truth(toks.data() + n, o.steps);
-        model::Sequence full_seq = m.NewSequence(), ced_seq = m.NewSequence(),
-                        prefix = m.NewSequence();
-        KVC_ASSIGN_OR_RETURN(
-            Run full,
-            Continue(m, full_seq, m.Prefill(full_seq, prompt, model::PrefillMode::kFullDepth),
-                     truth, o.greedy_steps));
-        KVC_ASSIGN_OR_RETURN(
-            Run ced, Continue(m, ced_seq, m.Prefill(ced_seq, prompt, model::PrefillMode::kCed),
-                              truth, o.greedy_steps));
-        KVC_RETURN_IF_ERROR(m.Prefill(prefix, prompt.first(P), model::PrefillMode::kCed).status());
-        std::vector<uint8_t> pages;
-        for (int64_t c = 0; c < P / C; ++c) {
-          const std::span<const uint8_t> pg = prefix.page(c);
-          pages.insert(pages.end(), pg.begin(), pg.end());
-        }
-        reference_loss.push_back(full.loss_bits);
-        rows["ced_vs_full"].push_back(Compare(full, ced, doc_index));
-        for (int64_t w : o.windows) {
-          model::Sequence s = m.NewSequence();
-          absl::StatusOr<std::vector<float>> l =
-              m.Resume(s, pages, P, prompt, model::ReplayMode::kBounded, w);
-          replayed[w] += s.last_stats().replayed_tokens;
-          KVC_ASSIGN_OR_RETURN(Run b, Continue(m, s, std::move(l), truth, o.greedy_steps));
-          rows[absl::StrCat("bounded_", w, "_vs_full")].push_back(Compare(full, b, doc_index));
-          rows[absl::StrCat("bounded_", w, "_vs_ced")].push_back(Compare(ced, b, doc_index));
-          if (cases == 0 && w == W) {
-            // Run-to-run noise: the same resume again must give the same bits.
-            model::Sequence again = m.NewSequence();
-            absl::StatusOr<std::vector<float>> l2 =
-                m.Resume(again, pages, P, prompt, model::ReplayMode::kBounded, w);
-            KVC_ASSIGN_OR_RETURN(Run b2, Continue(m, again, std::move(l2), truth, o.greedy_steps));
-            repeat_identical = Compare(b, b2, doc_index).identical;
-          }
-        }
-        model::Sequence s = m.NewSequence();
-        KVC_ASSIGN_OR_RETURN(
-            Run exact, Continue(m, s, m.Resume(s, pages, P, prompt, model::ReplayMode::kExact),
-                                truth, o.greedy_steps));
-        rows["exact_vs_ced"].push_back(Compare(ced, exact, doc_index));
-        ++cases;
-      }
+      for (int64_t k : points) plan.emplace_back(doc_index, k * C);
     }
-    nlohmann::json v = {{"weights", weights}, {"cases", cases}, {"seconds", Since(t0)}};
+    const auto t0 = Clock::now();
+    std::vector<absl::StatusOr<CaseResult>> results(plan.size(), absl::CancelledError("not run"));
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < plan.size();) {
+        const auto [doc_index, P] = plan[i];
+        results[i] = RunCase(m, o, docs[doc_index].second, doc_index, P, fresh, W, i == 0);
+        if (!results[i].ok()) next.store(plan.size());  // stop early: the first error is reported
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int j = 1; j < std::min<int>(o.jobs, static_cast<int>(plan.size())); ++j)
+      threads.emplace_back(work);
+    work();
+    for (std::thread& t : threads) t.join();
+    std::map<std::string, std::vector<Comparison>> rows;
+    std::vector<double> reference_loss;
+    std::map<int64_t, int64_t> replayed;  // replay length → tokens replayed over the cases
+    int64_t cases = 0;
+    bool repeat_identical = false;
+    for (absl::StatusOr<CaseResult>& r : results) {
+      if (absl::IsCancelled(r.status())) continue;  // after another case's error
+      KVC_RETURN_IF_ERROR(r.status());
+    }
+    for (absl::StatusOr<CaseResult>& r : results) {
+      reference_loss.push_back(r->reference_loss);
+      for (auto& [mode, c] : r->rows) rows[mode].push_back(std::move(c));
+      for (const auto& [w, n] : r->replayed) replayed[w] += n;
+      if (r->repeat_identical.has_value()) repeat_identical = *r->repeat_identical;
+      ++cases;
+    }
+    nlohmann::json v = {
+        {"weights", weights}, {"cases", cases}, {"seconds", Since(t0)}, {"jobs", o.jobs}};
     double ref = 0;
     for (double x : reference_loss) ref += x;
     v["held_out_bits_per_byte"] =

@@ -62,6 +62,9 @@ struct QualityBenchOptions {
   int64_t dspark_probes = 32;
   std::vector<int64_t> decode_contexts;  // decode cost per context (empty: not measured)
   int64_t decode_tokens = 32;            // tokens timed per context
+  // Threads running the cases (each a Sequence on the one Model); the figures are the
+  // same bits for any count. DSpark and decode timings run afterwards on one.
+  int jobs = 1;
 };
 
 absl::StatusOr<nlohmann::json> RunQualityBench(const QualityBenchOptions& options);

@@ -37,6 +37,14 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     return;
   }
   MutexLock lk(mu_);
+  if (fn_ != nullptr) {
+    // The pool runs one loop at a time. Another thread's loop holds it (a Model serves a
+    // Sequence per thread), or this is a loop inside one of its ranges: run this one
+    // here, whole — the split never changes a result, and waiting could deadlock.
+    lk.unlock();
+    fn(0, n);
+    return;
+  }
   fn_ = &fn;
   n_ = n;
   chunk_ = (n + parts - 1) / parts;

@@ -25,6 +25,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Calls fn(begin, end) on disjoint ranges covering [0, n), each at least `grain` long
   // (except the last), using the workers and the calling thread; returns when all are done.
+  // Safe to call from several threads at once and from inside fn: while the pool runs one
+  // loop, any other runs whole on its caller's thread.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn)
       ABSL_LOCKS_EXCLUDED(mu_);
 

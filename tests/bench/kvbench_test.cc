@@ -432,6 +432,27 @@ TEST(KvbenchTest, QualityShuffleSamplesTheSplitReproducibly) {
   EXPECT_GE(tops.size(), 2u) << ::testing::PrintToString(a);
 }
 
+// --jobs runs the cases on several threads (one Model, a Sequence each, the engine's pool
+// shared): every figure is the same as on one thread, only the timings differ.
+TEST(KvbenchTest, QualityJobsGiveTheSameFiguresAsOneThread) {
+  auto figures = [](const std::string& jobs) {
+    nlohmann::json j =
+        QuickQuality({"--manifest", std::string(KVC_SOURCE_DIR) + "/train/corpus-v2.json",
+                      "--shuffle", "3", "--documents", "6", "--jobs", jobs});
+    if (j.is_discarded()) return j;
+    EXPECT_EQ(j["variants"]["plain"]["jobs"], std::stoi(jobs));
+    EXPECT_EQ(j["variants"]["plain"]["cases"], 6) << j.dump();
+    j["variants"]["plain"].erase("seconds");
+    j["variants"]["plain"].erase("jobs");
+    j["variants"]["plain"].erase("dspark");  // timed
+    return j;
+  };
+  const nlohmann::json one = figures("1"), three = figures("3");
+  ASSERT_FALSE(one.is_discarded());
+  EXPECT_GT(one["variants"]["plain"]["modes"]["ced_vs_full"]["kl_mean"].get<double>(), 0);
+  EXPECT_EQ(one, three);
+}
+
 // The intervals: with several documents the harness tells no replay (W = 0) from two windows
 // of it (W = 256) at 95 % — the paired interval of their KL difference excludes 0 — while
 // exact replay's interval is exactly [0, 0]; every interval holds its mean; the repeated
