@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include <openssl/evp.h>
 #include <zlib.h>
 
 #include "absl/strings/str_cat.h"
@@ -68,27 +69,42 @@ absl::StatusOr<std::string> Gunzip(const std::string& path, const std::string& r
   return out;
 }
 
-// A held-out file's text: gzipped files are read through gzip, as the corpus reads them.
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  KVC_ASSIGN_OR_RETURN(std::string raw, ReadFile(path));
+// A held-out file's text from its bytes: gzipped files are read through gzip, as the corpus
+// reads them.
+absl::StatusOr<std::string> TextOf(const std::string& path, std::string raw) {
   if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) return Gunzip(path, raw);
   return raw;
 }
 
-// (path, bytes) of the documents: the files given, or the manifest's held-out split (each
-// file's size checked against the manifest, so a changed corpus is named, not measured).
+// SHA-256 of bytes as lowercase hex, as the manifest records each file's (Python's
+// hashlib.sha256(raw).hexdigest(): of the file as stored, before gunzip).
+absl::StatusOr<std::string> Sha256Hex(std::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_sha256(), nullptr) != 1) {
+    return absl::InternalError("OpenSSL's SHA-256 failed");
+  }
+  std::string hex;
+  for (unsigned int i = 0; i < n; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
+
+// (path, text) of the documents: the files given, or the manifest's held-out split (each
+// file's SHA-256 and size checked against the manifest, so a changed corpus is named, not
+// measured).
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
     const QualityBenchOptions& o) {
   std::vector<std::pair<std::string, std::string>> docs;
   if (!o.held_out.empty()) {
     for (const std::string& p : o.held_out) {
-      KVC_ASSIGN_OR_RETURN(std::string text, ReadText(p));
+      KVC_ASSIGN_OR_RETURN(std::string raw, ReadFile(p));
+      KVC_ASSIGN_OR_RETURN(std::string text, TextOf(p, std::move(raw)));
       docs.emplace_back(p, std::move(text));
     }
     return docs;
   }
-  KVC_ASSIGN_OR_RETURN(std::string text, ReadFile(o.manifest));
-  const nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  KVC_ASSIGN_OR_RETURN(const std::string listing, ReadFile(o.manifest));
+  const nlohmann::json m = nlohmann::json::parse(listing, nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded() || !m.contains("files")) {
     return absl::InvalidArgumentError(
         absl::StrCat("\"", o.manifest, "\" is not a corpus manifest (no \"files\")"));
@@ -96,18 +112,25 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Documents(
   for (const nlohmann::json& f : m["files"]) {
     if (f.value("split", "") != "held_out") continue;
     const std::string path = f.value("path", "");
-    absl::StatusOr<std::string> bytes = ReadText(path);
-    if (!bytes.ok()) {
+    absl::StatusOr<std::string> raw = ReadFile(path);
+    if (!raw.ok()) {
       return absl::NotFoundError(absl::StrCat("held-out file ", path, " of ", o.manifest,
-                                              " cannot be read (", bytes.status().message(),
+                                              " cannot be read (", raw.status().message(),
                                               "); give --held-out FILE… instead"));
     }
-    if (static_cast<int64_t>(bytes->size()) != f.value("bytes", int64_t{-1})) {
+    KVC_ASSIGN_OR_RETURN(const std::string sha, Sha256Hex(*raw));
+    if (sha != f.value("sha256", "")) {
       return absl::FailedPreconditionError(
-          absl::StrCat("held-out file ", path, " is ", bytes->size(), " bytes; ", o.manifest,
-                       " says ", f.value("bytes", int64_t{-1}), " (the corpus changed)"));
+          absl::StrCat("held-out file ", path, " has SHA-256 ", sha, "; ", o.manifest, " says ",
+                       f.value("sha256", "(none)"), " (the corpus changed)"));
     }
-    docs.emplace_back(path, *std::move(bytes));
+    KVC_ASSIGN_OR_RETURN(std::string text, TextOf(path, *std::move(raw)));
+    if (static_cast<int64_t>(text.size()) != f.value("bytes", int64_t{-1})) {
+      return absl::FailedPreconditionError(absl::StrCat("held-out file ", path, " reads as ",
+                                                        text.size(), " bytes of text; ", o.manifest,
+                                                        " says ", f.value("bytes", int64_t{-1})));
+    }
+    docs.emplace_back(path, std::move(text));
   }
   return docs;
 }

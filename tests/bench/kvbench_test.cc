@@ -409,6 +409,37 @@ TEST(KvbenchTest, QualityReadsGzippedDocumentsAsTheirText) {
   EXPECT_NE(bad.err.find("cut.txt.gz is not valid gzip"), std::string::npos) << bad.err;
 }
 
+// A manifest names each file's SHA-256 (of the file as stored): a held-out file whose bytes
+// changed — even to the same size, so the text's length still matches — is refused by name,
+// never measured; the unchanged file under the same manifest entry is measured.
+TEST(KvbenchTest, QualityRefusesAHeldOutFileWhoseDigestChanged) {
+  TempDir dir;
+  const std::string original = std::string(KVC_SOURCE_DIR) + "/bench/kvbench/quality_bench.cc";
+  std::ifstream src(original, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(src)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 4000u);
+  const std::string doc = dir.File("doc.txt"), manifest = dir.File("manifest.json");
+  std::ofstream(doc, std::ios::binary) << bytes;
+  auto sum = RunProgram("/usr/bin/sha256sum", {doc});
+  ASSERT_EQ(sum.exit_code, 0) << sum.err;
+  const std::string sha = sum.out.substr(0, 64);
+  std::ofstream(manifest) << nlohmann::json{
+      {"files",
+       {{{"path", doc}, {"bytes", bytes.size()}, {"sha256", sha}, {"split", "held_out"}}}}};
+  const nlohmann::json ok = QuickQuality({"--manifest", manifest, "--documents", "1"});
+  ASSERT_FALSE(ok.is_discarded());
+  EXPECT_EQ(ok["documents"], nlohmann::json::array({doc}));
+
+  bytes[bytes.size() / 2] ^= 0x20;  // one byte changed, the size kept
+  std::ofstream(doc, std::ios::binary) << bytes;
+  auto changed = RunProgram(kKvbench, {"quality", "--manifest", manifest, "--json"});
+  EXPECT_NE(changed.exit_code, 0);
+  EXPECT_NE(changed.err.find("held-out file " + doc + " has SHA-256"), std::string::npos)
+      << changed.err;
+  EXPECT_NE(changed.err.find("says " + sha + " (the corpus changed)"), std::string::npos)
+      << changed.err;
+}
+
 // --shuffle draws the documents as a seeded sample of the whole held-out split (corpus v2: its
 // gzipped man pages among them), the same for the same seed; 0 keeps the first by path.
 TEST(KvbenchTest, QualityShuffleSamplesTheSplitReproducibly) {
