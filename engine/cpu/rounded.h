@@ -2,7 +2,8 @@
 // and the CUDA kernels share (exp.h, swiglu.h, softplus.h, hyper_connections.h): each is
 // one IEEE operation in round-to-nearest on both sides, never fused with a neighbour. On
 // the device the explicit __d*_rn / __f*_rn intrinsics forbid nvcc's contraction; on the
-// host ISO C++ (-std=c++20, not gnu++) does not contract.
+// host the build's -ffp-contract=off does (CMakeLists.txt: GCC contracts C++ even in its
+// ISO modes, and did, in the AVX2 functions these helpers are inlined into).
 #pragma once
 
 #include <math.h>

@@ -24,10 +24,8 @@ class CpuAttention final : public AttentionBackend {
           keys.push_back(e >= 0 ? window_row(e)
                                 : b.compressed + (-static_cast<int64_t>(e) - 1) * b.dim);
         }
-        for (int64_t h = 0; h < b.heads; ++h) {
-          const int64_t at = (r * b.heads + h) * b.dim;
-          AttendHead(b.q + at, keys, b.dim, b.sink[h], b.scale, b.out + at);
-        }
+        const int64_t at = r * b.heads * b.dim;
+        AttendHeads(b.q + at, b.heads, keys, b.dim, b.sink, b.scale, b.out + at);
       }
     });
   }

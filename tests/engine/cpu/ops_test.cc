@@ -2,6 +2,7 @@
 #include "engine/cpu/ops.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <complex>
 #include <cstring>
@@ -173,6 +174,28 @@ TEST(OpsTest, ExpFIsWithinOneUlpAndHandlesTheEdges) {
   EXPECT_TRUE(std::isinf(ExpF(88.8f)));
   EXPECT_GT(ExpF(-100.0f), 0.0f);  // a subnormal, not flushed
   EXPECT_LT(ExpF(-100.0f), std::numeric_limits<float>::min());
+}
+
+// The last step, p · 2^k, is built from exponent bits on the host; it must give the bits
+// ldexp gives (the GPU's form) for every k the range allows, subnormal results included.
+TEST(OpsTest, ExpFScalesByTwoToTheKAsLdexpDoes) {
+  int64_t checked = 0;
+  for (const float x : EveryNthFloat(4099)) {
+    if (!(x >= -104.0f && x <= 88.72283935546875f)) continue;
+    double k;
+    const double p = exp_detail::Reduced(x, &k);
+    const float want = static_cast<float>(std::ldexp(p, static_cast<int>(k)));
+    ASSERT_EQ(std::bit_cast<uint32_t>(ExpF(x)), std::bit_cast<uint32_t>(want)) << "x " << x;
+    ++checked;
+  }
+  for (const float x : {-104.0f, -103.97f, -87.34f, -0.5f, 0.5f, 88.72283935546875f}) {
+    double k;
+    const double p = exp_detail::Reduced(x, &k);
+    EXPECT_EQ(std::bit_cast<uint32_t>(ExpF(x)),
+              std::bit_cast<uint32_t>(static_cast<float>(std::ldexp(p, static_cast<int>(k)))))
+        << x;
+  }
+  EXPECT_GT(checked, 100000);
 }
 
 // The router's shared log1p against the C library's in double, over a sweep of every

@@ -86,6 +86,33 @@ TEST(LayerOpsTest, AttendHeadsVectorPathIsBitIdenticalToThePortableOne) {
   }
 }
 
+// The heads of one query share the keys (MQA): AttendHeads — the vector path scores them
+// together, eight keys transposed at a time — gives each head the bits AttendHead's portable
+// path gives it alone, for any head count (groups of four and a remainder), dim (a multiple
+// of eight or not) and key count.
+TEST(LayerOpsTest, AttendHeadsTogetherIsBitIdenticalToEachHeadAlone) {
+  std::mt19937_64 rng(testing::FreshSeed());
+  for (int64_t heads : {1, 3, 4, 5, 9}) {
+    for (int64_t dim : {64, 40, 13, 8, 3}) {
+      for (int n : {0, 1, 8, 9, 31, 100}) {
+        const std::vector<float> q = NormalFloats(rng, heads * dim), k = NormalFloats(rng, n * dim),
+                                 sinks = NormalFloats(rng, heads);
+        std::vector<const float*> keys;
+        for (int t = 0; t < n; ++t) keys.push_back(&k[((t * 7) % n) * dim]);  // any order
+        std::vector<float> together(heads * dim, 1.0f), alone(heads * dim, 2.0f);
+        AttendHeads(q.data(), heads, keys, dim, sinks.data(), 0.125f, together.data());
+        cpu::UsePortableKernels(true);
+        for (int64_t h = 0; h < heads; ++h)
+          AttendHead(&q[h * dim], keys, dim, sinks[h], 0.125f, &alone[h * dim]);
+        cpu::UsePortableKernels(false);
+        for (int64_t i = 0; i < heads * dim; ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(together[i]), std::bit_cast<uint32_t>(alone[i]))
+              << heads << " heads, dim " << dim << ", " << n << " keys, element " << i;
+      }
+    }
+  }
+}
+
 TEST(LayerOpsTest, CandidateMaskKeepsTheBestBlocksAndTheNewest) {
   std::mt19937_64 rng(testing::FreshSeed());
   for (int trial = 0; trial < 50; ++trial) {
