@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/exp_avx2.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/ops.h"
 #include "engine/cpu/softplus.h"
@@ -118,11 +119,12 @@ __attribute__((target("avx2,fma"))) void WeightedSumAvx2(float* sc,
   float mx = -std::numeric_limits<float>::infinity();
   for (size_t u = 0; u < n; ++u) mx = std::max(mx, sc[u]);
   float* p = sc;  // the weights replace the scores in place
+  size_t v = 0;  // eight weights at a time, then the rest
+  for (const __m256 m8 = _mm256_set1_ps(mx); v + 8 <= n; v += 8)
+    _mm256_storeu_ps(p + v, cpu::ExpF8(_mm256_sub_ps(_mm256_loadu_ps(sc + v), m8)));
+  for (; v < n; ++v) p[v] = cpu::ExpF(sc[v] - mx);
   float den = 0.0f;
-  for (size_t u = 0; u < n; ++u) {
-    p[u] = cpu::ExpF(sc[u] - mx);
-    den += p[u];
-  }
+  for (size_t u = 0; u < n; ++u) den += p[u];
   int64_t e = 0;
   for (; e + 32 <= dim; e += 32) {  // four vectors of the output held in registers across t
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "engine/cpu/exp.h"
+#include "engine/cpu/exp_avx2.h"
+#include "engine/cpu/gemm.h"
 #include "engine/cpu/softplus.h"
 #include "engine/cpu/swiglu.h"
 #include "gtest/gtest.h"
@@ -196,6 +198,30 @@ TEST(OpsTest, ExpFScalesByTwoToTheKAsLdexpDoes) {
         << x;
   }
   EXPECT_GT(checked, 100000);
+}
+
+// ExpF8, eight lanes at once (the attention's softmax), against ExpF lane by lane over the
+// sweep, the edges (NaN, ±inf, overflow, underflow, subnormal results) among the lanes.
+__attribute__((target("avx2,fma"))) void Expf8Into(const float* x, float* out) {
+  _mm256_storeu_ps(out, ExpF8(_mm256_loadu_ps(x)));
+}
+
+TEST(OpsTest, ExpF8GivesExpFsBitsInEveryLane) {
+  if (!Avx2FmaInUse()) GTEST_SKIP() << "no AVX2+FMA on this CPU";
+  std::vector<float> xs = EveryNthFloat(4099);
+  for (float x : {0.0f, -0.0f, 88.72283935546875f, 88.7229f, -103.99f, -104.0f, -104.01f, -87.5f,
+                  -100.0f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    xs.push_back(x);
+  while (xs.size() % 8 != 0) xs.push_back(1.0f);
+  for (size_t i = 0; i < xs.size(); i += 8) {
+    float got[8];
+    Expf8Into(&xs[i], got);
+    for (int j = 0; j < 8; ++j) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[j]), std::bit_cast<uint32_t>(ExpF(xs[i + j])))
+          << "x " << xs[i + j];
+    }
+  }
 }
 
 // The router's shared log1p against the C library's in double, over a sweep of every
