@@ -119,7 +119,7 @@ __attribute__((target("avx2,fma"))) void WeightedSumAvx2(float* sc,
   float mx = -std::numeric_limits<float>::infinity();
   for (size_t u = 0; u < n; ++u) mx = std::max(mx, sc[u]);
   float* p = sc;  // the weights replace the scores in place
-  size_t v = 0;  // eight weights at a time, then the rest
+  size_t v = 0;   // eight weights at a time, then the rest
   for (const __m256 m8 = _mm256_set1_ps(mx); v + 8 <= n; v += 8)
     _mm256_storeu_ps(p + v, cpu::ExpF8(_mm256_sub_ps(_mm256_loadu_ps(sc + v), m8)));
   for (; v < n; ++v) p[v] = cpu::ExpF(sc[v] - mx);
