@@ -484,6 +484,46 @@ TEST(KvbenchTest, QualityJobsGiveTheSameFiguresAsOneThread) {
   EXPECT_EQ(one, three);
 }
 
+// Without --weights, kvbench quality loads the shipped twins that fit --config: the small
+// pair for configs/small.json, the 40-layer pair for configs/small-deep.json (so each table in
+// docs/quality.md is one command); a pair for the wrong config would fail to load.
+TEST(KvbenchTest, QualityDefaultsToTheTwinsOfItsConfig) {
+  const std::string src = KVC_SOURCE_DIR;
+  for (const auto& [config, stem] : std::vector<std::pair<std::string, std::string>>{
+           {"small.json", "small-v2"}, {"small-deep.json", "small-deep-v2"}}) {
+    auto r = RunProgram(kKvbench, {"quality",
+                                   "--config",
+                                   src + "/configs/" + config,
+                                   "--documents",
+                                   "1",
+                                   "--points",
+                                   "1",
+                                   "--steps",
+                                   "8",
+                                   "--greedy-steps",
+                                   "8",
+                                   "--windows",
+                                   "128",
+                                   "--max-prompt-tokens",
+                                   "400",
+                                   "--dspark-prompts",
+                                   "0",
+                                   "--dspark-probes",
+                                   "1",
+                                   "--bootstrap",
+                                   "100",
+                                   "--json"});
+    ASSERT_EQ(r.exit_code, 0) << config << ": " << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_EQ(j["variants"]["plain"]["weights"],
+              src + "/train/weights/" + stem + "-plain.safetensors");
+    EXPECT_EQ(j["variants"]["replay-aware"]["weights"],
+              src + "/train/weights/" + stem + "-replay.safetensors");
+    EXPECT_EQ(j["variants"]["plain"]["cases"], 1) << config;
+  }
+}
+
 // The intervals: with several documents the harness tells no replay (W = 0) from two windows
 // of it (W = 256) at 95 % — the paired interval of their KL difference excludes 0 — while
 // exact replay's interval is exactly [0, 0]; every interval holds its mean; the repeated
