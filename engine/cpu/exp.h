@@ -21,29 +21,53 @@ namespace kvc::cpu {
 
 namespace exp_detail {
 
+// ExpF's constants, shared with ExpF8 (engine/cpu/exp_avx2.h) so that the two cannot drift.
+// Namespace-scope scalars and a constexpr function: both usable in nvcc's device code, where
+// a constexpr array is not.
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2Hi = 0.6931471803691238;  // 0x3fe62e42fee00000: k·kLn2Hi is exact
+constexpr double kLn2Lo = 1.9082149292705877e-10;
+constexpr float kInfAbove = 88.72283935546875f;  // log(FLT_MAX)
+constexpr float kZeroBelow = -104.0f;            // below half the least subnormal
+constexpr int kTaylorTerms = 12;
+// e^r's Taylor coefficients in Horner order: 1/11!, 1/10!, …, 1/1!, 1/0!.
+KVC_HOST_DEVICE constexpr double TaylorCoefficient(int i) {
+  return i == 0   ? 2.505210838544172e-08
+         : i == 1 ? 2.755731922398589e-07
+         : i == 2 ? 2.7557319223985893e-06
+         : i == 3 ? 2.48015873015873e-05
+         : i == 4 ? 0.0001984126984126984
+         : i == 5 ? 0.001388888888888889
+         : i == 6 ? 0.008333333333333333
+         : i == 7 ? 0.041666666666666664
+         : i == 8 ? 0.16666666666666666
+         : i == 9 ? 0.5
+                  : 1.0;
+}
+
 // e^x = p · 2^k for x in ExpF's finite range: k = rint(x·log2 e) (an integer in
 // [-150, 128]) and p = e^r, r = x − k·ln2.
 KVC_HOST_DEVICE inline double Reduced(float x, double* k_out) {
   using rounded::Add;
   using rounded::Mul;
-  const double kLog2e = 1.4426950408889634;
-  const double kLn2Hi = 0.6931471803691238;  // 0x3fe62e42fee00000: k·kLn2Hi is exact
-  const double kLn2Lo = 1.9082149292705877e-10;
   const double xd = x;
   const double k = rint(Mul(xd, kLog2e));
   const double r = Add(Add(xd, -Mul(k, kLn2Hi)), -Mul(k, kLn2Lo));
-  double p = 2.505210838544172e-08;  // 1/11!
-  p = Add(Mul(p, r), 2.755731922398589e-07);
-  p = Add(Mul(p, r), 2.7557319223985893e-06);
-  p = Add(Mul(p, r), 2.48015873015873e-05);
-  p = Add(Mul(p, r), 0.0001984126984126984);
-  p = Add(Mul(p, r), 0.001388888888888889);
-  p = Add(Mul(p, r), 0.008333333333333333);
-  p = Add(Mul(p, r), 0.041666666666666664);
-  p = Add(Mul(p, r), 0.16666666666666666);
-  p = Add(Mul(p, r), 0.5);
-  p = Add(Mul(p, r), 1.0);
-  p = Add(Mul(p, r), 1.0);
+  // Written out rather than looped: g++ -O2 keeps a 12-step loop rolled, with a table load
+  // per step, in the attention's softmax.
+  double p = TaylorCoefficient(0);
+  p = Add(Mul(p, r), TaylorCoefficient(1));
+  p = Add(Mul(p, r), TaylorCoefficient(2));
+  p = Add(Mul(p, r), TaylorCoefficient(3));
+  p = Add(Mul(p, r), TaylorCoefficient(4));
+  p = Add(Mul(p, r), TaylorCoefficient(5));
+  p = Add(Mul(p, r), TaylorCoefficient(6));
+  p = Add(Mul(p, r), TaylorCoefficient(7));
+  p = Add(Mul(p, r), TaylorCoefficient(8));
+  p = Add(Mul(p, r), TaylorCoefficient(9));
+  p = Add(Mul(p, r), TaylorCoefficient(10));
+  p = Add(Mul(p, r), TaylorCoefficient(11));
+  static_assert(kTaylorTerms == 12, "one line per coefficient above");
   *k_out = k;
   return p;
 }
@@ -66,9 +90,9 @@ KVC_HOST_DEVICE inline float TimesPowerOfTwo(double p, double k) {
 }  // namespace exp_detail
 
 KVC_HOST_DEVICE inline float ExpF(float x) {
-  if (!(x == x)) return x;                       // NaN
-  if (x > 88.72283935546875f) return HUGE_VALF;  // above log(FLT_MAX): +inf
-  if (x < -104.0f) return 0.0f;                  // below half the least subnormal
+  if (!(x == x)) return x;  // NaN
+  if (x > exp_detail::kInfAbove) return HUGE_VALF;
+  if (x < exp_detail::kZeroBelow) return 0.0f;
   double k;
   const double p = exp_detail::Reduced(x, &k);
   return exp_detail::TimesPowerOfTwo(p, k);

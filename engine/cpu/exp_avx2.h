@@ -10,29 +10,31 @@
 
 #include <cstdint>
 
+#include "engine/cpu/exp.h"
+
 namespace kvc::cpu {
 
 __attribute__((target("avx2,fma"))) inline __m256d ExpReducedTimes2k4(__m128 x4) {
   const __m256d x = _mm256_cvtps_pd(x4);
-  const __m256d k = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(1.4426950408889634)),
+  using namespace exp_detail;  // ExpF's constants: the same numbers, by construction
+  const __m256d k = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(kLog2e)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // x + (−a) is x − a in IEEE arithmetic, signed zeros included.
-  const __m256d r =
-      _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(k, _mm256_set1_pd(0.6931471803691238))),
-                    _mm256_mul_pd(k, _mm256_set1_pd(1.9082149292705877e-10)));
-  static constexpr double kCoefficients[] = {2.755731922398589e-07,
-                                             2.7557319223985893e-06,
-                                             2.48015873015873e-05,
-                                             0.0001984126984126984,
-                                             0.001388888888888889,
-                                             0.008333333333333333,
-                                             0.041666666666666664,
-                                             0.16666666666666666,
-                                             0.5,
-                                             1.0,
-                                             1.0};
-  __m256d p = _mm256_set1_pd(2.505210838544172e-08);  // 1/11!
-  for (double c : kCoefficients) p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c));
+  const __m256d r = _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(k, _mm256_set1_pd(kLn2Hi))),
+                                  _mm256_mul_pd(k, _mm256_set1_pd(kLn2Lo)));
+  __m256d p = _mm256_set1_pd(TaylorCoefficient(0));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(1)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(2)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(3)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(4)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(5)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(6)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(7)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(8)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(9)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(10)));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(11)));
+  static_assert(kTaylorTerms == 12, "one line per coefficient above");
   // 2^k from exponent bits (k in [-150, 128] wherever the lane is in range).
   const __m256i k64 = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(k));
   const __m256i bits = _mm256_slli_epi64(_mm256_add_epi64(k64, _mm256_set1_epi64x(1023)), 52);
@@ -46,9 +48,9 @@ __attribute__((target("avx2,fma"))) inline __m256 ExpF8(__m256 x) {
   __m256 y = _mm256_set_m128(hi, lo);
   // ExpF's edges, in its order: NaN stays itself, above log(FLT_MAX) +inf, below −104 zero.
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(),
-                       _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ));
+                       _mm256_cmp_ps(x, _mm256_set1_ps(exp_detail::kZeroBelow), _CMP_LT_OQ));
   y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_huge_valf()),
-                       _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ));
+                       _mm256_cmp_ps(x, _mm256_set1_ps(exp_detail::kInfAbove), _CMP_GT_OQ));
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
