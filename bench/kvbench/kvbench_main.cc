@@ -509,13 +509,18 @@ struct QualityFlags {
 int RunQuality(QualityFlags& f, bool json) {
   const std::string src = KVC_SOURCE_DIR;
   if (f.weights.empty()) {
-    // The shipped twins for the config, each pair trained on corpus v2 (the default
-    // manifest's) from one trunk: the 40-layer pair for configs/small-deep.json, else the
-    // small pair (docs/quality.md tables both).
-    const bool deep = std::filesystem::path(f.opt.config).filename() == "small-deep.json";
-    const std::string stem = src + "/train/weights/" + (deep ? "small-deep-v2" : "small-v2");
+    // The shipped twins of the config, named after it: configs/NAME.json's pair, trained on
+    // corpus v2 (the default manifest's) from one trunk, is train/weights/NAME-v2-{plain,
+    // replay} (small and small-deep ship one; docs/quality.md tables both).
+    const std::string stem =
+        src + "/train/weights/" + std::filesystem::path(f.opt.config).stem().string() + "-v2";
     f.weights = {"plain=" + stem + "-plain.safetensors",
                  "replay-aware=" + stem + "-replay.safetensors"};
+    if (!std::filesystem::exists(stem + "-plain.safetensors")) {
+      std::cerr << "kvbench: error: no shipped weights for --config " << f.opt.config
+                << " (looked for " << stem << "-plain.safetensors): give --weights NAME=FILE\n";
+      return 2;
+    }
   }
   for (const std::string& w : f.weights) {
     const size_t eq = w.find('=');
@@ -540,8 +545,8 @@ Case AddQuality(CLI::App& app, bool& json) {
   q.manifest = src + "/train/corpus-v2.json";
   c->add_option("--config", q.config, "model config")->capture_default_str();
   c->add_option("--weights", f->weights,
-                "NAME=FILE, repeatable (default: the shipped twins, small-v2-{plain,replay}, or "
-                "small-deep-v2-{plain,replay} with --config configs/small-deep.json)");
+                "NAME=FILE, repeatable (default: the config's shipped twins, "
+                "train/weights/CONFIG-v2-{plain,replay}.safetensors)");
   c->add_option("--manifest", q.manifest, "corpus manifest (its held-out split)")
       ->capture_default_str();
   c->add_option("--held-out", q.held_out, "text files instead of the held-out split");

@@ -486,7 +486,7 @@ TEST(KvbenchTest, QualityJobsGiveTheSameFiguresAsOneThread) {
 
 // Without --weights, kvbench quality loads the shipped twins that fit --config: the small
 // pair for configs/small.json, the 40-layer pair for configs/small-deep.json (so each table in
-// docs/quality.md is one command); a pair for the wrong config would fail to load.
+// docs/quality.md is one command), and a config without a pair is refused by name.
 TEST(KvbenchTest, QualityDefaultsToTheTwinsOfItsConfig) {
   const std::string src = KVC_SOURCE_DIR;
   for (const auto& [config, stem] : std::vector<std::pair<std::string, std::string>>{
@@ -522,6 +522,11 @@ TEST(KvbenchTest, QualityDefaultsToTheTwinsOfItsConfig) {
               src + "/train/weights/" + stem + "-replay.safetensors");
     EXPECT_EQ(j["variants"]["plain"]["cases"], 1) << config;
   }
+  // A config with no shipped pair is refused by name, not run on another config's weights.
+  auto none = RunProgram(kKvbench, {"quality", "--config", src + "/configs/mini.json"});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("mini.json"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("--weights"), std::string::npos) << none.err;
 }
 
 // The intervals: with several documents the harness tells no replay (W = 0) from two windows
