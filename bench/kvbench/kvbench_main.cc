@@ -514,13 +514,16 @@ int RunQuality(QualityFlags& f, bool json) {
     // replay} (small and small-deep ship one; docs/quality.md tables both).
     const std::string stem =
         src + "/train/weights/" + std::filesystem::path(f.opt.config).stem().string() + "-v2";
+    for (const std::string variant : {"plain", "replay"}) {
+      const std::string file = stem + "-" + variant + ".safetensors";
+      if (!std::filesystem::exists(file)) {
+        std::cerr << "kvbench: error: no shipped weights for --config " << f.opt.config
+                  << " (looked for " << file << "): give --weights NAME=FILE\n";
+        return 2;
+      }
+    }
     f.weights = {"plain=" + stem + "-plain.safetensors",
                  "replay-aware=" + stem + "-replay.safetensors"};
-    if (!std::filesystem::exists(stem + "-plain.safetensors")) {
-      std::cerr << "kvbench: error: no shipped weights for --config " << f.opt.config
-                << " (looked for " << stem << "-plain.safetensors): give --weights NAME=FILE\n";
-      return 2;
-    }
   }
   for (const std::string& w : f.weights) {
     const size_t eq = w.find('=');

@@ -30,19 +30,22 @@ constexpr double kLn2Lo = 1.9082149292705877e-10;
 constexpr float kInfAbove = 88.72283935546875f;  // log(FLT_MAX)
 constexpr float kZeroBelow = -104.0f;            // below half the least subnormal
 constexpr int kTaylorTerms = 12;
-// e^r's Taylor coefficients in Horner order: 1/11!, 1/10!, …, 1/1!, 1/0!.
-KVC_HOST_DEVICE constexpr double TaylorCoefficient(int i) {
-  return i == 0   ? 2.505210838544172e-08
-         : i == 1 ? 2.755731922398589e-07
-         : i == 2 ? 2.7557319223985893e-06
-         : i == 3 ? 2.48015873015873e-05
-         : i == 4 ? 0.0001984126984126984
-         : i == 5 ? 0.001388888888888889
-         : i == 6 ? 0.008333333333333333
-         : i == 7 ? 0.041666666666666664
-         : i == 8 ? 0.16666666666666666
-         : i == 9 ? 0.5
-                  : 1.0;
+// e^r's Taylor coefficients in Horner order: 1/11!, 1/10!, …, 1/1!, 1/0!. The index is a
+// template argument, so one past the last term fails to compile instead of returning a number.
+template <int I>
+KVC_HOST_DEVICE constexpr double TaylorCoefficient() {
+  static_assert(I >= 0 && I < kTaylorTerms, "e^r has kTaylorTerms coefficients");
+  return I == 0   ? 2.505210838544172e-08
+         : I == 1 ? 2.755731922398589e-07
+         : I == 2 ? 2.7557319223985893e-06
+         : I == 3 ? 2.48015873015873e-05
+         : I == 4 ? 0.0001984126984126984
+         : I == 5 ? 0.001388888888888889
+         : I == 6 ? 0.008333333333333333
+         : I == 7 ? 0.041666666666666664
+         : I == 8 ? 0.16666666666666666
+         : I == 9 ? 0.5
+                  : 1.0;  // I == 10, 11: 1/1! and 1/0!
 }
 
 // e^x = p · 2^k for x in ExpF's finite range: k = rint(x·log2 e) (an integer in
@@ -55,18 +58,18 @@ KVC_HOST_DEVICE inline double Reduced(float x, double* k_out) {
   const double r = Add(Add(xd, -Mul(k, kLn2Hi)), -Mul(k, kLn2Lo));
   // Written out rather than looped: g++ -O2 keeps a 12-step loop rolled, with a table load
   // per step, in the attention's softmax.
-  double p = TaylorCoefficient(0);
-  p = Add(Mul(p, r), TaylorCoefficient(1));
-  p = Add(Mul(p, r), TaylorCoefficient(2));
-  p = Add(Mul(p, r), TaylorCoefficient(3));
-  p = Add(Mul(p, r), TaylorCoefficient(4));
-  p = Add(Mul(p, r), TaylorCoefficient(5));
-  p = Add(Mul(p, r), TaylorCoefficient(6));
-  p = Add(Mul(p, r), TaylorCoefficient(7));
-  p = Add(Mul(p, r), TaylorCoefficient(8));
-  p = Add(Mul(p, r), TaylorCoefficient(9));
-  p = Add(Mul(p, r), TaylorCoefficient(10));
-  p = Add(Mul(p, r), TaylorCoefficient(11));
+  double p = TaylorCoefficient<0>();
+  p = Add(Mul(p, r), TaylorCoefficient<1>());
+  p = Add(Mul(p, r), TaylorCoefficient<2>());
+  p = Add(Mul(p, r), TaylorCoefficient<3>());
+  p = Add(Mul(p, r), TaylorCoefficient<4>());
+  p = Add(Mul(p, r), TaylorCoefficient<5>());
+  p = Add(Mul(p, r), TaylorCoefficient<6>());
+  p = Add(Mul(p, r), TaylorCoefficient<7>());
+  p = Add(Mul(p, r), TaylorCoefficient<8>());
+  p = Add(Mul(p, r), TaylorCoefficient<9>());
+  p = Add(Mul(p, r), TaylorCoefficient<10>());
+  p = Add(Mul(p, r), TaylorCoefficient<11>());
   static_assert(kTaylorTerms == 12, "one line per coefficient above");
   *k_out = k;
   return p;

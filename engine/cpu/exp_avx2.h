@@ -22,18 +22,18 @@ __attribute__((target("avx2,fma"))) inline __m256d ExpReducedTimes2k4(__m128 x4)
   // x + (−a) is x − a in IEEE arithmetic, signed zeros included.
   const __m256d r = _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(k, _mm256_set1_pd(kLn2Hi))),
                                   _mm256_mul_pd(k, _mm256_set1_pd(kLn2Lo)));
-  __m256d p = _mm256_set1_pd(TaylorCoefficient(0));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(1)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(2)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(3)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(4)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(5)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(6)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(7)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(8)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(9)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(10)));
-  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient(11)));
+  __m256d p = _mm256_set1_pd(TaylorCoefficient<0>());
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<1>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<2>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<3>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<4>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<5>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<6>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<7>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<8>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<9>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<10>()));
+  p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(TaylorCoefficient<11>()));
   static_assert(kTaylorTerms == 12, "one line per coefficient above");
   // 2^k from exponent bits (k in [-150, 128] wherever the lane is in range).
   const __m256i k64 = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(k));
