@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "client/channel_args.h"
 #include "client/prefix_hash.h"
 #include "client/stats.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
@@ -85,14 +86,7 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(const ClientOp
     ssl.pem_root_certs = ca.str();
     creds = grpc::SslCredentials(ssl);
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);  // see programs/kvcached/main.cc
-  // Each client a TCP connection of its own: by default gRPC gives every channel of a
-  // process to the same daemon one shared connection, and 8 clients of one process then
-  // fetched 2.2 GB/s where 8 connections fetch 2.6-3.5 (kvbench service, 8 clients).
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  const grpc::ChannelArguments args = DaemonChannelArguments(64 << 20, 8 << 20);
   std::unique_ptr<CacheClient> client(
       new CacheClient(options, grpc::CreateCustomChannel(options.address, creds, args)));
   if (!options.shm_socket.empty()) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "client/channel_args.h"
 #include "wire/wire.h"
 
 namespace {
@@ -65,25 +66,19 @@ void Scatter(const std::vector<std::span<const uint8_t>>& payload, const uint64_
 
 extern "C" {
 
-// A channel to one kvcached at `target` ("H:P" or "unix:PATH"), with the Python client's
-// channel settings: `service_config` (its retry policy, JSON; may be empty), the largest
-// message either way and HTTP/2's lookahead. `token` may be empty. Never fails: gRPC
-// connects on the first call.
+// A channel to one kvcached at `target` ("H:P" or "unix:PATH"), with the C++ client's
+// channel settings and the Python client's: `service_config` (its retry policy, JSON; empty
+// keeps the C++ client's), the largest message either way and HTTP/2's lookahead. `token`
+// may be empty. Never fails: gRPC connects on the first call.
 __attribute__((visibility("default"))) void* kvc_fetch_open(const char* target, const char* token,
                                                             const char* service_config,
                                                             int32_t max_message_bytes,
                                                             int32_t lookahead_bytes) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(max_message_bytes);
-  args.SetMaxSendMessageSize(max_message_bytes);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, lookahead_bytes);
-  // A connection of its own, not one shared with every channel of this process to the same
-  // daemon (client/client.cc says why).
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  if (service_config != nullptr && *service_config != '\0') {
-    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
+  // The C++ client's settings (client/channel_args.h); Python's retry policy, when it sends one.
+  grpc::ChannelArguments args =
+      kvc::client::DaemonChannelArguments(max_message_bytes, lookahead_bytes);
+  if (service_config != nullptr && *service_config != '\0')
     args.SetServiceConfigJSON(service_config);
-  }
   auto* fc = new FetchChannel;
   fc->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (token != nullptr && *token != '\0') fc->authorization = std::string("Bearer ") + token;

@@ -28,6 +28,10 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE),
                    ("grpc.max_send_message_length", MAX_MESSAGE),
                    ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES),
                    ("grpc.enable_retries", 1),
+                   # After a failed connection attempt, ask again after 20 ms, never over 1 s
+                   # apart (gRPC: 1 s growing to 2 min; client/channel_args.h says why).
+                   ("grpc.initial_reconnect_backoff_ms", 20),
+                   ("grpc.max_reconnect_backoff_ms", 1000),
                    # A connection per client, not one per process and daemon (client/client.cc).
                    ("grpc.use_local_subchannel_pool", 1),
                    ("grpc.service_config", RETRY_SERVICE_CONFIG)]
