@@ -18,6 +18,19 @@ inline constexpr char kRetryServiceConfig[] = R"({"methodConfig": [{
   "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "1s",
                   "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})";
 
+// After a failed connection attempt gRPC fails every call at once until the next one, 1 s
+// later by default, growing ×1.6 to 2 minutes. One refused connect among 32 clients then
+// failed ~60,000 calls in 4 s (ClientTest.ThirtyTwoConcurrentClients…, one CI run), and a
+// client hammering a daemon through a 10 s restart waited up to ~10 s more after it came
+// back. A daemon is worth asking again soon: from 20 ms, never over 1 s apart; and a call
+// that met no connection is tried again (kRetryServiceConfig).
+inline void ReconnectSoonAndRetry(grpc::ChannelArguments& args) {
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
+  args.SetServiceConfigJSON(kRetryServiceConfig);
+}
+
 inline grpc::ChannelArguments DaemonChannelArguments(int max_message_bytes, int lookahead_bytes) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
@@ -29,15 +42,7 @@ inline grpc::ChannelArguments DaemonChannelArguments(int max_message_bytes, int 
   // process to the same daemon one shared connection, and 8 clients of one process then
   // fetched 2.2 GB/s where 8 connections fetch 2.6-3.5 (kvbench service, 8 clients).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // After a failed connection attempt gRPC fails every call at once until the next one, 1 s
-  // later by default, growing ×1.6 to 2 minutes. One refused connect among 32 clients then
-  // failed ~60,000 calls in 4 s (ClientTest.ThirtyTwoConcurrentClients…, one CI run), and a
-  // client hammering a daemon through a 10 s restart waited up to ~10 s more after it came
-  // back. A co-located daemon is worth asking again soon: from 20 ms, never over 1 s apart.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
-  args.SetServiceConfigJSON(kRetryServiceConfig);
+  ReconnectSoonAndRetry(args);
   return args;
 }
 

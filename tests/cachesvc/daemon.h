@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/loopback_port.h"
+#include "client/channel_args.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache.grpc.pb.h"
 
@@ -83,8 +84,11 @@ class Daemon {
     const char* colon = strrchr(strstr(line, "listening on") ? line : "x:0", ':');
     port_ = std::atoi(colon + 1);
     ASSERT_GT(port_, 0) << line;
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
-                                   grpc::InsecureChannelCredentials());
+    // As the client library's channels: a failed connection attempt costs no call.
+    grpc::ChannelArguments channel_args;
+    client::ReconnectSoonAndRetry(channel_args);
+    channel_ = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_),
+                                         grpc::InsecureChannelCredentials(), channel_args);
     stub_ = pb::KVCache::NewStub(channel_);
   }
   // SIGTERM: graceful (drains, flushes); SIGKILL: crash. Returns the exit status.
