@@ -17,7 +17,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 step scripts/install-deps.sh
 step scripts/build.sh  # every target, tests included (line tables only: build.sh)
 step scripts/lock-check.sh
-step ctest --test-dir build --output-on-failure -j "$jobs"
+step ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
 step scripts/race-check.sh
 step scripts/asan-check.sh
 step scripts/fuzz.sh --runs 20000

@@ -488,12 +488,14 @@ class DroppingProxy {
       copiers_.emplace_back([in, out] { Copy(out, in); });
     }
   }
-  // Bytes from `from` to `to` until `from` ends; then `to` hears the end too.
+  // Bytes from `from` to `to` until `from` ends; then `to` hears the end too. MSG_NOSIGNAL:
+  // a peer that already closed (the client's channel, destroyed first) must not SIGPIPE the
+  // test, which would leave its daemon running and ctest waiting on the daemon's stderr.
   static void Copy(int from, int to) {
     std::vector<char> buf(64 << 10);
     for (ssize_t n; (n = read(from, buf.data(), buf.size())) > 0;) {
       for (ssize_t off = 0; off < n;) {
-        const ssize_t w = write(to, buf.data() + off, static_cast<size_t>(n - off));
+        const ssize_t w = send(to, buf.data() + off, static_cast<size_t>(n - off), MSG_NOSIGNAL);
         if (w <= 0) return;
         off += w;
       }
