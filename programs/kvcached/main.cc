@@ -660,6 +660,10 @@ absl::Status Daemon::Listen() {
   // Chunks are ~220 KiB: a 64 KiB initial HTTP/2 window would stall every message on
   // window updates. Start each stream with room for several chunks.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  // gRPC listens with SO_REUSEPORT by default: a second kvcached given the port of a running
+  // one (same user) started, and the kernel then split new connections between two caches
+  // with different data. One daemon per address: the second one fails to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (f.shm_socket != "off" && store->ram_pool_count() > 0) {
     storage::ChunkStore* chunks = store.get();
     arena_socket = std::make_unique<ArenaSocketServer>(
@@ -671,7 +675,10 @@ absl::Status Daemon::Listen() {
     KVC_RETURN_IF_ERROR(arena_socket->Start(f.shm_socket));
   }
   server = builder.BuildAndStart();
-  if (!server || port == 0) return Fatal("cannot listen on " + f.listen);
+  if (!server || port == 0) {
+    return Fatal("cannot listen on " + f.listen +
+                 " (is another process listening there? gRPC's log above says why)");
+  }
   host = f.listen.substr(0, f.listen.rfind(':'));
   return absl::OkStatus();
 }

@@ -507,6 +507,23 @@ TEST(KvcachedTest, SmallChunksCannotCrowdOutATenantWithinItsQuota) {
   EXPECT_LE(sa.ssd_chunks(), 12u) << "acme's small chunks held past its quota's slots";
 }
 
+// One daemon per address: a second kvcached given the port of a running one exits naming
+// the address (gRPC's default SO_REUSEPORT let it start, and the kernel then split new
+// connections between two caches holding different chunks).
+TEST(KvcachedTest, ASecondDaemonOnAPortInUseRefusesToStart) {
+  TempDir dir;
+  Daemon first(dir.File("first"));
+  // Under timeout(1): a second daemon that does start is stopped (exit 124) and fails this.
+  testing::ProcessResult r = testing::RunProgram(
+      "/usr/bin/timeout", {"60", testing::kDaemon, "--data-dir", dir.File("second"), "--ram-bytes",
+                           "4000000", "--ssd-bytes", "40000000", "--listen", first.address()});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("cannot listen on " + first.address()), std::string::npos) << r.err;
+  pb::StatsResponse st;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(first.stub().Stats(&ctx, {}, &st).ok()) << "the first daemon still serves";
+}
+
 // Quotas are guaranteed shares: named quotas that together exceed a tier stop the daemon
 // at start; a '*' tenant is admitted at its first namespace only while its quota fits.
 TEST(KvcachedTest, QuotasThatDoNotFitTheTiersAreRefused) {
