@@ -1,7 +1,8 @@
 // A free TCP port on the loopback interface, for the servers that programs and tests start
 // next to themselves (kvcached, etcd, Redis): a socket bound to port 0, the port the kernel
 // gave it read back, the socket closed. Another process may take the port before the
-// caller binds it; the servers started this way fail naming the port when that happens.
+// caller binds it; the servers started this way fail naming the port when that happens
+// (kvcached listens without gRPC's default SO_REUSEPORT for this reason).
 #pragma once
 
 #include <netinet/in.h>
