@@ -514,7 +514,7 @@ int RunQuality(QualityFlags& f, bool json) {
     // replay} (small and small-deep ship one; docs/quality.md tables both).
     const std::string stem =
         src + "/train/weights/" + std::filesystem::path(f.opt.config).stem().string() + "-v2";
-    for (const std::string variant : {"plain", "replay"}) {
+    for (const char* variant : {"plain", "replay"}) {
       const std::string file = stem + "-" + variant + ".safetensors";
       if (!std::filesystem::exists(file)) {
         std::cerr << "kvbench: error: no shipped weights for --config " << f.opt.config

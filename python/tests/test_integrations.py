@@ -254,7 +254,7 @@ def test_sglang_a_daemon_that_is_down_gives_misses_not_exceptions(seed):
     assert storage.batch_get_v2([PoolTransfer("kv", slots(0, 2, pool.page_size), keys=keys)]) == \
         {"kv": [False, False]}
     print(f"7 calls to a daemon that is down: {time.monotonic() - started:.2f} s")
-    assert time.monotonic() - started < 5, "after the first failure, calls fail at once"
+    assert time.monotonic() - started < 5, "calls to a down daemon wait for its retries, never a timeout"
     assert storage.stats["failed_calls"] >= 6
 
 

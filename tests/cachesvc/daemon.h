@@ -128,6 +128,7 @@ class Daemon {
     return 0;
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
 
  private:
   std::string dir_;

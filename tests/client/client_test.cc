@@ -272,7 +272,7 @@ int ConnectionsTo(int port) {
 // Clients of one process to one daemon do not share a connection (gRPC's default would
 // give them one, and 8 clients then moved less than 8 connections do).
 TEST_F(ClientTest, EachClientHasAConnectionOfItsOwn) {
-  const int port = std::stoi(daemon_->address().substr(daemon_->address().rfind(':') + 1));
+  const int port = daemon_->port();
   ASSERT_TRUE(client_->Stats().ok());
   const int before = ConnectionsTo(port);
   ASSERT_GE(before, 1);
@@ -421,6 +421,22 @@ TEST_F(ClientTest, ThirtyTwoConcurrentClientsMixingCallsSeeNoErrors) {
   EXPECT_LT(rss, kLimitKiB);
 }
 
+// 127.0.0.1:port, for bind and connect (port 0: one the kernel picks).
+sockaddr_in Loopback(int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
+}
+
+// The port of a bound socket (0 if getsockname fails).
+int BoundPort(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  return getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 ? ntohs(a.sin_port) : 0;
+}
+
 // A TCP forwarder between a client and the daemon that closes the first `drop` connections
 // it accepts, as soon as it accepts them: a connection attempt that fails (one did, among
 // 32 clients connecting at once on a loaded machine, and gRPC then failed ~30,000 calls in
@@ -429,17 +445,12 @@ class DroppingProxy {
  public:
   DroppingProxy(int to_port, int drop) : to_port_(to_port), drop_(drop) {
     listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        listen(listener_, 64) != 0 ||
-        getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const sockaddr_in any = Loopback(0);
+    if (bind(listener_, reinterpret_cast<const sockaddr*>(&any), sizeof any) != 0 ||
+        listen(listener_, 64) != 0 || (port_ = BoundPort(listener_)) == 0) {
       std::perror("proxy listen");
       std::abort();
     }
-    port_ = ntohs(a.sin_port);
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
   ~DroppingProxy() {
@@ -467,11 +478,8 @@ class DroppingProxy {
         continue;
       }
       const int out = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(static_cast<uint16_t>(to_port_));
-      if (connect(out, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      const sockaddr_in daemon = Loopback(to_port_);
+      if (connect(out, reinterpret_cast<const sockaddr*>(&daemon), sizeof daemon) != 0) {
         close(in);
         close(out);
         continue;
@@ -522,8 +530,7 @@ TEST_F(ClientTest, AFailedConnectionAttemptCostsNoCall) {
   std::mt19937_64 rng(seed_);
   const Prefix p = MakePrefix(rng, ns_, 3);
   ASSERT_TRUE(client_->Store(ns_, std::nullopt, p.tokens, p.payloads).ok());
-  const int port = std::stoi(daemon_->address().substr(daemon_->address().rfind(':') + 1));
-  DroppingProxy proxy(port, /*drop=*/2);
+  DroppingProxy proxy(daemon_->port(), /*drop=*/2);
   ClientOptions o;
   o.address = proxy.address();
   std::unique_ptr<CacheClient> c = *CacheClient::Connect(o);
@@ -537,9 +544,14 @@ TEST_F(ClientTest, AFailedConnectionAttemptCostsNoCall) {
 }
 
 // Retrying does not turn a daemon that is down into a call that waits for its deadline:
-// it fails UNAVAILABLE, naming the address, within about a second.
+// it fails UNAVAILABLE, naming the address, after the retries (0.7 s here), long before it.
 TEST(ClientDownTest, ACallToADaemonThatIsDownFailsSoonNamingTheAddress) {
-  const std::string address = "127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
+  // A port bound and not listening: connects are refused, and no server another test
+  // starts meanwhile can take it.
+  const int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const sockaddr_in any = Loopback(0);
+  ASSERT_EQ(bind(held, reinterpret_cast<const sockaddr*>(&any), sizeof any), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(BoundPort(held));
   ClientOptions o;
   o.address = address;
   o.timeout_ms = 30000;
@@ -552,6 +564,7 @@ TEST(ClientDownTest, ACallToADaemonThatIsDownFailsSoonNamingTheAddress) {
   EXPECT_TRUE(absl::IsUnavailable(st.status())) << st.status();
   EXPECT_NE(st.status().message().find(address), std::string::npos) << st.status();
   EXPECT_LT(seconds, 10.0) << "waited toward the 30 s deadline";
+  close(held);
 }
 
 TEST_F(ClientTest, CoLocatedClientReadsChunksFromSharedMemory) {
